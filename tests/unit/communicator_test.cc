@@ -1,0 +1,296 @@
+// The algorithms over the in-process transport: every rank on a thread.
+#include "worker/core/communicator.h"
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/run_ranks.h"
+#include "worker/core/inproc_transport.h"
+#include "worker/core/reference.h"
+
+namespace halka {
+namespace {
+
+using ::testing::HasSubstr;
+using halka::testing::RunRanks;
+
+struct Ring {
+  Ring(int g, size_t chunk_bytes) : net(g) {
+    for (int r = 0; r < g; ++r) {
+      CommConfig c;
+      c.rank = r;
+      c.world_size = g;
+      c.chunk_bytes = chunk_bytes;
+      c.default_timeout = absl::Seconds(20);
+      for (int i = 0; i < g; ++i) {
+        c.members.push_back(PeerInfo{i, absl::StrCat("w", i),
+                                     absl::StrCat("inproc:", i)});
+      }
+      comms.push_back(std::make_unique<Communicator>(c, net.transport(r),
+                                                     net.inbox(r)));
+    }
+  }
+  InProcNetwork net;
+  std::vector<std::unique_ptr<Communicator>> comms;
+};
+
+using Param = std::tuple<int, DType, ReduceOp>;
+class AllReduceTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(AllReduceTest, MatchesReferenceAndAgreesBitwise) {
+  const auto [g, dtype, op] = GetParam();
+  // A small chunk size so that every segment spans several chunks.
+  Ring ring(g, 24);
+  for (size_t count : {size_t{0}, size_t{1}, static_cast<size_t>(g > 1 ? g - 1 : 0),
+                       static_cast<size_t>(g + 1), size_t{1001}}) {
+    std::vector<std::vector<uint8_t>> inputs, bufs;
+    for (int r = 0; r < g; ++r) {
+      inputs.push_back(MakeRankData(dtype, op, count, r, 42));
+    }
+    bufs = inputs;
+    auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+      return ring.comms[r]->AllReduce(bufs[r].data(), count, dtype, op,
+                                      absl::ZeroDuration());
+    });
+    for (int r = 0; r < g; ++r) {
+      ASSERT_TRUE(results[r].ok()) << results[r].status();
+      EXPECT_EQ(bufs[r], bufs[0]) << "rank " << r << " differs from rank 0";
+    }
+    const CheckResult check =
+        CheckAllReduce(dtype, op, inputs, bufs[0].data(), count);
+    EXPECT_EQ(check.wrong, 0u) << "count " << count << ": " << check.first;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Matrix, AllReduceTest,
+    ::testing::Combine(::testing::Values(1, 2, 3, 5, 8),
+                       ::testing::ValuesIn(kAllDTypes),
+                       ::testing::ValuesIn(kAllReduceOps)),
+    [](const ::testing::TestParamInfo<Param>& info) {
+      return absl::StrCat("g", std::get<0>(info.param), "_",
+                          DTypeName(std::get<1>(info.param)), "_",
+                          ReduceOpName(std::get<2>(info.param)));
+    });
+
+TEST(AllReduceLarge, MillionElementsAcrossManyChunks) {
+  const int g = 4;
+  Ring ring(g, 64 * 1024);
+  const size_t count = 1000003;
+  std::vector<std::vector<uint8_t>> inputs, bufs;
+  for (int r = 0; r < g; ++r) {
+    inputs.push_back(MakeRankData(DType::kFloat32, ReduceOp::kSum, count, r, 7));
+  }
+  bufs = inputs;
+  auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    return ring.comms[r]->AllReduce(bufs[r].data(), count, DType::kFloat32,
+                                    ReduceOp::kSum, absl::ZeroDuration());
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_TRUE(results[r].ok()) << results[r].status();
+    EXPECT_EQ(bufs[r], bufs[0]);
+    // Ring traffic: each rank sends 2(G-1) segments of ~count/G elements.
+    EXPECT_NEAR(static_cast<double>(results[r]->bytes_sent),
+                2.0 * (g - 1) * count / g * 4, 2.0 * (g - 1) * 4);
+  }
+  EXPECT_EQ(CheckAllReduce(DType::kFloat32, ReduceOp::kSum, inputs,
+                           bufs[0].data(), count)
+                .wrong,
+            0u);
+}
+
+TEST(Broadcast, FromEveryRoot) {
+  for (int g : {1, 2, 3, 6}) {
+    Ring ring(g, 40);
+    for (int root = 0; root < g; ++root) {
+      const size_t count = 333;
+      std::vector<std::vector<uint8_t>> bufs;
+      for (int r = 0; r < g; ++r) {
+        bufs.push_back(MakeRankData(DType::kInt64, ReduceOp::kSum, count, r, 3));
+      }
+      const std::vector<uint8_t> expected = bufs[root];
+      auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+        return ring.comms[r]->Broadcast(bufs[r].data(), count, DType::kInt64,
+                                        root, absl::ZeroDuration());
+      });
+      for (int r = 0; r < g; ++r) {
+        ASSERT_TRUE(results[r].ok()) << results[r].status();
+        EXPECT_EQ(bufs[r], expected) << "g=" << g << " root=" << root
+                                     << " rank=" << r;
+      }
+    }
+  }
+}
+
+TEST(Broadcast, RootOutOfRangeIsInvalidArgument) {
+  Ring ring(2, 64);
+  int64_t x = 0;
+  auto s = ring.comms[0]->Broadcast(&x, 1, DType::kInt64, 2,
+                                    absl::ZeroDuration());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Barrier, AllRanksPass) {
+  Ring ring(5, 64);
+  auto results = RunRanks<absl::StatusOr<OpResult>>(
+      5, [&](int r) { return ring.comms[r]->Barrier(absl::ZeroDuration()); });
+  for (auto& r : results) EXPECT_TRUE(r.ok()) << r.status();
+}
+
+TEST(Mismatch, DifferentCountFailsEveryRankNamingBoth) {
+  const int g = 4;
+  Ring ring(g, 64);
+  std::vector<std::vector<float>> bufs(g, std::vector<float>(100, 1.0f));
+  const absl::Time start = absl::Now();
+  auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    const size_t count = r == 2 ? 99 : 100;
+    return ring.comms[r]->AllReduce(bufs[r].data(), count, DType::kFloat32,
+                                    ReduceOp::kSum, absl::ZeroDuration());
+  });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  for (int r = 0; r < g; ++r) {
+    ASSERT_EQ(results[r].status().code(), absl::StatusCode::kFailedPrecondition)
+        << results[r].status();
+    EXPECT_THAT(std::string(results[r].status().message()),
+                HasSubstr("rank 0 (w0, inproc:0) calls all_reduce #1 float32x100 sum"));
+    EXPECT_THAT(std::string(results[r].status().message()),
+                HasSubstr("rank 2 (w2, inproc:2) calls all_reduce #1 float32x99 sum"));
+    // Nothing moved: the buffers are untouched.
+    EXPECT_EQ(bufs[r][0], 1.0f);
+  }
+  // The ring is usable afterwards.
+  auto again = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    return ring.comms[r]->AllReduce(bufs[r].data(), 100, DType::kFloat32,
+                                    ReduceOp::kSum, absl::ZeroDuration());
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_TRUE(again[r].ok()) << again[r].status();
+    EXPECT_EQ(bufs[r][5], 4.0f);
+  }
+}
+
+TEST(Mismatch, DifferentDtypeAndOpAndKind) {
+  const int g = 3;
+  Ring ring(g, 64);
+  std::vector<std::vector<int64_t>> bufs(g, std::vector<int64_t>(10, 1));
+  auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    if (r == 1) {
+      return ring.comms[r]->AllReduce(bufs[r].data(), 10, DType::kInt64,
+                                      ReduceOp::kMax, absl::ZeroDuration());
+    }
+    return ring.comms[r]->AllReduce(bufs[r].data(), 10, DType::kInt64,
+                                    ReduceOp::kSum, absl::ZeroDuration());
+  });
+  for (int r = 0; r < g; ++r) {
+    EXPECT_EQ(results[r].status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(results[r].status().message()), HasSubstr("max"));
+  }
+  results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    if (r == 2) return ring.comms[r]->Barrier(absl::ZeroDuration());
+    return ring.comms[r]->AllReduce(bufs[r].data(), 10, DType::kInt64,
+                                    ReduceOp::kSum, absl::ZeroDuration());
+  });
+  for (int r = 0; r < g; ++r) {
+    EXPECT_EQ(results[r].status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(results[r].status().message()), HasSubstr("barrier #2"));
+  }
+}
+
+TEST(Deadline, MissingRankIsNamed) {
+  const int g = 3;
+  Ring ring(g, 64);
+  std::vector<std::vector<float>> bufs(g, std::vector<float>(10, 1.0f));
+  // Rank 1 never calls.
+  std::vector<absl::StatusOr<OpResult>> results(g);
+  const absl::Time start = absl::Now();
+  std::thread t0([&] {
+    results[0] = ring.comms[0]->AllReduce(bufs[0].data(), 10, DType::kFloat32,
+                                          ReduceOp::kSum, absl::Milliseconds(300));
+  });
+  std::thread t2([&] {
+    results[2] = ring.comms[2]->AllReduce(bufs[2].data(), 10, DType::kFloat32,
+                                          ReduceOp::kSum, absl::Milliseconds(300));
+  });
+  t0.join();
+  t2.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  // Rank 2 waits on its predecessor, rank 1, and says so.
+  EXPECT_EQ(results[2].status().code(), absl::StatusCode::kDeadlineExceeded)
+      << results[2].status();
+  EXPECT_THAT(std::string(results[2].status().message()),
+              HasSubstr("waiting for rank 1 (w1, inproc:1) in fingerprint step 0"));
+  // Rank 0 either times out waiting for rank 2 or hears rank 2's abort.
+  EXPECT_FALSE(results[0].ok());
+  EXPECT_THAT(std::string(results[0].status().message()), HasSubstr("rank 1"));
+}
+
+TEST(Failure, KilledRankIsNamedByEverySurvivor) {
+  const int g = 4;
+  Ring ring(g, 16);
+  std::vector<std::vector<double>> bufs(g, std::vector<double>(5000, 1.0));
+  std::vector<absl::StatusOr<OpResult>> results(g);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < g; ++r) {
+    if (r == 2) continue;  // rank 2 dies before taking part
+    threads.emplace_back([&, r] {
+      results[r] = ring.comms[r]->AllReduce(bufs[r].data(), 5000,
+                                            DType::kFloat64, ReduceOp::kSum,
+                                            absl::Seconds(10));
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  ring.net.Kill(2);
+  const absl::Time killed = absl::Now();
+  for (auto& t : threads) t.join();
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(5));
+  for (int r : {0, 1, 3}) {
+    ASSERT_FALSE(results[r].ok()) << "rank " << r;
+    EXPECT_THAT(std::string(results[r].status().message()),
+                HasSubstr("rank 2 (w2, inproc:2)"))
+        << results[r].status();
+  }
+}
+
+TEST(Failure, CorruptFrameIsDataLossNotAWrongResult) {
+  const int g = 3;
+  Ring ring(g, 64);
+  ring.net.SetTamper(1, [](FrameMeta& m) {
+    if (m.kind == FrameKind::kData && m.phase == Phase::kAllGather) m.offset += 1;
+  });
+  std::vector<std::vector<float>> bufs(g, std::vector<float>(300, 1.0f));
+  auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    return ring.comms[r]->AllReduce(bufs[r].data(), 300, DType::kFloat32,
+                                    ReduceOp::kSum, absl::Seconds(5));
+  });
+  // A rank whose own data arrived intact may finish; no rank may report
+  // success with a wrong buffer.
+  for (int r = 0; r < g; ++r) {
+    if (results[r].ok()) {
+      EXPECT_EQ(bufs[r], std::vector<float>(300, 3.0f)) << "rank " << r;
+    }
+  }
+  EXPECT_EQ(results[2].status().code(), absl::StatusCode::kDataLoss)
+      << results[2].status();
+  EXPECT_THAT(std::string(results[2].status().message()),
+              HasSubstr("corrupt frame from rank 1"));
+}
+
+TEST(Limits, OversizedOperationIsResourceExhausted) {
+  CommConfig c;
+  c.members.push_back(PeerInfo{0, "w0", "a"});
+  c.max_op_bytes = 1024;
+  InProcNetwork net(1);
+  Communicator comm(c, net.transport(0), net.inbox(0));
+  std::vector<float> big(1000);
+  auto s = comm.AllReduce(big.data(), big.size(), DType::kFloat32,
+                          ReduceOp::kSum, absl::ZeroDuration());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace halka

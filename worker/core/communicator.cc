@@ -1,0 +1,619 @@
+#include "worker/core/communicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "worker/core/reduce.h"
+#include "worker/core/ring_plan.h"
+#include "worker/core/status_macros.h"
+
+namespace halka {
+namespace {
+
+// Counts frames the transport still holds, per segment, so that a segment
+// is never overwritten while the wire may still read it, and the operation
+// never returns while the caller's buffer is referenced.
+struct SendTracker {
+  absl::Mutex mu;
+  std::vector<int> per_segment ABSL_GUARDED_BY(mu);
+  int total ABSL_GUARDED_BY(mu) = 0;
+};
+
+// Reduces (or copies) a payload that may be split across pieces at any byte
+// boundary into `dst`.
+void ApplyPayload(DType dtype, ReduceOp op, bool reduce, uint8_t* dst,
+                  const InFrame& frame) {
+  const size_t es = DTypeSize(dtype);
+  auto apply = [&](const uint8_t* src, size_t n) {
+    if (n == 0) return;
+    if (reduce) {
+      ReduceInto(dtype, op, dst, src, n);
+    } else {
+      std::memcpy(dst, src, n * es);
+    }
+    dst += n * es;
+  };
+  uint8_t carry[16];
+  size_t carry_n = 0;
+  for (const auto& piece : frame.pieces) {
+    const uint8_t* p = piece.data();
+    size_t n = piece.size();
+    if (carry_n > 0) {
+      const size_t take = std::min(es - carry_n, n);
+      std::memcpy(carry + carry_n, p, take);
+      carry_n += take;
+      p += take;
+      n -= take;
+      if (carry_n == es) {
+        apply(carry, 1);
+        carry_n = 0;
+      }
+    }
+    const size_t whole = n / es;
+    apply(p, whole);
+    p += whole * es;
+    n -= whole * es;
+    if (n > 0) {
+      std::memcpy(carry, p, n);
+      carry_n = n;
+    }
+  }
+}
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+}  // namespace
+
+std::string DescribePeer(const PeerInfo& peer) {
+  return absl::StrCat("rank ", peer.rank, " (", peer.worker_id, ", ",
+                      peer.address, ")");
+}
+
+struct Communicator::Op {
+  Fingerprint fp;
+  absl::Time start;
+  absl::Time deadline;
+  absl::Duration timeout;
+  uint8_t* data = nullptr;
+  std::vector<int> watch;
+  std::shared_ptr<SendTracker> sends = std::make_shared<SendTracker>();
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  Phase phase = Phase::kFingerprint;
+  int step = 0;
+  int chunk = 0;
+  int chunks = 0;
+  int abort_from = -1;  // neighbour whose ABORT frame failed this op
+};
+
+Communicator::Communicator(CommConfig config, Transport* transport,
+                           Inbox* inbox)
+    : config_(std::move(config)), transport_(transport), inbox_(inbox) {}
+
+Communicator::~Communicator() = default;
+
+absl::StatusOr<OpResult> Communicator::AllReduce(void* data, size_t count,
+                                                 DType dtype, ReduceOp op,
+                                                 absl::Duration timeout) {
+  if (!IsValidDType(static_cast<int>(dtype)) ||
+      !IsValidReduceOp(static_cast<int>(op))) {
+    return absl::InvalidArgumentError("all_reduce: invalid dtype or op");
+  }
+  if (data == nullptr && count > 0) {
+    return absl::InvalidArgumentError("all_reduce: null buffer");
+  }
+  Fingerprint fp;
+  fp.kind = OpKind::kAllReduce;
+  fp.dtype = dtype;
+  fp.count = count;
+  fp.op = op;
+  return Run(fp, data, timeout);
+}
+
+absl::StatusOr<OpResult> Communicator::Broadcast(void* data, size_t count,
+                                                 DType dtype, int root,
+                                                 absl::Duration timeout) {
+  if (!IsValidDType(static_cast<int>(dtype))) {
+    return absl::InvalidArgumentError("broadcast: invalid dtype");
+  }
+  if (root < 0 || root >= config_.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "broadcast: root ", root, " is outside [0, ", config_.world_size,
+        ")"));
+  }
+  if (data == nullptr && count > 0) {
+    return absl::InvalidArgumentError("broadcast: null buffer");
+  }
+  Fingerprint fp;
+  fp.kind = OpKind::kBroadcast;
+  fp.dtype = dtype;
+  fp.count = count;
+  fp.root = root;
+  return Run(fp, data, timeout);
+}
+
+absl::StatusOr<OpResult> Communicator::Barrier(absl::Duration timeout) {
+  Fingerprint fp;
+  fp.kind = OpKind::kBarrier;
+  return Run(fp, nullptr, timeout);
+}
+
+void Communicator::Abort(absl::Status status) {
+  inbox_->Interrupt(std::move(status));
+}
+void Communicator::ClearAbort() { inbox_->ClearInterrupt(); }
+
+Progress Communicator::GetProgress() const {
+  absl::MutexLock lock(&state_mu_);
+  return progress_;
+}
+
+Telemetry Communicator::GetTelemetry() const {
+  absl::MutexLock lock(&state_mu_);
+  return telemetry_;
+}
+
+std::string Communicator::Where(const Op& op) const {
+  return absl::StrCat(DescribePeer(config_.members[config_.rank]), ": ",
+                      op.fp.ToString());
+}
+
+void Communicator::SetLedger(Op& op, Phase phase, int step, int chunk,
+                             int chunks, int awaited) {
+  op.phase = phase;
+  op.step = step;
+  op.chunk = chunk;
+  op.chunks = chunks;
+  absl::MutexLock lock(&state_mu_);
+  progress_.phase = phase;
+  progress_.step = step;
+  progress_.chunk = chunk;
+  progress_.chunks = chunks;
+  if (progress_.awaited_rank != awaited) {
+    progress_.awaited_rank = awaited;
+    progress_.waiting_since = absl::Now();
+  }
+}
+
+absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
+                                           void* data,
+                                           absl::Duration timeout) {
+  const uint64_t bytes = fp_in.count * DTypeSize(fp_in.dtype);
+  if (fp_in.count > config_.max_op_bytes || bytes > config_.max_op_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        fp_in.ToString(), ": ", bytes, " bytes exceed this worker's limit of ",
+        config_.max_op_bytes));
+  }
+  absl::MutexLock op_lock(&op_mu_);
+  Op op;
+  op.fp = fp_in;
+  op.fp.op_seq = next_op_seq_++;
+  op.start = absl::Now();
+  op.timeout = timeout > absl::ZeroDuration() ? timeout
+                                              : config_.default_timeout;
+  op.deadline = op.start + op.timeout;
+  op.data = static_cast<uint8_t*>(data);
+  const int g = config_.world_size;
+  const int r = config_.rank;
+  if (g > 1) {
+    op.watch = {Mod(r + 1, g), Mod(r - 1, g)};
+  }
+  {
+    absl::MutexLock lock(&op.sends->mu);
+    op.sends->per_segment.assign(static_cast<size_t>(g), 0);
+  }
+  {
+    absl::MutexLock lock(&state_mu_);
+    progress_ = Progress();
+    progress_.busy = true;
+    progress_.op = op.fp.ToString();
+  }
+  inbox_->DropBefore(op.fp.op_seq);
+  inbox_->ClearLinkFailures();
+
+  absl::Status status = ExchangeFingerprints(op);
+  if (status.ok()) {
+    switch (op.fp.kind) {
+      case OpKind::kAllReduce:
+        status = RingAllReduce(op);
+        break;
+      case OpKind::kBroadcast:
+        status = ChainBroadcast(op);
+        break;
+      case OpKind::kBarrier:
+        break;  // the fingerprint pass is the barrier
+    }
+  }
+  if (!status.ok() && g > 1) SendAbort(op, status, op.abort_from);
+  // On success the last frames are on their way to a live successor; on
+  // failure nobody will read them, so give the wire a moment, not a
+  // deadline.
+  WaitForReleases(op, -1,
+                  status.ok() ? op.deadline : absl::Now() + absl::Seconds(1));
+
+  OpResult result;
+  result.op_seq = op.fp.op_seq;
+  result.algorithm = "ring";
+  result.bytes_sent = op.bytes_sent;
+  result.bytes_received = op.bytes_received;
+  result.elapsed = absl::Now() - op.start;
+  result.generation = config_.generation;
+  {
+    absl::MutexLock lock(&state_mu_);
+    progress_ = Progress();
+    telemetry_.bytes_sent += op.bytes_sent;
+    telemetry_.bytes_received += op.bytes_received;
+    if (status.ok()) {
+      ++telemetry_.ops_completed;
+    } else {
+      ++telemetry_.ops_failed;
+      telemetry_.last_error = std::string(status.message());
+    }
+  }
+  if (!status.ok()) return status;
+  return result;
+}
+
+absl::Status Communicator::SendFrame(Op& op, int to, const FrameMeta& meta,
+                                     const uint8_t* payload, size_t bytes,
+                                     int segment) {
+  std::shared_ptr<SendTracker> tracker = op.sends;
+  {
+    absl::MutexLock lock(&tracker->mu);
+    ++tracker->total;
+    if (segment >= 0) ++tracker->per_segment[static_cast<size_t>(segment)];
+  }
+  const absl::Time t0 = absl::Now();
+  absl::Status s = transport_->Send(
+      to, meta, absl::MakeConstSpan(payload, bytes), [tracker, segment] {
+        absl::MutexLock lock(&tracker->mu);
+        --tracker->total;
+        if (segment >= 0) --tracker->per_segment[static_cast<size_t>(segment)];
+      });
+  const absl::Duration spent = absl::Now() - t0;
+  {
+    absl::MutexLock lock(&state_mu_);
+    telemetry_.send_seconds += Seconds(spent);
+  }
+  if (!s.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        Where(op), ": cannot send to ", DescribePeer(config_.members[to]),
+        " in ", PhaseName(op.phase), " step ", op.step, ": ", s.message()));
+  }
+  op.bytes_sent += bytes;
+  return absl::OkStatus();
+}
+
+bool Communicator::WaitForReleases(Op& op, int segment, absl::Time deadline) {
+  SendTracker* t = op.sends.get();
+  auto released = [t, segment]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu) {
+    return segment < 0 ? t->total == 0
+                       : t->per_segment[static_cast<size_t>(segment)] == 0;
+  };
+  {
+    absl::MutexLock lock(&t->mu);
+    if (t->mu.AwaitWithDeadline(absl::Condition(&released), deadline)) {
+      return true;
+    }
+  }
+  // A peer that stopped reading still holds frames that point into the
+  // caller's buffer. Cancelling the links releases them at once; the buffer
+  // must not be handed back before that.
+  const int g = config_.world_size;
+  transport_->Reset(Mod(config_.rank + 1, g));
+  transport_->Reset(Mod(config_.rank - 1, g));
+  absl::MutexLock lock(&t->mu);
+  t->mu.Await(absl::Condition(&released));
+  return false;
+}
+
+void Communicator::SendAbort(Op& op, const absl::Status& status,
+                             int skip_rank) {
+  FrameMeta meta;
+  meta.kind = FrameKind::kAbort;
+  meta.generation = config_.generation;
+  meta.op_seq = op.fp.op_seq;
+  meta.sender_rank = config_.rank;
+  meta.origin_rank = config_.rank;
+  meta.abort_code = status.code();
+  meta.message = std::string(status.message());
+  const int g = config_.world_size;
+  for (int to : {Mod(config_.rank + 1, g), Mod(config_.rank - 1, g)}) {
+    if (to == skip_rank || to == config_.rank) continue;
+    // Best effort: a broken link cannot carry the news, and the other
+    // direction around the ring does.
+    transport_->Send(to, meta, {}, [] {}).IgnoreError();
+    if (g == 2) break;
+  }
+}
+
+absl::StatusOr<InFrame> Communicator::Await(Op& op, int from,
+                                            const std::string& detail) {
+  SetLedger(op, op.phase, op.step, op.chunk, op.chunks, from);
+  const absl::Time t0 = absl::Now();
+  Inbox::Event ev = inbox_->Next(from, op.fp.op_seq, op.watch, op.deadline);
+  {
+    absl::MutexLock lock(&state_mu_);
+    telemetry_.wait_seconds += Seconds(absl::Now() - t0);
+  }
+  const PeerInfo& peer = config_.members[from];
+  const std::string where =
+      absl::StrFormat("%s step %d, chunk %d of %d", PhaseName(op.phase),
+                      op.step, op.chunk + 1, std::max(op.chunks, 1));
+  switch (ev.type) {
+    case Inbox::Event::kFrame:
+      op.bytes_received += ev.frame.PayloadBytes();
+      return std::move(ev.frame);
+    case Inbox::Event::kAbort: {
+      op.abort_from = ev.frame.meta.sender_rank;
+      absl::StatusCode code = ev.frame.meta.abort_code;
+      if (code == absl::StatusCode::kOk) code = absl::StatusCode::kAborted;
+      return absl::Status(code, absl::StrCat(Where(op), ": aborted in ", where,
+                                             " because ",
+                                             ev.frame.meta.message));
+    }
+    case Inbox::Event::kLinkFailed:
+      return absl::UnavailableError(absl::StrCat(
+          Where(op), ": link with ", DescribePeer(config_.members[ev.peer]),
+          " broke in ", where, ": ", ev.status.message()));
+    case Inbox::Event::kInterrupted:
+      return absl::Status(ev.status.code(),
+                          absl::StrCat(Where(op), ": interrupted in ", where,
+                                       ": ", ev.status.message()));
+    case Inbox::Event::kTimeout:
+      break;
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      Where(op), ": deadline of ", absl::FormatDuration(op.timeout),
+      " exceeded waiting for ", DescribePeer(peer), " in ", where,
+      detail.empty() ? "" : " (", detail, detail.empty() ? "" : ")"));
+}
+
+absl::Status Communicator::CheckData(Op& op, const InFrame& frame, int from,
+                                     const FrameMeta& expect) {
+  const FrameMeta& m = frame.meta;
+  const size_t bytes = static_cast<size_t>(expect.count) *
+                       DTypeSize(op.fp.dtype);
+  if (m.kind != FrameKind::kData || m.generation != config_.generation ||
+      m.phase != expect.phase || m.step != expect.step ||
+      m.segment != expect.segment || m.offset != expect.offset ||
+      m.count != expect.count || m.dtype != op.fp.dtype ||
+      frame.PayloadBytes() != bytes) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s: corrupt frame from %s: expected generation %d %s step %d "
+        "segment %d offset %d count %d (%d bytes), got generation %d %s "
+        "step %d segment %d offset %d count %d (%d bytes)",
+        Where(op), DescribePeer(config_.members[from]), config_.generation,
+        PhaseName(expect.phase), expect.step, expect.segment, expect.offset,
+        expect.count, bytes, m.generation, PhaseName(m.phase), m.step,
+        m.segment, m.offset, m.count, frame.PayloadBytes()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::ExchangeFingerprints(Op& op) {
+  const int g = config_.world_size;
+  const int r = config_.rank;
+  if (g == 1) return absl::OkStatus();
+  const int succ = Mod(r + 1, g);
+  const int pred = Mod(r - 1, g);
+  std::vector<Fingerprint> all(static_cast<size_t>(g));
+  all[static_cast<size_t>(r)] = op.fp;
+  FrameMeta meta;
+  meta.kind = FrameKind::kFingerprint;
+  meta.generation = config_.generation;
+  meta.op_seq = op.fp.op_seq;
+  meta.phase = Phase::kFingerprint;
+  meta.sender_rank = r;
+  meta.origin_rank = r;
+  meta.fingerprint = op.fp;
+  SetLedger(op, Phase::kFingerprint, 0, 0, 1, -1);
+  HALKA_RETURN_IF_ERROR(SendFrame(op, succ, meta, nullptr, 0, -1));
+  for (int s = 0; s < g - 1; ++s) {
+    SetLedger(op, Phase::kFingerprint, s, 0, 1, pred);
+    const int origin = Mod(r - 1 - s, g);
+    HALKA_ASSIGN_OR_RETURN(
+        InFrame in,
+        Await(op, pred,
+              s == 0 ? std::string()
+                     : absl::StrCat(
+                           "it forwards the fingerprint of ",
+                           DescribePeer(config_.members[static_cast<size_t>(origin)]),
+                           ", which has not arrived")));
+    if (in.meta.kind != FrameKind::kFingerprint ||
+        in.meta.origin_rank != origin || in.meta.step != s) {
+      return absl::DataLossError(absl::StrCat(
+          Where(op), ": expected the fingerprint of rank ", origin,
+          " from ", DescribePeer(config_.members[pred]), " at step ", s,
+          ", got a frame of kind ", static_cast<int>(in.meta.kind),
+          " from origin ", in.meta.origin_rank));
+    }
+    all[static_cast<size_t>(origin)] = in.meta.fingerprint;
+    if (s < g - 2) {
+      FrameMeta fwd = in.meta;
+      fwd.sender_rank = r;
+      fwd.step = s + 1;
+      HALKA_RETURN_IF_ERROR(SendFrame(op, succ, fwd, nullptr, 0, -1));
+    }
+  }
+  // Every rank holds the same list, so every rank reaches the same verdict
+  // and names the same pair.
+  for (int i = 1; i < g; ++i) {
+    if (all[static_cast<size_t>(i)] != all[0]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          Where(op), ": ranks disagree on the operation: ",
+          DescribePeer(config_.members[0]), " calls ", all[0].ToString(),
+          " but ", DescribePeer(config_.members[static_cast<size_t>(i)]),
+          " calls ", all[static_cast<size_t>(i)].ToString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::RingAllReduce(Op& op) {
+  const int g = config_.world_size;
+  const int r = config_.rank;
+  const DType dt = op.fp.dtype;
+  const size_t es = DTypeSize(dt);
+  if (g == 1 || op.fp.count == 0) {
+    if (g == 1 && op.fp.op == ReduceOp::kAvg) {
+      FinalizeAvg(dt, op.data, op.fp.count, 1);
+    }
+    return absl::OkStatus();
+  }
+  const int succ = Mod(r + 1, g);
+  const int pred = Mod(r - 1, g);
+  const size_t chunk_elems = std::max<size_t>(1, config_.chunk_bytes / es);
+  const std::vector<Range> segments = PlanSegments(op.fp.count, g);
+  std::vector<std::vector<Range>> chunks(static_cast<size_t>(g));
+  for (int i = 0; i < g; ++i) {
+    chunks[static_cast<size_t>(i)] =
+        PlanChunks(segments[static_cast<size_t>(i)], chunk_elems);
+  }
+  FrameMeta meta;
+  meta.kind = FrameKind::kData;
+  meta.generation = config_.generation;
+  meta.op_seq = op.fp.op_seq;
+  meta.dtype = dt;
+  meta.op = op.fp.op;
+  meta.sender_rank = r;
+
+  auto send_chunk = [&](Phase phase, int step, int seg,
+                        const Range& c) -> absl::Status {
+    FrameMeta m = meta;
+    m.phase = phase;
+    m.step = step;
+    m.segment = seg;
+    m.offset = c.offset;
+    m.count = c.count;
+    return SendFrame(op, succ, m, op.data + c.offset * es, c.count * es, seg);
+  };
+
+  // Total steps: G-1 reduce-scatter then G-1 all-gather, numbered 0..2G-3.
+  // Step t sends the segment received (and reduced) at step t-1, chunk by
+  // chunk, so a chunk moves on as soon as it is ready.
+  const int total_steps = 2 * (g - 1);
+  auto phase_of = [g](int t) {
+    return t < g - 1 ? Phase::kReduceScatter : Phase::kAllGather;
+  };
+  auto step_in_phase = [g](int t) { return t < g - 1 ? t : t - (g - 1); };
+  auto send_seg = [g, r](int t) {
+    return t < g - 1 ? RsSendSegment(r, g, t) : AgSendSegment(r, g, t - (g - 1));
+  };
+  auto recv_seg = [g, r](int t) {
+    return t < g - 1 ? RsRecvSegment(r, g, t) : AgRecvSegment(r, g, t - (g - 1));
+  };
+
+  // Step 0 sends this rank's own data.
+  {
+    const int seg = send_seg(0);
+    const auto& cs = chunks[static_cast<size_t>(seg)];
+    SetLedger(op, Phase::kReduceScatter, 0, 0, static_cast<int>(cs.size()),
+              -1);
+    for (const Range& c : cs) {
+      HALKA_RETURN_IF_ERROR(send_chunk(Phase::kReduceScatter, 0, seg, c));
+    }
+  }
+  absl::Duration reduce_time;
+  for (int t = 0; t < total_steps; ++t) {
+    const Phase phase = phase_of(t);
+    const int step = step_in_phase(t);
+    const int seg = recv_seg(t);
+    const bool reduce = phase == Phase::kReduceScatter;
+    const bool last_rs = t == g - 2;
+    const auto& cs = chunks[static_cast<size_t>(seg)];
+    if (!reduce && !WaitForReleases(op, seg, op.deadline)) {
+      // Never overwrite memory the wire may still be reading.
+      return absl::DeadlineExceededError(absl::StrCat(
+          Where(op), ": deadline exceeded waiting for ",
+          DescribePeer(config_.members[succ]), " to take segment ", seg,
+          " before all-gather step ", step));
+    }
+    for (size_t ci = 0; ci < cs.size(); ++ci) {
+      const Range& c = cs[ci];
+      SetLedger(op, phase, step, static_cast<int>(ci),
+                static_cast<int>(cs.size()), pred);
+      HALKA_ASSIGN_OR_RETURN(InFrame in, Await(op, pred));
+      FrameMeta expect;
+      expect.phase = phase;
+      expect.step = step;
+      expect.segment = seg;
+      expect.offset = c.offset;
+      expect.count = c.count;
+      HALKA_RETURN_IF_ERROR(CheckData(op, in, pred, expect));
+      const absl::Time t0 = absl::Now();
+      ApplyPayload(dt, op.fp.op, reduce, op.data + c.offset * es, in);
+      if (last_rs && op.fp.op == ReduceOp::kAvg) {
+        // The owner divides once, before the all-gather, so every rank
+        // receives the same bits.
+        FinalizeAvg(dt, op.data + c.offset * es, c.count, g);
+      }
+      reduce_time += absl::Now() - t0;
+      if (t + 1 < total_steps) {
+        HALKA_RETURN_IF_ERROR(
+            send_chunk(phase_of(t + 1), step_in_phase(t + 1), seg, c));
+      }
+    }
+  }
+  {
+    absl::MutexLock lock(&state_mu_);
+    telemetry_.reduce_seconds += Seconds(reduce_time);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::ChainBroadcast(Op& op) {
+  const int g = config_.world_size;
+  const int r = config_.rank;
+  const int root = op.fp.root;
+  if (g == 1 || op.fp.count == 0) return absl::OkStatus();
+  const DType dt = op.fp.dtype;
+  const size_t es = DTypeSize(dt);
+  const int succ = Mod(r + 1, g);
+  const int pred = Mod(r - 1, g);
+  const size_t chunk_elems = std::max<size_t>(1, config_.chunk_bytes / es);
+  const std::vector<Range> cs =
+      PlanChunks(Range{0, static_cast<size_t>(op.fp.count)}, chunk_elems);
+  // Data flows root -> root+1 -> ... -> root-1; step = distance from root.
+  const int distance = Mod(r - root, g);
+  const bool forward = succ != root;
+  FrameMeta meta;
+  meta.kind = FrameKind::kData;
+  meta.generation = config_.generation;
+  meta.op_seq = op.fp.op_seq;
+  meta.dtype = dt;
+  meta.phase = Phase::kBroadcast;
+  meta.sender_rank = r;
+  for (size_t ci = 0; ci < cs.size(); ++ci) {
+    const Range& c = cs[ci];
+    SetLedger(op, Phase::kBroadcast, distance, static_cast<int>(ci),
+              static_cast<int>(cs.size()), r == root ? -1 : pred);
+    if (r != root) {
+      HALKA_ASSIGN_OR_RETURN(InFrame in, Await(op, pred));
+      FrameMeta expect;
+      expect.phase = Phase::kBroadcast;
+      expect.step = distance - 1;
+      expect.segment = 0;
+      expect.offset = c.offset;
+      expect.count = c.count;
+      HALKA_RETURN_IF_ERROR(CheckData(op, in, pred, expect));
+      ApplyPayload(dt, op.fp.op, /*reduce=*/false, op.data + c.offset * es,
+                   in);
+    }
+    if (forward) {
+      FrameMeta m = meta;
+      m.step = distance;
+      m.segment = 0;
+      m.offset = c.offset;
+      m.count = c.count;
+      HALKA_RETURN_IF_ERROR(SendFrame(op, succ, m, op.data + c.offset * es,
+                                      c.count * es, 0));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace halka

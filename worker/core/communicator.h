@@ -1,0 +1,153 @@
+// The collectives of one rank: ring all-reduce, broadcast, barrier.
+//
+// A Communicator belongs to one rank of one generation of a ring. It runs
+// one operation at a time (callers are serialised in arrival order) on the
+// calling thread, talking to its peers only through a Transport and an
+// Inbox. Every operation:
+//   1. passes every rank's fingerprint once around the ring, so that ranks
+//      that disagree fail with FAILED_PRECONDITION, naming both, before any
+//      data moves;
+//   2. moves data in chunks (config.chunk_bytes), pipelined: a chunk is
+//      forwarded as soon as it is reduced;
+//   3. is bounded by its deadline; a failure anywhere reaches every rank as
+//      an ABORT frame sent both ways around the ring.
+// Errors name the peer (rank, worker id, address), the phase and the step:
+//   INVALID_ARGUMENT (bad request), FAILED_PRECONDITION (ranks disagree),
+//   UNAVAILABLE (a link broke), DEADLINE_EXCEEDED (names what was awaited),
+//   ABORTED (another rank failed or membership changed; says why),
+//   DATA_LOSS (a frame that does not fit the plan).
+// Thread-safety: all methods are thread-safe.
+#ifndef HALKA_WORKER_CORE_COMMUNICATOR_H_
+#define HALKA_WORKER_CORE_COMMUNICATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "worker/core/dtype.h"
+#include "worker/core/frame.h"
+#include "worker/core/transport.h"
+
+namespace halka {
+
+struct PeerInfo {
+  int rank = -1;
+  std::string worker_id;
+  std::string address;
+};
+// "rank 2 (worker-2, 127.0.0.1:7002)".
+std::string DescribePeer(const PeerInfo& peer);
+
+struct CommConfig {
+  int rank = 0;
+  int world_size = 1;
+  uint64_t generation = 1;
+  std::vector<PeerInfo> members;  // members[i].rank == i
+  size_t chunk_bytes = size_t{1} << 20;
+  absl::Duration default_timeout = absl::Seconds(60);
+  // Largest buffer one operation may carry (RESOURCE_EXHAUSTED above it).
+  uint64_t max_op_bytes = uint64_t{16} << 30;
+};
+
+struct OpResult {
+  uint64_t op_seq = 0;
+  std::string algorithm;  // "ring"
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  absl::Duration elapsed;
+  uint64_t generation = 0;
+};
+
+// The progress ledger: what the current operation is doing right now.
+struct Progress {
+  bool busy = false;
+  std::string op;  // fingerprint text
+  Phase phase = Phase::kFingerprint;
+  int step = 0;
+  int chunk = 0;
+  int chunks = 0;
+  int awaited_rank = -1;
+  absl::Time waiting_since = absl::InfinitePast();
+};
+
+struct Telemetry {
+  uint64_t ops_completed = 0;
+  uint64_t ops_failed = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  double send_seconds = 0;
+  double wait_seconds = 0;
+  double reduce_seconds = 0;
+  std::string last_error;
+};
+
+class Communicator {
+ public:
+  // `transport` and `inbox` must outlive the communicator.
+  Communicator(CommConfig config, Transport* transport, Inbox* inbox);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  // In place over `count` elements of `dtype` at `data`. A zero timeout
+  // means config.default_timeout.
+  absl::StatusOr<OpResult> AllReduce(void* data, size_t count, DType dtype,
+                                     ReduceOp op, absl::Duration timeout);
+  absl::StatusOr<OpResult> Broadcast(void* data, size_t count, DType dtype,
+                                     int root, absl::Duration timeout);
+  absl::StatusOr<OpResult> Barrier(absl::Duration timeout);
+
+  // Fails the running operation (and every later one until ClearAbort) with
+  // `status`, e.g. ABORTED when membership changed.
+  void Abort(absl::Status status);
+  void ClearAbort();
+
+  Progress GetProgress() const;
+  Telemetry GetTelemetry() const;
+  const CommConfig& config() const { return config_; }
+
+ private:
+  struct Op;
+  absl::StatusOr<OpResult> Run(const Fingerprint& fp, void* data,
+                               absl::Duration timeout);
+  absl::Status ExchangeFingerprints(Op& op);
+  absl::Status RingAllReduce(Op& op);
+  absl::Status ChainBroadcast(Op& op);
+  // Waits for the next frame of this op from `from`; turns every other
+  // outcome into the error the caller returns.
+  // `detail` says what exactly is awaited, for the error.
+  absl::StatusOr<InFrame> Await(Op& op, int from,
+                                const std::string& detail = "");
+  absl::Status SendFrame(Op& op, int to, const FrameMeta& meta,
+                         const uint8_t* payload, size_t bytes, int segment);
+  absl::Status CheckData(Op& op, const InFrame& frame, int from,
+                         const FrameMeta& expect);
+  // Waits until the wire holds no frame of `segment` (-1: of any segment).
+  // Past `deadline` it resets the links, waits for the releases that
+  // follow, and returns false.
+  bool WaitForReleases(Op& op, int segment, absl::Time deadline);
+  void SendAbort(Op& op, const absl::Status& status, int skip_rank);
+  void SetLedger(Op& op, Phase phase, int step, int chunk, int chunks,
+                 int awaited);
+  std::string Where(const Op& op) const;
+
+  const CommConfig config_;
+  Transport* const transport_;
+  Inbox* const inbox_;
+
+  absl::Mutex op_mu_;  // one operation at a time
+  uint64_t next_op_seq_ ABSL_GUARDED_BY(op_mu_) = 1;
+
+  mutable absl::Mutex state_mu_;
+  Progress progress_ ABSL_GUARDED_BY(state_mu_);
+  Telemetry telemetry_ ABSL_GUARDED_BY(state_mu_);
+};
+
+}  // namespace halka
+
+#endif  // HALKA_WORKER_CORE_COMMUNICATOR_H_

@@ -1,0 +1,80 @@
+// Frames as the engine sees them, independent of any wire encoding.
+#ifndef HALKA_WORKER_CORE_FRAME_H_
+#define HALKA_WORKER_CORE_FRAME_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "worker/core/dtype.h"
+
+namespace halka {
+
+enum class OpKind : uint8_t { kAllReduce = 1, kBroadcast = 2, kBarrier = 3 };
+absl::string_view OpKindName(OpKind kind);  // "all_reduce", ...
+
+// What every rank must agree on before any data moves.
+struct Fingerprint {
+  uint64_t op_seq = 0;
+  OpKind kind = OpKind::kBarrier;
+  DType dtype = DType::kFloat32;
+  uint64_t count = 0;
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = 0;
+
+  bool operator==(const Fingerprint& o) const {
+    return op_seq == o.op_seq && kind == o.kind && dtype == o.dtype &&
+           count == o.count && op == o.op && root == o.root;
+  }
+  bool operator!=(const Fingerprint& o) const { return !(*this == o); }
+  // "all_reduce #3 float32x1000 sum", "broadcast #4 int64x7 root 2".
+  std::string ToString() const;
+};
+
+enum class FrameKind : uint8_t { kData = 1, kFingerprint = 2, kAbort = 3 };
+enum class Phase : uint8_t {
+  kFingerprint = 1,
+  kReduceScatter = 2,
+  kAllGather = 3,
+  kBroadcast = 4,
+};
+absl::string_view PhaseName(Phase phase);  // "reduce-scatter", ...
+
+struct FrameMeta {
+  FrameKind kind = FrameKind::kData;
+  uint64_t generation = 0;
+  uint64_t op_seq = 0;
+  Phase phase = Phase::kFingerprint;
+  int32_t step = 0;
+  int32_t segment = 0;
+  uint64_t offset = 0;  // elements
+  uint64_t count = 0;   // elements in the payload
+  DType dtype = DType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  Fingerprint fingerprint;   // kFingerprint
+  int32_t origin_rank = -1;  // kFingerprint, kAbort
+  int32_t sender_rank = -1;
+  absl::StatusCode abort_code = absl::StatusCode::kOk;  // kAbort
+  std::string message;                                  // kAbort
+};
+
+// A received frame. The payload may arrive in several pieces (the wire's
+// slices); `keepalive` owns the memory they point into.
+struct InFrame {
+  FrameMeta meta;
+  std::vector<absl::Span<const uint8_t>> pieces;
+  std::shared_ptr<void> keepalive;
+  size_t PayloadBytes() const {
+    size_t n = 0;
+    for (const auto& p : pieces) n += p.size();
+    return n;
+  }
+};
+
+}  // namespace halka
+
+#endif  // HALKA_WORKER_CORE_FRAME_H_

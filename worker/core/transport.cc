@@ -1,0 +1,120 @@
+#include "worker/core/transport.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace halka {
+
+Inbox::Inbox(int world_size)
+    : world_size_(world_size), queues_(static_cast<size_t>(world_size)) {}
+
+void Inbox::Deliver(int from, InFrame frame) {
+  absl::MutexLock lock(&mu_);
+  if (from < 0 || from >= world_size_) return;  // validated by the transport
+  if (frame.meta.kind == FrameKind::kAbort) {
+    // Keep the first abort per operation: it names the original cause.
+    aborts_.emplace(frame.meta.op_seq, std::move(frame));
+    return;
+  }
+  queues_[static_cast<size_t>(from)].push_back(std::move(frame));
+}
+
+void Inbox::LinkFailed(int peer, absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  link_failures_.emplace(peer, std::move(status));
+}
+
+void Inbox::Interrupt(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  interrupt_ = std::move(status);
+}
+
+void Inbox::ClearInterrupt() {
+  absl::MutexLock lock(&mu_);
+  interrupt_ = absl::OkStatus();
+}
+
+void Inbox::ClearLinkFailures() {
+  absl::MutexLock lock(&mu_);
+  link_failures_.clear();
+}
+
+void Inbox::DropBefore(uint64_t op_seq) {
+  absl::MutexLock lock(&mu_);
+  for (auto& q : queues_) {
+    while (!q.empty() && q.front().meta.op_seq < op_seq) q.pop_front();
+  }
+  aborts_.erase(aborts_.begin(), aborts_.lower_bound(op_seq));
+}
+
+bool Inbox::Ready(int from, uint64_t op_seq,
+                  absl::Span<const int> watch) const {
+  if (!interrupt_.ok()) return true;
+  if (aborts_.lower_bound(op_seq) != aborts_.end()) return true;
+  for (int peer : watch) {
+    if (link_failures_.count(peer)) return true;
+  }
+  const auto& q = queues_[static_cast<size_t>(from)];
+  for (const InFrame& f : q) {
+    if (f.meta.op_seq >= op_seq) return true;
+  }
+  return false;
+}
+
+Inbox::Event Inbox::Next(int from, uint64_t op_seq,
+                         absl::Span<const int> watch, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return Ready(from, op_seq, watch);
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  Event ev;
+  ev.type = Event::kTimeout;
+  if (!interrupt_.ok()) {
+    ev.type = Event::kInterrupted;
+    ev.status = interrupt_;
+    return ev;
+  }
+  // Data already queued for this op wins over a later failure report: the
+  // frame is good, and the failure will be seen at the next wait.
+  auto& q = queues_[static_cast<size_t>(from)];
+  while (!q.empty() && q.front().meta.op_seq < op_seq) q.pop_front();
+  if (!q.empty() && q.front().meta.op_seq == op_seq) {
+    ev.type = Event::kFrame;
+    ev.frame = std::move(q.front());
+    q.pop_front();
+    return ev;
+  }
+  auto it = aborts_.lower_bound(op_seq);
+  if (it != aborts_.end()) {
+    ev.type = Event::kAbort;
+    ev.frame = it->second;  // copy: several waits may report it
+    return ev;
+  }
+  for (int peer : watch) {
+    auto f = link_failures_.find(peer);
+    if (f != link_failures_.end()) {
+      ev.type = Event::kLinkFailed;
+      ev.peer = peer;
+      ev.status = f->second;
+      return ev;
+    }
+  }
+  if (!q.empty()) {  // a frame of a later operation: the sender moved on
+    ev.type = Event::kAbort;
+    ev.frame.meta.kind = FrameKind::kAbort;
+    ev.frame.meta.op_seq = q.front().meta.op_seq;
+    ev.frame.meta.origin_rank = from;
+    ev.frame.meta.sender_rank = from;
+    ev.frame.meta.abort_code = absl::StatusCode::kAborted;
+    ev.frame.meta.message =
+        absl::StrCat("rank ", from, " already started operation #",
+                     q.front().meta.op_seq, " while this rank waits in #",
+                     op_seq);
+    return ev;
+  }
+  return ev;  // timeout
+}
+
+}  // namespace halka

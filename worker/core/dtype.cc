@@ -37,14 +37,12 @@ constexpr NameEntry<DType> kDTypeAliases[] = {
     {"int", DType::kInt32},     {"long", DType::kInt64},
 };
 constexpr NameEntry<ReduceOp> kReduceOpNames[] = {
-    {"sum", ReduceOp::kSum}, {"avg", ReduceOp::kAvg},
-    {"min", ReduceOp::kMin}, {"max", ReduceOp::kMax},
-    {"prod", ReduceOp::kProd},
+    {"sum", ReduceOp::kSum}, {"avg", ReduceOp::kAvg},   {"min", ReduceOp::kMin},
+    {"max", ReduceOp::kMax}, {"prod", ReduceOp::kProd},
 };
 
 template <typename T, size_t N>
-bool Lookup(const NameEntry<T> (&table)[N], absl::string_view name,
-            T* value) {
+bool Lookup(const NameEntry<T> (&table)[N], absl::string_view name, T* value) {
   for (const NameEntry<T>& entry : table) {
     if (absl::EqualsIgnoreCase(entry.name, name)) {
       *value = entry.value;

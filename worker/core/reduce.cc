@@ -7,11 +7,8 @@
 
 #include "worker/core/dtype.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__)
 #include <immintrin.h>
-#define HALKA_HAVE_F16C_PATH 1
-#else
-#define HALKA_HAVE_F16C_PATH 0
 #endif
 
 // Reducers never read the floating-point exception flags, and with the
@@ -20,7 +17,9 @@
 // conversions instead of turning them into selects, and the loops are not
 // vectorised. Dropping that assumption changes no result. It is set here,
 // after the includes, so that it covers only this file's functions.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
+#endif
 
 namespace halka {
 namespace {
@@ -195,9 +194,9 @@ struct MinOp {
   static T Apply(T a, T b) {
     const T min = b < a ? b : a;
     if constexpr (std::is_floating_point_v<T>) {
-      // Everything is computed unconditionally and combined with a select:
-      // under the default -ftrapping-math GCC refuses to if-convert (and so
-      // to vectorise) a conditionally evaluated a + b or a short-circuit ||.
+      // Both candidates are computed unconditionally and combined with a
+      // select (and `|`, not `||`), so the loop body has no branches for the
+      // vectoriser to give up on.
       const T nan_if_any = a + b;
       const bool unordered = (a != a) | (b != b);
       return unordered ? nan_if_any : min;
@@ -222,8 +221,8 @@ struct MaxOp {
 };
 
 // ---------------------------------------------------------------------------
-// Element loops. One instantiation per (codec, op); the dispatch picks one
-// per call so the loops themselves contain no type or op decisions.
+// Element loops. One instantiation per (instruction set, codec, op); the
+// dispatch picks one per call so the loops contain no type or op decisions.
 
 // How the loops see caller memory: Element<T> is T with alignment 1 and
 // may_alias. may_alias because callers hand over bytes (network buffers,
@@ -245,81 +244,174 @@ using Element = typename ElementView<T>::Type;
 static_assert(alignof(Element<double>) == 1 && alignof(Element<float>) == 1,
               "the compiler dropped the aligned(1) attribute");
 
+#define HALKA_ALWAYS_INLINE __attribute__((always_inline)) inline
+
 // Distinct buffers: restrict parameters, so that GCC need not version the
 // loop for aliasing (the contract rules out partial overlap).
 template <typename Codec, typename Op>
-void ReduceDistinct(Element<typename Codec::Storage>* __restrict dst,
-                    const Element<typename Codec::Storage>* __restrict src,
-                    size_t count) {
+HALKA_ALWAYS_INLINE void ReduceDistinctLoop(
+    Element<typename Codec::Storage>* __restrict dst,
+    const Element<typename Codec::Storage>* __restrict src, size_t count) {
   for (size_t i = 0; i < count; ++i) {
-    dst[i] = Codec::Encode(
-        Op::Apply(Codec::Decode(dst[i]), Codec::Decode(src[i])));
+    dst[i] =
+        Codec::Encode(Op::Apply(Codec::Decode(dst[i]), Codec::Decode(src[i])));
   }
 }
 
 // dst == src, which the contract allows. A loop of its own because restrict
 // on two names for the same memory would be undefined behaviour.
 template <typename Codec, typename Op>
-void ReduceSelf(Element<typename Codec::Storage>* data, size_t count) {
+HALKA_ALWAYS_INLINE void ReduceSelfLoop(Element<typename Codec::Storage>* data,
+                                        size_t count) {
   for (size_t i = 0; i < count; ++i) {
     const typename Codec::Compute value = Codec::Decode(data[i]);
     data[i] = Codec::Encode(Op::Apply(value, value));
   }
 }
 
-template <typename Codec, typename Op>
-void ReduceTyped(void* dst, const void* src, size_t count) {
-  using E = Element<typename Codec::Storage>;
-  if (dst == src) {
-    ReduceSelf<Codec, Op>(static_cast<E*>(dst), count);
-  } else {
-    ReduceDistinct<Codec, Op>(static_cast<E*>(dst),
-                              static_cast<const E*>(src), count);
+// FinalizeAvg. Integer `/` truncates toward zero, as the contract asks.
+// Floats divide in their own precision, the half types in float (the
+// divisor is exact below 2^24) and round once in Encode.
+template <typename Codec>
+HALKA_ALWAYS_INLINE void DivideLoop(Element<typename Codec::Storage>* data,
+                                    size_t count,
+                                    typename Codec::Compute divisor) {
+  for (size_t i = 0; i < count; ++i) {
+    data[i] = Codec::Encode(Codec::Decode(data[i]) / divisor);
   }
 }
 
-#if HALKA_HAVE_F16C_PATH
+// ---------------------------------------------------------------------------
+// Instruction sets.
+//
+// The project compiles for baseline x86-64, whose SSE2 has 128-bit vectors
+// and lacks 64-bit compares, 32-bit min/max and several packs, so MIN/MAX,
+// the 64-bit integer ops and the bfloat16 conversions come out slow. Each
+// loop is therefore compiled twice, once as it is and once inside a
+// target("avx2") function (the always_inline loop is inlined and vectorised
+// there with 256-bit vectors), and ReduceInto/FinalizeAvg pick one per call
+// from a cached CPU check. FMA is deliberately not enabled: contracting
+// operations would change results between machines.
+
+struct BaselineIsa {
+  template <typename Codec, typename Op>
+  static void ReduceDistinct(
+      Element<typename Codec::Storage>* __restrict dst,
+      const Element<typename Codec::Storage>* __restrict src, size_t count) {
+    ReduceDistinctLoop<Codec, Op>(dst, src, count);
+  }
+  template <typename Codec, typename Op>
+  static void ReduceSelf(Element<typename Codec::Storage>* data, size_t count) {
+    ReduceSelfLoop<Codec, Op>(data, count);
+  }
+  template <typename Codec>
+  static void Divide(Element<typename Codec::Storage>* data, size_t count,
+                     typename Codec::Compute divisor) {
+    DivideLoop<Codec>(data, count, divisor);
+  }
+};
+
+// HALKA_NO_X86_DISPATCH builds only the baseline loops and the portable
+// float16 conversions, to test them on a machine that has AVX2 and F16C.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(HALKA_NO_X86_DISPATCH)
+#define HALKA_X86_DISPATCH 1
+
+struct Avx2Isa {
+  template <typename Codec, typename Op>
+  __attribute__((target("avx2"))) static void ReduceDistinct(
+      Element<typename Codec::Storage>* __restrict dst,
+      const Element<typename Codec::Storage>* __restrict src, size_t count) {
+    ReduceDistinctLoop<Codec, Op>(dst, src, count);
+  }
+  template <typename Codec, typename Op>
+  __attribute__((target("avx2"))) static void ReduceSelf(
+      Element<typename Codec::Storage>* data, size_t count) {
+    ReduceSelfLoop<Codec, Op>(data, count);
+  }
+  template <typename Codec>
+  __attribute__((target("avx2"))) static void Divide(
+      Element<typename Codec::Storage>* data, size_t count,
+      typename Codec::Compute divisor) {
+    DivideLoop<Codec>(data, count, divisor);
+  }
+};
+
+struct CpuFeatures {
+  bool avx2;
+  bool f16c;
+};
+
+const CpuFeatures& Cpu() {
+  // Resolved once. __builtin_cpu_supports("avx"/"avx2") also checks that the
+  // OS saves the 256-bit register state. __builtin_cpu_init makes this safe
+  // even if the first call comes from another static initialiser.
+  static const CpuFeatures features = [] {
+    __builtin_cpu_init();
+    CpuFeatures f;
+    f.avx2 = __builtin_cpu_supports("avx2");
+    f.f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+    return f;
+  }();
+  return features;
+}
+
+#else
+#define HALKA_X86_DISPATCH 0
+#endif
+
+template <typename Isa, typename Codec, typename Op>
+void ReduceTyped(void* dst, const void* src, size_t count) {
+  using E = Element<typename Codec::Storage>;
+  if (dst == src) {
+    Isa::template ReduceSelf<Codec, Op>(static_cast<E*>(dst), count);
+  } else {
+    Isa::template ReduceDistinct<Codec, Op>(static_cast<E*>(dst),
+                                            static_cast<const E*>(src), count);
+  }
+}
+
+#if HALKA_X86_DISPATCH
 // float16 with the F16C conversion instructions, 8 elements at a time.
-// x86-64's baseline (SSE2) has no half conversions, so the portable loop
-// above spends most of its time converting; F16C does each direction in one
-// instruction with the same round-to-nearest-even result. Only called after
-// a runtime CPU check, hence the function-level target attribute rather
-// than a global -mf16c.
+// Neither SSE2 nor AVX2 converts halves, so the portable loop spends most
+// of its time converting (about 2 ns per element with SSE2); F16C does each
+// direction in one instruction with the same round-to-nearest-even result,
+// and quiets signalling NaNs as the portable code does.
 template <typename Op>
 struct F16COp;
 
 template <>
 struct F16COp<SumOp> {
-  __attribute__((target("avx,f16c"))) static __m256 Apply(__m256 a,
-                                                          __m256 b) {
+  __attribute__((target("avx,f16c"))) static __m256 Apply(__m256 a, __m256 b) {
     return _mm256_add_ps(a, b);
   }
 };
 template <>
 struct F16COp<ProdOp> {
-  __attribute__((target("avx,f16c"))) static __m256 Apply(__m256 a,
-                                                          __m256 b) {
+  __attribute__((target("avx,f16c"))) static __m256 Apply(__m256 a, __m256 b) {
     return _mm256_mul_ps(a, b);
   }
 };
+
 // Same semantics as MinOp/MaxOp: minps(x, y) is `x < y ? x : y`, so
 // minps(b, a) is `b < a ? b : a`; unordered lanes take a + b (a NaN).
+// The select is spelled and/andnot/or: GCC 12 split _mm256_blendv_ps into
+// per-lane branches here, which made MIN/MAX six times slower than SUM.
+__attribute__((target("avx,f16c"))) inline __m256 SelectNaN(__m256 a, __m256 b,
+                                                            __m256 ordered) {
+  const __m256 unordered = _mm256_cmp_ps(a, b, _CMP_UNORD_Q);
+  return _mm256_or_ps(_mm256_and_ps(unordered, _mm256_add_ps(a, b)),
+                      _mm256_andnot_ps(unordered, ordered));
+}
 template <>
 struct F16COp<MinOp> {
-  __attribute__((target("avx,f16c"))) static __m256 Apply(__m256 a,
-                                                          __m256 b) {
-    const __m256 unordered = _mm256_cmp_ps(a, b, _CMP_UNORD_Q);
-    return _mm256_blendv_ps(_mm256_min_ps(b, a), _mm256_add_ps(a, b),
-                            unordered);
+  __attribute__((target("avx,f16c"))) static __m256 Apply(__m256 a, __m256 b) {
+    return SelectNaN(a, b, _mm256_min_ps(b, a));
   }
 };
 template <>
 struct F16COp<MaxOp> {
-  __attribute__((target("avx,f16c"))) static __m256 Apply(__m256 a,
-                                                          __m256 b) {
-    const __m256 unordered = _mm256_cmp_ps(a, b, _CMP_UNORD_Q);
-    return _mm256_blendv_ps(_mm256_max_ps(b, a), _mm256_add_ps(a, b),
-                            unordered);
+  __attribute__((target("avx,f16c"))) static __m256 Apply(__m256 a, __m256 b) {
+    return SelectNaN(a, b, _mm256_max_ps(b, a));
   }
 };
 
@@ -331,92 +423,100 @@ __attribute__((target("avx,f16c"))) void ReduceHalfF16C(void* dst,
   const unsigned char* s = static_cast<const unsigned char*>(src);
   size_t i = 0;
   for (; i + 8 <= count; i += 8) {
-    // Unaligned loads/stores: the contract allows any alignment. A block
-    // is fully loaded before it is stored, so dst == src is fine.
+    // Unaligned loads and stores: the contract allows any alignment. A
+    // block is loaded in full before it is stored, so dst == src is fine.
     const __m128i a =
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(d + 2 * i));
     const __m128i b =
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 2 * i));
-    const __m256 r =
-        F16COp<Op>::Apply(_mm256_cvtph_ps(a), _mm256_cvtph_ps(b));
+    const __m256 r = F16COp<Op>::Apply(_mm256_cvtph_ps(a), _mm256_cvtph_ps(b));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * i),
                      _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
   }
-  // The tail goes through the portable code, which rounds identically.
-  ReduceTyped<HalfCodec, Op>(d + 2 * i, s + 2 * i, count - i);
+  // The tail (under 8 elements) takes the portable code, which rounds the
+  // same way.
+  ReduceTyped<BaselineIsa, HalfCodec, Op>(d + 2 * i, s + 2 * i, count - i);
 }
+#endif  // HALKA_X86_DISPATCH
 
-bool CpuHasF16C() {
-  // Resolved once; __builtin_cpu_supports also checks that the OS saves the
-  // AVX register state, which the 256-bit path needs.
-  static const bool has_f16c =
-      __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
-  return has_f16c;
-}
-#endif  // HALKA_HAVE_F16C_PATH
-
-template <typename Op>
-void ReduceHalf(void* dst, const void* src, size_t count) {
-#if HALKA_HAVE_F16C_PATH
-  if (CpuHasF16C()) {
-    ReduceHalfF16C<Op>(dst, src, count);
-    return;
+template <typename Isa, typename Codec>
+void ReduceWithOp(ReduceOp op, void* dst, const void* src, size_t count) {
+#if HALKA_X86_DISPATCH
+  if constexpr (std::is_same_v<Codec, HalfCodec>) {
+    if (Cpu().f16c) {
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg:
+          ReduceHalfF16C<SumOp>(dst, src, count);
+          return;
+        case ReduceOp::kProd:
+          ReduceHalfF16C<ProdOp>(dst, src, count);
+          return;
+        case ReduceOp::kMin:
+          ReduceHalfF16C<MinOp>(dst, src, count);
+          return;
+        case ReduceOp::kMax:
+          ReduceHalfF16C<MaxOp>(dst, src, count);
+          return;
+      }
+      return;
+    }
   }
 #endif
-  ReduceTyped<HalfCodec, Op>(dst, src, count);
-}
-
-template <typename Codec>
-void ReduceWithOp(ReduceOp op, void* dst, const void* src, size_t count) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:  // divided later by FinalizeAvg
-      ReduceTyped<Codec, SumOp>(dst, src, count);
+      ReduceTyped<Isa, Codec, SumOp>(dst, src, count);
       return;
     case ReduceOp::kProd:
-      ReduceTyped<Codec, ProdOp>(dst, src, count);
+      ReduceTyped<Isa, Codec, ProdOp>(dst, src, count);
       return;
     case ReduceOp::kMin:
-      ReduceTyped<Codec, MinOp>(dst, src, count);
+      ReduceTyped<Isa, Codec, MinOp>(dst, src, count);
       return;
     case ReduceOp::kMax:
-      ReduceTyped<Codec, MaxOp>(dst, src, count);
+      ReduceTyped<Isa, Codec, MaxOp>(dst, src, count);
       return;
   }
+  // An op outside the enum leaves dst untouched: callers validate wire
+  // values with IsValidReduceOp first.
 }
 
-template <>
-void ReduceWithOp<HalfCodec>(ReduceOp op, void* dst, const void* src,
-                             size_t count) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      ReduceHalf<SumOp>(dst, src, count);
+template <typename Isa>
+void ReduceIntoIsa(DType dtype, ReduceOp op, void* dst, const void* src,
+                   size_t count) {
+  switch (dtype) {
+    case DType::kFloat32:
+      ReduceWithOp<Isa, NativeCodec<float>>(op, dst, src, count);
       return;
-    case ReduceOp::kProd:
-      ReduceHalf<ProdOp>(dst, src, count);
+    case DType::kFloat64:
+      ReduceWithOp<Isa, NativeCodec<double>>(op, dst, src, count);
       return;
-    case ReduceOp::kMin:
-      ReduceHalf<MinOp>(dst, src, count);
+    case DType::kFloat16:
+      ReduceWithOp<Isa, HalfCodec>(op, dst, src, count);
       return;
-    case ReduceOp::kMax:
-      ReduceHalf<MaxOp>(dst, src, count);
+    case DType::kBFloat16:
+      ReduceWithOp<Isa, BFloat16Codec>(op, dst, src, count);
+      return;
+    case DType::kInt32:
+      ReduceWithOp<Isa, NativeCodec<int32_t>>(op, dst, src, count);
+      return;
+    case DType::kInt64:
+      ReduceWithOp<Isa, NativeCodec<int64_t>>(op, dst, src, count);
       return;
   }
+  // Likewise for a dtype outside the enum (see IsValidDType).
 }
 
-// ---------------------------------------------------------------------------
-// FinalizeAvg loop.
-
-template <typename Codec>
+template <typename Isa, typename Codec>
 void DivideTyped(void* dst, size_t count, int divisor) {
-  using Storage = typename Codec::Storage;
   using Compute = typename Codec::Compute;
-  Element<Storage>* data = static_cast<Element<Storage>*>(dst);
+  auto* data = static_cast<Element<typename Codec::Storage>*>(dst);
   if constexpr (std::is_integral_v<Compute>) {
     if (divisor == -1) {
       // The most negative value divided by -1 overflows; negation in
-      // unsigned arithmetic wraps instead, like SUM and PROD do.
+      // unsigned arithmetic wraps instead, like SUM and PROD do. Rare, so
+      // this loop is not worth a vectorised version.
       using U = std::make_unsigned_t<Compute>;
       for (size_t i = 0; i < count; ++i) {
         data[i] = static_cast<Compute>(U{0} - static_cast<U>(data[i]));
@@ -424,12 +524,30 @@ void DivideTyped(void* dst, size_t count, int divisor) {
       return;
     }
   }
-  // Integer `/` truncates toward zero, as the contract asks. Floats divide
-  // in their own precision; half types in float (the divisor is exact below
-  // 2^24) and round once in Encode.
-  const Compute typed_divisor = static_cast<Compute>(divisor);
-  for (size_t i = 0; i < count; ++i) {
-    data[i] = Codec::Encode(Codec::Decode(data[i]) / typed_divisor);
+  Isa::template Divide<Codec>(data, count, static_cast<Compute>(divisor));
+}
+
+template <typename Isa>
+void FinalizeAvgIsa(DType dtype, void* dst, size_t count, int divisor) {
+  switch (dtype) {
+    case DType::kFloat32:
+      DivideTyped<Isa, NativeCodec<float>>(dst, count, divisor);
+      return;
+    case DType::kFloat64:
+      DivideTyped<Isa, NativeCodec<double>>(dst, count, divisor);
+      return;
+    case DType::kFloat16:
+      DivideTyped<Isa, HalfCodec>(dst, count, divisor);
+      return;
+    case DType::kBFloat16:
+      DivideTyped<Isa, BFloat16Codec>(dst, count, divisor);
+      return;
+    case DType::kInt32:
+      DivideTyped<Isa, NativeCodec<int32_t>>(dst, count, divisor);
+      return;
+    case DType::kInt64:
+      DivideTyped<Isa, NativeCodec<int64_t>>(dst, count, divisor);
+      return;
   }
 }
 
@@ -438,55 +556,27 @@ void DivideTyped(void* dst, size_t count, int divisor) {
 void ReduceInto(DType dtype, ReduceOp op, void* dst, const void* src,
                 size_t count) {
   if (count == 0) return;
-  switch (dtype) {
-    case DType::kFloat32:
-      ReduceWithOp<NativeCodec<float>>(op, dst, src, count);
-      return;
-    case DType::kFloat64:
-      ReduceWithOp<NativeCodec<double>>(op, dst, src, count);
-      return;
-    case DType::kFloat16:
-      ReduceWithOp<HalfCodec>(op, dst, src, count);
-      return;
-    case DType::kBFloat16:
-      ReduceWithOp<BFloat16Codec>(op, dst, src, count);
-      return;
-    case DType::kInt32:
-      ReduceWithOp<NativeCodec<int32_t>>(op, dst, src, count);
-      return;
-    case DType::kInt64:
-      ReduceWithOp<NativeCodec<int64_t>>(op, dst, src, count);
-      return;
+#if HALKA_X86_DISPATCH
+  if (Cpu().avx2) {
+    ReduceIntoIsa<Avx2Isa>(dtype, op, dst, src, count);
+    return;
   }
-  // An out-of-range dtype or op leaves dst untouched: callers validate wire
-  // values with IsValidDType/IsValidReduceOp before they get here.
+#endif
+  ReduceIntoIsa<BaselineIsa>(dtype, op, dst, src, count);
 }
 
 void FinalizeAvg(DType dtype, void* dst, size_t count, int divisor) {
-  // Dividing by one changes nothing; dividing by zero is a caller bug (a
-  // group of zero members) that for integers would be undefined behaviour,
-  // so the buffer is left as it is.
+  // Dividing by one changes nothing. Dividing by zero is a caller bug (a
+  // group with no members) that would be undefined behaviour for integers
+  // and fill floats with inf/NaN; the buffer is left as it is instead.
   if (count == 0 || divisor == 1 || divisor == 0) return;
-  switch (dtype) {
-    case DType::kFloat32:
-      DivideTyped<NativeCodec<float>>(dst, count, divisor);
-      return;
-    case DType::kFloat64:
-      DivideTyped<NativeCodec<double>>(dst, count, divisor);
-      return;
-    case DType::kFloat16:
-      DivideTyped<HalfCodec>(dst, count, divisor);
-      return;
-    case DType::kBFloat16:
-      DivideTyped<BFloat16Codec>(dst, count, divisor);
-      return;
-    case DType::kInt32:
-      DivideTyped<NativeCodec<int32_t>>(dst, count, divisor);
-      return;
-    case DType::kInt64:
-      DivideTyped<NativeCodec<int64_t>>(dst, count, divisor);
-      return;
+#if HALKA_X86_DISPATCH
+  if (Cpu().avx2) {
+    FinalizeAvgIsa<Avx2Isa>(dtype, dst, count, divisor);
+    return;
   }
+#endif
+  FinalizeAvgIsa<BaselineIsa>(dtype, dst, count, divisor);
 }
 
 uint16_t FloatToHalf(float value) { return FloatToHalfImpl(value); }

@@ -6,18 +6,17 @@
 
 namespace halka {
 
-Inbox::Inbox(int world_size)
-    : world_size_(world_size), queues_(static_cast<size_t>(world_size)) {}
+Inbox::Inbox(int max_ranks) : max_ranks_(max_ranks) {}
 
 void Inbox::Deliver(int from, InFrame frame) {
   absl::MutexLock lock(&mu_);
-  if (from < 0 || from >= world_size_) return;  // validated by the transport
+  if (from < 0 || from >= max_ranks_) return;  // validated by the transport
   if (frame.meta.kind == FrameKind::kAbort) {
     // Keep the first abort per operation: it names the original cause.
     aborts_.emplace(frame.meta.op_seq, std::move(frame));
     return;
   }
-  queues_[static_cast<size_t>(from)].push_back(std::move(frame));
+  queues_[from].push_back(std::move(frame));
 }
 
 void Inbox::LinkFailed(int peer, absl::Status status) {
@@ -42,7 +41,7 @@ void Inbox::ClearLinkFailures() {
 
 void Inbox::DropBefore(uint64_t op_seq) {
   absl::MutexLock lock(&mu_);
-  for (auto& q : queues_) {
+  for (auto& [rank, q] : queues_) {
     while (!q.empty() && q.front().meta.op_seq < op_seq) q.pop_front();
   }
   aborts_.erase(aborts_.begin(), aborts_.lower_bound(op_seq));
@@ -55,8 +54,9 @@ bool Inbox::Ready(int from, uint64_t op_seq,
   for (int peer : watch) {
     if (link_failures_.count(peer)) return true;
   }
-  const auto& q = queues_[static_cast<size_t>(from)];
-  for (const InFrame& f : q) {
+  auto qit = queues_.find(from);
+  if (qit == queues_.end()) return false;
+  for (const InFrame& f : qit->second) {
     if (f.meta.op_seq >= op_seq) return true;
   }
   return false;
@@ -78,7 +78,7 @@ Inbox::Event Inbox::Next(int from, uint64_t op_seq,
   }
   // Data already queued for this op wins over a later failure report: the
   // frame is good, and the failure will be seen at the next wait.
-  auto& q = queues_[static_cast<size_t>(from)];
+  auto& q = queues_[from];
   while (!q.empty() && q.front().meta.op_seq < op_seq) q.pop_front();
   if (!q.empty() && q.front().meta.op_seq == op_seq) {
     ev.type = Event::kFrame;

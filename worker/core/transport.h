@@ -45,7 +45,9 @@ class Transport {
 // Thread-safe.
 class Inbox {
  public:
-  explicit Inbox(int world_size);
+  // Frames from ranks outside [0, max_ranks) are dropped (the transport
+  // validates ranks before delivery; this is the last line of defence).
+  explicit Inbox(int max_ranks = 1 << 16);
 
   // Called by the transport.
   void Deliver(int from, InFrame frame);
@@ -85,9 +87,9 @@ class Inbox {
   bool Ready(int from, uint64_t op_seq, absl::Span<const int> watch) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const int world_size_;
+  const int max_ranks_;
   mutable absl::Mutex mu_;
-  std::vector<std::deque<InFrame>> queues_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::deque<InFrame>> queues_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, InFrame> aborts_ ABSL_GUARDED_BY(mu_);  // by op_seq
   std::map<int, absl::Status> link_failures_ ABSL_GUARDED_BY(mu_);
   absl::Status interrupt_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,233 @@
+#include "client/bench.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "worker/core/reference.h"
+
+namespace halka {
+namespace {
+
+// A reusable barrier for the rank threads of one case.
+class CyclicBarrier {
+ public:
+  explicit CyclicBarrier(int n) : n_(n) {}
+  void Wait() {
+    absl::MutexLock lock(&mu_);
+    const uint64_t gen = generation_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++generation_;
+      return;
+    }
+    auto passed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return generation_ != gen;
+    };
+    mu_.Await(absl::Condition(&passed));
+  }
+
+ private:
+  const int n_;
+  absl::Mutex mu_;
+  int arrived_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace
+
+BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
+                      const BenchOptions& options) {
+  const int g = static_cast<int>(clients.size());
+  const size_t es = DTypeSize(c.dtype);
+  BenchRow row;
+  row.c = c;
+  row.count = c.bytes / es;
+  const size_t bytes = row.count * es;
+  std::vector<std::vector<uint8_t>> inputs(static_cast<size_t>(g));
+  std::vector<HostBuffer> shared(static_cast<size_t>(g));
+  std::vector<std::vector<uint8_t>> plain(static_cast<size_t>(g));
+  std::vector<uint8_t*> bufs(static_cast<size_t>(g));
+  for (int r = 0; r < g; ++r) {
+    inputs[r] = MakeRankData(c.dtype, c.op, row.count, r, options.seed);
+    bool have_shared = false;
+    if (options.zero_copy && bytes > 0) {
+      auto hb = clients[r]->AllocateHostBuffer(bytes);
+      if (hb.ok()) {
+        shared[r] = std::move(*hb);
+        bufs[r] = static_cast<uint8_t*>(shared[r].data());
+        have_shared = true;
+      }
+    }
+    if (!have_shared) {
+      plain[r].resize(std::max<size_t>(bytes, 1));
+      bufs[r] = plain[r].data();
+    }
+  }
+  const int total = options.warmup + options.iterations;
+  std::vector<std::vector<double>> times(static_cast<size_t>(g),
+                                         std::vector<double>(total, 0));
+  std::vector<std::string> errors(static_cast<size_t>(g));
+  std::vector<OpInfo> infos(static_cast<size_t>(g));
+  CyclicBarrier barrier(g);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < g; ++r) {
+    threads.emplace_back([&, r] {
+      bool failed = false;
+      for (int i = 0; i < total; ++i) {
+        // Fresh inputs every time (outside the timed region) so that values
+        // never drift out of range and the last result can be checked.
+        if (bytes > 0) std::memcpy(bufs[r], inputs[r].data(), bytes);
+        barrier.Wait();
+        const absl::Time t0 = absl::Now();
+        if (!failed) {
+          OpOptions oo;
+          oo.timeout = options.timeout;
+          auto res = clients[r]->AllReduce(bufs[r], row.count, c.dtype, c.op, oo);
+          if (!res.ok()) {
+            errors[r] = res.status().ToString();
+            failed = true;
+          } else {
+            infos[r] = *res;
+          }
+        }
+        times[r][i] = absl::ToDoubleMicroseconds(absl::Now() - t0);
+        barrier.Wait();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < g; ++r) {
+    if (!errors[r].empty()) {
+      row.error = absl::StrCat("rank ", r, ": ", errors[r]);
+      row.wrong = row.count;
+      return row;
+    }
+  }
+  double sum = 0;
+  for (int i = options.warmup; i < total; ++i) {
+    double slowest = 0;
+    for (int r = 0; r < g; ++r) slowest = std::max(slowest, times[r][i]);
+    sum += slowest;
+  }
+  row.time_us = options.iterations > 0 ? sum / options.iterations : 0;
+  row.algorithm = infos[0].algorithm;
+  row.bytes_sent = infos[0].bytes_sent;
+  if (row.time_us > 0) {
+    row.algbw_gbs = static_cast<double>(bytes) / (row.time_us * 1e3);
+    row.busbw_gbs = row.algbw_gbs * 2.0 * (g - 1) / g;
+  }
+  if (options.check) {
+    row.wrong = CheckAllReduce(c.dtype, c.op, inputs, bufs[0], row.count).wrong;
+    for (int r = 1; r < g; ++r) {
+      for (size_t i = 0; i < row.count; ++i) {
+        if (std::memcmp(bufs[r] + i * es, bufs[0] + i * es, es) != 0) ++row.wrong;
+      }
+    }
+  }
+  return row;
+}
+
+std::string BenchHeader() {
+  return absl::StrFormat("%12s %12s %9s %6s %6s %12s %9s %9s %7s", "size",
+                         "count", "type", "redop", "algo", "time(us)",
+                         "algbw", "busbw", "#wrong");
+}
+
+std::string FormatBenchRow(const BenchRow& row) {
+  if (!row.error.empty()) {
+    return absl::StrFormat("%12d %12d %9s %6s %6s  FAILED: %s", row.c.bytes,
+                           row.count, DTypeName(row.c.dtype),
+                           ReduceOpName(row.c.op), row.algorithm, row.error);
+  }
+  return absl::StrFormat("%12d %12d %9s %6s %6s %12.1f %9.3f %9.3f %7d",
+                         row.count * DTypeSize(row.c.dtype), row.count,
+                         DTypeName(row.c.dtype), ReduceOpName(row.c.op),
+                         row.algorithm, row.time_us, row.algbw_gbs,
+                         row.busbw_gbs, row.wrong);
+}
+
+std::string BenchRowJson(const BenchRow& row, int world_size) {
+  return absl::StrFormat(
+      "{\"size\":%d,\"count\":%d,\"type\":\"%s\",\"redop\":\"%s\","
+      "\"algo\":\"%s\",\"world_size\":%d,\"time_us\":%.3f,\"algbw_gbs\":%.6f,"
+      "\"busbw_gbs\":%.6f,\"wrong\":%d,\"bytes_sent_rank0\":%d,"
+      "\"error\":\"%s\"}",
+      row.count * DTypeSize(row.c.dtype), row.count, DTypeName(row.c.dtype),
+      ReduceOpName(row.c.op), row.algorithm, world_size, row.time_us,
+      row.algbw_gbs, row.busbw_gbs, row.wrong, row.bytes_sent,
+      absl::StrReplaceAll(row.error, {{"\\", "\\\\"}, {"\"", "\\\""}}));
+}
+
+absl::StatusOr<size_t> ParseBytes(const std::string& text) {
+  std::string t = absl::AsciiStrToUpper(text);
+  size_t mult = 1;
+  if (!t.empty() && (t.back() == 'B')) t.pop_back();
+  if (!t.empty()) {
+    switch (t.back()) {
+      case 'K':
+        mult = size_t{1} << 10;
+        break;
+      case 'M':
+        mult = size_t{1} << 20;
+        break;
+      case 'G':
+        mult = size_t{1} << 30;
+        break;
+      default:
+        break;
+    }
+    if (mult != 1) t.pop_back();
+  }
+  uint64_t n = 0;
+  if (!absl::SimpleAtoi(t, &n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", text, "' is not a byte count (examples: 8, 4K, 64M, 1G)"));
+  }
+  return static_cast<size_t>(n * mult);
+}
+
+std::string FormatHealth(const v1::RingHealth& h) {
+  std::string out = absl::StrFormat(
+      "job %s: %s, generation %d, %d members\n", h.job_id(), h.state(),
+      h.generation(), h.world_size());
+  absl::StrAppend(&out,
+                  absl::StrFormat("%4s  %-14s %-22s %-5s %7s %6s %6s %10s %10s "
+                                  "%8s  %s\n",
+                                  "rank", "worker", "address", "alive",
+                                  "hb_age", "ok", "failed", "sent_MB",
+                                  "recv_MB", "wait_s", "now"));
+  for (int i = 0; i < h.members_size(); ++i) {
+    const v1::Member& m = h.members(i);
+    const v1::WorkerTelemetry t =
+        i < h.telemetry_size() ? h.telemetry(i) : v1::WorkerTelemetry();
+    std::string now = t.current_op().empty() ? "idle" : t.current_op();
+    if (!t.current_op().empty()) {
+      absl::StrAppend(&now, " ", t.phase(), " step ", t.step());
+      if (t.awaited_rank() >= 0) {
+        absl::StrAppend(&now, absl::StrFormat(", waits for rank %d for %.1f s",
+                                              t.awaited_rank(),
+                                              t.waiting_for_s()));
+      }
+    }
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("%4d  %-14s %-22s %-5s %6.1fs %6d %6d %10.1f %10.1f "
+                        "%8.3f  %s\n",
+                        m.rank(), m.worker_id(), m.address(),
+                        m.alive() ? "yes" : "NO", m.last_heartbeat_age_s(),
+                        t.ops_completed(), t.ops_failed(),
+                        t.bytes_sent() / 1e6, t.bytes_received() / 1e6,
+                        t.wait_seconds(), now));
+  }
+  return out;
+}
+
+}  // namespace halka

@@ -1,0 +1,61 @@
+// The measurement loop behind `halkactl demo` and `halkactl bench`: G ranks,
+// each with its own Client, run the same all-reduce; time, bandwidth and
+// correctness as nccl-tests reports them.
+#ifndef HALKA_CLIENT_BENCH_H_
+#define HALKA_CLIENT_BENCH_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "halka/client.h"
+
+namespace halka {
+
+struct BenchCase {
+  size_t bytes = 0;
+  DType dtype = DType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+};
+
+struct BenchOptions {
+  int iterations = 5;
+  int warmup = 1;
+  bool check = true;
+  bool zero_copy = true;  // shared-memory buffers instead of plain vectors
+  absl::Duration timeout = absl::Seconds(120);
+  uint64_t seed = 1;
+};
+
+struct BenchRow {
+  BenchCase c;
+  size_t count = 0;
+  std::string algorithm;
+  double time_us = 0;      // mean over iterations of the slowest rank
+  double algbw_gbs = 0;    // bytes / time
+  double busbw_gbs = 0;    // algbw * 2(G-1)/G
+  size_t wrong = 0;        // elements off the reference, plus disagreeing ranks
+  uint64_t bytes_sent = 0; // by rank 0, one operation
+  std::string error;       // non-empty when the operation failed
+};
+
+// Runs one case on every client (one per rank, in rank order).
+BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
+                      const BenchOptions& options);
+
+// nccl-tests-style table.
+std::string BenchHeader();
+std::string FormatBenchRow(const BenchRow& row);
+std::string BenchRowJson(const BenchRow& row, int world_size);
+
+// "8", "1K", "64M", "1G" -> bytes. INVALID_ARGUMENT otherwise.
+absl::StatusOr<size_t> ParseBytes(const std::string& text);
+
+// Table of a RingHealth reply.
+std::string FormatHealth(const v1::RingHealth& health);
+
+}  // namespace halka
+
+#endif  // HALKA_CLIENT_BENCH_H_

@@ -1,0 +1,316 @@
+// halkactl: the command line for halka.
+//
+//   halkactl demo      [--workers=4]            embedded cluster, table, health
+//   halkactl bench     [-b 8 -e 64M -f 4 -n 5 -w 1 -c 1] [--workers=G |
+//                      --worker=ADDR,ADDR,...] [--dtype] [--op] [--json]
+//   halkactl allreduce --worker=ADDR [--count] [--dtype] [--op] [--check]
+//   halkactl health    --rendezvous=ADDR --job=ID   (or --worker=ADDR)
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/bench.h"
+#include "common/grpc_util.h"
+#include "halka/client.h"
+#include "halka/local_cluster.h"
+#include "halka/v1/rendezvous.grpc.pb.h"
+#include "worker/core/reference.h"
+
+ABSL_FLAG(int, workers, 4, "embedded cluster size (demo, bench)");
+ABSL_FLAG(std::string, worker, "",
+          "worker address(es); bench takes one per rank, comma-separated");
+ABSL_FLAG(std::string, rendezvous, "", "rendezvous host:port (health)");
+ABSL_FLAG(std::string, job, "default", "job id (health)");
+ABSL_FLAG(std::string, b, "8", "bench: smallest size in bytes (K/M/G)");
+ABSL_FLAG(std::string, e, "64M", "bench: largest size in bytes (K/M/G)");
+ABSL_FLAG(int, f, 4, "bench: size multiplication factor");
+ABSL_FLAG(int, n, 5, "bench: timed iterations per size");
+ABSL_FLAG(int, w, 1, "bench: warm-up iterations per size");
+ABSL_FLAG(int, c, 1, "bench: check results against the reference (0/1)");
+ABSL_FLAG(std::string, dtype, "float32", "element type");
+ABSL_FLAG(std::string, op, "sum", "reduction: sum, avg, min, max, prod");
+ABSL_FLAG(bool, json, false, "bench: one JSON object per row instead of a table");
+ABSL_FLAG(int64_t, count, 1 << 20, "allreduce: elements");
+ABSL_FLAG(bool, check, true, "allreduce: verify the result (every rank runs "
+          "halkactl allreduce with the same flags)");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "operation deadline");
+ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "embedded cluster: bytes per frame");
+ABSL_FLAG(int, repeat, 1, "allreduce: operations to run back to back");
+
+namespace halka {
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "halkactl: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+int Bench(const std::vector<Client*>& clients, const std::vector<BenchCase>& cases,
+          const BenchOptions& options, bool json) {
+  const int g = static_cast<int>(clients.size());
+  if (!json) {
+    std::printf("# halka ring all-reduce: %d ranks, %d iterations (+%d warm-up), "
+                "busbw = algbw * 2(G-1)/G\n", g, options.iterations,
+                options.warmup);
+    std::printf("%s\n", BenchHeader().c_str());
+  }
+  int bad = 0;
+  for (const BenchCase& c : cases) {
+    if (!json) {
+      std::fprintf(stderr, "  running %zu bytes %s %s ...\r", c.bytes,
+                   std::string(DTypeName(c.dtype)).c_str(),
+                   std::string(ReduceOpName(c.op)).c_str());
+    }
+    BenchRow row = RunBenchCase(clients, c, options);
+    if (!row.error.empty() || row.wrong > 0) ++bad;
+    if (json) {
+      std::printf("%s\n", BenchRowJson(row, g).c_str());
+    } else {
+      std::fprintf(stderr, "%60s\r", "");
+      std::printf("%s\n", FormatBenchRow(row).c_str());
+    }
+    std::fflush(stdout);
+  }
+  return bad == 0 ? 0 : 1;
+}
+
+absl::StatusOr<std::vector<BenchCase>> SweepCases() {
+  auto lo = ParseBytes(absl::GetFlag(FLAGS_b));
+  if (!lo.ok()) return lo.status();
+  auto hi = ParseBytes(absl::GetFlag(FLAGS_e));
+  if (!hi.ok()) return hi.status();
+  auto dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) return dtype.status();
+  auto op = ParseReduceOp(absl::GetFlag(FLAGS_op));
+  if (!op.ok()) return op.status();
+  const int f = absl::GetFlag(FLAGS_f);
+  if (f < 2) return absl::InvalidArgumentError("-f must be at least 2");
+  if (*lo > *hi) return absl::InvalidArgumentError("-b is larger than -e");
+  std::vector<BenchCase> cases;
+  for (size_t s = std::max<size_t>(*lo, 1); s <= *hi; s *= static_cast<size_t>(f)) {
+    cases.push_back(BenchCase{s, *dtype, *op});
+  }
+  return cases;
+}
+
+BenchOptions OptionsFromFlags() {
+  BenchOptions o;
+  o.iterations = absl::GetFlag(FLAGS_n);
+  o.warmup = absl::GetFlag(FLAGS_w);
+  o.check = absl::GetFlag(FLAGS_c) != 0;
+  o.timeout = absl::GetFlag(FLAGS_timeout);
+  return o;
+}
+
+int Health(const std::string& rendezvous, const std::string& job,
+           const std::string& worker) {
+  absl::StatusOr<v1::RingHealth> h;
+  if (!rendezvous.empty()) {
+    auto stub = v1::Rendezvous::NewStub(MakeChannel(rendezvous));
+    grpc::ClientContext ctx;
+    SetTimeout(ctx, absl::Seconds(5));
+    v1::RingHealthRequest req;
+    req.set_job_id(job);
+    v1::RingHealth reply;
+    grpc::Status s = stub->GetRingHealth(&ctx, req, &reply);
+    if (!s.ok()) return Fail(FromGrpcStatus(s));
+    h = reply;
+  } else if (!worker.empty()) {
+    auto client = Client::Connect(worker);
+    if (!client.ok()) return Fail(client.status());
+    h = (*client)->RingHealth();
+  } else {
+    return Fail(absl::InvalidArgumentError(
+        "health needs --rendezvous=ADDR --job=ID or --worker=ADDR"));
+  }
+  if (!h.ok()) return Fail(h.status());
+  std::printf("%s", FormatHealth(*h).c_str());
+  return h->state() == "healthy" ? 0 : 2;
+}
+
+int Demo() {
+  LocalCluster::Options lo;
+  lo.workers = absl::GetFlag(FLAGS_workers);
+  lo.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
+  std::printf("# halka demo: starting an embedded cluster (rendezvous + %d "
+              "workers on 127.0.0.1)\n", lo.workers);
+  const absl::Time t0 = absl::Now();
+  auto cluster = LocalCluster::Start(lo);
+  if (!cluster.ok()) return Fail(cluster.status());
+  std::printf("# ring formed in %.0f ms: ", absl::ToDoubleMilliseconds(absl::Now() - t0));
+  for (int r = 0; r < (*cluster)->size(); ++r) {
+    std::printf("%s%s", r ? " -> " : "", (*cluster)->worker_address(r).c_str());
+  }
+  std::printf(" -> back to rank 0\n");
+  std::vector<std::unique_ptr<Client>> owned;
+  std::vector<Client*> clients;
+  for (int r = 0; r < (*cluster)->size(); ++r) {
+    auto c = (*cluster)->Connect(r);
+    if (!c.ok()) return Fail(c.status());
+    clients.push_back(c->get());
+    owned.push_back(std::move(*c));
+  }
+  std::vector<BenchCase> cases;
+  for (size_t s = 8; s <= (size_t{64} << 20); s *= 8) {
+    cases.push_back(BenchCase{s, DType::kFloat32, ReduceOp::kSum});
+  }
+  for (DType dt : kAllDTypes) {
+    for (ReduceOp op : kAllReduceOps) {
+      if (dt == DType::kFloat32 && op == ReduceOp::kSum) continue;
+      cases.push_back(BenchCase{size_t{1} << 20, dt, op});
+    }
+  }
+  BenchOptions bo;
+  bo.iterations = 5;
+  bo.warmup = 1;
+  bo.check = true;
+  const int rc = Bench(clients, cases, bo, /*json=*/false);
+  std::printf("\n# ring health\n");
+  auto h = clients[0]->RingHealth();
+  if (!h.ok()) return Fail(h.status());
+  std::printf("%s", FormatHealth(*h).c_str());
+  std::printf("\n%s\n", rc == 0 ? "demo: every result matched the float64 "
+                                  "reference on every rank (#wrong 0)"
+                                : "demo: SOME RESULTS WERE WRONG OR FAILED");
+  return rc;
+}
+
+int BenchCommand() {
+  auto cases = SweepCases();
+  if (!cases.ok()) return Fail(cases.status());
+  std::unique_ptr<LocalCluster> cluster;
+  std::vector<std::unique_ptr<Client>> owned;
+  std::vector<Client*> clients;
+  const std::string workers = absl::GetFlag(FLAGS_worker);
+  if (workers.empty()) {
+    LocalCluster::Options lo;
+    lo.workers = absl::GetFlag(FLAGS_workers);
+    lo.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
+    auto c = LocalCluster::Start(lo);
+    if (!c.ok()) return Fail(c.status());
+    cluster = std::move(*c);
+    for (int r = 0; r < cluster->size(); ++r) {
+      auto cl = cluster->Connect(r);
+      if (!cl.ok()) return Fail(cl.status());
+      owned.push_back(std::move(*cl));
+    }
+  } else {
+    for (absl::string_view addr : absl::StrSplit(workers, ',')) {
+      auto cl = Client::Connect(std::string(addr));
+      if (!cl.ok()) return Fail(cl.status());
+      owned.push_back(std::move(*cl));
+    }
+    // Order the clients by their workers' ranks.
+    std::vector<std::unique_ptr<Client>> by_rank(owned.size());
+    for (auto& cl : owned) {
+      auto info = cl->Info();
+      if (!info.ok()) return Fail(info.status());
+      if (info->world_size() != static_cast<int>(owned.size()) ||
+          by_rank[info->rank()]) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat(
+            "--worker must list every worker of the job once (world size ",
+            info->world_size(), ")")));
+      }
+      by_rank[info->rank()] = std::move(cl);
+    }
+    owned = std::move(by_rank);
+  }
+  for (auto& c : owned) clients.push_back(c.get());
+  return Bench(clients, *cases, OptionsFromFlags(), absl::GetFlag(FLAGS_json));
+}
+
+int AllReduceCommand() {
+  const std::string worker = absl::GetFlag(FLAGS_worker);
+  if (worker.empty()) {
+    return Fail(absl::InvalidArgumentError("allreduce needs --worker=ADDR"));
+  }
+  auto dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) return Fail(dtype.status());
+  auto op = ParseReduceOp(absl::GetFlag(FLAGS_op));
+  if (!op.ok()) return Fail(op.status());
+  const int64_t count = absl::GetFlag(FLAGS_count);
+  if (count < 0) return Fail(absl::InvalidArgumentError("--count must be >= 0"));
+  auto client = Client::Connect(worker);
+  if (!client.ok()) return Fail(client.status());
+  auto info = (*client)->Info();
+  if (!info.ok()) return Fail(info.status());
+  const int g = info->world_size();
+  const int rank = info->rank();
+  // Every rank generates every rank's input, so each can check the result
+  // on its own.
+  std::vector<std::vector<uint8_t>> inputs;
+  for (int r = 0; r < g; ++r) {
+    inputs.push_back(MakeRankData(*dtype, *op, static_cast<size_t>(count), r, 99));
+  }
+  OpOptions oo;
+  oo.timeout = absl::GetFlag(FLAGS_timeout);
+  const int repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
+  for (int i = 0; i < repeat; ++i) {
+    std::vector<uint8_t> buf = inputs[static_cast<size_t>(rank)];
+    const absl::Time t0 = absl::Now();
+    auto res = (*client)->AllReduce(buf.data(), static_cast<size_t>(count),
+                                    *dtype, *op, oo);
+    const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+    if (!res.ok()) {
+      std::fprintf(stderr, "halkactl: rank %d: all_reduce failed after %.0f ms: %s\n",
+                   rank, ms, res.status().ToString().c_str());
+      return 1;
+    }
+    size_t wrong = 0;
+    if (absl::GetFlag(FLAGS_check)) {
+      wrong = CheckAllReduce(*dtype, *op, inputs, buf.data(),
+                             static_cast<size_t>(count)).wrong;
+    }
+    std::printf("rank %d/%d: all_reduce #%llu %s x %lld %s via %s in %.2f ms, "
+                "sent %llu B, received %llu B, #wrong %zu\n",
+                rank, g, static_cast<unsigned long long>(res->op_seq),
+                std::string(DTypeName(*dtype)).c_str(),
+                static_cast<long long>(count),
+                std::string(ReduceOpName(*op)).c_str(), res->transfer.c_str(),
+                ms, static_cast<unsigned long long>(res->bytes_sent),
+                static_cast<unsigned long long>(res->bytes_received), wrong);
+    if (wrong > 0) return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace halka
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "halkactl demo|bench|allreduce|health [flags]; see --help");
+  if (argc < 2 || argv[1][0] == '-') {
+    std::fprintf(stderr,
+                 "usage: halkactl demo|bench|allreduce|health [flags]\n"
+                 "  demo       embedded 4-worker ring: checked results table "
+                 "and ring health\n"
+                 "  bench      nccl-tests style sweep (-b -e -f -n -w -c)\n"
+                 "  allreduce  one all-reduce through a running worker\n"
+                 "  health     ring health of a running job (exit 2 unless "
+                 "healthy)\n");
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  std::vector<char*> rest = {argv[0]};
+  for (int i = 2; i < argc; ++i) rest.push_back(argv[i]);
+  absl::ParseCommandLine(static_cast<int>(rest.size()), rest.data());
+  halka::SetLogTag("halkactl");
+  if (cmd == "demo") return halka::Demo();
+  if (cmd == "bench") return halka::BenchCommand();
+  if (cmd == "allreduce") return halka::AllReduceCommand();
+  if (cmd == "health") {
+    return halka::Health(absl::GetFlag(FLAGS_rendezvous),
+                         absl::GetFlag(FLAGS_job), absl::GetFlag(FLAGS_worker));
+  }
+  std::fprintf(stderr, "halkactl: unknown command '%s'\n", cmd.c_str());
+  return 2;
+}

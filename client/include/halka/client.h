@@ -1,0 +1,163 @@
+// halka's C++ SDK: all-reduce, broadcast and barrier through the local
+// halka-worker.
+//
+//   auto client = halka::Client::Connect("127.0.0.1:7200").value();
+//   std::vector<float> grads = ...;
+//   auto info = client->AllReduce(absl::MakeSpan(grads), halka::ReduceOp::kAvg);
+//   if (!info.ok()) { /* the status names the peer, phase and step */ }
+//
+// Transfer: on the same host the tensor reaches the worker through shared
+// memory that both processes map: zero copies for buffers from
+// AllocateHostBuffer, one memcpy each way for any other span. Elsewhere (or
+// with Transfer::kInline) it streams inline through the worker's gRPC API.
+//
+// Errors (absl::Status): INVALID_ARGUMENT (bad request),
+// FAILED_PRECONDITION (ranks disagree; names both), UNAVAILABLE (a peer or
+// the worker is unreachable; names it), DEADLINE_EXCEEDED (names what was
+// awaited), ABORTED (membership changed), DATA_LOSS (corrupt frame),
+// RESOURCE_EXHAUSTED (too large).
+// Thread-safety: a Client may be shared by threads; the worker runs one
+// operation at a time, in arrival order.
+#ifndef HALKA_CLIENT_CLIENT_H_
+#define HALKA_CLIENT_CLIENT_H_
+
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "halka/v1/rendezvous.pb.h"
+#include "halka/v1/worker.pb.h"
+#include "worker/core/dtype.h"
+
+namespace halka {
+
+// 16-bit float element types for spans (bit patterns).
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+
+template <typename T>
+struct DTypeOf;
+template <> struct DTypeOf<float> { static constexpr DType value = DType::kFloat32; };
+template <> struct DTypeOf<double> { static constexpr DType value = DType::kFloat64; };
+template <> struct DTypeOf<Half> { static constexpr DType value = DType::kFloat16; };
+template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::kBFloat16; };
+template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::kInt32; };
+template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::kInt64; };
+
+struct OpOptions {
+  // Deadline of the operation; zero: the worker's default.
+  absl::Duration timeout = absl::ZeroDuration();
+};
+
+// What one operation did, as this rank saw it.
+struct OpInfo {
+  uint64_t op_seq = 0;
+  std::string algorithm;
+  uint64_t bytes_sent = 0;      // payload bytes this rank put on the wire
+  uint64_t bytes_received = 0;
+  double seconds = 0;           // inside the worker
+  int rank = 0;
+  int world_size = 0;
+  uint64_t generation = 0;
+  bool zero_copy = false;       // the worker reduced the caller's memory
+  std::string transfer;         // "shm", "shm-staged" or "inline"
+};
+
+// Host memory shared with the local worker: collectives on it copy nothing.
+// Movable, not copyable; unmaps and unlinks on destruction.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(HostBuffer&& other) noexcept;
+  HostBuffer& operator=(HostBuffer&& other) noexcept;
+  ~HostBuffer();
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  template <typename T>
+  absl::Span<T> as() const {
+    return absl::Span<T>(static_cast<T*>(data_), size_ / sizeof(T));
+  }
+
+ private:
+  friend class Client;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  std::string name_;
+  std::shared_ptr<void> registry_;  // the client's list of shared regions
+};
+
+class Client {
+ public:
+  enum class Transfer { kAuto, kSharedMemory, kInline };
+  struct Options {
+    Transfer transfer = Transfer::kAuto;
+  };
+
+  // `target`: "host:port" or "unix:/path" of the local worker. Connecting
+  // does not wait for the worker; the first call does (bounded).
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const std::string& target, Options options);
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const std::string& target) {
+    return Connect(target, Options());
+  }
+  ~Client();
+
+  // In place: on success every rank's buffer holds the same bits.
+  absl::StatusOr<OpInfo> AllReduce(void* data, size_t count, DType dtype,
+                                   ReduceOp op, OpOptions options = {});
+  template <typename T>
+  absl::StatusOr<OpInfo> AllReduce(absl::Span<T> data, ReduceOp op,
+                                   OpOptions options = {}) {
+    return AllReduce(data.data(), data.size(), DTypeOf<T>::value, op, options);
+  }
+  // The span must stay alive and untouched until the future is ready.
+  template <typename T>
+  std::future<absl::StatusOr<OpInfo>> AllReduceAsync(absl::Span<T> data,
+                                                     ReduceOp op,
+                                                     OpOptions options = {}) {
+    return std::async(std::launch::async, [this, data, op, options] {
+      return AllReduce(data, op, options);
+    });
+  }
+
+  // Copies `root`'s buffer into every rank's.
+  absl::StatusOr<OpInfo> Broadcast(void* data, size_t count, DType dtype,
+                                   int root, OpOptions options = {});
+  template <typename T>
+  absl::StatusOr<OpInfo> Broadcast(absl::Span<T> data, int root,
+                                   OpOptions options = {}) {
+    return Broadcast(data.data(), data.size(), DTypeOf<T>::value, root,
+                     options);
+  }
+
+  // Returns once every rank has called Barrier.
+  absl::StatusOr<OpInfo> Barrier(OpOptions options = {});
+
+  // Shared memory for zero-copy collectives (same host only).
+  absl::StatusOr<HostBuffer> AllocateHostBuffer(size_t bytes);
+
+  // This worker's rank, world and members.
+  absl::StatusOr<v1::InfoReply> Info();
+  // The job's health, as the rendezvous sees it.
+  absl::StatusOr<v1::RingHealth> RingHealth();
+
+ private:
+  class Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  absl::StatusOr<OpInfo> Run(v1::OpSpec spec, void* data, size_t bytes);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace halka
+
+#endif  // HALKA_CLIENT_CLIENT_H_

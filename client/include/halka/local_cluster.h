@@ -1,0 +1,57 @@
+// An embedded halka cluster: a rendezvous and N workers in this process,
+// on loopback, with no setup. For the demo, benchmarks and tests.
+//
+//   auto cluster = halka::LocalCluster::Start({.workers = 4}).value();
+//   auto client = cluster->Connect(0).value();  // a Client of rank 0's worker
+#ifndef HALKA_CLIENT_LOCAL_CLUSTER_H_
+#define HALKA_CLIENT_LOCAL_CLUSTER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "halka/client.h"
+
+namespace halka {
+
+class WorkerNode;
+class RendezvousServer;
+
+class LocalCluster {
+ public:
+  struct Options {
+    int workers = 4;
+    std::string job_id = "local";
+    size_t chunk_bytes = size_t{1} << 20;
+    absl::Duration op_timeout = absl::Seconds(60);
+    absl::Duration heartbeat_interval = absl::Milliseconds(500);
+    absl::Duration heartbeat_timeout = absl::Seconds(5);
+  };
+
+  // Starts everything and waits until the ring has formed.
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(Options options);
+  ~LocalCluster();
+
+  int size() const { return static_cast<int>(workers_.size()); }
+  const std::string& rendezvous_address() const;
+  // The worker whose rank is `rank`.
+  const std::string& worker_address(int rank) const;
+  absl::StatusOr<std::unique_ptr<Client>> Connect(
+      int rank, Client::Options options = Client::Options()) const;
+
+  // Stops rank's worker abruptly (no Leave): its peers see broken links.
+  void KillWorker(int rank);
+  // For tests and the leak check.
+  WorkerNode* worker(int rank) const;
+
+ private:
+  LocalCluster() = default;
+  std::unique_ptr<RendezvousServer> rendezvous_;
+  std::vector<std::unique_ptr<WorkerNode>> workers_;  // by rank
+};
+
+}  // namespace halka
+
+#endif  // HALKA_CLIENT_LOCAL_CLUSTER_H_

@@ -1,0 +1,91 @@
+#include "halka/local_cluster.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "server/rendezvous_service.h"
+#include "worker/worker_node.h"
+
+namespace halka {
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
+    Options options) {
+  if (options.workers < 1 || options.workers > 64) {
+    return absl::InvalidArgumentError("local cluster: workers must be 1..64");
+  }
+  std::unique_ptr<LocalCluster> c(new LocalCluster());
+  RendezvousOptions ro;
+  ro.heartbeat_interval = options.heartbeat_interval;
+  ro.heartbeat_timeout = options.heartbeat_timeout;
+  auto rv = RendezvousServer::Start("127.0.0.1:0", ro);
+  if (!rv.ok()) return rv.status();
+  c->rendezvous_ = std::move(*rv);
+  std::vector<std::unique_ptr<WorkerNode>> nodes;
+  for (int i = 0; i < options.workers; ++i) {
+    WorkerOptions wo;
+    wo.job_id = options.job_id;
+    wo.worker_id = absl::StrCat("worker-", i);
+    wo.world_size = options.workers;
+    wo.requested_rank = i;
+    wo.rendezvous = c->rendezvous_->address();
+    wo.listen = "127.0.0.1:0";
+    wo.chunk_bytes = options.chunk_bytes;
+    wo.op_timeout = options.op_timeout;
+    wo.join_timeout = absl::Seconds(30);
+    auto node = WorkerNode::Create(wo);
+    if (!node.ok()) return node.status();
+    nodes.push_back(std::move(*node));
+  }
+  std::vector<absl::Status> joined(nodes.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    threads.emplace_back([&, i] { joined[i] = nodes[i]->Join(); });
+  }
+  for (auto& t : threads) t.join();
+  for (const absl::Status& s : joined) {
+    if (!s.ok()) return s;
+  }
+  c->workers_.resize(nodes.size());
+  for (auto& n : nodes) {
+    const int r = n->rank();
+    c->workers_[static_cast<size_t>(r)] = std::move(n);
+  }
+  return c;
+}
+
+LocalCluster::~LocalCluster() {
+  // Workers first, in parallel: each leaves and stops within a second.
+  std::vector<std::thread> threads;
+  for (auto& w : workers_) {
+    if (w) threads.emplace_back([&w] { w.reset(); });
+  }
+  for (auto& t : threads) t.join();
+  rendezvous_.reset();
+}
+
+const std::string& LocalCluster::rendezvous_address() const {
+  return rendezvous_->address();
+}
+
+const std::string& LocalCluster::worker_address(int rank) const {
+  return workers_[static_cast<size_t>(rank)]->address();
+}
+
+WorkerNode* LocalCluster::worker(int rank) const {
+  return workers_[static_cast<size_t>(rank)].get();
+}
+
+absl::StatusOr<std::unique_ptr<Client>> LocalCluster::Connect(
+    int rank, Client::Options options) const {
+  if (rank < 0 || rank >= size() || !workers_[static_cast<size_t>(rank)]) {
+    return absl::InvalidArgumentError(absl::StrCat("no live rank ", rank));
+  }
+  return Client::Connect(worker_address(rank), options);
+}
+
+void LocalCluster::KillWorker(int rank) {
+  workers_[static_cast<size_t>(rank)]->Shutdown(/*leave=*/false);
+  workers_[static_cast<size_t>(rank)].reset();
+}
+
+}  // namespace halka

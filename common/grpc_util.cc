@@ -1,0 +1,85 @@
+#include "common/grpc_util.h"
+
+#include <cstdio>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+
+namespace halka {
+namespace {
+
+absl::Mutex log_mu;
+std::string& LogTag() {
+  static std::string* tag = new std::string("halka");
+  return *tag;
+}
+
+void Log(char level, absl::string_view message) {
+  const std::string when =
+      absl::FormatTime("%H:%M:%E3S", absl::Now(), absl::LocalTimeZone());
+  absl::MutexLock lock(&log_mu);
+  std::fprintf(stderr, "%c %s [%s] %.*s\n", level, when.c_str(),
+               LogTag().c_str(), static_cast<int>(message.size()),
+               message.data());
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+void LogInfo(absl::string_view message) { Log('I', message); }
+void LogWarning(absl::string_view message) { Log('W', message); }
+void LogError(absl::string_view message) { Log('E', message); }
+void SetLogTag(absl::string_view tag) {
+  absl::MutexLock lock(&log_mu);
+  LogTag() = std::string(tag);
+}
+
+bool IsLocalAddress(absl::string_view address) {
+  return absl::StartsWith(address, "unix:") ||
+         absl::StartsWith(address, "unix-abstract:") ||
+         absl::StartsWith(address, "localhost:") ||
+         absl::StartsWith(address, "127.") ||
+         absl::StartsWith(address, "ipv4:127.") ||
+         absl::StartsWith(address, "[::1]:");
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Peer links are separate channels so one slow edge never shares a
+  // connection with another.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
+void ConfigureServerBuilder(grpc::ServerBuilder& builder) {
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             5000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+}
+
+void SetTimeout(grpc::ClientContext& ctx, absl::Duration timeout) {
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+}  // namespace halka

@@ -1,0 +1,45 @@
+// gRPC glue shared by every halka binary: the one mapping between
+// absl::Status and grpc::Status, logging, addresses, channels.
+#ifndef HALKA_COMMON_GRPC_UTIL_H_
+#define HALKA_COMMON_GRPC_UTIL_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+
+namespace halka {
+
+// The codes are numerically identical in both libraries; these keep the
+// code and the message and nothing else.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// One line to stderr: "I 20:31:05.123 [tag] message".
+void LogInfo(absl::string_view message);
+void LogWarning(absl::string_view message);
+void LogError(absl::string_view message);
+void SetLogTag(absl::string_view tag);
+
+// True for "unix:...", "localhost:...", "127.x.x.x:..." and "[::1]:...".
+bool IsLocalAddress(absl::string_view address);
+
+// An insecure channel for a local or explicitly insecure target, with
+// halka's channel arguments (message size limits, keepalive).
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);
+
+// Applies halka's server arguments (message sizes, keepalive policy).
+void ConfigureServerBuilder(grpc::ServerBuilder& builder);
+
+// Largest message halka sends or accepts on any channel.
+inline constexpr int kMaxMessageBytes = 64 << 20;
+
+// Sets a deadline `timeout` from now on a client context.
+void SetTimeout(grpc::ClientContext& ctx, absl::Duration timeout);
+
+}  // namespace halka
+
+#endif  // HALKA_COMMON_GRPC_UTIL_H_

@@ -1,0 +1,49 @@
+// halka-rendezvous: membership, ranks, ring order, generations, health.
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/flags_env.h"
+#include "common/grpc_util.h"
+#include "common/signals.h"
+#include "server/rendezvous_service.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:7100",
+          "host:port to serve on (env HALKA_LISTEN)");
+ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
+          "how often workers heartbeat (env HALKA_HEARTBEAT_INTERVAL)");
+ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(5),
+          "a worker silent this long is declared dead "
+          "(env HALKA_HEARTBEAT_TIMEOUT)");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "halka-rendezvous --listen=HOST:PORT [--heartbeat_timeout=5s]");
+  halka::ApplyEnvToFlags();
+  absl::ParseCommandLine(argc, argv);
+  halka::SetLogTag("rendezvous");
+  std::unique_ptr<halka::RendezvousServer> server;
+  std::thread signals = halka::HandleTerminationSignals([&](int sig) {
+    halka::LogInfo(absl::StrCat("signal ", sig, ": shutting down"));
+    if (server) server->Shutdown();
+  });
+  halka::RendezvousOptions options;
+  options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+  options.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
+  auto started = halka::RendezvousServer::Start(absl::GetFlag(FLAGS_listen),
+                                                options);
+  if (!started.ok()) {
+    halka::LogError(started.status().ToString());
+    return 1;
+  }
+  server = std::move(*started);
+  halka::LogInfo(absl::StrCat("serving on ", server->address()));
+  std::cout << "halka-rendezvous listening on " << server->address()
+            << std::endl;
+  server->Wait();
+  signals.detach();
+  return 0;
+}

@@ -1,0 +1,73 @@
+// halka-rendezvous as a gRPC service: a thin adapter over RendezvousState.
+#ifndef HALKA_SERVER_RENDEZVOUS_SERVICE_H_
+#define HALKA_SERVER_RENDEZVOUS_SERVICE_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "grpcpp/grpcpp.h"
+#include "halka/v1/rendezvous.grpc.pb.h"
+#include "server/rendezvous_state.h"
+
+namespace halka {
+
+class RendezvousService final : public v1::Rendezvous::Service {
+ public:
+  explicit RendezvousService(RendezvousOptions options);
+  ~RendezvousService() override;
+
+  grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
+                    v1::JoinReply* reply) override;
+  grpc::Status Heartbeat(grpc::ServerContext* ctx,
+                         const v1::HeartbeatRequest* req,
+                         v1::HeartbeatReply* reply) override;
+  grpc::Status Leave(grpc::ServerContext* ctx, const v1::LeaveRequest* req,
+                     v1::LeaveReply* reply) override;
+  grpc::Status GetRingHealth(grpc::ServerContext* ctx,
+                             const v1::RingHealthRequest* req,
+                             v1::RingHealth* reply) override;
+
+  // Wakes blocked joins and stops the sweeper; called before server
+  // shutdown so that Shutdown never waits on a Join.
+  void Stop();
+
+ private:
+  void SweepLoop();
+
+  absl::Mutex mu_;
+  RendezvousState state_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;  // bumps on every change
+  absl::Notification stop_;
+  std::thread sweeper_;
+};
+
+// A running rendezvous server (used by the daemon and by LocalCluster).
+class RendezvousServer {
+ public:
+  // `listen` like "0.0.0.0:7100" or "127.0.0.1:0" (port 0 picks one).
+  static absl::StatusOr<std::unique_ptr<RendezvousServer>> Start(
+      const std::string& listen, RendezvousOptions options = {});
+  ~RendezvousServer();
+
+  // host:port clients can dial (the picked port for port 0).
+  const std::string& address() const { return address_; }
+  void Shutdown();
+  void Wait() { server_->Wait(); }
+
+ private:
+  RendezvousServer() = default;
+  std::unique_ptr<RendezvousService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  bool shut_down_ = false;
+};
+
+}  // namespace halka
+
+#endif  // HALKA_SERVER_RENDEZVOUS_SERVICE_H_

@@ -1,0 +1,37 @@
+// Frames on the wire: [u32 LE header length][FrameHeader][payload].
+//
+// Encoding never copies the payload: it becomes a grpc::Slice over the
+// caller's memory that gRPC does not own. Decoding never
+// copies it either: the InFrame's pieces point into the received slices,
+// which the InFrame keeps alive. Every decoded frame is validated (lengths,
+// enums, payload size against count x dtype) before anyone touches it.
+#ifndef HALKA_WORKER_FRAME_CODEC_H_
+#define HALKA_WORKER_FRAME_CODEC_H_
+
+#include <functional>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "worker/core/frame.h"
+
+namespace halka {
+
+inline constexpr size_t kMaxFrameHeaderBytes = 64 * 1024;
+inline constexpr uint64_t kMaxFramePayloadBytes = 32 << 20;
+
+// The buffer points into `payload` without owning it: the payload must stay
+// valid and unchanged until the write of this buffer has completed
+// (OnWriteDone). gRPC may keep the slice itself referenced for longer (in
+// 1.51 until the stream ends), but never reads it after the write
+// completed, which is why release is tied to the write and not to the
+// slice's refcount.
+grpc::ByteBuffer EncodeFrame(const FrameMeta& meta,
+                             absl::Span<const uint8_t> payload);
+
+// Errors: DATA_LOSS naming what is wrong with the frame.
+absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer);
+
+}  // namespace halka
+
+#endif  // HALKA_WORKER_FRAME_CODEC_H_

@@ -1,0 +1,326 @@
+#include "worker/grpc_transport.h"
+
+#include <deque>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "worker/frame_codec.h"
+
+namespace halka {
+
+inline constexpr char kLinkMethod[] = "/halka.v1.Peer/Link";
+
+// One outbound stream. Owned by the transport through a shared_ptr; holds a
+// reference to itself from StartCall until OnDone, the reactor's last
+// callback, so gRPC never calls into a destroyed object.
+class GrpcTransport::OutLink
+    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+      public std::enable_shared_from_this<OutLink> {
+ public:
+  OutLink(GrpcTransport* owner, int to, std::shared_ptr<grpc::Channel> channel)
+      : owner_(owner), to_(to), stub_(std::move(channel)) {}
+
+  void Start() {
+    ctx_.AddMetadata("halka-job", owner_->job_id_);
+    ctx_.AddMetadata("halka-generation", absl::StrCat(owner_->generation_));
+    ctx_.AddMetadata("halka-rank", absl::StrCat(owner_->rank_));
+    self_ = shared_from_this();
+    stub_.PrepareBidiStreamingCall(&ctx_, kLinkMethod, grpc::StubOptions(),
+                                   this);
+    StartRead(&response_);
+    StartCall();
+  }
+
+  // False when the stream is finished: the frame was not taken, and the
+  // caller reconnects or releases it.
+  bool Enqueue(grpc::ByteBuffer frame, std::function<void()>* on_released) {
+    absl::MutexLock lock(&mu_);
+    if (done_ || failed_) return false;
+    queue_.push_back(Pending{std::move(frame), std::move(*on_released)});
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&queue_.front().frame);
+    }
+    return true;
+  }
+
+  void Cancel() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (done_) return;
+      cancelled_ = true;
+    }
+    ctx_.TryCancel();
+  }
+
+  bool usable() {
+    absl::MutexLock lock(&mu_);
+    return !done_ && !failed_;
+  }
+  bool done() {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+  void WaitDone() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::deque<Pending> finished;
+    {
+      absl::MutexLock lock(&mu_);
+      finished.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+      if (!ok) {
+        failed_ = true;
+        while (!queue_.empty()) {
+          finished.push_back(std::move(queue_.front()));
+          queue_.pop_front();
+        }
+        writing_ = false;
+      } else if (!queue_.empty()) {
+        StartWrite(&queue_.front().frame);
+      } else {
+        writing_ = false;
+      }
+    }
+    // The written frame's payload is on the wire: hand the memory back.
+    // Never call out under our lock.
+    for (Pending& p : finished) p.Release();
+  }
+
+  void OnReadDone(bool ok) override {
+    // The server sends nothing but its final status; a message means a
+    // newer peer, which we ignore but keep reading.
+    if (ok) StartRead(&response_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::deque<Pending> dropped;
+    bool report;
+    {
+      absl::MutexLock lock(&mu_);
+      dropped.swap(queue_);
+      report = !cancelled_;
+    }
+    for (Pending& p : dropped) p.Release();
+    if (report) {
+      owner_->inbox_->LinkFailed(
+          to_, absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                            status.ok() ? "the peer closed the link"
+                                        : status.error_message()));
+    }
+    std::shared_ptr<OutLink> self;
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      self = std::move(self_);
+    }
+    // `self` may be the last reference: nothing touches members after this.
+  }
+
+ private:
+  struct Pending {
+    grpc::ByteBuffer frame;
+    std::function<void()> on_released;
+    void Release() {
+      if (on_released) {
+        std::function<void()> fn = std::move(on_released);
+        on_released = nullptr;
+        fn();
+      }
+    }
+  };
+  GrpcTransport* const owner_;
+  const int to_;
+  grpc::GenericStub stub_;
+  grpc::ClientContext ctx_;
+  grpc::ByteBuffer response_;
+  absl::Mutex mu_;
+  std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<OutLink> self_ ABSL_GUARDED_BY(mu_);
+};
+
+GrpcTransport::GrpcTransport(std::string job_id, uint64_t generation, int rank,
+                             std::vector<std::string> addresses, Inbox* inbox)
+    : job_id_(std::move(job_id)),
+      generation_(generation),
+      rank_(rank),
+      addresses_(std::move(addresses)),
+      inbox_(inbox) {}
+
+GrpcTransport::~GrpcTransport() {
+  std::vector<std::shared_ptr<OutLink>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [rank, link] : links_) all.push_back(link);
+    for (auto& link : retired_) all.push_back(link);
+    links_.clear();
+    retired_.clear();
+  }
+  for (auto& link : all) link->Cancel();
+  for (auto& link : all) link->WaitDone();
+}
+
+std::shared_ptr<GrpcTransport::OutLink> GrpcTransport::LinkTo(int to) {
+  absl::MutexLock lock(&mu_);
+  auto it = links_.find(to);
+  if (it != links_.end() && it->second->usable()) return it->second;
+  if (it != links_.end()) {
+    retired_.push_back(std::move(it->second));
+    links_.erase(it);
+  }
+  // Forget retired links that have finished.
+  retired_.erase(std::remove_if(retired_.begin(), retired_.end(),
+                                [](const std::shared_ptr<OutLink>& l) {
+                                  return l->done();
+                                }),
+                 retired_.end());
+  auto& channel = channels_[to];
+  if (!channel) channel = MakeChannel(addresses_[static_cast<size_t>(to)]);
+  auto link = std::make_shared<OutLink>(this, to, channel);
+  link->Start();
+  links_[to] = link;
+  return link;
+}
+
+absl::Status GrpcTransport::Send(int to, const FrameMeta& meta,
+                                 absl::Span<const uint8_t> payload,
+                                 std::function<void()> on_released) {
+  if (to < 0 || to >= static_cast<int>(addresses_.size())) {
+    if (on_released) on_released();
+    return absl::InvalidArgumentError(absl::StrCat("send: no rank ", to));
+  }
+  grpc::ByteBuffer frame = EncodeFrame(meta, payload);
+  // A link that failed between operations is replaced once; a second
+  // failure is the peer's real state.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::shared_ptr<OutLink> link = LinkTo(to);
+    if (link->Enqueue(frame, &on_released)) return absl::OkStatus();
+  }
+  if (on_released) on_released();
+  return absl::UnavailableError(absl::StrCat(
+      "link to ", addresses_[static_cast<size_t>(to)], " is down"));
+}
+
+void GrpcTransport::Reset(int to) {
+  std::shared_ptr<OutLink> link;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = links_.find(to);
+    if (it == links_.end()) return;
+    link = it->second;
+    retired_.push_back(link);
+    links_.erase(it);
+  }
+  link->Cancel();
+}
+
+// One inbound stream.
+class PeerService::InLink
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  InLink(PeerService* service, grpc::CallbackServerContext* ctx)
+      : service_(service) {
+    absl::Status s = ParseMetadata(ctx);
+    if (!s.ok()) {
+      Finish(ToGrpcStatus(s));
+      return;
+    }
+    StartRead(&buffer_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    absl::StatusOr<InFrame> frame = DecodeFrame(buffer_);
+    buffer_.Clear();
+    if (frame.ok() && frame->meta.sender_rank != from_) {
+      frame = absl::DataLossError(absl::StrCat(
+          "frame claims sender rank ", frame->meta.sender_rank,
+          " on the link of rank ", from_));
+    }
+    if (!frame.ok()) {
+      absl::Status s(frame.status().code(),
+                     absl::StrCat("from rank ", from_, ": ",
+                                  frame.status().message()));
+      service_->inbox_->LinkFailed(from_, s);
+      Finish(ToGrpcStatus(s));
+      return;
+    }
+    service_->inbox_->Deliver(from_, *std::move(frame));
+    StartRead(&buffer_);
+  }
+
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&service_->mu_);
+      --service_->open_streams_;
+    }
+    delete this;
+  }
+
+ private:
+  absl::Status ParseMetadata(grpc::CallbackServerContext* ctx) {
+    {
+      absl::MutexLock lock(&service_->mu_);
+      ++service_->open_streams_;
+    }
+    const auto& md = ctx->client_metadata();
+    auto get = [&](const char* key) -> std::string {
+      auto it = md.find(key);
+      return it == md.end() ? std::string()
+                            : std::string(it->second.data(), it->second.size());
+    };
+    const std::string job = get("halka-job");
+    if (job != service_->job_id_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "peer link for job '", job, "' reached a worker of job '",
+          service_->job_id_, "'"));
+    }
+    int world;
+    {
+      absl::MutexLock lock(&service_->mu_);
+      world = service_->world_size_;
+    }
+    if (!absl::SimpleAtoi(get("halka-rank"), &from_) || from_ < 0 ||
+        from_ >= world) {
+      return absl::InvalidArgumentError("peer link without a valid halka-rank");
+    }
+    return absl::OkStatus();
+  }
+
+  PeerService* const service_;
+  grpc::ByteBuffer buffer_;
+  int from_ = -1;
+};
+
+PeerService::PeerService(std::string job_id, Inbox* inbox)
+    : job_id_(std::move(job_id)), inbox_(inbox) {}
+
+void PeerService::SetWorld(int world_size) {
+  absl::MutexLock lock(&mu_);
+  world_size_ = world_size;
+}
+
+int PeerService::open_streams() const {
+  absl::MutexLock lock(&mu_);
+  return open_streams_;
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PeerService::Link(
+    grpc::CallbackServerContext* context) {
+  return new InLink(this, context);
+}
+
+}  // namespace halka

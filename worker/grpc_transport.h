@@ -1,0 +1,82 @@
+// The Transport over gRPC: one long-lived bidirectional Peer.Link stream
+// per destination rank, opened on first use and reopened after a failure.
+//
+// Threading: Send enqueues and returns; the stream's reactor writes one
+// frame at a time (gRPC allows one write in flight per stream) from gRPC's
+// callback threads, and never blocks there. Stream failures reach the Inbox
+// as LinkFailed(rank). Inbound streams are served by PeerService below.
+#ifndef HALKA_WORKER_GRPC_TRANSPORT_H_
+#define HALKA_WORKER_GRPC_TRANSPORT_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "halka/v1/peer.grpc.pb.h"
+#include "worker/core/transport.h"
+
+namespace halka {
+
+class GrpcTransport : public Transport {
+ public:
+  // addresses[i] is rank i's peer server.
+  GrpcTransport(std::string job_id, uint64_t generation, int rank,
+                std::vector<std::string> addresses, Inbox* inbox);
+  // Cancels every link and waits until their reactors are done.
+  ~GrpcTransport() override;
+
+  absl::Status Send(int to, const FrameMeta& meta,
+                    absl::Span<const uint8_t> payload,
+                    std::function<void()> on_released) override;
+  void Reset(int to) override;
+
+ private:
+  class OutLink;
+  std::shared_ptr<OutLink> LinkTo(int to);
+
+  const std::string job_id_;
+  const uint64_t generation_;
+  const int rank_;
+  const std::vector<std::string> addresses_;
+  Inbox* const inbox_;
+
+  absl::Mutex mu_;
+  std::map<int, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::shared_ptr<OutLink>> links_ ABSL_GUARDED_BY(mu_);
+  // Links that were replaced or reset but whose reactor is not done yet.
+  std::vector<std::shared_ptr<OutLink>> retired_ ABSL_GUARDED_BY(mu_);
+};
+
+// Serves Peer.Link: validates each stream's metadata and each frame, and
+// delivers frames to the Inbox. Frames that fail validation end the stream
+// with DATA_LOSS and are reported as a link failure.
+class PeerService final
+    : public v1::Peer::WithRawCallbackMethod_Link<v1::Peer::Service> {
+ public:
+  PeerService(std::string job_id, Inbox* inbox);
+
+  // Once the job has formed: frames must come from ranks in the world.
+  void SetWorld(int world_size);
+
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Link(
+      grpc::CallbackServerContext* context) override;
+
+  // Number of inbound streams open now (for leak tests).
+  int open_streams() const;
+
+ private:
+  class InLink;
+  const std::string job_id_;
+  Inbox* const inbox_;
+  mutable absl::Mutex mu_;
+  int world_size_ ABSL_GUARDED_BY(mu_) = 1 << 16;
+  int open_streams_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace halka
+
+#endif  // HALKA_WORKER_GRPC_TRANSPORT_H_

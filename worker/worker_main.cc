@@ -1,0 +1,84 @@
+// halka-worker: one per GPU (or CPU process). Joins a job, links to its
+// ring peers, and serves the SDK-facing API.
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/flags_env.h"
+#include "common/grpc_util.h"
+#include "common/signals.h"
+#include "worker/worker_node.h"
+
+ABSL_FLAG(std::string, rendezvous, "127.0.0.1:7100",
+          "rendezvous host:port (env HALKA_RENDEZVOUS)");
+ABSL_FLAG(std::string, job, "default", "job id (env HALKA_JOB)");
+ABSL_FLAG(int, world_size, 1, "ranks in the job (env HALKA_WORLD_SIZE)");
+ABSL_FLAG(int, rank, -1,
+          "rank to ask for, e.g. a StatefulSet ordinal; -1: any "
+          "(env HALKA_RANK)");
+ABSL_FLAG(std::string, worker_id, "", "unique id; default hostname-pid "
+          "(env HALKA_WORKER_ID)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "host:port for peer links and the TCP API (env HALKA_LISTEN)");
+ABSL_FLAG(std::string, advertise, "",
+          "host:port that peers dial; default: the listen address "
+          "(env HALKA_ADVERTISE)");
+ABSL_FLAG(std::string, unix_socket, "",
+          "also serve the API on this Unix socket (env HALKA_UNIX_SOCKET)");
+ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "bytes per frame on the wire");
+ABSL_FLAG(absl::Duration, op_timeout, absl::Seconds(60),
+          "default deadline of one operation (env HALKA_OP_TIMEOUT)");
+ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(120),
+          "how long to wait for the job to form (env HALKA_JOIN_TIMEOUT)");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "halka-worker --rendezvous=HOST:PORT --job=ID --world_size=N "
+      "[--listen=HOST:PORT] [--unix_socket=PATH]");
+  halka::ApplyEnvToFlags();
+  absl::ParseCommandLine(argc, argv);
+  halka::SetLogTag("worker");
+  halka::WorkerOptions o;
+  o.rendezvous = absl::GetFlag(FLAGS_rendezvous);
+  o.job_id = absl::GetFlag(FLAGS_job);
+  o.world_size = absl::GetFlag(FLAGS_world_size);
+  o.requested_rank = absl::GetFlag(FLAGS_rank);
+  o.worker_id = absl::GetFlag(FLAGS_worker_id);
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.advertise = absl::GetFlag(FLAGS_advertise);
+  o.unix_socket = absl::GetFlag(FLAGS_unix_socket);
+  o.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
+  o.op_timeout = absl::GetFlag(FLAGS_op_timeout);
+  o.join_timeout = absl::GetFlag(FLAGS_join_timeout);
+
+  absl::Mutex mu;
+  halka::WorkerNode* running = nullptr;
+  bool stop = false;
+  std::thread signals = halka::HandleTerminationSignals([&](int sig) {
+    halka::LogInfo(absl::StrCat("signal ", sig, ": shutting down"));
+    absl::MutexLock lock(&mu);
+    stop = true;
+    if (running) running->Shutdown();
+  });
+  auto node = halka::WorkerNode::Create(o);
+  if (!node.ok()) {
+    halka::LogError(node.status().ToString());
+    return 1;
+  }
+  std::cout << "halka-worker serving on " << (*node)->address() << std::endl;
+  absl::Status joined = (*node)->Join();
+  if (!joined.ok()) {
+    halka::LogError(joined.ToString());
+    return 1;
+  }
+  {
+    absl::MutexLock lock(&mu);
+    if (stop) return 0;
+    running = node->get();
+  }
+  (*node)->Wait();
+  signals.detach();
+  return 0;
+}

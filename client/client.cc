@@ -307,6 +307,7 @@ absl::StatusOr<OpInfo> Client::AllReduce(void* data, size_t count,
   spec.set_dtype(static_cast<v1::DType>(dtype));
   spec.set_count(count);
   spec.set_op(static_cast<v1::ReduceOp>(op));
+  spec.set_algorithm(static_cast<v1::Algorithm>(options.algorithm));
   spec.set_timeout_ms(static_cast<uint32_t>(
       absl::ToInt64Milliseconds(options.timeout)));
   if (!IsValidDType(static_cast<int>(dtype)) ||

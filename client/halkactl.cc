@@ -5,6 +5,8 @@
 //                      --worker=ADDR,ADDR,...] [--dtype] [--op] [--json]
 //   halkactl allreduce --worker=ADDR [--count] [--dtype] [--op] [--check]
 //   halkactl health    --rendezvous=ADDR --job=ID   (or --worker=ADDR)
+#include <unistd.h>
+
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -64,7 +66,8 @@ int Bench(const std::vector<Client*>& clients, const std::vector<BenchCase>& cas
   }
   int bad = 0;
   for (const BenchCase& c : cases) {
-    if (!json) {
+    const bool live = !json && isatty(2);
+    if (live) {
       std::fprintf(stderr, "  running %zu bytes %s %s ...\r", c.bytes,
                    std::string(DTypeName(c.dtype)).c_str(),
                    std::string(ReduceOpName(c.op)).c_str());
@@ -74,7 +77,7 @@ int Bench(const std::vector<Client*>& clients, const std::vector<BenchCase>& cas
     if (json) {
       std::printf("%s\n", BenchRowJson(row, g).c_str());
     } else {
-      std::fprintf(stderr, "%60s\r", "");
+      if (live) std::fprintf(stderr, "%60s\r", "");
       std::printf("%s\n", FormatBenchRow(row).c_str());
     }
     std::fflush(stdout);

@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
 #include "server/rendezvous_service.h"
 #include "worker/worker_node.h"
 
@@ -13,6 +14,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   if (options.workers < 1 || options.workers > 64) {
     return absl::InvalidArgumentError("local cluster: workers must be 1..64");
   }
+  TuneAllocatorForStreaming();
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   RendezvousOptions ro;
   ro.heartbeat_interval = options.heartbeat_interval;

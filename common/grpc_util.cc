@@ -1,5 +1,7 @@
 #include "common/grpc_util.h"
 
+#include <malloc.h>
+
 #include <cstdio>
 
 #include "absl/strings/match.h"
@@ -76,6 +78,12 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+}
+
+void TuneAllocatorForStreaming() {
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_ARENA_MAX, 4);
 }
 
 void SetTimeout(grpc::ClientContext& ctx, absl::Duration timeout) {

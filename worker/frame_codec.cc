@@ -18,11 +18,12 @@ void ToProto(const Fingerprint& fp, v1::OpFingerprint* out) {
   out->set_count(fp.count);
   out->set_op(static_cast<v1::ReduceOp>(fp.op));
   out->set_root(fp.root);
+  out->set_algorithm(static_cast<v1::Algorithm>(fp.algorithm));
 }
 
 absl::Status FromProto(const v1::OpFingerprint& in, Fingerprint* fp) {
   if (in.kind() < 1 || in.kind() > 3 || !IsValidDType(in.dtype()) ||
-      !IsValidReduceOp(in.op())) {
+      !IsValidReduceOp(in.op()) || in.algorithm() < 0 || in.algorithm() > 3) {
     return absl::DataLossError("frame: fingerprint with invalid enums");
   }
   fp->op_seq = in.op_seq();
@@ -31,6 +32,7 @@ absl::Status FromProto(const v1::OpFingerprint& in, Fingerprint* fp) {
   fp->count = in.count();
   fp->op = static_cast<ReduceOp>(in.op());
   fp->root = in.root();
+  fp->algorithm = static_cast<Algorithm>(in.algorithm());
   return absl::OkStatus();
 }
 
@@ -122,13 +124,13 @@ absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer) {
   m.generation = h.generation();
   m.op_seq = h.op_seq();
   if (m.kind == FrameKind::kData) {
-    if (h.phase() < 2 || h.phase() > 4 || !IsValidDType(h.dtype()) ||
+    if (h.phase() < 2 || h.phase() > 5 || !IsValidDType(h.dtype()) ||
         !IsValidReduceOp(h.op())) {
       return absl::DataLossError("frame: data frame with invalid enums");
     }
   }
   m.phase = static_cast<Phase>(h.phase() == 0 ? 1 : h.phase());
-  if (h.phase() > 4) return absl::DataLossError("frame: unknown phase");
+  if (h.phase() > 5) return absl::DataLossError("frame: unknown phase");
   m.step = h.step();
   m.segment = h.segment();
   m.offset = h.offset();
@@ -150,8 +152,10 @@ absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer) {
     m.message = h.message().substr(0, 4096);
   }
   const size_t payload = remaining();
+  // Data frames carry count elements; a fingerprint frame may carry the
+  // whole (small) buffer of an eager operation.
   const uint64_t expected =
-      m.kind == FrameKind::kData ? m.count * DTypeSize(m.dtype) : 0;
+      m.kind == FrameKind::kAbort ? 0 : m.count * DTypeSize(m.dtype);
   if (m.count > kMaxFramePayloadBytes || payload != expected) {
     return absl::DataLossError(absl::StrCat(
         "frame: payload of ", payload, " bytes does not match count ",

@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   halka::ApplyEnvToFlags();
   absl::ParseCommandLine(argc, argv);
   halka::SetLogTag("worker");
+  halka::TuneAllocatorForStreaming();
   halka::WorkerOptions o;
   o.rendezvous = absl::GetFlag(FLAGS_rendezvous);
   o.job_id = absl::GetFlag(FLAGS_job);

@@ -431,9 +431,13 @@ absl::StatusOr<OpResult> WorkerNode::Execute(const v1::OpSpec& spec,
         return absl::InvalidArgumentError(
             "all_reduce: dtype and reduce op must be set and valid");
       }
+      if (spec.algorithm() < 0 || spec.algorithm() > 3) {
+        return absl::InvalidArgumentError("all_reduce: unknown algorithm");
+      }
       return comm_->AllReduce(data, spec.count(),
                               static_cast<DType>(spec.dtype()),
-                              static_cast<ReduceOp>(spec.op()), timeout);
+                              static_cast<ReduceOp>(spec.op()), timeout,
+                              static_cast<Algorithm>(spec.algorithm()));
     case v1::BROADCAST:
       if (!IsValidDType(spec.dtype())) {
         return absl::InvalidArgumentError("broadcast: dtype must be valid");

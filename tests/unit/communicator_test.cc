@@ -20,12 +20,16 @@ using ::testing::HasSubstr;
 using halka::testing::RunRanks;
 
 struct Ring {
-  Ring(int g, size_t chunk_bytes) : net(g) {
+  Ring(int g, size_t chunk_bytes, size_t eager_bytes = 64 << 10,
+       int all_to_all_max_world = 16)
+      : net(g) {
     for (int r = 0; r < g; ++r) {
       CommConfig c;
       c.rank = r;
       c.world_size = g;
       c.chunk_bytes = chunk_bytes;
+      c.eager_bytes = eager_bytes;
+      c.all_to_all_max_world = all_to_all_max_world;
       c.default_timeout = absl::Seconds(20);
       for (int i = 0; i < g; ++i) {
         c.members.push_back(PeerInfo{i, absl::StrCat("w", i),
@@ -39,13 +43,32 @@ struct Ring {
   std::vector<std::unique_ptr<Communicator>> comms;
 };
 
-using Param = std::tuple<int, DType, ReduceOp>;
+// How an operation is carried: the algorithm and the control pattern.
+enum class Mode { kRing, kRingWithRingFingerprints, kNaiveEager, kNaiveChunked, kAuto };
+const char* ModeName(Mode m) {
+  switch (m) {
+    case Mode::kRing: return "ring";
+    case Mode::kRingWithRingFingerprints: return "ringfp";
+    case Mode::kNaiveEager: return "naive_eager";
+    case Mode::kNaiveChunked: return "naive_chunked";
+    case Mode::kAuto: return "auto";
+  }
+  return "?";
+}
+
+using Param = std::tuple<int, DType, ReduceOp, Mode>;
 class AllReduceTest : public ::testing::TestWithParam<Param> {};
 
 TEST_P(AllReduceTest, MatchesReferenceAndAgreesBitwise) {
-  const auto [g, dtype, op] = GetParam();
+  const auto [g, dtype, op, mode] = GetParam();
   // A small chunk size so that every segment spans several chunks.
-  Ring ring(g, 24);
+  Ring ring(g, 24, mode == Mode::kNaiveChunked ? 0 : 64 << 10,
+            mode == Mode::kRingWithRingFingerprints ? 1 : 16);
+  const Algorithm algorithm =
+      mode == Mode::kAuto ? Algorithm::kAuto
+      : (mode == Mode::kNaiveEager || mode == Mode::kNaiveChunked)
+          ? Algorithm::kNaive
+          : Algorithm::kRing;
   for (size_t count : {size_t{0}, size_t{1}, static_cast<size_t>(g > 1 ? g - 1 : 0),
                        static_cast<size_t>(g + 1), size_t{1001}}) {
     std::vector<std::vector<uint8_t>> inputs, bufs;
@@ -55,11 +78,14 @@ TEST_P(AllReduceTest, MatchesReferenceAndAgreesBitwise) {
     bufs = inputs;
     auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
       return ring.comms[r]->AllReduce(bufs[r].data(), count, dtype, op,
-                                      absl::ZeroDuration());
+                                      absl::ZeroDuration(), algorithm);
     });
     for (int r = 0; r < g; ++r) {
       ASSERT_TRUE(results[r].ok()) << results[r].status();
       EXPECT_EQ(bufs[r], bufs[0]) << "rank " << r << " differs from rank 0";
+      if (algorithm != Algorithm::kAuto && g > 1) {
+        EXPECT_EQ(results[r]->algorithm, AlgorithmName(algorithm));
+      }
     }
     const CheckResult check =
         CheckAllReduce(dtype, op, inputs, bufs[0].data(), count);
@@ -71,11 +97,16 @@ INSTANTIATE_TEST_SUITE_P(
     Matrix, AllReduceTest,
     ::testing::Combine(::testing::Values(1, 2, 3, 5, 8),
                        ::testing::ValuesIn(kAllDTypes),
-                       ::testing::ValuesIn(kAllReduceOps)),
+                       ::testing::ValuesIn(kAllReduceOps),
+                       ::testing::Values(Mode::kRing,
+                                         Mode::kRingWithRingFingerprints,
+                                         Mode::kNaiveEager,
+                                         Mode::kNaiveChunked, Mode::kAuto)),
     [](const ::testing::TestParamInfo<Param>& info) {
       return absl::StrCat("g", std::get<0>(info.param), "_",
                           DTypeName(std::get<1>(info.param)), "_",
-                          ReduceOpName(std::get<2>(info.param)));
+                          ReduceOpName(std::get<2>(info.param)), "_",
+                          ModeName(std::get<3>(info.param)));
     });
 
 TEST(AllReduceLarge, MillionElementsAcrossManyChunks) {
@@ -265,7 +296,8 @@ TEST(Failure, CorruptFrameIsDataLossNotAWrongResult) {
   std::vector<std::vector<float>> bufs(g, std::vector<float>(300, 1.0f));
   auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
     return ring.comms[r]->AllReduce(bufs[r].data(), 300, DType::kFloat32,
-                                    ReduceOp::kSum, absl::Seconds(5));
+                                    ReduceOp::kSum, absl::Seconds(5),
+                                    Algorithm::kRing);
   });
   // A rank whose own data arrived intact may finish; no rank may report
   // success with a wrong buffer.

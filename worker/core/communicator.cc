@@ -87,6 +87,9 @@ struct Communicator::Op {
   int chunk = 0;
   int chunks = 0;
   int abort_from = -1;  // neighbour whose ABORT frame failed this op
+  Algorithm algorithm = Algorithm::kRing;  // resolved
+  bool all_to_all = false;
+  std::vector<InFrame> eager;  // by rank, for an eager naive all-reduce
 };
 
 Communicator::Communicator(CommConfig config, Transport* transport,
@@ -97,7 +100,13 @@ Communicator::~Communicator() = default;
 
 absl::StatusOr<OpResult> Communicator::AllReduce(void* data, size_t count,
                                                  DType dtype, ReduceOp op,
-                                                 absl::Duration timeout) {
+                                                 absl::Duration timeout,
+                                                 Algorithm algorithm) {
+  if (algorithm == Algorithm::kParameterServer) {
+    return absl::UnimplementedError(
+        "all_reduce: the parameter-server algorithm runs through halka-ps, "
+        "not the peer communicator");
+  }
   if (!IsValidDType(static_cast<int>(dtype)) ||
       !IsValidReduceOp(static_cast<int>(op))) {
     return absl::InvalidArgumentError("all_reduce: invalid dtype or op");
@@ -110,6 +119,7 @@ absl::StatusOr<OpResult> Communicator::AllReduce(void* data, size_t count,
   fp.dtype = dtype;
   fp.count = count;
   fp.op = op;
+  fp.algorithm = algorithm;
   return Run(fp, data, timeout);
 }
 
@@ -198,7 +208,13 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
   op.data = static_cast<uint8_t*>(data);
   const int g = config_.world_size;
   const int r = config_.rank;
-  if (g > 1) {
+  op.algorithm = Resolve(op.fp);
+  op.all_to_all = g > 1 && g <= config_.all_to_all_max_world;
+  if (op.all_to_all) {
+    for (int k = 0; k < g; ++k) {
+      if (k != r) op.watch.push_back(k);
+    }
+  } else if (g > 1) {
     op.watch = {Mod(r + 1, g), Mod(r - 1, g)};
   }
   {
@@ -214,11 +230,15 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
   inbox_->DropBefore(op.fp.op_seq);
   inbox_->ClearLinkFailures();
 
-  absl::Status status = ExchangeFingerprints(op);
+  const bool eager = op.all_to_all && op.algorithm == Algorithm::kNaive &&
+                     bytes > 0 && bytes <= config_.eager_bytes;
+  absl::Status status = op.all_to_all ? ExchangeFingerprintsAllToAll(op, eager)
+                                      : ExchangeFingerprints(op);
   if (status.ok()) {
     switch (op.fp.kind) {
       case OpKind::kAllReduce:
-        status = RingAllReduce(op);
+        status = op.algorithm == Algorithm::kNaive ? NaiveAllReduce(op)
+                                                   : RingAllReduce(op);
         break;
       case OpKind::kBroadcast:
         status = ChainBroadcast(op);
@@ -236,7 +256,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
 
   OpResult result;
   result.op_seq = op.fp.op_seq;
-  result.algorithm = "ring";
+  result.algorithm = std::string(AlgorithmName(op.algorithm));
   result.bytes_sent = op.bytes_sent;
   result.bytes_received = op.bytes_received;
   result.elapsed = absl::Now() - op.start;
@@ -321,12 +341,18 @@ void Communicator::SendAbort(Op& op, const absl::Status& status,
   meta.abort_code = status.code();
   meta.message = std::string(status.message());
   const int g = config_.world_size;
-  for (int to : {Mod(config_.rank + 1, g), Mod(config_.rank - 1, g)}) {
+  std::vector<int> targets;
+  if (op.all_to_all) {
+    targets = op.watch;
+  } else {
+    targets = {Mod(config_.rank + 1, g)};
+    if (g > 2) targets.push_back(Mod(config_.rank - 1, g));
+  }
+  for (int to : targets) {
     if (to == skip_rank || to == config_.rank) continue;
     // Best effort: a broken link cannot carry the news, and the other
     // direction around the ring does.
     transport_->Send(to, meta, {}, [] {}).IgnoreError();
-    if (g == 2) break;
   }
 }
 
@@ -439,6 +465,12 @@ absl::Status Communicator::ExchangeFingerprints(Op& op) {
       HALKA_RETURN_IF_ERROR(SendFrame(op, succ, fwd, nullptr, 0, -1));
     }
   }
+  return CheckFingerprints(op, all);
+}
+
+absl::Status Communicator::CheckFingerprints(
+    Op& op, const std::vector<Fingerprint>& all) {
+  const int g = config_.world_size;
   // Every rank holds the same list, so every rank reaches the same verdict
   // and names the same pair.
   for (int i = 1; i < g; ++i) {
@@ -450,6 +482,158 @@ absl::Status Communicator::ExchangeFingerprints(Op& op) {
           " calls ", all[static_cast<size_t>(i)].ToString()));
     }
   }
+  return absl::OkStatus();
+}
+
+Algorithm Communicator::Resolve(const Fingerprint& fp) const {
+  if (fp.kind != OpKind::kAllReduce) return Algorithm::kRing;
+  if (fp.algorithm != Algorithm::kAuto) return fp.algorithm;
+  const uint64_t bytes = fp.count * DTypeSize(fp.dtype);
+  const int g = config_.world_size;
+  return g <= config_.all_to_all_max_world && bytes <= config_.eager_bytes
+             ? Algorithm::kNaive
+             : Algorithm::kRing;
+}
+
+absl::Status Communicator::ExchangeFingerprintsAllToAll(Op& op, bool eager) {
+  const int g = config_.world_size;
+  const int r = config_.rank;
+  const size_t bytes =
+      static_cast<size_t>(op.fp.count) * DTypeSize(op.fp.dtype);
+  FrameMeta meta;
+  meta.kind = FrameKind::kFingerprint;
+  meta.generation = config_.generation;
+  meta.op_seq = op.fp.op_seq;
+  meta.phase = Phase::kFingerprint;
+  meta.sender_rank = r;
+  meta.origin_rank = r;
+  meta.fingerprint = op.fp;
+  meta.dtype = op.fp.dtype;
+  meta.count = eager ? op.fp.count : 0;
+  SetLedger(op, Phase::kFingerprint, 0, 0, 1, -1);
+  // Start with the successor, so the ring's first link is warm first.
+  for (int i = 1; i < g; ++i) {
+    const int to = Mod(r + i, g);
+    HALKA_RETURN_IF_ERROR(
+        SendFrame(op, to, meta, eager ? op.data : nullptr, eager ? bytes : 0, -1));
+  }
+  std::vector<Fingerprint> all(static_cast<size_t>(g));
+  all[static_cast<size_t>(r)] = op.fp;
+  if (eager) op.eager.resize(static_cast<size_t>(g));
+  for (int i = 1; i < g; ++i) {
+    const int from = Mod(r - i, g);
+    HALKA_ASSIGN_OR_RETURN(InFrame in, Await(op, from, "its fingerprint"));
+    if (in.meta.kind != FrameKind::kFingerprint ||
+        in.meta.origin_rank != from) {
+      return absl::DataLossError(absl::StrCat(
+          Where(op), ": expected the fingerprint of ",
+          DescribePeer(config_.members[static_cast<size_t>(from)]),
+          ", got a frame of kind ", static_cast<int>(in.meta.kind),
+          " from origin ", in.meta.origin_rank));
+    }
+    all[static_cast<size_t>(from)] = in.meta.fingerprint;
+    if (eager) op.eager[static_cast<size_t>(from)] = std::move(in);
+  }
+  HALKA_RETURN_IF_ERROR(CheckFingerprints(op, all));
+  if (eager) {
+    for (int k = 0; k < g; ++k) {
+      if (k == r) continue;
+      const InFrame& f = op.eager[static_cast<size_t>(k)];
+      if (f.PayloadBytes() != bytes || f.meta.dtype != op.fp.dtype) {
+        return absl::DataLossError(absl::StrCat(
+            Where(op), ": the eager payload of ",
+            DescribePeer(config_.members[static_cast<size_t>(k)]), " has ",
+            f.PayloadBytes(), " bytes, expected ", bytes));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::NaiveAllReduce(Op& op) {
+  const int g = config_.world_size;
+  const int r = config_.rank;
+  const DType dt = op.fp.dtype;
+  const size_t es = DTypeSize(dt);
+  const size_t count = static_cast<size_t>(op.fp.count);
+  if (g == 1 || count == 0) {
+    if (g == 1 && op.fp.op == ReduceOp::kAvg) FinalizeAvg(dt, op.data, count, 1);
+    return absl::OkStatus();
+  }
+  const bool eager = !op.eager.empty();
+  const std::vector<Range> cs =
+      eager ? std::vector<Range>{Range{0, count}}
+            : PlanChunks(Range{0, count},
+                         std::max<size_t>(1, config_.chunk_bytes / es));
+  FrameMeta meta;
+  meta.kind = FrameKind::kData;
+  meta.generation = config_.generation;
+  meta.op_seq = op.fp.op_seq;
+  meta.dtype = dt;
+  meta.op = op.fp.op;
+  meta.phase = Phase::kNaive;
+  meta.sender_rank = r;
+  if (!eager) {
+    for (size_t ci = 0; ci < cs.size(); ++ci) {
+      for (int i = 1; i < g; ++i) {
+        FrameMeta m = meta;
+        m.step = 0;
+        m.offset = cs[ci].offset;
+        m.count = cs[ci].count;
+        HALKA_RETURN_IF_ERROR(SendFrame(op, Mod(r + i, g), m,
+                                        op.data + cs[ci].offset * es,
+                                        cs[ci].count * es, -1));
+      }
+    }
+  }
+  // Reduce all G copies in rank order into scratch, so that every rank
+  // computes the same bits; the own buffer is still being sent from.
+  std::vector<uint8_t> scratch(count * es);
+  absl::Duration reduce_time;
+  for (size_t ci = 0; ci < cs.size(); ++ci) {
+    const Range& c = cs[ci];
+    uint8_t* dst = scratch.data() + c.offset * es;
+    for (int k = 0; k < g; ++k) {
+      const bool reduce = k > 0;
+      SetLedger(op, Phase::kNaive, 0, static_cast<int>(ci),
+                static_cast<int>(cs.size()), k == r ? -1 : k);
+      if (k == r) {
+        const absl::Time t0 = absl::Now();
+        if (reduce) {
+          ReduceInto(dt, op.fp.op, dst, op.data + c.offset * es, c.count);
+        } else {
+          std::memcpy(dst, op.data + c.offset * es, c.count * es);
+        }
+        reduce_time += absl::Now() - t0;
+        continue;
+      }
+      InFrame in;
+      if (eager) {
+        in = std::move(op.eager[static_cast<size_t>(k)]);
+      } else {
+        HALKA_ASSIGN_OR_RETURN(in, Await(op, k));
+        FrameMeta expect;
+        expect.phase = Phase::kNaive;
+        expect.step = 0;
+        expect.segment = 0;
+        expect.offset = c.offset;
+        expect.count = c.count;
+        HALKA_RETURN_IF_ERROR(CheckData(op, in, k, expect));
+      }
+      const absl::Time t0 = absl::Now();
+      ApplyPayload(dt, op.fp.op, reduce, dst, in);
+      reduce_time += absl::Now() - t0;
+    }
+  }
+  if (op.fp.op == ReduceOp::kAvg) FinalizeAvg(dt, scratch.data(), count, g);
+  if (!WaitForReleases(op, -1, op.deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        Where(op), ": deadline exceeded before the peers took this rank's "
+                   "buffer"));
+  }
+  std::memcpy(op.data, scratch.data(), count * es);
+  absl::MutexLock lock(&state_mu_);
+  telemetry_.reduce_seconds += Seconds(reduce_time);
   return absl::OkStatus();
 }
 

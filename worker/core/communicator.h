@@ -52,6 +52,11 @@ struct CommConfig {
   absl::Duration default_timeout = absl::Seconds(60);
   // Largest buffer one operation may carry (RESOURCE_EXHAUSTED above it).
   uint64_t max_op_bytes = uint64_t{16} << 30;
+  // Up to this world size, fingerprints go to every rank at once (one hop
+  // instead of G-1), and AUTO all-reduces of at most eager_bytes run naive
+  // with the data riding on the fingerprint frames: one hop in all.
+  int all_to_all_max_world = 16;
+  size_t eager_bytes = 64 << 10;
 };
 
 struct OpResult {
@@ -97,7 +102,8 @@ class Communicator {
   // In place over `count` elements of `dtype` at `data`. A zero timeout
   // means config.default_timeout.
   absl::StatusOr<OpResult> AllReduce(void* data, size_t count, DType dtype,
-                                     ReduceOp op, absl::Duration timeout);
+                                     ReduceOp op, absl::Duration timeout,
+                                     Algorithm algorithm = Algorithm::kAuto);
   absl::StatusOr<OpResult> Broadcast(void* data, size_t count, DType dtype,
                                      int root, absl::Duration timeout);
   absl::StatusOr<OpResult> Barrier(absl::Duration timeout);
@@ -115,8 +121,16 @@ class Communicator {
   struct Op;
   absl::StatusOr<OpResult> Run(const Fingerprint& fp, void* data,
                                absl::Duration timeout);
+  // Which algorithm an operation runs; every rank resolves the same way
+  // from the fingerprint alone.
+  Algorithm Resolve(const Fingerprint& fp) const;
   absl::Status ExchangeFingerprints(Op& op);
+  // One hop: every rank sends its fingerprint (and, when `eager`, its whole
+  // buffer) to every other rank. Eager payloads are kept in op.eager.
+  absl::Status ExchangeFingerprintsAllToAll(Op& op, bool eager);
+  absl::Status CheckFingerprints(Op& op, const std::vector<Fingerprint>& all);
   absl::Status RingAllReduce(Op& op);
+  absl::Status NaiveAllReduce(Op& op);
   absl::Status ChainBroadcast(Op& op);
   // Waits for the next frame of this op from `from`; turns every other
   // outcome into the error the caller returns.

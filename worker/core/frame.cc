@@ -26,8 +26,33 @@ absl::string_view PhaseName(Phase phase) {
       return "all-gather";
     case Phase::kBroadcast:
       return "broadcast";
+    case Phase::kNaive:
+      return "naive exchange";
   }
   return "unknown-phase";
+}
+
+absl::string_view AlgorithmName(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kAuto:
+      return "auto";
+    case Algorithm::kRing:
+      return "ring";
+    case Algorithm::kNaive:
+      return "naive";
+    case Algorithm::kParameterServer:
+      return "ps";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name) {
+  for (Algorithm a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kNaive,
+                      Algorithm::kParameterServer}) {
+    if (name == AlgorithmName(a)) return a;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown algorithm '", name, "' (expected auto, ring, naive or ps)"));
 }
 
 std::string Fingerprint::ToString() const {
@@ -36,6 +61,9 @@ std::string Fingerprint::ToString() const {
     case OpKind::kAllReduce:
       absl::StrAppend(&s, " ", DTypeName(dtype), "x", count, " ",
                       ReduceOpName(op));
+      if (algorithm != Algorithm::kAuto) {
+        absl::StrAppend(&s, " (", AlgorithmName(algorithm), ")");
+      }
       break;
     case OpKind::kBroadcast:
       absl::StrAppend(&s, " ", DTypeName(dtype), "x", count, " root ", root);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "worker/core/dtype.h"
 
@@ -16,6 +17,17 @@ namespace halka {
 
 enum class OpKind : uint8_t { kAllReduce = 1, kBroadcast = 2, kBarrier = 3 };
 absl::string_view OpKindName(OpKind kind);  // "all_reduce", ...
+
+// How a collective moves data. Values match halka.v1.Algorithm.
+enum class Algorithm : uint8_t {
+  kAuto = 0,   // naive for buffers up to CommConfig::eager_bytes, else ring
+  kRing = 1,
+  kNaive = 2,
+  kParameterServer = 3,
+};
+absl::string_view AlgorithmName(Algorithm algorithm);  // "auto", "ring", ...
+// "auto", "ring", "naive", "ps". INVALID_ARGUMENT otherwise.
+absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name);
 
 // What every rank must agree on before any data moves.
 struct Fingerprint {
@@ -25,10 +37,12 @@ struct Fingerprint {
   uint64_t count = 0;
   ReduceOp op = ReduceOp::kSum;
   int32_t root = 0;
+  Algorithm algorithm = Algorithm::kAuto;  // as requested
 
   bool operator==(const Fingerprint& o) const {
     return op_seq == o.op_seq && kind == o.kind && dtype == o.dtype &&
-           count == o.count && op == o.op && root == o.root;
+           count == o.count && op == o.op && root == o.root &&
+           algorithm == o.algorithm;
   }
   bool operator!=(const Fingerprint& o) const { return !(*this == o); }
   // "all_reduce #3 float32x1000 sum", "broadcast #4 int64x7 root 2".
@@ -41,6 +55,7 @@ enum class Phase : uint8_t {
   kReduceScatter = 2,
   kAllGather = 3,
   kBroadcast = 4,
+  kNaive = 5,
 };
 absl::string_view PhaseName(Phase phase);  // "reduce-scatter", ...
 

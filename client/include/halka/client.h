@@ -32,6 +32,7 @@
 #include "halka/v1/rendezvous.pb.h"
 #include "halka/v1/worker.pb.h"
 #include "worker/core/dtype.h"
+#include "worker/core/frame.h"
 
 namespace halka {
 
@@ -55,6 +56,9 @@ template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::kInt
 struct OpOptions {
   // Deadline of the operation; zero: the worker's default.
   absl::Duration timeout = absl::ZeroDuration();
+  // All-reduce only: kAuto lets the worker choose (naive one-shot for small
+  // buffers, ring otherwise); kRing and kNaive force one.
+  Algorithm algorithm = Algorithm::kAuto;
 };
 
 // What one operation did, as this rank saw it.

@@ -1,0 +1,282 @@
+# Shared helpers for halka system tests: real binaries as separate processes
+# on 127.0.0.1. Source it from a test script:
+#
+#   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+#   sys_init                      # temp log dir + trap cleanup EXIT INT TERM
+#   port=$(free_port)
+#   start_daemon rdv  "$RDV" --listen=127.0.0.1:$port
+#   wait_for_line rdv "listening on" 10
+#   run_bg ctl0 "$CTL" allreduce ...   # rc + exit time land in $SYS_LOG/ctl0.rc
+#   wait_bg ctl0 30
+#
+# Every process is started in its own session (setsid) and recorded by PID;
+# cleanup signals exactly those process groups, never anything by name.
+
+# ---------------------------------------------------------------- state
+
+SYS_LOG=""            # temp dir with every process's .out/.err (and .rc)
+SYS_FAILED=0          # set by fail(); keeps the logs
+declare -A SYS_PID=() # name -> pid (a session/group leader)
+SYS_NAMES=()          # names in start order
+
+# ---------------------------------------------------------------- basics
+
+now_ns() { date +%s%N; }
+
+# ms_since START_NS -> integer milliseconds elapsed
+ms_since() { echo $(( ($(now_ns) - $1) / 1000000 )); }
+
+# fmt_s MS -> "1.234" (seconds)
+fmt_s() { awk -v ms="$1" 'BEGIN { printf "%.3f", ms / 1000.0 }'; }
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S.%3N)" "$*"; }
+
+# fail MSG... : print what failed and exit 1 (cleanup runs from the trap).
+fail() {
+  SYS_FAILED=1
+  printf '\nFAIL: %s\n' "$*" >&2
+  exit 1
+}
+
+# ---------------------------------------------------------------- assertions
+
+assert_eq() {  # assert_eq ACTUAL EXPECTED WHAT
+  [[ "$1" == "$2" ]] || fail "$3: expected '$2', got '$1'"
+}
+
+assert_ne() {  # assert_ne ACTUAL UNEXPECTED WHAT
+  [[ "$1" != "$2" ]] || fail "$3: expected anything but '$2'"
+}
+
+assert_lt() {  # assert_lt A B WHAT   (integers or decimals; A < B)
+  awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 < b + 0) }' ||
+    fail "$3: expected $1 < $2"
+}
+
+assert_file_contains() {  # assert_file_contains FILE FIXED_STRING WHAT
+  grep -qF -- "$2" "$1" ||
+    fail "$3: '$2' not found in $(basename "$1"):
+$(tail -n 20 "$1" | sed 's/^/    | /')"
+}
+
+assert_file_matches() {  # assert_file_matches FILE ERE WHAT
+  grep -qE -- "$2" "$1" ||
+    fail "$3: /$2/ not found in $(basename "$1"):
+$(tail -n 20 "$1" | sed 's/^/    | /')"
+}
+
+# ---------------------------------------------------------------- ports
+
+# free_port: a TCP port on 127.0.0.1 nothing listens on. Asks the kernel
+# (bind to port 0) through python3; without python3, probes a range derived
+# from $$ with ss. Ports already handed out by this test are never repeated.
+SYS_PORTS_GIVEN=" "
+free_port() {
+  local p i
+  for i in $(seq 1 50); do
+    p=""
+    if command -v python3 >/dev/null 2>&1; then
+      p=$(python3 -c 'import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])
+s.close()' 2>/dev/null)
+    fi
+    if [[ -z "$p" ]]; then
+      p=$(( 20000 + ($$ * 37 + i * 101 + RANDOM) % 30000 ))
+    fi
+    if [[ "$SYS_PORTS_GIVEN" == *" $p "* ]]; then continue; fi
+    if ss -Hltn "sport = :$p" 2>/dev/null | grep -q .; then continue; fi
+    SYS_PORTS_GIVEN+="$p "
+    echo "$p"
+    return 0
+  done
+  echo "free_port: no free port found" >&2
+  return 1
+}
+
+# ---------------------------------------------------------------- processes
+
+# start_daemon NAME CMD ARGS... : start CMD in the background, in its own
+# session, stdout -> $SYS_LOG/NAME.out, stderr -> $SYS_LOG/NAME.err. The
+# recorded PID (SYS_PID[NAME], also echoed to NAME.pid) is CMD itself, so
+# it can be signalled directly.
+start_daemon() {
+  local name=$1; shift
+  setsid "$@" >"$SYS_LOG/$name.out" 2>"$SYS_LOG/$name.err" </dev/null &
+  SYS_PID[$name]=$!
+  SYS_NAMES+=("$name")
+  echo "${SYS_PID[$name]}" >"$SYS_LOG/$name.pid"
+}
+
+# run_bg NAME CMD ARGS... : like start_daemon, for a command that is expected
+# to finish: a wrapper runs it and writes "RC END_NS" to $SYS_LOG/NAME.rc
+# when it returns (START_NS is in NAME.start). Wrap CMD in `timeout` yourself
+# if it could hang; wait_bg bounds the wait in any case.
+run_bg() {
+  local name=$1; shift
+  now_ns >"$SYS_LOG/$name.start"
+  setsid bash -c '"${@:2}"; rc=$?; echo "$rc $(date +%s%N)" >"$1.rc.tmp";
+                  mv "$1.rc.tmp" "$1.rc"' \
+    _ "$SYS_LOG/$name" "$@" \
+    >"$SYS_LOG/$name.out" 2>"$SYS_LOG/$name.err" </dev/null &
+  SYS_PID[$name]=$!
+  SYS_NAMES+=("$name")
+}
+
+# bg_rc NAME : the exit status of a finished run_bg command ("" if running)
+bg_rc() { [[ -f "$SYS_LOG/$1.rc" ]] && cut -d' ' -f1 "$SYS_LOG/$1.rc"; }
+
+# bg_end_ns NAME : when a finished run_bg command returned
+bg_end_ns() { [[ -f "$SYS_LOG/$1.rc" ]] && cut -d' ' -f2 "$SYS_LOG/$1.rc"; }
+
+# wait_bg TIMEOUT_S NAME... : wait until every named run_bg command returned;
+# fails (naming the ones still running) after TIMEOUT_S seconds.
+wait_bg() {
+  local timeout_s=$1; shift
+  local deadline=$(( $(now_ns) + timeout_s * 1000000000 ))
+  local name pending
+  while :; do
+    pending=()
+    for name in "$@"; do
+      [[ -f "$SYS_LOG/$name.rc" ]] || pending+=("$name")
+    done
+    (( ${#pending[@]} == 0 )) && break
+    if (( $(now_ns) > deadline )); then
+      fail "still running after ${timeout_s}s (hang): ${pending[*]}"
+    fi
+    sleep 0.02
+  done
+  for name in "$@"; do wait "${SYS_PID[$name]}" 2>/dev/null; done
+  return 0
+}
+
+# pid_alive PID : true while PID runs (a zombie counts as gone)
+pid_alive() {
+  local state
+  state=$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) || return 1
+  [[ -n "$state" && "$state" != "Z" && "$state" != "X" ]]
+}
+
+# wait_exit NAME TIMEOUT_S : wait until the daemon NAME exited; prints the
+# milliseconds it took (from the call) and sets WAIT_RC to its exit status.
+# Returns 1 (without failing) if it is still running after TIMEOUT_S.
+WAIT_RC=""
+wait_exit() {
+  local name=$1 timeout_s=$2 pid=${SYS_PID[$1]} t0
+  t0=$(now_ns)
+  while pid_alive "$pid"; do
+    if (( $(now_ns) - t0 > timeout_s * 1000000000 )); then
+      return 1
+    fi
+    sleep 0.005
+  done
+  local ms; ms=$(ms_since "$t0")
+  wait "$pid" 2>/dev/null
+  WAIT_RC=$?
+  echo "$ms"
+}
+
+# stop_timed NAME SIGNAL TIMEOUT_S : send SIGNAL to daemon NAME and wait for
+# it to exit. Sets STOP_MS (signal -> gone, ms) and STOP_RC; STOP_MS is empty
+# if it did not exit within TIMEOUT_S (it is then left for cleanup).
+STOP_MS=""; STOP_RC=""
+stop_timed() {
+  local name=$1 sig=$2 timeout_s=$3 pid=${SYS_PID[$1]} t0
+  STOP_MS=""; STOP_RC=""
+  t0=$(now_ns)
+  kill -s "$sig" "$pid" 2>/dev/null || return 0
+  while pid_alive "$pid"; do
+    if (( $(now_ns) - t0 > timeout_s * 1000000000 )); then
+      return 0
+    fi
+    sleep 0.002
+  done
+  STOP_MS=$(ms_since "$t0")
+  wait "$pid" 2>/dev/null
+  STOP_RC=$?
+}
+
+# wait_for_line NAME ERE TIMEOUT_S [FILE] : wait until NAME's stdout (or
+# FILE) has a line matching ERE; fails early if the process died.
+wait_for_line() {
+  local name=$1 re=$2 timeout_s=$3 file=${4:-$SYS_LOG/$1.out}
+  local pid=${SYS_PID[$name]} t0
+  t0=$(now_ns)
+  until grep -qE -- "$re" "$file" 2>/dev/null; do
+    if [[ -n "$pid" ]] && ! pid_alive "$pid" && [[ ! -f "$SYS_LOG/$name.rc" ]]; then
+      grep -qE -- "$re" "$file" 2>/dev/null && return 0
+      fail "$name (pid $pid) exited before printing /$re/"
+    fi
+    if (( $(now_ns) - t0 > timeout_s * 1000000000 )); then
+      fail "$name: no line /$re/ in $(basename "$file") within ${timeout_s}s"
+    fi
+    sleep 0.02
+  done
+}
+
+# ---------------------------------------------------------------- cleanup
+
+print_log_tails() {
+  local f
+  for f in "$SYS_LOG"/*.out "$SYS_LOG"/*.err; do
+    [[ -s "$f" ]] || continue
+    printf '\n----- %s (last 25 lines) -----\n' "$f" >&2
+    tail -n 25 "$f" >&2
+  done
+}
+
+# cleanup: kill every process group this test started (by recorded PID:
+# SIGTERM, then SIGKILL after 2 s), then remove the logs unless it failed.
+SYS_CLEANED=0
+cleanup() {
+  local rc=$?
+  (( SYS_CLEANED )) && return
+  # From the INT/TERM trap $? is whatever ran last: an interrupted run fails.
+  [[ -n "${BASH_TRAPSIG:-}" ]] && :
+  (( SYS_FAILED && rc == 0 )) && rc=1
+  SYS_CLEANED=1
+  trap - EXIT INT TERM
+  local name pid left=()
+  for name in "${SYS_NAMES[@]}"; do
+    pid=${SYS_PID[$name]}
+    if kill -0 "$pid" 2>/dev/null && pid_alive "$pid"; then
+      kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
+      left+=("$pid")
+    fi
+  done
+  local i
+  for i in $(seq 1 100); do
+    local any=0
+    for pid in "${left[@]}"; do pid_alive "$pid" && any=1; done
+    (( any )) || break
+    sleep 0.02
+  done
+  for pid in "${left[@]}"; do
+    if pid_alive "$pid"; then
+      echo "cleanup: pid $pid ignored SIGTERM for 2 s; SIGKILL" >&2
+      kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
+    fi
+    wait "$pid" 2>/dev/null
+  done
+  # Processes that are gone may still have children in their group (e.g.
+  # `timeout`'s child): sweep those groups too.
+  for name in "${SYS_NAMES[@]}"; do
+    kill -KILL -- "-${SYS_PID[$name]}" 2>/dev/null
+  done
+  if [[ -n "$SYS_LOG" && -d "$SYS_LOG" ]]; then
+    if (( SYS_FAILED )) || (( rc != 0 )); then
+      print_log_tails
+      echo "logs kept in $SYS_LOG" >&2
+    else
+      rm -rf -- "$SYS_LOG"
+    fi
+  fi
+  exit "$rc"
+}
+
+sys_init() {
+  SYS_LOG=$(mktemp -d "${TMPDIR:-/tmp}/halka-system.XXXXXX") ||
+    { echo "mktemp failed" >&2; exit 1; }
+  trap cleanup EXIT INT TERM
+}

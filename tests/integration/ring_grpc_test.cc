@@ -17,6 +17,7 @@
 #include "halka/local_cluster.h"
 #include "tests/testing/run_ranks.h"
 #include "worker/core/reference.h"
+#include "server/rendezvous_service.h"
 #include "worker/worker_node.h"
 
 namespace halka {
@@ -287,9 +288,56 @@ TEST(Failure, KilledWorkerIsNamedByEverySurvivor) {
   EXPECT_LT(took, absl::Seconds(20));
   for (int r : {0, 1, 3}) {
     ASSERT_FALSE(results[r].ok()) << "rank " << r;
+    std::printf("rank %d: %s\n", r, results[r].status().ToString().c_str());
     EXPECT_THAT(std::string(results[r].status().message()), HasSubstr(dead))
         << "rank " << r << ": " << results[r].status();
   }
+}
+
+}  // namespace
+}  // namespace halka
+
+namespace halka {
+namespace {
+
+TEST(Rendezvous, JoinTimeoutNamesWhoJoinedAndWhoIsMissing) {
+  auto rv = RendezvousServer::Start("127.0.0.1:0").value();
+  WorkerOptions o;
+  o.job_id = "lonely";
+  o.worker_id = "solo";
+  o.world_size = 3;
+  o.rendezvous = rv->address();
+  o.join_timeout = absl::Milliseconds(500);
+  auto node = WorkerNode::Create(o).value();
+  const absl::Time t0 = absl::Now();
+  absl::Status s = node->Join();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("1 of 3 joined (solo at "));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("2 missing"));
+}
+
+TEST(Rendezvous, DuplicateRankIsRefusedClearly) {
+  auto rv = RendezvousServer::Start("127.0.0.1:0").value();
+  WorkerOptions o;
+  o.job_id = "dup";
+  o.world_size = 2;
+  o.requested_rank = 1;
+  o.rendezvous = rv->address();
+  o.join_timeout = absl::Seconds(3);
+  o.worker_id = "first";
+  auto a = WorkerNode::Create(o).value();
+  o.worker_id = "second";
+  auto b = WorkerNode::Create(o).value();
+  absl::Status sa;
+  std::thread ta([&] { sa = a->Join(); });
+  absl::SleepFor(absl::Milliseconds(200));
+  absl::Status sb = b->Join();
+  EXPECT_EQ(sb.code(), absl::StatusCode::kFailedPrecondition) << sb;
+  EXPECT_THAT(std::string(sb.message()),
+              HasSubstr("rank 1 of job dup is already held by worker first"));
+  ta.join();
+  EXPECT_EQ(sa.code(), absl::StatusCode::kDeadlineExceeded) << sa;
 }
 
 }  // namespace

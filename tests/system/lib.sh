@@ -232,8 +232,6 @@ SYS_CLEANED=0
 cleanup() {
   local rc=$?
   (( SYS_CLEANED )) && return
-  # From the INT/TERM trap $? is whatever ran last: an interrupted run fails.
-  [[ -n "${BASH_TRAPSIG:-}" ]] && :
   (( SYS_FAILED && rc == 0 )) && rc=1
   SYS_CLEANED=1
   trap - EXIT INT TERM
@@ -278,5 +276,7 @@ cleanup() {
 sys_init() {
   SYS_LOG=$(mktemp -d "${TMPDIR:-/tmp}/halka-system.XXXXXX") ||
     { echo "mktemp failed" >&2; exit 1; }
-  trap cleanup EXIT INT TERM
+  # cleanup on EXIT, INT and TERM; an interrupted run counts as failed.
+  trap cleanup EXIT
+  trap 'SYS_FAILED=1; echo "interrupted" >&2; cleanup' INT TERM
 }

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what halka needs to build and test on Debian bookworm (as root,
+# or with sudo). Idempotent: does nothing when everything is present.
+set -euo pipefail
+PKGS=(build-essential cmake ninja-build pkg-config
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+      libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+      iproute2 procps python3)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+echo "install-deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -49,6 +49,7 @@ BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
   const size_t es = DTypeSize(c.dtype);
   BenchRow row;
   row.c = c;
+  row.algorithm = std::string(AlgorithmName(c.algorithm));
   row.count = c.bytes / es;
   const size_t bytes = row.count * es;
   std::vector<std::vector<uint8_t>> inputs(static_cast<size_t>(g));
@@ -90,6 +91,7 @@ BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
         if (!failed) {
           OpOptions oo;
           oo.timeout = options.timeout;
+          oo.algorithm = c.algorithm;
           auto res = clients[r]->AllReduce(bufs[r], row.count, c.dtype, c.op, oo);
           if (!res.ok()) {
             errors[r] = res.status().ToString();
@@ -118,8 +120,11 @@ BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
     sum += slowest;
   }
   row.time_us = options.iterations > 0 ? sum / options.iterations : 0;
-  row.algorithm = infos[0].algorithm;
+  row.algorithm = infos[0].algorithm.empty()
+                      ? std::string(AlgorithmName(c.algorithm))
+                      : infos[0].algorithm;
   row.bytes_sent = infos[0].bytes_sent;
+  row.bytes_received = infos[0].bytes_received;
   if (row.time_us > 0) {
     row.algbw_gbs = static_cast<double>(bytes) / (row.time_us * 1e3);
     row.busbw_gbs = row.algbw_gbs * 2.0 * (g - 1) / g;

@@ -18,6 +18,7 @@ struct BenchCase {
   size_t bytes = 0;
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
+  Algorithm algorithm = Algorithm::kAuto;
 };
 
 struct BenchOptions {
@@ -38,6 +39,7 @@ struct BenchRow {
   double busbw_gbs = 0;    // algbw * 2(G-1)/G
   size_t wrong = 0;        // elements off the reference, plus disagreeing ranks
   uint64_t bytes_sent = 0; // by rank 0, one operation
+  uint64_t bytes_received = 0;
   std::string error;       // non-empty when the operation failed
 };
 

@@ -46,6 +46,12 @@ ABSL_FLAG(bool, check, true, "allreduce: verify the result (every rank runs "
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "operation deadline");
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "embedded cluster: bytes per frame");
 ABSL_FLAG(int, repeat, 1, "allreduce: operations to run back to back");
+ABSL_FLAG(std::string, algo, "auto",
+          "all-reduce algorithm: auto, ring, naive, ps (bench: also all)");
+ABSL_FLAG(int, ps_shards, 1, "bench: parameter-server shards of the embedded "
+          "cluster (with --algo=ps or all)");
+ABSL_FLAG(std::string, transfer, "auto",
+          "how the tensor reaches the worker: auto, shm, inline");
 
 namespace halka {
 namespace {
@@ -59,7 +65,7 @@ int Bench(const std::vector<Client*>& clients, const std::vector<BenchCase>& cas
           const BenchOptions& options, bool json) {
   const int g = static_cast<int>(clients.size());
   if (!json) {
-    std::printf("# halka ring all-reduce: %d ranks, %d iterations (+%d warm-up), "
+    std::printf("# halka all-reduce: %d ranks, %d iterations (+%d warm-up), "
                 "busbw = algbw * 2(G-1)/G\n", g, options.iterations,
                 options.warmup);
     std::printf("%s\n", BenchHeader().c_str());
@@ -97,9 +103,18 @@ absl::StatusOr<std::vector<BenchCase>> SweepCases() {
   const int f = absl::GetFlag(FLAGS_f);
   if (f < 2) return absl::InvalidArgumentError("-f must be at least 2");
   if (*lo > *hi) return absl::InvalidArgumentError("-b is larger than -e");
+  std::vector<Algorithm> algos;
+  const std::string algo = absl::GetFlag(FLAGS_algo);
+  if (algo == "all") {
+    algos = {Algorithm::kRing, Algorithm::kParameterServer, Algorithm::kNaive};
+  } else {
+    auto a = ParseAlgorithm(algo);
+    if (!a.ok()) return a.status();
+    algos = {*a};
+  }
   std::vector<BenchCase> cases;
   for (size_t s = std::max<size_t>(*lo, 1); s <= *hi; s *= static_cast<size_t>(f)) {
-    cases.push_back(BenchCase{s, *dtype, *op});
+    for (Algorithm a : algos) cases.push_back(BenchCase{s, *dtype, *op, a});
   }
   return cases;
 }
@@ -197,6 +212,11 @@ int BenchCommand() {
     LocalCluster::Options lo;
     lo.workers = absl::GetFlag(FLAGS_workers);
     lo.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
+    for (const BenchCase& bc : *cases) {
+      if (bc.algorithm == Algorithm::kParameterServer) {
+        lo.ps_shards = absl::GetFlag(FLAGS_ps_shards);
+      }
+    }
     auto c = LocalCluster::Start(lo);
     if (!c.ok()) return Fail(c.status());
     cluster = std::move(*c);
@@ -241,7 +261,18 @@ int AllReduceCommand() {
   if (!op.ok()) return Fail(op.status());
   const int64_t count = absl::GetFlag(FLAGS_count);
   if (count < 0) return Fail(absl::InvalidArgumentError("--count must be >= 0"));
-  auto client = Client::Connect(worker);
+  auto algo = ParseAlgorithm(absl::GetFlag(FLAGS_algo));
+  if (!algo.ok()) return Fail(algo.status());
+  Client::Options co;
+  const std::string transfer = absl::GetFlag(FLAGS_transfer);
+  if (transfer == "shm") {
+    co.transfer = Client::Transfer::kSharedMemory;
+  } else if (transfer == "inline") {
+    co.transfer = Client::Transfer::kInline;
+  } else if (transfer != "auto") {
+    return Fail(absl::InvalidArgumentError("--transfer must be auto, shm or inline"));
+  }
+  auto client = Client::Connect(worker, co);
   if (!client.ok()) return Fail(client.status());
   auto info = (*client)->Info();
   if (!info.ok()) return Fail(info.status());
@@ -255,6 +286,7 @@ int AllReduceCommand() {
   }
   OpOptions oo;
   oo.timeout = absl::GetFlag(FLAGS_timeout);
+  oo.algorithm = *algo;
   const int repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
   for (int i = 0; i < repeat; ++i) {
     std::vector<uint8_t> buf = inputs[static_cast<size_t>(rank)];
@@ -272,13 +304,15 @@ int AllReduceCommand() {
       wrong = CheckAllReduce(*dtype, *op, inputs, buf.data(),
                              static_cast<size_t>(count)).wrong;
     }
-    std::printf("rank %d/%d: all_reduce #%llu %s x %lld %s via %s in %.2f ms, "
-                "sent %llu B, received %llu B, #wrong %zu\n",
+    std::printf("rank %d/%d: all_reduce #%llu %s x %lld %s algo=%s via %s in "
+                "%.2f ms (worker_ms=%.2f), sent %llu B, received %llu B, "
+                "#wrong %zu\n",
                 rank, g, static_cast<unsigned long long>(res->op_seq),
                 std::string(DTypeName(*dtype)).c_str(),
                 static_cast<long long>(count),
-                std::string(ReduceOpName(*op)).c_str(), res->transfer.c_str(),
-                ms, static_cast<unsigned long long>(res->bytes_sent),
+                std::string(ReduceOpName(*op)).c_str(), res->algorithm.c_str(),
+                res->transfer.c_str(), ms, res->seconds * 1e3,
+                static_cast<unsigned long long>(res->bytes_sent),
                 static_cast<unsigned long long>(res->bytes_received), wrong);
     if (wrong > 0) return 1;
   }

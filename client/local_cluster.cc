@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
+#include "server/parameter_server.h"
 #include "server/rendezvous_service.h"
 #include "worker/worker_node.h"
 
@@ -22,6 +23,16 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   auto rv = RendezvousServer::Start("127.0.0.1:0", ro);
   if (!rv.ok()) return rv.status();
   c->rendezvous_ = std::move(*rv);
+  for (int k = 0; k < options.ps_shards; ++k) {
+    PsOptions po;
+    po.job_id = options.job_id;
+    po.shard = k;
+    po.shards = options.ps_shards;
+    po.rendezvous = c->rendezvous_->address();
+    auto ps = ParameterServerNode::Start(po);
+    if (!ps.ok()) return ps.status();
+    c->ps_.push_back(std::move(*ps));
+  }
   std::vector<std::unique_ptr<WorkerNode>> nodes;
   for (int i = 0; i < options.workers; ++i) {
     WorkerOptions wo;
@@ -62,8 +73,15 @@ LocalCluster::~LocalCluster() {
     if (w) threads.emplace_back([&w] { w.reset(); });
   }
   for (auto& t : threads) t.join();
+  ps_.clear();
   rendezvous_.reset();
 }
+
+ParameterServerNode* LocalCluster::ps(int shard) const {
+  return ps_[static_cast<size_t>(shard)].get();
+}
+
+void LocalCluster::KillPs(int shard) { ps_[static_cast<size_t>(shard)].reset(); }
 
 const std::string& LocalCluster::rendezvous_address() const {
   return rendezvous_->address();

@@ -159,6 +159,25 @@ grpc::Status RendezvousService::GetRingHealth(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+grpc::Status RendezvousService::RegisterServer(
+    grpc::ServerContext*, const v1::RegisterServerRequest* req,
+    v1::RegisterServerReply*) {
+  absl::MutexLock lock(&mu_);
+  return ToGrpcStatus(state_.RegisterServer(req->job_id(), req->server_id(),
+                                            req->address(), req->shard(),
+                                            req->shards(), absl::Now()));
+}
+
+grpc::Status RendezvousService::LookupServers(
+    grpc::ServerContext*, const v1::LookupServersRequest* req,
+    v1::LookupServersReply* reply) {
+  absl::MutexLock lock(&mu_);
+  auto servers = state_.LookupServers(req->job_id(), absl::Now());
+  if (!servers.ok()) return ToGrpcStatus(servers.status());
+  for (const MemberView& m : *servers) FillMember(m, reply->add_servers());
+  return grpc::Status::OK;
+}
+
 absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
     const std::string& listen, RendezvousOptions options) {
   std::unique_ptr<RendezvousServer> s(new RendezvousServer());

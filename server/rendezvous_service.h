@@ -32,6 +32,13 @@ class RendezvousService final : public v1::Rendezvous::Service {
                              const v1::RingHealthRequest* req,
                              v1::RingHealth* reply) override;
 
+  grpc::Status RegisterServer(grpc::ServerContext* ctx,
+                              const v1::RegisterServerRequest* req,
+                              v1::RegisterServerReply* reply) override;
+  grpc::Status LookupServers(grpc::ServerContext* ctx,
+                             const v1::LookupServersRequest* req,
+                             v1::LookupServersReply* reply) override;
+
   // Wakes blocked joins and stops the sweeper; called before server
   // shutdown so that Shutdown never waits on a Join.
   void Stop();

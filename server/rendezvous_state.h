@@ -111,6 +111,17 @@ class RendezvousState {
   absl::StatusOr<JobHealth> Health(const std::string& job_id,
                                    absl::Time now) const;
 
+  // Parameter-server shards of a job, which may register before or after
+  // the workers. Errors: INVALID_ARGUMENT, FAILED_PRECONDITION (shard
+  // count differs from an earlier registration), RESOURCE_EXHAUSTED.
+  absl::Status RegisterServer(const std::string& job_id,
+                              const std::string& server_id,
+                              const std::string& address, int shard,
+                              int shards, absl::Time now);
+  // Every shard in order, or NOT_FOUND saying which are missing.
+  absl::StatusOr<std::vector<MemberView>> LookupServers(
+      const std::string& job_id, absl::Time now) const;
+
   const RendezvousOptions& options() const { return options_; }
 
  private:
@@ -133,8 +144,19 @@ class RendezvousState {
   void Form(Job& job);
   static MemberView View(const Member& m, absl::Time now);
 
+  struct Server {
+    std::string server_id;
+    std::string address;
+    absl::Time registered;
+  };
+  struct ServerSet {
+    int shards = 0;
+    std::map<int, Server> by_shard;
+  };
+
   RendezvousOptions options_;
   std::map<std::string, Job> jobs_;
+  std::map<std::string, ServerSet> servers_;  // by job id
 };
 
 }  // namespace halka

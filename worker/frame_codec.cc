@@ -124,13 +124,13 @@ absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer) {
   m.generation = h.generation();
   m.op_seq = h.op_seq();
   if (m.kind == FrameKind::kData) {
-    if (h.phase() < 2 || h.phase() > 5 || !IsValidDType(h.dtype()) ||
+    if (h.phase() < 2 || h.phase() > 7 || !IsValidDType(h.dtype()) ||
         !IsValidReduceOp(h.op())) {
       return absl::DataLossError("frame: data frame with invalid enums");
     }
   }
   m.phase = static_cast<Phase>(h.phase() == 0 ? 1 : h.phase());
-  if (h.phase() > 5) return absl::DataLossError("frame: unknown phase");
+  if (h.phase() > 7) return absl::DataLossError("frame: unknown phase");
   m.step = h.step();
   m.segment = h.segment();
   m.offset = h.offset();

@@ -12,6 +12,7 @@
 namespace halka {
 
 inline constexpr char kLinkMethod[] = "/halka.v1.Peer/Link";
+inline constexpr char kPsMethod[] = "/halka.v1.ParameterServer/Reduce";
 
 // One outbound stream. Owned by the transport through a shared_ptr; holds a
 // reference to itself from StartCall until OnDone, the reactor's last
@@ -24,12 +25,14 @@ class GrpcTransport::OutLink
       : owner_(owner), to_(to), stub_(std::move(channel)) {}
 
   void Start() {
+    const int world = static_cast<int>(owner_->addresses_.size());
     ctx_.AddMetadata("halka-job", owner_->job_id_);
     ctx_.AddMetadata("halka-generation", absl::StrCat(owner_->generation_));
     ctx_.AddMetadata("halka-rank", absl::StrCat(owner_->rank_));
+    ctx_.AddMetadata("halka-world-size", absl::StrCat(world));
     self_ = shared_from_this();
-    stub_.PrepareBidiStreamingCall(&ctx_, kLinkMethod, grpc::StubOptions(),
-                                   this);
+    stub_.PrepareBidiStreamingCall(&ctx_, to_ < world ? kLinkMethod : kPsMethod,
+                                   grpc::StubOptions(), this);
     StartRead(&response_);
     StartCall();
   }
@@ -94,9 +97,20 @@ class GrpcTransport::OutLink
   }
 
   void OnReadDone(bool ok) override {
-    // The server sends nothing but its final status; a message means a
-    // newer peer, which we ignore but keep reading.
-    if (ok) StartRead(&response_);
+    // Peers answer nothing but their final status; a parameter server sends
+    // results (and aborts) back on the same stream.
+    if (!ok) return;
+    absl::StatusOr<InFrame> frame = DecodeFrame(response_);
+    response_.Clear();
+    if (!frame.ok()) {
+      owner_->inbox_->LinkFailed(
+          to_, absl::Status(frame.status().code(),
+                            absl::StrCat("reply: ", frame.status().message())));
+      Cancel();
+      return;
+    }
+    owner_->inbox_->Deliver(to_, *std::move(frame));
+    StartRead(&response_);
   }
 
   void OnDone(const grpc::Status& status) override {
@@ -185,7 +199,11 @@ std::shared_ptr<GrpcTransport::OutLink> GrpcTransport::LinkTo(int to) {
                                 }),
                  retired_.end());
   auto& channel = channels_[to];
-  if (!channel) channel = MakeChannel(addresses_[static_cast<size_t>(to)]);
+  if (!channel) {
+    const int g = static_cast<int>(addresses_.size());
+    channel = MakeChannel(to < g ? addresses_[static_cast<size_t>(to)]
+                                 : servers_[static_cast<size_t>(to - g)]);
+  }
   auto link = std::make_shared<OutLink>(this, to, channel);
   link->Start();
   links_[to] = link;
@@ -195,7 +213,17 @@ std::shared_ptr<GrpcTransport::OutLink> GrpcTransport::LinkTo(int to) {
 absl::Status GrpcTransport::Send(int to, const FrameMeta& meta,
                                  absl::Span<const uint8_t> payload,
                                  std::function<void()> on_released) {
-  if (to < 0 || to >= static_cast<int>(addresses_.size())) {
+  std::string address;
+  {
+    absl::MutexLock lock(&mu_);
+    const int g = static_cast<int>(addresses_.size());
+    if (to >= 0 && to < g) {
+      address = addresses_[static_cast<size_t>(to)];
+    } else if (to >= g && to < g + static_cast<int>(servers_.size())) {
+      address = servers_[static_cast<size_t>(to - g)];
+    }
+  }
+  if (address.empty()) {
     if (on_released) on_released();
     return absl::InvalidArgumentError(absl::StrCat("send: no rank ", to));
   }
@@ -207,8 +235,30 @@ absl::Status GrpcTransport::Send(int to, const FrameMeta& meta,
     if (link->Enqueue(frame, &on_released)) return absl::OkStatus();
   }
   if (on_released) on_released();
-  return absl::UnavailableError(absl::StrCat(
-      "link to ", addresses_[static_cast<size_t>(to)], " is down"));
+  return absl::UnavailableError(absl::StrCat("link to ", address, " is down"));
+}
+
+void GrpcTransport::SetServerAddresses(std::vector<std::string> addresses) {
+  std::vector<std::shared_ptr<OutLink>> stale;
+  {
+    absl::MutexLock lock(&mu_);
+    if (addresses == servers_) return;
+    const int g = static_cast<int>(addresses_.size());
+    for (auto it = links_.begin(); it != links_.end();) {
+      if (it->first >= g) {
+        stale.push_back(it->second);
+        retired_.push_back(it->second);
+        it = links_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = channels_.begin(); it != channels_.end();) {
+      it = it->first >= g ? channels_.erase(it) : std::next(it);
+    }
+    servers_ = std::move(addresses);
+  }
+  for (auto& l : stale) l->Cancel();
 }
 
 void GrpcTransport::Reset(int to) {

@@ -29,6 +29,10 @@ class GrpcTransport : public Transport {
   // Cancels every link and waits until their reactors are done.
   ~GrpcTransport() override;
 
+  // Parameter-server shards, reachable as ranks world_size + k. Replaces
+  // earlier ones (and their links).
+  void SetServerAddresses(std::vector<std::string> addresses);
+
   absl::Status Send(int to, const FrameMeta& meta,
                     absl::Span<const uint8_t> payload,
                     std::function<void()> on_released) override;
@@ -41,10 +45,11 @@ class GrpcTransport : public Transport {
   const std::string job_id_;
   const uint64_t generation_;
   const int rank_;
-  const std::vector<std::string> addresses_;
+  const std::vector<std::string> addresses_;  // ranks 0..G-1
   Inbox* const inbox_;
 
   absl::Mutex mu_;
+  std::vector<std::string> servers_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::shared_ptr<OutLink>> links_ ABSL_GUARDED_BY(mu_);
   // Links that were replaced or reset but whose reactor is not done yet.

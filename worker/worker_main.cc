@@ -30,6 +30,9 @@ ABSL_FLAG(std::string, unix_socket, "",
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "bytes per frame on the wire");
 ABSL_FLAG(absl::Duration, op_timeout, absl::Seconds(60),
           "default deadline of one operation (env HALKA_OP_TIMEOUT)");
+ABSL_FLAG(std::string, default_algorithm, "auto",
+          "all-reduce algorithm for calls that ask for auto: auto, ring, "
+          "naive, ps (env HALKA_DEFAULT_ALGORITHM)");
 ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(120),
           "how long to wait for the job to form (env HALKA_JOIN_TIMEOUT)");
 
@@ -53,6 +56,12 @@ int main(int argc, char** argv) {
   o.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
   o.op_timeout = absl::GetFlag(FLAGS_op_timeout);
   o.join_timeout = absl::GetFlag(FLAGS_join_timeout);
+  auto algorithm = halka::ParseAlgorithm(absl::GetFlag(FLAGS_default_algorithm));
+  if (!algorithm.ok()) {
+    halka::LogError(algorithm.status().ToString());
+    return 2;
+  }
+  o.default_algorithm = *algorithm;
 
   absl::Mutex mu;
   halka::WorkerNode* running = nullptr;

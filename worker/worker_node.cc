@@ -431,13 +431,30 @@ absl::StatusOr<OpResult> WorkerNode::Execute(const v1::OpSpec& spec,
         return absl::InvalidArgumentError(
             "all_reduce: dtype and reduce op must be set and valid");
       }
+    {
       if (spec.algorithm() < 0 || spec.algorithm() > 3) {
         return absl::InvalidArgumentError("all_reduce: unknown algorithm");
       }
-      return comm_->AllReduce(data, spec.count(),
-                              static_cast<DType>(spec.dtype()),
-                              static_cast<ReduceOp>(spec.op()), timeout,
-                              static_cast<Algorithm>(spec.algorithm()));
+      Algorithm algorithm = static_cast<Algorithm>(spec.algorithm());
+      if (algorithm == Algorithm::kAuto) algorithm = options_.default_algorithm;
+      if (algorithm == Algorithm::kParameterServer) {
+        const absl::Duration t = timeout > absl::ZeroDuration()
+                                     ? timeout
+                                     : options_.op_timeout;
+        absl::Status s = EnsureServers(absl::Now() + t);
+        if (!s.ok()) return s;
+      }
+      auto result = comm_->AllReduce(data, spec.count(),
+                                     static_cast<DType>(spec.dtype()),
+                                     static_cast<ReduceOp>(spec.op()), timeout,
+                                     algorithm);
+      if (!result.ok() && algorithm == Algorithm::kParameterServer) {
+        // The server may have moved: look it up again next time.
+        absl::MutexLock lock(&servers_mu_);
+        have_servers_ = false;
+      }
+      return result;
+    }
     case v1::BROADCAST:
       if (!IsValidDType(spec.dtype())) {
         return absl::InvalidArgumentError("broadcast: dtype must be valid");
@@ -450,6 +467,44 @@ absl::StatusOr<OpResult> WorkerNode::Execute(const v1::OpSpec& spec,
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("unknown operation kind ", spec.kind()));
+  }
+}
+
+absl::Status WorkerNode::EnsureServers(absl::Time deadline) {
+  absl::MutexLock lock(&servers_mu_);
+  if (have_servers_) return absl::OkStatus();
+  bool said = false;
+  for (;;) {
+    v1::LookupServersRequest req;
+    req.set_job_id(options_.job_id);
+    v1::LookupServersReply reply;
+    grpc::ClientContext ctx;
+    SetTimeout(ctx, absl::Seconds(2));
+    grpc::Status s = rendezvous_->LookupServers(&ctx, req, &reply);
+    if (s.ok()) {
+      std::vector<PeerInfo> servers;
+      std::vector<std::string> addresses;
+      for (const v1::Member& m : reply.servers()) {
+        servers.push_back(PeerInfo{m.rank(), m.worker_id(), m.address()});
+        addresses.push_back(m.address());
+      }
+      transport_->SetServerAddresses(addresses);
+      comm_->SetServers(servers);
+      have_servers_ = true;
+      if (said) LogInfo("parameter server found");
+      return absl::OkStatus();
+    }
+    if (!said) {
+      LogInfo(s.error_message());  // "waiting for parameter server of job X"
+      said = true;
+    }
+    if (absl::Now() + absl::Milliseconds(200) >= deadline ||
+        stop_.HasBeenNotified()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "all_reduce (ps): no parameter server before the deadline: ",
+          s.error_message()));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
   }
 }
 

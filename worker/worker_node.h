@@ -39,6 +39,8 @@ struct WorkerOptions {
   absl::Duration join_timeout = absl::Seconds(120);
   uint64_t max_op_bytes = uint64_t{16} << 30;
   std::string device = "cpu";
+  // What an all-reduce that asks for AUTO runs.
+  Algorithm default_algorithm = Algorithm::kAuto;
 };
 
 class WorkerNode {
@@ -77,6 +79,9 @@ class WorkerNode {
   explicit WorkerNode(WorkerOptions options);
   class Service;
   void HeartbeatLoop(absl::Duration interval);
+  // Looks up the job's parameter-server shards (waiting for them, bounded
+  // by `deadline`) and hands them to the communicator and the transport.
+  absl::Status EnsureServers(absl::Time deadline);
   v1::WorkerTelemetry CollectTelemetry();
 
   WorkerOptions options_;
@@ -93,6 +98,8 @@ class WorkerNode {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<GrpcTransport> transport_;
   std::unique_ptr<Communicator> comm_;
+  absl::Mutex servers_mu_;
+  bool have_servers_ ABSL_GUARDED_BY(servers_mu_) = false;
 
   absl::Notification stop_;
   std::thread heartbeat_;

@@ -111,8 +111,10 @@ start_daemon() {
 
 # run_bg NAME CMD ARGS... : like start_daemon, for a command that is expected
 # to finish: a wrapper runs it and writes "RC END_NS" to $SYS_LOG/NAME.rc
-# when it returns (START_NS is in NAME.start). Wrap CMD in `timeout` yourself
-# if it could hang; wait_bg bounds the wait in any case.
+# when it returns (START_NS is in NAME.start). Wrap CMD in
+# `timeout --foreground` if it could hang (plain `timeout` moves itself to a
+# process group of its own, out of reach of cleanup's group kill); wait_bg
+# bounds the wait in any case.
 run_bg() {
   local name=$1; shift
   now_ns >"$SYS_LOG/$name.start"
@@ -221,13 +223,14 @@ print_log_tails() {
   local f
   for f in "$SYS_LOG"/*.out "$SYS_LOG"/*.err; do
     [[ -s "$f" ]] || continue
-    printf '\n----- %s (last 25 lines) -----\n' "$f" >&2
-    tail -n 25 "$f" >&2
+    printf '\n----- %s (last 15 lines) -----\n' "$f" >&2
+    tail -n 15 "$f" >&2
   done
 }
 
 # cleanup: kill every process group this test started (by recorded PID:
-# SIGTERM, then SIGKILL after 2 s), then remove the logs unless it failed.
+# SIGTERM, then SIGKILL after 2 s), then remove the logs unless it failed
+# (or HALKA_SYSTEM_KEEP_LOGS is set).
 SYS_CLEANED=0
 cleanup() {
   local rc=$?
@@ -266,6 +269,8 @@ cleanup() {
     if (( SYS_FAILED )) || (( rc != 0 )); then
       print_log_tails
       echo "logs kept in $SYS_LOG" >&2
+    elif [[ -n "${HALKA_SYSTEM_KEEP_LOGS:-}" ]]; then
+      echo "logs kept in $SYS_LOG (HALKA_SYSTEM_KEEP_LOGS)" >&2
     else
       rm -rf -- "$SYS_LOG"
     fi

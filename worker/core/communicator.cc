@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/core/payload.h"
 #include "worker/core/reduce.h"
 #include "worker/core/ring_plan.h"
 #include "worker/core/status_macros.h"
@@ -21,47 +22,6 @@ struct SendTracker {
   std::vector<int> per_segment ABSL_GUARDED_BY(mu);
   int total ABSL_GUARDED_BY(mu) = 0;
 };
-
-// Reduces (or copies) a payload that may be split across pieces at any byte
-// boundary into `dst`.
-void ApplyPayload(DType dtype, ReduceOp op, bool reduce, uint8_t* dst,
-                  const InFrame& frame) {
-  const size_t es = DTypeSize(dtype);
-  auto apply = [&](const uint8_t* src, size_t n) {
-    if (n == 0) return;
-    if (reduce) {
-      ReduceInto(dtype, op, dst, src, n);
-    } else {
-      std::memcpy(dst, src, n * es);
-    }
-    dst += n * es;
-  };
-  uint8_t carry[16];
-  size_t carry_n = 0;
-  for (const auto& piece : frame.pieces) {
-    const uint8_t* p = piece.data();
-    size_t n = piece.size();
-    if (carry_n > 0) {
-      const size_t take = std::min(es - carry_n, n);
-      std::memcpy(carry + carry_n, p, take);
-      carry_n += take;
-      p += take;
-      n -= take;
-      if (carry_n == es) {
-        apply(carry, 1);
-        carry_n = 0;
-      }
-    }
-    const size_t whole = n / es;
-    apply(p, whole);
-    p += whole * es;
-    n -= whole * es;
-    if (n > 0) {
-      std::memcpy(carry, p, n);
-      carry_n = n;
-    }
-  }
-}
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
@@ -90,6 +50,7 @@ struct Communicator::Op {
   Algorithm algorithm = Algorithm::kRing;  // resolved
   bool all_to_all = false;
   std::vector<InFrame> eager;  // by rank, for an eager naive all-reduce
+  int servers = 0;             // parameter-server shards (ranks G..G+K-1)
 };
 
 Communicator::Communicator(CommConfig config, Transport* transport,
@@ -102,11 +63,6 @@ absl::StatusOr<OpResult> Communicator::AllReduce(void* data, size_t count,
                                                  DType dtype, ReduceOp op,
                                                  absl::Duration timeout,
                                                  Algorithm algorithm) {
-  if (algorithm == Algorithm::kParameterServer) {
-    return absl::UnimplementedError(
-        "all_reduce: the parameter-server algorithm runs through halka-ps, "
-        "not the peer communicator");
-  }
   if (!IsValidDType(static_cast<int>(dtype)) ||
       !IsValidReduceOp(static_cast<int>(op))) {
     return absl::InvalidArgumentError("all_reduce: invalid dtype or op");
@@ -167,8 +123,26 @@ Telemetry Communicator::GetTelemetry() const {
 }
 
 std::string Communicator::Where(const Op& op) const {
-  return absl::StrCat(DescribePeer(config_.members[config_.rank]), ": ",
-                      op.fp.ToString());
+  return absl::StrCat(Who(config_.rank), ": ", op.fp.ToString());
+}
+
+std::string Communicator::Who(int rank) const {
+  if (rank >= 0 && rank < config_.world_size) {
+    return DescribePeer(config_.members[static_cast<size_t>(rank)]);
+  }
+  absl::MutexLock lock(&state_mu_);
+  const int shard = rank - config_.world_size;
+  if (shard >= 0 && shard < static_cast<int>(servers_.size())) {
+    const PeerInfo& s = servers_[static_cast<size_t>(shard)];
+    return absl::StrCat("parameter server shard ", shard, " (", s.worker_id,
+                        ", ", s.address, ")");
+  }
+  return absl::StrCat("rank ", rank);
+}
+
+void Communicator::SetServers(std::vector<PeerInfo> servers) {
+  absl::MutexLock lock(&state_mu_);
+  servers_ = std::move(servers);
 }
 
 void Communicator::SetLedger(Op& op, Phase phase, int step, int chunk,
@@ -217,6 +191,11 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
   } else if (g > 1) {
     op.watch = {Mod(r + 1, g), Mod(r - 1, g)};
   }
+  if (op.algorithm == Algorithm::kParameterServer) {
+    absl::MutexLock lock(&state_mu_);
+    op.servers = static_cast<int>(servers_.size());
+    for (int k = 0; k < op.servers; ++k) op.watch.push_back(g + k);
+  }
   {
     absl::MutexLock lock(&op.sends->mu);
     op.sends->per_segment.assign(static_cast<size_t>(g), 0);
@@ -238,7 +217,9 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
     switch (op.fp.kind) {
       case OpKind::kAllReduce:
         status = op.algorithm == Algorithm::kNaive ? NaiveAllReduce(op)
-                                                   : RingAllReduce(op);
+                 : op.algorithm == Algorithm::kParameterServer
+                     ? PsAllReduce(op)
+                     : RingAllReduce(op);
         break;
       case OpKind::kBroadcast:
         status = ChainBroadcast(op);
@@ -300,7 +281,7 @@ absl::Status Communicator::SendFrame(Op& op, int to, const FrameMeta& meta,
   }
   if (!s.ok()) {
     return absl::UnavailableError(absl::StrCat(
-        Where(op), ": cannot send to ", DescribePeer(config_.members[to]),
+        Where(op), ": cannot send to ", Who(to),
         " in ", PhaseName(op.phase), " step ", op.step, ": ", s.message()));
   }
   op.bytes_sent += bytes;
@@ -348,6 +329,7 @@ void Communicator::SendAbort(Op& op, const absl::Status& status,
     targets = {Mod(config_.rank + 1, g)};
     if (g > 2) targets.push_back(Mod(config_.rank - 1, g));
   }
+  for (int k = 0; k < op.servers; ++k) targets.push_back(g + k);
   for (int to : targets) {
     if (to == skip_rank || to == config_.rank) continue;
     // Best effort: a broken link cannot carry the news, and the other
@@ -365,7 +347,6 @@ absl::StatusOr<InFrame> Communicator::Await(Op& op, int from,
     absl::MutexLock lock(&state_mu_);
     telemetry_.wait_seconds += Seconds(absl::Now() - t0);
   }
-  const PeerInfo& peer = config_.members[from];
   const std::string where =
       absl::StrFormat("%s step %d, chunk %d of %d", PhaseName(op.phase),
                       op.step, op.chunk + 1, std::max(op.chunks, 1));
@@ -383,7 +364,7 @@ absl::StatusOr<InFrame> Communicator::Await(Op& op, int from,
     }
     case Inbox::Event::kLinkFailed:
       return absl::UnavailableError(absl::StrCat(
-          Where(op), ": link with ", DescribePeer(config_.members[ev.peer]),
+          Where(op), ": link with ", Who(ev.peer),
           " broke in ", where, ": ", ev.status.message()));
     case Inbox::Event::kInterrupted:
       return absl::Status(ev.status.code(),
@@ -394,7 +375,7 @@ absl::StatusOr<InFrame> Communicator::Await(Op& op, int from,
   }
   return absl::DeadlineExceededError(absl::StrCat(
       Where(op), ": deadline of ", absl::FormatDuration(op.timeout),
-      " exceeded waiting for ", DescribePeer(peer), " in ", where,
+      " exceeded waiting for ", Who(from), " in ", where,
       detail.empty() ? "" : " (", detail, detail.empty() ? "" : ")"));
 }
 
@@ -412,7 +393,7 @@ absl::Status Communicator::CheckData(Op& op, const InFrame& frame, int from,
         "%s: corrupt frame from %s: expected generation %d %s step %d "
         "segment %d offset %d count %d (%d bytes), got generation %d %s "
         "step %d segment %d offset %d count %d (%d bytes)",
-        Where(op), DescribePeer(config_.members[from]), config_.generation,
+        Where(op), Who(from), config_.generation,
         PhaseName(expect.phase), expect.step, expect.segment, expect.offset,
         expect.count, bytes, m.generation, PhaseName(m.phase), m.step,
         m.segment, m.offset, m.count, frame.PayloadBytes()));
@@ -447,13 +428,13 @@ absl::Status Communicator::ExchangeFingerprints(Op& op) {
               s == 0 ? std::string()
                      : absl::StrCat(
                            "it forwards the fingerprint of ",
-                           DescribePeer(config_.members[static_cast<size_t>(origin)]),
+                           Who(origin),
                            ", which has not arrived")));
     if (in.meta.kind != FrameKind::kFingerprint ||
         in.meta.origin_rank != origin || in.meta.step != s) {
       return absl::DataLossError(absl::StrCat(
           Where(op), ": expected the fingerprint of rank ", origin,
-          " from ", DescribePeer(config_.members[pred]), " at step ", s,
+          " from ", Who(pred), " at step ", s,
           ", got a frame of kind ", static_cast<int>(in.meta.kind),
           " from origin ", in.meta.origin_rank));
     }
@@ -478,7 +459,7 @@ absl::Status Communicator::CheckFingerprints(
       return absl::FailedPreconditionError(absl::StrCat(
           Where(op), ": ranks disagree on the operation: ",
           DescribePeer(config_.members[0]), " calls ", all[0].ToString(),
-          " but ", DescribePeer(config_.members[static_cast<size_t>(i)]),
+          " but ", Who(i),
           " calls ", all[static_cast<size_t>(i)].ToString()));
     }
   }
@@ -527,7 +508,7 @@ absl::Status Communicator::ExchangeFingerprintsAllToAll(Op& op, bool eager) {
         in.meta.origin_rank != from) {
       return absl::DataLossError(absl::StrCat(
           Where(op), ": expected the fingerprint of ",
-          DescribePeer(config_.members[static_cast<size_t>(from)]),
+          Who(from),
           ", got a frame of kind ", static_cast<int>(in.meta.kind),
           " from origin ", in.meta.origin_rank));
     }
@@ -542,7 +523,7 @@ absl::Status Communicator::ExchangeFingerprintsAllToAll(Op& op, bool eager) {
       if (f.PayloadBytes() != bytes || f.meta.dtype != op.fp.dtype) {
         return absl::DataLossError(absl::StrCat(
             Where(op), ": the eager payload of ",
-            DescribePeer(config_.members[static_cast<size_t>(k)]), " has ",
+            Who(k), " has ",
             f.PayloadBytes(), " bytes, expected ", bytes));
       }
     }
@@ -637,6 +618,85 @@ absl::Status Communicator::NaiveAllReduce(Op& op) {
   return absl::OkStatus();
 }
 
+absl::Status Communicator::PsAllReduce(Op& op) {
+  const int g = config_.world_size;
+  const int r = config_.rank;
+  const int k_servers = op.servers;
+  if (k_servers == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Where(op), ": no parameter server is known for this job"));
+  }
+  const DType dt = op.fp.dtype;
+  const size_t es = DTypeSize(dt);
+  const size_t chunk_elems = std::max<size_t>(1, config_.chunk_bytes / es);
+  const std::vector<Range> shards = PlanSegments(op.fp.count, k_servers);
+  std::vector<std::vector<Range>> chunks;
+  size_t total_chunks = 0;
+  for (const Range& s : shards) {
+    chunks.push_back(PlanChunks(s, chunk_elems));
+    total_chunks += chunks.back().size();
+  }
+  {
+    absl::MutexLock lock(&op.sends->mu);
+    op.sends->per_segment.assign(std::max<size_t>(total_chunks, 1), 0);
+  }
+  FrameMeta fpm;
+  fpm.kind = FrameKind::kFingerprint;
+  fpm.generation = config_.generation;
+  fpm.op_seq = op.fp.op_seq;
+  fpm.phase = Phase::kFingerprint;
+  fpm.sender_rank = r;
+  fpm.origin_rank = r;
+  fpm.fingerprint = op.fp;
+  fpm.dtype = dt;
+  FrameMeta meta;
+  meta.kind = FrameKind::kData;
+  meta.generation = config_.generation;
+  meta.op_seq = op.fp.op_seq;
+  meta.dtype = dt;
+  meta.op = op.fp.op;
+  meta.sender_rank = r;
+  // Push every chunk to its shard at once (the wire paces it), then take
+  // the results back in order.
+  size_t idx = 0;
+  for (int k = 0; k < k_servers; ++k) {
+    HALKA_RETURN_IF_ERROR(SendFrame(op, g + k, fpm, nullptr, 0, -1));
+    for (const Range& c : chunks[static_cast<size_t>(k)]) {
+      FrameMeta m = meta;
+      m.phase = Phase::kPsPush;
+      m.segment = k;
+      m.offset = c.offset;
+      m.count = c.count;
+      HALKA_RETURN_IF_ERROR(SendFrame(op, g + k, m, op.data + c.offset * es,
+                                      c.count * es, static_cast<int>(idx++)));
+    }
+  }
+  idx = 0;
+  for (int k = 0; k < k_servers; ++k) {
+    const auto& cs = chunks[static_cast<size_t>(k)];
+    for (size_t ci = 0; ci < cs.size(); ++ci, ++idx) {
+      const Range& c = cs[ci];
+      SetLedger(op, Phase::kPsPull, k, static_cast<int>(ci),
+                static_cast<int>(cs.size()), g + k);
+      HALKA_ASSIGN_OR_RETURN(InFrame in, Await(op, g + k));
+      FrameMeta expect;
+      expect.phase = Phase::kPsPull;
+      expect.step = 0;
+      expect.segment = k;
+      expect.offset = c.offset;
+      expect.count = c.count;
+      HALKA_RETURN_IF_ERROR(CheckData(op, in, g + k, expect));
+      if (!WaitForReleases(op, static_cast<int>(idx), op.deadline)) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            Where(op), ": deadline exceeded before ", Who(g + k),
+            " took this rank's chunk at offset ", c.offset));
+      }
+      ApplyPayload(dt, op.fp.op, /*reduce=*/false, op.data + c.offset * es, in);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Communicator::RingAllReduce(Op& op) {
   const int g = config_.world_size;
   const int r = config_.rank;
@@ -713,7 +773,7 @@ absl::Status Communicator::RingAllReduce(Op& op) {
       // Never overwrite memory the wire may still be reading.
       return absl::DeadlineExceededError(absl::StrCat(
           Where(op), ": deadline exceeded waiting for ",
-          DescribePeer(config_.members[succ]), " to take segment ", seg,
+          Who(succ), " to take segment ", seg,
           " before all-gather step ", step));
     }
     for (size_t ci = 0; ci < cs.size(); ++ci) {

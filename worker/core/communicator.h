@@ -113,6 +113,10 @@ class Communicator {
   void Abort(absl::Status status);
   void ClearAbort();
 
+  // Parameter-server shards for Algorithm::kParameterServer; shard k is
+  // reached through the transport as rank world_size + k.
+  void SetServers(std::vector<PeerInfo> servers);
+
   Progress GetProgress() const;
   Telemetry GetTelemetry() const;
   const CommConfig& config() const { return config_; }
@@ -131,6 +135,9 @@ class Communicator {
   absl::Status CheckFingerprints(Op& op, const std::vector<Fingerprint>& all);
   absl::Status RingAllReduce(Op& op);
   absl::Status NaiveAllReduce(Op& op);
+  absl::Status PsAllReduce(Op& op);
+  // "rank 2 (w2, addr)" or "parameter server shard 0 (ps0, addr)".
+  std::string Who(int rank) const;
   absl::Status ChainBroadcast(Op& op);
   // Waits for the next frame of this op from `from`; turns every other
   // outcome into the error the caller returns.
@@ -160,6 +167,7 @@ class Communicator {
   mutable absl::Mutex state_mu_;
   Progress progress_ ABSL_GUARDED_BY(state_mu_);
   Telemetry telemetry_ ABSL_GUARDED_BY(state_mu_);
+  std::vector<PeerInfo> servers_ ABSL_GUARDED_BY(state_mu_);
 };
 
 }  // namespace halka

@@ -28,6 +28,10 @@ absl::string_view PhaseName(Phase phase) {
       return "broadcast";
     case Phase::kNaive:
       return "naive exchange";
+    case Phase::kPsPush:
+      return "ps push";
+    case Phase::kPsPull:
+      return "ps pull";
   }
   return "unknown-phase";
 }

@@ -56,6 +56,8 @@ enum class Phase : uint8_t {
   kAllGather = 3,
   kBroadcast = 4,
   kNaive = 5,
+  kPsPush = 6,
+  kPsPull = 7,
 };
 absl::string_view PhaseName(Phase phase);  // "reduce-scatter", ...
 

@@ -18,6 +18,7 @@ namespace halka {
 
 class WorkerNode;
 class RendezvousServer;
+class ParameterServerNode;
 
 class LocalCluster {
  public:
@@ -28,6 +29,8 @@ class LocalCluster {
     absl::Duration op_timeout = absl::Seconds(60);
     absl::Duration heartbeat_interval = absl::Milliseconds(500);
     absl::Duration heartbeat_timeout = absl::Seconds(5);
+    // Parameter-server shards to start as well (for Algorithm::kParameterServer).
+    int ps_shards = 0;
   };
 
   // Starts everything and waits until the ring has formed.
@@ -45,11 +48,15 @@ class LocalCluster {
   void KillWorker(int rank);
   // For tests and the leak check.
   WorkerNode* worker(int rank) const;
+  ParameterServerNode* ps(int shard) const;
+  // Stops a parameter-server shard abruptly.
+  void KillPs(int shard);
 
  private:
   LocalCluster() = default;
   std::unique_ptr<RendezvousServer> rendezvous_;
   std::vector<std::unique_ptr<WorkerNode>> workers_;  // by rank
+  std::vector<std::unique_ptr<ParameterServerNode>> ps_;  // by shard
 };
 
 }  // namespace halka

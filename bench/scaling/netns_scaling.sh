@@ -1,0 +1,618 @@
+#!/usr/bin/env bash
+# netns_scaling.sh — halka all-reduce scaling on real, shaped links.
+#
+# Builds one Linux bridge and, on it, one network namespace per host: G
+# workers (198.18.0.10+i/24), the rendezvous (198.18.0.2) and, for PS mode,
+# a dedicated parameter server (198.18.0.3). Every host's link is capped in
+# BOTH directions with tc tbf: egress of the namespace side of its veth (what
+# the host sends) and egress of the bridge side (what the host receives).
+# For each world size G it starts G workers (and halka-ps), then for each
+# algorithm and buffer size runs `halkactl allreduce` on every rank at once,
+# checks every result (#wrong 0 on every rank) and times the operation as
+# the worker reports it (worker_ms): max over ranks, median over repeats.
+#
+# Theory, S = buffer bytes, R = link rate in bytes/s:
+#   ring   2(G-1)/G · S/R   (every link carries 2(G-1)/G · S each way)
+#   ps     G · S/R          (the server's link carries G·S in and G·S out)
+#   naive  (G-1) · S/R      (every worker sends (G-1)·S)
+# tbf counts Ethernet frames, so TCP/IP/gRPC framing alone puts the best
+# possible ratio (measured/theory) near 1.05.
+#
+# Needs root (ip netns, veth, bridge, tc). Traffic stays inside the bridge
+# (198.18.0.0/24, RFC 2544 benchmark space); the root namespace gets no
+# address on it. Everything created is named with a per-run prefix and removed
+# on exit, on INT and on TERM. Every wait is bounded.
+#
+# Usage: bench/scaling/netns_scaling.sh [options]
+#   --build DIR        build directory with server/ worker/ client/ (default:
+#                      <repo>/build)
+#   --sizes-mib "64"   buffer sizes in MiB (float32, count = MiB·262144)
+#   --worlds "2 3 4 6 8"
+#   --algos "ring ps naive"   (ps is skipped when server/halka-ps is missing)
+#   --rate 1gbit       link rate (tc syntax: bit kbit mbit gbit, or bps kbps
+#                      mbps gbps for bytes/s)
+#   --burst BYTES      tbf burst (default: 2 ms at the rate, at least 64 KiB)
+#   --latency 20ms     tbf latency (queue bound)
+#   --repeats 3        timed operations per (size, G, algo)
+#   --op-timeout 120   seconds: deadline of one operation
+#   --max-seconds 3600 overall bound; every daemon is also wrapped in timeout
+#   --out DIR          results (default: ./netns-scaling-YYYYmmdd-HHMMSS)
+#   --plot auto|yes|no PNG with gnuplot (yes: apt-get install gnuplot-nox
+#                      when missing; auto (default): same as yes when root
+#                      and apt-get exist, otherwise skip the plot)
+#   --keep-logs        keep every process's logs in OUT/logs even on success
+#
+# Outputs in OUT: results.csv (one row per size, G, algo), ops.csv (one row
+# per rank and operation), scaling_<size>MiB.png, logs/ (on failure, or
+# with --keep-logs). Exit status: 0 when every row is OK, 1 when any row
+# FAILED, 2 on a usage or setup error, 130/143 when interrupted.
+
+set -u
+set -o pipefail
+
+# ------------------------------------------------------------------ options
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+BUILD="$REPO/build"
+SIZES_MIB="64"
+WORLDS="2 3 4 6 8"
+ALGOS="ring ps naive"
+RATE="1gbit"
+BURST=""
+LATENCY="20ms"
+REPEATS=3
+OP_TIMEOUT=120
+MAX_SECONDS=3600
+OUT=""
+PLOT="auto"
+KEEP_LOGS=0
+
+usage() { sed -n '2,/^$/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+die() { echo "netns_scaling: $*" >&2; exit 2; }
+
+while (( $# > 0 )); do
+  arg=$1; val=""
+  case "$arg" in
+    --*=*) val=${arg#*=}; arg=${arg%%=*} ;;
+    --help|-h|--keep-logs) ;;
+    --*) (( $# >= 2 )) || die "$arg needs a value"; val=$2; shift ;;
+  esac
+  case "$arg" in
+    --build) BUILD=$val ;;
+    --sizes-mib) SIZES_MIB=$val ;;
+    --worlds) WORLDS=$val ;;
+    --algos) ALGOS=$val ;;
+    --rate) RATE=$val ;;
+    --burst) BURST=$val ;;
+    --latency) LATENCY=$val ;;
+    --repeats) REPEATS=$val ;;
+    --op-timeout) OP_TIMEOUT=$val ;;
+    --max-seconds) MAX_SECONDS=$val ;;
+    --out) OUT=$val ;;
+    --plot) PLOT=$val ;;
+    --keep-logs) KEEP_LOGS=1 ;;
+    --help|-h) usage; exit 0 ;;
+    *) die "unknown option $arg (see --help)" ;;
+  esac
+  shift
+done
+
+is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
+is_uint "$REPEATS" && (( REPEATS >= 1 && REPEATS <= 100 )) || die "--repeats: 1..100"
+is_uint "$OP_TIMEOUT" && (( OP_TIMEOUT >= 1 )) || die "--op-timeout: seconds"
+is_uint "$MAX_SECONDS" && (( MAX_SECONDS >= 10 )) || die "--max-seconds: >= 10"
+for g in $WORLDS; do
+  is_uint "$g" && (( g >= 2 && g <= 200 )) || die "--worlds: each 2..200, got '$g'"
+done
+for s in $SIZES_MIB; do
+  is_uint "$s" && (( s >= 1 && s <= 4096 )) || die "--sizes-mib: each 1..4096, got '$s'"
+done
+for a in $ALGOS; do
+  case "$a" in ring|naive|ps) ;; *) die "--algos: ring, naive, ps; got '$a'" ;; esac
+done
+case "$PLOT" in auto|yes|no) ;; *) die "--plot: auto, yes or no" ;; esac
+WORLDS=$(echo $WORLDS); SIZES_MIB=$(echo $SIZES_MIB); ALGOS=$(echo $ALGOS)
+[[ -n "$WORLDS" && -n "$SIZES_MIB" && -n "$ALGOS" ]] || die "empty --worlds/--sizes-mib/--algos"
+
+# rate -> bytes/s (tc units: bit=bits/s, bps=bytes/s; k/m/g/t are 10^3..)
+RATE_BPS=$(awk -v r="$RATE" 'BEGIN {
+  r = tolower(r)
+  if (!match(r, /^[0-9]+(\.[0-9]+)?/)) { print ""; exit }
+  n = substr(r, 1, RLENGTH) + 0; u = substr(r, RLENGTH + 1)
+  m["bit"]=1/8; m["kbit"]=1e3/8; m["mbit"]=1e6/8; m["gbit"]=1e9/8; m["tbit"]=1e12/8
+  m["bps"]=1; m["kbps"]=1e3; m["mbps"]=1e6; m["gbps"]=1e9; m["tbps"]=1e12
+  if (!(u in m)) { print ""; exit }
+  printf "%.0f", n * m[u] }')
+[[ -n "$RATE_BPS" && "$RATE_BPS" != 0 ]] || die "--rate: cannot parse '$RATE' (e.g. 1gbit, 500mbit)"
+if [[ -z "$BURST" ]]; then
+  BURST=$(awk -v b="$RATE_BPS" 'BEGIN { x = b * 0.002; if (x < 65536) x = 65536; printf "%.0f", x }')
+fi
+
+RDV_BIN="$BUILD/server/halka-rendezvous"
+WORKER_BIN="$BUILD/worker/halka-worker"
+CTL_BIN="$BUILD/client/halkactl"
+PS_BIN="$BUILD/server/halka-ps"
+for b in "$RDV_BIN" "$WORKER_BIN" "$CTL_BIN"; do
+  [[ -x "$b" ]] || die "missing binary $b (build it: ninja -C $BUILD $(basename "$b"))"
+done
+HAVE_PS=0; [[ -x "$PS_BIN" ]] && HAVE_PS=1
+
+(( EUID == 0 )) || die "needs root (ip netns, veth, bridge, tc)"
+for t in ip tc timeout setsid awk sort; do
+  command -v "$t" >/dev/null 2>&1 || die "needs '$t'"
+done
+
+[[ -n "$OUT" ]] || OUT="$PWD/netns-scaling-$(date +%Y%m%d-%H%M%S)"
+mkdir -p "$OUT" || die "cannot create $OUT"
+OUT=$(cd "$OUT" && pwd)
+LOGS="$OUT/logs"
+rm -rf -- "$LOGS"; mkdir -p "$LOGS"
+
+# ------------------------------------------------------------------ state
+# Per-run prefix: "hs<pid>-" (≤ 10 chars, so every interface name ≤ 15).
+P="hs$$-"
+BR="${P}br"
+RUN_START=$(date +%s)
+DEADLINE=$(( RUN_START + MAX_SECONDS ))
+NETNS_MADE=()      # namespaces created by this run
+LINKS_MADE=()      # root-namespace links (bridge, host-side veths)
+declare -A PID_OF=()   # name -> pid of a process group leader we started
+PROC_NAMES=()
+ANY_FAILED=0
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+left_s() { echo $(( DEADLINE - $(date +%s) )); }
+
+pid_alive() {
+  local st
+  st=$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) || return 1
+  [[ -n "$st" && "$st" != Z && "$st" != X ]]
+}
+
+# stop_procs NAME... : SIGTERM each one's process group, SIGKILL what is
+# still there after 5 s; bounded.
+stop_procs() {
+  local name pid i any left=()
+  for name in "$@"; do
+    pid=${PID_OF[$name]:-}
+    [[ -n "$pid" ]] || continue
+    if pid_alive "$pid"; then
+      kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
+    fi
+    left+=("$name")
+  done
+  for i in $(seq 1 250); do
+    any=0
+    for name in "${left[@]}"; do pid_alive "${PID_OF[$name]}" && { any=1; break; }; done
+    (( any )) || break
+    sleep 0.02
+  done
+  for name in "${left[@]}"; do
+    pid=${PID_OF[$name]}
+    if pid_alive "$pid"; then
+      echo "netns_scaling: $name (pid $pid) ignored SIGTERM for 5 s; SIGKILL" >&2
+      kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
+    fi
+    kill -KILL -- "-$pid" 2>/dev/null   # leftovers of its group, if any
+    wait "$pid" 2>/dev/null
+    unset "PID_OF[$name]"
+  done
+  return 0
+}
+
+CLEANED=0
+cleanup() {
+  local rc=$?
+  (( CLEANED )) && return
+  CLEANED=1
+  trap - EXIT INT TERM
+  local name ns pids l i
+  stop_procs "${PROC_NAMES[@]}"
+  # Anything still inside our namespaces is ours: end it by PID.
+  for ns in "${NETNS_MADE[@]}"; do
+    pids=$(ip netns pids "$ns" 2>/dev/null)
+    [[ -n "$pids" ]] && kill -KILL $pids 2>/dev/null
+  done
+  for ns in "${NETNS_MADE[@]}"; do
+    for i in 1 2 3 4 5; do
+      ip netns del "$ns" 2>/dev/null && break
+      ip netns list 2>/dev/null | grep -qw -- "$ns" || break
+      sleep 0.2
+    done
+  done
+  for l in "${LINKS_MADE[@]}"; do
+    ip link show dev "$l" >/dev/null 2>&1 && ip link del dev "$l" 2>/dev/null
+  done
+  local leftover=""
+  for ns in "${NETNS_MADE[@]}"; do
+    ip netns list 2>/dev/null | grep -qw -- "$ns" && leftover+=" netns:$ns"
+  done
+  for l in "${LINKS_MADE[@]}"; do
+    ip link show dev "$l" >/dev/null 2>&1 && leftover+=" link:$l"
+  done
+  [[ -n "$leftover" ]] && echo "netns_scaling: could not remove:$leftover" >&2
+  if (( rc == 0 && ANY_FAILED == 0 && KEEP_LOGS == 0 )); then
+    rm -rf -- "$LOGS"
+  else
+    echo "netns_scaling: logs in $LOGS" >&2
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'echo "netns_scaling: interrupted" >&2; exit 130' INT
+trap 'echo "netns_scaling: terminated" >&2; exit 143' TERM
+
+# start_in NS NAME CMD... : start CMD inside namespace NS, in its own process
+# group, bounded by what is left of --max-seconds. stdout/stderr go to
+# $LOGS/NAME.out/.err. The recorded pid is `timeout`'s (it forwards TERM).
+start_in() {
+  local ns=$1 name=$2; shift 2
+  local bound; bound=$(left_s); (( bound > 5 )) || bound=5
+  setsid ip netns exec "$ns" timeout -k 5 "$bound" "$@" \
+    >"$LOGS/$name.out" 2>"$LOGS/$name.err" </dev/null &
+  PID_OF[$name]=$!
+  PROC_NAMES+=("$name")
+}
+
+# wait_line NAME FILE ERE TIMEOUT_S : until FILE has a line matching ERE;
+# returns 1 on timeout or when NAME died first.
+wait_line() {
+  local name=$1 file=$2 re=$3 t=$4 i n
+  n=$(( t * 20 ))
+  for (( i = 0; i < n; i++ )); do
+    grep -qE -- "$re" "$file" 2>/dev/null && return 0
+    if ! pid_alive "${PID_OF[$name]}"; then
+      grep -qE -- "$re" "$file" 2>/dev/null && return 0
+      echo "netns_scaling: $name exited before /$re/:" >&2
+      tail -n 15 "$LOGS/$name.err" "$LOGS/$name.out" >&2 2>/dev/null
+      return 1
+    fi
+    sleep 0.05
+  done
+  echo "netns_scaling: $name: no /$re/ within ${t}s" >&2
+  tail -n 15 "$LOGS/$name.err" >&2 2>/dev/null
+  return 1
+}
+
+# wait_listen NS NAME PORT TIMEOUT_S : until something listens on PORT in NS.
+wait_listen() {
+  local ns=$1 name=$2 port=$3 t=$4 i
+  for (( i = 0; i < t * 20; i++ )); do
+    ip netns exec "$ns" ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && return 0
+    if ! pid_alive "${PID_OF[$name]}"; then
+      echo "netns_scaling: $name exited before listening on :$port:" >&2
+      tail -n 15 "$LOGS/$name.err" "$LOGS/$name.out" >&2 2>/dev/null
+      return 1
+    fi
+    sleep 0.05
+  done
+  echo "netns_scaling: $name: nothing listens on :$port after ${t}s" >&2
+  return 1
+}
+
+# ------------------------------------------------------------------ network
+ADDR_RDV=198.18.0.2
+ADDR_PS=198.18.0.3
+addr_worker() { echo "198.18.0.$(( 10 + $1 ))"; }
+
+shape() {  # shape DEV [NS] : tbf on egress of DEV (inside NS when given)
+  local dev=$1 ns=${2:-}
+  local cmd=(tc qdisc replace dev "$dev" root tbf rate "$RATE" burst "$BURST" latency "$LATENCY")
+  if [[ -n "$ns" ]]; then ip netns exec "$ns" "${cmd[@]}"; else "${cmd[@]}"; fi
+}
+
+# add_host SHORT ADDR : namespace ${P}SHORT with eth0=ADDR/24 on the bridge,
+# shaped both ways.
+add_host() {
+  local short=$1 addr=$2 ns="${P}$1" hv="${P}h$1" nv="${P}n$1"
+  ip netns add "$ns" || return 1
+  NETNS_MADE+=("$ns")
+  ip link add "$hv" type veth peer name "$nv" || return 1
+  LINKS_MADE+=("$hv")
+  ip link set "$nv" netns "$ns" || return 1
+  ip link set "$hv" master "$BR" || return 1
+  ip link set "$hv" up || return 1
+  ip netns exec "$ns" ip link set "$nv" name eth0 || return 1
+  ip netns exec "$ns" ip addr add "$addr/24" dev eth0 || return 1
+  ip netns exec "$ns" ip link set eth0 up || return 1
+  ip netns exec "$ns" ip link set lo up || return 1
+  shape eth0 "$ns" || return 1   # what the host sends
+  shape "$hv" || return 1        # what the host receives
+}
+
+# Does one host reach another? (bash /dev/tcp, bounded)
+can_reach() {  # can_reach NS ADDR PORT
+  ip netns exec "$1" timeout 3 bash -c "exec 3<>/dev/tcp/$2/$3" 2>/dev/null
+}
+
+MAXG=0
+for g in $WORLDS; do (( g > MAXG )) && MAXG=$g; done
+WANT_PS=0
+for a in $ALGOS; do [[ $a == ps ]] && WANT_PS=1; done
+
+log "run prefix $P; output $OUT"
+(( WANT_PS && ! HAVE_PS )) && echo "ps: skipped (halka-ps not built)"
+log "link: tbf rate $RATE ($RATE_BPS B/s) burst $BURST latency $LATENCY, both directions"
+ip link add name "$BR" type bridge || die "cannot create bridge $BR"
+LINKS_MADE+=("$BR")
+# Bridged frames must not pass through the host's iptables (br_netfilter).
+ip link set dev "$BR" type bridge nf_call_iptables 0 nf_call_ip6tables 0 \
+  nf_call_arptables 0 2>/dev/null || true
+ip link set dev "$BR" type bridge stp_state 0 forward_delay 0 2>/dev/null || true
+ip link set dev "$BR" up || die "cannot bring $BR up"
+add_host r "$ADDR_RDV" || die "cannot build host ${P}r"
+if (( WANT_PS && HAVE_PS )); then
+  add_host p "$ADDR_PS" || die "cannot build host ${P}p"
+fi
+for (( i = 0; i < MAXG; i++ )); do
+  add_host "w$i" "$(addr_worker "$i")" || die "cannot build host ${P}w$i"
+done
+log "built $(( ${#NETNS_MADE[@]} )) hosts on bridge $BR; shaping of ${P}w0:"
+{
+  echo "  # namespace side (${P}w0 eth0, what w0 sends):"
+  ip netns exec "${P}w0" tc qdisc show dev eth0 | sed 's/^/  /'
+  echo "  # bridge side (${P}hw0, what w0 receives):"
+  tc qdisc show dev "${P}hw0" | sed 's/^/  /'
+} | tee "$OUT/tc_qdisc_w0.txt"
+
+# ------------------------------------------------------------------ rendezvous
+RDV_PORT=7100
+start_in "${P}r" rdv "$RDV_BIN" --listen="$ADDR_RDV:$RDV_PORT" \
+  --heartbeat_interval=1s --heartbeat_timeout=10s
+wait_line rdv "$LOGS/rdv.out" "listening on" 20 || die "rendezvous did not start"
+can_reach "${P}w0" "$ADDR_RDV" "$RDV_PORT" ||
+  die "w0 cannot reach the rendezvous at $ADDR_RDV:$RDV_PORT over the bridge"
+
+# ------------------------------------------------------------------ runs
+RESULTS="$OUT/results.csv"
+OPS="$OUT/ops.csv"
+echo "size_mib,G,algo,status,measured_s,min_s,max_s,theory_s,ratio,algbw_MBps,busbw_MBps,sent_B_per_rank,received_B_per_rank,repeats,rate,note" >"$RESULTS"
+echo "size_mib,G,algo,rank,op,worker_ms,client_ms,sent_B,received_B,wrong" >"$OPS"
+TABLE=()
+
+theory_s() {  # theory_s ALGO G BYTES
+  awk -v a="$1" -v g="$2" -v s="$3" -v r="$RATE_BPS" 'BEGIN {
+    if (a == "ring") t = 2 * (g - 1) / g * s / r
+    else if (a == "ps") t = g * s / r
+    else t = (g - 1) * s / r
+    printf "%.4f", t }'
+}
+
+add_row() {  # add_row SIZE G ALGO STATUS MEAS MIN MAX SENT RECV NOTE
+  local size=$1 g=$2 algo=$3 st=$4 meas=$5 mn=$6 mx=$7 sent=$8 recv=$9 note=${10}
+  local bytes=$(( size * 1048576 )) th ratio algbw busbw
+  th=$(theory_s "$algo" "$g" "$bytes")
+  if [[ "$st" == OK ]]; then
+    ratio=$(awk -v m="$meas" -v t="$th" 'BEGIN { printf "%.2f", m / t }')
+    algbw=$(awk -v m="$meas" -v b="$bytes" 'BEGIN { printf "%.1f", b / m / 1e6 }')
+    busbw=$(awk -v m="$meas" -v b="$bytes" -v g="$g" \
+      'BEGIN { printf "%.1f", b / m / 1e6 * 2 * (g - 1) / g }')
+  else
+    ratio=""; algbw=""; busbw=""
+  fi
+  note=${note//,/;}
+  echo "$size,$g,$algo,$st,$meas,$mn,$mx,$th,$ratio,$algbw,$busbw,$sent,$recv,$REPEATS,$RATE,$note" >>"$RESULTS"
+  TABLE+=("$(printf '%5s %3s %-6s %10s %10s %7s  %-7s %s' "$size" "$g" "$algo" \
+    "${meas:--}" "$th" "${ratio:--}" "$st" "$note")")
+  [[ "$st" == OK ]] || ANY_FAILED=1
+}
+
+# run_clients TAG G SIZE_MIB ALGO REPEAT : one halkactl per rank, at once;
+# sets CLIENT_FAILS to the number of ranks whose halkactl failed or printed
+# anything but "#wrong 0" (or fewer than REPEAT lines).
+CLIENT_FAILS=0
+run_clients() {
+  local tag=$1 g=$2 size=$3 algo=$4 rep=$5 i name pid rc n bound
+  local count=$(( size * 262144 ))
+  (( size == 0 )) && count=262144      # warm-up: 1 MiB
+  bound=$(( rep * OP_TIMEOUT + 60 ))
+  local names=()
+  for (( i = 0; i < g; i++ )); do
+    name="c-$tag-r$i"
+    start_in "${P}w$i" "$name" timeout -k 5 "$bound" "$CTL_BIN" allreduce \
+      --worker="$(addr_worker "$i"):$WPORT" --count="$count" --dtype=float32 \
+      --op=sum --algo="$algo" --transfer=shm --timeout="${OP_TIMEOUT}s" \
+      --repeat="$rep" --check=true
+    names+=("$name")
+  done
+  CLIENT_FAILS=0
+  for (( i = 0; i < g; i++ )); do
+    name=${names[$i]}; pid=${PID_OF[$name]}
+    wait "$pid"; rc=$?
+    unset "PID_OF[$name]"
+    n=$(grep -cE '#wrong 0$' "$LOGS/$name.out" 2>/dev/null)
+    if (( rc != 0 || n != rep )) || grep -qE '#wrong [1-9]' "$LOGS/$name.out"; then
+      CLIENT_FAILS=$(( CLIENT_FAILS + 1 ))
+      echo "netns_scaling: rank $i ($tag) failed: rc=$rc, $n of $rep ops with #wrong 0" >&2
+      sed 's/^/    | /' "$LOGS/$name.out" "$LOGS/$name.err" 2>/dev/null | tail -n 12 >&2
+    fi
+  done
+}
+
+SEQ=0
+for G in $WORLDS; do
+  if (( $(left_s) < 30 )); then
+    log "out of time (--max-seconds $MAX_SECONDS): skipping G=$G"
+    for size in $SIZES_MIB; do for algo in $ALGOS; do
+      [[ $algo == ps && $HAVE_PS == 0 ]] && continue
+      add_row "$size" "$G" "$algo" FAILED "" "" "" "" "" "not run: out of time"
+    done; done
+    continue
+  fi
+  JOB="scale-g$G"
+  WPORT=$(( 7200 + G ))
+  PSPORT=$(( 7400 + G ))
+  setup_ok=1
+  ps_up=0
+  if (( WANT_PS && HAVE_PS )); then
+    start_in "${P}p" "ps-g$G" "$PS_BIN" --rendezvous="$ADDR_RDV:$RDV_PORT" \
+      --job="$JOB" --world_size="$G" --listen="$ADDR_PS:$PSPORT" \
+      --advertise="$ADDR_PS:$PSPORT" --undefok=world_size
+    wait_listen "${P}p" "ps-g$G" "$PSPORT" 30 && ps_up=1
+  fi
+  log "G=$G: starting $G workers (job $JOB)"
+  for (( i = 0; i < G; i++ )); do
+    start_in "${P}w$i" "w$i-g$G" "$WORKER_BIN" --rendezvous="$ADDR_RDV:$RDV_PORT" \
+      --job="$JOB" --world_size="$G" --worker_id="w$i" --rank="$i" \
+      --listen="$(addr_worker "$i"):$WPORT" --default_algorithm=auto \
+      --op_timeout="${OP_TIMEOUT}s" --join_timeout=60s
+  done
+  for (( i = 0; i < G; i++ )); do
+    wait_line "w$i-g$G" "$LOGS/w$i-g$G.err" "joined job" 70 || { setup_ok=0; break; }
+  done
+  for size in $SIZES_MIB; do
+    for algo in $ALGOS; do
+      if [[ $algo == ps ]] && (( HAVE_PS == 0 )); then
+        continue
+      fi
+      if (( setup_ok == 0 )); then
+        add_row "$size" "$G" "$algo" FAILED "" "" "" "" "" "workers did not form the ring"
+        continue
+      fi
+      if [[ $algo == ps ]] && (( ps_up == 0 )); then
+        add_row "$size" "$G" "$algo" FAILED "" "" "" "" "" "halka-ps did not start"
+        continue
+      fi
+      SEQ=$(( SEQ + 1 ))
+      # Warm-up (1 MiB, same algorithm: opens the links it needs). halka-ps
+      # may still be registering: retry a few times, bounded.
+      for try in 1 2 3; do
+        run_clients "warm$SEQ-$try" "$G" 0 "$algo" 1
+        (( CLIENT_FAILS == 0 )) && break
+        sleep 2
+      done
+      log "G=$G $algo ${size} MiB: $REPEATS timed operation(s)"
+      tag="run$SEQ"
+      run_clients "$tag" "$G" "$size" "$algo" "$REPEATS"
+      # ops.csv rows, then per-op max over ranks, median over ops.
+      for (( i = 0; i < G; i++ )); do
+        awk -v size="$size" -v g="$G" -v algo="$algo" '
+          /^rank [0-9]+\/[0-9]+: all_reduce #/ {
+            split($2, rk, "/"); op = $4; sub("#", "", op)
+            cms = ""; wms = ""; sent = ""; recv = ""; wrong = ""
+            for (k = 1; k <= NF; k++) {
+              if ($k == "in" && $(k+2) == "ms") cms = $(k+1)
+              if ($k ~ /^\(worker_ms=/) { wms = $k; gsub(/[^0-9.]/, "", wms) }
+              if ($k == "sent") sent = $(k+1)
+              if ($k == "received") recv = $(k+1)
+              if ($k == "#wrong") wrong = $(k+1)
+            }
+            printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", size, g, algo, rk[1], op, wms, cms, sent, recv, wrong
+          }' "$LOGS/c-$tag-r$i.out" >>"$OPS"
+      done
+      if (( CLIENT_FAILS > 0 )); then
+        add_row "$size" "$G" "$algo" FAILED "" "" "" "" "" "$CLIENT_FAILS of $G ranks failed"
+        continue
+      fi
+      read -r meas mn mx sent recv < <(awk -F, -v size="$size" -v g="$G" -v algo="$algo" '
+        $1 == size && $2 == g && $3 == algo {
+          if (!($5 in mx) || $6 > mx[$5]) mx[$5] = $6
+          if ($8 > sent) sent = $8
+          if ($9 > recv) recv = $9
+        }
+        END {
+          n = 0; for (o in mx) v[++n] = mx[o] / 1000.0
+          for (i = 2; i <= n; i++) { x = v[i]; j = i - 1
+            while (j >= 1 && v[j] > x) { v[j+1] = v[j]; j-- } v[j+1] = x }
+          med = (n % 2) ? v[(n + 1) / 2] : (v[n/2] + v[n/2 + 1]) / 2
+          printf "%.4f %.4f %.4f %s %s\n", med, v[1], v[n], sent, recv
+        }' "$OPS")
+      add_row "$size" "$G" "$algo" OK "$meas" "$mn" "$mx" "$sent" "$recv" ""
+      log "  -> ${meas} s (theory $(theory_s "$algo" "$G" $(( size * 1048576 ))) s)"
+    done
+  done
+  names=()
+  for (( i = 0; i < G; i++ )); do names+=("w$i-g$G"); done
+  stop_procs "${names[@]}" "ps-g$G"
+done
+
+# ------------------------------------------------------------------ report
+(( HAVE_PS == 0 && WANT_PS == 1 )) && echo "ps: skipped (halka-ps not built)"
+echo
+echo "all-reduce float32 sum, links tbf $RATE both ways; time = max over ranks"
+echo "of worker_ms, median of $REPEATS; theory: ring 2(G-1)/G*S/R, ps G*S/R,"
+echo "naive (G-1)*S/R (S = bytes, R = $RATE_BPS B/s)"
+printf '%5s %3s %-6s %10s %10s %7s  %-7s %s\n' MiB G algo measured_s theory_s ratio status note
+for row in "${TABLE[@]}"; do echo "$row"; done
+echo
+echo "results: $RESULTS"
+echo "per op:  $OPS"
+
+# ------------------------------------------------------------------ plot
+make_plot() {
+  if ! command -v gnuplot >/dev/null 2>&1; then
+    if [[ $PLOT == no ]]; then return 0; fi
+    if command -v apt-get >/dev/null 2>&1; then
+      log "gnuplot missing: apt-get install -y gnuplot-nox"
+      DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y gnuplot-nox \
+        >"$LOGS/apt-gnuplot.log" 2>&1 || true
+    fi
+    if ! command -v gnuplot >/dev/null 2>&1; then
+      echo "plot: skipped (gnuplot not available)"
+      [[ $PLOT == yes ]] && return 1
+      return 0
+    fi
+  fi
+  local term="pngcairo size 1000,650 font 'Sans,11'"
+  gnuplot -e 'set terminal pngcairo' >/dev/null 2>&1 || term="png size 1000,650"
+  local size algo col dt
+  local xmin xmax
+  xmin=$(echo $WORLDS | tr ' ' '\n' | sort -n | head -1)
+  xmax=$(echo $WORLDS | tr ' ' '\n' | sort -n | tail -1)
+  for size in $SIZES_MIB; do
+    local bytes=$(( size * 1048576 )) png="$OUT/scaling_${size}MiB.png"
+    local gp="$LOGS/plot_${size}MiB.gp" plots=()
+    for algo in $ALGOS; do
+      [[ $algo == ps && $HAVE_PS == 0 ]] && continue
+      awk -F, -v s="$size" -v a="$algo" '$1 == s && $3 == a && $4 == "OK" { print $2, $5 }' \
+        "$RESULTS" | sort -n >"$LOGS/plot_${size}_${algo}.dat"
+      case $algo in ring) col="#1f77b4" ;; ps) col="#2ca02c" ;; *) col="#d62728" ;; esac
+      if [[ -s "$LOGS/plot_${size}_${algo}.dat" ]]; then
+        plots+=("'$LOGS/plot_${size}_${algo}.dat' using 1:2 with linespoints lw 2 pt 7 ps 1.2 lc rgb '$col' title '$algo measured'")
+      fi
+      case $algo in
+        ring) plots+=("2*(x-1)/x*S/R with lines dt 2 lw 1.5 lc rgb '$col' title 'ring theory 2(G-1)/G·S/R'") ;;
+        ps) plots+=("x*S/R with lines dt 2 lw 1.5 lc rgb '$col' title 'ps theory G·S/R'") ;;
+        naive) plots+=("(x-1)*S/R with lines dt 2 lw 1.5 lc rgb '$col' title 'naive theory (G-1)·S/R'") ;;
+      esac
+    done
+    local joined="" p
+    for p in "${plots[@]}"; do joined+="${joined:+, }$p"; done
+    cat >"$gp" <<EOF
+set terminal $term
+set output '$png'
+S = $bytes.0
+R = $RATE_BPS.0
+set title "halka all-reduce, $size MiB float32: G hosts (netns), every link tbf $RATE both ways\\nmeasured = max over ranks of worker time, median of $REPEATS; dashed = bandwidth bound"
+set xlabel 'G (workers)'
+set ylabel 'seconds per all-reduce'
+set xrange [$(( xmin > 1 ? xmin - 1 : 0 )):$(( xmax + 1 ))]
+set xtics (${WORLDS// /, })
+set yrange [0:*]
+set samples 400
+set grid
+set key top left box opaque
+plot $joined
+EOF
+    if timeout 60 gnuplot "$gp" >"$LOGS/plot_${size}MiB.log" 2>&1; then
+      echo "plot:    $png"
+    else
+      echo "plot: gnuplot failed for $size MiB:" >&2
+      cat "$LOGS/plot_${size}MiB.log" >&2
+      [[ $PLOT == yes ]] && return 1
+    fi
+  done
+  return 0
+}
+if [[ $PLOT != no ]]; then
+  if [[ $PLOT == auto ]] && ! command -v gnuplot >/dev/null 2>&1 &&
+     ! command -v apt-get >/dev/null 2>&1; then
+    echo "plot: skipped (gnuplot not available)"
+  else
+    make_plot || ANY_FAILED=1
+  fi
+fi
+
+log "done in $(( $(date +%s) - RUN_START )) s"
+(( ANY_FAILED )) && exit 1
+exit 0

@@ -1,0 +1,125 @@
+// halka-ps: a central parameter server (one shard of it), for comparing the
+// ring with the obvious design on the same wire, frames and reducers.
+//
+// Every worker streams its part of the buffer for this shard in; once every
+// rank's chunk at an offset is in, the server reduces the G copies in rank
+// order (so results are deterministic), divides for AVG, and streams the
+// result chunk back to every worker. Ranks that disagree on an operation
+// get ABORT frames with FAILED_PRECONDITION naming both; a worker stream
+// that closes mid-operation aborts the operation on every other rank.
+// Thread-safety: the service is driven by gRPC's callback threads; one
+// mutex guards the operation table.
+#ifndef HALKA_SERVER_PARAMETER_SERVER_H_
+#define HALKA_SERVER_PARAMETER_SERVER_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "grpcpp/grpcpp.h"
+#include "halka/v1/ps.grpc.pb.h"
+#include "halka/v1/rendezvous.grpc.pb.h"
+#include "worker/core/frame.h"
+
+namespace halka {
+
+struct PsStats {
+  uint64_t bytes_in = 0;   // payload bytes received from workers
+  uint64_t bytes_out = 0;  // payload bytes sent to workers
+  uint64_t ops_completed = 0;
+  uint64_t ops_failed = 0;
+};
+
+class ParameterServerService final
+    : public v1::ParameterServer::WithRawCallbackMethod_Reduce<
+          v1::ParameterServer::Service> {
+ public:
+  ParameterServerService(std::string job_id, int shard, int shards);
+  ~ParameterServerService() override;
+
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Reduce(
+      grpc::CallbackServerContext* context) override;
+
+  PsStats stats() const;
+
+ private:
+  class Stream;
+  struct Chunk {
+    std::vector<InFrame> frames;  // by rank
+    std::vector<bool> have;       // by rank
+    uint64_t count = 0;
+    int arrived = 0;
+  };
+  struct Op {
+    Fingerprint fp;
+    int fp_rank = -1;
+    uint64_t generation = 0;
+    int world = 0;
+    std::vector<bool> have_fp;
+    int fps = 0;
+    uint64_t shard_offset = 0;
+    uint64_t shard_count = 0;
+    uint64_t sent_elems = 0;
+    std::map<uint64_t, Chunk> chunks;  // by offset
+  };
+
+  void OnFrame(int rank, int world, InFrame frame);
+  void OnStreamClosed(int rank, Stream* stream);
+  // Sends ABORT for `op_seq` to every rank but `skip`, drops the op.
+  void FailOp(uint64_t op_seq, const absl::Status& status, int skip)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Flush(uint64_t op_seq, Op& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string job_id_;
+  const int shard_;
+  const int shards_;
+  mutable absl::Mutex mu_;
+  std::map<int, Stream*> streams_ ABSL_GUARDED_BY(mu_);  // by rank
+  std::map<uint64_t, Op> ops_ ABSL_GUARDED_BY(mu_);       // by op_seq
+  PsStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+struct PsOptions {
+  std::string job_id = "default";
+  std::string server_id;  // default: ps-<shard>
+  int shard = 0;
+  int shards = 1;
+  std::string listen = "127.0.0.1:0";
+  std::string advertise;
+  std::string rendezvous;
+  absl::Duration register_interval = absl::Seconds(2);
+};
+
+// A running shard: serves, and (re-)registers with the rendezvous.
+class ParameterServerNode {
+ public:
+  static absl::StatusOr<std::unique_ptr<ParameterServerNode>> Start(
+      PsOptions options);
+  ~ParameterServerNode();
+  void Shutdown();
+  void Wait() { server_->Wait(); }
+  const std::string& address() const { return address_; }
+  PsStats stats() const { return service_->stats(); }
+
+ private:
+  ParameterServerNode() = default;
+  void RegisterLoop();
+  PsOptions options_;
+  std::string address_;
+  std::unique_ptr<ParameterServerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Rendezvous::Stub> rendezvous_;
+  absl::Notification stop_;
+  std::thread registrar_;
+  bool shut_down_ = false;
+};
+
+}  // namespace halka
+
+#endif  // HALKA_SERVER_PARAMETER_SERVER_H_

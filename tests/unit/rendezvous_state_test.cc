@@ -1,0 +1,591 @@
+#include "server/rendezvous_state.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace halka {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::Field;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+using ::testing::SizeIs;
+
+// A member view matcher on (rank, worker id, address).
+auto IsMember(int rank, const std::string& worker, const std::string& address) {
+  return AllOf(Field("rank", &MemberView::rank, rank),
+               Field("worker_id", &MemberView::worker_id, worker),
+               Field("address", &MemberView::address, address));
+}
+
+class RendezvousStateTest : public ::testing::Test {
+ protected:
+  RendezvousStateTest() : now_(absl::FromUnixSeconds(1700000000)) {}
+
+  static RendezvousOptions Opts() {
+    RendezvousOptions o;
+    o.heartbeat_interval = absl::Seconds(1);
+    o.heartbeat_timeout = absl::Seconds(5);
+    return o;
+  }
+
+  static JoinArgs Args(const std::string& job, const std::string& worker,
+                       int world, int rank = -1) {
+    JoinArgs a;
+    a.job_id = job;
+    a.worker_id = worker;
+    a.address = Addr(worker);
+    a.device = "cpu";
+    a.world_size = world;
+    a.requested_rank = rank;
+    return a;
+  }
+  static std::string Addr(const std::string& worker) {
+    return absl::StrCat("host-", worker, ":7000");
+  }
+
+  absl::Status Join(const std::string& job, const std::string& worker,
+                    int world, int rank = -1) {
+    return state_.Join(Args(job, worker, world, rank), now_);
+  }
+
+  // Forms job "j" of `world` workers w0..w{world-1} with no requested ranks.
+  void Form(int world, const std::string& job = "j") {
+    for (int i = 0; i < world; ++i) {
+      ASSERT_TRUE(Join(job, absl::StrCat("w", i), world).ok());
+    }
+    ASSERT_TRUE(state_.GetAssignment(job, "w0").has_value());
+  }
+
+  void Advance(absl::Duration d) { now_ += d; }
+
+  absl::Time now_;
+  RendezvousState state_{Opts()};
+};
+
+TEST_F(RendezvousStateTest, FormsExactlyWhenWorldSizeJoined) {
+  ASSERT_TRUE(Join("j", "w0", 3).ok());
+  EXPECT_FALSE(state_.GetAssignment("j", "w0").has_value());
+  ASSERT_TRUE(Join("j", "w1", 3).ok());
+  EXPECT_FALSE(state_.GetAssignment("j", "w0").has_value());
+  EXPECT_FALSE(state_.GetAssignment("j", "w1").has_value());
+  ASSERT_TRUE(Join("j", "w2", 3).ok());
+
+  for (int i = 0; i < 3; ++i) {
+    std::optional<Assignment> a =
+        state_.GetAssignment("j", absl::StrCat("w", i));
+    ASSERT_TRUE(a.has_value()) << i;
+    EXPECT_EQ(a->rank, i);
+    EXPECT_EQ(a->world_size, 3);
+    EXPECT_EQ(a->generation, 1u);
+    EXPECT_THAT(a->members,
+                ElementsAre(IsMember(0, "w0", Addr("w0")),
+                            IsMember(1, "w1", Addr("w1")),
+                            IsMember(2, "w2", Addr("w2"))));
+    for (const MemberView& m : a->members) {
+      EXPECT_TRUE(m.alive);
+      EXPECT_EQ(m.device, "cpu");
+    }
+  }
+  // Not a member, unknown job.
+  EXPECT_FALSE(state_.GetAssignment("j", "stranger").has_value());
+  EXPECT_FALSE(state_.GetAssignment("other", "w0").has_value());
+}
+
+TEST_F(RendezvousStateTest, WorldOfOneFormsImmediately) {
+  ASSERT_TRUE(Join("solo", "w0", 1).ok());
+  std::optional<Assignment> a = state_.GetAssignment("solo", "w0");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->rank, 0);
+  EXPECT_EQ(a->generation, 1u);
+  EXPECT_THAT(a->members, ElementsAre(IsMember(0, "w0", Addr("w0"))));
+}
+
+TEST_F(RendezvousStateTest, EmptyDeviceDefaultsToCpu) {
+  JoinArgs a = Args("j", "w0", 1);
+  a.device = "";
+  ASSERT_TRUE(state_.Join(a, now_).ok());
+  std::optional<Assignment> as = state_.GetAssignment("j", "w0");
+  ASSERT_TRUE(as.has_value());
+  EXPECT_EQ(as->members[0].device, "cpu");
+}
+
+TEST_F(RendezvousStateTest, RequestedRanksHonouredOthersInJoinOrder) {
+  // Join order: a(any), b(rank 0), c(any), d(rank 2), e(any).
+  ASSERT_TRUE(Join("j", "a", 5).ok());
+  ASSERT_TRUE(Join("j", "b", 5, 0).ok());
+  ASSERT_TRUE(Join("j", "c", 5).ok());
+  ASSERT_TRUE(Join("j", "d", 5, 2).ok());
+  EXPECT_FALSE(state_.GetAssignment("j", "a").has_value());
+  ASSERT_TRUE(Join("j", "e", 5).ok());
+
+  std::optional<Assignment> a = state_.GetAssignment("j", "c");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->rank, 3);
+  EXPECT_THAT(a->members, ElementsAre(IsMember(0, "b", Addr("b")),
+                                      IsMember(1, "a", Addr("a")),
+                                      IsMember(2, "d", Addr("d")),
+                                      IsMember(3, "c", Addr("c")),
+                                      IsMember(4, "e", Addr("e"))));
+  EXPECT_EQ(state_.GetAssignment("j", "a")->rank, 1);
+  EXPECT_EQ(state_.GetAssignment("j", "b")->rank, 0);
+  EXPECT_EQ(state_.GetAssignment("j", "d")->rank, 2);
+  EXPECT_EQ(state_.GetAssignment("j", "e")->rank, 4);
+}
+
+TEST_F(RendezvousStateTest, AllRanksRequestedInReverse) {
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(Join("j", absl::StrCat("w", i), 4, 3 - i).ok());
+  }
+  std::optional<Assignment> a = state_.GetAssignment("j", "w0");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->rank, 3);
+  EXPECT_THAT(a->members, ElementsAre(IsMember(0, "w3", Addr("w3")),
+                                      IsMember(1, "w2", Addr("w2")),
+                                      IsMember(2, "w1", Addr("w1")),
+                                      IsMember(3, "w0", Addr("w0"))));
+}
+
+TEST_F(RendezvousStateTest, DuplicateRequestedRankNamesBothWorkers) {
+  ASSERT_TRUE(Join("j", "alpha", 3, 1).ok());
+  absl::Status s = Join("j", "beta", 3, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("alpha"));
+  EXPECT_THAT(s.message(), HasSubstr("beta"));
+  EXPECT_THAT(s.message(), HasSubstr(Addr("alpha")));
+  EXPECT_THAT(s.message(), HasSubstr(Addr("beta")));
+  EXPECT_THAT(s.message(), HasSubstr("rank 1"));
+  // beta was not admitted: the job still misses two.
+  EXPECT_THAT(state_.DescribeForming("j"), HasSubstr("1 of 3 joined"));
+  EXPECT_THAT(state_.DescribeForming("j"), Not(HasSubstr("beta")));
+}
+
+TEST_F(RendezvousStateTest, WorldSizeMismatch) {
+  ASSERT_TRUE(Join("j", "w0", 3).ok());
+  absl::Status s = Join("j", "w1", 4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("w1"));
+  EXPECT_THAT(s.message(), HasSubstr("4"));
+  EXPECT_THAT(s.message(), HasSubstr("3"));
+  EXPECT_THAT(state_.DescribeForming("j"), HasSubstr("1 of 3 joined"));
+}
+
+TEST_F(RendezvousStateTest, InvalidArguments) {
+  JoinArgs a = Args("j", "w0", 2);
+  a.job_id = "";
+  EXPECT_EQ(state_.Join(a, now_).code(), absl::StatusCode::kInvalidArgument);
+  a = Args("j", "w0", 2);
+  a.worker_id = "";
+  EXPECT_EQ(state_.Join(a, now_).code(), absl::StatusCode::kInvalidArgument);
+  a = Args("j", "w0", 2);
+  a.address = "";
+  EXPECT_EQ(state_.Join(a, now_).code(), absl::StatusCode::kInvalidArgument);
+  a = Args("j", "w0", 0);
+  EXPECT_EQ(state_.Join(a, now_).code(), absl::StatusCode::kInvalidArgument);
+  a = Args("j", "w0", -3);
+  EXPECT_EQ(state_.Join(a, now_).code(), absl::StatusCode::kInvalidArgument);
+  a = Args("j", "w0", Opts().max_world_size + 1);
+  EXPECT_EQ(state_.Join(a, now_).code(), absl::StatusCode::kInvalidArgument);
+  a = Args("j", "w0", 2, 2);  // rank == world
+  EXPECT_EQ(state_.Join(a, now_).code(), absl::StatusCode::kInvalidArgument);
+  a = Args("j", "w0", 2, 7);
+  EXPECT_EQ(state_.Join(a, now_).code(), absl::StatusCode::kInvalidArgument);
+  a = Args("j", "w0", 2, -2);
+  EXPECT_EQ(state_.Join(a, now_).code(), absl::StatusCode::kInvalidArgument);
+  // None of these created a job.
+  EXPECT_EQ(state_.Health("j", now_).status().code(),
+            absl::StatusCode::kNotFound);
+  // Boundary values that are valid.
+  EXPECT_TRUE(state_.Join(Args("j", "w0", 2, 1), now_).ok());
+  EXPECT_TRUE(
+      state_.Join(Args("big", "w0", Opts().max_world_size), now_).ok());
+}
+
+TEST_F(RendezvousStateTest, SameWorkerIdFromAnotherAddress) {
+  ASSERT_TRUE(Join("j", "w0", 2).ok());
+  JoinArgs a = Args("j", "w0", 2);
+  a.address = "10.9.9.9:1";
+  absl::Status s = state_.Join(a, now_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+  EXPECT_THAT(s.message(), HasSubstr(Addr("w0")));
+  EXPECT_THAT(s.message(), HasSubstr("10.9.9.9:1"));
+  EXPECT_THAT(state_.DescribeForming("j"), HasSubstr("1 of 2 joined"));
+
+  // Also after the job formed.
+  ASSERT_TRUE(Join("j", "w1", 2).ok());
+  EXPECT_EQ(state_.Join(a, now_).code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(RendezvousStateTest, RejoinSameIdAndAddressIsIdempotent) {
+  ASSERT_TRUE(Join("j", "w0", 3).ok());
+  ASSERT_TRUE(Join("j", "w0", 3).ok());
+  ASSERT_TRUE(Join("j", "w0", 3).ok());
+  EXPECT_THAT(state_.DescribeForming("j"), HasSubstr("1 of 3 joined"));
+  ASSERT_TRUE(Join("j", "w1", 3).ok());
+  EXPECT_FALSE(state_.GetAssignment("j", "w0").has_value());
+  ASSERT_TRUE(Join("j", "w2", 3).ok());
+  ASSERT_TRUE(state_.GetAssignment("j", "w0").has_value());
+  // A retried join after forming changes nothing.
+  ASSERT_TRUE(Join("j", "w1", 3).ok());
+  std::optional<Assignment> a = state_.GetAssignment("j", "w1");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->rank, 1);
+  EXPECT_EQ(a->generation, 1u);
+  EXPECT_THAT(a->members, SizeIs(3));
+}
+
+TEST_F(RendezvousStateTest, RejoinRefreshesHeartbeat) {
+  Form(2);
+  Advance(absl::Seconds(4));
+  ASSERT_TRUE(Join("j", "w0", 2).ok());  // a retried join counts as alive
+  ASSERT_TRUE(state_.Heartbeat("j", "w1", "", now_).ok());
+  Advance(absl::Seconds(4));
+  EXPECT_THAT(state_.Sweep(now_), IsEmpty());
+}
+
+TEST_F(RendezvousStateTest, JoiningCompleteJobListsMembers) {
+  Form(2);
+  absl::Status s = Join("j", "late", 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("late"));
+  EXPECT_THAT(s.message(), HasSubstr("w0"));
+  EXPECT_THAT(s.message(), HasSubstr("w1"));
+  EXPECT_THAT(s.message(), HasSubstr("complete"));
+}
+
+TEST_F(RendezvousStateTest, DescribeForming) {
+  EXPECT_THAT(state_.DescribeForming("j"), HasSubstr("nobody joined"));
+  ASSERT_TRUE(Join("j", "w0", 4).ok());
+  ASSERT_TRUE(Join("j", "w1", 4).ok());
+  EXPECT_EQ(state_.DescribeForming("j"),
+            absl::StrCat("job j: 2 of 4 joined (w0 at ", Addr("w0"), ", w1 at ",
+                         Addr("w1"), "); 2 missing"));
+}
+
+TEST_F(RendezvousStateTest, WithdrawPending) {
+  ASSERT_TRUE(Join("j", "w0", 3).ok());
+  ASSERT_TRUE(Join("j", "w1", 3).ok());
+  state_.WithdrawPending("j", "w0");
+  EXPECT_EQ(state_.DescribeForming("j"),
+            absl::StrCat("job j: 1 of 3 joined (w1 at ", Addr("w1"),
+                         "); 2 missing"));
+  // Withdrawing an unknown worker or job is harmless.
+  state_.WithdrawPending("j", "nobody");
+  state_.WithdrawPending("nojob", "w1");
+  EXPECT_THAT(state_.DescribeForming("j"), HasSubstr("1 of 3 joined"));
+  // The withdrawn worker no longer counts: three more joins are needed.
+  ASSERT_TRUE(Join("j", "w2", 3).ok());
+  EXPECT_FALSE(state_.GetAssignment("j", "w1").has_value());
+  // The last pending member withdrawing drops the job.
+  state_.WithdrawPending("j", "w1");
+  state_.WithdrawPending("j", "w2");
+  EXPECT_EQ(state_.Health("j", now_).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_THAT(state_.DescribeForming("j"), HasSubstr("nobody joined"));
+  // The job id is free again, with another world size.
+  ASSERT_TRUE(Join("j", "x", 1).ok());
+  EXPECT_TRUE(state_.GetAssignment("j", "x").has_value());
+}
+
+TEST_F(RendezvousStateTest, WithdrawnRequestedRankIsFreed) {
+  ASSERT_TRUE(Join("j", "w0", 2, 0).ok());
+  state_.WithdrawPending("j", "w0");
+  ASSERT_TRUE(Join("j", "w1", 2, 1).ok());
+  ASSERT_TRUE(Join("j", "w2", 2, 0).ok());
+  std::optional<Assignment> a = state_.GetAssignment("j", "w2");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->rank, 0);
+}
+
+TEST_F(RendezvousStateTest, WithdrawPendingIsNoOpOnceFormed) {
+  Form(2);
+  state_.WithdrawPending("j", "w0");
+  std::optional<Assignment> a = state_.GetAssignment("j", "w0");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_THAT(a->members, SizeIs(2));
+  EXPECT_EQ(a->generation, 1u);
+}
+
+TEST_F(RendezvousStateTest, HeartbeatKeepsMemberAlive) {
+  Form(2);
+  // w0 beats every second for 20 seconds; w1 too. Nobody dies.
+  for (int i = 0; i < 20; ++i) {
+    Advance(absl::Seconds(1));
+    ASSERT_TRUE(state_.Heartbeat("j", "w0", "t0", now_).ok());
+    ASSERT_TRUE(state_.Heartbeat("j", "w1", "t1", now_).ok());
+    EXPECT_THAT(state_.Sweep(now_), IsEmpty());
+  }
+  absl::StatusOr<JobHealth> h = state_.Health("j", now_);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->state, "healthy");
+  EXPECT_EQ(h->generation, 1u);
+  ASSERT_THAT(h->members, SizeIs(2));
+  EXPECT_EQ(h->members[0].telemetry, "t0");
+  EXPECT_EQ(h->members[1].telemetry, "t1");
+  EXPECT_EQ(h->members[0].heartbeat_age, absl::ZeroDuration());
+  Advance(absl::Milliseconds(1500));
+  h = state_.Health("j", now_);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->members[1].heartbeat_age, absl::Milliseconds(1500));
+}
+
+TEST_F(RendezvousStateTest, SweepMarksExactlyTheSilentMemberDead) {
+  Form(3);
+  // w0 and w2 keep beating; w1 goes silent.
+  for (int i = 0; i < 5; ++i) {
+    Advance(absl::Seconds(1));
+    ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
+    ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
+    // Exactly at the timeout (5 s) w1 is not yet older than it.
+    EXPECT_THAT(state_.Sweep(now_), IsEmpty()) << i;
+  }
+  Advance(absl::Milliseconds(1));
+  std::vector<std::string> lines = state_.Sweep(now_);
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("job j"));
+  EXPECT_THAT(lines[0], HasSubstr("rank 1"));
+  EXPECT_THAT(lines[0], HasSubstr("w1"));
+  EXPECT_THAT(lines[0], HasSubstr(Addr("w1")));
+
+  absl::StatusOr<JobHealth> h = state_.Health("j", now_);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->generation, 2u);
+  EXPECT_EQ(h->state, "degraded");
+  ASSERT_THAT(h->members, SizeIs(3));
+  EXPECT_TRUE(h->members[0].alive);
+  EXPECT_FALSE(h->members[1].alive);
+  EXPECT_TRUE(h->members[2].alive);
+
+  // A second sweep reports nothing new and does not bump again.
+  ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
+  ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
+  EXPECT_THAT(state_.Sweep(now_), IsEmpty());
+  EXPECT_EQ(state_.Health("j", now_)->generation, 2u);
+  EXPECT_EQ(state_.GetAssignment("j", "w0")->generation, 2u);
+}
+
+TEST_F(RendezvousStateTest, TwoDeathsInOneSweepBumpGenerationOnce) {
+  Form(4);
+  Advance(absl::Seconds(3));
+  ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
+  ASSERT_TRUE(state_.Heartbeat("j", "w3", "", now_).ok());
+  Advance(absl::Seconds(3));
+  std::vector<std::string> lines = state_.Sweep(now_);
+  ASSERT_THAT(lines, SizeIs(2));
+  EXPECT_THAT(lines[0], HasSubstr("rank 0"));
+  EXPECT_THAT(lines[1], HasSubstr("rank 1"));
+  EXPECT_EQ(state_.Health("j", now_)->generation, 2u);
+}
+
+TEST_F(RendezvousStateTest, SweepIgnoresFormingJobs) {
+  ASSERT_TRUE(Join("j", "w0", 2).ok());
+  Advance(absl::Hours(1));
+  EXPECT_THAT(state_.Sweep(now_), IsEmpty());
+  absl::StatusOr<JobHealth> h = state_.Health("j", now_);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->state, "forming");
+}
+
+TEST_F(RendezvousStateTest, HeartbeatFromDeadMemberFails) {
+  Form(2);
+  Advance(absl::Seconds(3));
+  ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
+  Advance(absl::Seconds(3));
+  ASSERT_THAT(state_.Sweep(now_), SizeIs(1));
+  absl::StatusOr<HeartbeatResult> r = state_.Heartbeat("j", "w1", "", now_);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
+      << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("w1"));
+  // And it cannot come back by joining again.
+  EXPECT_EQ(Join("j", "w1", 2).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(state_.Health("j", now_)->generation, 2u);
+}
+
+TEST_F(RendezvousStateTest, HeartbeatReplyListsDeadRanks) {
+  Form(4);
+  absl::StatusOr<HeartbeatResult> r = state_.Heartbeat("j", "w0", "", now_);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->generation, 1u);
+  EXPECT_THAT(r->dead_ranks, IsEmpty());
+
+  ASSERT_TRUE(state_.Leave("j", "w3", now_).ok());
+  Advance(absl::Seconds(3));
+  ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
+  ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
+  Advance(absl::Seconds(3));
+  ASSERT_THAT(state_.Sweep(now_), SizeIs(1));  // w1
+  r = state_.Heartbeat("j", "w0", "", now_);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->generation, 3u);
+  EXPECT_THAT(r->dead_ranks, ElementsAre(1, 3));
+}
+
+TEST_F(RendezvousStateTest, LeaveBumpsGenerationAndDegrades) {
+  Form(3);
+  ASSERT_TRUE(state_.Leave("j", "w1", now_).ok());
+  absl::StatusOr<JobHealth> h = state_.Health("j", now_);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->state, "degraded");
+  EXPECT_EQ(h->generation, 2u);
+  EXPECT_EQ(h->world_size, 3);
+  ASSERT_THAT(h->members, SizeIs(3));
+  EXPECT_TRUE(h->members[0].alive);
+  EXPECT_FALSE(h->members[1].alive);
+  EXPECT_TRUE(h->members[2].alive);
+  EXPECT_EQ(h->members[1].worker_id, "w1");
+
+  // Leaving twice is harmless and bumps nothing.
+  ASSERT_TRUE(state_.Leave("j", "w1", now_).ok());
+  EXPECT_EQ(state_.Health("j", now_)->generation, 2u);
+  // The one who left is not swept again later.
+  Advance(absl::Seconds(3));
+  ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
+  ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
+  Advance(absl::Seconds(3));
+  EXPECT_THAT(state_.Sweep(now_), IsEmpty());
+  EXPECT_EQ(state_.Health("j", now_)->generation, 2u);
+  // And it may not heartbeat.
+  EXPECT_EQ(state_.Heartbeat("j", "w1", "", now_).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(RendezvousStateTest, LeaveWhileFormingWithdraws) {
+  ASSERT_TRUE(Join("j", "w0", 3).ok());
+  ASSERT_TRUE(Join("j", "w1", 3).ok());
+  ASSERT_TRUE(state_.Leave("j", "w0", now_).ok());
+  EXPECT_THAT(state_.DescribeForming("j"), HasSubstr("1 of 3 joined"));
+  absl::StatusOr<JobHealth> h = state_.Health("j", now_);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->state, "forming");
+  EXPECT_EQ(h->generation, 0u);
+}
+
+TEST_F(RendezvousStateTest, HealthStates) {
+  ASSERT_TRUE(Join("j", "w0", 2).ok());
+  absl::StatusOr<JobHealth> h = state_.Health("j", now_);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->state, "forming");
+  EXPECT_EQ(h->generation, 0u);
+  EXPECT_EQ(h->world_size, 2);
+  ASSERT_THAT(h->members, SizeIs(1));
+  EXPECT_EQ(h->members[0].rank, -1);
+  EXPECT_EQ(h->members[0].worker_id, "w0");
+
+  ASSERT_TRUE(Join("j", "w1", 2).ok());
+  h = state_.Health("j", now_);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->state, "healthy");
+  EXPECT_EQ(h->generation, 1u);
+  EXPECT_THAT(h->members, ElementsAre(IsMember(0, "w0", Addr("w0")),
+                                      IsMember(1, "w1", Addr("w1"))));
+
+  ASSERT_TRUE(state_.Leave("j", "w0", now_).ok());
+  h = state_.Health("j", now_);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->state, "degraded");
+}
+
+TEST_F(RendezvousStateTest, UnknownJobOrWorkerIsNotFound) {
+  EXPECT_EQ(state_.Health("nope", now_).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(state_.Heartbeat("nope", "w0", "", now_).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(state_.Leave("nope", "w0", now_).code(),
+            absl::StatusCode::kNotFound);
+  Form(2);
+  EXPECT_EQ(state_.Heartbeat("j", "stranger", "", now_).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(state_.Leave("j", "stranger", now_).code(),
+            absl::StatusCode::kNotFound);
+  // Neither disturbed the job.
+  EXPECT_EQ(state_.Health("j", now_)->state, "healthy");
+  EXPECT_EQ(state_.Health("j", now_)->generation, 1u);
+}
+
+TEST_F(RendezvousStateTest, MaxJobsLimit) {
+  RendezvousOptions o = Opts();
+  o.max_jobs = 2;
+  RendezvousState state(o);
+  ASSERT_TRUE(state.Join(Args("a", "w0", 2), now_).ok());
+  ASSERT_TRUE(state.Join(Args("b", "w0", 2), now_).ok());
+  absl::Status s = state.Join(Args("c", "w0", 2), now_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(state.Health("c", now_).status().code(),
+            absl::StatusCode::kNotFound);
+  // Existing jobs still accept joiners.
+  ASSERT_TRUE(state.Join(Args("a", "w1", 2), now_).ok());
+  EXPECT_TRUE(state.GetAssignment("a", "w1").has_value());
+  // Freeing a slot lets a new job in.
+  state.WithdrawPending("b", "w0");
+  EXPECT_TRUE(state.Join(Args("c", "w0", 2), now_).ok());
+}
+
+TEST_F(RendezvousStateTest, JobDroppedWhenAllMembersSwept) {
+  Form(2);
+  Advance(absl::Seconds(6));
+  std::vector<std::string> lines = state_.Sweep(now_);
+  EXPECT_THAT(lines, SizeIs(2));
+  EXPECT_EQ(state_.Health("j", now_).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_FALSE(state_.GetAssignment("j", "w0").has_value());
+  EXPECT_THAT(state_.Sweep(now_), IsEmpty());
+  // The id can be used again by a fresh job.
+  ASSERT_TRUE(Join("j", "w0", 1).ok());
+  std::optional<Assignment> a = state_.GetAssignment("j", "w0");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->generation, 1u);
+  EXPECT_EQ(a->world_size, 1);
+}
+
+TEST_F(RendezvousStateTest, JobDroppedWhenAllMembersLeave) {
+  Form(3);
+  ASSERT_TRUE(state_.Leave("j", "w0", now_).ok());
+  ASSERT_TRUE(state_.Leave("j", "w1", now_).ok());
+  EXPECT_EQ(state_.Health("j", now_)->generation, 3u);
+  ASSERT_TRUE(state_.Leave("j", "w2", now_).ok());
+  EXPECT_EQ(state_.Health("j", now_).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(state_.Heartbeat("j", "w2", "", now_).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(RendezvousStateTest, JobDroppedWhenLastLiveMemberSwept) {
+  Form(2);
+  ASSERT_TRUE(state_.Leave("j", "w0", now_).ok());
+  Advance(absl::Seconds(10));
+  std::vector<std::string> lines = state_.Sweep(now_);
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("w1"));
+  EXPECT_EQ(state_.Health("j", now_).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(RendezvousStateTest, JobsAreIndependent) {
+  Form(2, "a");
+  Form(2, "b");
+  Advance(absl::Seconds(3));
+  ASSERT_TRUE(state_.Heartbeat("a", "w0", "", now_).ok());
+  ASSERT_TRUE(state_.Heartbeat("a", "w1", "", now_).ok());
+  ASSERT_TRUE(state_.Heartbeat("b", "w0", "", now_).ok());
+  Advance(absl::Seconds(3));
+  std::vector<std::string> lines = state_.Sweep(now_);
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("job b"));
+  EXPECT_EQ(state_.Health("a", now_)->generation, 1u);
+  EXPECT_EQ(state_.Health("a", now_)->state, "healthy");
+  EXPECT_EQ(state_.Health("b", now_)->generation, 2u);
+  EXPECT_EQ(state_.Health("b", now_)->state, "degraded");
+}
+
+}  // namespace
+}  // namespace halka

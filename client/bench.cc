@@ -214,7 +214,11 @@ std::string FormatHealth(const v1::RingHealth& h) {
     const v1::WorkerTelemetry t =
         i < h.telemetry_size() ? h.telemetry(i) : v1::WorkerTelemetry();
     std::string now = t.current_op().empty() ? "idle" : t.current_op();
-    if (!t.current_op().empty()) {
+    if (!m.alive()) {
+      now = absl::StrCat("lost (last heard ",
+                         absl::StrFormat("%.1f", m.last_heartbeat_age_s()),
+                         " s ago)");
+    } else if (!t.current_op().empty()) {
       absl::StrAppend(&now, " ", t.phase(), " step ", t.step());
       if (t.awaited_rank() >= 0) {
         absl::StrAppend(&now, absl::StrFormat(", waits for rank %d for %.1f s",

@@ -81,7 +81,10 @@ ParameterServerNode* LocalCluster::ps(int shard) const {
   return ps_[static_cast<size_t>(shard)].get();
 }
 
-void LocalCluster::KillPs(int shard) { ps_[static_cast<size_t>(shard)].reset(); }
+void LocalCluster::KillPs(int shard) {
+  ps_[static_cast<size_t>(shard)]->Shutdown(absl::ZeroDuration());
+  ps_[static_cast<size_t>(shard)].reset();
+}
 
 const std::string& LocalCluster::rendezvous_address() const {
   return rendezvous_->address();

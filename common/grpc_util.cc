@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -50,12 +51,21 @@ void SetLogTag(absl::string_view tag) {
 }
 
 bool IsLocalAddress(absl::string_view address) {
-  return absl::StartsWith(address, "unix:") ||
-         absl::StartsWith(address, "unix-abstract:") ||
-         absl::StartsWith(address, "localhost:") ||
-         absl::StartsWith(address, "127.") ||
-         absl::StartsWith(address, "ipv4:127.") ||
-         absl::StartsWith(address, "[::1]:");
+  if (absl::StartsWith(address, "unix:") ||
+      absl::StartsWith(address, "unix-abstract:") ||
+      absl::StartsWith(address, "localhost:") ||
+      absl::StartsWith(address, "[::1]:")) {
+    return true;
+  }
+  absl::ConsumePrefix(&address, "ipv4:");
+  if (!absl::StartsWith(address, "127.")) return false;
+  // An IPv4 literal in 127.0.0.0/8, not a host name that starts with "127.".
+  const size_t colon = address.find(':');
+  if (colon == absl::string_view::npos) return false;
+  for (char c : address.substr(0, colon)) {
+    if (!(c == '.' || (c >= '0' && c <= '9'))) return false;
+  }
+  return true;
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {

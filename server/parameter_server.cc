@@ -375,13 +375,12 @@ void ParameterServerNode::RegisterLoop() {
 
 ParameterServerNode::~ParameterServerNode() { Shutdown(); }
 
-void ParameterServerNode::Shutdown() {
+void ParameterServerNode::Shutdown(absl::Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
   stop_.Notify();
   if (registrar_.joinable()) registrar_.join();
-  server_->Shutdown(std::chrono::system_clock::now() +
-                    std::chrono::milliseconds(300));
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();
 }
 

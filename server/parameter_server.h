@@ -102,7 +102,9 @@ class ParameterServerNode {
   static absl::StatusOr<std::unique_ptr<ParameterServerNode>> Start(
       PsOptions options);
   ~ParameterServerNode();
-  void Shutdown();
+  // Stops serving; in-flight streams get `grace` to finish (zero: cancelled
+  // at once, as if the process died).
+  void Shutdown(absl::Duration grace = absl::Milliseconds(300));
   void Wait() { server_->Wait(); }
   const std::string& address() const { return address_; }
   PsStats stats() const { return service_->stats(); }

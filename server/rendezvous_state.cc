@@ -206,8 +206,14 @@ absl::Status RendezvousState::Leave(const std::string& job_id,
   }
   Job& job = it->second;
   if (!job.formed) {
-    WithdrawPending(job_id, worker_id);
-    return absl::OkStatus();
+    for (const Member& m : job.members) {
+      if (m.worker_id == worker_id) {
+        WithdrawPending(job_id, worker_id);
+        return absl::OkStatus();
+      }
+    }
+    return absl::NotFoundError(absl::StrCat(
+        "leave: worker ", worker_id, " has not joined job ", job_id));
   }
   for (Member& m : job.members) {
     if (m.worker_id != worker_id) continue;

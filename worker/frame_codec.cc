@@ -117,7 +117,7 @@ absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer) {
   }
   InFrame f;
   FrameMeta& m = f.meta;
-  if (h.kind() < 1 || h.kind() > 3) {
+  if (!v1::FrameKind_IsValid(h.kind()) || h.kind() == 0) {
     return absl::DataLossError(absl::StrCat("frame: unknown kind ", h.kind()));
   }
   m.kind = static_cast<FrameKind>(h.kind());
@@ -129,8 +129,10 @@ absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer) {
       return absl::DataLossError("frame: data frame with invalid enums");
     }
   }
+  if (!v1::Phase_IsValid(h.phase())) {
+    return absl::DataLossError(absl::StrCat("frame: unknown phase ", h.phase()));
+  }
   m.phase = static_cast<Phase>(h.phase() == 0 ? 1 : h.phase());
-  if (h.phase() > 7) return absl::DataLossError("frame: unknown phase");
   m.step = h.step();
   m.segment = h.segment();
   m.offset = h.offset();
@@ -156,7 +158,13 @@ absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer) {
   // whole (small) buffer of an eager operation.
   const uint64_t expected =
       m.kind == FrameKind::kAbort ? 0 : m.count * DTypeSize(m.dtype);
-  if (m.count > kMaxFramePayloadBytes || payload != expected) {
+  if (m.count > kMaxFramePayloadBytes ||
+      m.count * DTypeSize(m.dtype) > kMaxFramePayloadBytes) {
+    return absl::DataLossError(absl::StrCat(
+        "frame: count ", m.count, " exceeds the frame limit of ",
+        kMaxFramePayloadBytes, " bytes"));
+  }
+  if (payload != expected) {
     return absl::DataLossError(absl::StrCat(
         "frame: payload of ", payload, " bytes does not match count ",
         m.count, " of ", DTypeName(m.dtype), " (", expected, " bytes)"));

@@ -399,8 +399,10 @@ void WorkerNode::Shutdown(bool leave) {
     rendezvous_->Leave(&ctx, req, &reply);
   }
   transport_.reset();
-  server_->Shutdown(std::chrono::system_clock::now() +
-                    std::chrono::milliseconds(300));
+  // A clean stop lets in-flight calls finish briefly; a simulated death
+  // cancels them at once.
+  server_->Shutdown(absl::ToChronoTime(
+      absl::Now() + (leave ? absl::Milliseconds(100) : absl::ZeroDuration())));
   server_->Wait();
 }
 

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # globals are read by the test scripts
 # Shared helpers for halka system tests: real binaries as separate processes
 # on 127.0.0.1. Source it from a test script:
 #

@@ -26,6 +26,7 @@ for b in "$RDV_BIN" "$WORKER_BIN" "$CTL_BIN"; do
   [[ -x "$b" ]] || { echo "not an executable: $b" >&2; exit 2; }
 done
 
+# shellcheck source=tests/system/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 sys_init
 

@@ -236,6 +236,20 @@ std::string FormatHealth(const v1::RingHealth& h) {
                         t.bytes_sent() / 1e6, t.bytes_received() / 1e6,
                         t.wait_seconds(), now));
   }
+  std::string links;
+  for (int i = 0; i < h.telemetry_size(); ++i) {
+    for (const v1::LinkTelemetry& l : h.telemetry(i).links()) {
+      const std::string peer =
+          l.peer() < h.world_size() ? absl::StrCat("rank ", l.peer())
+                                    : absl::StrCat("ps ", l.peer() - h.world_size());
+      absl::StrAppend(&links, absl::StrFormat("  rank %d <-> %-8s sent %10.1f MB  "
+                                              "received %10.1f MB\n",
+                                              h.members(i).rank(), peer,
+                                              l.bytes_sent() / 1e6,
+                                              l.bytes_received() / 1e6));
+    }
+  }
+  if (!links.empty()) absl::StrAppend(&out, "links (payload bytes):\n", links);
   return out;
 }
 

@@ -191,6 +191,8 @@ int Demo() {
   bo.warmup = 1;
   bo.check = true;
   const int rc = Bench(clients, cases, bo, /*json=*/false);
+  // One heartbeat later the rendezvous has every worker's latest counters.
+  absl::SleepFor(lo.heartbeat_interval + absl::Milliseconds(100));
   std::printf("\n# ring health\n");
   auto h = clients[0]->RingHealth();
   if (!h.ok()) return Fail(h.status());

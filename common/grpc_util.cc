@@ -78,11 +78,22 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
   // Peer links are separate channels so one slow edge never shares a
   // connection with another.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  ApplyStreamingArgs([&](const char* key, int value) { args.SetInt(key, value); });
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
                                    args);
 }
 
+void ApplyStreamingArgs(const std::function<void(const char*, int)>& set) {
+  // Bulk streams: large HTTP/2 frames (fewer headers and wake-ups) and a
+  // large initial window, so a 1 MiB chunk is not paced by window updates.
+  set(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
+  set(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
+}
+
 void ConfigureServerBuilder(grpc::ServerBuilder& builder) {
+  ApplyStreamingArgs([&](const char* key, int value) {
+    builder.AddChannelArgument(key, value);
+  });
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,

@@ -3,6 +3,7 @@
 #ifndef HALKA_COMMON_GRPC_UTIL_H_
 #define HALKA_COMMON_GRPC_UTIL_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -36,6 +37,10 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder);
 
 // Largest message halka sends or accepts on any channel.
 inline constexpr int kMaxMessageBytes = 64 << 20;
+inline constexpr int kHttp2FrameBytes = 1 << 20;
+inline constexpr int kStreamWindowBytes = 16 << 20;
+// Sets the HTTP/2 arguments halka uses for bulk streams.
+void ApplyStreamingArgs(const std::function<void(const char*, int)>& set);
 
 // Keeps freed memory in the process instead of returning it to the kernel
 // after every message: gRPC allocates and frees a receive buffer per read,

@@ -521,6 +521,12 @@ v1::WorkerTelemetry WorkerNode::CollectTelemetry() {
   t.set_wait_seconds(tel.wait_seconds);
   t.set_reduce_seconds(tel.reduce_seconds);
   t.set_last_error(tel.last_error);
+  for (const auto& [peer, bytes] : tel.links) {
+    v1::LinkTelemetry* l = t.add_links();
+    l->set_peer(peer);
+    l->set_bytes_sent(bytes.sent);
+    l->set_bytes_received(bytes.received);
+  }
   const Progress p = comm_->GetProgress();
   t.set_awaited_rank(-1);
   if (p.busy) {

@@ -278,6 +278,7 @@ absl::Status Communicator::SendFrame(Op& op, int to, const FrameMeta& meta,
   {
     absl::MutexLock lock(&state_mu_);
     telemetry_.send_seconds += Seconds(spent);
+    if (s.ok()) telemetry_.links[to].sent += bytes;
   }
   if (!s.ok()) {
     return absl::UnavailableError(absl::StrCat(
@@ -351,9 +352,13 @@ absl::StatusOr<InFrame> Communicator::Await(Op& op, int from,
       absl::StrFormat("%s step %d, chunk %d of %d", PhaseName(op.phase),
                       op.step, op.chunk + 1, std::max(op.chunks, 1));
   switch (ev.type) {
-    case Inbox::Event::kFrame:
-      op.bytes_received += ev.frame.PayloadBytes();
+    case Inbox::Event::kFrame: {
+      const size_t bytes = ev.frame.PayloadBytes();
+      op.bytes_received += bytes;
+      absl::MutexLock lock(&state_mu_);
+      telemetry_.links[from].received += bytes;
       return std::move(ev.frame);
+    }
     case Inbox::Event::kAbort: {
       op.abort_from = ev.frame.meta.sender_rank;
       absl::StatusCode code = ev.frame.meta.abort_code;

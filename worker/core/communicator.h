@@ -21,6 +21,7 @@
 #define HALKA_WORKER_CORE_COMMUNICATOR_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -80,6 +81,11 @@ struct Progress {
   absl::Time waiting_since = absl::InfinitePast();
 };
 
+struct LinkBytes {
+  uint64_t sent = 0;
+  uint64_t received = 0;
+};
+
 struct Telemetry {
   uint64_t ops_completed = 0;
   uint64_t ops_failed = 0;
@@ -89,6 +95,8 @@ struct Telemetry {
   double wait_seconds = 0;
   double reduce_seconds = 0;
   std::string last_error;
+  // Payload bytes per peer (ranks >= world_size: parameter-server shards).
+  std::map<int, LinkBytes> links;
 };
 
 class Communicator {

@@ -5,6 +5,7 @@
 //                      --worker=ADDR,ADDR,...] [--dtype] [--op] [--json]
 //   halkactl allreduce --worker=ADDR [--count] [--dtype] [--op] [--check]
 //   halkactl health    --rendezvous=ADDR --job=ID   (or --worker=ADDR)
+//   halkactl healthcheck --worker=ADDR   grpc.health.v1 status (for probes)
 #include <unistd.h>
 
 #include <cstdio>
@@ -18,7 +19,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "client/bench.h"
 #include "common/grpc_util.h"
 #include "halka/client.h"
@@ -152,6 +155,44 @@ int Health(const std::string& rendezvous, const std::string& job,
   if (!h.ok()) return Fail(h.status());
   std::printf("%s", FormatHealth(*h).c_str());
   return h->state() == "healthy" ? 0 : 2;
+}
+
+// grpc.health.v1.Health/Check with hand-encoded messages: the request for
+// the overall server status is empty, and the reply is field 1 (status).
+int HealthCheck(const std::string& target) {
+  if (target.empty()) {
+    return Fail(absl::InvalidArgumentError("healthcheck needs --worker=ADDR "
+                                           "(any halka server address)"));
+  }
+  grpc::GenericStub stub(MakeChannel(target));
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::GetFlag(FLAGS_timeout) < absl::Seconds(60)
+                      ? absl::GetFlag(FLAGS_timeout)
+                      : absl::Seconds(3));
+  grpc::Slice nothing;
+  grpc::ByteBuffer request(&nothing, 1);  // empty HealthCheckRequest
+  grpc::ByteBuffer response;
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
+                 &request, &response, [&](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  if (!status.ok()) {
+    std::printf("%s: %s\n", target.c_str(), status.error_message().c_str());
+    return 1;
+  }
+  std::vector<grpc::Slice> slices;
+  response.Dump(&slices);
+  std::string bytes;
+  for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  int value = 0;  // UNKNOWN
+  if (bytes.size() >= 2 && bytes[0] == 0x08) value = bytes[1];
+  static const char* kNames[] = {"UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN"};
+  std::printf("%s: %s\n", target.c_str(), value >= 0 && value < 4 ? kNames[value] : "?");
+  return value == 1 ? 0 : 1;
 }
 
 int Demo() {
@@ -335,7 +376,9 @@ int main(int argc, char** argv) {
                  "  bench      nccl-tests style sweep (-b -e -f -n -w -c)\n"
                  "  allreduce  one all-reduce through a running worker\n"
                  "  health     ring health of a running job (exit 2 unless "
-                 "healthy)\n");
+                 "healthy)\n"
+                 "  healthcheck --worker=ADDR  standard gRPC health of any "
+                 "halka server (exit 0 if SERVING)\n");
     return 2;
   }
   const std::string cmd = argv[1];
@@ -346,6 +389,7 @@ int main(int argc, char** argv) {
   if (cmd == "demo") return halka::Demo();
   if (cmd == "bench") return halka::BenchCommand();
   if (cmd == "allreduce") return halka::AllReduceCommand();
+  if (cmd == "healthcheck") return halka::HealthCheck(absl::GetFlag(FLAGS_worker));
   if (cmd == "health") {
     return halka::Health(absl::GetFlag(FLAGS_rendezvous),
                          absl::GetFlag(FLAGS_job), absl::GetFlag(FLAGS_worker));

@@ -402,16 +402,17 @@ add_row() {  # add_row SIZE G ALGO STATUS MEAS MIN MAX SENT RECV NOTE
 # anything but "#wrong 0" (or fewer than REPEAT lines).
 CLIENT_FAILS=0
 run_clients() {
-  local tag=$1 g=$2 size=$3 algo=$4 rep=$5 i name pid rc n bound
+  local tag=$1 g=$2 size=$3 algo=$4 rep=$5 op_timeout=${6:-$OP_TIMEOUT}
+  local i name pid rc n bound
   local count=$(( size * 262144 ))
   (( size == 0 )) && count=262144      # warm-up: 1 MiB
-  bound=$(( rep * OP_TIMEOUT + 60 ))
+  bound=$(( rep * op_timeout + 60 ))
   local names=()
   for (( i = 0; i < g; i++ )); do
     name="c-$tag-r$i"
     start_in "${P}w$i" "$name" timeout -k 5 "$bound" "$CTL_BIN" allreduce \
       --worker="$(addr_worker "$i"):$WPORT" --count="$count" --dtype=float32 \
-      --op=sum --algo="$algo" --transfer=shm --timeout="${OP_TIMEOUT}s" \
+      --op=sum --algo="$algo" --transfer=shm --timeout="${op_timeout}s" \
       --repeat="$rep" --check=true
     names+=("$name")
   done
@@ -430,6 +431,7 @@ run_clients() {
 }
 
 SEQ=0
+WARM_TIMEOUT=$(( OP_TIMEOUT < 30 ? OP_TIMEOUT : 30 ))   # 1 MiB warm-up op
 for G in $WORLDS; do
   if (( $(left_s) < 30 )); then
     log "out of time (--max-seconds $MAX_SECONDS): skipping G=$G"
@@ -448,7 +450,10 @@ for G in $WORLDS; do
     start_in "${P}p" "ps-g$G" "$PS_BIN" --rendezvous="$ADDR_RDV:$RDV_PORT" \
       --job="$JOB" --world_size="$G" --listen="$ADDR_PS:$PSPORT" \
       --advertise="$ADDR_PS:$PSPORT" --undefok=world_size
-    wait_listen "${P}p" "ps-g$G" "$PSPORT" 30 && ps_up=1
+    if wait_listen "${P}p" "ps-g$G" "$PSPORT" 30 &&
+       wait_line "ps-g$G" "$LOGS/ps-g$G.err" "registered as parameter server" 30; then
+      ps_up=1
+    fi
   fi
   log "G=$G: starting $G workers (job $JOB)"
   for (( i = 0; i < G; i++ )); do
@@ -470,17 +475,21 @@ for G in $WORLDS; do
         continue
       fi
       if [[ $algo == ps ]] && (( ps_up == 0 )); then
-        add_row "$size" "$G" "$algo" FAILED "" "" "" "" "" "halka-ps did not start"
+        add_row "$size" "$G" "$algo" FAILED "" "" "" "" "" "halka-ps did not start or register"
         continue
       fi
       SEQ=$(( SEQ + 1 ))
       # Warm-up (1 MiB, same algorithm: opens the links it needs). halka-ps
       # may still be registering: retry a few times, bounded.
-      for try in 1 2 3; do
-        run_clients "warm$SEQ-$try" "$G" 0 "$algo" 1
+      for try in 1 2; do
+        run_clients "warm$SEQ-$try" "$G" 0 "$algo" 1 "$WARM_TIMEOUT"
         (( CLIENT_FAILS == 0 )) && break
         sleep 2
       done
+      if (( CLIENT_FAILS > 0 )); then
+        add_row "$size" "$G" "$algo" FAILED "" "" "" "" "" "warm-up failed on $CLIENT_FAILS of $G ranks"
+        continue
+      fi
       log "G=$G $algo ${size} MiB: $REPEATS timed operation(s)"
       tag="run$SEQ"
       run_clients "$tag" "$G" "$size" "$algo" "$REPEATS"

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/core/op_buffer.h"
 #include "worker/core/payload.h"
 #include "worker/core/reduce.h"
 #include "worker/core/ring_plan.h"
@@ -37,7 +38,7 @@ struct Communicator::Op {
   absl::Time start;
   absl::Time deadline;
   absl::Duration timeout;
-  uint8_t* data = nullptr;
+  OpBuffer* buf = nullptr;
   std::vector<int> watch;
   std::shared_ptr<SendTracker> sends = std::make_shared<SendTracker>();
   uint64_t bytes_sent = 0;
@@ -70,13 +71,26 @@ absl::StatusOr<OpResult> Communicator::AllReduce(void* data, size_t count,
   if (data == nullptr && count > 0) {
     return absl::InvalidArgumentError("all_reduce: null buffer");
   }
+  HostOpBuffer buffer(data);
+  return AllReduce(buffer, count, dtype, op, timeout, algorithm);
+}
+
+absl::StatusOr<OpResult> Communicator::AllReduce(OpBuffer& buffer,
+                                                 size_t count, DType dtype,
+                                                 ReduceOp op,
+                                                 absl::Duration timeout,
+                                                 Algorithm algorithm) {
+  if (!IsValidDType(static_cast<int>(dtype)) ||
+      !IsValidReduceOp(static_cast<int>(op))) {
+    return absl::InvalidArgumentError("all_reduce: invalid dtype or op");
+  }
   Fingerprint fp;
   fp.kind = OpKind::kAllReduce;
   fp.dtype = dtype;
   fp.count = count;
   fp.op = op;
   fp.algorithm = algorithm;
-  return Run(fp, data, timeout);
+  return Run(fp, &buffer, timeout);
 }
 
 absl::StatusOr<OpResult> Communicator::Broadcast(void* data, size_t count,
@@ -93,18 +107,35 @@ absl::StatusOr<OpResult> Communicator::Broadcast(void* data, size_t count,
   if (data == nullptr && count > 0) {
     return absl::InvalidArgumentError("broadcast: null buffer");
   }
+  HostOpBuffer buffer(data);
+  return Broadcast(buffer, count, dtype, root, timeout);
+}
+
+absl::StatusOr<OpResult> Communicator::Broadcast(OpBuffer& buffer,
+                                                 size_t count, DType dtype,
+                                                 int root,
+                                                 absl::Duration timeout) {
+  if (!IsValidDType(static_cast<int>(dtype))) {
+    return absl::InvalidArgumentError("broadcast: invalid dtype");
+  }
+  if (root < 0 || root >= config_.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "broadcast: root ", root, " is outside [0, ", config_.world_size,
+        ")"));
+  }
   Fingerprint fp;
   fp.kind = OpKind::kBroadcast;
   fp.dtype = dtype;
   fp.count = count;
   fp.root = root;
-  return Run(fp, data, timeout);
+  return Run(fp, &buffer, timeout);
 }
 
 absl::StatusOr<OpResult> Communicator::Barrier(absl::Duration timeout) {
   Fingerprint fp;
   fp.kind = OpKind::kBarrier;
-  return Run(fp, nullptr, timeout);
+  HostOpBuffer none(nullptr);
+  return Run(fp, &none, timeout);
 }
 
 void Communicator::Abort(absl::Status status) {
@@ -163,7 +194,7 @@ void Communicator::SetLedger(Op& op, Phase phase, int step, int chunk,
 }
 
 absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
-                                           void* data,
+                                           OpBuffer* buffer,
                                            absl::Duration timeout) {
   const uint64_t bytes = fp_in.count * DTypeSize(fp_in.dtype);
   if (fp_in.count > config_.max_op_bytes || bytes > config_.max_op_bytes) {
@@ -179,7 +210,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
   op.timeout = timeout > absl::ZeroDuration() ? timeout
                                               : config_.default_timeout;
   op.deadline = op.start + op.timeout;
-  op.data = static_cast<uint8_t*>(data);
+  op.buf = buffer;
   const int g = config_.world_size;
   const int r = config_.rank;
   op.algorithm = Resolve(op.fp);
@@ -213,6 +244,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
                      bytes > 0 && bytes <= config_.eager_bytes;
   absl::Status status = op.all_to_all ? ExchangeFingerprintsAllToAll(op, eager)
                                       : ExchangeFingerprints(op);
+  if (status.ok()) status = op.buf->Begin(op.fp.dtype, op.fp.op, op.fp.count);
   if (status.ok()) {
     switch (op.fp.kind) {
       case OpKind::kAllReduce:
@@ -227,6 +259,10 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
       case OpKind::kBarrier:
         break;  // the fingerprint pass is the barrier
     }
+  }
+  {
+    absl::Status ended = op.buf->End();
+    if (status.ok()) status = ended;
   }
   if (!status.ok() && g > 1) SendAbort(op, status, op.abort_from);
   // On success the last frames are on their way to a live successor; on
@@ -497,11 +533,15 @@ absl::Status Communicator::ExchangeFingerprintsAllToAll(Op& op, bool eager) {
   meta.dtype = op.fp.dtype;
   meta.count = eager ? op.fp.count : 0;
   SetLedger(op, Phase::kFingerprint, 0, 0, 1, -1);
+  const uint8_t* payload = nullptr;
+  if (eager) {
+    HALKA_ASSIGN_OR_RETURN(payload, op.buf->HostView(0, op.fp.count));
+  }
   // Start with the successor, so the ring's first link is warm first.
   for (int i = 1; i < g; ++i) {
     const int to = Mod(r + i, g);
     HALKA_RETURN_IF_ERROR(
-        SendFrame(op, to, meta, eager ? op.data : nullptr, eager ? bytes : 0, -1));
+        SendFrame(op, to, meta, payload, eager ? bytes : 0, -1));
   }
   std::vector<Fingerprint> all(static_cast<size_t>(g));
   all[static_cast<size_t>(r)] = op.fp;
@@ -542,11 +582,11 @@ absl::Status Communicator::NaiveAllReduce(Op& op) {
   const DType dt = op.fp.dtype;
   const size_t es = DTypeSize(dt);
   const size_t count = static_cast<size_t>(op.fp.count);
-  if (g == 1 || count == 0) {
-    if (g == 1 && op.fp.op == ReduceOp::kAvg) FinalizeAvg(dt, op.data, count, 1);
-    return absl::OkStatus();
-  }
+  if (g == 1 || count == 0) return absl::OkStatus();
   const bool eager = !op.eager.empty();
+  // This rank's own contribution, readable on the host for the whole
+  // operation (it is only overwritten at the end).
+  HALKA_ASSIGN_OR_RETURN(const uint8_t* own, op.buf->HostView(0, count));
   const std::vector<Range> cs =
       eager ? std::vector<Range>{Range{0, count}}
             : PlanChunks(Range{0, count},
@@ -567,7 +607,7 @@ absl::Status Communicator::NaiveAllReduce(Op& op) {
         m.offset = cs[ci].offset;
         m.count = cs[ci].count;
         HALKA_RETURN_IF_ERROR(SendFrame(op, Mod(r + i, g), m,
-                                        op.data + cs[ci].offset * es,
+                                        own + cs[ci].offset * es,
                                         cs[ci].count * es, -1));
       }
     }
@@ -586,9 +626,9 @@ absl::Status Communicator::NaiveAllReduce(Op& op) {
       if (k == r) {
         const absl::Time t0 = absl::Now();
         if (reduce) {
-          ReduceInto(dt, op.fp.op, dst, op.data + c.offset * es, c.count);
+          ReduceInto(dt, op.fp.op, dst, own + c.offset * es, c.count);
         } else {
-          std::memcpy(dst, op.data + c.offset * es, c.count * es);
+          std::memcpy(dst, own + c.offset * es, c.count * es);
         }
         reduce_time += absl::Now() - t0;
         continue;
@@ -617,7 +657,7 @@ absl::Status Communicator::NaiveAllReduce(Op& op) {
         Where(op), ": deadline exceeded before the peers took this rank's "
                    "buffer"));
   }
-  std::memcpy(op.data, scratch.data(), count * es);
+  HALKA_RETURN_IF_ERROR(op.buf->WriteBack(scratch.data(), 0, count));
   absl::MutexLock lock(&state_mu_);
   telemetry_.reduce_seconds += Seconds(reduce_time);
   return absl::OkStatus();
@@ -672,8 +712,9 @@ absl::Status Communicator::PsAllReduce(Op& op) {
       m.segment = k;
       m.offset = c.offset;
       m.count = c.count;
-      HALKA_RETURN_IF_ERROR(SendFrame(op, g + k, m, op.data + c.offset * es,
-                                      c.count * es, static_cast<int>(idx++)));
+      HALKA_ASSIGN_OR_RETURN(const uint8_t* p, op.buf->HostView(c.offset, c.count));
+      HALKA_RETURN_IF_ERROR(
+          SendFrame(op, g + k, m, p, c.count * es, static_cast<int>(idx++)));
     }
   }
   idx = 0;
@@ -696,7 +737,7 @@ absl::Status Communicator::PsAllReduce(Op& op) {
             Where(op), ": deadline exceeded before ", Who(g + k),
             " took this rank's chunk at offset ", c.offset));
       }
-      ApplyPayload(dt, op.fp.op, /*reduce=*/false, op.data + c.offset * es, in);
+      HALKA_RETURN_IF_ERROR(op.buf->Apply(/*reduce=*/false, c.offset, c.count, in));
     }
   }
   return absl::OkStatus();
@@ -707,12 +748,7 @@ absl::Status Communicator::RingAllReduce(Op& op) {
   const int r = config_.rank;
   const DType dt = op.fp.dtype;
   const size_t es = DTypeSize(dt);
-  if (g == 1 || op.fp.count == 0) {
-    if (g == 1 && op.fp.op == ReduceOp::kAvg) {
-      FinalizeAvg(dt, op.data, op.fp.count, 1);
-    }
-    return absl::OkStatus();
-  }
+  if (g == 1 || op.fp.count == 0) return absl::OkStatus();
   const int succ = Mod(r + 1, g);
   const int pred = Mod(r - 1, g);
   const size_t chunk_elems = std::max<size_t>(1, config_.chunk_bytes / es);
@@ -738,7 +774,9 @@ absl::Status Communicator::RingAllReduce(Op& op) {
     m.segment = seg;
     m.offset = c.offset;
     m.count = c.count;
-    return SendFrame(op, succ, m, op.data + c.offset * es, c.count * es, seg);
+    absl::StatusOr<const uint8_t*> p = op.buf->HostView(c.offset, c.count);
+    if (!p.ok()) return p.status();
+    return SendFrame(op, succ, m, *p, c.count * es, seg);
   };
 
   // Total steps: G-1 reduce-scatter then G-1 all-gather, numbered 0..2G-3.
@@ -794,11 +832,11 @@ absl::Status Communicator::RingAllReduce(Op& op) {
       expect.count = c.count;
       HALKA_RETURN_IF_ERROR(CheckData(op, in, pred, expect));
       const absl::Time t0 = absl::Now();
-      ApplyPayload(dt, op.fp.op, reduce, op.data + c.offset * es, in);
+      HALKA_RETURN_IF_ERROR(op.buf->Apply(reduce, c.offset, c.count, in));
       if (last_rs && op.fp.op == ReduceOp::kAvg) {
         // The owner divides once, before the all-gather, so every rank
         // receives the same bits.
-        FinalizeAvg(dt, op.data + c.offset * es, c.count, g);
+        HALKA_RETURN_IF_ERROR(op.buf->FinalizeAvg(c.offset, c.count, g));
       }
       reduce_time += absl::Now() - t0;
       if (t + 1 < total_steps) {
@@ -849,8 +887,7 @@ absl::Status Communicator::ChainBroadcast(Op& op) {
       expect.offset = c.offset;
       expect.count = c.count;
       HALKA_RETURN_IF_ERROR(CheckData(op, in, pred, expect));
-      ApplyPayload(dt, op.fp.op, /*reduce=*/false, op.data + c.offset * es,
-                   in);
+      HALKA_RETURN_IF_ERROR(op.buf->Apply(/*reduce=*/false, c.offset, c.count, in));
     }
     if (forward) {
       FrameMeta m = meta;
@@ -858,7 +895,8 @@ absl::Status Communicator::ChainBroadcast(Op& op) {
       m.segment = 0;
       m.offset = c.offset;
       m.count = c.count;
-      HALKA_RETURN_IF_ERROR(SendFrame(op, succ, m, op.data + c.offset * es,
+      HALKA_ASSIGN_OR_RETURN(const uint8_t* p, op.buf->HostView(c.offset, c.count));
+      HALKA_RETURN_IF_ERROR(SendFrame(op, succ, m, p,
                                       c.count * es, 0));
     }
   }

@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "worker/core/dtype.h"
 #include "worker/core/frame.h"
+#include "worker/core/op_buffer.h"
 #include "worker/core/transport.h"
 
 namespace halka {
@@ -116,6 +117,15 @@ class Communicator {
                                      int root, absl::Duration timeout);
   absl::StatusOr<OpResult> Barrier(absl::Duration timeout);
 
+  // The same on a buffer that may live elsewhere (a CUDA device).
+  absl::StatusOr<OpResult> AllReduce(OpBuffer& buffer, size_t count,
+                                     DType dtype, ReduceOp op,
+                                     absl::Duration timeout,
+                                     Algorithm algorithm = Algorithm::kAuto);
+  absl::StatusOr<OpResult> Broadcast(OpBuffer& buffer, size_t count,
+                                     DType dtype, int root,
+                                     absl::Duration timeout);
+
   // Fails the running operation (and every later one until ClearAbort) with
   // `status`, e.g. ABORTED when membership changed.
   void Abort(absl::Status status);
@@ -131,7 +141,7 @@ class Communicator {
 
  private:
   struct Op;
-  absl::StatusOr<OpResult> Run(const Fingerprint& fp, void* data,
+  absl::StatusOr<OpResult> Run(const Fingerprint& fp, OpBuffer* buffer,
                                absl::Duration timeout);
   // Which algorithm an operation runs; every rank resolves the same way
   // from the fingerprint alone.

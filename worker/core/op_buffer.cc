@@ -1,0 +1,39 @@
+#include "worker/core/op_buffer.h"
+
+#include <cstring>
+
+#include "worker/core/payload.h"
+#include "worker/core/reduce.h"
+
+namespace halka {
+
+absl::Status HostOpBuffer::Begin(DType dtype, ReduceOp op, size_t) {
+  dtype_ = dtype;
+  op_ = op;
+  es_ = DTypeSize(dtype);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const uint8_t*> HostOpBuffer::HostView(size_t offset, size_t) {
+  return data_ + offset * es_;
+}
+
+absl::Status HostOpBuffer::Apply(bool reduce, size_t offset, size_t,
+                                 const InFrame& frame) {
+  ApplyPayload(dtype_, op_, reduce, data_ + offset * es_, frame);
+  return absl::OkStatus();
+}
+
+absl::Status HostOpBuffer::FinalizeAvg(size_t offset, size_t count,
+                                       int divisor) {
+  ::halka::FinalizeAvg(dtype_, data_ + offset * es_, count, divisor);
+  return absl::OkStatus();
+}
+
+absl::Status HostOpBuffer::WriteBack(const uint8_t* host, size_t offset,
+                                     size_t count) {
+  if (count > 0) std::memcpy(data_ + offset * es_, host, count * es_);
+  return absl::OkStatus();
+}
+
+}  // namespace halka

@@ -11,6 +11,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "worker/core/cuda/cuda_reduce.h"
 #include "worker/core/reference.h"
 
 namespace halka {
@@ -56,8 +57,17 @@ BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
   std::vector<HostBuffer> shared(static_cast<size_t>(g));
   std::vector<std::vector<uint8_t>> plain(static_cast<size_t>(g));
   std::vector<uint8_t*> bufs(static_cast<size_t>(g));
+  std::vector<CudaBuffer> device(static_cast<size_t>(g));
   for (int r = 0; r < g; ++r) {
     inputs[r] = MakeRankData(c.dtype, c.op, row.count, r, options.seed);
+    if (options.device && bytes > 0) {
+      auto d = CudaBuffer::Allocate(bytes);
+      if (!d.ok()) {
+        row.error = d.status().ToString();
+        return row;
+      }
+      device[r] = std::move(*d);
+    }
     bool have_shared = false;
     if (options.zero_copy && bytes > 0) {
       auto hb = clients[r]->AllocateHostBuffer(bytes);
@@ -86,13 +96,23 @@ BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
         // Fresh inputs every time (outside the timed region) so that values
         // never drift out of range and the last result can be checked.
         if (bytes > 0) std::memcpy(bufs[r], inputs[r].data(), bytes);
+        if (options.device && bytes > 0 && !failed) {
+          absl::Status s = CudaCopyToDevice(device[r].data(), bufs[r], bytes);
+          if (!s.ok()) {
+            errors[r] = s.ToString();
+            failed = true;
+          }
+        }
         barrier.Wait();
         const absl::Time t0 = absl::Now();
         if (!failed) {
           OpOptions oo;
           oo.timeout = options.timeout;
           oo.algorithm = c.algorithm;
-          auto res = clients[r]->AllReduce(bufs[r], row.count, c.dtype, c.op, oo);
+          auto res = options.device
+                         ? clients[r]->AllReduceDevice(device[r].data(), row.count,
+                                                       c.dtype, c.op, oo)
+                         : clients[r]->AllReduce(bufs[r], row.count, c.dtype, c.op, oo);
           if (!res.ok()) {
             errors[r] = res.status().ToString();
             failed = true;
@@ -101,6 +121,13 @@ BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
           }
         }
         times[r][i] = absl::ToDoubleMicroseconds(absl::Now() - t0);
+        if (options.device && bytes > 0 && !failed && i + 1 == total) {
+          absl::Status s = CudaCopyToHost(bufs[r], device[r].data(), bytes);
+          if (!s.ok()) {
+            errors[r] = s.ToString();
+            failed = true;
+          }
+        }
         barrier.Wait();
       }
     });

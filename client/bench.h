@@ -26,6 +26,7 @@ struct BenchOptions {
   int warmup = 1;
   bool check = true;
   bool zero_copy = true;  // shared-memory buffers instead of plain vectors
+  bool device = false;    // CUDA device buffers (AllReduceDevice)
   absl::Duration timeout = absl::Seconds(120);
   uint64_t seed = 1;
 };

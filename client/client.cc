@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_util.h"
 #include "halka/v1/worker.grpc.pb.h"
+#include "worker/core/cuda/device_memory.h"
 
 namespace halka {
 namespace {
@@ -330,6 +331,70 @@ absl::StatusOr<OpInfo> Client::Broadcast(void* data, size_t count, DType dtype,
   spec.set_timeout_ms(static_cast<uint32_t>(
       absl::ToInt64Milliseconds(options.timeout)));
   return Run(spec, data, count * DTypeSize(dtype));
+}
+
+absl::StatusOr<OpInfo> Client::RunDevice(v1::OpSpec spec, void* device_data) {
+  if (!IsLocalAddress(impl_->target_) &&
+      impl_->options_.transfer != Transfer::kSharedMemory) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device tensors need a worker on this host; ", impl_->target_,
+        " is not a local address"));
+  }
+  v1::RunRequest req;
+  *req.mutable_spec() = spec;
+  if (spec.count() > 0) {
+    absl::StatusOr<DeviceHandle> h = ExportDevicePointer(device_data);
+    if (!h.ok()) return h.status();
+    v1::DeviceTensor* t = req.mutable_device_tensor();
+    t->set_device(h->device);
+    t->set_ipc_handle(h->ipc_handle);
+    t->set_offset(h->offset);
+    t->set_pid(h->pid);
+    t->set_pointer(h->pointer);
+  }
+  v1::RunReply reply;
+  grpc::ClientContext ctx;
+  SetCallDeadline(ctx, spec);
+  grpc::Status s = impl_->stub_->Run(&ctx, req, &reply);
+  if (!s.ok()) return FromGrpcStatus(s);
+  OpInfo info = FromStats(reply.stats());
+  info.zero_copy = true;
+  info.transfer = "cuda-ipc";
+  return info;
+}
+
+absl::StatusOr<OpInfo> Client::AllReduceDevice(void* device_data, size_t count,
+                                               DType dtype, ReduceOp op,
+                                               OpOptions options) {
+  if (!IsValidDType(static_cast<int>(dtype)) ||
+      !IsValidReduceOp(static_cast<int>(op))) {
+    return absl::InvalidArgumentError("all_reduce: invalid dtype or op");
+  }
+  v1::OpSpec spec;
+  spec.set_kind(v1::ALL_REDUCE);
+  spec.set_dtype(static_cast<v1::DType>(dtype));
+  spec.set_count(count);
+  spec.set_op(static_cast<v1::ReduceOp>(op));
+  spec.set_algorithm(static_cast<v1::Algorithm>(options.algorithm));
+  spec.set_timeout_ms(static_cast<uint32_t>(
+      absl::ToInt64Milliseconds(options.timeout)));
+  return RunDevice(spec, device_data);
+}
+
+absl::StatusOr<OpInfo> Client::BroadcastDevice(void* device_data, size_t count,
+                                               DType dtype, int root,
+                                               OpOptions options) {
+  if (!IsValidDType(static_cast<int>(dtype))) {
+    return absl::InvalidArgumentError("broadcast: invalid dtype");
+  }
+  v1::OpSpec spec;
+  spec.set_kind(v1::BROADCAST);
+  spec.set_dtype(static_cast<v1::DType>(dtype));
+  spec.set_count(count);
+  spec.set_root(root);
+  spec.set_timeout_ms(static_cast<uint32_t>(
+      absl::ToInt64Milliseconds(options.timeout)));
+  return RunDevice(spec, device_data);
 }
 
 absl::StatusOr<OpInfo> Client::Barrier(OpOptions options) {

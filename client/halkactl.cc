@@ -27,6 +27,7 @@
 #include "halka/client.h"
 #include "halka/local_cluster.h"
 #include "halka/v1/rendezvous.grpc.pb.h"
+#include "worker/core/cuda/cuda_reduce.h"
 #include "worker/core/reference.h"
 
 ABSL_FLAG(int, workers, 4, "embedded cluster size (demo, bench)");
@@ -53,6 +54,9 @@ ABSL_FLAG(std::string, algo, "auto",
           "all-reduce algorithm: auto, ring, naive, ps (bench: also all)");
 ABSL_FLAG(int, ps_shards, 1, "bench: parameter-server shards of the embedded "
           "cluster (with --algo=ps or all)");
+ABSL_FLAG(bool, device, false,
+          "bench/allreduce: CUDA device buffers (needs a GPU and a worker on "
+          "this host)");
 ABSL_FLAG(std::string, transfer, "auto",
           "how the tensor reaches the worker: auto, shm, inline");
 
@@ -128,6 +132,7 @@ BenchOptions OptionsFromFlags() {
   o.warmup = absl::GetFlag(FLAGS_w);
   o.check = absl::GetFlag(FLAGS_c) != 0;
   o.timeout = absl::GetFlag(FLAGS_timeout);
+  o.device = absl::GetFlag(FLAGS_device);
   return o;
 }
 
@@ -333,9 +338,26 @@ int AllReduceCommand() {
   const int repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
   for (int i = 0; i < repeat; ++i) {
     std::vector<uint8_t> buf = inputs[static_cast<size_t>(rank)];
+    const bool on_device = absl::GetFlag(FLAGS_device);
+    CudaBuffer device;
+    if (on_device && !buf.empty()) {
+      auto d = CudaBuffer::Allocate(buf.size());
+      if (!d.ok()) return Fail(d.status());
+      device = std::move(*d);
+      absl::Status s = CudaCopyToDevice(device.data(), buf.data(), buf.size());
+      if (!s.ok()) return Fail(s);
+    }
     const absl::Time t0 = absl::Now();
-    auto res = (*client)->AllReduce(buf.data(), static_cast<size_t>(count),
-                                    *dtype, *op, oo);
+    auto res = on_device
+                   ? (*client)->AllReduceDevice(device.data(),
+                                                static_cast<size_t>(count),
+                                                *dtype, *op, oo)
+                   : (*client)->AllReduce(buf.data(), static_cast<size_t>(count),
+                                          *dtype, *op, oo);
+    if (res.ok() && on_device && !buf.empty()) {
+      absl::Status s = CudaCopyToHost(buf.data(), device.data(), buf.size());
+      if (!s.ok()) return Fail(s);
+    }
     const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
     if (!res.ok()) {
       std::fprintf(stderr, "halkactl: rank %d: all_reduce failed after %.0f ms: %s\n",

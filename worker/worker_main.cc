@@ -33,6 +33,9 @@ ABSL_FLAG(absl::Duration, op_timeout, absl::Seconds(60),
 ABSL_FLAG(std::string, default_algorithm, "auto",
           "all-reduce algorithm for calls that ask for auto: auto, ring, "
           "naive, ps (env HALKA_DEFAULT_ALGORITHM)");
+ABSL_FLAG(int, device, -1,
+          "CUDA device for device tensors; -1: device 0 if usable, else CPU "
+          "(env HALKA_DEVICE)");
 ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(120),
           "how long to wait for the job to form (env HALKA_JOIN_TIMEOUT)");
 
@@ -56,6 +59,7 @@ int main(int argc, char** argv) {
   o.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
   o.op_timeout = absl::GetFlag(FLAGS_op_timeout);
   o.join_timeout = absl::GetFlag(FLAGS_join_timeout);
+  o.cuda_device = absl::GetFlag(FLAGS_device);
   auto algorithm = halka::ParseAlgorithm(absl::GetFlag(FLAGS_default_algorithm));
   if (!algorithm.ok()) {
     halka::LogError(algorithm.status().ToString());

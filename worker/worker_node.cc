@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
+#include "worker/core/cuda/device_memory.h"
 #include "worker/grpc_transport.h"
 
 namespace halka {
@@ -122,6 +123,13 @@ class WorkerNode::Service final : public v1::Worker::Service {
   grpc::Status Run(grpc::ServerContext*, const v1::RunRequest* req,
                    v1::RunReply* reply) override {
     const v1::OpSpec& spec = req->spec();
+    if (req->has_device_tensor()) {
+      auto result = node_->ExecuteOnDevice(spec, req->device_tensor());
+      if (!result.ok()) return ToGrpcStatus(result.status());
+      *reply->mutable_stats() =
+          ToStats(*result, node_->rank(), node_->world_size());
+      return grpc::Status::OK;
+    }
     uint8_t* data = nullptr;
     const uint64_t es = IsValidDType(spec.dtype())
                             ? DTypeSize(static_cast<DType>(spec.dtype()))
@@ -301,6 +309,21 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
     node->address_ = absl::StrCat(host, ":", port);
   }
   node->server_->GetHealthCheckService()->SetServingStatus(false);
+  if (o.cuda_device >= 0 || DeviceTensorsCompiled()) {
+    auto dev = DeviceContext::Open(std::max(o.cuda_device, 0));
+    if (dev.ok()) {
+      node->device_ = std::move(*dev);
+      node->options_.device = absl::StrCat("cuda:", node->device_->device());
+      LogInfo(absl::StrCat("device tensors reduce on ", node->options_.device));
+    } else if (o.cuda_device >= 0) {
+      return absl::Status(dev.status().code(),
+                          absl::StrCat("worker: --device=", o.cuda_device,
+                                       " is unusable: ", dev.status().message()));
+    } else {
+      LogInfo(absl::StrCat("no usable GPU (", dev.status().message(),
+                           "): reducing on the CPU"));
+    }
+  }
   node->rendezvous_ = v1::Rendezvous::NewStub(MakeChannel(o.rendezvous));
   return node;
 }
@@ -423,6 +446,31 @@ int WorkerNode::open_peer_streams() const {
 
 absl::StatusOr<OpResult> WorkerNode::Execute(const v1::OpSpec& spec,
                                              void* data) {
+  HostOpBuffer buffer(data);
+  return Run(spec, buffer);
+}
+
+absl::StatusOr<OpResult> WorkerNode::ExecuteOnDevice(
+    const v1::OpSpec& spec, const v1::DeviceTensor& tensor) {
+  if (device_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", options_.worker_id,
+        " has no usable GPU: send host tensors, or start it with --device"));
+  }
+  DeviceHandle h;
+  h.device = tensor.device();
+  h.ipc_handle = tensor.ipc_handle();
+  h.offset = tensor.offset();
+  h.pid = tensor.pid();
+  h.pointer = tensor.pointer();
+  absl::StatusOr<void*> ptr = device_->Resolve(h);
+  if (!ptr.ok()) return ptr.status();
+  std::unique_ptr<OpBuffer> buffer = device_->MakeBuffer(*ptr);
+  return Run(spec, *buffer);
+}
+
+absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
+                                         OpBuffer& buffer) {
   if (comm_ == nullptr) {
     return absl::FailedPreconditionError("worker has not joined its job yet");
   }
@@ -446,7 +494,7 @@ absl::StatusOr<OpResult> WorkerNode::Execute(const v1::OpSpec& spec,
         absl::Status s = EnsureServers(absl::Now() + t);
         if (!s.ok()) return s;
       }
-      auto result = comm_->AllReduce(data, spec.count(),
+      auto result = comm_->AllReduce(buffer, spec.count(),
                                      static_cast<DType>(spec.dtype()),
                                      static_cast<ReduceOp>(spec.op()), timeout,
                                      algorithm);
@@ -461,7 +509,7 @@ absl::StatusOr<OpResult> WorkerNode::Execute(const v1::OpSpec& spec,
       if (!IsValidDType(spec.dtype())) {
         return absl::InvalidArgumentError("broadcast: dtype must be valid");
       }
-      return comm_->Broadcast(data, spec.count(),
+      return comm_->Broadcast(buffer, spec.count(),
                               static_cast<DType>(spec.dtype()), spec.root(),
                               timeout);
     case v1::BARRIER:

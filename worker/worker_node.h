@@ -24,6 +24,8 @@ namespace halka {
 class GrpcTransport;
 class PeerService;
 class ShmCache;
+class DeviceContext;
+class OpBuffer;
 
 struct WorkerOptions {
   std::string job_id = "default";
@@ -38,7 +40,10 @@ struct WorkerOptions {
   absl::Duration op_timeout = absl::Seconds(60);
   absl::Duration join_timeout = absl::Seconds(120);
   uint64_t max_op_bytes = uint64_t{16} << 30;
-  std::string device = "cpu";
+  std::string device = "cpu";   // reported to the rendezvous
+  // CUDA device for device tensors: -1 picks device 0 when one is usable
+  // (and falls back to the CPU with one log line when not); >= 0 demands it.
+  int cuda_device = -1;
   // What an all-reduce that asks for AUTO runs.
   Algorithm default_algorithm = Algorithm::kAuto;
 };
@@ -67,6 +72,9 @@ class WorkerNode {
   // Runs one collective on `data` (host memory). Thread-safe; operations
   // are serialised.
   absl::StatusOr<OpResult> Execute(const v1::OpSpec& spec, void* data);
+  // The same on a client's CUDA tensor. FAILED_PRECONDITION without a GPU.
+  absl::StatusOr<OpResult> ExecuteOnDevice(const v1::OpSpec& spec,
+                                           const v1::DeviceTensor& tensor);
 
   const std::string& address() const { return address_; }
   int rank() const;
@@ -98,6 +106,8 @@ class WorkerNode {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<GrpcTransport> transport_;
   std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<DeviceContext> device_;  // null: host tensors only
+  absl::StatusOr<OpResult> Run(const v1::OpSpec& spec, OpBuffer& buffer);
   absl::Mutex servers_mu_;
   bool have_servers_ ABSL_GUARDED_BY(servers_mu_) = false;
 

@@ -144,6 +144,18 @@ class Client {
                      options);
   }
 
+  // On a CUDA device tensor of this process (same host as the worker, CUDA
+  // build): the worker maps it through a CUDA IPC handle and reduces it in
+  // place on its GPU; nothing passes through this process. Errors as above,
+  // plus UNAVAILABLE without CUDA, INVALID_ARGUMENT for host memory and
+  // FAILED_PRECONDITION when the worker has no GPU.
+  absl::StatusOr<OpInfo> AllReduceDevice(void* device_data, size_t count,
+                                         DType dtype, ReduceOp op,
+                                         OpOptions options = {});
+  absl::StatusOr<OpInfo> BroadcastDevice(void* device_data, size_t count,
+                                         DType dtype, int root,
+                                         OpOptions options = {});
+
   // Returns once every rank has called Barrier.
   absl::StatusOr<OpInfo> Barrier(OpOptions options = {});
 
@@ -159,6 +171,7 @@ class Client {
   class Impl;
   explicit Client(std::unique_ptr<Impl> impl);
   absl::StatusOr<OpInfo> Run(v1::OpSpec spec, void* data, size_t bytes);
+  absl::StatusOr<OpInfo> RunDevice(v1::OpSpec spec, void* device_data);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -181,6 +181,18 @@ void SetCallDeadline(grpc::ClientContext& ctx, const v1::OpSpec& spec) {
 
 }  // namespace
 
+absl::StatusOr<OpInfo> Client::RunShm(const v1::RunRequest& req,
+                                      const char* transfer) {
+  v1::RunReply reply;
+  grpc::ClientContext ctx;
+  SetCallDeadline(ctx, req.spec());
+  grpc::Status s = impl_->stub_->Run(&ctx, req, &reply);
+  if (!s.ok()) return FromGrpcStatus(s);
+  OpInfo info = FromStats(reply.stats());
+  info.transfer = transfer;
+  return info;
+}
+
 absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, void* data, size_t bytes) {
   Impl& im = *impl_;
   if (im.use_shm_ && bytes > 0) {
@@ -192,19 +204,11 @@ absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, void* data, size_t bytes) {
       req.set_shm_name(name);
       req.set_shm_offset(offset);
       req.set_shm_size(size);
-      v1::RunReply reply;
-      grpc::ClientContext ctx;
-      SetCallDeadline(ctx, spec);
-      grpc::Status s = im.stub_->Run(&ctx, req, &reply);
-      if (s.ok()) {
-        OpInfo info = FromStats(reply.stats());
-        info.zero_copy = true;
-        info.transfer = "shm";
-        return info;
-      }
-      if (s.error_code() != grpc::StatusCode::NOT_FOUND ||
+      absl::StatusOr<OpInfo> info = RunShm(req, "shm");
+      if (info.ok()) info->zero_copy = true;
+      if (info.ok() || info.status().code() != absl::StatusCode::kNotFound ||
           im.options_.transfer == Transfer::kSharedMemory) {
-        return FromGrpcStatus(s);
+        return info;
       }
       // The worker cannot see our shared memory (another host or
       // container): fall through to inline from now on.
@@ -230,19 +234,11 @@ absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, void* data, size_t bytes) {
       req.set_shm_name(im.staging_name_);
       req.set_shm_offset(0);
       req.set_shm_size(im.staging_size_);
-      v1::RunReply reply;
-      grpc::ClientContext ctx;
-      SetCallDeadline(ctx, spec);
-      grpc::Status s = im.stub_->Run(&ctx, req, &reply);
-      if (s.ok()) {
-        std::memcpy(data, im.staging_, bytes);
-        OpInfo info = FromStats(reply.stats());
-        info.transfer = "shm-staged";
-        return info;
-      }
-      if (s.error_code() != grpc::StatusCode::NOT_FOUND ||
+      absl::StatusOr<OpInfo> info = RunShm(req, "shm-staged");
+      if (info.ok()) std::memcpy(data, im.staging_, bytes);
+      if (info.ok() || info.status().code() != absl::StatusCode::kNotFound ||
           im.options_.transfer == Transfer::kSharedMemory) {
-        return FromGrpcStatus(s);
+        return info;
       }
       im.use_shm_ = false;
     }
@@ -250,14 +246,7 @@ absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, void* data, size_t bytes) {
   if (bytes == 0) {
     v1::RunRequest req;
     *req.mutable_spec() = spec;
-    v1::RunReply reply;
-    grpc::ClientContext ctx;
-    SetCallDeadline(ctx, spec);
-    grpc::Status s = im.stub_->Run(&ctx, req, &reply);
-    if (!s.ok()) return FromGrpcStatus(s);
-    OpInfo info = FromStats(reply.stats());
-    info.transfer = "none";
-    return info;
+    return RunShm(req, "none");
   }
   // Inline: stream the tensor in, stream the result back.
   grpc::ClientContext ctx;
@@ -352,14 +341,8 @@ absl::StatusOr<OpInfo> Client::RunDevice(v1::OpSpec spec, void* device_data) {
     t->set_pid(h->pid);
     t->set_pointer(h->pointer);
   }
-  v1::RunReply reply;
-  grpc::ClientContext ctx;
-  SetCallDeadline(ctx, spec);
-  grpc::Status s = impl_->stub_->Run(&ctx, req, &reply);
-  if (!s.ok()) return FromGrpcStatus(s);
-  OpInfo info = FromStats(reply.stats());
-  info.zero_copy = true;
-  info.transfer = "cuda-ipc";
+  absl::StatusOr<OpInfo> info = RunShm(req, "cuda-ipc");
+  if (info.ok()) info->zero_copy = true;
   return info;
 }
 

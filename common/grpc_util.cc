@@ -68,6 +68,14 @@ bool IsLocalAddress(absl::string_view address) {
   return true;
 }
 
+std::string DialableAddress(const std::string& listen, int port,
+                            const std::string& advertise) {
+  if (!advertise.empty()) return advertise;
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host == "0.0.0.0" || host == "[::]" || host.empty()) host = "127.0.0.1";
+  return absl::StrCat(host, ":", port);
+}
+
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);

@@ -28,6 +28,12 @@ void SetLogTag(absl::string_view tag);
 // True for "unix:...", "localhost:...", "127.x.x.x:..." and "[::1]:...".
 bool IsLocalAddress(absl::string_view address);
 
+// The address others dial for a server that listens on `listen` and got
+// `port`: `advertise` when given, else the listen host (a wildcard host
+// becomes 127.0.0.1) with the bound port.
+std::string DialableAddress(const std::string& listen, int port,
+                            const std::string& advertise);
+
 // An insecure channel for a local or explicitly insecure target, with
 // halka's channel arguments (message size limits, keepalive).
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);

@@ -1,5 +1,8 @@
-// Blocks SIGTERM/SIGINT in every thread and waits for one on a dedicated
-// thread, so daemons shut down cleanly instead of dying mid-write.
+// Clean shutdown on SIGTERM/SIGINT without work in a signal handler: the
+// signals are blocked in every thread and a dedicated (detached) thread
+// waits for them with sigwait. The main thread waits on the notification
+// and then shuts its server down itself, so no two threads ever tear the
+// same object down.
 #ifndef HALKA_COMMON_SIGNALS_H_
 #define HALKA_COMMON_SIGNALS_H_
 
@@ -7,21 +10,28 @@
 #include <functional>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
+
 namespace halka {
 
-// Call first thing in main (before any thread starts). `on_signal` runs on
-// the waiting thread with the signal number.
-inline std::thread HandleTerminationSignals(std::function<void(int)> on_signal) {
+// Call first thing in main, before any thread starts. On the first signal,
+// `on_signal` (if any) runs on the signal thread, then the returned
+// notification fires. The notification lives for the whole process.
+inline absl::Notification& InstallTerminationSignals(
+    std::function<void(int)> on_signal = nullptr) {
+  static absl::Notification* received = new absl::Notification();
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  return std::thread([set, on_signal] {
+  std::thread([set, on_signal] {
     int sig = 0;
     sigwait(&set, &sig);
-    on_signal(sig);
-  });
+    if (on_signal) on_signal(sig);
+    received->Notify();
+  }).detach();
+  return *received;
 }
 
 }  // namespace halka

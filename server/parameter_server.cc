@@ -332,13 +332,7 @@ absl::StatusOr<std::unique_ptr<ParameterServerNode>> ParameterServerNode::Start(
     return absl::UnavailableError(
         absl::StrCat("ps: cannot listen on ", options.listen));
   }
-  if (!options.advertise.empty()) {
-    n->address_ = options.advertise;
-  } else {
-    std::string host = options.listen.substr(0, options.listen.rfind(':'));
-    if (host == "0.0.0.0" || host == "[::]" || host.empty()) host = "127.0.0.1";
-    n->address_ = absl::StrCat(host, ":", port);
-  }
+  n->address_ = DialableAddress(options.listen, port, options.advertise);
   if (!options.rendezvous.empty()) {
     n->rendezvous_ = v1::Rendezvous::NewStub(MakeChannel(options.rendezvous));
     n->registrar_ = std::thread([p = n.get()] { p->RegisterLoop(); });

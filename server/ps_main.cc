@@ -1,4 +1,6 @@
 // halka-ps: one shard of the central parameter server.
+#include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -29,12 +31,8 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   halka::SetLogTag("ps");
   halka::TuneAllocatorForStreaming();
-  std::unique_ptr<halka::ParameterServerNode> node;
-  absl::Mutex mu;
-  std::thread signals = halka::HandleTerminationSignals([&](int sig) {
+  absl::Notification& stop = halka::InstallTerminationSignals([](int sig) {
     halka::LogInfo(absl::StrCat("signal ", sig, ": shutting down"));
-    absl::MutexLock lock(&mu);
-    if (node) node->Shutdown();
   });
   halka::PsOptions o;
   o.rendezvous = absl::GetFlag(FLAGS_rendezvous);
@@ -49,12 +47,12 @@ int main(int argc, char** argv) {
     halka::LogError(started.status().ToString());
     return 1;
   }
-  {
-    absl::MutexLock lock(&mu);
-    node = std::move(*started);
-  }
+  std::unique_ptr<halka::ParameterServerNode> node = std::move(*started);
   std::cout << "halka-ps serving on " << node->address() << std::endl;
-  node->Wait();
-  signals.detach();
-  return 0;
+  stop.WaitForNotification();
+  node->Shutdown();
+  // Everything is stopped and flushed; skip gRPC's process-exit teardown,
+  // which can take a second or more for nothing.
+  std::fflush(nullptr);
+  std::_Exit(0);
 }

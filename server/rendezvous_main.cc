@@ -25,10 +25,8 @@ int main(int argc, char** argv) {
   halka::ApplyEnvToFlags();
   absl::ParseCommandLine(argc, argv);
   halka::SetLogTag("rendezvous");
-  std::unique_ptr<halka::RendezvousServer> server;
-  std::thread signals = halka::HandleTerminationSignals([&](int sig) {
+  absl::Notification& stop = halka::InstallTerminationSignals([](int sig) {
     halka::LogInfo(absl::StrCat("signal ", sig, ": shutting down"));
-    if (server) server->Shutdown();
   });
   halka::RendezvousOptions options;
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
@@ -39,11 +37,14 @@ int main(int argc, char** argv) {
     halka::LogError(started.status().ToString());
     return 1;
   }
-  server = std::move(*started);
+  std::unique_ptr<halka::RendezvousServer> server = std::move(*started);
   halka::LogInfo(absl::StrCat("serving on ", server->address()));
   std::cout << "halka-rendezvous listening on " << server->address()
             << std::endl;
-  server->Wait();
-  signals.detach();
-  return 0;
+  stop.WaitForNotification();
+  server->Shutdown();
+  // Everything is stopped and flushed; skip gRPC's process-exit teardown,
+  // which can take a second or more for nothing.
+  std::fflush(nullptr);
+  std::_Exit(0);
 }

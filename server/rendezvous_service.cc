@@ -193,9 +193,7 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
     return absl::UnavailableError(
         absl::StrCat("rendezvous: cannot listen on ", listen));
   }
-  std::string host = listen.substr(0, listen.rfind(':'));
-  if (host == "0.0.0.0" || host == "[::]" || host.empty()) host = "127.0.0.1";
-  s->address_ = absl::StrCat(host, ":", port);
+  s->address_ = DialableAddress(listen, port, "");
   return s;
 }
 

@@ -1,5 +1,7 @@
 // halka-worker: one per GPU (or CPU process). Joins a job, links to its
 // ring peers, and serves the SDK-facing API.
+#include <atomic>
+#include <cstdlib>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -67,14 +69,12 @@ int main(int argc, char** argv) {
   }
   o.default_algorithm = *algorithm;
 
-  absl::Mutex mu;
-  halka::WorkerNode* running = nullptr;
-  bool stop = false;
-  std::thread signals = halka::HandleTerminationSignals([&](int sig) {
+  // Until the ring has formed there is nothing to leave or drain: a signal
+  // during the (blocking) join ends the process at once.
+  std::atomic<bool> joined{false};
+  absl::Notification& stop = halka::InstallTerminationSignals([&](int sig) {
     halka::LogInfo(absl::StrCat("signal ", sig, ": shutting down"));
-    absl::MutexLock lock(&mu);
-    stop = true;
-    if (running) running->Shutdown();
+    if (!joined.load()) std::_Exit(0);
   });
   auto node = halka::WorkerNode::Create(o);
   if (!node.ok()) {
@@ -82,17 +82,16 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cout << "halka-worker serving on " << (*node)->address() << std::endl;
-  absl::Status joined = (*node)->Join();
-  if (!joined.ok()) {
-    halka::LogError(joined.ToString());
+  absl::Status status = (*node)->Join();
+  if (!status.ok()) {
+    halka::LogError(status.ToString());
     return 1;
   }
-  {
-    absl::MutexLock lock(&mu);
-    if (stop) return 0;
-    running = node->get();
-  }
-  (*node)->Wait();
-  signals.detach();
-  return 0;
+  joined = true;
+  stop.WaitForNotification();
+  (*node)->Shutdown();
+  // Everything is stopped and flushed; skip gRPC's process-exit teardown,
+  // which can take a second or more for nothing.
+  std::fflush(nullptr);
+  std::_Exit(0);
 }

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
@@ -301,13 +302,7 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
     return absl::UnavailableError(
         absl::StrCat("worker: cannot listen on ", o.listen));
   }
-  if (!o.advertise.empty()) {
-    node->address_ = o.advertise;
-  } else {
-    std::string host = o.listen.substr(0, o.listen.rfind(':'));
-    if (host == "0.0.0.0" || host == "[::]" || host.empty()) host = "127.0.0.1";
-    node->address_ = absl::StrCat(host, ":", port);
-  }
+  node->address_ = DialableAddress(o.listen, port, o.advertise);
   node->server_->GetHealthCheckService()->SetServingStatus(false);
   if (o.cuda_device >= 0 || DeviceTensorsCompiled()) {
     auto dev = DeviceContext::Open(std::max(o.cuda_device, 0));
@@ -404,9 +399,11 @@ WorkerNode::~WorkerNode() { Shutdown(); }
 void WorkerNode::Shutdown(bool leave) {
   if (shut_down_) return;
   shut_down_ = true;
+  const absl::Time t0 = absl::Now();
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (comm_) comm_->Abort(absl::UnavailableError("worker is shutting down"));
   if (heartbeat_.joinable()) heartbeat_.join();
+  const absl::Time t1 = absl::Now();
   bool joined;
   {
     absl::MutexLock lock(&mu_);
@@ -421,12 +418,20 @@ void WorkerNode::Shutdown(bool leave) {
     v1::LeaveReply reply;
     rendezvous_->Leave(&ctx, req, &reply);
   }
+  const absl::Time t2 = absl::Now();
   transport_.reset();
+  const absl::Time t3 = absl::Now();
   // A clean stop lets in-flight calls finish briefly; a simulated death
   // cancels them at once.
   server_->Shutdown(absl::ToChronoTime(
       absl::Now() + (leave ? absl::Milliseconds(100) : absl::ZeroDuration())));
   server_->Wait();
+  LogInfo(absl::StrFormat(
+      "stopped in %.0f ms (heartbeat %.0f, leave %.0f, links %.0f, server %.0f)",
+      absl::ToDoubleMilliseconds(absl::Now() - t0),
+      absl::ToDoubleMilliseconds(t1 - t0), absl::ToDoubleMilliseconds(t2 - t1),
+      absl::ToDoubleMilliseconds(t3 - t2),
+      absl::ToDoubleMilliseconds(absl::Now() - t3)));
 }
 
 void WorkerNode::Wait() { server_->Wait(); }

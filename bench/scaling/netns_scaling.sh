@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # netns_scaling.sh — halka all-reduce scaling on real, shaped links.
 #
-# Builds one Linux bridge and, on it, one network namespace per host: G
-# workers (198.18.0.10+i/24), the rendezvous (198.18.0.2) and, for PS mode,
-# a dedicated parameter server (198.18.0.3). Every host's link is capped in
-# BOTH directions with tc tbf: egress of the namespace side of its veth (what
-# the host sends) and egress of the bridge side (what the host receives).
+# Builds one Linux bridge (in a "switch" namespace of its own) and, on it,
+# one network namespace per host: G workers (198.18.0.10+i/24), the
+# rendezvous (198.18.0.2) and, for PS mode, a dedicated parameter server
+# (198.18.0.3). Every host's link is capped in BOTH directions with tc tbf:
+# egress of the namespace side of its veth (what the host sends) and egress
+# of the bridge side (what the host receives).
 # For each world size G it starts G workers (and halka-ps), then for each
 # algorithm and buffer size runs `halkactl allreduce` on every rank at once,
 # checks every result (#wrong 0 on every rank) and times the operation as
@@ -19,9 +20,10 @@
 # possible ratio (measured/theory) near 1.05.
 #
 # Needs root (ip netns, veth, bridge, tc). Traffic stays inside the bridge
-# (198.18.0.0/24, RFC 2544 benchmark space); the root namespace gets no
-# address on it. Everything created is named with a per-run prefix and removed
-# on exit, on INT and on TERM. Every wait is bounded.
+# (198.18.0.0/24, RFC 2544 benchmark space); nothing is added to the root
+# namespace, so its firewall (Docker's FORWARD DROP via br_netfilter) cannot
+# interfere. Every namespace is named with a per-run prefix "hs<pid>-" and
+# removed on exit, on INT and on TERM. Every wait is bounded.
 #
 # Usage: bench/scaling/netns_scaling.sh [options]
 #   --build DIR        build directory with server/ worker/ client/ (default:
@@ -44,8 +46,10 @@
 #
 # Outputs in OUT: results.csv (one row per size, G, algo), ops.csv (one row
 # per rank and operation), scaling_<size>MiB.png, logs/ (on failure, or
-# with --keep-logs). Exit status: 0 when every row is OK, 1 when any row
-# FAILED, 2 on a usage or setup error, 130/143 when interrupted.
+# with --keep-logs; a process still running 5 s after SIGTERM gets every
+# thread's stack dumped there with gdb, when gdb is installed).
+# Exit status: 0 when every row is OK, 1 when any row FAILED, 2 on a usage
+# or setup error, 130/143 when interrupted.
 
 set -u
 set -o pipefail
@@ -151,11 +155,11 @@ rm -rf -- "$LOGS"; mkdir -p "$LOGS"
 # ------------------------------------------------------------------ state
 # Per-run prefix: "hs<pid>-" (≤ 10 chars, so every interface name ≤ 15).
 P="hs$$-"
-BR="${P}br"
+SW="${P}sw"        # the switch namespace (holds the bridge br0)
 RUN_START=$(date +%s)
 DEADLINE=$(( RUN_START + MAX_SECONDS ))
 NETNS_MADE=()      # namespaces created by this run
-LINKS_MADE=()      # root-namespace links (bridge, host-side veths)
+LINKS_MADE=()      # root-namespace links (none today; kept for cleanup)
 declare -A PID_OF=()   # name -> pid of a process group leader we started
 PROC_NAMES=()
 ANY_FAILED=0
@@ -167,6 +171,20 @@ pid_alive() {
   local st
   st=$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) || return 1
   [[ -n "$st" && "$st" != Z && "$st" != X ]]
+}
+
+# dump_stacks NAME PID : when gdb is there, every thread's backtrace of the
+# processes under PID (a hang on shutdown is a bug worth a stack) goes to
+# $LOGS/NAME.stacks. Bounded.
+dump_stacks() {
+  local name=$1 pid=$2 kids k
+  command -v gdb >/dev/null 2>&1 || return 0
+  kids=$(cat /proc/"$pid"/task/*/children 2>/dev/null)
+  for k in $kids; do
+    timeout 30 gdb -p "$k" -batch -ex "thread apply all bt" \
+      >>"$LOGS/$name.stacks" 2>&1 </dev/null
+  done
+  echo "netns_scaling: stacks of $name in $LOGS/$name.stacks" >&2
 }
 
 # stop_procs NAME... : SIGTERM each one's process group, SIGKILL what is
@@ -181,17 +199,29 @@ stop_procs() {
     fi
     left+=("$name")
   done
+  # (`timeout -k 10` around each process would SIGKILL it after 10 s too.)
+  local t0 ms; t0=$(date +%s%N)
+  declare -A gone_ms=()
   for i in $(seq 1 250); do
     any=0
-    for name in "${left[@]}"; do pid_alive "${PID_OF[$name]}" && { any=1; break; }; done
+    for name in "${left[@]}"; do
+      if pid_alive "${PID_OF[$name]}"; then
+        any=1
+      elif [[ -z "${gone_ms[$name]:-}" ]]; then
+        gone_ms[$name]=$(( ($(date +%s%N) - t0) / 1000000 ))
+      fi
+    done
     (( any )) || break
     sleep 0.02
   done
   for name in "${left[@]}"; do
     pid=${PID_OF[$name]}
     if pid_alive "$pid"; then
-      echo "netns_scaling: $name (pid $pid) ignored SIGTERM for 5 s; SIGKILL" >&2
+      echo "netns_scaling: $name (pid $pid) still running 5 s after SIGTERM; SIGKILL" >&2
+      dump_stacks "$name" "$pid"
       kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
+    elif (( ${gone_ms[$name]:-0} > 2000 )); then
+      echo "netns_scaling: $name took ${gone_ms[$name]} ms to exit after SIGTERM" >&2
     fi
     kill -KILL -- "-$pid" 2>/dev/null   # leftovers of its group, if any
     wait "$pid" 2>/dev/null
@@ -248,7 +278,7 @@ trap 'echo "netns_scaling: terminated" >&2; exit 143' TERM
 start_in() {
   local ns=$1 name=$2; shift 2
   local bound; bound=$(left_s); (( bound > 5 )) || bound=5
-  setsid ip netns exec "$ns" timeout -k 5 "$bound" "$@" \
+  setsid ip netns exec "$ns" timeout -k 10 "$bound" "$@" \
     >"$LOGS/$name.out" 2>"$LOGS/$name.err" </dev/null &
   PID_OF[$name]=$!
   PROC_NAMES+=("$name")
@@ -301,23 +331,21 @@ shape() {  # shape DEV [NS] : tbf on egress of DEV (inside NS when given)
   if [[ -n "$ns" ]]; then ip netns exec "$ns" "${cmd[@]}"; else "${cmd[@]}"; fi
 }
 
-# add_host SHORT ADDR : namespace ${P}SHORT with eth0=ADDR/24 on the bridge,
-# shaped both ways.
+# add_host SHORT ADDR : namespace ${P}SHORT with eth0=ADDR/24, whose peer
+# (port hSHORT) is on the bridge in the switch namespace; shaped both ways.
+# The pair is created in place, so no link ever exists in the root namespace.
 add_host() {
-  local short=$1 addr=$2 ns="${P}$1" hv="${P}h$1" nv="${P}n$1"
+  local short=$1 addr=$2 ns="${P}$1" hv="h$1"
   ip netns add "$ns" || return 1
   NETNS_MADE+=("$ns")
-  ip link add "$hv" type veth peer name "$nv" || return 1
-  LINKS_MADE+=("$hv")
-  ip link set "$nv" netns "$ns" || return 1
-  ip link set "$hv" master "$BR" || return 1
-  ip link set "$hv" up || return 1
-  ip netns exec "$ns" ip link set "$nv" name eth0 || return 1
-  ip netns exec "$ns" ip addr add "$addr/24" dev eth0 || return 1
-  ip netns exec "$ns" ip link set eth0 up || return 1
-  ip netns exec "$ns" ip link set lo up || return 1
+  ip -n "$SW" link add "$hv" type veth peer name eth0 netns "$ns" || return 1
+  ip -n "$SW" link set "$hv" master br0 || return 1
+  ip -n "$SW" link set "$hv" up || return 1
+  ip -n "$ns" addr add "$addr/24" dev eth0 || return 1
+  ip -n "$ns" link set eth0 up || return 1
+  ip -n "$ns" link set lo up || return 1
   shape eth0 "$ns" || return 1   # what the host sends
-  shape "$hv" || return 1        # what the host receives
+  shape "$hv" "$SW" || return 1  # what the host receives
 }
 
 # Does one host reach another? (bash /dev/tcp, bounded)
@@ -333,13 +361,21 @@ for a in $ALGOS; do [[ $a == ps ]] && WANT_PS=1; done
 log "run prefix $P; output $OUT"
 (( WANT_PS && ! HAVE_PS )) && echo "ps: skipped (halka-ps not built)"
 log "link: tbf rate $RATE ($RATE_BPS B/s) burst $BURST latency $LATENCY, both directions"
-ip link add name "$BR" type bridge || die "cannot create bridge $BR"
-LINKS_MADE+=("$BR")
-# Bridged frames must not pass through the host's iptables (br_netfilter).
-ip link set dev "$BR" type bridge nf_call_iptables 0 nf_call_ip6tables 0 \
+# The bridge lives in its own "switch" namespace: the root namespace's
+# firewall (e.g. Docker's FORWARD policy DROP, applied to bridged frames by
+# br_netfilter) never sees this traffic, and nothing is added to the root
+# namespace at all.
+ip netns add "$SW" || die "cannot create namespace $SW"
+NETNS_MADE+=("$SW")
+ip netns exec "$SW" sysctl -qw net.bridge.bridge-nf-call-iptables=0 \
+  net.bridge.bridge-nf-call-ip6tables=0 net.bridge.bridge-nf-call-arptables=0 \
+  >/dev/null 2>&1 || true
+ip -n "$SW" link add name br0 type bridge || die "cannot create bridge in $SW"
+ip -n "$SW" link set dev br0 type bridge stp_state 0 forward_delay 0 2>/dev/null || true
+ip -n "$SW" link set dev br0 type bridge nf_call_iptables 0 nf_call_ip6tables 0 \
   nf_call_arptables 0 2>/dev/null || true
-ip link set dev "$BR" type bridge stp_state 0 forward_delay 0 2>/dev/null || true
-ip link set dev "$BR" up || die "cannot bring $BR up"
+ip -n "$SW" link set dev br0 up || die "cannot bring the bridge up"
+ip -n "$SW" link set dev lo up 2>/dev/null || true
 add_host r "$ADDR_RDV" || die "cannot build host ${P}r"
 if (( WANT_PS && HAVE_PS )); then
   add_host p "$ADDR_PS" || die "cannot build host ${P}p"
@@ -347,12 +383,12 @@ fi
 for (( i = 0; i < MAXG; i++ )); do
   add_host "w$i" "$(addr_worker "$i")" || die "cannot build host ${P}w$i"
 done
-log "built $(( ${#NETNS_MADE[@]} )) hosts on bridge $BR; shaping of ${P}w0:"
+log "built $(( ${#NETNS_MADE[@]} - 1 )) hosts on bridge br0 in namespace $SW; shaping of ${P}w0:"
 {
   echo "  # namespace side (${P}w0 eth0, what w0 sends):"
   ip netns exec "${P}w0" tc qdisc show dev eth0 | sed 's/^/  /'
-  echo "  # bridge side (${P}hw0, what w0 receives):"
-  tc qdisc show dev "${P}hw0" | sed 's/^/  /'
+  echo "  # bridge side (port hw0 in $SW, what w0 receives):"
+  ip netns exec "$SW" tc qdisc show dev hw0 | sed 's/^/  /'
 } | tee "$OUT/tc_qdisc_w0.txt"
 
 # ------------------------------------------------------------------ rendezvous
@@ -580,9 +616,9 @@ make_plot() {
         plots+=("'$LOGS/plot_${size}_${algo}.dat' using 1:2 with linespoints lw 2 pt 7 ps 1.2 lc rgb '$col' title '$algo measured'")
       fi
       case $algo in
-        ring) plots+=("2*(x-1)/x*S/R with lines dt 2 lw 1.5 lc rgb '$col' title 'ring theory 2(G-1)/G·S/R'") ;;
-        ps) plots+=("x*S/R with lines dt 2 lw 1.5 lc rgb '$col' title 'ps theory G·S/R'") ;;
-        naive) plots+=("(x-1)*S/R with lines dt 2 lw 1.5 lc rgb '$col' title 'naive theory (G-1)·S/R'") ;;
+        ring) plots+=("inr(x)*2*(x-1)/x*S/R with lines dt 2 lw 1.5 lc rgb '$col' title 'ring theory 2(G-1)/G·S/R'") ;;
+        ps) plots+=("inr(x)*x*S/R with lines dt 2 lw 1.5 lc rgb '$col' title 'ps theory G·S/R'") ;;
+        naive) plots+=("inr(x)*(x-1)*S/R with lines dt 2 lw 1.5 lc rgb '$col' title 'naive theory (G-1)·S/R'") ;;
       esac
     done
     local joined="" p
@@ -599,6 +635,7 @@ set xrange [$(( xmin > 1 ? xmin - 1 : 0 )):$(( xmax + 1 ))]
 set xtics (${WORLDS// /, })
 set yrange [0:*]
 set samples 400
+inr(x) = (x >= $xmin && x <= $xmax) ? 1 : 1/0
 set grid
 set key top left box opaque
 plot $joined

@@ -61,7 +61,7 @@ start=$(date +%s)
 # Bounded twice: --max-seconds inside, timeout outside (ctest's TIMEOUT 600).
 timeout -k 20 540 bash "$SCRIPT" --build "$BUILD" --worlds "2 4" --sizes-mib 4 \
   --algos "$ALGOS" --rate 1gbit --repeats 2 --op-timeout 60 --max-seconds 480 \
-  --plot no --keep-logs --out "$OUT" &
+  --plot no --out "$OUT" &
 child=$!
 wait "$child"
 rc=$?

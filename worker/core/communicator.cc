@@ -64,10 +64,6 @@ absl::StatusOr<OpResult> Communicator::AllReduce(void* data, size_t count,
                                                  DType dtype, ReduceOp op,
                                                  absl::Duration timeout,
                                                  Algorithm algorithm) {
-  if (!IsValidDType(static_cast<int>(dtype)) ||
-      !IsValidReduceOp(static_cast<int>(op))) {
-    return absl::InvalidArgumentError("all_reduce: invalid dtype or op");
-  }
   if (data == nullptr && count > 0) {
     return absl::InvalidArgumentError("all_reduce: null buffer");
   }
@@ -96,14 +92,6 @@ absl::StatusOr<OpResult> Communicator::AllReduce(OpBuffer& buffer,
 absl::StatusOr<OpResult> Communicator::Broadcast(void* data, size_t count,
                                                  DType dtype, int root,
                                                  absl::Duration timeout) {
-  if (!IsValidDType(static_cast<int>(dtype))) {
-    return absl::InvalidArgumentError("broadcast: invalid dtype");
-  }
-  if (root < 0 || root >= config_.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "broadcast: root ", root, " is outside [0, ", config_.world_size,
-        ")"));
-  }
   if (data == nullptr && count > 0) {
     return absl::InvalidArgumentError("broadcast: null buffer");
   }

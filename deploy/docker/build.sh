@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Builds halka's container image from this checkout.
+#
+#   deploy/docker/build.sh [--cuda] [--tag TAG] [--base IMAGE]
+#                          [--runtime-base IMAGE] [--jobs N] [--dry-run]
+#                          [-- EXTRA DOCKER BUILD ARGS...]
+#
+#   (default)  FROM debian:bookworm-slim, HALKA_CUDA=OFF  -> halka:latest
+#   --cuda     FROM nvidia/cuda:$CUDA_VERSION-devel-ubuntu24.04 (build) and
+#              nvidia/cuda:$CUDA_VERSION-runtime-ubuntu24.04 (runtime),
+#              HALKA_CUDA=ON                               -> halka:cuda
+#   --dry-run  print the docker command and the files of the context
+#
+# The context is the repository root, narrowed to what the Dockerfile
+# copies (streamed as a tar), so a big build/ directory is never sent.
+# Set DOCKER to choose the client (default: docker).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+DOCKER=${DOCKER:-docker}
+CUDA_VERSION=${CUDA_VERSION:-12.6.3}
+# What the Dockerfile COPYs; keep in sync with it.
+CONTEXT=(CMakeLists.txt proto common worker server client
+         scripts/install-deps.sh deploy/docker)
+
+cuda=0 tag="" base="" runtime_base="" jobs="" dry=0 extra=()
+while (( $# )); do
+  case $1 in
+    --cuda) cuda=1 ;;
+    --tag) tag=$2; shift ;;
+    --base) base=$2; shift ;;
+    --runtime-base) runtime_base=$2; shift ;;
+    --jobs) jobs=$2; shift ;;
+    --dry-run) dry=1 ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+args=(build -f deploy/docker/Dockerfile)
+if (( cuda )); then
+  base=${base:-nvidia/cuda:$CUDA_VERSION-devel-ubuntu24.04}
+  runtime_base=${runtime_base:-nvidia/cuda:$CUDA_VERSION-runtime-ubuntu24.04}
+  tag=${tag:-halka:cuda}
+  args+=(--build-arg HALKA_CUDA=ON)
+else
+  tag=${tag:-halka:latest}
+  args+=(--build-arg HALKA_CUDA=OFF)
+fi
+[[ -n $base ]] && args+=(--build-arg "BASE=$base")
+[[ -n $runtime_base ]] && args+=(--build-arg "RUNTIME_BASE=$runtime_base")
+[[ -n $jobs ]] && args+=(--build-arg "JOBS=$jobs")
+args+=(-t "$tag" ${extra[@]+"${extra[@]}"} -)
+
+cd "$ROOT"
+if (( dry )); then
+  printf '%q ' "$DOCKER" "${args[@]}"; echo "< context.tar"
+  tar -c "${CONTEXT[@]}" | tar -t
+  exit 0
+fi
+tar -c --owner=0 --group=0 "${CONTEXT[@]}" | "$DOCKER" "${args[@]}"

@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# Runs the CUDA reducer's checks on a GPU machine (e.g. the device tool's
+# NVIDIA H200, sm_90) that has the CUDA driver but no gRPC, Abseil or
+# GoogleTest and no network, from a prebuilt bundle. Finishes in under 8
+# minutes (every step has its own timeout; see the BUDGET lines).
+#
+# 1. Here, on the development machine (nvcc installed, no GPU needed):
+#
+#      bash tests/cuda/make_gpu_bundle.sh [BUILD_DIR]
+#
+#    builds cuda_reduce_test and halka_cuda_reduce_bench with -DHALKA_CUDA=ON
+#    (BUILD_DIR defaults to build-cuda/) and fills bundle/ (git-ignored) with
+#    them and the shared libraries they need.
+#
+# 2. On the GPU machine, from the repository root, with bundle/ beside it.
+#    With the device tool, which copies the working tree but not ignored
+#    paths unless they are named in `carry`:
+#
+#      run(command="bash tests/cuda/run_on_gpu.sh", carry=["bundle"],
+#          timeout_s=540)
+#
+# Steps: nvidia-smi; cuobjdump --list-elf/--list-ptx on the test binary
+# (expects sm_75, sm_80 and sm_90 machine code); cuda_reduce_test (every
+# dtype x op x size x alignment against the CPU reducer, bit for bit);
+# a short compute-sanitizer memcheck of a subset of the tests where the
+# tool exists and time allows; the benchmark (1 MiB .. 1 GiB, GB/s next to
+# device-to-device cudaMemcpy); then a summary table. Logs go to $OUT when
+# it is set (the device tool brings them back), else to bundle/results/.
+# The exit status is non-zero if the tests failed, were skipped (no usable
+# GPU) or could not run.
+#
+# The binaries come from a Debian 12 build (glibc 2.36). If they cannot start
+# with the GPU machine's own glibc, the script runs them through the bundled
+# loader (bundle/glibc/ld-linux-x86-64.so.2) instead, with the driver's
+# libcuda from the machine (HALKA_BUNDLED_GLIBC=1 forces that).
+set -uo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BUNDLE=${HALKA_BUNDLE:-$REPO/bundle}
+RESULTS=${OUT:-$BUNDLE/results}
+mkdir -p "$RESULTS"
+SUMMARY=$RESULTS/summary.txt
+: >"$SUMMARY"
+T0=$SECONDS
+
+# BUDGET (seconds, worst case 20+20+20+200+60+120 = 440 < 480).
+T_SMI=20
+T_OBJDUMP=20
+T_PROBE=20
+T_TEST=200
+T_MEMCHECK=60
+T_BENCH=120
+
+row() { printf '%-22s %-8s %s\n' "$1" "$2" "$3" >>"$SUMMARY"; }
+banner() { echo; echo "=== $* ($((SECONDS - T0)) s)"; }
+
+TEST_BIN=$BUNDLE/bin/cuda_reduce_test
+BENCH_BIN=$BUNDLE/bin/halka_cuda_reduce_bench
+if [[ ! -x "$TEST_BIN" || ! -x "$BENCH_BIN" ]]; then
+  echo "error: no bundle at $BUNDLE; build it with tests/cuda/make_gpu_bundle.sh" \
+       "and carry bundle/ to this machine" >&2
+  exit 2
+fi
+[[ -f "$BUNDLE/MANIFEST.txt" ]] && head -7 "$BUNDLE/MANIFEST.txt"
+
+# --- 1. the GPU ------------------------------------------------------------
+banner "nvidia-smi"
+gpu="?"
+if command -v nvidia-smi >/dev/null; then
+  timeout "$T_SMI" nvidia-smi 2>&1 | tee "$RESULTS/nvidia-smi.txt"
+  gpu=$(timeout "$T_SMI" nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap \
+        --format=csv,noheader 2>/dev/null | head -1)
+  row "nvidia-smi" "ok" "${gpu:-?}"
+else
+  echo "nvidia-smi not found"
+  row "nvidia-smi" "missing" ""
+fi
+
+# --- 2. which architectures the binary carries -----------------------------
+banner "cuobjdump"
+if command -v cuobjdump >/dev/null; then
+  {
+    timeout "$T_OBJDUMP" cuobjdump --list-elf "$TEST_BIN"
+    timeout "$T_OBJDUMP" cuobjdump --list-ptx "$TEST_BIN"
+  } 2>&1 | tee "$RESULTS/cuobjdump.txt"
+  missing=""
+  for sm in 75 80 90; do
+    grep -q "sm_$sm" "$RESULTS/cuobjdump.txt" || missing="$missing sm_$sm"
+  done
+  if [[ -z "$missing" ]]; then
+    row "fatbin (cuobjdump)" "ok" "sm_75 sm_80 sm_90 ELF + PTX"
+  else
+    row "fatbin (cuobjdump)" "MISSING" "$missing"
+  fi
+else
+  row "fatbin (cuobjdump)" "skipped" "cuobjdump not installed"
+fi
+
+# --- 3. how to start the binaries -----------------------------------------
+banner "loader"
+RUN=(env "LD_LIBRARY_PATH=$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+mode="system glibc"
+if [[ "${HALKA_BUNDLED_GLIBC:-0}" == 1 ]] ||
+   ! timeout "$T_PROBE" "${RUN[@]}" "$TEST_BIN" --gtest_list_tests >/dev/null 2>"$RESULTS/probe.txt"; then
+  echo "the binaries do not start with this machine's glibc (or HALKA_BUNDLED_GLIBC=1):"
+  cat "$RESULTS/probe.txt" 2>/dev/null
+  # The driver's libcuda.so.1, wherever this machine keeps it.
+  cuda_dirs=$( (ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1/ {print $NF}';
+                ls /usr/local/nvidia/lib64/libcuda.so.1 /usr/lib64/libcuda.so.1 \
+                   /usr/lib/x86_64-linux-gnu/libcuda.so.1 2>/dev/null) |
+               xargs -r -n1 dirname | sort -u | paste -sd: -)
+  RUN=("$BUNDLE/glibc/ld-linux-x86-64.so.2" --library-path
+       "$BUNDLE/lib:$BUNDLE/glibc${cuda_dirs:+:$cuda_dirs}")
+  mode="bundled glibc"
+  if ! timeout "$T_PROBE" "${RUN[@]}" "$TEST_BIN" --gtest_list_tests >/dev/null 2>>"$RESULTS/probe.txt"; then
+    cat "$RESULTS/probe.txt"
+    row "start binaries" "FAILED" "neither system nor bundled glibc; see probe.txt"
+    cat "$SUMMARY"
+    exit 2
+  fi
+fi
+rm -f "$RESULTS/probe.txt"
+echo "running with the $mode"
+row "start binaries" "ok" "$mode"
+
+# --- 4. the tests ------------------------------------------------------------
+banner "cuda_reduce_test"
+timeout "$T_TEST" "${RUN[@]}" "$TEST_BIN" --gtest_color=no \
+  --gtest_output="xml:$RESULTS/cuda_reduce_test.xml" 2>&1 |
+  tee "$RESULTS/cuda_reduce_test.log"
+test_rc=${PIPESTATUS[0]}
+passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$RESULTS/cuda_reduce_test.log" | tail -1)
+failed=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$RESULTS/cuda_reduce_test.log" | tail -1)
+skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$RESULTS/cuda_reduce_test.log" | tail -1)
+notes=$(grep -c '^\[   NOTE   \].*NaN' "$RESULTS/cuda_reduce_test.log")
+detail="${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped; $notes NaN-payload notes"
+if [[ $test_rc -eq 124 ]]; then
+  row "cuda_reduce_test" "TIMEOUT" "after ${T_TEST}s; $detail"
+elif [[ $test_rc -ne 0 ]]; then
+  row "cuda_reduce_test" "FAILED" "rc=$test_rc; $detail"
+elif [[ "${skipped:-0}" != 0 ]]; then
+  row "cuda_reduce_test" "SKIPPED" "$detail (no usable GPU?)"
+else
+  row "cuda_reduce_test" "ok" "$detail"
+fi
+
+# --- 5. memcheck of a small subset -----------------------------------------
+banner "compute-sanitizer memcheck"
+if ! command -v compute-sanitizer >/dev/null; then
+  row "memcheck" "skipped" "compute-sanitizer not installed"
+elif [[ "$mode" != "system glibc" ]]; then
+  row "memcheck" "skipped" "binaries run through the bundled loader"
+elif (( SECONDS - T0 > 240 )); then
+  row "memcheck" "skipped" "not enough time left"
+else
+  HALKA_CUDA_TEST_MAX_COUNT=5000 timeout "$T_MEMCHECK" \
+    compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
+    "${RUN[@]}" "$TEST_BIN" --gtest_color=no \
+    --gtest_filter='*float16_sum*:*bfloat16_max*:*float64_prod*:*int64_min*:*CudaFinalizeAvgTest.MatchesCpuBitForBit/int32*:*CudaReduceArgsTest*' \
+    >"$RESULTS/memcheck.log" 2>&1
+  mc_rc=$?
+  tail -5 "$RESULTS/memcheck.log"
+  case $mc_rc in
+    0) row "memcheck" "ok" "$(grep -m1 'ERROR SUMMARY' "$RESULTS/memcheck.log")" ;;
+    9) row "memcheck" "ERRORS" "$(grep -m1 'ERROR SUMMARY' "$RESULTS/memcheck.log")" ;;
+    124) row "memcheck" "timeout" "after ${T_MEMCHECK}s (informational)" ;;
+    *) row "memcheck" "n/a" "rc=$mc_rc (the tool may not support this machine)" ;;
+  esac
+fi
+
+# --- 6. the benchmark ------------------------------------------------------
+banner "halka_cuda_reduce_bench"
+timeout "$T_BENCH" "${RUN[@]}" "$BENCH_BIN" --min_mib=1 --max_mib=1024 --factor=4 \
+  2>&1 | tee "$RESULTS/bench.txt"
+bench_rc=${PIPESTATUS[0]}
+if [[ $bench_rc -eq 0 ]]; then
+  row "bench" "ok" "$(grep -m1 '^summary at' "$RESULTS/bench.txt")"
+else
+  row "bench" "FAILED" "rc=$bench_rc"
+fi
+
+# --- 7. summary --------------------------------------------------------------
+banner "summary"
+{
+  echo
+  echo "total $((SECONDS - T0)) s"
+  if grep -q '^summary at' "$RESULTS/bench.txt" 2>/dev/null; then
+    echo
+    sed -n '/^summary at/,$p' "$RESULTS/bench.txt"
+  fi
+} >>"$SUMMARY"
+cat "$SUMMARY"
+echo "results in $RESULTS"
+
+# Skipped tests on a GPU machine mean the GPU was not usable: a failure too.
+[[ $test_rc -eq 0 && "${failed:-0}" == 0 && "${skipped:-0}" == 0 ]] || exit 1
+exit 0

@@ -1,0 +1,423 @@
+// Strict offline validation of rendered Kubernetes manifests (what
+// `kubectl kustomize` prints), one set of objects per invocation:
+//
+//   node k8s-validate.mjs [--name NAME] FILE.yaml...   (all files = one set)
+//
+// Per object:
+//   - the official OpenAPI schema (kubernetes-models: types, formats,
+//     required fields, enums),
+//   - no unknown fields, checked like `kubectl apply --validate=strict`
+//     against @kubernetes/client-node's model of every type,
+//   - names that the API server accepts (DNS-1123 / DNS-1035).
+// Across objects (what only a running cluster would otherwise reveal):
+//   - workload selectors match their pod template labels; every Service
+//     selects some pod template; its targetPorts exist there,
+//   - a StatefulSet's serviceName is a headless Service selecting its pods,
+//   - probe ports are ports of their container,
+//   - ConfigMaps (and keys) referenced by env/envFrom/volumes exist,
+//   - $(VAR) references in env values resolve,
+//   - every container requests cpu and memory,
+// and halka's own rules: pods disable service links (HALKA_* variables are
+// read as flags), the workers' StatefulSet starts pods in parallel behind a
+// Service that publishes not-ready addresses, HALKA_WORLD_SIZE = workers'
+// replicas, HALKA_SHARDS = parameter servers' replicas, HALKA_ADVERTISE is
+// the pod's stable DNS name on the listen port, HALKA_RENDEZVOUS names a
+// Service port, and CUDA images go with nvidia.com/gpu limits.
+//
+// Prints every problem, one a line, and exits 1 if there is any.
+import fs from "node:fs";
+import path from "node:path";
+import YAML from "yaml";
+import * as k8s from "@kubernetes/client-node";
+
+const args = process.argv.slice(2);
+let setName = "";
+const files = [];
+for (let i = 0; i < args.length; ++i) {
+  if (args[i] === "--name") setName = args[++i];
+  else files.push(args[i]);
+}
+if (files.length === 0) {
+  console.error("usage: node k8s-validate.mjs [--name NAME] FILE.yaml...");
+  process.exit(2);
+}
+setName = setName || files.map((f) => path.basename(f)).join("+");
+
+const problems = [];
+const problem = (obj, where, msg) => {
+  const id = obj ? `${obj.kind}/${obj.metadata?.name ?? "?"}` : "-";
+  problems.push(`${id}${where ? ` ${where}` : ""}: ${msg}`);
+};
+
+// ------------------------------------------------------------ load
+const objects = [];
+for (const f of files) {
+  const text = fs.readFileSync(f, "utf8");
+  for (const doc of YAML.parseAllDocuments(text, { merge: true })) {
+    if (doc.errors.length) {
+      for (const e of doc.errors) problems.push(`${f}: YAML: ${e.message}`);
+      continue;
+    }
+    const o = doc.toJS();
+    if (o === null || o === undefined) continue;
+    if (typeof o !== "object" || Array.isArray(o)) {
+      problems.push(`${f}: a document is not an object`);
+      continue;
+    }
+    objects.push(o);
+  }
+}
+if (objects.length === 0) problems.push("no objects to validate");
+
+// ------------------------------------------------------------ per object
+// apiVersion "apps/v1" -> kubernetes-models module "apps/v1", client-node
+// class prefix "V1"; core "v1" -> "v1", "V1".
+function modelPaths(apiVersion, kind) {
+  const parts = String(apiVersion).split("/");
+  const version = parts.length === 2 ? parts[1] : parts[0];
+  const group = parts.length === 2 ? parts[0] : "";
+  const mod = group ? `kubernetes-models/${group}/${version}/${kind}`
+                    : `kubernetes-models/${version}/${kind}`;
+  const cls = version.charAt(0).toUpperCase() + version.slice(1) + kind;
+  return { mod, cls };
+}
+
+// Walks `value` against client-node's attributeTypeMap of `type`,
+// reporting fields the API does not have (strict field validation) and
+// objects/arrays where the other is expected. Scalar types are left to the
+// JSON schema (which knows int-or-string and quantities).
+function strictWalk(obj, value, type, where) {
+  if (value === null || value === undefined) return;
+  type = type.trim();
+  let m;
+  if ((m = /^Array<(.+)>$/.exec(type))) {
+    if (!Array.isArray(value)) {
+      problem(obj, where, `expected a list, got ${typeof value}`);
+      return;
+    }
+    value.forEach((v, i) => strictWalk(obj, v, m[1], `${where}[${i}]`));
+    return;
+  }
+  if ((m = /^\{ \[key: string\]: (.+); \}$/.exec(type))) {
+    if (typeof value !== "object" || Array.isArray(value)) {
+      problem(obj, where, `expected a map, got ${Array.isArray(value) ? "a list" : typeof value}`);
+      return;
+    }
+    for (const [k, v] of Object.entries(value)) strictWalk(obj, v, m[1], `${where}.${k}`);
+    return;
+  }
+  if (["string", "number", "boolean", "Date", "any", "object", "IntOrString"].includes(type)) {
+    if (type !== "any" && type !== "object" && typeof value === "object") {
+      problem(obj, where, `expected a ${type === "IntOrString" ? "number or string" : type}, got ${Array.isArray(value) ? "a list" : "a map"}`);
+    }
+    return;
+  }
+  const cls = k8s[type];
+  if (!cls || !cls.attributeTypeMap) return;  // unknown model: schema only
+  if (typeof value !== "object" || Array.isArray(value)) {
+    problem(obj, where, `expected an object (${type}), got ${Array.isArray(value) ? "a list" : typeof value}`);
+    return;
+  }
+  const fields = new Map(cls.attributeTypeMap.map((a) => [a.baseName, a.type]));
+  for (const [k, v] of Object.entries(value)) {
+    if (!fields.has(k)) {
+      problem(obj, `${where}.${k}`.replace(/^\./, ""), `unknown field "${k}" (not in ${type})`);
+      continue;
+    }
+    strictWalk(obj, v, fields.get(k), `${where}.${k}`);
+  }
+}
+
+const DNS1123_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
+const DNS1123_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
+const DNS1035_LABEL = /^[a-z]([-a-z0-9]*[a-z0-9])?$/;
+const LABEL_VALUE = /^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$/;
+const LABEL_NAME = /^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$/;
+
+function checkLabels(obj, labels, where) {
+  for (const [k, v] of Object.entries(labels ?? {})) {
+    const name = k.includes("/") ? k.split("/")[1] : k;
+    if (!LABEL_NAME.test(k) || name.length > 63) problem(obj, where, `invalid label key "${k}"`);
+    if (typeof v !== "string" || !LABEL_VALUE.test(v) || v.length > 63) {
+      problem(obj, where, `invalid label value ${JSON.stringify(v)} for "${k}"`);
+    }
+  }
+}
+
+for (const o of objects) {
+  if (!o.apiVersion || !o.kind) {
+    problem(o, "", "missing apiVersion or kind");
+    continue;
+  }
+  const { mod, cls } = modelPaths(o.apiVersion, o.kind);
+  let Model;
+  try {
+    Model = (await import(mod))[o.kind];
+  } catch {
+    Model = undefined;
+  }
+  if (!Model || !k8s[cls]) {
+    problem(o, "", `unknown apiVersion/kind ${o.apiVersion} ${o.kind}`);
+    continue;
+  }
+  try {
+    new Model(o).validate();
+  } catch (e) {
+    for (const line of String(e.message).split(/, (?=data)/)) {
+      problem(o, "", `schema: ${line.replace(/^data\/?/, "/")}`);
+    }
+  }
+  strictWalk(o, o, cls, "");
+  const name = o.metadata?.name ?? "";
+  const dns = o.kind === "Service" ? DNS1035_LABEL : DNS1123_SUBDOMAIN;
+  if (!name || !dns.test(name) || name.length > (o.kind === "Service" ? 63 : 253)) {
+    problem(o, "metadata.name", `"${name}" is not a valid ${o.kind === "Service" ? "DNS-1035 label" : "DNS-1123 subdomain"}`);
+  }
+  if (o.kind === "StatefulSet" && name.length > 52) {
+    problem(o, "metadata.name", "longer than 52 characters (the controller-revision-hash label would not fit)");
+  }
+  checkLabels(o, o.metadata?.labels, "metadata.labels");
+}
+
+// ------------------------------------------------------------ cross-object
+const key = (o) => `${o.kind}/${o.metadata?.name}`;
+const seen = new Set();
+for (const o of objects) {
+  if (seen.has(key(o))) problem(o, "", "defined twice");
+  seen.add(key(o));
+}
+const byKind = (kind) => objects.filter((o) => o.kind === kind);
+const find = (kind, name) => objects.find((o) => o.kind === kind && o.metadata?.name === name);
+const configMaps = byKind("ConfigMap");
+
+const WORKLOADS = ["Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"];
+const workloads = objects.filter((o) => WORKLOADS.includes(o.kind) && o.spec?.template);
+const podLabels = (w) => w.spec?.template?.metadata?.labels ?? {};
+const containersOf = (w) => [...(w.spec?.template?.spec?.initContainers ?? []),
+                             ...(w.spec?.template?.spec?.containers ?? [])];
+const subset = (sel, labels) => Object.entries(sel ?? {}).every(([k, v]) => labels[k] === v);
+const selects = (svc, w) => {
+  const sel = svc.spec?.selector;
+  return sel && Object.keys(sel).length > 0 && subset(sel, podLabels(w));
+};
+const portNum = (hostport) => {
+  const m = /:(\d+)$/.exec(String(hostport ?? ""));
+  return m ? Number(m[1]) : undefined;
+};
+const imageTag = (image) => {
+  const last = String(image ?? "").split("/").pop();
+  return last.includes("@") ? "" : (last.split(":")[1] ?? "latest");
+};
+
+// The environment a container sees (envFrom ConfigMaps, then env), for
+// halka's rules. Values from fieldRef etc. are left as "<fieldRef>".
+function containerEnv(c) {
+  const env = new Map();
+  for (const src of c.envFrom ?? []) {
+    const cm = src.configMapRef && find("ConfigMap", src.configMapRef.name);
+    for (const [k, v] of Object.entries(cm?.data ?? {})) env.set((src.prefix ?? "") + k, v);
+  }
+  for (const e of c.env ?? []) {
+    if (e.value !== undefined) env.set(e.name, String(e.value));
+    else if (e.valueFrom?.configMapKeyRef) {
+      const cm = find("ConfigMap", e.valueFrom.configMapKeyRef.name);
+      env.set(e.name, cm?.data?.[e.valueFrom.configMapKeyRef.key]);
+    } else env.set(e.name, `<${Object.keys(e.valueFrom ?? {})[0] ?? "?"}>`);
+  }
+  return env;
+}
+// The program a container runs: command (overrides the entrypoint) or the
+// first arg (the image's halka-entrypoint runs its arguments).
+function program(c) {
+  const argv = [...(c.command ?? []), ...(c.args ?? [])];
+  if (c.command && !/entrypoint/.test(c.command[0])) return path.basename(String(c.command[0]));
+  return path.basename(String((c.command ? argv[1] : argv[0]) ?? ""));
+}
+
+for (const w of workloads) {
+  const sel = w.spec?.selector?.matchLabels;
+  if (w.kind !== "Job" || sel) {
+    if (!sel || Object.keys(sel).length === 0) {
+      if (w.kind !== "Job") problem(w, "spec.selector", "has no matchLabels");
+    } else if (!subset(sel, podLabels(w))) {
+      problem(w, "spec.selector", `matchLabels ${JSON.stringify(sel)} do not match the pod template's labels ${JSON.stringify(podLabels(w))}`);
+    }
+  }
+  checkLabels(w, podLabels(w), "spec.template.metadata.labels");
+  const pod = w.spec.template.spec ?? {};
+  if (pod.enableServiceLinks !== false) {
+    problem(w, "spec.template.spec.enableServiceLinks", "must be false: service links inject HALKA_*_PORT... variables and halka reads every HALKA_<FLAG> variable as a flag");
+  }
+  for (const c of containersOf(w)) {
+    const where = `container "${c.name}"`;
+    const ports = c.ports ?? [];
+    const hasPort = (p) => typeof p === "number" ? ports.some((q) => q.containerPort === p)
+                                                 : ports.some((q) => q.name === p);
+    for (const probeName of ["livenessProbe", "readinessProbe", "startupProbe"]) {
+      const pr = c[probeName];
+      if (!pr) continue;
+      for (const action of ["grpc", "httpGet", "tcpSocket"]) {
+        if (pr[action] && pr[action].port !== undefined && !hasPort(pr[action].port)) {
+          problem(w, `${where} ${probeName}.${action}.port`, `${pr[action].port} is not a port of the container (${ports.map((p) => `${p.name ?? ""}:${p.containerPort}`).join(", ") || "none"})`);
+        }
+      }
+    }
+    const req = c.resources?.requests ?? {};
+    for (const r of ["cpu", "memory"]) {
+      if (req[r] === undefined) problem(w, `${where} resources.requests`, `no ${r} request`);
+    }
+    // ConfigMap references
+    for (const src of c.envFrom ?? []) {
+      const ref = src.configMapRef;
+      if (ref && !ref.optional && !find("ConfigMap", ref.name)) {
+        problem(w, `${where} envFrom`, `ConfigMap "${ref.name}" is not defined`);
+      }
+    }
+    const defined = new Set();
+    for (const src of c.envFrom ?? []) {
+      const cm = src.configMapRef && find("ConfigMap", src.configMapRef.name);
+      for (const k of Object.keys(cm?.data ?? {})) defined.add((src.prefix ?? "") + k);
+    }
+    for (const e of c.env ?? []) {
+      const ref = e.valueFrom?.configMapKeyRef;
+      if (ref && !ref.optional) {
+        const cm = find("ConfigMap", ref.name);
+        if (!cm) problem(w, `${where} env ${e.name}`, `ConfigMap "${ref.name}" is not defined`);
+        else if (!(ref.key in (cm.data ?? {}))) problem(w, `${where} env ${e.name}`, `ConfigMap "${ref.name}" has no key "${ref.key}"`);
+      }
+      if (typeof e.value === "string") {
+        for (const m of e.value.matchAll(/(\$+)\(([A-Za-z_][A-Za-z0-9_]*)\)/g)) {
+          if (m[1].length % 2 === 0) continue;  // $$(X) is an escaped literal
+          if (!defined.has(m[2])) {
+            problem(w, `${where} env ${e.name}`, `$(${m[2]}) refers to no variable defined before it (Kubernetes would pass it on literally)`);
+          }
+        }
+      }
+      defined.add(e.name);
+    }
+    // GPU and image pairing
+    const gpu = c.resources?.limits?.["nvidia.com/gpu"];
+    const cuda = /cuda/.test(imageTag(c.image));
+    if (cuda && !(Number(gpu) >= 1)) {
+      problem(w, `${where} resources.limits`, `runs the CUDA image ${c.image} without an nvidia.com/gpu limit`);
+    }
+    if (Number(gpu) >= 1 && !cuda) {
+      problem(w, `${where} image`, `has an nvidia.com/gpu limit but runs the non-CUDA image ${c.image}`);
+    }
+  }
+  for (const v of pod.volumes ?? []) {
+    if (v.configMap && !v.configMap.optional && !find("ConfigMap", v.configMap.name)) {
+      problem(w, `volume "${v.name}"`, `ConfigMap "${v.configMap.name}" is not defined`);
+    }
+  }
+}
+
+for (const svc of byKind("Service")) {
+  const sel = svc.spec?.selector;
+  if (!sel || Object.keys(sel).length === 0) continue;  // manual endpoints
+  const targets = workloads.filter((w) => selects(svc, w));
+  if (targets.length === 0) {
+    problem(svc, "spec.selector", `${JSON.stringify(sel)} selects no pod template in this set`);
+    continue;
+  }
+  for (const p of svc.spec?.ports ?? []) {
+    const tp = p.targetPort ?? p.port;
+    for (const w of targets) {
+      const ok = containersOf(w).some((c) => (c.ports ?? []).some((q) =>
+        typeof tp === "number" ? q.containerPort === tp : q.name === tp));
+      if (!ok) problem(svc, `spec.ports "${p.name ?? p.port}"`, `targetPort ${tp} is not a container port of ${key(w)}`);
+    }
+  }
+}
+
+for (const sts of byKind("StatefulSet")) {
+  const name = sts.spec?.serviceName;
+  const svc = name && find("Service", name);
+  if (!name) {
+    problem(sts, "spec.serviceName", "is not set (pods get no stable DNS names)");
+  } else if (!svc) {
+    problem(sts, "spec.serviceName", `Service "${name}" is not defined`);
+  } else {
+    if (svc.spec?.clusterIP !== "None") {
+      problem(sts, "spec.serviceName", `Service "${name}" is not headless (clusterIP: None)`);
+    }
+    if (!selects(svc, sts)) problem(sts, "spec.serviceName", `Service "${name}" does not select this StatefulSet's pods`);
+  }
+}
+
+// ------------------------------------------------------------ halka's rules
+for (const w of workloads) {
+  for (const c of containersOf(w)) {
+    const prog = program(c);
+    const env = containerEnv(c);
+    const where = `container "${c.name}"`;
+    const rdv = env.get("HALKA_RENDEZVOUS");
+    if (rdv !== undefined && !/^</.test(rdv)) {
+      const host = rdv.replace(/:\d+$/, "").split(".")[0];
+      const svc = find("Service", host);
+      if (!svc) {
+        problem(w, `${where} HALKA_RENDEZVOUS`, `"${rdv}": no Service "${host}" in this set`);
+      } else if (!(svc.spec?.ports ?? []).some((p) => p.port === portNum(rdv))) {
+        problem(w, `${where} HALKA_RENDEZVOUS`, `"${rdv}": Service "${host}" has no port ${portNum(rdv)}`);
+      }
+    }
+    if (prog !== "halka-worker" && prog !== "halka-ps") continue;
+    const listenPort = portNum(env.get("HALKA_LISTEN"));
+    if (listenPort === undefined) {
+      problem(w, `${where} HALKA_LISTEN`, "is not set to HOST:PORT (the daemon would listen on 127.0.0.1 only)");
+    } else if (!(c.ports ?? []).some((p) => p.containerPort === listenPort)) {
+      problem(w, `${where} HALKA_LISTEN`, `port ${listenPort} is not a container port`);
+    }
+    if (w.kind !== "StatefulSet") {
+      problem(w, where, `${prog} must run in a StatefulSet (stable names and ordinals)`);
+      continue;
+    }
+    const adv = env.get("HALKA_ADVERTISE") ?? "";
+    const svcName = w.spec?.serviceName;
+    if (!adv.startsWith("$(POD_NAME).") && !adv.startsWith("$(HALKA_POD_NAME).")) {
+      problem(w, `${where} HALKA_ADVERTISE`, `"${adv}" is not the pod's stable DNS name ($(POD_NAME).<service>...)`);
+    } else if (adv.split(".")[1] !== svcName) {
+      problem(w, `${where} HALKA_ADVERTISE`, `"${adv}" does not go through the StatefulSet's Service "${svcName}"`);
+    }
+    if (portNum(adv) !== listenPort) {
+      problem(w, `${where} HALKA_ADVERTISE`, `port ${portNum(adv)} differs from the listen port ${listenPort}`);
+    }
+    const ordinal = env.get("HALKA_ORDINAL_FROM_HOSTNAME") === "1";
+    const replicas = w.spec?.replicas ?? 1;
+    if (prog === "halka-worker") {
+      if (!ordinal && env.get("HALKA_RANK") === undefined) {
+        problem(w, where, "neither HALKA_ORDINAL_FROM_HOSTNAME=1 nor HALKA_RANK: ranks would follow join order, not ordinals");
+      }
+      if (w.spec?.podManagementPolicy !== "Parallel") {
+        problem(w, "spec.podManagementPolicy", "must be Parallel: with OrderedReady pod 0 waits for a Ready that comes only when every rank joined");
+      }
+      const ws = Number(env.get("HALKA_WORLD_SIZE"));
+      if (ws !== replicas) {
+        problem(w, "spec.replicas", `${replicas} replicas but HALKA_WORLD_SIZE=${env.get("HALKA_WORLD_SIZE")}`);
+      }
+      const svc = svcName && find("Service", svcName);
+      if (svc && svc.spec?.publishNotReadyAddresses !== true) {
+        problem(svc, "spec.publishNotReadyAddresses", `must be true: the workers of ${key(w)} turn Ready only after they found each other by DNS`);
+      }
+    } else {
+      if (!ordinal && env.get("HALKA_SHARD") === undefined && replicas > 1) {
+        problem(w, where, "several shards but neither HALKA_ORDINAL_FROM_HOSTNAME=1 nor HALKA_SHARD");
+      }
+      const shards = Number(env.get("HALKA_SHARDS") ?? 1);
+      if (shards !== replicas) {
+        problem(w, "spec.replicas", `${replicas} replicas but HALKA_SHARDS=${env.get("HALKA_SHARDS") ?? 1}`);
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------ report
+const kinds = {};
+for (const o of objects) kinds[o.kind] = (kinds[o.kind] ?? 0) + 1;
+const summary = Object.entries(kinds).map(([k, n]) => `${n} ${k}`).join(", ");
+if (problems.length) {
+  for (const p of problems) console.log(`${setName}: ${p}`);
+  console.log(`${setName}: REJECTED (${problems.length} problem${problems.length > 1 ? "s" : ""}; ${summary})`);
+  process.exit(1);
+}
+console.log(`${setName}: valid (${summary})`);

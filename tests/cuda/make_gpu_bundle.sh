@@ -29,7 +29,8 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=${1:-$REPO/build-cuda}
 BUNDLE=${2:-$REPO/bundle}
 JOBS=${JOBS:-1}
-TARGETS=(cuda_reduce_test halka_cuda_reduce_bench)
+TARGETS=(cuda_reduce_test halka_cuda_reduce_bench device_tensor_test
+         halka-rendezvous halka-worker halkactl)
 
 if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
   cmake -S "$REPO" -B "$BUILD" -G Ninja -DHALKA_CUDA=ON

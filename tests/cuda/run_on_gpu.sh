@@ -43,13 +43,15 @@ SUMMARY=$RESULTS/summary.txt
 : >"$SUMMARY"
 T0=$SECONDS
 
-# BUDGET (seconds, worst case 20+20+20+200+60+120 = 440 < 480).
+# BUDGET (seconds, worst case 20+20+20+170+45+80+80+60 = 495; the
+# device tool allows 540 per call, the issue asks for about 8 minutes).
 T_SMI=20
 T_OBJDUMP=20
 T_PROBE=20
-T_TEST=200
-T_MEMCHECK=60
-T_BENCH=120
+T_TEST=170
+T_MEMCHECK=45
+T_BENCH=80
+T_RING=80
 
 row() { printf '%-22s %-8s %s\n' "$1" "$2" "$3" >>"$SUMMARY"; }
 banner() { echo; echo "=== $* ($((SECONDS - T0)) s)"; }
@@ -177,6 +179,57 @@ if [[ $bench_rc -eq 0 ]]; then
   row "bench" "ok" "$(grep -m1 '^summary at' "$RESULTS/bench.txt")"
 else
   row "bench" "FAILED" "rc=$bench_rc"
+fi
+
+# --- 6b. a 4-worker ring on the one GPU, device tensors from separate -------
+# client processes (CUDA IPC), against the same ring on host buffers.
+banner "device-tensor ring (4 workers, 1 GPU)"
+BIN=$BUNDLE/bin
+ring_step() {
+  local port=$((17000 + RANDOM % 2000)) pids=() i rc=0
+  "${RUN[@]}" "$BIN/halka-rendezvous" --listen=127.0.0.1:$port >"$RESULTS/ring-rv.log" 2>&1 &
+  pids+=($!)
+  for i in 0 1 2 3; do
+    "${RUN[@]}" "$BIN/halka-worker" --rendezvous=127.0.0.1:$port --job=gpu \
+      --world_size=4 --rank=$i --worker_id=w$i --listen=127.0.0.1:$((port + 10 + i)) \
+      --device=0 >"$RESULTS/ring-w$i.log" 2>&1 &
+    pids+=($!)
+  done
+  sleep 2
+  for mode in host device; do
+    local flag=""
+    [[ $mode == device ]] && flag="--device"
+    local cpids=()
+    for i in 0 1 2 3; do
+      timeout 60 "${RUN[@]}" "$BIN/halkactl" allreduce --worker=127.0.0.1:$((port + 10 + i)) \
+        --count=16777216 --dtype=float32 --op=sum --algo=ring --repeat=3 $flag \
+        >"$RESULTS/ring-$mode-$i.log" 2>&1 &
+      cpids+=($!)
+    done
+    for p in "${cpids[@]}"; do wait "$p" || rc=1; done
+  done
+  kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null
+  local host_ms dev_ms
+  host_ms=$(grep -h -o 'worker_ms=[0-9.]*' "$RESULTS"/ring-host-*.log | tail -4 | cut -d= -f2 | sort -n | tail -1)
+  dev_ms=$(grep -h -o 'worker_ms=[0-9.]*' "$RESULTS"/ring-device-*.log | tail -4 | cut -d= -f2 | sort -n | tail -1)
+  local f
+  for f in "$RESULTS"/ring-host-?.log "$RESULTS"/ring-device-?.log; do
+    grep -q '#wrong 0' "$f" || rc=1
+  done
+  if [[ $rc -ne 0 ]]; then
+    row "device ring" "FAILED" "see ring-*.log"
+  else
+    row "device ring" "ok" "64 MiB f32: host ${host_ms} ms, device ${dev_ms} ms (slowest rank, last op)"
+  fi
+}
+if [[ -x "$BIN/halka-worker" ]]; then
+  timeout "$T_RING" bash -c "$(declare -f ring_step row banner); RUN=(${RUN[*]}); BUNDLE=$BUNDLE; BIN=$BIN; RESULTS=$RESULTS; SUMMARY=$SUMMARY; ring_step" \
+    || row "device ring" "FAILED" "timeout or error"
+  timeout 60 "${RUN[@]}" "$BIN/device_tensor_test" --gtest_color=no \
+    >"$RESULTS/device_tensor_test.log" 2>&1 && row "device_tensor_test" "ok" "$(tail -1 "$RESULTS/device_tensor_test.log")" \
+    || row "device_tensor_test" "FAILED" "$(grep -m3 FAILED "$RESULTS/device_tensor_test.log")"
+else
+  row "device ring" "skipped" "bundle has no halka binaries"
 fi
 
 # --- 7. summary --------------------------------------------------------------

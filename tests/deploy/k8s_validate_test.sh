@@ -124,6 +124,30 @@ if grep -q '^# *syntax=' "$ROOT/deploy/docker/Dockerfile"; then bad "Dockerfile 
   ok "gpu overlay's image = build.sh --cuda's tag ($cuda_tag)" ||
   bad "gpu overlay's image is not build.sh --cuda's tag '$cuda_tag'"
 
+# The Dockerfile must copy every top-level directory the non-test build
+# uses: add_subdirectory() of the top-level CMakeLists (but tests/),
+# ${PROJECT_SOURCE_DIR}/DIR in any copied CMakeLists, and #include "DIR/..."
+# in copied sources; build.sh's context must hold the same.
+copied=$(sed -n 's|^COPY \([a-z][A-Za-z0-9_.-]*\)/ .*|\1|p' "$ROOT/deploy/docker/Dockerfile" | sort -u)
+needed=$(
+  cd "$ROOT" || exit 1
+  sed -n 's/^ *add_subdirectory(\([A-Za-z0-9_.-]*\)).*/\1/p' CMakeLists.txt | grep -vx tests
+  for d in $copied; do
+    grep -rhoE '\$\{(PROJECT|CMAKE)_SOURCE_DIR\}/[A-Za-z0-9_.-]+' --include=CMakeLists.txt "$d" |
+      sed 's|.*}/||'
+    grep -rhoE '#include "[A-Za-z0-9_.-]+/' --include='*.h' --include='*.cc' --include='*.cu' "$d" |
+      sed 's|#include "||; s|/$||'
+  done | while read -r t; do [[ -d $t && $t != tests ]] && echo "$t"; done
+)
+missing=$(comm -13 <(echo "$copied") <(sort -u <<<"$needed"))
+context=$(sed -n '/^CONTEXT=(/,/)/p' "$ROOT/deploy/docker/build.sh")
+for d in $copied; do grep -qw -- "$d" <<<"$context" || missing="$missing $d(build.sh)"; done
+if [[ -z ${missing// /} ]]; then
+  ok "Dockerfile copies every directory the build uses: $(tr '\n' ' ' <<<"$copied")"
+else
+  bad "Dockerfile/build.sh do not copy: $missing"
+fi
+
 # ------------------------------------------------------------ 4. broken copies
 nb=0
 for d in "$ROOT"/tests/deploy/broken/k8s/*/; do

@@ -38,7 +38,9 @@ while (( $# )); do
   shift
 done
 
-args=(build -f deploy/docker/Dockerfile)
+# --force-rm: the legacy builder otherwise keeps the container (and its
+# layers, ~600 MB here) of a failed step
+args=(build --force-rm -f deploy/docker/Dockerfile)
 if (( cuda )); then
   base=${base:-nvidia/cuda:$CUDA_VERSION-devel-ubuntu24.04}
   runtime_base=${runtime_base:-nvidia/cuda:$CUDA_VERSION-runtime-ubuntu24.04}

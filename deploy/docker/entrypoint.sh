@@ -1,4 +1,5 @@
 #!/bin/sh
+# shellcheck disable=SC3028  # HOSTNAME: set by Docker and Kubernetes
 # halka-entrypoint: the image's entrypoint. Runs its arguments (default:
 # halkactl), after one optional step for StatefulSet pods:
 #

@@ -22,6 +22,7 @@ if [[ $mode == grpc ]] && halkactl 2>&1 | grep -q '^ *healthcheck'; then
 fi
 host=${addr%:*} port=${addr##*:}
 host=${host#[}; host=${host%]}
+# shellcheck disable=SC2016  # $0/$1 expand in the inner bash
 if timeout 2 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$host" "$port" 2>/dev/null; then
   echo "$addr: accepting TCP connections"
   exit 0

@@ -20,12 +20,11 @@ TAG=${1:-debian:bookworm-slim}
 SUITE=bookworm
 
 host_mirror() {
-  local f
-  for f in /etc/apt/sources.list.d/debian.sources; do
-    [[ -r $f ]] || continue
+  local f=/etc/apt/sources.list.d/debian.sources
+  if [[ -r $f ]]; then
     awk '$1 == "URIs:" && $2 !~ /security/ { print $2; exit }' "$f"
     return
-  done
+  fi
   [[ -r /etc/apt/sources.list ]] &&
     awk '$1 == "deb" && $0 !~ /security/ { for (i = 2; i <= NF; ++i)
          if ($i ~ /^https?:/) { print $i; exit } }' /etc/apt/sources.list
@@ -44,6 +43,7 @@ work=$(mktemp -d /var/tmp/halka-base.XXXXXX)
 cleanup() {
   # debootstrap leaves proc/sys mounts behind when it fails half-way
   local m
+  # shellcheck disable=SC2013  # mount points have no spaces here
   for m in $(awk -v d="$work/" 'index($2, d) == 1 { print $2 }' /proc/mounts | sort -r); do
     umount -l "$m" 2>/dev/null || true
   done

@@ -9,7 +9,7 @@ out=$(ldd "$@") || { echo "ldd failed" >&2; exit 1; }
 missing=$(printf '%s\n' "$out" | awk '/not found/ { print $1 }' |
           grep -v -e '^libcuda\.so' -e '^libnvidia-' || true)
 if [ -n "$missing" ]; then
-  echo "missing libraries:" $missing >&2
+  echo "missing libraries:" "$missing" >&2
   exit 1
 fi
 libs=$(printf '%s\n' "$out" |
@@ -35,4 +35,5 @@ for lib in $libs; do
   fi
   pkgs="$pkgs $pkg"
 done
+# shellcheck disable=SC2086  # one package a word
 printf '%s\n' $pkgs | sort -u

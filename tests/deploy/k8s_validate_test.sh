@@ -98,12 +98,17 @@ facts() {  # facts FILE JS-EXPR-over-objects -> prints the value
 }
 if [[ -f $WORK/gpu.all.yaml && -f $WORK/base.all.yaml ]]; then
   got=$(facts "$WORK/gpu.all.yaml" "[sts('halka-worker').spec.template.spec.containers[0].image, sts('halka-worker').spec.template.spec.containers[0].resources.limits['nvidia.com/gpu'], sts('halka-ps').spec.template.spec.containers[0].image]")
-  [[ $got == '["halka:cuda",1,"halka:latest"]' ]] &&
-    ok "gpu overlay: workers run halka:cuda with nvidia.com/gpu: 1, parameter servers stay on halka:latest" ||
+  if [[ $got == '["halka:cuda",1,"halka:latest"]' ]]; then
+    ok "gpu overlay: workers run halka:cuda with nvidia.com/gpu: 1, parameter servers stay on halka:latest"
+  else
     bad "gpu overlay: worker image/GPU limit/ps image are $got"
+  fi
   got=$(facts "$WORK/base.all.yaml" "objs.every(o => o.metadata.labels?.['app.kubernetes.io/part-of'] === 'halka')")
-  [[ $got == true ]] && ok "base: every object labelled app.kubernetes.io/part-of=halka" ||
+  if [[ $got == true ]]; then
+    ok "base: every object labelled app.kubernetes.io/part-of=halka"
+  else
     bad "base: labels: $got"
+  fi
 fi
 
 # ------------------------------------------------------------ 3. CUDA image (static)
@@ -116,13 +121,16 @@ if grep -q -- '--build-arg HALKA_CUDA=ON' <<<"$dry" &&
 else
   bad "build.sh --cuda --dry-run: $dry"
 fi
+# shellcheck disable=SC2016  # literal ${...} in the Dockerfile
 for a in 'ARG BASE=' 'ARG RUNTIME_BASE=${BASE}' 'ARG HALKA_CUDA=' 'FROM ${BASE} AS build' 'FROM ${RUNTIME_BASE} AS runtime' '-DHALKA_CUDA="${HALKA_CUDA}"'; do
   grep -qF -- "$a" "$ROOT/deploy/docker/Dockerfile" || bad "Dockerfile lacks: $a"
 done
 if grep -q '^# *syntax=' "$ROOT/deploy/docker/Dockerfile"; then bad "Dockerfile has a # syntax= line"; fi
-[[ -n $cuda_tag ]] && grep -qx "          image: $cuda_tag" "$K8S/overlays/gpu/workers-gpu.yaml" &&
-  ok "gpu overlay's image = build.sh --cuda's tag ($cuda_tag)" ||
+if [[ -n $cuda_tag ]] && grep -qx "          image: $cuda_tag" "$K8S/overlays/gpu/workers-gpu.yaml"; then
+  ok "gpu overlay's image = build.sh --cuda's tag ($cuda_tag)"
+else
   bad "gpu overlay's image is not build.sh --cuda's tag '$cuda_tag'"
+fi
 
 # The Dockerfile must copy every top-level directory the non-test build
 # uses: add_subdirectory() of the top-level CMakeLists (but tests/),

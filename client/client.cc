@@ -289,9 +289,16 @@ absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, void* data, size_t bytes) {
   return info;
 }
 
-absl::StatusOr<OpInfo> Client::AllReduce(void* data, size_t count,
-                                         DType dtype, ReduceOp op,
-                                         OpOptions options) {
+namespace {
+
+// The validated spec of an all-reduce or a broadcast.
+absl::StatusOr<v1::OpSpec> AllReduceSpec(size_t count, DType dtype,
+                                         ReduceOp op,
+                                         const OpOptions& options) {
+  if (!IsValidDType(static_cast<int>(dtype)) ||
+      !IsValidReduceOp(static_cast<int>(op))) {
+    return absl::InvalidArgumentError("all_reduce: invalid dtype or op");
+  }
   v1::OpSpec spec;
   spec.set_kind(v1::ALL_REDUCE);
   spec.set_dtype(static_cast<v1::DType>(dtype));
@@ -300,15 +307,11 @@ absl::StatusOr<OpInfo> Client::AllReduce(void* data, size_t count,
   spec.set_algorithm(static_cast<v1::Algorithm>(options.algorithm));
   spec.set_timeout_ms(static_cast<uint32_t>(
       absl::ToInt64Milliseconds(options.timeout)));
-  if (!IsValidDType(static_cast<int>(dtype)) ||
-      !IsValidReduceOp(static_cast<int>(op))) {
-    return absl::InvalidArgumentError("all_reduce: invalid dtype or op");
-  }
-  return Run(spec, data, count * DTypeSize(dtype));
+  return spec;
 }
 
-absl::StatusOr<OpInfo> Client::Broadcast(void* data, size_t count, DType dtype,
-                                         int root, OpOptions options) {
+absl::StatusOr<v1::OpSpec> BroadcastSpec(size_t count, DType dtype, int root,
+                                         const OpOptions& options) {
   if (!IsValidDType(static_cast<int>(dtype))) {
     return absl::InvalidArgumentError("broadcast: invalid dtype");
   }
@@ -319,7 +322,24 @@ absl::StatusOr<OpInfo> Client::Broadcast(void* data, size_t count, DType dtype,
   spec.set_root(root);
   spec.set_timeout_ms(static_cast<uint32_t>(
       absl::ToInt64Milliseconds(options.timeout)));
-  return Run(spec, data, count * DTypeSize(dtype));
+  return spec;
+}
+
+}  // namespace
+
+absl::StatusOr<OpInfo> Client::AllReduce(void* data, size_t count,
+                                         DType dtype, ReduceOp op,
+                                         OpOptions options) {
+  absl::StatusOr<v1::OpSpec> spec = AllReduceSpec(count, dtype, op, options);
+  if (!spec.ok()) return spec.status();
+  return Run(*spec, data, count * DTypeSize(dtype));
+}
+
+absl::StatusOr<OpInfo> Client::Broadcast(void* data, size_t count, DType dtype,
+                                         int root, OpOptions options) {
+  absl::StatusOr<v1::OpSpec> spec = BroadcastSpec(count, dtype, root, options);
+  if (!spec.ok()) return spec.status();
+  return Run(*spec, data, count * DTypeSize(dtype));
 }
 
 absl::StatusOr<OpInfo> Client::RunDevice(v1::OpSpec spec, void* device_data) {
@@ -349,35 +369,17 @@ absl::StatusOr<OpInfo> Client::RunDevice(v1::OpSpec spec, void* device_data) {
 absl::StatusOr<OpInfo> Client::AllReduceDevice(void* device_data, size_t count,
                                                DType dtype, ReduceOp op,
                                                OpOptions options) {
-  if (!IsValidDType(static_cast<int>(dtype)) ||
-      !IsValidReduceOp(static_cast<int>(op))) {
-    return absl::InvalidArgumentError("all_reduce: invalid dtype or op");
-  }
-  v1::OpSpec spec;
-  spec.set_kind(v1::ALL_REDUCE);
-  spec.set_dtype(static_cast<v1::DType>(dtype));
-  spec.set_count(count);
-  spec.set_op(static_cast<v1::ReduceOp>(op));
-  spec.set_algorithm(static_cast<v1::Algorithm>(options.algorithm));
-  spec.set_timeout_ms(static_cast<uint32_t>(
-      absl::ToInt64Milliseconds(options.timeout)));
-  return RunDevice(spec, device_data);
+  absl::StatusOr<v1::OpSpec> spec = AllReduceSpec(count, dtype, op, options);
+  if (!spec.ok()) return spec.status();
+  return RunDevice(*spec, device_data);
 }
 
 absl::StatusOr<OpInfo> Client::BroadcastDevice(void* device_data, size_t count,
                                                DType dtype, int root,
                                                OpOptions options) {
-  if (!IsValidDType(static_cast<int>(dtype))) {
-    return absl::InvalidArgumentError("broadcast: invalid dtype");
-  }
-  v1::OpSpec spec;
-  spec.set_kind(v1::BROADCAST);
-  spec.set_dtype(static_cast<v1::DType>(dtype));
-  spec.set_count(count);
-  spec.set_root(root);
-  spec.set_timeout_ms(static_cast<uint32_t>(
-      absl::ToInt64Milliseconds(options.timeout)));
-  return RunDevice(spec, device_data);
+  absl::StatusOr<v1::OpSpec> spec = BroadcastSpec(count, dtype, root, options);
+  if (!spec.ok()) return spec.status();
+  return RunDevice(*spec, device_data);
 }
 
 absl::StatusOr<OpInfo> Client::Barrier(OpOptions options) {

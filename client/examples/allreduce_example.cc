@@ -8,20 +8,29 @@
 #include "halka/client.h"
 #include "halka/local_cluster.h"
 
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
+  return 1;
+}
+
 int main(int argc, char** argv) {
   std::unique_ptr<halka::LocalCluster> cluster;
   std::string worker;
   if (argc > 1) {
     worker = argv[1];
   } else {
-    cluster = halka::LocalCluster::Start({}).value();  // 4 workers
+    auto started = halka::LocalCluster::Start({});  // 4 workers
+    if (!started.ok()) return Fail(started.status());
+    cluster = std::move(*started);
     worker = cluster->worker_address(0);
   }
-  auto client = halka::Client::Connect(worker).value();
+  auto client = halka::Client::Connect(worker);
+  if (!client.ok()) return Fail(client.status());
 
   // Gradients in shared memory: the worker reduces them in place.
-  auto buffer = client->AllocateHostBuffer(1000 * sizeof(float)).value();
-  absl::Span<float> grads = buffer.as<float>().subspan(0, 1000);
+  auto buffer = (*client)->AllocateHostBuffer(1000 * sizeof(float));
+  if (!buffer.ok()) return Fail(buffer.status());
+  absl::Span<float> grads = buffer->as<float>().subspan(0, 1000);
   for (float& g : grads) g = 1.0f;
 
   if (cluster) {
@@ -31,11 +40,13 @@ int main(int argc, char** argv) {
     std::vector<std::vector<float>> theirs(3, std::vector<float>(1000, 3.0f));
     std::vector<std::unique_ptr<halka::Client>> peers;
     for (int r = 1; r < 4; ++r) {
-      peers.push_back(cluster->Connect(r).value());
+      auto peer = cluster->Connect(r);
+      if (!peer.ok()) return Fail(peer.status());
+      peers.push_back(std::move(*peer));
       others.push_back(peers.back()->AllReduceAsync(absl::MakeSpan(theirs[r - 1]),
                                                     halka::ReduceOp::kAvg));
     }
-    auto info = client->AllReduce(grads, halka::ReduceOp::kAvg);
+    auto info = (*client)->AllReduce(grads, halka::ReduceOp::kAvg);
     for (auto& f : others) f.get().IgnoreError();
     if (!info.ok()) {
       std::fprintf(stderr, "all-reduce failed: %s\n", info.status().ToString().c_str());
@@ -46,7 +57,7 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(info->bytes_sent));
     return grads[0] == 2.5f ? 0 : 1;
   }
-  auto info = client->AllReduce(grads, halka::ReduceOp::kAvg);
+  auto info = (*client)->AllReduce(grads, halka::ReduceOp::kAvg);
   if (!info.ok()) {
     std::fprintf(stderr, "all-reduce failed: %s\n", info.status().ToString().c_str());
     return 1;

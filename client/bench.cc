@@ -277,6 +277,35 @@ std::string FormatHealth(const v1::RingHealth& h) {
     }
   }
   if (!links.empty()) absl::StrAppend(&out, "links (payload bytes):\n", links);
+  if (!h.last_algorithm().empty()) {
+    absl::StrAppend(&out, absl::StrFormat(
+                              "last operations: algorithm %s, chunk %d bytes\n",
+                              h.last_algorithm(), h.last_chunk_bytes()));
+  }
+  if (h.edges_size() > 0) {
+    absl::StrAppend(
+        &out, "edges (last minute; * = ring edge, wait = receiver blocked "
+              "on sender):\n",
+        absl::StrFormat("  %-9s %10s %10s %9s %9s %8s %8s %6s\n", "edge",
+                        "MB", "MB/s", "wait_s", "added_s", "p50_ms",
+                        "p99_ms", "errors"));
+    for (const v1::EdgeHealth& e : h.edges()) {
+      const std::string name =
+          absl::StrCat(e.ring() ? "*" : " ", e.from(), "->", e.to());
+      const bool slowest = e.from() == h.diagnosis().slowest_from() &&
+                           e.to() == h.diagnosis().slowest_to();
+      absl::StrAppend(
+          &out, absl::StrFormat(
+                    "  %-9s %10.1f %10.1f %9.3f %9.3f %8.2f %8.2f %6d%s\n",
+                    name, e.bytes() / 1e6, e.throughput_bps() / 1e6,
+                    e.wait_seconds(), e.added_wait_seconds(),
+                    e.wait_p50_seconds() * 1e3, e.wait_p99_seconds() * 1e3,
+                    e.errors(), slowest ? "  <- slowest" : ""));
+    }
+  }
+  if (!h.diagnosis().summary().empty()) {
+    absl::StrAppend(&out, "diagnosis: ", h.diagnosis().summary(), "\n");
+  }
   return out;
 }
 

@@ -5,6 +5,7 @@
 //                      --worker=ADDR,ADDR,...] [--dtype] [--op] [--json]
 //   halkactl allreduce --worker=ADDR [--count] [--dtype] [--op] [--check]
 //   halkactl health    --rendezvous=ADDR --job=ID   (or --worker=ADDR)
+//                      [--json] [--watch [--interval=2s] [--count=N]]
 //   halkactl healthcheck --worker=ADDR   grpc.health.v1 status (for probes)
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "client/bench.h"
 #include "common/grpc_util.h"
@@ -43,8 +45,14 @@ ABSL_FLAG(int, w, 1, "bench: warm-up iterations per size");
 ABSL_FLAG(int, c, 1, "bench: check results against the reference (0/1)");
 ABSL_FLAG(std::string, dtype, "float32", "element type");
 ABSL_FLAG(std::string, op, "sum", "reduction: sum, avg, min, max, prod");
-ABSL_FLAG(bool, json, false, "bench: one JSON object per row instead of a table");
-ABSL_FLAG(int64_t, count, 1 << 20, "allreduce: elements");
+ABSL_FLAG(bool, json, false, "bench: one JSON object per row instead of a "
+          "table; health: the RingHealth reply as protobuf JSON");
+ABSL_FLAG(bool, watch, false, "health: print again every --interval");
+ABSL_FLAG(absl::Duration, interval, absl::Seconds(2),
+          "health --watch: time between refreshes");
+
+ABSL_FLAG(int64_t, count, 1 << 20, "allreduce: elements; health --watch: "
+          "reports to print (default: until interrupted)");
 ABSL_FLAG(bool, check, true, "allreduce: verify the result (every rank runs "
           "halkactl allreduce with the same flags)");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "operation deadline");
@@ -137,7 +145,7 @@ BenchOptions OptionsFromFlags() {
 }
 
 int Health(const std::string& rendezvous, const std::string& job,
-           const std::string& worker) {
+           const std::string& worker, bool json) {
   absl::StatusOr<v1::RingHealth> h;
   if (!rendezvous.empty()) {
     auto stub = v1::Rendezvous::NewStub(MakeChannel(rendezvous));
@@ -158,8 +166,47 @@ int Health(const std::string& rendezvous, const std::string& job,
         "health needs --rendezvous=ADDR --job=ID or --worker=ADDR"));
   }
   if (!h.ok()) return Fail(h.status());
-  std::printf("%s", FormatHealth(*h).c_str());
+  if (json) {
+    std::string out;
+    google::protobuf::util::JsonPrintOptions jo;
+    jo.add_whitespace = true;
+    jo.preserve_proto_field_names = true;
+    auto st = google::protobuf::util::MessageToJsonString(*h, &out, jo);
+    if (!st.ok()) {
+      return Fail(absl::InternalError(absl::StrCat("health: JSON: ",
+                                                   st.ToString())));
+    }
+    std::printf("%s", out.c_str());
+  } else {
+    std::printf("%s", FormatHealth(*h).c_str());
+  }
+  std::fflush(stdout);
   return h->state() == "healthy" ? 0 : 2;
+}
+
+// `health`, once or (--watch) every --interval, at most --count times; the
+// exit status is the last report's.
+int HealthCommand() {
+  const bool watch = absl::GetFlag(FLAGS_watch);
+  // --count keeps its allreduce default unless given.
+  const int64_t given = absl::GetFlag(FLAGS_count);
+  const int64_t count = given == (1 << 20) ? 0 : given;
+  int rc = 0;
+  for (int i = 0; !watch || count <= 0 || i < count; ++i) {
+    if (i > 0) {
+      absl::SleepFor(absl::GetFlag(FLAGS_interval));
+      std::printf("\n");
+    }
+    if (watch && !absl::GetFlag(FLAGS_json)) {
+      std::printf("# %s\n", absl::FormatTime("%Y-%m-%d %H:%M:%S UTC",
+                                                absl::Now(),
+                                                absl::UTCTimeZone()).c_str());
+    }
+    rc = Health(absl::GetFlag(FLAGS_rendezvous), absl::GetFlag(FLAGS_job),
+                absl::GetFlag(FLAGS_worker), absl::GetFlag(FLAGS_json));
+    if (!watch) break;
+  }
+  return rc;
 }
 
 // grpc.health.v1.Health/Check with hand-encoded messages: the request for
@@ -398,7 +445,7 @@ int main(int argc, char** argv) {
                  "  bench      nccl-tests style sweep (-b -e -f -n -w -c)\n"
                  "  allreduce  one all-reduce through a running worker\n"
                  "  health     ring health of a running job (exit 2 unless "
-                 "healthy)\n"
+                 "healthy); --json, --watch [--interval=2s] [--count=N]\n"
                  "  healthcheck --worker=ADDR  standard gRPC health of any "
                  "halka server (exit 0 if SERVING)\n");
     return 2;
@@ -413,8 +460,7 @@ int main(int argc, char** argv) {
   if (cmd == "allreduce") return halka::AllReduceCommand();
   if (cmd == "healthcheck") return halka::HealthCheck(absl::GetFlag(FLAGS_worker));
   if (cmd == "health") {
-    return halka::Health(absl::GetFlag(FLAGS_rendezvous),
-                         absl::GetFlag(FLAGS_job), absl::GetFlag(FLAGS_worker));
+    return halka::HealthCommand();
   }
   std::fprintf(stderr, "halkactl: unknown command '%s'\n", cmd.c_str());
   return 2;

@@ -20,7 +20,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   RendezvousOptions ro;
   ro.heartbeat_interval = options.heartbeat_interval;
   ro.heartbeat_timeout = options.heartbeat_timeout;
-  auto rv = RendezvousServer::Start("127.0.0.1:0", ro);
+  auto rv = RendezvousServer::Start("127.0.0.1:0", ro,
+                                    options.metrics ? -1 : 0);
   if (!rv.ok()) return rv.status();
   c->rendezvous_ = std::move(*rv);
   for (int k = 0; k < options.ps_shards; ++k) {
@@ -45,6 +46,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     wo.chunk_bytes = options.chunk_bytes;
     wo.op_timeout = options.op_timeout;
     wo.join_timeout = absl::Seconds(30);
+    if (i == options.slow_rank) wo.test_reduce_delay = options.test_reduce_delay;
+    if (options.metrics) wo.metrics_port = -1;
     auto node = WorkerNode::Create(wo);
     if (!node.ok()) return node.status();
     nodes.push_back(std::move(*node));
@@ -92,6 +95,11 @@ const std::string& LocalCluster::rendezvous_address() const {
 
 const std::string& LocalCluster::worker_address(int rank) const {
   return workers_[static_cast<size_t>(rank)]->address();
+}
+
+std::string LocalCluster::metrics_address(int rank) const {
+  if (rank < 0) return rendezvous_->metrics_address();
+  return workers_[static_cast<size_t>(rank)]->metrics_address();
 }
 
 WorkerNode* LocalCluster::worker(int rank) const {

@@ -5,6 +5,7 @@ set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+      libcpp-httplib-dev
       iproute2 procps python3)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -19,6 +19,10 @@ ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(5),
           "a worker silent this long is declared dead "
           "(env HALKA_HEARTBEAT_TIMEOUT)");
 
+ABSL_FLAG(int, metrics_port, 0,
+          "serve HTTP on this port: /metrics (Prometheus), / (live ring "
+          "page), /api/health?job=J; 0: off (env HALKA_METRICS_PORT)");
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "halka-rendezvous --listen=HOST:PORT [--heartbeat_timeout=5s]");
@@ -31,14 +35,18 @@ int main(int argc, char** argv) {
   halka::RendezvousOptions options;
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
   options.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
-  auto started = halka::RendezvousServer::Start(absl::GetFlag(FLAGS_listen),
-                                                options);
+  auto started = halka::RendezvousServer::Start(
+      absl::GetFlag(FLAGS_listen), options, absl::GetFlag(FLAGS_metrics_port));
   if (!started.ok()) {
     halka::LogError(started.status().ToString());
     return 1;
   }
   std::unique_ptr<halka::RendezvousServer> server = std::move(*started);
   halka::LogInfo(absl::StrCat("serving on ", server->address()));
+  if (!server->metrics_address().empty()) {
+    halka::LogInfo(absl::StrCat("HTTP (/metrics, ring page) on ",
+                                server->metrics_address()));
+  }
   std::cout << "halka-rendezvous listening on " << server->address()
             << std::endl;
   stop.WaitForNotification();

@@ -4,6 +4,9 @@
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
+#include "google/protobuf/util/json_util.h"
+#include "server/ring_diagnosis.h"
+#include "server/ring_page.h"
 
 namespace halka {
 namespace {
@@ -15,6 +18,110 @@ void FillMember(const MemberView& m, v1::Member* out) {
   out->set_alive(m.alive);
   out->set_device(m.device);
   out->set_last_heartbeat_age_s(absl::ToDoubleSeconds(m.heartbeat_age));
+}
+
+// Prometheus text exposition of every job's ring health.
+std::string RendezvousMetrics(RendezvousService& service) {
+  std::string out;
+  std::string state, generation, members, alive, straggler, edge_bytes,
+      edge_tput, edge_wait, edge_added, edge_p50, edge_p99, edge_errors,
+      ops, hb_age;
+  for (const std::string& job : service.JobIds()) {
+    v1::RingHealthRequest req;
+    req.set_job_id(job);
+    v1::RingHealth h;
+    if (!service.BuildHealth(&req, &h).ok()) continue;
+    const std::string j = PromEscape(job);
+    for (const char* s : {"forming", "healthy", "degraded"}) {
+      absl::StrAppend(&state, "halka_ring_state{job=\"", j, "\",state=\"", s,
+                      "\"} ", h.state() == s ? 1 : 0, "\n");
+    }
+    absl::StrAppend(&generation, "halka_ring_generation{job=\"", j, "\"} ",
+                    h.generation(), "\n");
+    absl::StrAppend(&members, "halka_ring_members{job=\"", j, "\"} ",
+                    h.members_size(), "\n");
+    absl::StrAppend(&straggler, "halka_ring_straggler_rank{job=\"", j, "\"} ",
+                    h.diagnosis().has_straggler()
+                        ? h.diagnosis().straggler_rank() : -1, "\n");
+    for (int i = 0; i < h.members_size(); ++i) {
+      const v1::Member& m = h.members(i);
+      const std::string l = absl::StrCat("{job=\"", j, "\",rank=\"", m.rank(),
+                                         "\",worker=\"",
+                                         PromEscape(m.worker_id()), "\"}");
+      absl::StrAppend(&alive, "halka_member_alive", l, " ", m.alive() ? 1 : 0,
+                      "\n");
+      absl::StrAppend(&hb_age, "halka_member_heartbeat_age_seconds", l, " ",
+                      m.last_heartbeat_age_s(), "\n");
+      if (i < h.telemetry_size()) {
+        const v1::WorkerTelemetry& t = h.telemetry(i);
+        absl::StrAppend(&ops, "halka_member_operations_total{job=\"", j,
+                        "\",rank=\"", m.rank(), "\",outcome=\"ok\"} ",
+                        t.ops_completed(), "\n");
+        absl::StrAppend(&ops, "halka_member_operations_total{job=\"", j,
+                        "\",rank=\"", m.rank(), "\",outcome=\"error\"} ",
+                        t.ops_failed(), "\n");
+      }
+    }
+    for (const v1::EdgeHealth& e : h.edges()) {
+      const std::string l =
+          absl::StrCat("{job=\"", j, "\",from=\"", e.from(), "\",to=\"", e.to(),
+                       "\",ring=\"", e.ring() ? "true" : "false", "\"} ");
+      absl::StrAppend(&edge_bytes, "halka_edge_window_bytes", l, e.bytes(), "\n");
+      absl::StrAppend(&edge_tput, "halka_edge_throughput_bytes_per_second", l,
+                      e.throughput_bps(), "\n");
+      absl::StrAppend(&edge_wait, "halka_edge_window_wait_seconds", l,
+                      e.wait_seconds(), "\n");
+      absl::StrAppend(&edge_added, "halka_edge_window_added_wait_seconds", l,
+                      e.added_wait_seconds(), "\n");
+      absl::StrAppend(&edge_p50, "halka_edge_chunk_wait_p50_seconds", l,
+                      e.wait_p50_seconds(), "\n");
+      absl::StrAppend(&edge_p99, "halka_edge_chunk_wait_p99_seconds", l,
+                      e.wait_p99_seconds(), "\n");
+      absl::StrAppend(&edge_errors, "halka_edge_window_errors", l, e.errors(),
+                      "\n");
+    }
+  }
+  auto block = [&out](const char* name, const char* type, const char* help,
+                      const std::string& body) {
+    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
+                    type, "\n", body);
+  };
+  block("halka_ring_state", "gauge", "1 for the job's current ring state", state);
+  block("halka_ring_generation", "gauge", "membership generation", generation);
+  block("halka_ring_members", "gauge", "members of the job", members);
+  block("halka_ring_straggler_rank", "gauge",
+        "the rank the others wait on (-1: none)", straggler);
+  block("halka_member_alive", "gauge", "1 while the member heartbeats", alive);
+  block("halka_member_heartbeat_age_seconds", "gauge",
+        "time since the member's last heartbeat", hb_age);
+  block("halka_member_operations_total", "counter",
+        "operations the member finished, by outcome", ops);
+  block("halka_edge_window_bytes", "gauge",
+        "payload bytes over the edge in the last minute", edge_bytes);
+  block("halka_edge_throughput_bytes_per_second", "gauge",
+        "edge throughput over the last minute (ring edges: counting only the "
+        "wait the hop adds)", edge_tput);
+  block("halka_edge_window_wait_seconds", "gauge",
+        "time the receiver blocked on the sender in the last minute", edge_wait);
+  block("halka_edge_window_added_wait_seconds", "gauge",
+        "wait the ring hop adds (not passed on from upstream), last minute",
+        edge_added);
+  block("halka_edge_chunk_wait_p50_seconds", "gauge",
+        "median per-chunk wait, last minute", edge_p50);
+  block("halka_edge_chunk_wait_p99_seconds", "gauge",
+        "99th percentile per-chunk wait, last minute", edge_p99);
+  block("halka_edge_window_errors", "gauge",
+        "link errors on the edge in the last minute", edge_errors);
+  return out;
+}
+
+std::string HealthJson(const v1::RingHealth& h) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions jo;
+  jo.always_print_primitive_fields = true;
+  jo.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(h, &out, jo);
+  return out;
 }
 
 }  // namespace
@@ -140,6 +247,16 @@ grpc::Status RendezvousService::Leave(grpc::ServerContext*,
 grpc::Status RendezvousService::GetRingHealth(grpc::ServerContext*,
                                               const v1::RingHealthRequest* req,
                                               v1::RingHealth* reply) {
+  return BuildHealth(req, reply);
+}
+
+std::vector<std::string> RendezvousService::JobIds() {
+  absl::MutexLock lock(&mu_);
+  return state_.JobIds();
+}
+
+grpc::Status RendezvousService::BuildHealth(const v1::RingHealthRequest* req,
+                                            v1::RingHealth* reply) {
   if (req->job_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "health: job_id is required");
@@ -151,11 +268,55 @@ grpc::Status RendezvousService::GetRingHealth(grpc::ServerContext*,
   reply->set_state(h->state);
   reply->set_generation(h->generation);
   reply->set_world_size(h->world_size);
+  std::vector<RankInput> inputs;
   for (const MemberView& m : h->members) {
     FillMember(m, reply->add_members());
     v1::WorkerTelemetry* t = reply->add_telemetry();
     if (!m.telemetry.empty()) t->ParseFromString(m.telemetry);
+    if (!t->last_algorithm().empty()) {
+      reply->set_last_algorithm(t->last_algorithm());
+      reply->set_last_chunk_bytes(t->last_chunk_bytes());
+    }
+    if (!m.alive || m.telemetry.empty()) continue;
+    RankInput in;
+    in.rank = m.rank;
+    in.has_telemetry = true;
+    in.op_seconds = t->window().op_seconds();
+    for (const v1::EdgeTelemetry& e : t->window().edges()) {
+      EdgeInput x;
+      x.peer = e.peer();
+      x.bytes_sent = e.bytes_sent();
+      x.bytes_received = e.bytes_received();
+      x.send_seconds = e.send_seconds();
+      x.wait_seconds = e.wait_seconds();
+      x.reduce_seconds = e.reduce_seconds();
+      x.wait_p50_seconds = e.wait_p50_seconds();
+      x.wait_p99_seconds = e.wait_p99_seconds();
+      x.errors = e.errors();
+      in.edges.push_back(x);
+    }
+    inputs.push_back(std::move(in));
   }
+  const RingDiagnosis d = DiagnoseRing(h->world_size, inputs);
+  for (const EdgeReport& e : d.edges) {
+    v1::EdgeHealth* out = reply->add_edges();
+    out->set_from(e.from);
+    out->set_to(e.to);
+    out->set_bytes(e.bytes);
+    out->set_throughput_bps(e.throughput_bps);
+    out->set_wait_seconds(e.wait_seconds);
+    out->set_added_wait_seconds(e.added_wait_seconds);
+    out->set_wait_p50_seconds(e.wait_p50_seconds);
+    out->set_wait_p99_seconds(e.wait_p99_seconds);
+    out->set_errors(e.errors);
+    out->set_ring(e.ring);
+  }
+  v1::Diagnosis* diag = reply->mutable_diagnosis();
+  diag->set_has_straggler(d.has_straggler);
+  diag->set_straggler_rank(d.straggler_rank);
+  diag->set_slowest_from(d.slowest_from);
+  diag->set_slowest_to(d.slowest_to);
+  diag->set_summary(d.summary);
   return grpc::Status::OK;
 }
 
@@ -179,7 +340,7 @@ grpc::Status RendezvousService::LookupServers(
 }
 
 absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
-    const std::string& listen, RendezvousOptions options) {
+    const std::string& listen, RendezvousOptions options, int metrics_port) {
   std::unique_ptr<RendezvousServer> s(new RendezvousServer());
   s->service_ = std::make_unique<RendezvousService>(options);
   grpc::EnableDefaultHealthCheckService(true);
@@ -194,7 +355,63 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
         absl::StrCat("rendezvous: cannot listen on ", listen));
   }
   s->address_ = DialableAddress(listen, port, "");
+  if (metrics_port != 0) {
+    const std::string host = listen.substr(0, listen.rfind(':'));
+    RendezvousService* svc = s->service_.get();
+    std::map<std::string, HttpHandler> handlers;
+    handlers["/metrics"] = [svc](const std::map<std::string, std::string>&) {
+      HttpResponse r;
+      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      r.body = RendezvousMetrics(*svc);
+      return r;
+    };
+    handlers["/"] = [](const std::map<std::string, std::string>&) {
+      HttpResponse r;
+      r.content_type = "text/html; charset=utf-8";
+      r.body = RingPageHtml();
+      return r;
+    };
+    handlers["/api/jobs"] = [svc](const std::map<std::string, std::string>&) {
+      HttpResponse r;
+      r.content_type = "application/json";
+      r.body = "[";
+      bool first = true;
+      for (const std::string& id : svc->JobIds()) {
+        absl::StrAppend(&r.body, first ? "" : ",", "\"", PromEscape(id), "\"");
+        first = false;
+      }
+      r.body += "]";
+      return r;
+    };
+    handlers["/api/health"] =
+        [svc](const std::map<std::string, std::string>& params) {
+          HttpResponse r;
+          r.content_type = "application/json";
+          v1::RingHealthRequest req;
+          auto it = params.find("job");
+          if (it != params.end()) req.set_job_id(it->second);
+          v1::RingHealth h;
+          grpc::Status st = svc->BuildHealth(&req, &h);
+          if (!st.ok()) {
+            r.status = st.error_code() == grpc::StatusCode::NOT_FOUND ? 404 : 400;
+            r.body = absl::StrCat("{\"error\":\"", PromEscape(st.error_message()),
+                                  "\"}");
+            return r;
+          }
+          r.body = HealthJson(h);
+          return r;
+        };
+    auto http = HttpServer::Start(host == "0.0.0.0" || host.empty()
+                                      ? "0.0.0.0" : host,
+                                  metrics_port, std::move(handlers));
+    if (!http.ok()) return http.status();
+    s->http_ = std::move(*http);
+  }
   return s;
+}
+
+std::string RendezvousServer::metrics_address() const {
+  return http_ ? http_->address() : "";
 }
 
 RendezvousServer::~RendezvousServer() { Shutdown(); }
@@ -203,6 +420,7 @@ void RendezvousServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   service_->Stop();
+  if (http_) http_->Stop();
   server_->Shutdown(std::chrono::system_clock::now() +
                     std::chrono::milliseconds(200));
 }

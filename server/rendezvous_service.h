@@ -12,6 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "grpcpp/grpcpp.h"
 #include "halka/v1/rendezvous.grpc.pb.h"
+#include "common/http_server.h"
 #include "server/rendezvous_state.h"
 
 namespace halka {
@@ -43,6 +44,11 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // shutdown so that Shutdown never waits on a Join.
   void Stop();
 
+  // GetRingHealth without a call (for /metrics and the ring page).
+  grpc::Status BuildHealth(const v1::RingHealthRequest* req,
+                           v1::RingHealth* reply);
+  std::vector<std::string> JobIds();
+
  private:
   void SweepLoop();
 
@@ -58,19 +64,27 @@ class RendezvousService final : public v1::Rendezvous::Service {
 class RendezvousServer {
  public:
   // `listen` like "0.0.0.0:7100" or "127.0.0.1:0" (port 0 picks one).
+  // `metrics_port` > 0 also serves HTTP on the listen host (0.0.0.0 for
+  // a wildcard): /metrics (Prometheus), / (the live ring page),
+  // /api/jobs and /api/health?job=J (RingHealth as JSON); -1 picks a free
+  // port; 0 serves none.
   static absl::StatusOr<std::unique_ptr<RendezvousServer>> Start(
-      const std::string& listen, RendezvousOptions options = {});
+      const std::string& listen, RendezvousOptions options = {},
+      int metrics_port = 0);
   ~RendezvousServer();
 
   // host:port clients can dial (the picked port for port 0).
   const std::string& address() const { return address_; }
   void Shutdown();
   void Wait() { server_->Wait(); }
+  // "host:port" of the HTTP server; "" when none.
+  std::string metrics_address() const;
 
  private:
   RendezvousServer() = default;
   std::unique_ptr<RendezvousService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HttpServer> http_;
   std::string address_;
   bool shut_down_ = false;
 };

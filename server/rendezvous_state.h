@@ -123,6 +123,12 @@ class RendezvousState {
       const std::string& job_id, absl::Time now) const;
 
   const RendezvousOptions& options() const { return options_; }
+  // Every job the rendezvous knows, in id order.
+  std::vector<std::string> JobIds() const {
+    std::vector<std::string> ids;
+    for (const auto& [id, job] : jobs_) ids.push_back(id);
+    return ids;
+  }
 
  private:
   struct Member {

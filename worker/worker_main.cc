@@ -41,6 +41,14 @@ ABSL_FLAG(int, device, -1,
 ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(120),
           "how long to wait for the job to form (env HALKA_JOIN_TIMEOUT)");
 
+ABSL_FLAG(absl::Duration, test_reduce_delay, absl::ZeroDuration(),
+          "FOR TESTS ONLY: sleep this long per received data chunk while "
+          "reducing, to make this rank a straggler on purpose (e.g. 5ms)");
+
+ABSL_FLAG(int, metrics_port, 0,
+          "serve Prometheus /metrics over HTTP on this port once joined; 0: "
+          "off (env HALKA_METRICS_PORT)");
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "halka-worker --rendezvous=HOST:PORT --job=ID --world_size=N "
@@ -62,6 +70,8 @@ int main(int argc, char** argv) {
   o.op_timeout = absl::GetFlag(FLAGS_op_timeout);
   o.join_timeout = absl::GetFlag(FLAGS_join_timeout);
   o.cuda_device = absl::GetFlag(FLAGS_device);
+  o.test_reduce_delay = absl::GetFlag(FLAGS_test_reduce_delay);
+  o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   auto algorithm = halka::ParseAlgorithm(absl::GetFlag(FLAGS_default_algorithm));
   if (!algorithm.ok()) {
     halka::LogError(algorithm.status().ToString());

@@ -325,6 +325,23 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
 
 absl::Status WorkerNode::Join() {
   const WorkerOptions& o = options_;
+  // Served before joining (empty until then), so a port that cannot be
+  // bound fails the start, not a joined ring.
+  if (o.metrics_port != 0 && http_ == nullptr) {
+    const std::string host = o.listen.substr(0, o.listen.rfind(':'));
+    std::map<std::string, HttpHandler> handlers;
+    handlers["/metrics"] = [this](const std::map<std::string, std::string>&) {
+      HttpResponse r;
+      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      r.body = MetricsText();
+      return r;
+    };
+    auto http = HttpServer::Start(host.empty() ? "0.0.0.0" : host,
+                                  o.metrics_port, std::move(handlers));
+    if (!http.ok()) return http.status();
+    http_ = std::move(*http);
+    LogInfo(absl::StrCat("/metrics on ", http_->address()));
+  }
   v1::JoinRequest req;
   req.set_job_id(o.job_id);
   req.set_worker_id(o.worker_id);
@@ -367,6 +384,7 @@ absl::Status WorkerNode::Join() {
   c.chunk_bytes = o.chunk_bytes;
   c.default_timeout = o.op_timeout;
   c.max_op_bytes = o.max_op_bytes;
+  c.test_reduce_delay = o.test_reduce_delay;
   std::vector<std::string> addresses;
   for (const v1::Member& m : reply.members()) {
     c.members.push_back(PeerInfo{m.rank(), m.worker_id(), m.address()});
@@ -394,9 +412,99 @@ absl::Status WorkerNode::Join() {
   return absl::OkStatus();
 }
 
+std::string WorkerNode::metrics_address() const {
+  return http_ ? http_->address() : "";
+}
+
+std::string WorkerNode::MetricsText() {
+  int rank = -1;
+  uint64_t generation = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!is_joined_) return "";
+    rank = joined_.rank();
+    generation = generation_;
+  }
+  const Telemetry t = comm_->GetTelemetry();
+  const std::string base = absl::StrCat(
+      "job=\"", PromEscape(options_.job_id), "\",rank=\"", rank, "\"");
+  std::string out;
+  auto head = [&out](const char* name, const char* type, const char* help) {
+    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
+                    type, "\n");
+  };
+  head("halka_worker_generation", "gauge", "membership generation of the ring");
+  absl::StrAppend(&out, "halka_worker_generation{", base, "} ", generation, "\n");
+  head("halka_operations_total", "counter",
+       "operations by kind, algorithm and outcome");
+  for (const auto& [key, n] : t.ops_by_label) {
+    absl::StrAppend(&out, "halka_operations_total{", base, ",kind=\"",
+                    std::get<0>(key), "\",algorithm=\"", std::get<1>(key),
+                    "\",outcome=\"", std::get<2>(key), "\"} ", n, "\n");
+  }
+  head("halka_operation_seconds", "histogram", "operation latency");
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < kLatencyBounds.size(); ++i) {
+    if (i < t.latency_buckets.size()) cumulative += t.latency_buckets[i];
+    const std::string le = i + 1 == kLatencyBounds.size()
+                               ? "+Inf" : absl::StrCat(kLatencyBounds[i]);
+    absl::StrAppend(&out, "halka_operation_seconds_bucket{", base, ",le=\"", le,
+                    "\"} ", cumulative, "\n");
+  }
+  absl::StrAppend(&out, "halka_operation_seconds_sum{", base, "} ",
+                  t.latency_sum_seconds, "\n", "halka_operation_seconds_count{",
+                  base, "} ", t.latency_count, "\n");
+  const int g = world_size();
+  auto peer_label = [g](int peer) {
+    return peer < g ? absl::StrCat("peer=\"", peer, "\"")
+                    : absl::StrCat("peer=\"ps", peer - g, "\"");
+  };
+  struct Series {
+    const char* name;
+    const char* help;
+    double EdgeStats::*field;
+  };
+  head("halka_edge_bytes_total", "counter",
+       "payload bytes per peer edge (direction=sent: this rank -> peer)");
+  for (const auto& [peer, e] : t.edges_total) {
+    absl::StrAppend(&out, "halka_edge_bytes_total{", base, ",", peer_label(peer),
+                    ",direction=\"sent\"} ", e.bytes_sent, "\n");
+    absl::StrAppend(&out, "halka_edge_bytes_total{", base, ",", peer_label(peer),
+                    ",direction=\"received\"} ", e.bytes_received, "\n");
+  }
+  for (const Series& s :
+       {Series{"halka_edge_send_seconds_total",
+               "time handing frames for the peer to the wire",
+               &EdgeStats::send_seconds},
+        Series{"halka_edge_wait_seconds_total",
+               "time blocked waiting for the peer's frames",
+               &EdgeStats::wait_seconds},
+        Series{"halka_edge_reduce_seconds_total",
+               "time reducing what the peer sent", &EdgeStats::reduce_seconds}}) {
+    head(s.name, "counter", s.help);
+    for (const auto& [peer, e] : t.edges_total) {
+      absl::StrAppend(&out, s.name, "{", base, ",", peer_label(peer), "} ",
+                      e.*(s.field), "\n");
+    }
+  }
+  head("halka_edge_errors_total", "counter", "link errors per peer edge");
+  for (const auto& [peer, e] : t.edges_total) {
+    absl::StrAppend(&out, "halka_edge_errors_total{", base, ",", peer_label(peer),
+                    "} ", e.errors, "\n");
+  }
+  head("halka_edge_chunk_wait_p99_seconds", "gauge",
+       "99th percentile per-chunk wait over the last minute");
+  for (const auto& [peer, e] : t.window.edges) {
+    absl::StrAppend(&out, "halka_edge_chunk_wait_p99_seconds{", base, ",",
+                    peer_label(peer), "} ", e.wait_p99_seconds, "\n");
+  }
+  return out;
+}
+
 WorkerNode::~WorkerNode() { Shutdown(); }
 
 void WorkerNode::Shutdown(bool leave) {
+  if (http_) http_->Stop();
   if (shut_down_) return;
   shut_down_ = true;
   const absl::Time t0 = absl::Now();
@@ -580,6 +688,29 @@ v1::WorkerTelemetry WorkerNode::CollectTelemetry() {
     l->set_bytes_sent(bytes.sent);
     l->set_bytes_received(bytes.received);
   }
+  auto fill = [](const EdgeSummary& in, v1::EdgeSet* out) {
+    out->set_ops(in.ops);
+    out->set_op_seconds(in.op_seconds);
+    for (const auto& [peer, e] : in.edges) {
+      v1::EdgeTelemetry* x = out->add_edges();
+      x->set_peer(peer);
+      x->set_bytes_sent(e.bytes_sent);
+      x->set_bytes_received(e.bytes_received);
+      x->set_send_seconds(e.send_seconds);
+      x->set_wait_seconds(e.wait_seconds);
+      x->set_reduce_seconds(e.reduce_seconds);
+      x->set_chunks_received(e.chunks_received);
+      x->set_wait_p50_seconds(e.wait_p50_seconds);
+      x->set_wait_p99_seconds(e.wait_p99_seconds);
+      x->set_errors(e.errors);
+    }
+  };
+  fill(tel.window, t.mutable_window());
+  fill(tel.last_op, t.mutable_last_op());
+  t.set_window_seconds(tel.window_seconds);
+  t.set_last_algorithm(tel.last_algorithm);
+  t.set_last_chunk_bytes(tel.last_chunk_bytes);
+  t.set_last_op_bytes(tel.last_op_bytes);
   const Progress p = comm_->GetProgress();
   t.set_awaited_rank(-1);
   if (p.busy) {

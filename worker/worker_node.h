@@ -17,6 +17,7 @@
 #include "grpcpp/grpcpp.h"
 #include "halka/v1/rendezvous.grpc.pb.h"
 #include "halka/v1/worker.grpc.pb.h"
+#include "common/http_server.h"
 #include "worker/core/communicator.h"
 
 namespace halka {
@@ -46,6 +47,12 @@ struct WorkerOptions {
   int cuda_device = -1;
   // What an all-reduce that asks for AUTO runs.
   Algorithm default_algorithm = Algorithm::kAuto;
+  // FOR TESTS ONLY: sleep this long per received data chunk while reducing,
+  // to make this rank a straggler on purpose.
+  absl::Duration test_reduce_delay = absl::ZeroDuration();
+  // > 0: serve Prometheus /metrics over HTTP on this port (on the listen
+  // host) once joined; -1 picks a free port; 0: off.
+  int metrics_port = 0;
 };
 
 class WorkerNode {
@@ -82,6 +89,10 @@ class WorkerNode {
   Communicator* communicator();
   const WorkerOptions& options() const { return options_; }
   int open_peer_streams() const;
+  // "host:port" of /metrics; "" when off.
+  std::string metrics_address() const;
+  // The Prometheus text this worker serves at /metrics.
+  std::string MetricsText();
 
  private:
   explicit WorkerNode(WorkerOptions options);
@@ -98,6 +109,7 @@ class WorkerNode {
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<Service> api_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HttpServer> http_;
   std::unique_ptr<v1::Rendezvous::Stub> rendezvous_;
 
   mutable absl::Mutex mu_;

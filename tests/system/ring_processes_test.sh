@@ -58,7 +58,9 @@ health_rows() {
 
 log "logs in $SYS_LOG"
 rdv_port=$(free_port) || fail "no free port"
-start_daemon rdv "$RDV_BIN" --listen="127.0.0.1:$rdv_port" \
+RDV_METRICS=$(free_port) || fail "no free port"
+W0_METRICS=$(free_port) || fail "no free port"
+start_daemon rdv "$RDV_BIN" --listen="127.0.0.1:$rdv_port" --metrics_port="$RDV_METRICS" \
   --heartbeat_interval="$HB_INTERVAL" --heartbeat_timeout="$HB_TIMEOUT"
 wait_for_line rdv "^halka-rendezvous listening on " 10
 RDV_ADDR=$(sed -n 's/^halka-rendezvous listening on //p' "$SYS_LOG/rdv.out" | head -n1)
@@ -69,7 +71,8 @@ declare -a ADDR
 for (( r = 0; r < G; ++r )); do
   port=$(free_port) || fail "no free port"
   start_daemon "w$r" "$WORKER_BIN" --rendezvous="$RDV_ADDR" --job="$JOB" \
-    --world_size=$G --worker_id="w$r" --rank=$r --listen="127.0.0.1:$port"
+    --world_size=$G --worker_id="w$r" --rank=$r --listen="127.0.0.1:$port" \
+    $( (( r == 0 )) && echo "--metrics_port=$W0_METRICS")
   ADDR[r]="127.0.0.1:$port"
 done
 for (( r = 0; r < G; ++r )); do
@@ -128,6 +131,35 @@ rows=$(health_rows)
 assert_eq "$(wc -l <<<"$rows")" "$G" "health rows"
 assert_eq "$(awk '$4 == "yes"' <<<"$rows" | wc -l)" "$G" "health rows alive 'yes'"
 summary "b. health (healthy, $G alive)" "exit $HEALTH_RC"
+assert_eq "$(grep -c '^  \*[0-9]*->[0-9]*' <<<"$HEALTH_OUT")" "$G" "health ring edges"
+grep -q '^diagnosis: ' <<<"$HEALTH_OUT" || fail "health: no diagnosis line"
+json=$(timeout --foreground -s KILL 15 "$CTL_BIN" health --rendezvous="$RDV_ADDR" \
+         --job="$JOB" --json 2>&1) || fail "health --json: exit $?: $json"
+python3 -c 'import json,sys; h=json.loads(sys.stdin.read());
+assert h["state"] == "healthy", h["state"]
+assert len(h["members"]) == int(sys.argv[1]), h["members"]
+assert "summary" in h["diagnosis"], h["diagnosis"]
+assert sum(1 for e in h["edges"] if e.get("ring")) == int(sys.argv[1]), h["edges"]' \
+  "$G" <<<"$json" || fail "health --json did not parse as expected: $json"
+watch=$(timeout --foreground -s KILL 15 "$CTL_BIN" health --rendezvous="$RDV_ADDR" \
+          --job="$JOB" --watch --interval=200ms --count=2 2>&1) \
+  || fail "health --watch: exit $?: $watch"
+assert_eq "$(grep -c '^job ' <<<"$watch")" 2 "health --watch --count=2 reports"
+summary "b. health --json parses, --watch --count=2 prints 2" "ok"
+if command -v curl >/dev/null; then
+  m=$(curl -sf --max-time 5 "http://127.0.0.1:$RDV_METRICS/metrics") || fail "rendezvous /metrics"
+  grep -qx "halka_ring_state{job=\"$JOB\",state=\"healthy\"} 1" <<<"$m" \
+    || fail "rendezvous /metrics: no healthy ring state: $m"
+  assert_eq "$(grep -c '^halka_member_alive{.*} 1$' <<<"$m")" "$G" "rendezvous /metrics alive members"
+  m=$(curl -sf --max-time 5 "http://127.0.0.1:$W0_METRICS/metrics") || fail "worker /metrics"
+  grep -q '^halka_operations_total{job="'"$JOB"'",rank="0",kind="all_reduce",algorithm="ring",outcome="ok"} [1-9]' <<<"$m" \
+    || fail "worker /metrics: no ring all-reduces counted: $m"
+  grep -q '^halka_edge_bytes_total{job="'"$JOB"'",rank="0",peer="1",direction="sent"} [1-9]' <<<"$m" \
+    || fail "worker /metrics: no bytes to rank 1"
+  curl -sf --max-time 5 "http://127.0.0.1:$RDV_METRICS/" | grep -q '<svg id="ring"' \
+    || fail "rendezvous ring page"
+  summary "b. /metrics (rendezvous, worker 0) and the ring page over HTTP" "ok"
+fi
 
 # ------------------------------------------------------------ c. kill a rank
 

@@ -28,6 +28,10 @@ double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
 }  // namespace
 
+const std::vector<double> kLatencyBounds = {
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1,      2.5,   5,      10,    30,   60,    1e300};
+
 std::string DescribePeer(const PeerInfo& peer) {
   return absl::StrCat("rank ", peer.rank, " (", peer.worker_id, ", ",
                       peer.address, ")");
@@ -52,6 +56,8 @@ struct Communicator::Op {
   bool all_to_all = false;
   std::vector<InFrame> eager;  // by rank, for an eager naive all-reduce
   int servers = 0;             // parameter-server shards (ranks G..G+K-1)
+  EdgeSummary edges;           // this operation's per-edge sums
+  std::map<int, std::vector<double>> waits;  // per-frame waits, by peer
 };
 
 Communicator::Communicator(CommConfig config, Transport* transport,
@@ -138,7 +144,22 @@ Progress Communicator::GetProgress() const {
 
 Telemetry Communicator::GetTelemetry() const {
   absl::MutexLock lock(&state_mu_);
-  return telemetry_;
+  Telemetry t = telemetry_;
+  t.window = window_.Summarize(absl::Now());
+  t.window_seconds = absl::ToDoubleSeconds(window_.span());
+  return t;
+}
+
+absl::Duration Communicator::RecordReduce(Op& op, int peer,
+                                          absl::Duration spent) {
+  if (config_.test_reduce_delay > absl::ZeroDuration()) {
+    absl::SleepFor(config_.test_reduce_delay);
+    spent += config_.test_reduce_delay;
+  }
+  op.edges.edges[peer].reduce_seconds += Seconds(spent);
+  absl::MutexLock lock(&state_mu_);
+  window_.RecordReduce(absl::Now(), peer, Seconds(spent));
+  return spent;
 }
 
 std::string Communicator::Where(const Op& op) const {
@@ -269,6 +290,43 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
   {
     absl::MutexLock lock(&state_mu_);
     progress_ = Progress();
+    for (auto& [peer, w] : op.waits) {
+      EdgeStats& e = op.edges.edges[peer];
+      e.wait_p50_seconds = Percentile(w, 0.50);
+      e.wait_p99_seconds = Percentile(w, 0.99);
+    }
+    for (const auto& [peer, e] : op.edges.edges) {
+      EdgeStats& t = telemetry_.edges_total[peer];
+      t.bytes_sent += e.bytes_sent;
+      t.bytes_received += e.bytes_received;
+      t.send_seconds += e.send_seconds;
+      t.wait_seconds += e.wait_seconds;
+      t.reduce_seconds += e.reduce_seconds;
+      t.chunks_received += e.chunks_received;
+      t.errors += e.errors;
+    }
+    ++telemetry_.ops_by_label[{std::string(OpKindName(op.fp.kind)),
+                               result.algorithm,
+                               status.ok() ? "ok" : "error"}];
+    if (telemetry_.latency_buckets.empty()) {
+      telemetry_.latency_buckets.assign(kLatencyBounds.size(), 0);
+    }
+    const double secs = Seconds(result.elapsed);
+    for (size_t i = 0; i < kLatencyBounds.size(); ++i) {
+      if (secs <= kLatencyBounds[i]) {
+        ++telemetry_.latency_buckets[i];
+        break;
+      }
+    }
+    telemetry_.latency_sum_seconds += secs;
+    ++telemetry_.latency_count;
+    op.edges.ops = 1;
+    op.edges.op_seconds = Seconds(result.elapsed);
+    window_.RecordOp(absl::Now(), Seconds(result.elapsed));
+    telemetry_.last_op = std::move(op.edges);
+    telemetry_.last_algorithm = result.algorithm;
+    telemetry_.last_chunk_bytes = config_.chunk_bytes;
+    telemetry_.last_op_bytes = bytes;
     telemetry_.bytes_sent += op.bytes_sent;
     telemetry_.bytes_received += op.bytes_received;
     if (status.ok()) {
@@ -303,6 +361,19 @@ absl::Status Communicator::SendFrame(Op& op, int to, const FrameMeta& meta,
     absl::MutexLock lock(&state_mu_);
     telemetry_.send_seconds += Seconds(spent);
     if (s.ok()) telemetry_.links[to].sent += bytes;
+    const absl::Time now = absl::Now();
+    if (s.ok()) {
+      window_.RecordSend(now, to, bytes, Seconds(spent));
+    } else {
+      window_.RecordError(now, to);
+    }
+  }
+  EdgeStats& edge = op.edges.edges[to];
+  edge.send_seconds += Seconds(spent);
+  if (s.ok()) {
+    edge.bytes_sent += bytes;
+  } else {
+    ++edge.errors;
   }
   if (!s.ok()) {
     return absl::UnavailableError(absl::StrCat(
@@ -368,9 +439,25 @@ absl::StatusOr<InFrame> Communicator::Await(Op& op, int from,
   SetLedger(op, op.phase, op.step, op.chunk, op.chunks, from);
   const absl::Time t0 = absl::Now();
   Inbox::Event ev = inbox_->Next(from, op.fp.op_seq, op.watch, op.deadline);
+  const absl::Time t1 = absl::Now();
+  const double waited = Seconds(t1 - t0);
   {
     absl::MutexLock lock(&state_mu_);
-    telemetry_.wait_seconds += Seconds(absl::Now() - t0);
+    telemetry_.wait_seconds += waited;
+    if (ev.type == Inbox::Event::kFrame) {
+      window_.RecordWait(t1, from, ev.frame.PayloadBytes(), waited);
+    } else if (ev.type == Inbox::Event::kLinkFailed) {
+      window_.RecordError(t1, ev.peer);
+    }
+  }
+  if (ev.type == Inbox::Event::kFrame) {
+    EdgeStats& e = op.edges.edges[from];
+    e.wait_seconds += waited;
+    e.bytes_received += ev.frame.PayloadBytes();
+    ++e.chunks_received;
+    op.waits[from].push_back(waited);
+  } else if (ev.type == Inbox::Event::kLinkFailed) {
+    ++op.edges.edges[ev.peer].errors;
   }
   const std::string where =
       absl::StrFormat("%s step %d, chunk %d of %d", PhaseName(op.phase),
@@ -636,7 +723,7 @@ absl::Status Communicator::NaiveAllReduce(Op& op) {
       }
       const absl::Time t0 = absl::Now();
       ApplyPayload(dt, op.fp.op, reduce, dst, in);
-      reduce_time += absl::Now() - t0;
+      reduce_time += RecordReduce(op, k, absl::Now() - t0);
     }
   }
   if (op.fp.op == ReduceOp::kAvg) FinalizeAvg(dt, scratch.data(), count, g);
@@ -826,7 +913,7 @@ absl::Status Communicator::RingAllReduce(Op& op) {
         // receives the same bits.
         HALKA_RETURN_IF_ERROR(op.buf->FinalizeAvg(c.offset, c.count, g));
       }
-      reduce_time += absl::Now() - t0;
+      reduce_time += RecordReduce(op, pred, absl::Now() - t0);
       if (t + 1 < total_steps) {
         HALKA_RETURN_IF_ERROR(
             send_chunk(phase_of(t + 1), step_in_phase(t + 1), seg, c));

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -31,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "worker/core/dtype.h"
+#include "worker/core/edge_window.h"
 #include "worker/core/frame.h"
 #include "worker/core/op_buffer.h"
 #include "worker/core/transport.h"
@@ -59,6 +61,10 @@ struct CommConfig {
   // with the data riding on the fingerprint frames: one hop in all.
   int all_to_all_max_world = 16;
   size_t eager_bytes = 64 << 10;
+  // FOR TESTS ONLY: sleeps this long per received data chunk while reducing
+  // it, to make this rank a straggler on purpose (worker flag
+  // --test_reduce_delay).
+  absl::Duration test_reduce_delay = absl::ZeroDuration();
 };
 
 struct OpResult {
@@ -98,7 +104,26 @@ struct Telemetry {
   std::string last_error;
   // Payload bytes per peer (ranks >= world_size: parameter-server shards).
   std::map<int, LinkBytes> links;
+  // Per peer edge: over the rolling window (window_seconds) and for the
+  // last operation that ended.
+  EdgeSummary window;
+  double window_seconds = 60;
+  EdgeSummary last_op;
+  std::string last_algorithm;   // "" before the first operation
+  uint64_t last_chunk_bytes = 0;
+  uint64_t last_op_bytes = 0;
+  // Since the communicator started, for /metrics: per-edge sums, operations
+  // by (kind, algorithm, outcome) and an operation latency histogram.
+  std::map<int, EdgeStats> edges_total;
+  std::map<std::tuple<std::string, std::string, std::string>, uint64_t>
+      ops_by_label;
+  std::vector<uint64_t> latency_buckets;  // parallel to kLatencyBounds
+  double latency_sum_seconds = 0;
+  uint64_t latency_count = 0;
 };
+
+// Upper bounds (seconds) of the operation latency histogram (+Inf last).
+extern const std::vector<double> kLatencyBounds;
 
 class Communicator {
  public:
@@ -174,6 +199,9 @@ class Communicator {
   void SetLedger(Op& op, Phase phase, int step, int chunk, int chunks,
                  int awaited);
   std::string Where(const Op& op) const;
+  // Books `spent` reducing a frame from `peer` (plus the test-only delay,
+  // which it sleeps); returns what it booked.
+  absl::Duration RecordReduce(Op& op, int peer, absl::Duration spent);
 
   const CommConfig config_;
   Transport* const transport_;
@@ -185,6 +213,7 @@ class Communicator {
   mutable absl::Mutex state_mu_;
   Progress progress_ ABSL_GUARDED_BY(state_mu_);
   Telemetry telemetry_ ABSL_GUARDED_BY(state_mu_);
+  mutable EdgeWindow window_ ABSL_GUARDED_BY(state_mu_);
   std::vector<PeerInfo> servers_ ABSL_GUARDED_BY(state_mu_);
 };
 

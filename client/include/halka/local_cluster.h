@@ -31,6 +31,13 @@ class LocalCluster {
     absl::Duration heartbeat_timeout = absl::Seconds(5);
     // Parameter-server shards to start as well (for Algorithm::kParameterServer).
     int ps_shards = 0;
+    // FOR TESTS ONLY: rank `slow_rank` sleeps test_reduce_delay per
+    // received data chunk while reducing (a straggler on purpose).
+    int slow_rank = -1;
+    absl::Duration test_reduce_delay = absl::ZeroDuration();
+    // Serve HTTP (/metrics; on the rendezvous also the ring page) on free
+    // ports; see metrics_address().
+    bool metrics = false;
   };
 
   // Starts everything and waits until the ring has formed.
@@ -41,6 +48,9 @@ class LocalCluster {
   const std::string& rendezvous_address() const;
   // The worker whose rank is `rank`.
   const std::string& worker_address(int rank) const;
+  // host:port of the HTTP server of rank's worker, or of the rendezvous
+  // (rank -1); "" without Options::metrics.
+  std::string metrics_address(int rank) const;
   absl::StatusOr<std::unique_ptr<Client>> Connect(
       int rank, Client::Options options = Client::Options()) const;
 

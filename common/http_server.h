@@ -1,0 +1,56 @@
+// A small HTTP server for /metrics (Prometheus text format) and the
+// rendezvous's ring page, on cpp-httplib (Debian libcpp-httplib-dev).
+// GET only; handlers run on the server's threads and must be thread-safe.
+#ifndef HALKA_COMMON_HTTP_SERVER_H_
+#define HALKA_COMMON_HTTP_SERVER_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace halka {
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+};
+// Query parameters of the request.
+using HttpHandler =
+    std::function<HttpResponse(const std::map<std::string, std::string>&)>;
+
+class HttpServer {
+ public:
+  // Serves `handlers` (by exact path) on host:port; port -1 picks a free
+  // one. Errors: UNAVAILABLE (cannot bind).
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
+      const std::string& host, int port,
+      std::map<std::string, HttpHandler> handlers);
+  ~HttpServer();
+  int port() const { return port_; }
+  // "host:port".
+  std::string address() const;
+  void Stop();
+
+ private:
+  HttpServer() = default;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  std::string host_;
+  int port_ = 0;
+};
+
+// Prometheus label value escaping (\\, \", \n).
+std::string PromEscape(const std::string& s);
+
+}  // namespace halka
+
+#endif  // HALKA_COMMON_HTTP_SERVER_H_

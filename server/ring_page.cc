@@ -1,0 +1,95 @@
+#include "server/ring_page.h"
+
+namespace halka {
+
+const std::string& RingPageHtml() {
+  static const std::string* page = new std::string(R"HTML(<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>halka ring</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}
+h1{font-size:1.3em;margin:0 0 .3em} #diag{font-size:1.05em;margin:.6em 0;padding:.5em;background:#fff;border-left:4px solid #888}
+#diag.bad{border-color:#d33} #diag.ok{border-color:#3a3}
+table{border-collapse:collapse;background:#fff;font-size:.9em} td,th{padding:2px 8px;border-bottom:1px solid #eee;text-align:right}
+th{background:#f0f0f0} td.l,th.l{text-align:left} .row{display:flex;gap:2em;flex-wrap:wrap;align-items:flex-start}
+svg{background:#fff;border:1px solid #ddd} .muted{color:#888}
+</style></head><body>
+<h1>halka ring <select id="job"></select> <span id="state" class="muted"></span></h1>
+<div id="diag">loading…</div>
+<div class="row"><svg id="ring" width="520" height="520" viewBox="0 0 520 520"></svg>
+<div><h3>members</h3><table id="members"></table><h3>edges (last minute)</h3><table id="edges"></table></div></div>
+<p class="muted">Edge colour: throughput relative to the ring's median (red = slow). Refreshes every second from /api/health.</p>
+<script>
+"use strict";
+const $ = id => document.getElementById(id);
+const NS = "http://www.w3.org/2000/svg";
+function el(tag, attrs, text) { const e = document.createElementNS(NS, tag);
+  for (const k in attrs) e.setAttribute(k, attrs[k]); if (text !== undefined) e.textContent = text; return e; }
+function esc(s) { return String(s).replace(/[&<>"]/g, c => ({"&":"&amp;","<":"&lt;",">":"&gt;","\"":"&quot;"}[c])); }
+function mbps(b) { return (b / 1e6).toFixed(1); }
+function colour(ratio) { // 0 = slow (red) .. 1 = at/above median (green)
+  const r = Math.max(0, Math.min(1, ratio)); return `hsl(${Math.round(120 * r)},70%,42%)`; }
+async function jobs() {
+  const list = await (await fetch("api/jobs")).json(); const sel = $("job"); const cur = sel.value;
+  sel.innerHTML = list.map(j => `<option>${esc(j)}</option>`).join("");
+  const want = new URLSearchParams(location.search).get("job");
+  if (want && list.includes(want)) sel.value = want; else if (list.includes(cur)) sel.value = cur;
+  return sel.value; }
+function draw(h) {
+  const svg = $("ring"); svg.innerHTML = "";
+  svg.appendChild(el("defs", {})).innerHTML =
+    '<marker id="arr" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="context-stroke"/></marker>';
+  const g = h.members.length, cx = 260, cy = 260, R = 190;
+  const pos = r => ({x: cx + R * Math.sin(2 * Math.PI * r / g), y: cy - R * Math.cos(2 * Math.PI * r / g)});
+  const ring = h.edges.filter(e => e.ring);
+  const rates = ring.map(e => e.throughput_bps).sort((a, b) => a - b);
+  const median = rates.length ? rates[Math.floor(rates.length / 2)] : 0;
+  const d = h.diagnosis || {};
+  for (let r = 0; r < g && g > 1; ++r) {
+    const to = (r + 1) % g, a = pos(r), b = pos(to);
+    const e = ring.find(x => x.from === r && x.to === to);
+    const slow = d.slowest_from === r && d.slowest_to === to && d.has_straggler;
+    const c = !e ? "#bbb" : colour(median > 0 ? e.throughput_bps / median : 1);
+    const dx = b.x - a.x, dy = b.y - a.y, len = Math.hypot(dx, dy), ux = dx / len, uy = dy / len, off = 34;
+    svg.appendChild(el("line", {x1: a.x + ux * off, y1: a.y + uy * off, x2: b.x - ux * off, y2: b.y - uy * off,
+      stroke: c, "stroke-width": slow ? 9 : 5, "marker-end": "url(#arr)", "data-edge": `${r}->${to}`}));
+    if (e) svg.appendChild(el("text", {x: (a.x + b.x) / 2 + uy * 22, y: (a.y + b.y) / 2 - ux * 22, "text-anchor": "middle",
+      "font-size": 12, fill: c}, `${mbps(e.throughput_bps)} MB/s`));
+  }
+  h.members.forEach((m, i) => {
+    const p = pos(m.rank), strag = d.has_straggler && d.straggler_rank === m.rank;
+    svg.appendChild(el("circle", {cx: p.x, cy: p.y, r: 28, fill: !m.alive ? "#999" : strag ? "#d33" : "#2b6cb0",
+      stroke: strag ? "#600" : "#fff", "stroke-width": 3, "data-rank": m.rank}));
+    svg.appendChild(el("text", {x: p.x, y: p.y + 5, "text-anchor": "middle", fill: "#fff", "font-size": 15, "font-weight": "bold"}, m.rank));
+    svg.appendChild(el("text", {x: p.x, y: p.y + 46, "text-anchor": "middle", "font-size": 11}, m.worker_id + (strag ? " (straggler)" : "")));
+  });
+}
+function tables(h) {
+  const t = h.telemetry || [];
+  $("members").innerHTML = "<tr><th>rank</th><th class=l>worker</th><th class=l>address</th><th>alive</th><th>hb age</th><th>ok</th><th>failed</th><th class=l>now</th></tr>" +
+    h.members.map((m, i) => { const x = t[i] || {}; const now = x.current_op ? `${x.current_op} ${x.phase} step ${x.step}` + (x.awaited_rank >= 0 ? `, waits for rank ${x.awaited_rank} ${(x.waiting_for_s||0).toFixed(1)} s` : "") : "idle";
+      return `<tr><td>${m.rank}</td><td class=l>${esc(m.worker_id)}</td><td class=l>${esc(m.address)}</td><td>${m.alive ? "yes" : "NO"}</td><td>${(m.last_heartbeat_age_s||0).toFixed(1)}s</td><td>${x.ops_completed||0}</td><td>${x.ops_failed||0}</td><td class=l>${esc(now)}</td></tr>`; }).join("");
+  $("edges").innerHTML = "<tr><th class=l>edge</th><th>MB</th><th>MB/s</th><th>wait s</th><th>added s</th><th>p50 ms</th><th>p99 ms</th><th>errors</th></tr>" +
+    h.edges.filter(e => e.ring || e.bytes > 0).map(e => `<tr><td class=l>${e.ring ? "*" : ""}${e.from}->${e.to}</td><td>${mbps(e.bytes)}</td><td>${mbps(e.throughput_bps)}</td><td>${e.wait_seconds.toFixed(3)}</td><td>${e.added_wait_seconds.toFixed(3)}</td><td>${(e.wait_p50_seconds*1e3).toFixed(2)}</td><td>${(e.wait_p99_seconds*1e3).toFixed(2)}</td><td>${e.errors}</td></tr>`).join("");
+}
+async function tick() {
+  try {
+    const job = await jobs();
+    if (!job) { $("diag").textContent = "no jobs yet"; return; }
+    const h = await (await fetch("api/health?job=" + encodeURIComponent(job))).json();
+    if (h.error) { $("diag").textContent = h.error; return; }
+    $("state").textContent = `${h.state}, generation ${h.generation}, ${h.members.length} members` +
+      (h.last_algorithm ? `, last ops: ${h.last_algorithm}, chunk ${h.last_chunk_bytes} B` : "");
+    const d = h.diagnosis || {};
+    $("diag").textContent = d.summary || "";
+    $("diag").className = d.has_straggler || h.state !== "healthy" ? "bad" : "ok";
+    draw(h); tables(h);
+    document.body.dataset.ready = "1";
+  } catch (e) { $("diag").textContent = "cannot reach the rendezvous: " + e; }
+}
+tick(); setInterval(tick, 1000);
+</script></body></html>
+)HTML");
+  return *page;
+}
+
+}  // namespace halka

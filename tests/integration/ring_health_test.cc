@@ -1,0 +1,239 @@
+// Ring health end to end: a LocalCluster whose rank 2 reduces slowly on
+// purpose (the worker's test-only reduce delay); GetRingHealth, through the
+// rendezvous, must name rank 2 as the rank the others wait on and 2->3 as
+// the slowest edge, with per-edge figures from the heartbeats.
+#include <cstdio>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "client/bench.h"
+#include "halka/client.h"
+#include "halka/local_cluster.h"
+#include "halka/v1/rendezvous.grpc.pb.h"
+#include "tests/testing/run_ranks.h"
+
+namespace halka {
+namespace {
+
+using ::testing::HasSubstr;
+using halka::testing::RunRanks;
+
+v1::RingHealth GetHealth(const LocalCluster& c) {
+  auto stub = v1::Rendezvous::NewStub(grpc::CreateChannel(
+      c.rendezvous_address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::RingHealthRequest req;
+  req.set_job_id("local");
+  v1::RingHealth reply;
+  grpc::Status s = stub->GetRingHealth(&ctx, req, &reply);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return reply;
+}
+
+// GET over HTTP with the curl binary ("" when it fails).
+std::string Curl(const std::string& url) {
+  std::string out;
+  FILE* p = popen(("curl -sf --max-time 5 '" + url + "'").c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  if (pclose(p) != 0) return "";
+  return out;
+}
+
+// Prometheus text format: every sample line "name{labels} value" parses,
+// and every sample's metric (less _bucket/_sum/_count) has a # TYPE line.
+// Returns series -> value.
+std::map<std::string, double> ParseProm(const std::string& text) {
+  std::map<std::string, double> series;
+  std::set<std::string> typed;
+  const std::regex sample(
+      R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? (\S+)$)");
+  const std::regex type(R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram)$)");
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    std::smatch m;
+    if (line[0] == '#') {
+      if (std::regex_match(line, m, type)) typed.insert(m[1]);
+      continue;
+    }
+    EXPECT_TRUE(std::regex_match(line, m, sample)) << "bad line: " << line;
+    if (m.empty()) continue;
+    std::string name = m[1];
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      const std::string s = suffix;
+      if (name.size() > s.size() &&
+          name.compare(name.size() - s.size(), s.size(), s) == 0 &&
+          typed.count(name.substr(0, name.size() - s.size())) > 0) {
+        name = name.substr(0, name.size() - s.size());
+      }
+    }
+    EXPECT_TRUE(typed.count(name) > 0) << "no # TYPE for " << line;
+    series[line.substr(0, line.rfind(' '))] = std::stod(m[5]);
+  }
+  return series;
+}
+
+struct Cluster {
+  Cluster(int g, int slow_rank, absl::Duration delay, bool metrics = false) {
+    LocalCluster::Options o;
+    o.workers = g;
+    o.chunk_bytes = 256 << 10;
+    o.heartbeat_interval = absl::Milliseconds(200);
+    o.slow_rank = slow_rank;
+    o.test_reduce_delay = delay;
+    o.metrics = metrics;
+    cluster = LocalCluster::Start(o).value();
+    for (int r = 0; r < g; ++r) clients.push_back(cluster->Connect(r).value());
+  }
+  void RunOps(int n, size_t count) {
+    const int g = static_cast<int>(clients.size());
+    std::vector<std::vector<float>> bufs(g, std::vector<float>(count, 1.0f));
+    for (int i = 0; i < n; ++i) {
+      auto results = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+        OpOptions oo;
+        oo.algorithm = Algorithm::kRing;
+        return clients[r]->AllReduce(absl::MakeSpan(bufs[r]), ReduceOp::kSum,
+                                     oo);
+      });
+      for (int r = 0; r < g; ++r) ASSERT_TRUE(results[r].ok()) << results[r].status();
+    }
+    absl::SleepFor(absl::Milliseconds(700));  // a few heartbeats
+  }
+  std::unique_ptr<LocalCluster> cluster;
+  std::vector<std::unique_ptr<Client>> clients;
+};
+
+TEST(RingHealth, ThrottledRankIsNamedAsTheStraggler) {
+  const int g = 4;
+  Cluster c(g, /*slow_rank=*/2, absl::Milliseconds(5));
+  // 4 MiB: 1 MiB segments of 4 chunks; 24 delayed chunks (120 ms) per op.
+  c.RunOps(10, 1 << 20);
+  const v1::RingHealth h = GetHealth(*c.cluster);
+  std::printf("%s", FormatHealth(h).c_str());
+  EXPECT_EQ(h.state(), "healthy");
+  EXPECT_EQ(h.last_algorithm(), "ring");
+  EXPECT_EQ(h.last_chunk_bytes(), 256u << 10);
+  ASSERT_TRUE(h.diagnosis().has_straggler()) << h.diagnosis().summary();
+  EXPECT_EQ(h.diagnosis().straggler_rank(), 2);
+  EXPECT_EQ(h.diagnosis().slowest_from(), 2);
+  EXPECT_EQ(h.diagnosis().slowest_to(), 3);
+  EXPECT_THAT(h.diagnosis().summary(), HasSubstr("rank 2 is the straggler"));
+  // Every ring edge carried the same payload: 2 (G-1) segments of 1 MiB
+  // per op, 10 ops (the fingerprints carry no payload).
+  int ring_edges = 0;
+  for (const v1::EdgeHealth& e : h.edges()) {
+    if (!e.ring()) continue;
+    ++ring_edges;
+    EXPECT_EQ(e.bytes(), 10u * 2 * (g - 1) * (1 << 20)) << e.from() << "->" << e.to();
+    EXPECT_GT(e.wait_p99_seconds(), 0);
+    EXPECT_GE(e.wait_p99_seconds(), e.wait_p50_seconds());
+  }
+  EXPECT_EQ(ring_edges, g);
+  // Rank 2's telemetry shows the delay as reduce time on its edge from 1.
+  const v1::WorkerTelemetry& t2 = h.telemetry(2);
+  double reduce = 0;
+  for (const v1::EdgeTelemetry& e : t2.window().edges()) {
+    if (e.peer() == 1) reduce = e.reduce_seconds();
+  }
+  EXPECT_GE(reduce, 10 * 24 * 0.005 * 0.9);
+  EXPECT_EQ(t2.last_op().ops(), 1u);
+  EXPECT_EQ(t2.window().ops(), 10u);
+  const std::string table = FormatHealth(h);
+  EXPECT_THAT(table, HasSubstr("*2->3"));
+  EXPECT_THAT(table, HasSubstr("<- slowest"));
+  EXPECT_THAT(table, HasSubstr("diagnosis: rank 2 is the straggler"));
+}
+
+TEST(RingHealth, ThrottledRankZeroToo) {
+  const int g = 3;
+  Cluster c(g, /*slow_rank=*/0, absl::Milliseconds(5));
+  c.RunOps(8, 1 << 20);
+  const v1::RingHealth h = GetHealth(*c.cluster);
+  std::printf("diagnosis: %s\n", h.diagnosis().summary().c_str());
+  EXPECT_EQ(h.diagnosis().straggler_rank(), 0) << h.diagnosis().summary();
+  EXPECT_EQ(h.diagnosis().slowest_from(), 0);
+  EXPECT_EQ(h.diagnosis().slowest_to(), 1);
+}
+
+TEST(RingHealth, MetricsAndRingPageOverHttp) {
+  if (std::system("curl --version >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "no curl";
+  }
+  const int g = 4;
+  Cluster c(g, /*slow_rank=*/2, absl::Milliseconds(5), /*metrics=*/true);
+  c.RunOps(6, 1 << 20);
+  // A worker's /metrics.
+  const std::string w0 = Curl("http://" + c.cluster->metrics_address(0) + "/metrics");
+  ASSERT_FALSE(w0.empty());
+  std::map<std::string, double> s = ParseProm(w0);
+  const std::string b = "job=\"local\",rank=\"0\"";
+  EXPECT_EQ(s["halka_operations_total{" + b +
+              ",kind=\"all_reduce\",algorithm=\"ring\",outcome=\"ok\"}"], 6);
+  EXPECT_EQ(s["halka_operation_seconds_count{" + b + "}"], 6);
+  EXPECT_EQ(s["halka_operation_seconds_bucket{" + b + ",le=\"+Inf\"}"], 6);
+  EXPECT_GT(s["halka_operation_seconds_sum{" + b + "}"], 6 * 0.03);
+  EXPECT_EQ(s["halka_edge_bytes_total{" + b + ",peer=\"1\",direction=\"sent\"}"],
+            6.0 * 2 * (g - 1) * (1 << 20));
+  EXPECT_EQ(s["halka_edge_bytes_total{" + b + ",peer=\"3\",direction=\"received\"}"],
+            6.0 * 2 * (g - 1) * (1 << 20));
+  EXPECT_GT(s["halka_edge_wait_seconds_total{" + b + ",peer=\"3\"}"], 0);
+  EXPECT_EQ(s["halka_worker_generation{" + b + "}"], 1);
+  // The slow rank's reduce time per edge shows the delay.
+  const std::map<std::string, double> s2 =
+      ParseProm(Curl("http://" + c.cluster->metrics_address(2) + "/metrics"));
+  EXPECT_GE(s2.at("halka_edge_reduce_seconds_total{job=\"local\",rank=\"2\",peer=\"1\"}"),
+            6 * 24 * 0.005 * 0.9);
+  // The rendezvous's /metrics.
+  const std::string rv = Curl("http://" + c.cluster->metrics_address(-1) + "/metrics");
+  std::printf("%s", rv.c_str());
+  s = ParseProm(rv);
+  EXPECT_EQ(s["halka_ring_state{job=\"local\",state=\"healthy\"}"], 1);
+  EXPECT_EQ(s["halka_ring_state{job=\"local\",state=\"degraded\"}"], 0);
+  EXPECT_EQ(s["halka_ring_generation{job=\"local\"}"], 1);
+  EXPECT_EQ(s["halka_ring_members{job=\"local\"}"], 4);
+  EXPECT_EQ(s["halka_ring_straggler_rank{job=\"local\"}"], 2);
+  EXPECT_EQ(s["halka_member_alive{job=\"local\",rank=\"3\",worker=\"worker-3\"}"], 1);
+  EXPECT_EQ(s["halka_edge_window_bytes{job=\"local\",from=\"2\",to=\"3\",ring=\"true\"}"],
+            6.0 * 2 * (g - 1) * (1 << 20));
+  // The ring page and its JSON.
+  const std::string page = Curl("http://" + c.cluster->metrics_address(-1) + "/");
+  EXPECT_THAT(page, HasSubstr("<svg id=\"ring\""));
+  EXPECT_THAT(page, HasSubstr("api/health?job="));
+  EXPECT_THAT(page, ::testing::Not(HasSubstr("src=\"http")));  // no CDN
+  EXPECT_THAT(page, ::testing::Not(HasSubstr("href=\"http")));
+  EXPECT_THAT(page, ::testing::Not(HasSubstr("<link")));
+  EXPECT_EQ(Curl("http://" + c.cluster->metrics_address(-1) + "/api/jobs"),
+            "[\"local\"]");
+  const std::string json =
+      Curl("http://" + c.cluster->metrics_address(-1) + "/api/health?job=local");
+  EXPECT_THAT(json, HasSubstr("\"straggler_rank\":2"));
+  EXPECT_THAT(json, HasSubstr("\"state\":\"healthy\""));
+  EXPECT_EQ(Curl("http://" + c.cluster->metrics_address(-1) + "/api/health?job=nope"), "");
+}
+
+TEST(RingHealth, IdleRingReportsNoTraffic) {
+  Cluster c(3, -1, absl::ZeroDuration());
+  absl::SleepFor(absl::Milliseconds(500));
+  const v1::RingHealth h = GetHealth(*c.cluster);
+  EXPECT_FALSE(h.diagnosis().has_straggler());
+  EXPECT_EQ(h.diagnosis().straggler_rank(), -1);
+  EXPECT_EQ(h.diagnosis().summary(), "no ring traffic in the window");
+  EXPECT_EQ(h.last_algorithm(), "");
+}
+
+}  // namespace
+}  // namespace halka

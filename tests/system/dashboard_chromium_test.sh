@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# dashboard_chromium_test.sh BUILD_DIR — the rendezvous's live ring page in a
+# real browser.
+#
+# Installs Debian's `chromium` package when it is missing (exit 77 if that is
+# impossible or takes more than 5 minutes). Starts a rendezvous with
+# --metrics_port and 4 workers on 127.0.0.1, rank 2 throttled with the
+# test-only --test_reduce_delay, runs ring all-reduces on every rank, waits
+# until `halkactl health` names rank 2 the straggler, then loads
+# http://127.0.0.1:PORT/?job=J in headless Chromium (--dump-dom) and checks
+# the rendered DOM: the page finished a refresh (body data-ready="1"), 4
+# member nodes (svg circles with data-rank 0..3), rank 2's node marked as the
+# straggler (red fill, "(straggler)" label), the ring edge 2->3 drawn as the
+# slowest (thick line), the diagnosis text and 4 member table rows. A
+# screenshot goes to the log dir ($HALKA_SYSTEM_KEEP_LOGS keeps it; its path
+# is printed).
+#
+# Exit: 0 pass, 1 fail, 77 skip (no chromium and it cannot be installed).
+set -u -o pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+BUILD=${1:-$HERE/../../build}
+BUILD=$(cd "$BUILD" 2>/dev/null && pwd) || { echo "FAIL: no build dir '${1:-}'"; exit 1; }
+RDV_BIN=$BUILD/server/halka-rendezvous
+WORKER_BIN=$BUILD/worker/halka-worker
+CTL_BIN=$BUILD/client/halkactl
+for b in "$RDV_BIN" "$WORKER_BIN" "$CTL_BIN"; do
+  [[ -x "$b" ]] || { echo "FAIL: missing $b"; exit 1; }
+done
+command -v python3 >/dev/null 2>&1 || { echo "FAIL: python3 needed"; exit 1; }
+
+# ------------------------------------------------------------ chromium
+
+find_chromium() {
+  local c
+  for c in chromium chromium-browser google-chrome; do
+    command -v "$c" >/dev/null 2>&1 && { command -v "$c"; return 0; }
+  done
+  return 1
+}
+CHROME=$(find_chromium || true)
+if [[ -z "$CHROME" ]]; then
+  if (( EUID != 0 )) || ! command -v apt-get >/dev/null 2>&1; then
+    echo "SKIP: chromium is not installed and cannot be (needs root and apt-get)"; exit 77
+  fi
+  echo "installing Debian's chromium package (large; at most 300 s)"
+  DEBIAN_FRONTEND=noninteractive timeout -k 10 300 apt-get install -y \
+    --no-install-recommends chromium >/tmp/halka-chromium-apt.$$.log 2>&1
+  apt_rc=$?
+  CHROME=$(find_chromium || true)
+  if [[ -z "$CHROME" ]]; then
+    echo "SKIP: 'apt-get install chromium' failed or timed out (exit $apt_rc):"
+    tail -n 5 /tmp/halka-chromium-apt.$$.log
+    rm -f /tmp/halka-chromium-apt.$$.log
+    exit 77
+  fi
+  rm -f /tmp/halka-chromium-apt.$$.log
+fi
+
+# shellcheck source=tests/system/lib.sh
+source "$HERE/lib.sh"
+sys_init
+
+G=4
+SLOW=2
+NEXT=$(( (SLOW + 1) % G ))
+JOB="dash-$$"
+COUNT=$(( 4 * 1024 * 1024 / 4 ))   # float32: 4 MiB per rank
+REPEAT=8
+log "logs in $SYS_LOG; $("$CHROME" --version 2>/dev/null | head -n1)"
+
+# ------------------------------------------------------------ halka job
+
+rdv_port=$(free_port) || fail "no free port"
+RDV_M=$(free_port) || fail "no free port"
+start_daemon rdv "$RDV_BIN" --listen="127.0.0.1:$rdv_port" --metrics_port="$RDV_M" \
+  --heartbeat_interval=500ms --heartbeat_timeout=10s
+wait_for_line rdv "^halka-rendezvous listening on " 10
+RDV_ADDR="127.0.0.1:$rdv_port"
+declare -a ADDR
+for (( r = 0; r < G; ++r )); do
+  port=$(free_port) || fail "no free port"
+  ADDR[r]="127.0.0.1:$port"
+  slow_flag=()
+  (( r == SLOW )) && slow_flag=(--test_reduce_delay=5ms)
+  start_daemon "w$r" "$WORKER_BIN" --rendezvous="$RDV_ADDR" --job="$JOB" \
+    --world_size=$G --worker_id="w$r" --rank=$r --listen="${ADDR[r]}" \
+    --chunk_bytes=262144 "${slow_flag[@]}"
+done
+for (( r = 0; r < G; ++r )); do
+  wait_for_line "w$r" "^halka-worker serving on " 10
+  wait_for_line "w$r" "joined job $JOB: rank $r of $G" 30 "$SYS_LOG/w$r.err"
+done
+log "rendezvous $RDV_ADDR, ring page on :$RDV_M, rank $SLOW throttled (--test_reduce_delay=5ms)"
+
+names=()
+t0=$(now_ns)
+for (( r = 0; r < G; ++r )); do
+  run_bg "ar.r$r" timeout --foreground -s KILL 120 "$CTL_BIN" allreduce \
+    --worker="${ADDR[r]}" --algo=ring --count=$COUNT --dtype=float32 --op=sum \
+    --repeat=$REPEAT --timeout=60s
+  names+=("ar.r$r")
+done
+wait_bg 130 "${names[@]}"
+for (( r = 0; r < G; ++r )); do
+  [[ "$(bg_rc "ar.r$r")" == 0 ]] ||
+    fail "halkactl on rank $r exited $(bg_rc "ar.r$r"): $(tail -n 5 "$SYS_LOG/ar.r$r.err")"
+  assert_eq "$(grep -cE "#wrong 0\$" "$SYS_LOG/ar.r$r.out")" "$REPEAT" "rank $r: #wrong 0 lines"
+done
+log "$G x $REPEAT ring all-reduces of 4 MiB in $(fmt_s "$(ms_since "$t0")") s"
+
+# The page shows what the rendezvous knows: wait (bounded) for it to name
+# the straggler, so a failure below is the page's, not the heartbeat's.
+t0=$(now_ns)
+while :; do   # every rank's last operation reached the rendezvous (heartbeat)
+  HJ=$(timeout --foreground -s KILL 15 "$CTL_BIN" health --rendezvous="$RDV_ADDR" \
+         --job="$JOB" --json 2>/dev/null)
+  n=$(HJ=$HJ python3 -c 'import json, os, sys
+t = json.loads(os.environ["HJ"]).get("telemetry", [])
+print(sum(1 for x in t if int(x.get("ops_completed", 0)) >= int(sys.argv[1])
+          and not x.get("current_op")))' "$REPEAT" 2>/dev/null)
+  [[ "$n" == "$G" ]] && break
+  (( $(now_ns) - t0 > 15 * 1000000000 )) &&
+    fail "15 s after the all-reduces the rendezvous has not heard of them from every rank: $HJ"
+  sleep 0.2
+done
+while :; do
+  H=$(timeout --foreground -s KILL 15 "$CTL_BIN" health --rendezvous="$RDV_ADDR" \
+        --job="$JOB" 2>&1)
+  grep -qE "^diagnosis: rank $SLOW is the straggler" <<<"$H" &&
+    grep -qE "^[[:space:]]*\*$SLOW->$NEXT .*<- slowest" <<<"$H" && break
+  (( $(now_ns) - t0 > 15 * 1000000000 )) &&
+    fail "halkactl health did not name rank $SLOW / edge $SLOW->$NEXT within 15 s:
+$H"
+  sleep 0.3
+done
+grep -E '^diagnosis:|<- slowest' <<<"$H" | sed 's/^/  health: /'
+
+# ------------------------------------------------------------ the page
+
+URL="http://127.0.0.1:$RDV_M/?job=$JOB"
+PROFILE="$SYS_LOG/chromium-profile"
+mkdir -p "$PROFILE"
+chrome() {  # chrome NAME ARGS... : headless chromium, bounded, own session
+  run_bg "$1" timeout --foreground -s KILL 90 "$CHROME" --headless=new --no-sandbox \
+    --disable-gpu --no-first-run --no-default-browser-check --disable-extensions \
+    --disable-dev-shm-usage --user-data-dir="$PROFILE" "${@:2}"
+  wait_bg 100 "$1"
+  [[ "$(bg_rc "$1")" == 0 ]] ||
+    fail "chromium ($1) exited $(bg_rc "$1"): $(tail -n 10 "$SYS_LOG/$1.err")"
+}
+t0=$(now_ns)
+chrome dom --virtual-time-budget=5000 --dump-dom "$URL"
+DOM="$SYS_LOG/dom.out"
+log "dumped the DOM of $URL in $(fmt_s "$(ms_since "$t0")") s ($(wc -c <"$DOM") bytes)"
+
+python3 - "$DOM" "$G" "$SLOW" "$NEXT" "$JOB" <<'PYEOF' || fail "the ring page's DOM is not as expected (DOM in $DOM)"
+import re, sys
+from html.parser import HTMLParser
+dom, g, slow, nxt, job = open(sys.argv[1]).read(), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+
+class P(HTMLParser):
+    def __init__(self):
+        super().__init__(); self.tags = []; self.stack = []; self.text = {}
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs); self.tags.append((tag, a)); self.stack.append((tag, a, []))
+    def handle_endtag(self, tag):
+        while self.stack:
+            t, a, txt = self.stack.pop()
+            s = "".join(txt)
+            if self.stack: self.stack[-1][2].append(s)
+            if "id" in a: self.text[a["id"]] = s
+            self.tags_text.append((t, a, s))
+            if t == tag: break
+    def handle_data(self, d):
+        if self.stack: self.stack[-1][2].append(d)
+p = P(); p.tags_text = []; p.feed(dom)
+errors = []
+def check(cond, what):
+    print(("  ok   " if cond else "  FAIL ") + what)
+    if not cond: errors.append(what)
+
+body = [a for t, a in p.tags if t == "body"]
+check(body and body[0].get("data-ready") == "1", 'body data-ready="1" (a refresh completed)')
+sel = [a for t, a, s in p.tags_text if t == "option" and s == job]
+check(len(sel) == 1, "job selector lists %s" % job)
+circles = {a.get("data-rank"): a for t, a in p.tags if t == "circle"}
+check(sorted(circles) == [str(r) for r in range(g)], "%d member nodes (circles data-rank 0..%d): %s" % (g, g - 1, sorted(circles)))
+strag = [r for r, a in circles.items() if a.get("fill") == "#d33"]
+check(strag == [str(slow)], "only rank %d's node is red (straggler): %s" % (slow, strag))
+labels = [s for t, a, s in p.tags_text if t == "text" and "(straggler)" in s]
+check(labels == ["w%d (straggler)" % slow], 'label "w%d (straggler)": %s' % (slow, labels))
+lines = {a.get("data-edge"): a for t, a in p.tags if t == "line" and a.get("data-edge")}
+ring = ["%d->%d" % (r, (r + 1) % g) for r in range(g)]
+check(sorted(lines) == sorted(ring), "%d ring edges drawn: %s" % (g, sorted(lines)))
+thick = [e for e, a in lines.items() if a.get("stroke-width") == "9"]
+check(thick == ["%d->%d" % (slow, nxt)], "edge %d->%d drawn as the slowest (thick): %s" % (slow, nxt, thick))
+diag = p.text.get("diag", "")
+check(diag.startswith("rank %d is the straggler" % slow), "diagnosis text: %r" % diag[:100])
+check(any(t == "div" and a.get("id") == "diag" and a.get("class") == "bad" for t, a in p.tags), 'diagnosis box class "bad"')
+state = p.text.get("state", "")
+check(state.startswith("healthy, generation 1, %d members" % g), "state line: %r" % state)
+rows = len(re.findall(r"<tr><td>\d+</td>", dom.split('id="members"', 1)[-1].split("</table>", 1)[0]))
+check(rows == g, "%d rows in the members table: %d" % (g, rows))
+edges_tbl = dom.split('id="edges"', 1)[-1].split("</table>", 1)[0]
+check(">*%d-&gt;%d<" % (slow, nxt) in edges_tbl, "edges table has ring edge *%d->%d" % (slow, nxt))
+sys.exit(1 if errors else 0)
+PYEOF
+
+PNG="$SYS_LOG/ring_page.png"
+chrome shot --virtual-time-budget=5000 --window-size=1000,800 --hide-scrollbars \
+  --screenshot="$PNG" "$URL"
+[[ -s "$PNG" ]] || fail "no screenshot written to $PNG"
+python3 -c 'import struct, sys
+d = open(sys.argv[1], "rb").read(32)
+assert d[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+w, h = struct.unpack(">II", d[16:24]); print("screenshot %dx%d" % (w, h))
+assert (w, h) == (1000, 800), (w, h)' "$PNG" || fail "screenshot $PNG is not a 1000x800 PNG"
+log "screenshot: $PNG ($(wc -c <"$PNG") bytes)"
+[[ -n "${HALKA_SYSTEM_KEEP_LOGS:-}" ]] || log "(set HALKA_SYSTEM_KEEP_LOGS=1 to keep it)"
+
+log "PASS: the ring page shows $G members, rank $SLOW the straggler, edge $SLOW->$NEXT the slowest"
+echo "PASS"

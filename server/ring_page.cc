@@ -37,7 +37,7 @@ async function jobs() {
 function draw(h) {
   const svg = $("ring"); svg.innerHTML = "";
   svg.appendChild(el("defs", {})).innerHTML =
-    '<marker id="arr" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="context-stroke"/></marker>';
+    '<marker id="arr" viewBox="0 0 10 10" refX="9" refY="5" markerUnits="userSpaceOnUse" markerWidth="22" markerHeight="22" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="context-stroke"/></marker>';
   const g = h.members.length, cx = 260, cy = 260, R = 190;
   const pos = r => ({x: cx + R * Math.sin(2 * Math.PI * r / g), y: cy - R * Math.cos(2 * Math.PI * r / g)});
   const ring = h.edges.filter(e => e.ring);
@@ -52,8 +52,8 @@ function draw(h) {
     const dx = b.x - a.x, dy = b.y - a.y, len = Math.hypot(dx, dy), ux = dx / len, uy = dy / len, off = 34;
     svg.appendChild(el("line", {x1: a.x + ux * off, y1: a.y + uy * off, x2: b.x - ux * off, y2: b.y - uy * off,
       stroke: c, "stroke-width": slow ? 9 : 5, "marker-end": "url(#arr)", "data-edge": `${r}->${to}`}));
-    if (e) svg.appendChild(el("text", {x: (a.x + b.x) / 2 + uy * 22, y: (a.y + b.y) / 2 - ux * 22, "text-anchor": "middle",
-      "font-size": 12, fill: c}, `${mbps(e.throughput_bps)} MB/s`));
+    if (e) svg.appendChild(el("text", {x: (a.x + b.x) / 2 + uy * 34, y: (a.y + b.y) / 2 - ux * 34, "text-anchor": "middle",
+      "font-size": 12, fill: c, stroke: "#fff", "stroke-width": 4, "paint-order": "stroke"}, `${mbps(e.throughput_bps)} MB/s`));
   }
   h.members.forEach((m, i) => {
     const p = pos(m.rank), strag = d.has_straggler && d.straggler_rank === m.rank;

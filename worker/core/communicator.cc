@@ -166,6 +166,31 @@ std::string Communicator::Where(const Op& op) const {
   return absl::StrCat(Who(config_.rank), ": ", op.fp.ToString());
 }
 
+FrameMeta Communicator::FingerprintMeta(const Op& op) const {
+  FrameMeta meta;
+  meta.kind = FrameKind::kFingerprint;
+  meta.generation = config_.generation;
+  meta.op_seq = op.fp.op_seq;
+  meta.phase = Phase::kFingerprint;
+  meta.sender_rank = config_.rank;
+  meta.origin_rank = config_.rank;
+  meta.fingerprint = op.fp;
+  meta.dtype = op.fp.dtype;
+  return meta;
+}
+
+FrameMeta Communicator::DataMeta(const Op& op, Phase phase) const {
+  FrameMeta meta;
+  meta.kind = FrameKind::kData;
+  meta.generation = config_.generation;
+  meta.op_seq = op.fp.op_seq;
+  meta.phase = phase;
+  meta.dtype = op.fp.dtype;
+  meta.op = op.fp.op;
+  meta.sender_rank = config_.rank;
+  return meta;
+}
+
 std::string Communicator::Who(int rank) const {
   if (rank >= 0 && rank < config_.world_size) {
     return DescribePeer(config_.members[static_cast<size_t>(rank)]);
@@ -525,14 +550,7 @@ absl::Status Communicator::ExchangeFingerprints(Op& op) {
   const int pred = Mod(r - 1, g);
   std::vector<Fingerprint> all(static_cast<size_t>(g));
   all[static_cast<size_t>(r)] = op.fp;
-  FrameMeta meta;
-  meta.kind = FrameKind::kFingerprint;
-  meta.generation = config_.generation;
-  meta.op_seq = op.fp.op_seq;
-  meta.phase = Phase::kFingerprint;
-  meta.sender_rank = r;
-  meta.origin_rank = r;
-  meta.fingerprint = op.fp;
+  FrameMeta meta = FingerprintMeta(op);
   SetLedger(op, Phase::kFingerprint, 0, 0, 1, -1);
   HALKA_RETURN_IF_ERROR(SendFrame(op, succ, meta, nullptr, 0, -1));
   for (int s = 0; s < g - 1; ++s) {
@@ -597,15 +615,7 @@ absl::Status Communicator::ExchangeFingerprintsAllToAll(Op& op, bool eager) {
   const int r = config_.rank;
   const size_t bytes =
       static_cast<size_t>(op.fp.count) * DTypeSize(op.fp.dtype);
-  FrameMeta meta;
-  meta.kind = FrameKind::kFingerprint;
-  meta.generation = config_.generation;
-  meta.op_seq = op.fp.op_seq;
-  meta.phase = Phase::kFingerprint;
-  meta.sender_rank = r;
-  meta.origin_rank = r;
-  meta.fingerprint = op.fp;
-  meta.dtype = op.fp.dtype;
+  FrameMeta meta = FingerprintMeta(op);
   meta.count = eager ? op.fp.count : 0;
   SetLedger(op, Phase::kFingerprint, 0, 0, 1, -1);
   const uint8_t* payload = nullptr;
@@ -666,14 +676,7 @@ absl::Status Communicator::NaiveAllReduce(Op& op) {
       eager ? std::vector<Range>{Range{0, count}}
             : PlanChunks(Range{0, count},
                          std::max<size_t>(1, config_.chunk_bytes / es));
-  FrameMeta meta;
-  meta.kind = FrameKind::kData;
-  meta.generation = config_.generation;
-  meta.op_seq = op.fp.op_seq;
-  meta.dtype = dt;
-  meta.op = op.fp.op;
-  meta.phase = Phase::kNaive;
-  meta.sender_rank = r;
+  FrameMeta meta = DataMeta(op, Phase::kNaive);
   if (!eager) {
     for (size_t ci = 0; ci < cs.size(); ++ci) {
       for (int i = 1; i < g; ++i) {
@@ -760,22 +763,8 @@ absl::Status Communicator::PsAllReduce(Op& op) {
     absl::MutexLock lock(&op.sends->mu);
     op.sends->per_segment.assign(std::max<size_t>(total_chunks, 1), 0);
   }
-  FrameMeta fpm;
-  fpm.kind = FrameKind::kFingerprint;
-  fpm.generation = config_.generation;
-  fpm.op_seq = op.fp.op_seq;
-  fpm.phase = Phase::kFingerprint;
-  fpm.sender_rank = r;
-  fpm.origin_rank = r;
-  fpm.fingerprint = op.fp;
-  fpm.dtype = dt;
-  FrameMeta meta;
-  meta.kind = FrameKind::kData;
-  meta.generation = config_.generation;
-  meta.op_seq = op.fp.op_seq;
-  meta.dtype = dt;
-  meta.op = op.fp.op;
-  meta.sender_rank = r;
+  FrameMeta fpm = FingerprintMeta(op);
+  FrameMeta meta = DataMeta(op, Phase::kPsPush);
   // Push every chunk to its shard at once (the wire paces it), then take
   // the results back in order.
   size_t idx = 0;
@@ -833,13 +822,7 @@ absl::Status Communicator::RingAllReduce(Op& op) {
     chunks[static_cast<size_t>(i)] =
         PlanChunks(segments[static_cast<size_t>(i)], chunk_elems);
   }
-  FrameMeta meta;
-  meta.kind = FrameKind::kData;
-  meta.generation = config_.generation;
-  meta.op_seq = op.fp.op_seq;
-  meta.dtype = dt;
-  meta.op = op.fp.op;
-  meta.sender_rank = r;
+  FrameMeta meta = DataMeta(op, Phase::kReduceScatter);
 
   auto send_chunk = [&](Phase phase, int step, int seg,
                         const Range& c) -> absl::Status {
@@ -942,13 +925,7 @@ absl::Status Communicator::ChainBroadcast(Op& op) {
   // Data flows root -> root+1 -> ... -> root-1; step = distance from root.
   const int distance = Mod(r - root, g);
   const bool forward = succ != root;
-  FrameMeta meta;
-  meta.kind = FrameKind::kData;
-  meta.generation = config_.generation;
-  meta.op_seq = op.fp.op_seq;
-  meta.dtype = dt;
-  meta.phase = Phase::kBroadcast;
-  meta.sender_rank = r;
+  FrameMeta meta = DataMeta(op, Phase::kBroadcast);
   for (size_t ci = 0; ci < cs.size(); ++ci) {
     const Range& c = cs[ci];
     SetLedger(op, Phase::kBroadcast, distance, static_cast<int>(ci),

@@ -179,6 +179,9 @@ class Communicator {
   absl::Status RingAllReduce(Op& op);
   absl::Status NaiveAllReduce(Op& op);
   absl::Status PsAllReduce(Op& op);
+  // The header fields every fingerprint / data frame of `op` shares.
+  FrameMeta FingerprintMeta(const Op& op) const;
+  FrameMeta DataMeta(const Op& op, Phase phase) const;
   // "rank 2 (w2, addr)" or "parameter server shard 0 (ps0, addr)".
   std::string Who(int rank) const;
   absl::Status ChainBroadcast(Op& op);

@@ -19,46 +19,15 @@
 set -u -o pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-BUILD=${1:-$HERE/../../build}
-BUILD=$(cd "$BUILD" 2>/dev/null && pwd) || { echo "FAIL: no build dir '${1:-}'"; exit 1; }
-RDV_BIN=$BUILD/server/halka-rendezvous
-WORKER_BIN=$BUILD/worker/halka-worker
-CTL_BIN=$BUILD/client/halkactl
-for b in "$RDV_BIN" "$WORKER_BIN" "$CTL_BIN"; do
-  [[ -x "$b" ]] || { echo "FAIL: missing $b"; exit 1; }
-done
+# shellcheck source=tests/system/lib.sh
+source "$HERE/lib.sh"
+sys_binaries "${1:-}"
 command -v python3 >/dev/null 2>&1 || { echo "FAIL: python3 needed"; exit 1; }
 
 # ------------------------------------------------------------ chromium
 
-find_chromium() {
-  local c
-  for c in chromium chromium-browser google-chrome; do
-    command -v "$c" >/dev/null 2>&1 && { command -v "$c"; return 0; }
-  done
-  return 1
-}
-CHROME=$(find_chromium || true)
-if [[ -z "$CHROME" ]]; then
-  if (( EUID != 0 )) || ! command -v apt-get >/dev/null 2>&1; then
-    echo "SKIP: chromium is not installed and cannot be (needs root and apt-get)"; exit 77
-  fi
-  echo "installing Debian's chromium package (large; at most 300 s)"
-  DEBIAN_FRONTEND=noninteractive timeout -k 10 300 apt-get install -y \
-    --no-install-recommends chromium >/tmp/halka-chromium-apt.$$.log 2>&1
-  apt_rc=$?
-  CHROME=$(find_chromium || true)
-  if [[ -z "$CHROME" ]]; then
-    echo "SKIP: 'apt-get install chromium' failed or timed out (exit $apt_rc):"
-    tail -n 5 /tmp/halka-chromium-apt.$$.log
-    rm -f /tmp/halka-chromium-apt.$$.log
-    exit 77
-  fi
-  rm -f /tmp/halka-chromium-apt.$$.log
-fi
+CHROME=$(sys_require_package chromium 300 chromium chromium-browser google-chrome) || exit $?
 
-# shellcheck source=tests/system/lib.sh
-source "$HERE/lib.sh"
 sys_init
 
 G=4

@@ -14,14 +14,9 @@
 set -u -o pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-BUILD=${1:-$HERE/../../build}
-BUILD=$(cd "$BUILD" 2>/dev/null && pwd) || { echo "FAIL: no build dir '${1:-}'"; exit 1; }
-RDV_BIN=$BUILD/server/halka-rendezvous
-WORKER_BIN=$BUILD/worker/halka-worker
-CTL_BIN=$BUILD/client/halkactl
-for b in "$RDV_BIN" "$WORKER_BIN" "$CTL_BIN"; do
-  [[ -x "$b" ]] || { echo "FAIL: missing $b"; exit 1; }
-done
+# shellcheck source=tests/system/lib.sh
+source "$HERE/lib.sh"
+sys_binaries "${1:-}"
 
 skip() { echo "SKIP: needs root, ip netns, veth, bridge and tc tbf ($*)"; exit 77; }
 (( EUID == 0 )) || skip "not root"
@@ -29,8 +24,6 @@ command -v ip >/dev/null 2>&1 || skip "no ip command"
 command -v tc >/dev/null 2>&1 || skip "no tc command"
 command -v python3 >/dev/null 2>&1 || { echo "FAIL: python3 needed to check --json"; exit 1; }
 
-# shellcheck source=tests/system/lib.sh
-source "$HERE/lib.sh"
 
 G=4
 SLOW=2                     # the rank whose outgoing link is capped
@@ -171,12 +164,10 @@ log "$G x $REPEAT ring all-reduces of 8 MiB in $(fmt_s "$ar_ms") s; $(head -n1 "
 
 # Wait (bounded) until a heartbeat after the last operation reached the
 # rendezvous: every member's telemetry shows all its operations completed.
-# shellcheck disable=SC2034  # HEALTH_RC: kept for debugging
-HEALTH_OUT=""; HEALTH_RC=""
+HEALTH_OUT=""
 health() {
   HEALTH_OUT=$(ip netns exec "${P}r" timeout --foreground -s KILL 15 "$CTL_BIN" health \
                  --rendezvous="$RDV_ADDR" --job="$JOB" "$@" 2>&1)
-  HEALTH_RC=$?
 }
 t0=$(now_ns)
 while :; do

@@ -20,6 +20,64 @@ SYS_FAILED=0          # set by fail(); keeps the logs
 declare -A SYS_PID=() # name -> pid (a session/group leader)
 SYS_NAMES=()          # names in start order
 
+# ---------------------------------------------------------------- setup
+
+# sys_binaries [BUILD_DIR]: sets BUILD, RDV_BIN, WORKER_BIN, CTL_BIN (default
+# build dir: <repo>/build) and exits 1 naming what is missing.
+sys_binaries() {
+  local here b
+  here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  BUILD=${1:-$here/../../build}
+  BUILD=$(cd "$BUILD" 2>/dev/null && pwd) || { echo "FAIL: no build dir '${1:-}'"; exit 1; }
+  RDV_BIN=$BUILD/server/halka-rendezvous
+  WORKER_BIN=$BUILD/worker/halka-worker
+  CTL_BIN=$BUILD/client/halkactl
+  for b in "$RDV_BIN" "$WORKER_BIN" "$CTL_BIN"; do
+    [[ -x "$b" ]] || { echo "FAIL: missing $b"; exit 1; }
+  done
+}
+
+# sys_find_command CMD... : prints the path of the first CMD found.
+sys_find_command() {
+  local c
+  for c in "$@"; do
+    command -v "$c" >/dev/null 2>&1 && { command -v "$c"; return 0; }
+  done
+  return 1
+}
+
+# sys_require_package PKG SECONDS CMD... : prints the path of the first CMD;
+# installs Debian's PKG first if none exists (without starting any service
+# it ships), within SECONDS. Exits 77 (skip) when that is impossible.
+sys_require_package() {
+  local pkg=$1 secs=$2 path apt_rc made_policy=0 apt_log
+  shift 2
+  path=$(sys_find_command "$@") && { echo "$path"; return 0; }
+  if (( EUID != 0 )) || ! command -v apt-get >/dev/null 2>&1; then
+    echo "SKIP: $pkg is not installed and cannot be (needs root and apt-get)" >&2
+    exit 77
+  fi
+  echo "installing Debian's $pkg package (at most $secs s)" >&2
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    # invoke-rc.d/deb-systemd-invoke: 101 = action forbidden -> no service start
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d &&
+      made_policy=1
+  fi
+  apt_log=$(mktemp)
+  DEBIAN_FRONTEND=noninteractive timeout -k 10 "$secs" apt-get install -y \
+    --no-install-recommends "$pkg" >"$apt_log" 2>&1
+  apt_rc=$?
+  (( made_policy )) && rm -f /usr/sbin/policy-rc.d
+  if ! path=$(sys_find_command "$@"); then
+    echo "SKIP: 'apt-get install $pkg' failed or timed out (exit $apt_rc):" >&2
+    tail -n 5 "$apt_log" >&2
+    rm -f "$apt_log"
+    exit 77
+  fi
+  rm -f "$apt_log"
+  echo "$path"
+}
+
 # ---------------------------------------------------------------- basics
 
 now_ns() { date +%s%N; }

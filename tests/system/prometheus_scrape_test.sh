@@ -20,48 +20,17 @@
 set -u -o pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-BUILD=${1:-$HERE/../../build}
-BUILD=$(cd "$BUILD" 2>/dev/null && pwd) || { echo "FAIL: no build dir '${1:-}'"; exit 1; }
-RDV_BIN=$BUILD/server/halka-rendezvous
-WORKER_BIN=$BUILD/worker/halka-worker
-CTL_BIN=$BUILD/client/halkactl
-for b in "$RDV_BIN" "$WORKER_BIN" "$CTL_BIN"; do
-  [[ -x "$b" ]] || { echo "FAIL: missing $b"; exit 1; }
-done
+# shellcheck source=tests/system/lib.sh
+source "$HERE/lib.sh"
+sys_binaries "${1:-}"
 for t in curl python3; do
   command -v "$t" >/dev/null 2>&1 || { echo "FAIL: $t needed"; exit 1; }
 done
 
 # ------------------------------------------------------------ prometheus
 
-PROM_BIN=$(command -v prometheus 2>/dev/null || true)
-if [[ -z "$PROM_BIN" ]]; then
-  if (( EUID != 0 )) || ! command -v apt-get >/dev/null 2>&1; then
-    echo "SKIP: prometheus is not installed and cannot be (needs root and apt-get)"; exit 77
-  fi
-  echo "installing Debian's prometheus package (its service is not started)"
-  made_policy=0
-  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
-    # invoke-rc.d/deb-systemd-invoke: 101 = action forbidden -> no service start
-    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d &&
-      made_policy=1
-  fi
-  DEBIAN_FRONTEND=noninteractive timeout -k 10 240 apt-get install -y \
-    --no-install-recommends prometheus >/tmp/halka-prometheus-apt.$$.log 2>&1
-  apt_rc=$?
-  (( made_policy )) && rm -f /usr/sbin/policy-rc.d
-  PROM_BIN=$(command -v prometheus 2>/dev/null || true)
-  if [[ -z "$PROM_BIN" ]]; then
-    echo "SKIP: 'apt-get install prometheus' failed (exit $apt_rc):"
-    tail -n 5 /tmp/halka-prometheus-apt.$$.log
-    rm -f /tmp/halka-prometheus-apt.$$.log
-    exit 77
-  fi
-  rm -f /tmp/halka-prometheus-apt.$$.log
-fi
+PROM_BIN=$(sys_require_package prometheus 240 prometheus) || exit $?
 
-# shellcheck source=tests/system/lib.sh
-source "$HERE/lib.sh"
 sys_init
 
 G=4

@@ -40,26 +40,8 @@ log "logs in $SYS_LOG; $("$CHROME" --version 2>/dev/null | head -n1)"
 
 # ------------------------------------------------------------ halka job
 
-rdv_port=$(free_port) || fail "no free port"
-RDV_M=$(free_port) || fail "no free port"
-start_daemon rdv "$RDV_BIN" --listen="127.0.0.1:$rdv_port" --metrics_port="$RDV_M" \
-  --heartbeat_interval=500ms --heartbeat_timeout=10s
-wait_for_line rdv "^halka-rendezvous listening on " 10
-RDV_ADDR="127.0.0.1:$rdv_port"
-declare -a ADDR
-for (( r = 0; r < G; ++r )); do
-  port=$(free_port) || fail "no free port"
-  ADDR[r]="127.0.0.1:$port"
-  slow_flag=()
-  (( r == SLOW )) && slow_flag=(--test_reduce_delay=5ms)
-  start_daemon "w$r" "$WORKER_BIN" --rendezvous="$RDV_ADDR" --job="$JOB" \
-    --world_size=$G --worker_id="w$r" --rank=$r --listen="${ADDR[r]}" \
-    --chunk_bytes=262144 "${slow_flag[@]}"
-done
-for (( r = 0; r < G; ++r )); do
-  wait_for_line "w$r" "^halka-worker serving on " 10
-  wait_for_line "w$r" "joined job $JOB: rank $r of $G" 30 "$SYS_LOG/w$r.err"
-done
+worker_flags() { (( $1 == SLOW )) && echo "--test_reduce_delay=5ms"; }
+sys_start_loopback_job "$G" "$JOB" --chunk_bytes=262144
 log "rendezvous $RDV_ADDR, ring page on :$RDV_M, rank $SLOW throttled (--test_reduce_delay=5ms)"
 
 names=()

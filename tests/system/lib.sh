@@ -78,6 +78,39 @@ sys_require_package() {
   echo "$path"
 }
 
+# sys_start_loopback_job G JOB [FLAG...]: after sys_init, starts a rendezvous
+# (metrics on RDV_M) and G workers (ranks 0..G-1, metrics on WM[r]) on
+# 127.0.0.1 and waits until the ring formed. FLAGs go to every worker; a
+# script may define `worker_flags R` to print extra flags for rank R.
+# Sets RDV_ADDR, RDV_M, ADDR[r], WM[r].
+sys_start_loopback_job() {
+  local g=$1 job=$2 r port rdv_port extra
+  shift 2
+  rdv_port=$(free_port) || fail "no free port"
+  RDV_M=$(free_port) || fail "no free port"
+  start_daemon rdv "$RDV_BIN" --listen="127.0.0.1:$rdv_port" --metrics_port="$RDV_M" \
+    --heartbeat_interval=500ms --heartbeat_timeout=10s
+  wait_for_line rdv "^halka-rendezvous listening on " 10
+  RDV_ADDR="127.0.0.1:$rdv_port"
+  ADDR=(); WM=()
+  for (( r = 0; r < g; ++r )); do
+    port=$(free_port) || fail "no free port"
+    WM[r]=$(free_port) || fail "no free port"
+    ADDR[r]="127.0.0.1:$port"
+    extra=()
+    if declare -F worker_flags >/dev/null; then
+      read -r -a extra <<<"$(worker_flags "$r")"
+    fi
+    start_daemon "w$r" "$WORKER_BIN" --rendezvous="$RDV_ADDR" --job="$job" \
+      --world_size="$g" --worker_id="w$r" --rank="$r" --listen="${ADDR[r]}" \
+      --metrics_port="${WM[r]}" "$@" "${extra[@]}"
+  done
+  for (( r = 0; r < g; ++r )); do
+    wait_for_line "w$r" "^halka-worker serving on " 10
+    wait_for_line "w$r" "joined job $job: rank $r of $g" 30 "$SYS_LOG/w$r.err"
+  done
+}
+
 # ---------------------------------------------------------------- basics
 
 now_ns() { date +%s%N; }

@@ -40,25 +40,7 @@ log "logs in $SYS_LOG; $("$PROM_BIN" --version 2>&1 | head -n1)"
 
 # ------------------------------------------------------------ halka job
 
-rdv_port=$(free_port) || fail "no free port"
-RDV_M=$(free_port) || fail "no free port"
-start_daemon rdv "$RDV_BIN" --listen="127.0.0.1:$rdv_port" --metrics_port="$RDV_M" \
-  --heartbeat_interval=500ms --heartbeat_timeout=10s
-wait_for_line rdv "^halka-rendezvous listening on " 10
-RDV_ADDR="127.0.0.1:$rdv_port"
-declare -a ADDR WM
-for (( r = 0; r < G; ++r )); do
-  port=$(free_port) || fail "no free port"
-  WM[r]=$(free_port) || fail "no free port"
-  ADDR[r]="127.0.0.1:$port"
-  start_daemon "w$r" "$WORKER_BIN" --rendezvous="$RDV_ADDR" --job="$JOB" \
-    --world_size=$G --worker_id="w$r" --rank=$r --listen="${ADDR[r]}" \
-    --metrics_port="${WM[r]}"
-done
-for (( r = 0; r < G; ++r )); do
-  wait_for_line "w$r" "^halka-worker serving on " 10
-  wait_for_line "w$r" "joined job $JOB: rank $r of $G" 30 "$SYS_LOG/w$r.err"
-done
+sys_start_loopback_job "$G" "$JOB"
 log "rendezvous $RDV_ADDR (metrics :$RDV_M), workers metrics :${WM[*]}"
 
 # ------------------------------------------------------------ start prometheus

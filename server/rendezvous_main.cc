@@ -18,6 +18,9 @@ ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
 ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(5),
           "a worker silent this long is declared dead "
           "(env HALKA_HEARTBEAT_TIMEOUT)");
+ABSL_FLAG(absl::Duration, elastic_settle, absl::Seconds(1),
+          "elastic jobs: how long joins must pause before a ring smaller than "
+          "its maximum forms or grows (env HALKA_ELASTIC_SETTLE)");
 
 ABSL_FLAG(int, metrics_port, 0,
           "serve HTTP on this port: /metrics (Prometheus), / (live ring "
@@ -35,6 +38,7 @@ int main(int argc, char** argv) {
   halka::RendezvousOptions options;
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
   options.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
+  options.elastic_settle = absl::GetFlag(FLAGS_elastic_settle);
   auto started = halka::RendezvousServer::Start(
       absl::GetFlag(FLAGS_listen), options, absl::GetFlag(FLAGS_metrics_port));
   if (!started.ok()) {

@@ -1,5 +1,7 @@
 #include "server/rendezvous_service.h"
 
+#include "halka/v1/worker.grpc.pb.h"
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
@@ -18,6 +20,60 @@ void FillMember(const MemberView& m, v1::Member* out) {
   out->set_alive(m.alive);
   out->set_device(m.device);
   out->set_last_heartbeat_age_s(absl::ToDoubleSeconds(m.heartbeat_age));
+  out->set_since_generation(m.since_generation);
+}
+
+void FillMembership(const std::string& job_id, const MembershipView& v,
+                    v1::Membership* out) {
+  out->set_job_id(job_id);
+  out->set_generation(v.generation);
+  out->set_state(v.state);
+  out->set_world_size(v.world_size);
+  out->set_min_world_size(v.min_world_size);
+  out->set_max_world_size(v.max_world_size);
+  for (const MemberView& m : v.members) FillMember(m, out->add_members());
+  out->set_change(v.change);
+  for (const MemberView& m : v.lost) FillMember(m, out->add_lost());
+}
+
+RingClaim ClaimFrom(const v1::Membership& m) {
+  RingClaim c;
+  c.generation = m.generation();
+  c.min_world_size = m.min_world_size();
+  c.max_world_size = m.max_world_size();
+  for (const v1::Member& x : m.members()) {
+    MemberView v;
+    v.rank = x.rank();
+    v.worker_id = x.worker_id();
+    v.address = x.address();
+    v.device = x.device();
+    v.since_generation = x.since_generation();
+    c.members.push_back(std::move(v));
+  }
+  return c;
+}
+
+// Asks a suspect worker for its info with a short deadline: true when it
+// answers (any answer but UNAVAILABLE / DEADLINE_EXCEEDED means alive).
+bool Answers(const std::string& address, absl::Duration timeout,
+             std::string* verdict) {
+  auto stub = v1::Worker::NewStub(MakeChannel(address));
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, timeout);
+  v1::InfoReply reply;
+  grpc::Status s = stub->GetInfo(&ctx, v1::InfoRequest(), &reply);
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    *verdict = absl::StrCat("probe of ", address, " failed: ",
+                            s.error_code() == grpc::StatusCode::UNAVAILABLE
+                                ? "unreachable"
+                                : absl::StrCat("no answer within ",
+                                               absl::FormatDuration(timeout)),
+                            " (", s.error_message(), ")");
+    return false;
+  }
+  *verdict = absl::StrCat("probe of ", address, " answered");
+  return true;
 }
 
 // Prometheus text exposition of every job's ring health.
@@ -32,7 +88,7 @@ std::string RendezvousMetrics(RendezvousService& service) {
     v1::RingHealth h;
     if (!service.BuildHealth(&req, &h).ok()) continue;
     const std::string j = PromEscape(job);
-    for (const char* s : {"forming", "healthy", "degraded"}) {
+    for (const char* s : {"forming", "healthy", "degraded", "waiting"}) {
       absl::StrAppend(&state, "halka_ring_state{job=\"", j, "\",state=\"", s,
                       "\"} ", h.state() == s ? 1 : 0, "\n");
     }
@@ -149,14 +205,17 @@ void RendezvousService::SweepLoop() {
     period = state_.options().heartbeat_interval / 2;
   }
   while (!stop_.WaitForNotificationWithTimeout(period)) {
-    std::vector<std::string> lines;
-    {
-      absl::MutexLock lock(&mu_);
-      lines = state_.Sweep(absl::Now());
-      if (!lines.empty()) ++version_;
+    absl::MutexLock lock(&mu_);
+    for (const std::string& l : state_.Sweep(absl::Now())) {
+      LogWarning(l);
+      ++version_;
     }
-    for (const auto& l : lines) LogWarning(l);
   }
+}
+
+void RendezvousService::Publish() {
+  for (const std::string& l : state_.TakeEvents()) LogInfo(l);
+  ++version_;
 }
 
 grpc::Status RendezvousService::Join(grpc::ServerContext* ctx,
@@ -168,7 +227,10 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* ctx,
   args.address = req->address();
   args.device = req->device();
   args.world_size = req->world_size();
+  args.min_world_size = req->min_world_size();
+  args.max_world_size = req->max_world_size();
   args.requested_rank = req->has_requested_rank() ? req->requested_rank() : -1;
+  args.incarnation = req->incarnation();
   absl::Time deadline = absl::FromChrono(ctx->deadline());
   if (req->wait_timeout_ms() > 0) {
     deadline = std::min(deadline, absl::Now() + absl::Milliseconds(
@@ -177,8 +239,9 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* ctx,
   absl::MutexLock lock(&mu_);
   absl::Status s = state_.Join(args, absl::Now());
   if (!s.ok()) return ToGrpcStatus(s);
-  ++version_;
-  LogInfo(absl::StrCat("join: ", state_.DescribeForming(args.job_id)));
+  LogInfo(absl::StrCat("join of ", args.worker_id, ": ",
+                       state_.DescribeForming(args.job_id)));
+  Publish();
   std::optional<Assignment> a;
   auto formed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (stopping_ || ctx->IsCancelled()) return true;
@@ -194,16 +257,19 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* ctx,
   if (!a.has_value()) {
     const std::string what = state_.DescribeForming(args.job_id);
     state_.WithdrawPending(args.job_id, args.worker_id);
-    ++version_;
+    Publish();
     if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                        "rendezvous is shutting down");
     return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                         absl::StrCat("join timed out: ", what));
   }
   reply->set_rank(a->rank);
-  reply->set_world_size(a->world_size);
-  reply->set_generation(a->generation);
-  for (const MemberView& m : a->members) FillMember(m, reply->add_members());
+  reply->set_world_size(a->view.world_size);
+  reply->set_generation(a->view.generation);
+  for (const MemberView& m : a->view.members) {
+    FillMember(m, reply->add_members());
+  }
+  FillMembership(args.job_id, a->view, reply->mutable_membership());
   reply->set_heartbeat_interval_ms(static_cast<uint32_t>(
       absl::ToInt64Milliseconds(state_.options().heartbeat_interval)));
   reply->set_heartbeat_timeout_ms(static_cast<uint32_t>(
@@ -219,11 +285,27 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext*,
                         "heartbeat: job_id and worker_id are required");
   }
   absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
   auto r = state_.Heartbeat(req->job_id(), req->worker_id(),
-                            req->telemetry().SerializeAsString(), absl::Now());
+                            req->telemetry().SerializeAsString(), now);
+  if (r.status().code() == absl::StatusCode::kNotFound && req->has_claim()) {
+    // This rendezvous restarted (or forgot the job): rebuild it from the
+    // worker's view, at the worker's generation.
+    absl::Status restored =
+        state_.Restore(req->job_id(), ClaimFrom(req->claim()), now);
+    if (!restored.ok()) return ToGrpcStatus(restored);
+    Publish();
+    r = state_.Heartbeat(req->job_id(), req->worker_id(),
+                         req->telemetry().SerializeAsString(), now);
+  }
   if (!r.ok()) return ToGrpcStatus(r.status());
   reply->set_generation(r->generation);
   for (int d : r->dead_ranks) reply->add_dead_ranks(d);
+  if (r->generation != req->generation()) {
+    auto view = state_.Health(req->job_id(), now);
+    if (view.ok()) FillMembership(req->job_id(), *view,
+                                  reply->mutable_membership());
+  }
   return grpc::Status::OK;
 }
 
@@ -236,12 +318,91 @@ grpc::Status RendezvousService::Leave(grpc::ServerContext*,
   }
   absl::MutexLock lock(&mu_);
   absl::Status s = state_.Leave(req->job_id(), req->worker_id(), absl::Now());
-  if (s.ok()) {
-    ++version_;
-    LogInfo(absl::StrCat("job ", req->job_id(), ": worker ", req->worker_id(),
-                         " left"));
-  }
+  if (s.ok()) Publish();
   return ToGrpcStatus(s);
+}
+
+grpc::Status RendezvousService::Watch(
+    grpc::ServerContext* ctx, const v1::WatchRequest* req,
+    grpc::ServerWriter<v1::Membership>* writer) {
+  if (req->job_id().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "watch: job_id is required");
+  }
+  uint64_t sent = req->known_generation();
+  for (;;) {
+    v1::Membership update;
+    {
+      absl::MutexLock lock(&mu_);
+      auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || ctx->IsCancelled() ||
+               state_.Generation(req->job_id()) != sent;
+      };
+      // Wake every 200 ms to notice a cancelled call.
+      mu_.AwaitWithTimeout(absl::Condition(&changed), absl::Milliseconds(200));
+      if (stopping_) {
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            "rendezvous is shutting down");
+      }
+      if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+      auto view = state_.Health(req->job_id(), absl::Now());
+      if (!view.ok()) {
+        if (sent == 0 || view.status().code() != absl::StatusCode::kNotFound) {
+          return ToGrpcStatus(view.status());
+        }
+        return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                            absl::StrCat("watch: job ", req->job_id(),
+                                         " is gone"));
+      }
+      if (view->generation == sent) continue;
+      sent = view->generation;
+      FillMembership(req->job_id(), *view, &update);
+    }
+    if (!writer->Write(update)) return grpc::Status::CANCELLED;
+  }
+}
+
+grpc::Status RendezvousService::ReportFailure(
+    grpc::ServerContext*, const v1::ReportFailureRequest* req,
+    v1::ReportFailureReply* reply) {
+  if (req->job_id().empty() || req->worker_id().empty() ||
+      req->suspect_worker_id().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "report: job_id, worker_id and suspect are required");
+  }
+  std::string address;
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_.Generation(req->job_id()) != req->generation()) {
+      reply->set_verdict("stale report: the generation already changed");
+      return grpc::Status::OK;
+    }
+    address = state_.AddressOf(req->job_id(), req->suspect_worker_id());
+  }
+  if (address.empty()) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("report: ", req->suspect_worker_id(),
+                                     " is not a live member of job ",
+                                     req->job_id()));
+  }
+  // The reporter's word alone is not enough (a partition between two
+  // healthy workers must not evict one): probe the suspect, outside the
+  // lock.
+  std::string verdict;
+  const bool alive = Answers(address, absl::Seconds(1), &verdict);
+  reply->set_verdict(verdict);
+  if (alive) return grpc::Status::OK;
+  absl::MutexLock lock(&mu_);
+  absl::Status s = state_.DeclareLost(
+      req->job_id(), req->suspect_worker_id(), req->generation(),
+      absl::StrCat("lost: ", req->worker_id(), " reported its link broken (",
+                   req->reason().substr(0, 200), "); ", verdict),
+      absl::Now());
+  if (s.ok()) {
+    reply->set_declared_lost(true);
+    Publish();
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status RendezvousService::GetRingHealth(grpc::ServerContext*,
@@ -268,6 +429,10 @@ grpc::Status RendezvousService::BuildHealth(const v1::RingHealthRequest* req,
   reply->set_state(h->state);
   reply->set_generation(h->generation);
   reply->set_world_size(h->world_size);
+  reply->set_min_world_size(h->min_world_size);
+  reply->set_max_world_size(h->max_world_size);
+  reply->set_change(h->change);
+  for (const MemberView& m : h->lost) FillMember(m, reply->add_lost());
   std::vector<RankInput> inputs;
   for (const MemberView& m : h->members) {
     FillMember(m, reply->add_members());

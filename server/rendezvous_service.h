@@ -39,6 +39,11 @@ class RendezvousService final : public v1::Rendezvous::Service {
   grpc::Status LookupServers(grpc::ServerContext* ctx,
                              const v1::LookupServersRequest* req,
                              v1::LookupServersReply* reply) override;
+  grpc::Status Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
+                     grpc::ServerWriter<v1::Membership>* writer) override;
+  grpc::Status ReportFailure(grpc::ServerContext* ctx,
+                             const v1::ReportFailureRequest* req,
+                             v1::ReportFailureReply* reply) override;
 
   // Wakes blocked joins and stops the sweeper; called before server
   // shutdown so that Shutdown never waits on a Join.
@@ -51,6 +56,8 @@ class RendezvousService final : public v1::Rendezvous::Service {
 
  private:
   void SweepLoop();
+  // Logs what the state changed and wakes watchers.
+  void Publish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   RendezvousState state_ ABSL_GUARDED_BY(mu_);

@@ -10,20 +10,53 @@ namespace halka {
 RendezvousState::RendezvousState(RendezvousOptions options)
     : options_(options) {}
 
+std::string DescribeMember(const MemberView& m) {
+  return absl::StrCat("rank ", m.rank, " (", m.worker_id, ", ", m.address,
+                      ")");
+}
+
+namespace {
+
+std::string Names(const std::vector<std::string>& names) {
+  return absl::StrJoin(names, ", ");
+}
+
+std::string Range(int min, int max) {
+  return min == max ? absl::StrCat(max) : absl::StrCat("[", min, ", ", max, "]");
+}
+
+}  // namespace
+
+int RendezvousState::Live(const Job& job) const {
+  int n = 0;
+  for (const Member& m : job.members) n += m.alive ? 1 : 0;
+  return n;
+}
+
 absl::Status RendezvousState::Join(const JoinArgs& args, absl::Time now) {
   if (args.job_id.empty() || args.worker_id.empty() || args.address.empty()) {
     return absl::InvalidArgumentError(
         "join: job_id, worker_id and address must be non-empty");
   }
-  if (args.world_size < 1 || args.world_size > options_.max_world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("join: world_size ", args.world_size, " is outside [1, ",
-                     options_.max_world_size, "]"));
+  int min = args.min_world_size;
+  int max = args.max_world_size;
+  if (max == 0 && min == 0) {
+    if (args.world_size < 1 || args.world_size > options_.max_world_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("join: world_size ", args.world_size,
+                       " is outside [1, ", options_.max_world_size, "]"));
+    }
+    min = max = args.world_size;
   }
-  if (args.requested_rank < -1 || args.requested_rank >= args.world_size) {
+  if (min < 1 || min > max || max > options_.max_world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "join: world size range [", min, ", ", max,
+        "] is invalid: need 1 <= min <= max <= ", options_.max_world_size));
+  }
+  if (args.requested_rank < -1 || args.requested_rank >= max) {
     return absl::InvalidArgumentError(
         absl::StrCat("join: requested rank ", args.requested_rank,
-                     " is outside [0, ", args.world_size, ")"));
+                     " is outside [0, ", max, ")"));
   }
   auto it = jobs_.find(args.job_id);
   if (it == jobs_.end()) {
@@ -33,42 +66,64 @@ absl::Status RendezvousState::Join(const JoinArgs& args, absl::Time now) {
           " jobs (the limit)"));
     }
     it = jobs_.emplace(args.job_id, Job{}).first;
-    it->second.world_size = args.world_size;
+    it->second.min = min;
+    it->second.max = max;
   }
   Job& job = it->second;
-  if (job.world_size != args.world_size) {
+  if (job.min != min || job.max != max) {
     return absl::FailedPreconditionError(absl::StrCat(
         "join: worker ", args.worker_id, " says job ", args.job_id,
-        " has world size ", args.world_size, " but it was created with ",
-        job.world_size));
+        " has world size ", Range(min, max), " but it was created with ",
+        Range(job.min, job.max)));
   }
+  auto same_process = [&](const Member& m) {
+    return args.incarnation != 0 ? m.incarnation == args.incarnation
+                                 : m.address == args.address;
+  };
   for (Member& m : job.members) {
-    if (m.worker_id != args.worker_id) continue;
+    if (m.worker_id != args.worker_id || !m.alive) continue;
     if (m.address != args.address) {
       return absl::AlreadyExistsError(absl::StrCat(
+          "join: worker id ", args.worker_id, " is alive in job ",
+          args.job_id, " at ", m.address, " (this call comes from ",
+          args.address, "); if that process died it is declared lost within "
+          "the heartbeat timeout"));
+    }
+    if (same_process(m)) {
+      m.last_heartbeat = now;
+      return absl::OkStatus();  // a retried join
+    }
+    // The same id and address from a new process: a restart.
+    Lose(args.job_id, job,
+         {{m.worker_id, "restarted (a new process joined under its id)"}}, now);
+    break;
+  }
+  for (Member& p : job.pending) {
+    if (p.worker_id != args.worker_id) continue;
+    if (p.address != args.address) {
+      return absl::AlreadyExistsError(absl::StrCat(
           "join: worker id ", args.worker_id, " already joined job ",
-          args.job_id, " from ", m.address, " (this call comes from ",
+          args.job_id, " from ", p.address, " (this call comes from ",
           args.address, ")"));
     }
-    if (!m.alive) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "join: worker ", args.worker_id, " was declared dead in job ",
-          args.job_id, " (generation ", job.generation,
-          "); this job does not re-admit members"));
-    }
-    m.last_heartbeat = now;
-    return absl::OkStatus();  // a retried join
+    p.incarnation = args.incarnation;
+    p.device = args.device.empty() ? "cpu" : args.device;
+    p.last_heartbeat = now;
+    return absl::OkStatus();
   }
-  if (job.formed) {
+  if (Live(job) + static_cast<int>(job.pending.size()) >= job.max) {
     std::vector<std::string> names;
-    for (const Member& m : job.members) names.push_back(m.worker_id);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "join: job ", args.job_id, " is already complete with ",
-        job.world_size, " members (", absl::StrJoin(names, ", "),
-        "); worker ", args.worker_id, " cannot join it"));
-  }
-  if (args.requested_rank >= 0) {
     for (const Member& m : job.members) {
+      if (m.alive) names.push_back(m.worker_id);
+    }
+    for (const Member& m : job.pending) names.push_back(m.worker_id);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "join: job ", args.job_id, " is already complete with ", job.max,
+        " members (", Names(names), "); worker ", args.worker_id,
+        " cannot join it"));
+  }
+  if (args.requested_rank >= 0 && job.generation == 0) {
+    for (const Member& m : job.pending) {
       if (m.requested_rank == args.requested_rank) {
         return absl::FailedPreconditionError(absl::StrCat(
             "join: rank ", args.requested_rank, " of job ", args.job_id,
@@ -83,37 +138,150 @@ absl::Status RendezvousState::Join(const JoinArgs& args, absl::Time now) {
   m.address = args.address;
   m.device = args.device.empty() ? "cpu" : args.device;
   m.requested_rank = args.requested_rank;
+  m.incarnation = args.incarnation;
   m.last_heartbeat = now;
-  job.members.push_back(std::move(m));
-  if (static_cast<int>(job.members.size()) == job.world_size) Form(job);
+  job.pending.push_back(std::move(m));
+  job.lost.erase(std::remove_if(job.lost.begin(), job.lost.end(),
+                                [&](const Member& l) {
+                                  return l.worker_id == args.worker_id;
+                                }),
+                 job.lost.end());
+  job.last_join = now;
+  Advance(args.job_id, job, now);
   return absl::OkStatus();
 }
 
-void RendezvousState::Form(Job& job) {
-  const size_t g = static_cast<size_t>(job.world_size);
-  std::vector<Member> ordered(g);
+void RendezvousState::Reform(Job& job) {
+  std::vector<Member> cands;
+  for (const Member& m : job.members) {
+    if (m.alive) cands.push_back(m);
+  }
+  const size_t room = static_cast<size_t>(job.max) - cands.size();
+  const size_t admit = std::min(room, job.pending.size());
+  for (size_t i = 0; i < admit; ++i) {
+    Member m = job.pending[i];
+    m.rank = -1;
+    m.since_generation = job.generation;
+    cands.push_back(std::move(m));
+  }
+  job.pending.erase(job.pending.begin(),
+                    job.pending.begin() + static_cast<std::ptrdiff_t>(admit));
+  const size_t g = cands.size();
+  std::vector<int> rank(g, -1);
   std::vector<bool> taken(g, false);
-  for (Member& m : job.members) {
-    if (m.requested_rank >= 0) {
-      m.rank = m.requested_rank;
-      taken[static_cast<size_t>(m.rank)] = true;
+  // Asked-for ranks first, then survivors keep theirs, then the rest fill
+  // the holes in order.
+  for (size_t i = 0; i < g; ++i) {
+    const int r = cands[i].requested_rank;
+    if (r >= 0 && r < static_cast<int>(g) && !taken[static_cast<size_t>(r)]) {
+      rank[i] = r;
+      taken[static_cast<size_t>(r)] = true;
+    }
+  }
+  for (size_t i = 0; i < g; ++i) {
+    const int r = cands[i].rank;
+    if (rank[i] < 0 && r >= 0 && r < static_cast<int>(g) &&
+        !taken[static_cast<size_t>(r)]) {
+      rank[i] = r;
+      taken[static_cast<size_t>(r)] = true;
     }
   }
   size_t next = 0;
-  for (Member& m : job.members) {
-    if (m.rank >= 0) continue;
+  for (size_t i = 0; i < g; ++i) {
+    if (rank[i] >= 0) continue;
     while (taken[next]) ++next;
-    m.rank = static_cast<int>(next);
+    rank[i] = static_cast<int>(next);
     taken[next] = true;
   }
-  for (Member& m : job.members) ordered[static_cast<size_t>(m.rank)] = m;
+  std::vector<Member> ordered(g);
+  for (size_t i = 0; i < g; ++i) {
+    cands[i].rank = rank[i];
+    ordered[static_cast<size_t>(rank[i])] = std::move(cands[i]);
+  }
   job.members = std::move(ordered);
-  job.formed = true;
-  job.generation = 1;
+  job.active = true;
 }
 
-MemberView RendezvousState::View(const Member& m,
-                                                  absl::Time now) {
+std::string RendezvousState::Lose(
+    const std::string& job_id, Job& job,
+    const std::vector<std::pair<std::string, std::string>>& who,
+    absl::Time now) {
+  std::vector<std::string> lines;
+  std::vector<Member> lost;
+  for (const auto& [id, reason] : who) {
+    for (Member& m : job.members) {
+      if (m.worker_id != id || !m.alive) continue;
+      m.alive = false;
+      lost.push_back(m);
+      lines.push_back(absl::StrCat(DescribeMember(View(m, now)), " ", reason));
+    }
+  }
+  if (lost.empty()) return "";
+  const uint64_t before = job.generation;
+  ++job.generation;
+  job.lost = std::move(lost);
+  const int live = Live(job);
+  const int pending = static_cast<int>(job.pending.size());
+  std::string after;
+  if (live + pending >= job.min && live + pending > 0) {
+    Reform(job);
+    after = absl::StrCat("ring re-formed with ", job.members.size(),
+                         " members");
+  } else {
+    job.active = false;
+    after = absl::StrCat("waiting: ", live, " of at least ", job.min,
+                         " members live, ", job.min - live - pending,
+                         " missing");
+  }
+  job.change = absl::StrCat("generation ", before, "->", job.generation, ": ",
+                            absl::StrJoin(lines, "; "), "; ", after);
+  std::string line = absl::StrCat("job ", job_id, ": ", job.change);
+  events_.push_back(line);
+  return line;
+}
+
+std::string RendezvousState::Advance(const std::string& job_id, Job& job,
+                                     absl::Time now) {
+  const int live = Live(job);
+  const int pending = static_cast<int>(job.pending.size());
+  if (pending == 0) return "";
+  const bool settled = now - job.last_join >= options_.elastic_settle;
+  bool form = false;
+  if (job.generation == 0) {
+    form = live + pending >= job.max ||
+           (elastic(job) && live + pending >= job.min && settled);
+  } else if (!job.active) {
+    form = live + pending >= job.min;  // the job is down: recover at once
+  } else {
+    form = live < job.max && (live + pending >= job.max || settled);
+  }
+  if (!form) return "";
+  const uint64_t before = job.generation;
+  std::vector<std::string> admitted;
+  const size_t admit = std::min(static_cast<size_t>(job.max - live),
+                                job.pending.size());
+  for (size_t i = 0; i < admit; ++i) {
+    admitted.push_back(absl::StrCat(job.pending[i].worker_id, " at ",
+                                    job.pending[i].address));
+  }
+  ++job.generation;
+  Reform(job);
+  job.lost.clear();
+  if (before == 0) {
+    job.change = absl::StrCat("generation 1: ring formed with ",
+                              job.members.size(), " members");
+  } else {
+    job.change = absl::StrCat("generation ", before, "->", job.generation,
+                              ": admitted ", Names(admitted),
+                              "; ring re-formed with ", job.members.size(),
+                              " members");
+  }
+  std::string line = absl::StrCat("job ", job_id, ": ", job.change);
+  events_.push_back(line);
+  return line;
+}
+
+MemberView RendezvousState::View(const Member& m, absl::Time now) {
   MemberView v;
   v.rank = m.rank;
   v.worker_id = m.worker_id;
@@ -122,36 +290,58 @@ MemberView RendezvousState::View(const Member& m,
   v.alive = m.alive;
   v.heartbeat_age = now - m.last_heartbeat;
   v.telemetry = m.telemetry;
+  v.since_generation = m.since_generation;
+  return v;
+}
+
+MembershipView RendezvousState::ViewOf(const Job& job, absl::Time now) const {
+  MembershipView v;
+  v.generation = job.generation;
+  v.min_world_size = job.min;
+  v.max_world_size = job.max;
+  v.world_size = static_cast<int>(job.members.size());
+  v.change = job.change;
+  const int live = Live(job);
+  v.state = job.generation == 0 ? "forming"
+            : !job.active       ? "waiting"
+            : live == job.max   ? "healthy"
+                                : "degraded";
+  for (const Member& m : job.members) v.members.push_back(View(m, now));
+  for (const Member& m : job.lost) v.lost.push_back(View(m, now));
+  if (job.generation == 0) {
+    v.world_size = job.max;
+    for (const Member& m : job.pending) v.members.push_back(View(m, now));
+  }
   return v;
 }
 
 std::optional<Assignment> RendezvousState::GetAssignment(
     const std::string& job_id, const std::string& worker_id) const {
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end() || !it->second.formed) return std::nullopt;
+  if (it == jobs_.end() || !it->second.active) return std::nullopt;
   const Job& job = it->second;
-  Assignment a;
-  a.world_size = job.world_size;
-  a.generation = job.generation;
   for (const Member& m : job.members) {
-    if (m.worker_id == worker_id) a.rank = m.rank;
-    a.members.push_back(View(m, m.last_heartbeat));
+    if (m.worker_id != worker_id || !m.alive) continue;
+    Assignment a;
+    a.rank = m.rank;
+    a.view = ViewOf(job, m.last_heartbeat);
+    for (MemberView& v : a.view.members) v.heartbeat_age = absl::ZeroDuration();
+    return a;
   }
-  if (a.rank < 0) return std::nullopt;
-  return a;
+  return std::nullopt;
 }
 
 void RendezvousState::WithdrawPending(const std::string& job_id,
                                       const std::string& worker_id) {
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end() || it->second.formed) return;
-  auto& ms = it->second.members;
-  ms.erase(std::remove_if(ms.begin(), ms.end(),
+  if (it == jobs_.end()) return;
+  auto& ps = it->second.pending;
+  ps.erase(std::remove_if(ps.begin(), ps.end(),
                           [&](const Member& m) {
                             return m.worker_id == worker_id;
                           }),
-           ms.end());
-  if (ms.empty()) jobs_.erase(it);
+           ps.end());
+  if (ps.empty() && Live(it->second) == 0) jobs_.erase(it);
 }
 
 std::string RendezvousState::DescribeForming(const std::string& job_id) const {
@@ -160,12 +350,30 @@ std::string RendezvousState::DescribeForming(const std::string& job_id) const {
   const Job& job = it->second;
   std::vector<std::string> who;
   for (const Member& m : job.members) {
+    if (m.alive) who.push_back(absl::StrCat(m.worker_id, " at ", m.address));
+  }
+  for (const Member& m : job.pending) {
     who.push_back(absl::StrCat(m.worker_id, " at ", m.address));
   }
-  return absl::StrCat("job ", job_id, ": ", job.members.size(), " of ",
-                      job.world_size, " joined (", absl::StrJoin(who, ", "),
-                      "); ", job.world_size - static_cast<int>(job.members.size()),
-                      " missing");
+  const int have = static_cast<int>(who.size());
+  if (job.generation == 0 && job.min == job.max) {
+    return absl::StrCat("job ", job_id, ": ", have, " of ", job.max,
+                        " joined (", Names(who), "); ", job.max - have,
+                        " missing");
+  }
+  if (job.generation == 0 || !job.active) {
+    return absl::StrCat(
+        "job ", job_id, job.generation == 0 ? "" : absl::StrCat(
+            " (generation ", job.generation, ", waiting)"),
+        ": ", have, " joined (", Names(who), "); the ring needs at least ",
+        job.min, job.min > have ? absl::StrCat(", ", job.min - have,
+                                               " missing") : std::string(),
+        job.min < job.max ? absl::StrCat(" (elastic, at most ", job.max, ")")
+                          : std::string());
+  }
+  return absl::StrCat("job ", job_id, " (generation ", job.generation, ", ",
+                      Live(job), " members): ", job.pending.size(),
+                      " waiting for admission");
 }
 
 absl::StatusOr<HeartbeatResult> RendezvousState::Heartbeat(
@@ -183,18 +391,70 @@ absl::StatusOr<HeartbeatResult> RendezvousState::Heartbeat(
     if (m.worker_id == worker_id) self = &m;
     if (!m.alive) out.dead_ranks.push_back(m.rank);
   }
+  for (Member& m : job.pending) {
+    if (m.worker_id != worker_id) continue;
+    m.last_heartbeat = now;
+    return out;
+  }
+  bool was_lost = false;
+  for (const Member& m : job.lost) was_lost |= m.worker_id == worker_id;
+  if ((self != nullptr && !self->alive) || (self == nullptr && was_lost)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "heartbeat: worker ", worker_id, " was lost from job ", job_id,
+        " (generation ", job.generation, "): it must join again"));
+  }
   if (self == nullptr) {
     return absl::NotFoundError(absl::StrCat("heartbeat: worker ", worker_id,
                                             " is not a member of job ", job_id));
   }
-  if (!self->alive) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "heartbeat: worker ", worker_id, " was declared dead in job ", job_id,
-        " (generation ", job.generation, ")"));
-  }
   self->last_heartbeat = now;
   self->telemetry = telemetry;
   return out;
+}
+
+absl::Status RendezvousState::Restore(const std::string& job_id,
+                                      const RingClaim& claim, absl::Time now) {
+  if (jobs_.count(job_id)) return absl::OkStatus();
+  const int g = static_cast<int>(claim.members.size());
+  if (job_id.empty() || claim.generation == 0 || g < 1 ||
+      claim.min_world_size < 1 || claim.min_world_size > claim.max_world_size ||
+      claim.max_world_size > options_.max_world_size ||
+      g > claim.max_world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "restore: the claim for job ", job_id, " is not a valid ring"));
+  }
+  for (int i = 0; i < g; ++i) {
+    const MemberView& v = claim.members[static_cast<size_t>(i)];
+    if (v.rank != i || v.worker_id.empty() || v.address.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "restore: the claim for job ", job_id, " is not in ring order"));
+    }
+  }
+  if (static_cast<int>(jobs_.size()) >= options_.max_jobs) {
+    return absl::ResourceExhaustedError("restore: too many jobs");
+  }
+  Job job;
+  job.min = claim.min_world_size;
+  job.max = claim.max_world_size;
+  job.generation = claim.generation;
+  job.active = true;
+  for (const MemberView& v : claim.members) {
+    Member m;
+    m.worker_id = v.worker_id;
+    m.address = v.address;
+    m.device = v.device.empty() ? "cpu" : v.device;
+    m.rank = v.rank;
+    m.alive = true;
+    m.last_heartbeat = now;
+    m.since_generation = v.since_generation;
+    job.members.push_back(std::move(m));
+  }
+  job.change = absl::StrCat("generation ", job.generation,
+                            ": restored from the members' claims after the "
+                            "rendezvous restarted");
+  events_.push_back(absl::StrCat("job ", job_id, ": ", job.change));
+  jobs_.emplace(job_id, std::move(job));
+  return absl::OkStatus();
 }
 
 absl::Status RendezvousState::Leave(const std::string& job_id,
@@ -205,80 +465,100 @@ absl::Status RendezvousState::Leave(const std::string& job_id,
     return absl::NotFoundError(absl::StrCat("leave: no job ", job_id));
   }
   Job& job = it->second;
-  if (!job.formed) {
-    for (const Member& m : job.members) {
-      if (m.worker_id == worker_id) {
-        WithdrawPending(job_id, worker_id);
-        return absl::OkStatus();
-      }
+  for (const Member& m : job.pending) {
+    if (m.worker_id == worker_id) {
+      WithdrawPending(job_id, worker_id);
+      return absl::OkStatus();
     }
-    return absl::NotFoundError(absl::StrCat(
-        "leave: worker ", worker_id, " has not joined job ", job_id));
   }
   for (Member& m : job.members) {
     if (m.worker_id != worker_id) continue;
-    if (m.alive) {
-      m.alive = false;
-      m.last_heartbeat = now;
-      ++job.generation;
-    }
-    bool any_alive = false;
-    for (const Member& o : job.members) any_alive |= o.alive;
-    if (!any_alive) jobs_.erase(it);
+    if (m.alive) Lose(job_id, job, {{worker_id, "left"}}, now);
+    if (Live(job) == 0 && job.pending.empty()) jobs_.erase(it);
     return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat("leave: worker ", worker_id,
                                           " is not a member of job ", job_id));
 }
 
+absl::Status RendezvousState::DeclareLost(const std::string& job_id,
+                                          const std::string& worker_id,
+                                          uint64_t generation,
+                                          const std::string& reason,
+                                          absl::Time now) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  }
+  Job& job = it->second;
+  if (generation != job.generation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "report about generation ", generation, " of job ", job_id,
+        ", which is at generation ", job.generation));
+  }
+  for (const Member& m : job.members) {
+    if (m.worker_id == worker_id && m.alive) {
+      Lose(job_id, job, {{worker_id, reason}}, now);
+      return absl::OkStatus();
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("worker ", worker_id,
+                                          " is not a live member of job ",
+                                          job_id));
+}
+
 std::vector<std::string> RendezvousState::Sweep(absl::Time now) {
-  std::vector<std::string> lines;
+  const size_t earlier = events_.size();
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     Job& job = it->second;
-    if (!job.formed) {
-      ++it;
-      continue;
-    }
-    bool died = false;
-    bool any_alive = false;
-    for (Member& m : job.members) {
+    std::vector<std::pair<std::string, std::string>> late;
+    for (const Member& m : job.members) {
       if (m.alive && now - m.last_heartbeat > options_.heartbeat_timeout) {
-        m.alive = false;
-        died = true;
-        lines.push_back(absl::StrCat(
-            "job ", it->first, ": rank ", m.rank, " (", m.worker_id, ", ",
-            m.address, ") lost: no heartbeat for ",
-            absl::FormatDuration(now - m.last_heartbeat)));
+        late.emplace_back(m.worker_id,
+                          absl::StrCat("lost: no heartbeat for ",
+                                       absl::FormatDuration(absl::Trunc(
+                                           now - m.last_heartbeat,
+                                           absl::Milliseconds(100)))));
       }
-      any_alive |= m.alive;
     }
-    if (died) ++job.generation;
-    if (!any_alive) {
+    if (!late.empty()) Lose(it->first, job, late, now);
+    Advance(it->first, job, now);
+    if (job.generation > 0 && Live(job) == 0 && job.pending.empty()) {
+      events_.push_back(absl::StrCat("job ", it->first,
+                                     ": no member left; forgotten"));
       it = jobs_.erase(it);
     } else {
       ++it;
     }
   }
+  std::vector<std::string> lines(events_.begin() + static_cast<std::ptrdiff_t>(earlier),
+                                 events_.end());
+  events_.resize(earlier);
   return lines;
 }
 
-absl::StatusOr<JobHealth> RendezvousState::Health(const std::string& job_id,
-                                                  absl::Time now) const {
+absl::StatusOr<MembershipView> RendezvousState::Health(
+    const std::string& job_id, absl::Time now) const {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) {
     return absl::NotFoundError(absl::StrCat("health: no job ", job_id));
   }
-  const Job& job = it->second;
-  JobHealth h;
-  h.generation = job.generation;
-  h.world_size = job.world_size;
-  bool all_alive = true;
-  for (const Member& m : job.members) {
-    h.members.push_back(View(m, now));
-    all_alive &= m.alive;
+  return ViewOf(it->second, now);
+}
+
+uint64_t RendezvousState::Generation(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? 0 : it->second.generation;
+}
+
+std::string RendezvousState::AddressOf(const std::string& job_id,
+                                       const std::string& worker_id) const {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return "";
+  for (const Member& m : it->second.members) {
+    if (m.worker_id == worker_id && m.alive) return m.address;
   }
-  h.state = !job.formed ? "forming" : all_alive ? "healthy" : "degraded";
-  return h;
+  return "";
 }
 
 absl::Status RendezvousState::RegisterServer(const std::string& job_id,

@@ -2,10 +2,22 @@
 // clock of its own (every call takes `now`), no gRPC. The service wraps it
 // in a mutex and waits on it.
 //
-// A job forms when world_size workers have joined: ranks requested by
-// workers (StatefulSet ordinals) are honoured, the rest are filled in join
-// order, and the generation becomes 1. After that, a missed heartbeat
-// deadline or a Leave marks a member gone and bumps the generation.
+// A job has a world size range [min, max] (min == max: a fixed job). It
+// forms when max workers have joined, or, for an elastic job, when at least
+// min have joined and nobody else joined for `elastic_settle`. Ranks asked
+// for by workers (StatefulSet ordinals) are honoured, the rest are filled
+// in join order, and the generation becomes 1.
+//
+// Every membership change bumps the generation by one:
+//  - a member is lost (missed heartbeat deadline, Leave, a restart under
+//    the same worker id, a confirmed broken-link report). When at least min
+//    members remain, the survivors re-form at once with ranks 0..G-1
+//    (survivors keep their rank where it still fits); below min the job is
+//    "waiting" and keeps the lost members as placeholders (alive=false);
+//  - newcomers are admitted (up to max): at once while the job is below
+//    min or the ring would be full, otherwise once joins settle. The
+//    workers switch generations between operations, never in the middle
+//    of one.
 // Thread-safety: none; the caller serialises.
 #ifndef HALKA_SERVER_RENDEZVOUS_STATE_H_
 #define HALKA_SERVER_RENDEZVOUS_STATE_H_
@@ -25,6 +37,9 @@ namespace halka {
 struct RendezvousOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
+  // Elastic jobs: how long joins must pause before a ring of fewer than
+  // max members forms or grows (batches restarts into one change).
+  absl::Duration elastic_settle = absl::Seconds(1);
   int max_jobs = 4096;
   int max_world_size = 4096;
 };
@@ -34,8 +49,11 @@ struct JoinArgs {
   std::string worker_id;
   std::string address;
   std::string device;
-  int world_size = 0;
+  int world_size = 0;      // a fixed job; ignored when max_world_size > 0
+  int min_world_size = 0;  // elastic: both set
+  int max_world_size = 0;
   int requested_rank = -1;  // -1: any
+  uint64_t incarnation = 0; // 0: unknown (a retried join is idempotent)
 };
 
 // What a worker learns when its job forms, and what health reports.
@@ -47,13 +65,24 @@ struct MemberView {
   bool alive = true;
   absl::Duration heartbeat_age;
   std::string telemetry;  // opaque to the state (serialised by the service)
+  uint64_t since_generation = 0;
+};
+
+// One generation of a job.
+struct MembershipView {
+  std::string state;  // "forming", "healthy", "degraded", "waiting"
+  uint64_t generation = 0;
+  int world_size = 0;      // members of the current ring
+  int min_world_size = 0;
+  int max_world_size = 0;
+  std::vector<MemberView> members;  // ring order; "waiting": placeholders
+  std::string change;               // why the generation last changed
+  std::vector<MemberView> lost;     // lost in the last change
 };
 
 struct Assignment {
   int rank = -1;
-  int world_size = 0;
-  uint64_t generation = 0;
-  std::vector<MemberView> members;  // ring order, members[i].rank == i
+  MembershipView view;
 };
 
 struct HeartbeatResult {
@@ -61,11 +90,12 @@ struct HeartbeatResult {
   std::vector<int> dead_ranks;
 };
 
-struct JobHealth {
-  std::string state;  // "forming", "healthy", "degraded"
+// A worker's claim of its ring, sent after the rendezvous restarted.
+struct RingClaim {
   uint64_t generation = 0;
-  int world_size = 0;
-  std::vector<MemberView> members;  // forming: in join order, rank -1
+  int min_world_size = 0;
+  int max_world_size = 0;
+  std::vector<MemberView> members;  // ring order
 };
 
 class RendezvousState {
@@ -73,43 +103,63 @@ class RendezvousState {
   explicit RendezvousState(RendezvousOptions options = {});
 
   // Registers a worker. Errors: INVALID_ARGUMENT (empty ids/address,
-  // world_size out of range, requested rank outside the world),
-  // FAILED_PRECONDITION (world size disagrees, rank taken, job complete),
-  // ALREADY_EXISTS (same worker id from another address),
-  // RESOURCE_EXHAUSTED (too many jobs). Joining again with the same id and
-  // address is idempotent.
+  // sizes out of range, requested rank outside the world),
+  // FAILED_PRECONDITION (sizes disagree with the job's, rank taken before
+  // the job formed, job full), ALREADY_EXISTS (the same worker id is alive
+  // at another address), RESOURCE_EXHAUSTED (too many jobs). Joining again
+  // with the same id and incarnation is idempotent.
   absl::Status Join(const JoinArgs& args, absl::Time now);
 
-  // The worker's assignment once its job has formed; nullopt before.
+  // The worker's assignment once it is a member of the job's running ring;
+  // nullopt while it waits (to form, to be admitted, for min members).
   std::optional<Assignment> GetAssignment(const std::string& job_id,
                                           const std::string& worker_id) const;
 
-  // Withdraws a pending (not yet formed) join, e.g. after the joiner gave
-  // up waiting. No-op once the job formed.
+  // Withdraws a pending (not yet admitted) join, e.g. after the joiner
+  // gave up waiting.
   void WithdrawPending(const std::string& job_id, const std::string& worker_id);
 
   // "job J: 2 of 4 joined (w0 at a0, w1 at a1); 2 missing".
   std::string DescribeForming(const std::string& job_id) const;
 
   // Errors: NOT_FOUND (job or worker unknown), FAILED_PRECONDITION
-  // (the worker was declared dead or left).
+  // (the worker was lost or left: it must join again).
   absl::StatusOr<HeartbeatResult> Heartbeat(const std::string& job_id,
                                             const std::string& worker_id,
                                             const std::string& telemetry,
                                             absl::Time now);
 
+  // Re-creates a job the rendezvous forgot (it restarted) from a member's
+  // claim, at the claimed generation, every claimed member alive as of
+  // `now`. No-op when the job exists. Errors: INVALID_ARGUMENT (a claim
+  // that is not a ring), RESOURCE_EXHAUSTED.
+  absl::Status Restore(const std::string& job_id, const RingClaim& claim,
+                       absl::Time now);
+
   // Errors: NOT_FOUND.
   absl::Status Leave(const std::string& job_id, const std::string& worker_id,
                      absl::Time now);
 
-  // Declares dead every member whose last heartbeat is older than the
-  // timeout, bumping its job's generation once per sweep. Returns one line
-  // per death. Drops jobs that have no live member left.
+  // Declares a member of the current generation lost (e.g. a broken link
+  // that a probe confirmed). Errors: NOT_FOUND; FAILED_PRECONDITION when
+  // `generation` is not the current one (the report is stale).
+  absl::Status DeclareLost(const std::string& job_id,
+                           const std::string& worker_id, uint64_t generation,
+                           const std::string& reason, absl::Time now);
+
+  // Declares lost every member whose last heartbeat is older than the
+  // timeout (one generation bump per job per sweep), forms and grows
+  // elastic rings whose joins settled, and drops jobs nobody is in.
+  // Returns one line per change.
   std::vector<std::string> Sweep(absl::Time now);
 
   // Errors: NOT_FOUND.
-  absl::StatusOr<JobHealth> Health(const std::string& job_id,
-                                   absl::Time now) const;
+  absl::StatusOr<MembershipView> Health(const std::string& job_id,
+                                        absl::Time now) const;
+  uint64_t Generation(const std::string& job_id) const;
+  // The address of a member of the current ring ("" if none).
+  std::string AddressOf(const std::string& job_id,
+                        const std::string& worker_id) const;
 
   // Parameter-server shards of a job, which may register before or after
   // the workers. Errors: INVALID_ARGUMENT, FAILED_PRECONDITION (shard
@@ -121,6 +171,10 @@ class RendezvousState {
   // Every shard in order, or NOT_FOUND saying which are missing.
   absl::StatusOr<std::vector<MemberView>> LookupServers(
       const std::string& job_id, absl::Time now) const;
+
+  // What changed since the last call, one line per generation change
+  // ("job J: generation 4->5: rank 2 (w2, addr) lost: ...").
+  std::vector<std::string> TakeEvents() { return std::move(events_); }
 
   const RendezvousOptions& options() const { return options_; }
   // Every job the rendezvous knows, in id order.
@@ -140,15 +194,34 @@ class RendezvousState {
     bool alive = true;
     absl::Time last_heartbeat;
     std::string telemetry;
+    uint64_t incarnation = 0;
+    uint64_t since_generation = 0;
   };
   struct Job {
-    int world_size = 0;
-    bool formed = false;
-    uint64_t generation = 0;
-    std::vector<Member> members;  // join order until formed, then by rank
+    int min = 0;
+    int max = 0;
+    uint64_t generation = 0;  // 0 until the ring first forms
+    bool active = false;      // a ring of >= min live members is running
+    std::vector<Member> members;  // the current ring, by rank
+    std::vector<Member> pending;  // joined, waiting for admission
+    std::vector<Member> lost;     // lost in the last change
+    std::string change;
+    absl::Time last_join;
   };
-  void Form(Job& job);
+  bool elastic(const Job& job) const { return job.min < job.max; }
+  int Live(const Job& job) const;
+  // Marks `who` (worker ids in job.members) lost for `reasons`, bumps the
+  // generation and re-forms or parks the ring. Returns the change line.
+  std::string Lose(const std::string& job_id, Job& job,
+                   const std::vector<std::pair<std::string, std::string>>& who,
+                   absl::Time now);
+  // Forms, re-forms or grows the ring when the rules allow; "" when
+  // nothing changed, else the change line.
+  std::string Advance(const std::string& job_id, Job& job, absl::Time now);
+  // Ranks 0..G-1 for the live members plus admitted newcomers.
+  void Reform(Job& job);
   static MemberView View(const Member& m, absl::Time now);
+  MembershipView ViewOf(const Job& job, absl::Time now) const;
 
   struct Server {
     std::string server_id;
@@ -163,7 +236,11 @@ class RendezvousState {
   RendezvousOptions options_;
   std::map<std::string, Job> jobs_;
   std::map<std::string, ServerSet> servers_;  // by job id
+  std::vector<std::string> events_;
 };
+
+// "rank 2 (worker-2, 198.18.0.3:7000)".
+std::string DescribeMember(const MemberView& m);
 
 }  // namespace halka
 

@@ -300,15 +300,20 @@ class PeerService::InLink
           "frame claims sender rank ", frame->meta.sender_rank,
           " on the link of rank ", from_));
     }
+    if (frame.ok() && frame->meta.generation != generation_) {
+      frame = absl::DataLossError(absl::StrCat(
+          "frame of generation ", frame->meta.generation,
+          " on a link of generation ", generation_));
+    }
     if (!frame.ok()) {
       absl::Status s(frame.status().code(),
                      absl::StrCat("from rank ", from_, ": ",
                                   frame.status().message()));
-      service_->inbox_->LinkFailed(from_, s);
+      inbox_->LinkFailed(from_, s);
       Finish(ToGrpcStatus(s));
       return;
     }
-    service_->inbox_->Deliver(from_, *std::move(frame));
+    inbox_->Deliver(from_, *std::move(frame));
     StartRead(&buffer_);
   }
 
@@ -338,13 +343,16 @@ class PeerService::InLink
           "peer link for job '", job, "' reached a worker of job '",
           service_->job_id_, "'"));
     }
-    int world;
-    {
-      absl::MutexLock lock(&service_->mu_);
-      world = service_->world_size_;
+    if (!absl::SimpleAtoi(get("halka-generation"), &generation_)) {
+      return absl::InvalidArgumentError(
+          "peer link without a valid halka-generation");
     }
+    absl::StatusOr<std::shared_ptr<Inbox>> inbox =
+        service_->resolver_(generation_);
+    if (!inbox.ok()) return inbox.status();
+    inbox_ = *std::move(inbox);
     if (!absl::SimpleAtoi(get("halka-rank"), &from_) || from_ < 0 ||
-        from_ >= world) {
+        from_ >= inbox_->max_ranks()) {
       return absl::InvalidArgumentError("peer link without a valid halka-rank");
     }
     return absl::OkStatus();
@@ -353,15 +361,12 @@ class PeerService::InLink
   PeerService* const service_;
   grpc::ByteBuffer buffer_;
   int from_ = -1;
+  uint64_t generation_ = 0;
+  std::shared_ptr<Inbox> inbox_;
 };
 
-PeerService::PeerService(std::string job_id, Inbox* inbox)
-    : job_id_(std::move(job_id)), inbox_(inbox) {}
-
-void PeerService::SetWorld(int world_size) {
-  absl::MutexLock lock(&mu_);
-  world_size_ = world_size;
-}
+PeerService::PeerService(std::string job_id, InboxResolver resolver)
+    : job_id_(std::move(job_id)), resolver_(std::move(resolver)) {}
 
 int PeerService::open_streams() const {
   absl::MutexLock lock(&mu_);

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include <functional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -57,15 +58,18 @@ class GrpcTransport : public Transport {
 };
 
 // Serves Peer.Link: validates each stream's metadata and each frame, and
-// delivers frames to the Inbox. Frames that fail validation end the stream
-// with DATA_LOSS and are reported as a link failure.
+// delivers frames to the Inbox of the stream's generation. Frames that fail
+// validation end the stream with DATA_LOSS and are reported as a link
+// failure.
 class PeerService final
     : public v1::Peer::WithRawCallbackMethod_Link<v1::Peer::Service> {
  public:
-  PeerService(std::string job_id, Inbox* inbox);
-
-  // Once the job has formed: frames must come from ranks in the world.
-  void SetWorld(int world_size);
+  // The inbox for a stream of `generation` (a ring's generation, or a
+  // future one this worker has not switched to yet); an error refuses the
+  // stream with it (e.g. ABORTED for a generation that is over).
+  using InboxResolver =
+      std::function<absl::StatusOr<std::shared_ptr<Inbox>>(uint64_t)>;
+  PeerService(std::string job_id, InboxResolver resolver);
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Link(
       grpc::CallbackServerContext* context) override;
@@ -76,9 +80,8 @@ class PeerService final
  private:
   class InLink;
   const std::string job_id_;
-  Inbox* const inbox_;
+  const InboxResolver resolver_;
   mutable absl::Mutex mu_;
-  int world_size_ ABSL_GUARDED_BY(mu_) = 1 << 16;
   int open_streams_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -17,6 +17,13 @@ ABSL_FLAG(std::string, rendezvous, "127.0.0.1:7100",
           "rendezvous host:port (env HALKA_RENDEZVOUS)");
 ABSL_FLAG(std::string, job, "default", "job id (env HALKA_JOB)");
 ABSL_FLAG(int, world_size, 1, "ranks in the job (env HALKA_WORLD_SIZE)");
+ABSL_FLAG(int, min_world_size, 0,
+          "elastic job: the ring runs with at least this many members "
+          "(with --max_world_size; env HALKA_MIN_WORLD_SIZE)");
+ABSL_FLAG(int, max_world_size, 0,
+          "elastic job: at most this many members; 0 with "
+          "--min_world_size 0: a fixed job of --world_size "
+          "(env HALKA_MAX_WORLD_SIZE)");
 ABSL_FLAG(int, rank, -1,
           "rank to ask for, e.g. a StatefulSet ordinal; -1: any "
           "(env HALKA_RANK)");
@@ -61,6 +68,8 @@ int main(int argc, char** argv) {
   o.rendezvous = absl::GetFlag(FLAGS_rendezvous);
   o.job_id = absl::GetFlag(FLAGS_job);
   o.world_size = absl::GetFlag(FLAGS_world_size);
+  o.min_world_size = absl::GetFlag(FLAGS_min_world_size);
+  o.max_world_size = absl::GetFlag(FLAGS_max_world_size);
   o.requested_rank = absl::GetFlag(FLAGS_rank);
   o.worker_id = absl::GetFlag(FLAGS_worker_id);
   o.listen = absl::GetFlag(FLAGS_listen);

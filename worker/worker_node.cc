@@ -6,10 +6,13 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
+#include <random>
 #include <list>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -27,7 +30,7 @@ std::string DefaultWorkerId() {
   return absl::StrCat(host, "-", getpid());
 }
 
-v1::OpStats ToStats(const OpResult& r, int rank, int world) {
+v1::OpStats ToStats(const OpResult& r) {
   v1::OpStats s;
   s.set_op_seq(r.op_seq);
   s.set_algorithm(r.algorithm);
@@ -35,8 +38,8 @@ v1::OpStats ToStats(const OpResult& r, int rank, int world) {
   s.set_bytes_received(r.bytes_received);
   s.set_seconds(absl::ToDoubleSeconds(r.elapsed));
   s.set_generation(r.generation);
-  s.set_rank(rank);
-  s.set_world_size(world);
+  s.set_rank(r.rank);
+  s.set_world_size(r.world_size);
   return s;
 }
 
@@ -127,8 +130,7 @@ class WorkerNode::Service final : public v1::Worker::Service {
     if (req->has_device_tensor()) {
       auto result = node_->ExecuteOnDevice(spec, req->device_tensor());
       if (!result.ok()) return ToGrpcStatus(result.status());
-      *reply->mutable_stats() =
-          ToStats(*result, node_->rank(), node_->world_size());
+      *reply->mutable_stats() = ToStats(*result);
       return grpc::Status::OK;
     }
     uint8_t* data = nullptr;
@@ -161,7 +163,7 @@ class WorkerNode::Service final : public v1::Worker::Service {
     auto result = node_->Execute(spec, data);
     if (!result.ok()) return ToGrpcStatus(result.status());
     *reply->mutable_stats() =
-        ToStats(*result, node_->rank(), node_->world_size());
+        ToStats(*result);
     return grpc::Status::OK;
   }
 
@@ -219,7 +221,7 @@ class WorkerNode::Service final : public v1::Worker::Service {
     }
     v1::InlineReply done;
     done.set_done(true);
-    *done.mutable_stats() = ToStats(*result, node_->rank(), node_->world_size());
+    *done.mutable_stats() = ToStats(*result);
     stream->Write(done);
     return grpc::Status::OK;
   }
@@ -227,17 +229,33 @@ class WorkerNode::Service final : public v1::Worker::Service {
   grpc::Status GetInfo(grpc::ServerContext*, const v1::InfoRequest*,
                        v1::InfoReply* reply) override {
     absl::MutexLock lock(&node_->mu_);
-    if (!node_->is_joined_) {
+    if (!node_->is_joined_ || node_->ring_ == nullptr) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "worker has not joined its job yet");
     }
+    const Ring& ring = *node_->ring_;
     reply->set_job_id(node_->options_.job_id);
     reply->set_worker_id(node_->options_.worker_id);
-    reply->set_rank(node_->joined_.rank());
-    reply->set_world_size(node_->joined_.world_size());
-    reply->set_generation(node_->generation_);
-    *reply->mutable_members() = node_->joined_.members();
+    reply->set_rank(ring.rank);
+    reply->set_world_size(ring.world);
+    reply->set_generation(ring.generation);
+    for (const v1::Member& m : node_->latest_.members()) {
+      if (node_->latest_.generation() == ring.generation) {
+        *reply->add_members() = m;
+      }
+    }
+    if (reply->members().empty()) {
+      for (const PeerInfo& p : ring.members) {
+        v1::Member* m = reply->add_members();
+        m->set_rank(p.rank);
+        m->set_worker_id(p.worker_id);
+        m->set_address(p.address);
+        m->set_alive(true);
+      }
+    }
     reply->set_device(node_->options_.device);
+    reply->set_state(node_->latest_.state());
+    reply->set_change(node_->latest_.change());
     return grpc::Status::OK;
   }
 
@@ -256,7 +274,21 @@ class WorkerNode::Service final : public v1::Worker::Service {
   ShmCache shm_;
 };
 
-WorkerNode::WorkerNode(WorkerOptions options) : options_(std::move(options)) {}
+WorkerNode::Ring::~Ring() {
+  comm.reset();
+  transport.reset();  // cancels the links and waits for them
+}
+
+namespace {
+uint64_t NewIncarnation() {
+  std::random_device rd;
+  uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return v == 0 ? 1 : v;
+}
+}  // namespace
+
+WorkerNode::WorkerNode(WorkerOptions options)
+    : options_(std::move(options)), incarnation_(NewIncarnation()) {}
 
 absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Start(
     WorkerOptions options) {
@@ -276,14 +308,22 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
   if (options.world_size < 1) {
     return absl::InvalidArgumentError("worker: --world_size must be >= 1");
   }
+  if ((options.min_world_size > 0) != (options.max_world_size > 0) ||
+      options.min_world_size > options.max_world_size ||
+      options.min_world_size < 0) {
+    return absl::InvalidArgumentError(
+        "worker: an elastic job needs 1 <= --min_world_size <= "
+        "--max_world_size (both set)");
+  }
   if (options.chunk_bytes < 64 || options.chunk_bytes > (size_t{16} << 20)) {
     return absl::InvalidArgumentError(
         "worker: --chunk_bytes must be in [64, 16 MiB]");
   }
   std::unique_ptr<WorkerNode> node(new WorkerNode(std::move(options)));
   const WorkerOptions& o = node->options_;
-  node->inbox_ = std::make_unique<Inbox>();
-  node->peer_service_ = std::make_unique<PeerService>(o.job_id, node->inbox_.get());
+  WorkerNode* raw = node.get();
+  node->peer_service_ = std::make_unique<PeerService>(
+      o.job_id, [raw](uint64_t generation) { return raw->InboxFor(generation); });
   node->api_service_ = std::make_unique<Service>(node.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -323,6 +363,70 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
   return node;
 }
 
+bool WorkerNode::Track(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return false;
+  calls_.insert(ctx);
+  return true;
+}
+
+void WorkerNode::Untrack(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  calls_.erase(ctx);
+}
+
+absl::Status WorkerNode::JoinOnce(absl::Time deadline, v1::JoinReply* reply) {
+  const WorkerOptions& o = options_;
+  v1::JoinRequest req;
+  req.set_job_id(o.job_id);
+  req.set_worker_id(o.worker_id);
+  req.set_address(address_);
+  req.set_world_size(o.max_world_size > 0 ? o.max_world_size : o.world_size);
+  req.set_min_world_size(o.min_world_size);
+  req.set_max_world_size(o.max_world_size);
+  req.set_incarnation(incarnation_);
+  req.set_device(o.device);
+  if (o.requested_rank >= 0) {
+    req.set_requested_rank(o.requested_rank);
+    req.set_has_requested_rank(true);
+  }
+  // The rendezvous may start after the workers, or still hold this
+  // worker's previous process: retry until the deadline.
+  grpc::Status s;
+  bool said = false;
+  for (;;) {
+    const absl::Duration left = deadline - absl::Now();
+    req.set_wait_timeout_ms(static_cast<uint32_t>(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(left))));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline + absl::Seconds(2)));
+    ctx.set_wait_for_ready(true);
+    if (!Track(&ctx)) {
+      return absl::UnavailableError("worker is shutting down");
+    }
+    s = rendezvous_->Join(&ctx, req, reply);
+    Untrack(&ctx);
+    const bool retry = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                       s.error_code() == grpc::StatusCode::ALREADY_EXISTS;
+    if (!retry || absl::Now() >= deadline || stop_.HasBeenNotified()) break;
+    if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS && !said) {
+      LogWarning(absl::StrCat(s.error_message(), "; retrying until ",
+                              absl::FormatTime("%H:%M:%S", deadline,
+                                               absl::UTCTimeZone())));
+      said = true;
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  if (!s.ok()) {
+    absl::Status st = FromGrpcStatus(s);
+    return absl::Status(st.code(), absl::StrCat("worker ", o.worker_id,
+                                                ": join of job ", o.job_id,
+                                                " at ", o.rendezvous,
+                                                " failed: ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WorkerNode::Join() {
   const WorkerOptions& o = options_;
   // Served before joining (empty until then), so a port that cannot be
@@ -342,74 +446,208 @@ absl::Status WorkerNode::Join() {
     http_ = std::move(*http);
     LogInfo(absl::StrCat("/metrics on ", http_->address()));
   }
-  v1::JoinRequest req;
-  req.set_job_id(o.job_id);
-  req.set_worker_id(o.worker_id);
-  req.set_address(address_);
-  req.set_world_size(o.world_size);
-  req.set_device(o.device);
-  if (o.requested_rank >= 0) {
-    req.set_requested_rank(o.requested_rank);
-    req.set_has_requested_rank(true);
-  }
-  req.set_wait_timeout_ms(
-      static_cast<uint32_t>(absl::ToInt64Milliseconds(o.join_timeout)));
   v1::JoinReply reply;
-  // The rendezvous may start after the workers: retry UNAVAILABLE until
-  // the join timeout.
-  const absl::Time deadline = absl::Now() + o.join_timeout;
-  grpc::Status s;
-  for (;;) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline + absl::Seconds(2)));
-    ctx.set_wait_for_ready(true);
-    s = rendezvous_->Join(&ctx, req, &reply);
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
-        absl::Now() >= deadline || stop_.HasBeenNotified()) {
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(200));
-  }
-  if (!s.ok()) {
-    absl::Status st = FromGrpcStatus(s);
-    return absl::Status(st.code(), absl::StrCat("worker ", o.worker_id,
-                                                ": join of job ", o.job_id,
-                                                " at ", o.rendezvous,
-                                                " failed: ", st.message()));
-  }
-  CommConfig c;
-  c.rank = reply.rank();
-  c.world_size = reply.world_size();
-  c.generation = reply.generation();
-  c.chunk_bytes = o.chunk_bytes;
-  c.default_timeout = o.op_timeout;
-  c.max_op_bytes = o.max_op_bytes;
-  c.test_reduce_delay = o.test_reduce_delay;
-  std::vector<std::string> addresses;
-  for (const v1::Member& m : reply.members()) {
-    c.members.push_back(PeerInfo{m.rank(), m.worker_id(), m.address()});
-    addresses.push_back(m.address());
-  }
-  peer_service_->SetWorld(reply.world_size());
-  transport_ = std::make_unique<GrpcTransport>(o.job_id, reply.generation(),
-                                               reply.rank(), addresses,
-                                               inbox_.get());
-  comm_ = std::make_unique<Communicator>(c, transport_.get(), inbox_.get());
+  absl::Status s = JoinOnce(absl::Now() + o.join_timeout, &reply);
+  if (!s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);
-    joined_ = reply;
-    generation_ = reply.generation();
     is_joined_ = true;
   }
+  OnMembership(reply.membership());
+  absl::StatusOr<std::shared_ptr<Ring>> ring = AcquireRing(0);
+  if (!ring.ok()) return ring.status();
   server_->GetHealthCheckService()->SetServingStatus(true);
-  SetLogTag(absl::StrCat("worker ", o.worker_id, " rank ", reply.rank()));
-  LogInfo(absl::StrCat("joined job ", o.job_id, ": rank ", reply.rank(), " of ",
-                       reply.world_size(), ", generation ", reply.generation(),
-                       ", serving on ", address_));
+  LogInfo(absl::StrCat("joined job ", o.job_id, ": rank ", (*ring)->rank,
+                       " of ", (*ring)->world, ", generation ",
+                       (*ring)->generation, ", serving on ", address_));
   const absl::Duration interval =
       absl::Milliseconds(std::max<uint32_t>(reply.heartbeat_interval_ms(), 50));
   heartbeat_ = std::thread([this, interval] { HeartbeatLoop(interval); });
+  watch_ = std::thread([this] { WatchLoop(); });
+  background_ = std::thread([this] { BackgroundLoop(); });
   return absl::OkStatus();
+}
+
+void WorkerNode::OnMembership(const v1::Membership& m) {
+  std::shared_ptr<Ring> ring;
+  bool lost_peer = false;
+  bool member = false;
+  uint64_t before = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    before = latest_.generation();
+    if (m.generation() <= before) return;
+    latest_ = m;
+    ring = ring_;
+    std::set<std::string> alive;
+    for (const v1::Member& x : m.members()) {
+      if (!x.alive()) continue;
+      alive.insert(absl::StrCat(x.worker_id(), "@", x.address()));
+      member |= x.worker_id() == options_.worker_id &&
+                x.address() == address_;
+    }
+    if (ring != nullptr) {
+      for (const PeerInfo& p : ring->members) {
+        lost_peer |= !alive.count(absl::StrCat(p.worker_id, "@", p.address));
+      }
+    }
+    if (!member && is_joined_ && m.state() != "forming") rejoin_ = true;
+  }
+  if (before != 0) {
+    LogWarning(absl::StrCat("job ", options_.job_id, ": ", m.change(),
+                            member ? "" : "; this worker is not in the ring"));
+  }
+  if (ring == nullptr) return;
+  const absl::Status why =
+      absl::AbortedError(absl::StrCat("job ", options_.job_id, " ", m.change()));
+  if (lost_peer || !member) {
+    ring->comm->Abort(why);  // the running operation cannot finish
+  } else {
+    ring->comm->AbortIfUntouched(why);  // it re-runs on the new ring
+  }
+}
+
+std::shared_ptr<WorkerNode::Ring> WorkerNode::CurrentRing() const {
+  absl::MutexLock lock(&mu_);
+  return ring_;
+}
+
+absl::StatusOr<std::shared_ptr<WorkerNode::Ring>> WorkerNode::AcquireRing(
+    uint64_t retry_seq) {
+  std::vector<std::shared_ptr<Ring>> drop;  // destroyed outside the lock
+  absl::MutexLock lock(&mu_);
+  if (!is_joined_) {
+    return absl::FailedPreconditionError("worker has not joined its job yet");
+  }
+  const v1::Membership& m = latest_;
+  if (ring_ != nullptr && ring_->generation == m.generation()) return ring_;
+  if (m.state() == "waiting") {
+    return absl::UnavailableError(absl::StrCat(
+        "job ", options_.job_id, " is below its minimum of ",
+        m.min_world_size(), " members (generation ", m.generation(), ": ",
+        m.change(), "); operations fail until enough members (re)join"));
+  }
+  int rank = -1;
+  bool new_here = false;
+  bool others_older = false;
+  for (const v1::Member& x : m.members()) {
+    if (x.worker_id() == options_.worker_id && x.address() == address_ &&
+        x.alive()) {
+      rank = x.rank();
+      new_here = x.since_generation() == m.generation();
+    } else if (x.since_generation() < m.generation()) {
+      others_older = true;
+    }
+  }
+  if (rank < 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "worker ", options_.worker_id, " is not in the ring of job ",
+        options_.job_id, " (generation ", m.generation(), ": ", m.change(),
+        "); it is joining again"));
+  }
+  auto ring = std::make_shared<Ring>();
+  ring->generation = m.generation();
+  ring->rank = rank;
+  ring->world = m.members_size();
+  std::vector<std::string> addresses;
+  for (const v1::Member& x : m.members()) {
+    ring->members.push_back(PeerInfo{x.rank(), x.worker_id(), x.address()});
+    addresses.push_back(x.address());
+  }
+  CommConfig c;
+  c.rank = rank;
+  c.world_size = ring->world;
+  c.generation = ring->generation;
+  c.members = ring->members;
+  c.chunk_bytes = options_.chunk_bytes;
+  c.default_timeout = options_.op_timeout;
+  c.max_op_bytes = options_.max_op_bytes;
+  c.test_reduce_delay = options_.test_reduce_delay;
+  if (retry_seq > 0) {
+    c.first_op_seq = retry_seq;
+  } else if (ring_ != nullptr && !new_here) {
+    c.first_op_seq = ring_->comm->next_op_seq();
+  } else {
+    // New in a ring that already ran operations: take their numbering.
+    c.first_op_seq = new_here && others_older ? 0 : 1;
+  }
+  auto early = early_.find(ring->generation);
+  if (early != early_.end()) {
+    ring->inbox = early->second;
+  } else {
+    ring->inbox = std::make_shared<Inbox>();
+  }
+  early_.erase(early_.begin(), early_.upper_bound(ring->generation));
+  const uint64_t generation = ring->generation;
+  ring->inbox->SetLinkFailureHook(
+      [this, generation](int peer, const absl::Status& status) {
+        OnLinkFailed(generation, peer, status);
+      });
+  ring->transport = std::make_unique<GrpcTransport>(
+      options_.job_id, ring->generation, rank, addresses, ring->inbox.get());
+  ring->comm = std::make_unique<Communicator>(c, ring->transport.get(),
+                                              ring->inbox.get());
+  if (!servers_.empty()) {
+    std::vector<std::string> server_addresses;
+    for (const PeerInfo& p : servers_) server_addresses.push_back(p.address);
+    ring->transport->SetServerAddresses(server_addresses);
+    ring->comm->SetServers(servers_);
+  }
+  if (ring_ != nullptr) {
+    ring->comm->InheritTelemetry(*ring_->comm);
+    LogInfo(absl::StrCat("generation ", ring_->generation, "->",
+                         ring->generation, ": now rank ", rank, " of ",
+                         ring->world, c.first_op_seq == 0
+                                          ? ", joining the ring's numbering"
+                                          : absl::StrCat(", next op #",
+                                                         c.first_op_seq)));
+    retired_.push_back(std::move(ring_));
+    // Keep the last two: peers may still finish an operation on them.
+    while (retired_.size() > 2) {
+      drop.push_back(std::move(retired_.front()));
+      retired_.erase(retired_.begin());
+    }
+  }
+  ring_ = ring;
+  SetLogTag(absl::StrCat("worker ", options_.worker_id, " rank ", rank));
+  return ring;
+}
+
+absl::StatusOr<std::shared_ptr<Inbox>> WorkerNode::InboxFor(
+    uint64_t generation) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t current = ring_ != nullptr ? ring_->generation : 0;
+  if (ring_ != nullptr && generation == current) return ring_->inbox;
+  for (const auto& r : retired_) {
+    if (r->generation == generation) return r->inbox;
+  }
+  if (generation < current) {
+    return absl::AbortedError(absl::StrCat(
+        "generation ", generation, " of job ", options_.job_id,
+        " is over: this worker is at generation ", current));
+  }
+  if (generation > std::max(current, latest_.generation()) + 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer link for generation ", generation, " of job ", options_.job_id,
+        ", which is at generation ", latest_.generation()));
+  }
+  std::shared_ptr<Inbox>& inbox = early_[generation];
+  if (inbox == nullptr) inbox = std::make_shared<Inbox>();
+  return inbox;
+}
+
+void WorkerNode::OnLinkFailed(uint64_t generation, int peer,
+                              const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_ || ring_ == nullptr || ring_->generation != generation ||
+      latest_.generation() != generation || peer < 0 ||
+      peer >= ring_->world || peer == ring_->rank) {
+    return;
+  }
+  if (!reported_.insert({generation, peer}).second) return;
+  reports_.push_back(Report{generation,
+                            ring_->members[static_cast<size_t>(peer)].worker_id,
+                            std::string(status.message())});
 }
 
 std::string WorkerNode::metrics_address() const {
@@ -417,15 +655,11 @@ std::string WorkerNode::metrics_address() const {
 }
 
 std::string WorkerNode::MetricsText() {
-  int rank = -1;
-  uint64_t generation = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!is_joined_) return "";
-    rank = joined_.rank();
-    generation = generation_;
-  }
-  const Telemetry t = comm_->GetTelemetry();
+  std::shared_ptr<Ring> ring = CurrentRing();
+  if (ring == nullptr) return "";
+  const int rank = ring->rank;
+  const uint64_t generation = ring->generation;
+  const Telemetry t = ring->comm->GetTelemetry();
   const std::string base = absl::StrCat(
       "job=\"", PromEscape(options_.job_id), "\",rank=\"", rank, "\"");
   std::string out;
@@ -454,7 +688,7 @@ std::string WorkerNode::MetricsText() {
   absl::StrAppend(&out, "halka_operation_seconds_sum{", base, "} ",
                   t.latency_sum_seconds, "\n", "halka_operation_seconds_count{",
                   base, "} ", t.latency_count, "\n");
-  const int g = world_size();
+  const int g = ring->world;
   auto peer_label = [g](int peer) {
     return peer < g ? absl::StrCat("peer=\"", peer, "\"")
                     : absl::StrCat("peer=\"ps", peer - g, "\"");
@@ -509,14 +743,20 @@ void WorkerNode::Shutdown(bool leave) {
   shut_down_ = true;
   const absl::Time t0 = absl::Now();
   if (!stop_.HasBeenNotified()) stop_.Notify();
-  if (comm_) comm_->Abort(absl::UnavailableError("worker is shutting down"));
-  if (heartbeat_.joinable()) heartbeat_.join();
-  const absl::Time t1 = absl::Now();
+  std::shared_ptr<Ring> ring;
   bool joined;
   {
     absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
+    ring = ring_;
     joined = is_joined_;
   }
+  if (ring) ring->comm->Abort(absl::UnavailableError("worker is shutting down"));
+  for (std::thread* t : {&heartbeat_, &watch_, &background_}) {
+    if (t->joinable()) t->join();
+  }
+  const absl::Time t1 = absl::Now();
   if (joined && leave) {
     grpc::ClientContext ctx;
     SetTimeout(ctx, absl::Milliseconds(300));
@@ -527,7 +767,18 @@ void WorkerNode::Shutdown(bool leave) {
     rendezvous_->Leave(&ctx, req, &reply);
   }
   const absl::Time t2 = absl::Now();
-  transport_.reset();
+  {
+    std::vector<std::shared_ptr<Ring>> rings;
+    std::map<uint64_t, std::shared_ptr<Inbox>> early;
+    {
+      absl::MutexLock lock(&mu_);
+      rings = std::move(retired_);
+      rings.push_back(std::move(ring_));
+      early.swap(early_);
+    }
+    ring.reset();
+    rings.clear();  // closes the links, outside the lock
+  }
   const absl::Time t3 = absl::Now();
   // A clean stop lets in-flight calls finish briefly; a simulated death
   // cancels them at once.
@@ -535,7 +786,7 @@ void WorkerNode::Shutdown(bool leave) {
       absl::Now() + (leave ? absl::Milliseconds(100) : absl::ZeroDuration())));
   server_->Wait();
   LogInfo(absl::StrFormat(
-      "stopped in %.0f ms (heartbeat %.0f, leave %.0f, links %.0f, server %.0f)",
+      "stopped in %.0f ms (threads %.0f, leave %.0f, links %.0f, server %.0f)",
       absl::ToDoubleMilliseconds(absl::Now() - t0),
       absl::ToDoubleMilliseconds(t1 - t0), absl::ToDoubleMilliseconds(t2 - t1),
       absl::ToDoubleMilliseconds(t3 - t2),
@@ -545,14 +796,17 @@ void WorkerNode::Shutdown(bool leave) {
 void WorkerNode::Wait() { server_->Wait(); }
 
 int WorkerNode::rank() const {
-  absl::MutexLock lock(&mu_);
-  return joined_.rank();
+  std::shared_ptr<Ring> ring = CurrentRing();
+  return ring ? ring->rank : -1;
 }
 int WorkerNode::world_size() const {
-  absl::MutexLock lock(&mu_);
-  return joined_.world_size();
+  std::shared_ptr<Ring> ring = CurrentRing();
+  return ring ? ring->world : 0;
 }
-Communicator* WorkerNode::communicator() { return comm_.get(); }
+Communicator* WorkerNode::communicator() {
+  std::shared_ptr<Ring> ring = CurrentRing();
+  return ring ? ring->comm.get() : nullptr;
+}
 int WorkerNode::open_peer_streams() const {
   return peer_service_->open_streams();
 }
@@ -582,12 +836,10 @@ absl::StatusOr<OpResult> WorkerNode::ExecuteOnDevice(
   return Run(spec, *buffer);
 }
 
-absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
-                                         OpBuffer& buffer) {
-  if (comm_ == nullptr) {
-    return absl::FailedPreconditionError("worker has not joined its job yet");
-  }
-  const absl::Duration timeout = absl::Milliseconds(spec.timeout_ms());
+absl::StatusOr<OpResult> WorkerNode::RunOn(Ring& ring, const v1::OpSpec& spec,
+                                           OpBuffer& buffer,
+                                           absl::Duration timeout) {
+  Communicator* comm = ring.comm.get();
   switch (spec.kind()) {
     case v1::ALL_REDUCE:
       if (!IsValidDType(spec.dtype()) || !IsValidReduceOp(spec.op())) {
@@ -601,13 +853,10 @@ absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
       Algorithm algorithm = static_cast<Algorithm>(spec.algorithm());
       if (algorithm == Algorithm::kAuto) algorithm = options_.default_algorithm;
       if (algorithm == Algorithm::kParameterServer) {
-        const absl::Duration t = timeout > absl::ZeroDuration()
-                                     ? timeout
-                                     : options_.op_timeout;
-        absl::Status s = EnsureServers(absl::Now() + t);
+        absl::Status s = EnsureServers(absl::Now() + timeout);
         if (!s.ok()) return s;
       }
-      auto result = comm_->AllReduce(buffer, spec.count(),
+      auto result = comm->AllReduce(buffer, spec.count(),
                                      static_cast<DType>(spec.dtype()),
                                      static_cast<ReduceOp>(spec.op()), timeout,
                                      algorithm);
@@ -622,14 +871,192 @@ absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
       if (!IsValidDType(spec.dtype())) {
         return absl::InvalidArgumentError("broadcast: dtype must be valid");
       }
-      return comm_->Broadcast(buffer, spec.count(),
+      return comm->Broadcast(buffer, spec.count(),
                               static_cast<DType>(spec.dtype()), spec.root(),
                               timeout);
     case v1::BARRIER:
-      return comm_->Barrier(timeout);
+      return comm->Barrier(timeout);
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("unknown operation kind ", spec.kind()));
+  }
+}
+
+absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
+                                         OpBuffer& buffer) {
+  absl::MutexLock run_lock(&run_mu_);
+  const absl::Duration timeout = spec.timeout_ms() > 0
+                                     ? absl::Milliseconds(spec.timeout_ms())
+                                     : options_.op_timeout;
+  const absl::Time deadline = absl::Now() + timeout;
+  uint64_t retry_seq = 0;
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<std::shared_ptr<Ring>> ring = AcquireRing(retry_seq);
+    if (!ring.ok()) return ring.status();
+    absl::StatusOr<OpResult> result =
+        RunOn(**ring, spec, buffer,
+              std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    if (result.ok()) return result;
+    // Failed before touching the buffer because the membership changed:
+    // run it again on the new ring, with the same sequence number.
+    auto seq = result.status().GetPayload(kUntouchedPayload);
+    uint64_t n = 0;
+    if (!seq.has_value() || !absl::SimpleAtoi(std::string(*seq), &n) ||
+        attempt >= 4 || absl::Now() >= deadline) {
+      return result;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (latest_.generation() <= (*ring)->generation ||
+          latest_.state() == "waiting") {
+        return result;
+      }
+    }
+    LogInfo(absl::StrCat("operation #", n, " had not touched the buffer when "
+                         "the membership changed: running it on the new ring"));
+    retry_seq = n;
+  }
+}
+
+void WorkerNode::HeartbeatLoop(absl::Duration interval) {
+  bool now_again = false;
+  while (now_again || !stop_.WaitForNotificationWithTimeout(interval)) {
+    now_again = false;
+    if (stop_.HasBeenNotified()) break;
+    v1::HeartbeatRequest req;
+    req.set_job_id(options_.job_id);
+    req.set_worker_id(options_.worker_id);
+    req.set_incarnation(incarnation_);
+    bool claiming;
+    {
+      absl::MutexLock lock(&mu_);
+      req.set_generation(latest_.generation());
+      claiming = claim_ && ring_ != nullptr &&
+                 ring_->generation == latest_.generation() &&
+                 latest_.state() != "waiting";
+      if (claiming) *req.mutable_claim() = latest_;
+    }
+    *req.mutable_telemetry() = CollectTelemetry();
+    v1::HeartbeatReply reply;
+    grpc::ClientContext ctx;
+    SetTimeout(ctx, std::max(interval, absl::Seconds(1)));
+    grpc::Status s = rendezvous_->Heartbeat(&ctx, req, &reply);
+    if (s.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (claim_) LogInfo("the rendezvous knows this ring again");
+        claim_ = false;
+      }
+      if (reply.has_membership()) OnMembership(reply.membership());
+      continue;
+    }
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+      absl::MutexLock lock(&mu_);
+      if (!claiming) {
+        // The rendezvous restarted (or dropped the job during a partition):
+        // tell it what the ring is, right away.
+        LogWarning(absl::StrCat("the rendezvous does not know this worker (",
+                                s.error_message(), "): re-registering with "
+                                "generation ", latest_.generation()));
+        claim_ = true;
+        now_again = true;
+      } else {
+        rejoin_ = true;  // the claim was refused: join as a new member
+      }
+    } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      std::shared_ptr<Ring> ring;
+      {
+        absl::MutexLock lock(&mu_);
+        if (!rejoin_) LogWarning(s.error_message());
+        rejoin_ = true;
+        ring = ring_;
+      }
+      if (ring) {
+        ring->comm->Abort(absl::AbortedError(absl::StrCat(
+            "the rendezvous declared this worker lost: ", s.error_message())));
+      }
+    }
+    // Any other error (the rendezvous is down or partitioned away) does
+    // not stop the ring: operations go on, heartbeats retry.
+  }
+}
+
+void WorkerNode::WatchLoop() {
+  while (!stop_.HasBeenNotified()) {
+    v1::WatchRequest req;
+    req.set_job_id(options_.job_id);
+    req.set_worker_id(options_.worker_id);
+    {
+      absl::MutexLock lock(&mu_);
+      req.set_known_generation(latest_.generation());
+    }
+    grpc::ClientContext ctx;
+    if (!Track(&ctx)) break;
+    std::unique_ptr<grpc::ClientReader<v1::Membership>> reader =
+        rendezvous_->Watch(&ctx, req);
+    v1::Membership m;
+    while (reader->Read(&m)) OnMembership(m);
+    reader->Finish().IgnoreError();
+    Untrack(&ctx);
+    stop_.WaitForNotificationWithTimeout(absl::Milliseconds(300));
+  }
+}
+
+void WorkerNode::BackgroundLoop() {
+  while (!stop_.HasBeenNotified()) {
+    std::optional<Report> report;
+    bool rejoin = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || rejoin_ || !reports_.empty();
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&work), absl::Seconds(1));
+      if (stopping_) break;
+      if (!reports_.empty()) {
+        report = reports_.front();
+        reports_.pop_front();
+      } else if (rejoin_) {
+        rejoin = true;
+        rejoin_ = false;
+      }
+    }
+    if (report.has_value()) {
+      v1::ReportFailureRequest req;
+      req.set_job_id(options_.job_id);
+      req.set_worker_id(options_.worker_id);
+      req.set_generation(report->generation);
+      req.set_suspect_worker_id(report->suspect);
+      req.set_reason(report->reason);
+      v1::ReportFailureReply reply;
+      grpc::ClientContext ctx;
+      SetTimeout(ctx, absl::Seconds(3));
+      if (!Track(&ctx)) break;
+      grpc::Status s = rendezvous_->ReportFailure(&ctx, req, &reply);
+      Untrack(&ctx);
+      LogInfo(absl::StrCat("reported the broken link with ", report->suspect,
+                           ": ", s.ok() ? (reply.declared_lost()
+                                               ? "declared lost"
+                                               : "not declared lost")
+                                        : s.error_message(),
+                           s.ok() ? absl::StrCat(" (", reply.verdict(), ")")
+                                  : std::string()));
+      continue;
+    }
+    if (!rejoin) continue;
+    LogInfo(absl::StrCat("joining job ", options_.job_id, " again"));
+    v1::JoinReply reply;
+    absl::Status s = JoinOnce(absl::Now() + options_.join_timeout, &reply);
+    if (s.ok()) {
+      OnMembership(reply.membership());
+      LogInfo(absl::StrCat("admitted again: rank ", reply.rank(), " of ",
+                           reply.world_size(), ", generation ",
+                           reply.generation()));
+    } else if (!stop_.HasBeenNotified()) {
+      LogWarning(s.ToString());
+      absl::MutexLock lock(&mu_);
+      rejoin_ = true;
+    }
   }
 }
 
@@ -651,8 +1078,15 @@ absl::Status WorkerNode::EnsureServers(absl::Time deadline) {
         servers.push_back(PeerInfo{m.rank(), m.worker_id(), m.address()});
         addresses.push_back(m.address());
       }
-      transport_->SetServerAddresses(addresses);
-      comm_->SetServers(servers);
+      std::shared_ptr<Ring> ring = CurrentRing();
+      if (ring != nullptr) {
+        ring->transport->SetServerAddresses(addresses);
+        ring->comm->SetServers(servers);
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        servers_ = servers;
+      }
       have_servers_ = true;
       if (said) LogInfo("parameter server found");
       return absl::OkStatus();
@@ -673,7 +1107,9 @@ absl::Status WorkerNode::EnsureServers(absl::Time deadline) {
 
 v1::WorkerTelemetry WorkerNode::CollectTelemetry() {
   v1::WorkerTelemetry t;
-  const Telemetry tel = comm_->GetTelemetry();
+  std::shared_ptr<Ring> ring = CurrentRing();
+  if (ring == nullptr) return t;
+  const Telemetry tel = ring->comm->GetTelemetry();
   t.set_ops_completed(tel.ops_completed);
   t.set_ops_failed(tel.ops_failed);
   t.set_bytes_sent(tel.bytes_sent);
@@ -711,7 +1147,7 @@ v1::WorkerTelemetry WorkerNode::CollectTelemetry() {
   t.set_last_algorithm(tel.last_algorithm);
   t.set_last_chunk_bytes(tel.last_chunk_bytes);
   t.set_last_op_bytes(tel.last_op_bytes);
-  const Progress p = comm_->GetProgress();
+  const Progress p = ring->comm->GetProgress();
   t.set_awaited_rank(-1);
   if (p.busy) {
     t.set_current_op(p.op);
@@ -723,51 +1159,6 @@ v1::WorkerTelemetry WorkerNode::CollectTelemetry() {
     }
   }
   return t;
-}
-
-void WorkerNode::HeartbeatLoop(absl::Duration interval) {
-  while (!stop_.WaitForNotificationWithTimeout(interval)) {
-    v1::HeartbeatRequest req;
-    req.set_job_id(options_.job_id);
-    req.set_worker_id(options_.worker_id);
-    {
-      absl::MutexLock lock(&mu_);
-      req.set_generation(generation_);
-    }
-    *req.mutable_telemetry() = CollectTelemetry();
-    v1::HeartbeatReply reply;
-    grpc::ClientContext ctx;
-    SetTimeout(ctx, std::max(interval, absl::Seconds(1)));
-    grpc::Status s = rendezvous_->Heartbeat(&ctx, req, &reply);
-    if (!s.ok()) {
-      if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-        comm_->Abort(absl::AbortedError(absl::StrCat(
-            "the rendezvous declared this worker dead: ", s.error_message())));
-      }
-      continue;  // a rendezvous outage does not stop the ring
-    }
-    uint64_t mine;
-    {
-      absl::MutexLock lock(&mu_);
-      mine = generation_;
-    }
-    if (reply.generation() != mine) {
-      std::string lost;
-      for (int d : reply.dead_ranks()) {
-        if (d >= 0 && d < static_cast<int>(comm_->config().members.size())) {
-          absl::StrAppend(&lost, lost.empty() ? "" : ", ",
-                          DescribePeer(comm_->config().members[d]));
-        }
-      }
-      const std::string msg = absl::StrCat(
-          "job ", options_.job_id, " generation ", mine, "->",
-          reply.generation(), ": lost ", lost.empty() ? "a member" : lost);
-      LogWarning(msg);
-      comm_->Abort(absl::AbortedError(msg));
-      absl::MutexLock lock(&mu_);
-      generation_ = reply.generation();
-    }
-  }
 }
 
 }  // namespace halka

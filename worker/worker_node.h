@@ -4,10 +4,13 @@
 #ifndef HALKA_WORKER_WORKER_NODE_H_
 #define HALKA_WORKER_WORKER_NODE_H_
 
+#include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -32,6 +35,10 @@ struct WorkerOptions {
   std::string job_id = "default";
   std::string worker_id;          // default: hostname-pid
   int world_size = 1;
+  // Elastic jobs: the ring runs with any size in [min, max] and re-forms
+  // without the lost member. Both 0: a fixed job of world_size.
+  int min_world_size = 0;
+  int max_world_size = 0;
   int requested_rank = -1;        // -1: assigned by the rendezvous
   std::string rendezvous;         // host:port
   std::string listen = "127.0.0.1:0";  // peer links and TCP API
@@ -97,34 +104,88 @@ class WorkerNode {
  private:
   explicit WorkerNode(WorkerOptions options);
   class Service;
+  // One generation of the ring: its members, inbox, links and engine.
+  struct Ring {
+    uint64_t generation = 0;
+    int rank = 0;
+    int world = 1;
+    std::vector<PeerInfo> members;
+    std::shared_ptr<Inbox> inbox;
+    std::unique_ptr<GrpcTransport> transport;
+    std::unique_ptr<Communicator> comm;
+    ~Ring();
+  };
+  struct Report {
+    uint64_t generation;
+    std::string suspect;
+    std::string reason;
+  };
+
+  // Joins (or joins again), retrying while the rendezvous is unreachable
+  // or still holds this worker's previous process, until `deadline`.
+  absl::Status JoinOnce(absl::Time deadline, v1::JoinReply* reply);
+  // A newer membership (from Join, Watch or a heartbeat): records it and
+  // aborts the running operation when it cannot finish (a member was lost)
+  // or has not started moving data (it is then run again on the new ring).
+  void OnMembership(const v1::Membership& m);
+  // The ring for the newest membership, built on first use after a change
+  // (between operations, never during one). `retry_seq` > 0: the first
+  // operation of a new ring re-runs that sequence number. Errors:
+  // UNAVAILABLE when the job is below its minimum or this worker is not in
+  // the ring (it is joining again).
+  absl::StatusOr<std::shared_ptr<Ring>> AcquireRing(uint64_t retry_seq);
+  std::shared_ptr<Ring> CurrentRing() const;
+  absl::StatusOr<std::shared_ptr<Inbox>> InboxFor(uint64_t generation);
+  void OnLinkFailed(uint64_t generation, int peer, const absl::Status& status);
+  absl::StatusOr<OpResult> RunOn(Ring& ring, const v1::OpSpec& spec,
+                                 OpBuffer& buffer, absl::Duration timeout);
+  absl::StatusOr<OpResult> Run(const v1::OpSpec& spec, OpBuffer& buffer);
+
   void HeartbeatLoop(absl::Duration interval);
+  void WatchLoop();
+  // Sends broken-link reports and joins again after this worker was lost.
+  void BackgroundLoop();
   // Looks up the job's parameter-server shards (waiting for them, bounded
-  // by `deadline`) and hands them to the communicator and the transport.
+  // by `deadline`) and hands them to the ring.
   absl::Status EnsureServers(absl::Time deadline);
   v1::WorkerTelemetry CollectTelemetry();
+  // Registers a call so that Shutdown can cancel it; false when stopping.
+  bool Track(grpc::ClientContext* ctx);
+  void Untrack(grpc::ClientContext* ctx);
 
   WorkerOptions options_;
+  const uint64_t incarnation_;
   std::string address_;
-  std::unique_ptr<Inbox> inbox_;
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<Service> api_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<v1::Rendezvous::Stub> rendezvous_;
+  std::unique_ptr<DeviceContext> device_;  // null: host tensors only
 
   mutable absl::Mutex mu_;
-  v1::JoinReply joined_ ABSL_GUARDED_BY(mu_);
   bool is_joined_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  std::unique_ptr<GrpcTransport> transport_;
-  std::unique_ptr<Communicator> comm_;
-  std::unique_ptr<DeviceContext> device_;  // null: host tensors only
-  absl::StatusOr<OpResult> Run(const v1::OpSpec& spec, OpBuffer& buffer);
+  v1::Membership latest_ ABSL_GUARDED_BY(mu_);  // the newest generation
+  std::shared_ptr<Ring> ring_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Ring>> retired_ ABSL_GUARDED_BY(mu_);
+  // Inboxes of generations peers switched to before this worker did.
+  std::map<uint64_t, std::shared_ptr<Inbox>> early_ ABSL_GUARDED_BY(mu_);
+  bool rejoin_ ABSL_GUARDED_BY(mu_) = false;
+  bool claim_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Report> reports_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<uint64_t, int>> reported_ ABSL_GUARDED_BY(mu_);
+  std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<PeerInfo> servers_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  absl::Mutex run_mu_;  // one operation at a time, across generations
   absl::Mutex servers_mu_;
   bool have_servers_ ABSL_GUARDED_BY(servers_mu_) = false;
 
   absl::Notification stop_;
   std::thread heartbeat_;
+  std::thread watch_;
+  std::thread background_;
   bool shut_down_ = false;
 };
 

@@ -86,13 +86,13 @@ TEST_F(RendezvousStateTest, FormsExactlyWhenWorldSizeJoined) {
         state_.GetAssignment("j", absl::StrCat("w", i));
     ASSERT_TRUE(a.has_value()) << i;
     EXPECT_EQ(a->rank, i);
-    EXPECT_EQ(a->world_size, 3);
-    EXPECT_EQ(a->generation, 1u);
-    EXPECT_THAT(a->members,
+    EXPECT_EQ(a->view.world_size, 3);
+    EXPECT_EQ(a->view.generation, 1u);
+    EXPECT_THAT(a->view.members,
                 ElementsAre(IsMember(0, "w0", Addr("w0")),
                             IsMember(1, "w1", Addr("w1")),
                             IsMember(2, "w2", Addr("w2"))));
-    for (const MemberView& m : a->members) {
+    for (const MemberView& m : a->view.members) {
       EXPECT_TRUE(m.alive);
       EXPECT_EQ(m.device, "cpu");
     }
@@ -107,8 +107,8 @@ TEST_F(RendezvousStateTest, WorldOfOneFormsImmediately) {
   std::optional<Assignment> a = state_.GetAssignment("solo", "w0");
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->rank, 0);
-  EXPECT_EQ(a->generation, 1u);
-  EXPECT_THAT(a->members, ElementsAre(IsMember(0, "w0", Addr("w0"))));
+  EXPECT_EQ(a->view.generation, 1u);
+  EXPECT_THAT(a->view.members, ElementsAre(IsMember(0, "w0", Addr("w0"))));
 }
 
 TEST_F(RendezvousStateTest, EmptyDeviceDefaultsToCpu) {
@@ -117,7 +117,7 @@ TEST_F(RendezvousStateTest, EmptyDeviceDefaultsToCpu) {
   ASSERT_TRUE(state_.Join(a, now_).ok());
   std::optional<Assignment> as = state_.GetAssignment("j", "w0");
   ASSERT_TRUE(as.has_value());
-  EXPECT_EQ(as->members[0].device, "cpu");
+  EXPECT_EQ(as->view.members[0].device, "cpu");
 }
 
 TEST_F(RendezvousStateTest, RequestedRanksHonouredOthersInJoinOrder) {
@@ -132,7 +132,7 @@ TEST_F(RendezvousStateTest, RequestedRanksHonouredOthersInJoinOrder) {
   std::optional<Assignment> a = state_.GetAssignment("j", "c");
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->rank, 3);
-  EXPECT_THAT(a->members, ElementsAre(IsMember(0, "b", Addr("b")),
+  EXPECT_THAT(a->view.members, ElementsAre(IsMember(0, "b", Addr("b")),
                                       IsMember(1, "a", Addr("a")),
                                       IsMember(2, "d", Addr("d")),
                                       IsMember(3, "c", Addr("c")),
@@ -150,7 +150,7 @@ TEST_F(RendezvousStateTest, AllRanksRequestedInReverse) {
   std::optional<Assignment> a = state_.GetAssignment("j", "w0");
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->rank, 3);
-  EXPECT_THAT(a->members, ElementsAre(IsMember(0, "w3", Addr("w3")),
+  EXPECT_THAT(a->view.members, ElementsAre(IsMember(0, "w3", Addr("w3")),
                                       IsMember(1, "w2", Addr("w2")),
                                       IsMember(2, "w1", Addr("w1")),
                                       IsMember(3, "w0", Addr("w0"))));
@@ -240,8 +240,8 @@ TEST_F(RendezvousStateTest, RejoinSameIdAndAddressIsIdempotent) {
   std::optional<Assignment> a = state_.GetAssignment("j", "w1");
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->rank, 1);
-  EXPECT_EQ(a->generation, 1u);
-  EXPECT_THAT(a->members, SizeIs(3));
+  EXPECT_EQ(a->view.generation, 1u);
+  EXPECT_THAT(a->view.members, SizeIs(3));
 }
 
 TEST_F(RendezvousStateTest, RejoinRefreshesHeartbeat) {
@@ -312,8 +312,8 @@ TEST_F(RendezvousStateTest, WithdrawPendingIsNoOpOnceFormed) {
   state_.WithdrawPending("j", "w0");
   std::optional<Assignment> a = state_.GetAssignment("j", "w0");
   ASSERT_TRUE(a.has_value());
-  EXPECT_THAT(a->members, SizeIs(2));
-  EXPECT_EQ(a->generation, 1u);
+  EXPECT_THAT(a->view.members, SizeIs(2));
+  EXPECT_EQ(a->view.generation, 1u);
 }
 
 TEST_F(RendezvousStateTest, HeartbeatKeepsMemberAlive) {
@@ -325,7 +325,7 @@ TEST_F(RendezvousStateTest, HeartbeatKeepsMemberAlive) {
     ASSERT_TRUE(state_.Heartbeat("j", "w1", "t1", now_).ok());
     EXPECT_THAT(state_.Sweep(now_), IsEmpty());
   }
-  absl::StatusOr<JobHealth> h = state_.Health("j", now_);
+  absl::StatusOr<MembershipView> h = state_.Health("j", now_);
   ASSERT_TRUE(h.ok());
   EXPECT_EQ(h->state, "healthy");
   EXPECT_EQ(h->generation, 1u);
@@ -357,10 +357,13 @@ TEST_F(RendezvousStateTest, SweepMarksExactlyTheSilentMemberDead) {
   EXPECT_THAT(lines[0], HasSubstr("w1"));
   EXPECT_THAT(lines[0], HasSubstr(Addr("w1")));
 
-  absl::StatusOr<JobHealth> h = state_.Health("j", now_);
+  absl::StatusOr<MembershipView> h = state_.Health("j", now_);
   ASSERT_TRUE(h.ok());
   EXPECT_EQ(h->generation, 2u);
-  EXPECT_EQ(h->state, "degraded");
+  // A fixed job below its size waits; the lost member stays a placeholder.
+  EXPECT_EQ(h->state, "waiting");
+  EXPECT_THAT(h->change, HasSubstr("generation 1->2: rank 1 (w1, "));
+  EXPECT_THAT(h->change, HasSubstr("lost: no heartbeat for 5"));
   ASSERT_THAT(h->members, SizeIs(3));
   EXPECT_TRUE(h->members[0].alive);
   EXPECT_FALSE(h->members[1].alive);
@@ -371,7 +374,8 @@ TEST_F(RendezvousStateTest, SweepMarksExactlyTheSilentMemberDead) {
   ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
   EXPECT_THAT(state_.Sweep(now_), IsEmpty());
   EXPECT_EQ(state_.Health("j", now_)->generation, 2u);
-  EXPECT_EQ(state_.GetAssignment("j", "w0")->generation, 2u);
+  // Below its size the job runs no ring: nobody has an assignment.
+  EXPECT_FALSE(state_.GetAssignment("j", "w0").has_value());
 }
 
 TEST_F(RendezvousStateTest, TwoDeathsInOneSweepBumpGenerationOnce) {
@@ -381,9 +385,10 @@ TEST_F(RendezvousStateTest, TwoDeathsInOneSweepBumpGenerationOnce) {
   ASSERT_TRUE(state_.Heartbeat("j", "w3", "", now_).ok());
   Advance(absl::Seconds(3));
   std::vector<std::string> lines = state_.Sweep(now_);
-  ASSERT_THAT(lines, SizeIs(2));
-  EXPECT_THAT(lines[0], HasSubstr("rank 0"));
-  EXPECT_THAT(lines[1], HasSubstr("rank 1"));
+  ASSERT_THAT(lines, SizeIs(1));  // one line per generation change
+  EXPECT_THAT(lines[0], HasSubstr("rank 0 (w0"));
+  EXPECT_THAT(lines[0], HasSubstr("rank 1 (w1"));
+  EXPECT_THAT(lines[0], HasSubstr("2 missing"));
   EXPECT_EQ(state_.Health("j", now_)->generation, 2u);
 }
 
@@ -391,12 +396,12 @@ TEST_F(RendezvousStateTest, SweepIgnoresFormingJobs) {
   ASSERT_TRUE(Join("j", "w0", 2).ok());
   Advance(absl::Hours(1));
   EXPECT_THAT(state_.Sweep(now_), IsEmpty());
-  absl::StatusOr<JobHealth> h = state_.Health("j", now_);
+  absl::StatusOr<MembershipView> h = state_.Health("j", now_);
   ASSERT_TRUE(h.ok());
   EXPECT_EQ(h->state, "forming");
 }
 
-TEST_F(RendezvousStateTest, HeartbeatFromDeadMemberFails) {
+TEST_F(RendezvousStateTest, LostMemberMustJoinAgainAndIsReadmitted) {
   Form(2);
   Advance(absl::Seconds(3));
   ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
@@ -406,9 +411,17 @@ TEST_F(RendezvousStateTest, HeartbeatFromDeadMemberFails) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
       << r.status();
   EXPECT_THAT(r.status().message(), HasSubstr("w1"));
-  // And it cannot come back by joining again.
-  EXPECT_EQ(Join("j", "w1", 2).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(state_.Health("j", now_)->generation, 2u);
+  EXPECT_THAT(r.status().message(), HasSubstr("join again"));
+  // Joining again re-forms the ring in a new generation, same rank.
+  ASSERT_TRUE(Join("j", "w1", 2).ok());
+  EXPECT_EQ(state_.Health("j", now_)->generation, 3u);
+  EXPECT_EQ(state_.Health("j", now_)->state, "healthy");
+  ASSERT_TRUE(state_.GetAssignment("j", "w1").has_value());
+  EXPECT_EQ(state_.GetAssignment("j", "w1")->rank, 1);
+  EXPECT_EQ(state_.GetAssignment("j", "w1")->view.members[1].since_generation,
+            3u);
+  EXPECT_EQ(state_.GetAssignment("j", "w0")->view.members[0].since_generation,
+            1u);
 }
 
 TEST_F(RendezvousStateTest, HeartbeatReplyListsDeadRanks) {
@@ -433,9 +446,9 @@ TEST_F(RendezvousStateTest, HeartbeatReplyListsDeadRanks) {
 TEST_F(RendezvousStateTest, LeaveBumpsGenerationAndDegrades) {
   Form(3);
   ASSERT_TRUE(state_.Leave("j", "w1", now_).ok());
-  absl::StatusOr<JobHealth> h = state_.Health("j", now_);
+  absl::StatusOr<MembershipView> h = state_.Health("j", now_);
   ASSERT_TRUE(h.ok());
-  EXPECT_EQ(h->state, "degraded");
+  EXPECT_EQ(h->state, "waiting");
   EXPECT_EQ(h->generation, 2u);
   EXPECT_EQ(h->world_size, 3);
   ASSERT_THAT(h->members, SizeIs(3));
@@ -464,7 +477,7 @@ TEST_F(RendezvousStateTest, LeaveWhileFormingWithdraws) {
   ASSERT_TRUE(Join("j", "w1", 3).ok());
   ASSERT_TRUE(state_.Leave("j", "w0", now_).ok());
   EXPECT_THAT(state_.DescribeForming("j"), HasSubstr("1 of 3 joined"));
-  absl::StatusOr<JobHealth> h = state_.Health("j", now_);
+  absl::StatusOr<MembershipView> h = state_.Health("j", now_);
   ASSERT_TRUE(h.ok());
   EXPECT_EQ(h->state, "forming");
   EXPECT_EQ(h->generation, 0u);
@@ -472,7 +485,7 @@ TEST_F(RendezvousStateTest, LeaveWhileFormingWithdraws) {
 
 TEST_F(RendezvousStateTest, HealthStates) {
   ASSERT_TRUE(Join("j", "w0", 2).ok());
-  absl::StatusOr<JobHealth> h = state_.Health("j", now_);
+  absl::StatusOr<MembershipView> h = state_.Health("j", now_);
   ASSERT_TRUE(h.ok());
   EXPECT_EQ(h->state, "forming");
   EXPECT_EQ(h->generation, 0u);
@@ -492,7 +505,7 @@ TEST_F(RendezvousStateTest, HealthStates) {
   ASSERT_TRUE(state_.Leave("j", "w0", now_).ok());
   h = state_.Health("j", now_);
   ASSERT_TRUE(h.ok());
-  EXPECT_EQ(h->state, "degraded");
+  EXPECT_EQ(h->state, "waiting");
 }
 
 TEST_F(RendezvousStateTest, UnknownJobOrWorkerIsNotFound) {
@@ -543,8 +556,8 @@ TEST_F(RendezvousStateTest, JobDroppedWhenAllMembersSwept) {
   ASSERT_TRUE(Join("j", "w0", 1).ok());
   std::optional<Assignment> a = state_.GetAssignment("j", "w0");
   ASSERT_TRUE(a.has_value());
-  EXPECT_EQ(a->generation, 1u);
-  EXPECT_EQ(a->world_size, 1);
+  EXPECT_EQ(a->view.generation, 1u);
+  EXPECT_EQ(a->view.world_size, 1);
 }
 
 TEST_F(RendezvousStateTest, JobDroppedWhenAllMembersLeave) {
@@ -564,8 +577,9 @@ TEST_F(RendezvousStateTest, JobDroppedWhenLastLiveMemberSwept) {
   ASSERT_TRUE(state_.Leave("j", "w0", now_).ok());
   Advance(absl::Seconds(10));
   std::vector<std::string> lines = state_.Sweep(now_);
-  ASSERT_THAT(lines, SizeIs(1));
+  ASSERT_THAT(lines, SizeIs(2));  // w1 lost; the job forgotten
   EXPECT_THAT(lines[0], HasSubstr("w1"));
+  EXPECT_THAT(lines[1], HasSubstr("forgotten"));
   EXPECT_EQ(state_.Health("j", now_).status().code(),
             absl::StatusCode::kNotFound);
 }
@@ -584,7 +598,219 @@ TEST_F(RendezvousStateTest, JobsAreIndependent) {
   EXPECT_EQ(state_.Health("a", now_)->generation, 1u);
   EXPECT_EQ(state_.Health("a", now_)->state, "healthy");
   EXPECT_EQ(state_.Health("b", now_)->generation, 2u);
-  EXPECT_EQ(state_.Health("b", now_)->state, "degraded");
+  EXPECT_EQ(state_.Health("b", now_)->state, "waiting");
+}
+
+
+// ---- elastic jobs, re-admission, restore ---------------------------------
+
+JoinArgs Elastic(const std::string& worker, int min, int max,
+                 uint64_t incarnation = 0, int rank = -1) {
+  JoinArgs a;
+  a.job_id = "e";
+  a.worker_id = worker;
+  a.address = absl::StrCat("host-", worker, ":7000");
+  a.min_world_size = min;
+  a.max_world_size = max;
+  a.incarnation = incarnation;
+  a.requested_rank = rank;
+  return a;
+}
+
+std::vector<std::string> Ids(const MembershipView& v) {
+  std::vector<std::string> ids;
+  for (const MemberView& m : v.members) {
+    ids.push_back(absl::StrCat(m.rank, ":", m.worker_id, m.alive ? "" : "!"));
+  }
+  return ids;
+}
+
+TEST_F(RendezvousStateTest, ElasticFormsAtMaxAtOnce) {
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(state_.Join(Elastic(absl::StrCat("w", i), 2, 4), now_).ok());
+  }
+  auto h = state_.Health("e", now_);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->generation, 1u);
+  EXPECT_EQ(h->state, "healthy");
+  EXPECT_EQ(h->min_world_size, 2);
+  EXPECT_EQ(h->max_world_size, 4);
+}
+
+TEST_F(RendezvousStateTest, ElasticFormsAboveMinOnceJoinsSettle) {
+  ASSERT_TRUE(state_.Join(Elastic("w0", 2, 4), now_).ok());
+  ASSERT_TRUE(state_.Join(Elastic("w1", 2, 4), now_).ok());
+  ASSERT_TRUE(state_.Join(Elastic("w2", 2, 4), now_).ok());
+  EXPECT_THAT(state_.Sweep(now_), IsEmpty());
+  EXPECT_FALSE(state_.GetAssignment("e", "w0").has_value());
+  EXPECT_THAT(state_.DescribeForming("e"), HasSubstr("at least 2"));
+  Advance(state_.options().elastic_settle);
+  std::vector<std::string> lines = state_.Sweep(now_);
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("ring formed with 3 members"));
+  auto h = state_.Health("e", now_);
+  EXPECT_EQ(h->state, "degraded");  // running, below max
+  EXPECT_THAT(Ids(*h), ElementsAre("0:w0", "1:w1", "2:w2"));
+}
+
+TEST_F(RendezvousStateTest, ElasticLossReformsSurvivorsWithDenseRanks) {
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(state_.Join(Elastic(absl::StrCat("w", i), 2, 4), now_).ok());
+  }
+  Advance(absl::Seconds(3));
+  for (const char* w : {"w0", "w2", "w3"}) {
+    ASSERT_TRUE(state_.Heartbeat("e", w, "", now_).ok());
+  }
+  Advance(absl::Seconds(3));
+  std::vector<std::string> lines = state_.Sweep(now_);
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("generation 1->2: rank 1 (w1, host-w1:7000) "
+                                  "lost: no heartbeat for 6s"));
+  EXPECT_THAT(lines[0], HasSubstr("ring re-formed with 3 members"));
+  auto h = state_.Health("e", now_);
+  EXPECT_EQ(h->generation, 2u);
+  EXPECT_EQ(h->state, "degraded");
+  // Survivors keep their rank where it still fits; w3 fills the hole.
+  EXPECT_THAT(Ids(*h), ElementsAre("0:w0", "1:w3", "2:w2"));
+  ASSERT_THAT(h->lost, SizeIs(1));
+  EXPECT_EQ(h->lost[0].worker_id, "w1");
+  EXPECT_EQ(state_.GetAssignment("e", "w3")->rank, 1);
+  EXPECT_EQ(state_.GetAssignment("e", "w3")->view.world_size, 3);
+}
+
+TEST_F(RendezvousStateTest, ElasticBelowMinWaitsThenRecovers) {
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(state_.Join(Elastic(absl::StrCat("w", i), 2, 3), now_).ok());
+  }
+  ASSERT_TRUE(state_.Leave("e", "w1", now_).ok());
+  EXPECT_EQ(state_.Health("e", now_)->state, "degraded");
+  ASSERT_TRUE(state_.Leave("e", "w2", now_).ok());
+  auto h = state_.Health("e", now_);
+  EXPECT_EQ(h->generation, 3u);
+  EXPECT_EQ(h->state, "waiting");
+  EXPECT_THAT(h->change, HasSubstr("1 of at least 2 members live, 1 missing"));
+  EXPECT_FALSE(state_.GetAssignment("e", "w0").has_value());
+  // A restarted w1 brings it back to min: re-formed at once.
+  ASSERT_TRUE(state_.Join(Elastic("w1", 2, 3, 77), now_).ok());
+  h = state_.Health("e", now_);
+  EXPECT_EQ(h->generation, 4u);
+  EXPECT_EQ(h->state, "degraded");
+  EXPECT_THAT(Ids(*h), ElementsAre("0:w0", "1:w1"));
+  EXPECT_EQ(h->members[1].since_generation, 4u);
+}
+
+TEST_F(RendezvousStateTest, NewcomerAdmittedAfterSettleNotMidStream) {
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(state_.Join(Elastic(absl::StrCat("w", i), 2, 5), now_).ok());
+  }
+  Advance(state_.options().elastic_settle);
+  state_.Sweep(now_);
+  ASSERT_EQ(state_.Health("e", now_)->generation, 1u);
+  ASSERT_TRUE(state_.Join(Elastic("w9", 2, 5, 5, /*rank=*/0), now_).ok());
+  EXPECT_EQ(state_.Health("e", now_)->generation, 1u);  // waits for settle
+  EXPECT_FALSE(state_.GetAssignment("e", "w9").has_value());
+  Advance(state_.options().elastic_settle);
+  std::vector<std::string> lines = state_.Sweep(now_);
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("admitted w9 at host-w9:7000"));
+  auto h = state_.Health("e", now_);
+  EXPECT_EQ(h->state, "degraded");  // 4 of at most 5
+  // w9 asked for rank 0 and gets it; w0 moves to the free rank.
+  EXPECT_THAT(Ids(*h), ElementsAre("0:w9", "1:w1", "2:w2", "3:w0"));
+}
+
+TEST_F(RendezvousStateTest, FullJobRefusesNewcomer) {
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(state_.Join(Elastic(absl::StrCat("w", i), 1, 2), now_).ok());
+  }
+  absl::Status s = state_.Join(Elastic("w5", 1, 2), now_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("already complete with 2 members"));
+}
+
+TEST_F(RendezvousStateTest, RestartUnderSameIdAndAddressReplacesOldProcess) {
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(
+        state_.Join(Elastic(absl::StrCat("w", i), 3, 3, 100 + i), now_).ok());
+  }
+  // Same incarnation: a retried join, nothing changes.
+  ASSERT_TRUE(state_.Join(Elastic("w1", 3, 3, 101), now_).ok());
+  EXPECT_EQ(state_.Health("e", now_)->generation, 1u);
+  // New incarnation at the same address: the old process is lost, the new
+  // one takes its place (fixed job: waiting, then re-formed).
+  ASSERT_TRUE(state_.Join(Elastic("w1", 3, 3, 555), now_).ok());
+  auto h = state_.Health("e", now_);
+  EXPECT_EQ(h->generation, 3u);
+  EXPECT_EQ(h->state, "healthy");
+  EXPECT_THAT(Ids(*h), ElementsAre("0:w0", "1:w1", "2:w2"));
+  EXPECT_EQ(h->members[1].since_generation, 3u);
+  // A new incarnation from another address while the old one lives is two
+  // processes claiming one id.
+  JoinArgs other = Elastic("w2", 3, 3, 999);
+  other.address = "elsewhere:1";
+  EXPECT_EQ(state_.Join(other, now_).code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(RendezvousStateTest, RestoreFromClaimKeepsGenerationAndRanks) {
+  RingClaim c;
+  c.generation = 7;
+  c.min_world_size = 2;
+  c.max_world_size = 4;
+  for (int i = 0; i < 3; ++i) {
+    MemberView v;
+    v.rank = i;
+    v.worker_id = absl::StrCat("w", i);
+    v.address = absl::StrCat("host-w", i, ":7000");
+    v.since_generation = 1;
+    c.members.push_back(v);
+  }
+  EXPECT_EQ(state_.Heartbeat("e", "w0", "", now_).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(state_.Restore("e", c, now_).ok());
+  ASSERT_TRUE(state_.Restore("e", c, now_).ok());  // the others' claims: no-op
+  ASSERT_TRUE(state_.Heartbeat("e", "w1", "", now_).ok());
+  auto h = state_.Health("e", now_);
+  EXPECT_EQ(h->generation, 7u);
+  EXPECT_EQ(h->state, "degraded");
+  EXPECT_THAT(Ids(*h), ElementsAre("0:w0", "1:w1", "2:w2"));
+  EXPECT_EQ(state_.GetAssignment("e", "w2")->rank, 2);
+  // A member that died during the outage is swept as usual.
+  Advance(absl::Seconds(3));
+  ASSERT_TRUE(state_.Heartbeat("e", "w0", "", now_).ok());
+  ASSERT_TRUE(state_.Heartbeat("e", "w1", "", now_).ok());
+  Advance(absl::Seconds(3));
+  ASSERT_THAT(state_.Sweep(now_), SizeIs(1));
+  EXPECT_EQ(state_.Health("e", now_)->generation, 8u);
+  // Claims that are not rings are refused.
+  RingClaim bad = c;
+  bad.members[1].rank = 2;
+  EXPECT_EQ(state_.Restore("x", bad, now_).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(RendezvousStateTest, DeclareLostNeedsTheCurrentGeneration) {
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(state_.Join(Elastic(absl::StrCat("w", i), 2, 3), now_).ok());
+  }
+  EXPECT_EQ(state_.DeclareLost("e", "w2", 5, "link broke", now_).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(state_.DeclareLost("e", "w2", 1, "lost: link broke", now_).ok());
+  auto h = state_.Health("e", now_);
+  EXPECT_EQ(h->generation, 2u);
+  EXPECT_THAT(h->change, HasSubstr("rank 2 (w2, host-w2:7000) lost: link broke"));
+  EXPECT_EQ(state_.DeclareLost("e", "w2", 2, "again", now_).code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(RendezvousStateTest, ElasticRangeMustAgreeAndBeValid) {
+  ASSERT_TRUE(state_.Join(Elastic("w0", 2, 4), now_).ok());
+  absl::Status s = state_.Join(Elastic("w1", 3, 4), now_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("[3, 4] but it was created with [2, 4]"));
+  EXPECT_EQ(state_.Join(Elastic("w2", 3, 2), now_).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_.Join(Elastic("w2", 0, 2), now_).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "worker/core/op_buffer.h"
@@ -62,7 +63,37 @@ struct Communicator::Op {
 
 Communicator::Communicator(CommConfig config, Transport* transport,
                            Inbox* inbox)
-    : config_(std::move(config)), transport_(transport), inbox_(inbox) {}
+    : config_(std::move(config)), transport_(transport), inbox_(inbox) {
+  absl::MutexLock lock(&op_mu_);
+  next_op_seq_ = config_.first_op_seq;
+}
+
+uint64_t Communicator::next_op_seq() {
+  absl::MutexLock lock(&op_mu_);
+  return next_op_seq_;
+}
+
+void Communicator::InheritTelemetry(const Communicator& previous) {
+  Telemetry t;
+  EdgeWindow w = [&] {
+    absl::MutexLock lock(&previous.state_mu_);
+    t = previous.telemetry_;
+    return previous.window_;
+  }();
+  absl::MutexLock lock(&state_mu_);
+  telemetry_ = std::move(t);
+  window_ = std::move(w);
+}
+
+bool Communicator::AbortIfUntouched(absl::Status status) {
+  {
+    absl::MutexLock lock(&state_mu_);
+    if (!progress_.busy || touched_) return false;
+    untouched_abort_ = status;
+  }
+  inbox_->Interrupt(std::move(status));
+  return true;
+}
 
 Communicator::~Communicator() = default;
 
@@ -239,7 +270,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
   absl::MutexLock op_lock(&op_mu_);
   Op op;
   op.fp = fp_in;
-  op.fp.op_seq = next_op_seq_++;
+  op.fp.op_seq = next_op_seq_;
   op.start = absl::Now();
   op.timeout = timeout > absl::ZeroDuration() ? timeout
                                               : config_.default_timeout;
@@ -270,14 +301,48 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
     progress_ = Progress();
     progress_.busy = true;
     progress_.op = op.fp.ToString();
+    touched_ = false;
+    untouched_abort_ = absl::OkStatus();
+  }
+  absl::Status status;
+  if (op.fp.op_seq == 0 && g > 1) {
+    // New in a running ring: take the number of the operation the others
+    // are running (their fingerprints are on their way).
+    absl::StatusOr<uint64_t> seq = inbox_->WaitFirstOpSeq(op.deadline);
+    if (seq.ok()) {
+      op.fp.op_seq = *seq;
+    } else {
+      status = absl::Status(
+          seq.status().code(),
+          absl::StrCat(Where(op), ": waiting for the ring's next operation: ",
+                       seq.status().message()));
+    }
+  } else if (op.fp.op_seq == 0) {
+    op.fp.op_seq = 1;
+  }
+  next_op_seq_ = op.fp.op_seq + 1;
+  {
+    absl::MutexLock lock(&state_mu_);
+    progress_.op = op.fp.ToString();
   }
   inbox_->DropBefore(op.fp.op_seq);
   inbox_->ClearLinkFailures();
 
   const bool eager = op.all_to_all && op.algorithm == Algorithm::kNaive &&
                      bytes > 0 && bytes <= config_.eager_bytes;
-  absl::Status status = op.all_to_all ? ExchangeFingerprintsAllToAll(op, eager)
-                                      : ExchangeFingerprints(op);
+  if (status.ok()) {
+    status = op.all_to_all ? ExchangeFingerprintsAllToAll(op, eager)
+                           : ExchangeFingerprints(op);
+  }
+  bool untouched = !status.ok();
+  {
+    absl::MutexLock lock(&state_mu_);
+    if (status.ok() && !untouched_abort_.ok()) {
+      status = untouched_abort_;  // asked for before the buffer was touched
+      untouched = true;
+    }
+    touched_ = status.ok();
+  }
   if (status.ok()) status = op.buf->Begin(op.fp.dtype, op.fp.op, op.fp.count);
   if (status.ok()) {
     switch (op.fp.kind) {
@@ -312,6 +377,11 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
   result.bytes_received = op.bytes_received;
   result.elapsed = absl::Now() - op.start;
   result.generation = config_.generation;
+  result.rank = config_.rank;
+  result.world_size = config_.world_size;
+  // A peer already at a later operation has finished every earlier one:
+  // skip to it, so that the ranks number the next call alike again.
+  next_op_seq_ = std::max(next_op_seq_, inbox_->MaxOpSeqSeen());
   {
     absl::MutexLock lock(&state_mu_);
     progress_ = Progress();
@@ -361,7 +431,13 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
       telemetry_.last_error = std::string(status.message());
     }
   }
-  if (!status.ok()) return status;
+  if (!status.ok()) {
+    if (untouched) {
+      status.SetPayload(kUntouchedPayload,
+                        absl::Cord(absl::StrCat(op.fp.op_seq)));
+    }
+    return status;
+  }
   return result;
 }
 

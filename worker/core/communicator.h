@@ -65,7 +65,19 @@ struct CommConfig {
   // it, to make this rank a straggler on purpose (worker flag
   // --test_reduce_delay).
   absl::Duration test_reduce_delay = absl::ZeroDuration();
+  // Sequence number of the first operation. Rings of later generations
+  // continue the numbering of the ring they replace, so that every rank
+  // numbers the same call the same way across membership changes. 0: this
+  // rank is new in a running ring and adopts the number of the first
+  // operation its peers start.
+  uint64_t first_op_seq = 1;
 };
+
+// A failed operation whose status carries this payload never modified the
+// caller's buffer (it failed while the ranks compared fingerprints), so it
+// may be run again, e.g. on the next generation's ring. The payload is the
+// operation's sequence number in decimal.
+inline constexpr char kUntouchedPayload[] = "halka.dev/untouched-op-seq";
 
 struct OpResult {
   uint64_t op_seq = 0;
@@ -74,6 +86,8 @@ struct OpResult {
   uint64_t bytes_received = 0;
   absl::Duration elapsed;
   uint64_t generation = 0;
+  int rank = 0;
+  int world_size = 1;
 };
 
 // The progress ledger: what the current operation is doing right now.
@@ -155,6 +169,17 @@ class Communicator {
   // `status`, e.g. ABORTED when membership changed.
   void Abort(absl::Status status);
   void ClearAbort();
+  // Aborts the running operation only while it has not touched the
+  // caller's buffer (it still compares fingerprints); it then fails with
+  // `status` and kUntouchedPayload. False (and nothing happens) when no
+  // operation runs or it is past that point.
+  bool AbortIfUntouched(absl::Status status);
+
+  // The sequence number the next operation will use.
+  uint64_t next_op_seq();
+  // Carries the counters of the ring this one replaces into this one, so
+  // /metrics counters do not restart at a membership change.
+  void InheritTelemetry(const Communicator& previous);
 
   // Parameter-server shards for Algorithm::kParameterServer; shard k is
   // reached through the transport as rank world_size + k.
@@ -215,6 +240,10 @@ class Communicator {
 
   mutable absl::Mutex state_mu_;
   Progress progress_ ABSL_GUARDED_BY(state_mu_);
+  // The running operation has passed its fingerprints (may touch the
+  // buffer); an untouched-abort was requested before that point.
+  bool touched_ ABSL_GUARDED_BY(state_mu_) = false;
+  absl::Status untouched_abort_ ABSL_GUARDED_BY(state_mu_);
   Telemetry telemetry_ ABSL_GUARDED_BY(state_mu_);
   mutable EdgeWindow window_ ABSL_GUARDED_BY(state_mu_);
   std::vector<PeerInfo> servers_ ABSL_GUARDED_BY(state_mu_);

@@ -1,5 +1,6 @@
 #include "worker/core/transport.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,9 +9,16 @@ namespace halka {
 
 Inbox::Inbox(int max_ranks) : max_ranks_(max_ranks) {}
 
+void Inbox::SetLinkFailureHook(
+    std::function<void(int, const absl::Status&)> hook) {
+  absl::MutexLock lock(&mu_);
+  hook_ = std::move(hook);
+}
+
 void Inbox::Deliver(int from, InFrame frame) {
   absl::MutexLock lock(&mu_);
   if (from < 0 || from >= max_ranks_) return;  // validated by the transport
+  max_seen_ = std::max(max_seen_, frame.meta.op_seq);
   if (frame.meta.kind == FrameKind::kAbort) {
     // Keep the first abort per operation: it names the original cause.
     aborts_.emplace(frame.meta.op_seq, std::move(frame));
@@ -20,8 +28,45 @@ void Inbox::Deliver(int from, InFrame frame) {
 }
 
 void Inbox::LinkFailed(int peer, absl::Status status) {
+  std::function<void(int, const absl::Status&)> hook;
+  {
+    absl::MutexLock lock(&mu_);
+    link_failures_.emplace(peer, status);
+    hook = hook_;
+  }
+  if (hook) hook(peer, status);
+}
+
+uint64_t Inbox::MaxOpSeqSeen() const {
   absl::MutexLock lock(&mu_);
-  link_failures_.emplace(peer, std::move(status));
+  return max_seen_;
+}
+
+absl::StatusOr<uint64_t> Inbox::WaitFirstOpSeq(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!interrupt_.ok() || !aborts_.empty()) return true;
+    for (const auto& [rank, q] : queues_) {
+      if (!q.empty()) return true;
+    }
+    return false;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  if (!interrupt_.ok()) return interrupt_;
+  uint64_t first = 0;
+  for (const auto& [rank, q] : queues_) {
+    for (const InFrame& f : q) {
+      if (first == 0 || f.meta.op_seq < first) first = f.meta.op_seq;
+    }
+  }
+  for (const auto& [seq, f] : aborts_) {
+    if (first == 0 || seq < first) first = seq;
+  }
+  if (first == 0) {
+    return absl::DeadlineExceededError(
+        "no operation of the running ring reached this new member");
+  }
+  return first;
 }
 
 void Inbox::Interrupt(absl::Status status) {

@@ -48,6 +48,11 @@ class Inbox {
   // Frames from ranks outside [0, max_ranks) are dropped (the transport
   // validates ranks before delivery; this is the last line of defence).
   explicit Inbox(int max_ranks = 1 << 16);
+  int max_ranks() const { return max_ranks_; }
+
+  // Called (outside the inbox's lock) for every LinkFailed, e.g. to report
+  // the broken link to the rendezvous. Set before frames flow.
+  void SetLinkFailureHook(std::function<void(int, const absl::Status&)> hook);
 
   // Called by the transport.
   void Deliver(int from, InFrame frame);
@@ -83,6 +88,15 @@ class Inbox {
   // Drops everything queued for operations before `op_seq`.
   void DropBefore(uint64_t op_seq);
 
+  // The highest operation sequence any peer has sent a frame or an abort
+  // for (0: none). A peer at op s has finished (or failed) every op < s.
+  uint64_t MaxOpSeqSeen() const;
+
+  // For a rank that enters a running ring: waits until some peer's frame
+  // arrives and returns the lowest operation sequence queued. Errors:
+  // the interrupt status, DEADLINE_EXCEEDED.
+  absl::StatusOr<uint64_t> WaitFirstOpSeq(absl::Time deadline);
+
  private:
   bool Ready(int from, uint64_t op_seq, absl::Span<const int> watch) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -93,6 +107,8 @@ class Inbox {
   std::map<uint64_t, InFrame> aborts_ ABSL_GUARDED_BY(mu_);  // by op_seq
   std::map<int, absl::Status> link_failures_ ABSL_GUARDED_BY(mu_);
   absl::Status interrupt_ ABSL_GUARDED_BY(mu_);
+  uint64_t max_seen_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void(int, const absl::Status&)> hook_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace halka

@@ -521,11 +521,27 @@ std::vector<std::string> RendezvousState::Sweep(absl::Time now) {
                                            absl::Milliseconds(100)))));
       }
     }
+    const int live = Live(job);
+    bool forget = job.generation > 0 && live == 0 && job.pending.empty();
+    if (!late.empty() && static_cast<int>(late.size()) == live) {
+      // Every member went silent at once: either this rendezvous is cut
+      // off from the job (a partition) or the whole job ended. Changing
+      // the generation would reach nobody, and after a partition it would
+      // break a healthy ring: leave the ring alone, and forget the job only
+      // once the silence has lasted far beyond the heartbeat timeout.
+      absl::Duration newest = absl::InfiniteDuration();
+      for (const Member& m : job.members) {
+        if (m.alive) newest = std::min(newest, now - m.last_heartbeat);
+      }
+      forget = newest > options_.heartbeat_timeout * 10 && job.pending.empty();
+      late.clear();
+    }
     if (!late.empty()) Lose(it->first, job, late, now);
     Advance(it->first, job, now);
-    if (job.generation > 0 && Live(job) == 0 && job.pending.empty()) {
-      events_.push_back(absl::StrCat("job ", it->first,
-                                     ": no member left; forgotten"));
+    if (forget) {
+      events_.push_back(absl::StrCat(
+          "job ", it->first, ": ", live == 0 ? "no member left" :
+          "no member heartbeated for 10 heartbeat timeouts", "; forgotten"));
       it = jobs_.erase(it);
     } else {
       ++it;

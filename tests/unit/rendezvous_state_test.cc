@@ -543,11 +543,22 @@ TEST_F(RendezvousStateTest, MaxJobsLimit) {
   EXPECT_TRUE(state.Join(Args("c", "w0", 2), now_).ok());
 }
 
-TEST_F(RendezvousStateTest, JobDroppedWhenAllMembersSwept) {
+TEST_F(RendezvousStateTest, AllSilentAtOnceIsNotALossButExpires) {
   Form(2);
+  // Everyone silent past the timeout: a partition of the rendezvous (or a
+  // job that ended) changes nothing...
   Advance(absl::Seconds(6));
+  EXPECT_THAT(state_.Sweep(now_), IsEmpty());
+  EXPECT_EQ(state_.Health("j", now_)->generation, 1u);
+  EXPECT_EQ(state_.Health("j", now_)->state, "healthy");
+  // ...and when the partition heals the ring carries on.
+  ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
+  ASSERT_TRUE(state_.Heartbeat("j", "w1", "", now_).ok());
+  // Silence for 10 timeouts forgets the job.
+  Advance(absl::Seconds(51));
   std::vector<std::string> lines = state_.Sweep(now_);
-  EXPECT_THAT(lines, SizeIs(2));
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("forgotten"));
   EXPECT_EQ(state_.Health("j", now_).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_FALSE(state_.GetAssignment("j", "w0").has_value());
@@ -576,10 +587,12 @@ TEST_F(RendezvousStateTest, JobDroppedWhenLastLiveMemberSwept) {
   Form(2);
   ASSERT_TRUE(state_.Leave("j", "w0", now_).ok());
   Advance(absl::Seconds(10));
+  EXPECT_THAT(state_.Sweep(now_), IsEmpty());  // the last one: not a loss
+  Advance(absl::Seconds(41));
   std::vector<std::string> lines = state_.Sweep(now_);
-  ASSERT_THAT(lines, SizeIs(2));  // w1 lost; the job forgotten
-  EXPECT_THAT(lines[0], HasSubstr("w1"));
-  EXPECT_THAT(lines[1], HasSubstr("forgotten"));
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("job j"));
+  EXPECT_THAT(lines[0], HasSubstr("forgotten"));
   EXPECT_EQ(state_.Health("j", now_).status().code(),
             absl::StatusCode::kNotFound);
 }

@@ -195,6 +195,7 @@ absl::StatusOr<OpInfo> Client::RunShm(const v1::RunRequest& req,
 
 absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, void* data, size_t bytes) {
   Impl& im = *impl_;
+  spec.set_issued_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
   if (im.use_shm_ && bytes > 0) {
     v1::RunRequest req;
     *req.mutable_spec() = spec;
@@ -343,6 +344,7 @@ absl::StatusOr<OpInfo> Client::Broadcast(void* data, size_t count, DType dtype,
 }
 
 absl::StatusOr<OpInfo> Client::RunDevice(v1::OpSpec spec, void* device_data) {
+  spec.set_issued_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
   if (!IsLocalAddress(impl_->target_) &&
       impl_->options_.transfer != Transfer::kSharedMemory) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -239,11 +239,9 @@ class WorkerNode::Service final : public v1::Worker::Service {
     reply->set_rank(ring.rank);
     reply->set_world_size(ring.world);
     reply->set_generation(ring.generation);
-    for (const v1::Member& m : node_->latest_.members()) {
-      if (node_->latest_.generation() == ring.generation) {
-        *reply->add_members() = m;
-      }
-    }
+    // The members of the newest generation (which the next operation
+    // runs on), or of the running ring.
+    *reply->mutable_members() = node_->latest_.members();
     if (reply->members().empty()) {
       for (const PeerInfo& p : ring.members) {
         v1::Member* m = reply->add_members();
@@ -256,6 +254,13 @@ class WorkerNode::Service final : public v1::Worker::Service {
     reply->set_device(node_->options_.device);
     reply->set_state(node_->latest_.state());
     reply->set_change(node_->latest_.change());
+    reply->set_membership_generation(node_->latest_.generation());
+    bool in_ring = false;
+    for (const v1::Member& m : node_->latest_.members()) {
+      in_ring |= m.alive() && m.worker_id() == node_->options_.worker_id &&
+                 m.address() == node_->address_;
+    }
+    reply->set_in_ring(in_ring && node_->latest_.state() != "waiting");
     return grpc::Status::OK;
   }
 
@@ -454,7 +459,8 @@ absl::Status WorkerNode::Join() {
     is_joined_ = true;
   }
   OnMembership(reply.membership());
-  absl::StatusOr<std::shared_ptr<Ring>> ring = AcquireRing(0);
+  absl::StatusOr<std::shared_ptr<Ring>> ring =
+      AcquireRing(0, ~uint64_t{0}, absl::InfiniteFuture());
   if (!ring.ok()) return ring.status();
   server_->GetHealthCheckService()->SetServingStatus(true);
   LogInfo(absl::StrCat("joined job ", o.job_id, ": rank ", (*ring)->rank,
@@ -491,19 +497,52 @@ void WorkerNode::OnMembership(const v1::Membership& m) {
         lost_peer |= !alive.count(absl::StrCat(p.worker_id, "@", p.address));
       }
     }
-    if (!member && is_joined_ && m.state() != "forming") rejoin_ = true;
+    if (!member && is_joined_ && m.state() != "forming") {
+      rejoin_ = true;
+      ++epoch_;
+    }
+    for (const v1::Member& x : m.members()) {
+      if (x.worker_id() == options_.worker_id && x.address() == address_ &&
+          x.since_generation() == m.generation()) {
+        admitted_at_ = absl::Now();  // new in this generation
+      }
+    }
   }
   if (before != 0) {
     LogWarning(absl::StrCat("job ", options_.job_id, ": ", m.change(),
                             member ? "" : "; this worker is not in the ring"));
   }
   if (ring == nullptr) return;
-  const absl::Status why =
-      absl::AbortedError(absl::StrCat("job ", options_.job_id, " ", m.change()));
   if (lost_peer || !member) {
-    ring->comm->Abort(why);  // the running operation cannot finish
-  } else {
-    ring->comm->AbortIfUntouched(why);  // it re-runs on the new ring
+    // The running operation cannot finish: fail it now, naming the cause.
+    // (Newcomers alone abort nothing: the ring switches between
+    // operations; see InboxFor for a peer that switched first.)
+    ring->comm->Abort(absl::AbortedError(
+        absl::StrCat("job ", options_.job_id, " ", m.change())));
+  }
+}
+
+void WorkerNode::CatchUp() {
+  uint64_t known;
+  uint64_t seen;
+  {
+    absl::MutexLock lock(&mu_);
+    known = latest_.generation();
+    seen = early_.empty() ? 0 : early_.rbegin()->first;
+  }
+  if (seen <= known) return;
+  // A peer already runs a newer generation than any update this worker
+  // got: ask the rendezvous now instead of waiting for the push.
+  v1::HeartbeatRequest req;
+  req.set_job_id(options_.job_id);
+  req.set_worker_id(options_.worker_id);
+  req.set_incarnation(incarnation_);
+  req.set_generation(known);
+  v1::HeartbeatReply reply;
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::Seconds(2));
+  if (rendezvous_->Heartbeat(&ctx, req, &reply).ok() && reply.has_membership()) {
+    OnMembership(reply.membership());
   }
 }
 
@@ -513,14 +552,25 @@ std::shared_ptr<WorkerNode::Ring> WorkerNode::CurrentRing() const {
 }
 
 absl::StatusOr<std::shared_ptr<WorkerNode::Ring>> WorkerNode::AcquireRing(
-    uint64_t retry_seq) {
+    uint64_t retry_seq, uint64_t epoch, absl::Time issued) {
   std::vector<std::shared_ptr<Ring>> drop;  // destroyed outside the lock
   absl::MutexLock lock(&mu_);
   if (!is_joined_) {
     return absl::FailedPreconditionError("worker has not joined its job yet");
   }
+  auto stale = [&](const Ring& ring) {
+    return ring.adopted && (epoch < ring.epoch || issued < ring.built);
+  };
   const v1::Membership& m = latest_;
-  if (ring_ != nullptr && ring_->generation == m.generation()) return ring_;
+  if (ring_ != nullptr && ring_->generation == m.generation()) {
+    if (stale(*ring_)) {
+      return absl::AbortedError(absl::StrCat(
+          "this call was made before worker ", options_.worker_id,
+          " re-joined the ring of job ", options_.job_id, " (generation ",
+          ring_->generation, "); the ring moved on without it: call again"));
+    }
+    return ring_;
+  }
   if (m.state() == "waiting") {
     return absl::UnavailableError(absl::StrCat(
         "job ", options_.job_id, " is below its minimum of ",
@@ -570,6 +620,21 @@ absl::StatusOr<std::shared_ptr<WorkerNode::Ring>> WorkerNode::AcquireRing(
   } else {
     // New in a ring that already ran operations: take their numbering.
     c.first_op_seq = new_here && others_older ? 0 : 1;
+  }
+  if (new_here && retry_seq > 0) {
+    return absl::AbortedError(absl::StrCat(
+        "worker ", options_.worker_id, " re-joined the ring of job ",
+        options_.job_id, " (generation ", m.generation(),
+        ") while this call ran: call again"));
+  }
+  ring->adopted = c.first_op_seq == 0;
+  ring->epoch = epoch_;
+  ring->built = admitted_at_;
+  if (stale(*ring)) {
+    return absl::AbortedError(absl::StrCat(
+        "this call was made before worker ", options_.worker_id,
+        " re-joined the ring of job ", options_.job_id, " (generation ",
+        m.generation(), "); the ring moved on without it: call again"));
   }
   auto early = early_.find(ring->generation);
   if (early != early_.end()) {
@@ -632,7 +697,17 @@ absl::StatusOr<std::shared_ptr<Inbox>> WorkerNode::InboxFor(
         ", which is at generation ", latest_.generation()));
   }
   std::shared_ptr<Inbox>& inbox = early_[generation];
-  if (inbox == nullptr) inbox = std::make_shared<Inbox>();
+  if (inbox == nullptr) {
+    inbox = std::make_shared<Inbox>();
+    // A peer runs a newer generation: an operation of this one that is
+    // still comparing fingerprints waits for that peer in vain. Stop it
+    // (it re-runs on the new ring); one past that point finishes here.
+    if (ring_ != nullptr) {
+      ring_->comm->AbortIfUntouched(absl::AbortedError(absl::StrCat(
+          "a peer already runs generation ", generation, " of job ",
+          options_.job_id)));
+    }
+  }
   return inbox;
 }
 
@@ -884,6 +959,15 @@ absl::StatusOr<OpResult> WorkerNode::RunOn(Ring& ring, const v1::OpSpec& spec,
 
 absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
                                          OpBuffer& buffer) {
+  uint64_t epoch;
+  {
+    absl::MutexLock lock(&mu_);
+    epoch = epoch_;
+  }
+  const absl::Time issued =
+      spec.issued_unix_ms() > 0
+          ? absl::FromUnixMillis(static_cast<int64_t>(spec.issued_unix_ms()))
+          : absl::InfiniteFuture();
   absl::MutexLock run_lock(&run_mu_);
   const absl::Duration timeout = spec.timeout_ms() > 0
                                      ? absl::Milliseconds(spec.timeout_ms())
@@ -891,7 +975,9 @@ absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
   const absl::Time deadline = absl::Now() + timeout;
   uint64_t retry_seq = 0;
   for (int attempt = 0;; ++attempt) {
-    absl::StatusOr<std::shared_ptr<Ring>> ring = AcquireRing(retry_seq);
+    CatchUp();
+    absl::StatusOr<std::shared_ptr<Ring>> ring =
+        AcquireRing(retry_seq, epoch, issued);
     if (!ring.ok()) return ring.status();
     absl::StatusOr<OpResult> result =
         RunOn(**ring, spec, buffer,

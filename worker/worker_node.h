@@ -113,6 +113,11 @@ class WorkerNode {
     std::shared_ptr<Inbox> inbox;
     std::unique_ptr<GrpcTransport> transport;
     std::unique_ptr<Communicator> comm;
+    // This worker entered the ring new, taking the others' numbering:
+    // calls made before that moment belong to no operation of this ring.
+    bool adopted = false;
+    uint64_t epoch = 0;          // epoch_ when the ring was built
+    absl::Time built;            // when this worker learned it was admitted
     ~Ring();
   };
   struct Report {
@@ -128,12 +133,20 @@ class WorkerNode {
   // aborts the running operation when it cannot finish (a member was lost)
   // or has not started moving data (it is then run again on the new ring).
   void OnMembership(const v1::Membership& m);
+  // Fetches the membership at once when a peer already opened links of a
+  // newer generation than the newest update this worker received.
+  void CatchUp();
   // The ring for the newest membership, built on first use after a change
   // (between operations, never during one). `retry_seq` > 0: the first
   // operation of a new ring re-runs that sequence number. Errors:
   // UNAVAILABLE when the job is below its minimum or this worker is not in
   // the ring (it is joining again).
-  absl::StatusOr<std::shared_ptr<Ring>> AcquireRing(uint64_t retry_seq);
+  // `epoch` and `issued` describe the call (the epoch_ at its arrival,
+  // when its caller issued it); a call older than a ring this worker
+  // re-joined fails with ABORTED.
+  absl::StatusOr<std::shared_ptr<Ring>> AcquireRing(uint64_t retry_seq,
+                                                    uint64_t epoch,
+                                                    absl::Time issued);
   std::shared_ptr<Ring> CurrentRing() const;
   absl::StatusOr<std::shared_ptr<Inbox>> InboxFor(uint64_t generation);
   void OnLinkFailed(uint64_t generation, int peer, const absl::Status& status);
@@ -177,6 +190,10 @@ class WorkerNode {
   std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
   std::vector<PeerInfo> servers_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Bumped whenever this worker learns it is not in the newest ring.
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // When this worker learned it was admitted (new) into the newest ring.
+  absl::Time admitted_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   absl::Mutex run_mu_;  // one operation at a time, across generations
   absl::Mutex servers_mu_;

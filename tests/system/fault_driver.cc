@@ -4,6 +4,11 @@
 // wrong (a result that is not the reduction of one operation of the ring's
 // members) or hang (a call that outlived its deadline by the margin).
 //
+// Before each operation the driver asks every worker (300 ms deadline) which
+// generation it knows, and calls exactly the live members of the newest
+// one, as the training processes of an elastic job would: a worker that is
+// down, restarting or not admitted yet is skipped (a "skip" line).
+//
 // Every slot s contributes, for operation i, an int64 buffer whose element 0
 // is 1 << s and whose element k >= 1 is (i + 1) * (k % 7 + 1). A correct sum
 // therefore carries the set of contributors in element 0 (exactly
@@ -12,10 +17,11 @@
 // contribution or counting one twice is caught.
 //
 // Output, one line per call, then one summary line:
-//   call op=3 slot=2 t_ms=1234 ms=12 outcome=ok gen=2 world=3 rank=1 msg=
+//   call op=3 slot=2 t_ms=<start, Unix ms> ms=12 outcome=ok gen=2 world=3 rank=1 msg=
 //   RESULT ops=200 calls=800 ok=700 error=80 down=20 wrong=0 hang=0
 // Exit status: 0 when wrong == 0 and hang == 0, else 1.
 #include <atomic>
+#include <algorithm>
 #include <bitset>
 #include <cstdint>
 #include <cstdlib>
@@ -23,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -30,12 +37,16 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/grpc_util.h"
+#include "grpcpp/grpcpp.h"
 #include "halka/client.h"
+#include "halka/v1/worker.grpc.pb.h"
 
 ABSL_FLAG(std::string, workers, "",
           "slot=host:port,... (slot in [0, 62]): the workers' API addresses");
@@ -59,6 +70,7 @@ struct Slot {
   int slot = 0;
   std::string address;
   std::unique_ptr<halka::Client> client;
+  std::unique_ptr<halka::v1::Worker::Stub> info;
 };
 
 struct Outcome {
@@ -120,6 +132,14 @@ int main(int argc, char** argv) {
       return 2;
     }
     s.client = std::move(*c);
+    // Reconnect quickly to a worker that restarts (gRPC's default backoff
+    // grows to minutes).
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+    s.info = halka::v1::Worker::NewStub(grpc::CreateCustomChannel(
+        s.address, grpc::InsecureChannelCredentials(), args));
     slots.push_back(std::move(s));
   }
   if (slots.empty()) {
@@ -137,33 +157,113 @@ int main(int argc, char** argv) {
   const absl::Duration hang_after = opt.timeout + absl::GetFlag(FLAGS_margin);
   const absl::Time t0 = absl::Now();
   const std::string stop_file = absl::GetFlag(FLAGS_stop_file);
+
+  // Output and totals: each call prints its own line when it returns (a
+  // call the driver stopped waiting for prints later, marked late=1).
+  absl::Mutex out_mu;
   std::map<std::string, int> totals;
+  struct Call {
+    std::atomic<bool> done{false};
+    absl::Time start;
+  };
+  std::vector<std::shared_ptr<Call>> running(slots.size());
+
+  // Who is in the newest ring: the live members of the newest generation
+  // any worker knows, as that worker lists them. Empty while the job waits
+  // below its minimum.
+  auto snapshot = [&](std::vector<bool>* alive_not_in) {
+    std::vector<halka::v1::InfoReply> infos(slots.size());
+    std::vector<bool> answered(slots.size(), false);
+    std::vector<std::thread> ask;
+    for (size_t j = 0; j < slots.size(); ++j) {
+      ask.emplace_back([&, j] {
+        grpc::ClientContext ctx;
+        halka::SetTimeout(ctx, absl::Milliseconds(300));
+        answered[j] = slots[j].info->GetInfo(&ctx, halka::v1::InfoRequest(),
+                                             &infos[j]).ok();
+      });
+    }
+    for (std::thread& t : ask) t.join();
+    uint64_t newest = 0;
+    for (size_t j = 0; j < slots.size(); ++j) {
+      if (answered[j]) newest = std::max(newest, infos[j].membership_generation());
+    }
+    std::set<std::string> in_newest;
+    for (size_t j = 0; j < slots.size(); ++j) {
+      if (!answered[j] || infos[j].membership_generation() != newest) continue;
+      for (const halka::v1::Member& m : infos[j].members()) {
+        if (m.alive()) in_newest.insert(m.address());
+      }
+      if (infos[j].state() == "waiting") in_newest.clear();
+      break;
+    }
+    if (alive_not_in != nullptr) {
+      alive_not_in->assign(slots.size(), false);
+      for (size_t j = 0; j < slots.size(); ++j) {
+        (*alive_not_in)[j] = answered[j] && !in_newest.count(slots[j].address);
+      }
+    }
+    return in_newest;
+  };
+
   int ops = 0;
   for (int i = 0; i < absl::GetFlag(FLAGS_ops); ++i) {
     if (absl::Now() - t0 > absl::GetFlag(FLAGS_limit)) break;
     if (!stop_file.empty() && access(stop_file.c_str(), F_OK) == 0) break;
-    ++ops;
-    std::vector<Outcome> out(slots.size());
-    std::vector<std::thread> threads;
-    std::atomic<int> done{0};
+    std::vector<bool> joining;
+    std::set<std::string> in_newest = snapshot(&joining);
+    // A worker that is up but not in the ring is being admitted (or joins
+    // again): give it up to 2 s, as an elastic job's newcomer would be
+    // waited for at a step boundary.
+    for (int w = 0; w < 20 && std::count(joining.begin(), joining.end(), true);
+         ++w) {
+      absl::SleepFor(absl::Milliseconds(100));
+      in_newest = snapshot(&joining);
+    }
+    std::vector<size_t> members;
     for (size_t j = 0; j < slots.size(); ++j) {
-      threads.emplace_back([&, j] {
-        Slot& s = slots[j];
+      const bool busy = running[j] != nullptr && !running[j]->done.load();
+      // A listed member that did not answer (its process just restarted,
+      // the channel is still reconnecting) is called all the same.
+      if (in_newest.count(slots[j].address) && !busy) {
+        members.push_back(j);
+      } else {
+        absl::MutexLock lock(&out_mu);
+        ++totals["skip"];
+        std::cout << "skip op=" << i << " slot=" << slots[j].slot
+                  << (busy ? " busy" : in_newest.empty() ? " no-ring"
+                                                         : " not-in-ring")
+                  << "\n";
+      }
+    }
+    if (members.empty()) {
+      --i;  // nobody to run it on yet
+      absl::SleepFor(absl::Milliseconds(100));
+      continue;
+    }
+    ++ops;
+    std::vector<std::shared_ptr<Call>> calls;
+    for (size_t j : members) {
+      auto call = std::make_shared<Call>();
+      call->start = absl::Now();
+      running[j] = call;
+      calls.push_back(call);
+      Slot* slot = &slots[j];
+      std::thread([&, call, slot, i] {
         std::vector<int64_t> data(count);
-        data[0] = int64_t{1} << s.slot;
+        data[0] = int64_t{1} << slot->slot;
         for (size_t k = 1; k < count; ++k) {
           data[k] = static_cast<int64_t>(i + 1) *
                     static_cast<int64_t>(k % 7 + 1);
         }
-        const absl::Time start = absl::Now();
-        absl::StatusOr<halka::OpInfo> r = s.client->AllReduce(
+        absl::StatusOr<halka::OpInfo> r = slot->client->AllReduce(
             absl::MakeSpan(data), halka::ReduceOp::kSum, opt);
-        Outcome& o = out[j];
-        o.t_ms = absl::ToDoubleMilliseconds(start - t0);
-        o.ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+        Outcome o;
+        o.t_ms = static_cast<double>(absl::ToUnixMillis(call->start));
+        o.ms = absl::ToDoubleMilliseconds(absl::Now() - call->start);
         if (r.ok()) {
           o.info = *r;
-          o.msg = Check(data, i, s.slot, r->world_size);
+          o.msg = Check(data, i, slot->slot, r->world_size);
           o.kind = o.msg.empty() ? "ok" : "wrong";
         } else {
           o.msg = std::string(r.status().message());
@@ -179,42 +279,77 @@ int main(int argc, char** argv) {
                                ": ", o.msg);
         }
         if (absl::Milliseconds(o.ms) > hang_after) o.kind = "hang";
-        done.fetch_add(1);
-      });
+        {
+          absl::MutexLock lock(&out_mu);
+          ++totals[o.kind];
+          std::cout << "call op=" << i << " slot=" << slot->slot
+                    << " t_ms=" << static_cast<int64_t>(o.t_ms)
+                    << " ms=" << static_cast<int64_t>(o.ms)
+                    << " outcome=" << o.kind << " gen=" << o.info.generation
+                    << " world=" << o.info.world_size
+                    << " rank=" << o.info.rank << " msg=" << OneLine(o.msg)
+                    << std::endl;
+        }
+        call->done.store(true);
+      }).detach();
     }
-    // A call that never returns would block the join below forever: give
-    // up loudly instead.
-    const absl::Time watchdog = absl::Now() + hang_after + absl::Seconds(30);
-    while (done.load() < static_cast<int>(slots.size())) {
-      if (absl::Now() > watchdog) {
-        std::cout << "RESULT ops=" << ops << " HANG: a call did not return "
-                  << "within " << absl::FormatDuration(hang_after +
-                                                       absl::Seconds(30))
-                  << std::endl;
-        std::_Exit(1);
+    // Wait for this operation's calls; stop waiting for a call whose
+    // worker left the ring (frozen, cut off): the others go on without it,
+    // as the survivors of an elastic job do.
+    for (;;) {
+      bool all = true;
+      for (const auto& c : calls) all &= c->done.load();
+      if (all) break;
+      absl::SleepFor(absl::Milliseconds(50));
+      std::set<std::string> now_in;
+      bool left = false;
+      if (absl::Now() - calls[0]->start > absl::Milliseconds(500)) {
+        now_in = snapshot(nullptr);
+        for (size_t k = 0; k < members.size(); ++k) {
+          if (!calls[k]->done.load() &&
+              !now_in.count(slots[members[k]].address)) {
+            left = true;
+          }
+        }
       }
-      absl::SleepFor(absl::Milliseconds(5));
+      bool others_done = true;
+      for (size_t k = 0; k < members.size(); ++k) {
+        if (!calls[k]->done.load() &&
+            now_in.count(slots[members[k]].address)) {
+          others_done = false;
+        }
+      }
+      if (left && others_done) break;
     }
-    for (std::thread& t : threads) t.join();
-    for (size_t j = 0; j < slots.size(); ++j) {
-      const Outcome& o = out[j];
-      ++totals[o.kind];
-      std::cout << "call op=" << i << " slot=" << slots[j].slot
-                << " t_ms=" << static_cast<int64_t>(o.t_ms)
-                << " ms=" << static_cast<int64_t>(o.ms)
-                << " outcome=" << o.kind << " gen=" << o.info.generation
-                << " world=" << o.info.world_size
-                << " rank=" << o.info.rank << " msg=" << OneLine(o.msg)
-                << "\n";
-    }
-    std::cout.flush();
     absl::SleepFor(absl::GetFlag(FLAGS_pause));
   }
+  // Calls still running: wait for them up to the hang bound.
+  for (size_t j = 0; j < slots.size(); ++j) {
+    if (running[j] == nullptr) continue;
+    while (!running[j]->done.load() &&
+           absl::Now() - running[j]->start < hang_after) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    if (!running[j]->done.load()) {
+      absl::MutexLock lock(&out_mu);
+      ++totals["hang"];
+      std::cout << "call op=-1 slot=" << slots[j].slot << " t_ms="
+                << absl::ToUnixMillis(running[j]->start) << " ms="
+                << absl::ToInt64Milliseconds(absl::Now() - running[j]->start)
+                << " outcome=hang gen=0 world=0 rank=0 msg=never returned"
+                << std::endl;
+    }
+  }
+  absl::MutexLock lock(&out_mu);
   int calls = 0;
-  for (const auto& [k, n] : totals) calls += n;
+  for (const auto& [k, n] : totals) calls += k == "skip" ? 0 : n;
   std::cout << "RESULT ops=" << ops << " calls=" << calls
             << " ok=" << totals["ok"] << " error=" << totals["error"]
             << " down=" << totals["down"] << " wrong=" << totals["wrong"]
-            << " hang=" << totals["hang"] << std::endl;
-  return totals["wrong"] == 0 && totals["hang"] == 0 ? 0 : 1;
+            << " hang=" << totals["hang"] << " skipped=" << totals["skip"]
+            << std::endl;
+  const bool good = totals["wrong"] == 0 && totals["hang"] == 0;
+  std::cout.flush();
+  // Detached calls may still hold the clients: leave without destructors.
+  std::_Exit(good ? 0 : 1);
 }

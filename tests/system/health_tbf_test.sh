@@ -16,12 +16,11 @@ set -u -o pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=tests/system/lib.sh
 source "$HERE/lib.sh"
+# shellcheck source=tests/system/netns.sh
+source "$HERE/netns.sh"
 sys_binaries "${1:-}"
 
 skip() { echo "SKIP: needs root, ip netns, veth, bridge and tc tbf ($*)"; exit 77; }
-(( EUID == 0 )) || skip "not root"
-command -v ip >/dev/null 2>&1 || skip "no ip command"
-command -v tc >/dev/null 2>&1 || skip "no tc command"
 command -v python3 >/dev/null 2>&1 || { echo "FAIL: python3 needed to check --json"; exit 1; }
 
 
@@ -32,85 +31,19 @@ COUNT=$(( 8 * 1024 * 1024 / 4 ))   # float32: 8 MiB per rank
 REPEAT=4
 JOB="health-tbf-$$"
 P="ht$$-"                  # unique per run; interface names stay short
-SW="${P}sw"
 NET=198.19.7
 ADDR_RDV=$NET.2
 RDV_PORT=7100
 addr_worker() { echo "$NET.$(( 10 + $1 ))"; }
-NETNS_MADE=()
-
-# ------------------------------------------------------------ cleanup
-
-kill_mine() {  # every process group this test started, by recorded PID
-  local name pid i any
-  for name in "${SYS_NAMES[@]}"; do
-    pid=${SYS_PID[$name]}
-    pid_alive "$pid" && { kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null; }
-  done
-  for i in $(seq 1 100); do
-    any=0
-    for name in "${SYS_NAMES[@]}"; do pid_alive "${SYS_PID[$name]}" && any=1; done
-    (( any )) || break
-    sleep 0.02
-  done
-  for name in "${SYS_NAMES[@]}"; do
-    pid=${SYS_PID[$name]}
-    pid_alive "$pid" && { kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null; }
-  done
-}
-del_netns() {
-  local ns i
-  for ns in "${NETNS_MADE[@]}"; do
-    for i in 1 2 3 4 5; do
-      ip netns del "$ns" 2>/dev/null
-      ip netns list 2>/dev/null | grep -qw -- "$ns" || break
-      sleep 0.2
-    done
-    ip netns list 2>/dev/null | grep -qw -- "$ns" && echo "cleanup: could not remove netns $ns" >&2
-  done
-  NETNS_MADE=()
-}
-cleanup_all() {
-  local rc=$?
-  trap - EXIT INT TERM
-  kill_mine
-  del_netns
-  (exit "$rc"); cleanup   # lib.sh: logs, exit status
-}
-sys_init
-trap cleanup_all EXIT
-trap 'SYS_FAILED=1; echo "interrupted" >&2; exit 130' INT TERM
 
 # ------------------------------------------------------------ network
 
-probe="${P}probe"
-ip netns add "$probe" >/dev/null 2>&1 || skip "'ip netns add' failed"
-ip netns del "$probe" >/dev/null 2>&1
-
-ip netns add "$SW" || skip "cannot create namespace $SW"
-NETNS_MADE+=("$SW")
-ip netns exec "$SW" sysctl -qw net.bridge.bridge-nf-call-iptables=0 \
-  net.bridge.bridge-nf-call-ip6tables=0 net.bridge.bridge-nf-call-arptables=0 \
-  >/dev/null 2>&1 || true
-ip -n "$SW" link add name br0 type bridge || skip "cannot create a bridge"
-ip -n "$SW" link set dev br0 type bridge stp_state 0 forward_delay 0 2>/dev/null || true
-ip -n "$SW" link set dev br0 up || fail "cannot bring the bridge up"
-ip -n "$SW" link set dev lo up 2>/dev/null || true
-
-add_host() {  # add_host SHORT ADDR : namespace ${P}SHORT, eth0=ADDR/24 on br0
-  local addr=$2 ns="${P}$1" hv="h$1"
-  ip netns add "$ns" || return 1
-  NETNS_MADE+=("$ns")
-  ip -n "$SW" link add "$hv" type veth peer name eth0 netns "$ns" || return 1
-  ip -n "$SW" link set "$hv" master br0 || return 1
-  ip -n "$SW" link set "$hv" up || return 1
-  ip -n "$ns" addr add "$addr/24" dev eth0 || return 1
-  ip -n "$ns" link set eth0 up || return 1
-  ip -n "$ns" link set lo up || return 1
-}
-add_host r "$ADDR_RDV" || skip "cannot build host ${P}r (veth into a namespace)"
+sys_init
+netns_switch
+command -v tc >/dev/null 2>&1 || skip "no tc command"
+netns_add_host r "$ADDR_RDV" || skip "cannot build host ${P}r (veth into a namespace)"
 for (( r = 0; r < G; ++r )); do
-  add_host "w$r" "$(addr_worker $r)" || fail "cannot build host ${P}w$r"
+  netns_add_host "w$r" "$(addr_worker $r)" || fail "cannot build host ${P}w$r"
 done
 ip netns exec "${P}w$SLOW" tc qdisc replace dev eth0 root tbf rate "$RATE" \
   burst 32kb latency 400ms || skip "tc tbf does not work here"

@@ -320,7 +320,8 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
   } else if (op.fp.op_seq == 0) {
     op.fp.op_seq = 1;
   }
-  next_op_seq_ = op.fp.op_seq + 1;
+  // A rank that could not adopt a number stays ready to adopt one.
+  next_op_seq_ = op.fp.op_seq == 0 ? 0 : op.fp.op_seq + 1;
   {
     absl::MutexLock lock(&state_mu_);
     progress_.op = op.fp.ToString();
@@ -365,10 +366,10 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
   }
   if (!status.ok() && g > 1) SendAbort(op, status, op.abort_from);
   // On success the last frames are on their way to a live successor; on
-  // failure nobody will read them, so give the wire a moment, not a
-  // deadline.
-  WaitForReleases(op, -1,
-                  status.ok() ? op.deadline : absl::Now() + absl::Seconds(1));
+  // failure nobody will read them, so give the wire a moment (for the
+  // ABORT frames to healthy peers), not a deadline.
+  WaitForReleases(op, -1, status.ok() ? op.deadline
+                                      : absl::Now() + absl::Milliseconds(250));
 
   OpResult result;
   result.op_seq = op.fp.op_seq;
@@ -432,7 +433,12 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
     }
   }
   if (!status.ok()) {
-    if (untouched) {
+    bool retryable;
+    {
+      absl::MutexLock lock(&state_mu_);
+      retryable = untouched && !untouched_abort_.ok();
+    }
+    if (retryable) {
       status.SetPayload(kUntouchedPayload,
                         absl::Cord(absl::StrCat(op.fp.op_seq)));
     }

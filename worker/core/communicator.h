@@ -73,10 +73,10 @@ struct CommConfig {
   uint64_t first_op_seq = 1;
 };
 
-// A failed operation whose status carries this payload never modified the
-// caller's buffer (it failed while the ranks compared fingerprints), so it
-// may be run again, e.g. on the next generation's ring. The payload is the
-// operation's sequence number in decimal.
+// A failed operation whose status carries this payload was stopped by
+// AbortIfUntouched before it modified the caller's buffer (the ranks were
+// still comparing fingerprints), so it may be run again on the next
+// generation's ring. The payload is the operation's sequence number.
 inline constexpr char kUntouchedPayload[] = "halka.dev/untouched-op-seq";
 
 struct OpResult {

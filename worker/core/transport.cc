@@ -44,29 +44,27 @@ uint64_t Inbox::MaxOpSeqSeen() const {
 
 absl::StatusOr<uint64_t> Inbox::WaitFirstOpSeq(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!interrupt_.ok() || !aborts_.empty()) return true;
+  // The newest operation any peer has sent frames for and nobody aborted:
+  // older frames belong to operations the ring already finished or failed.
+  auto running = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> uint64_t {
+    uint64_t newest = 0;
     for (const auto& [rank, q] : queues_) {
-      if (!q.empty()) return true;
+      for (const InFrame& f : q) newest = std::max(newest, f.meta.op_seq);
     }
-    return false;
+    if (newest == 0 || aborts_.lower_bound(newest) != aborts_.end()) return 0;
+    return newest;
+  };
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !interrupt_.ok() || running() != 0;
   };
   mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
   if (!interrupt_.ok()) return interrupt_;
-  uint64_t first = 0;
-  for (const auto& [rank, q] : queues_) {
-    for (const InFrame& f : q) {
-      if (first == 0 || f.meta.op_seq < first) first = f.meta.op_seq;
-    }
-  }
-  for (const auto& [seq, f] : aborts_) {
-    if (first == 0 || seq < first) first = seq;
-  }
-  if (first == 0) {
+  const uint64_t seq = running();
+  if (seq == 0) {
     return absl::DeadlineExceededError(
         "no operation of the running ring reached this new member");
   }
-  return first;
+  return seq;
 }
 
 void Inbox::Interrupt(absl::Status status) {

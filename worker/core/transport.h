@@ -92,9 +92,10 @@ class Inbox {
   // for (0: none). A peer at op s has finished (or failed) every op < s.
   uint64_t MaxOpSeqSeen() const;
 
-  // For a rank that enters a running ring: waits until some peer's frame
-  // arrives and returns the lowest operation sequence queued. Errors:
-  // the interrupt status, DEADLINE_EXCEEDED.
+  // For a rank that enters a running ring: waits until a peer's frame of
+  // an operation that nobody aborted arrives and returns the newest such
+  // operation's sequence number. Errors: the interrupt status,
+  // DEADLINE_EXCEEDED.
   absl::StatusOr<uint64_t> WaitFirstOpSeq(absl::Time deadline);
 
  private:

@@ -1,0 +1,357 @@
+#!/usr/bin/env bash
+# faults_test.sh BUILD_DIR [--full] [SCENARIO...] — fault injection on real
+# processes in network namespaces (198.18.77.0/24 on one bridge): a
+# rendezvous, 4 workers and a driver host, each a namespace of its own.
+#
+# halka-fault-driver runs all-reduces on every worker, one operation at a
+# time (int64 sums whose result proves which ranks and which operation it
+# came from), while a fault is injected; fault_report.py then checks:
+# no wrong result, no hang; every survivor call in flight at the fault
+# returned within the bound (heartbeat timeout + interval + 1.5 s) with an
+# error naming the lost peer; an operation on the smaller ring succeeded;
+# after the fault is lifted, an operation on all 4 ranks succeeded.
+#
+# Scenarios (all by default; name some to run only those):
+#   sigkill     SIGKILL a worker mid all-reduce (elastic 2..4), restart it
+#   sigstop     SIGSTOP a worker for 4 s, then SIGCONT
+#   linkdown    `ip link set eth0 down` on a worker for 4 s, then up
+#   loss        iptables statistic: drop 15% of one worker's packets
+#   tbf         one worker's egress throttled to 20mbit with tc tbf: slow
+#               but correct, then short deadlines: clear DEADLINE errors
+#   partition   the rendezvous cut off from every worker for 4 s: the ring
+#               goes on, no operation fails
+#   rdvrestart  SIGKILL the rendezvous mid-run and start a new one: the
+#               workers re-register, the job goes on at its generation
+#   chaos       200 all-reduces (1000 with --full) while random workers are
+#               SIGKILLed and restarted; prints the counts
+#
+# Exit: 0 pass, 1 fail, 77 skip (not root, no netns/veth/bridge).
+set -u -o pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=tests/system/lib.sh
+source "$HERE/lib.sh"
+# shellcheck source=tests/system/netns.sh
+source "$HERE/netns.sh"
+sys_binaries "${1:-}"
+shift || true
+FULL=0
+SCENARIOS=()
+for a in "$@"; do
+  case "$a" in
+    --full) FULL=1 ;;
+    *) SCENARIOS+=("$a") ;;
+  esac
+done
+(( ${#SCENARIOS[@]} )) || SCENARIOS=(sigkill sigstop linkdown loss tbf partition rdvrestart chaos)
+DRIVER=$BUILD/tests/halka-fault-driver
+REPORT=$HERE/fault_report.py
+[[ -x "$DRIVER" ]] || { echo "FAIL: missing $DRIVER"; exit 1; }
+command -v python3 >/dev/null 2>&1 || { echo "FAIL: python3 is needed"; exit 1; }
+
+G=4
+P="ft$$-"
+NET=198.18.77
+ADDR_RDV=$NET.2
+ADDR_DRV=$NET.3
+RDV="$ADDR_RDV:7100"
+addr_worker() { echo "$NET.$(( 10 + $1 ))"; }
+HB=300ms
+HB_TIMEOUT=1500ms
+BOUND_MS=$(( 1500 + 300 + 1500 ))   # detection bound: timeout + interval + 1.5 s
+RESULTS=()
+
+sys_init
+netns_switch
+command -v tc >/dev/null 2>&1 || netns_skip "no tc command"
+netns_add_host r "$ADDR_RDV" || netns_skip "cannot build host ${P}r (veth into a namespace)"
+netns_add_host d "$ADDR_DRV" || fail "cannot build host ${P}d"
+for (( r = 0; r < G; ++r )); do
+  netns_add_host "w$r" "$(addr_worker "$r")" || fail "cannot build host ${P}w$r"
+done
+log "hosts on br0 in $SW: rendezvous $ADDR_RDV, driver $ADDR_DRV, workers $(addr_worker 0)..$(addr_worker $(( G - 1 ))); logs in $SYS_LOG"
+
+now_ms() { date +%s%3N; }
+SEQ=0
+declare -a WNAME
+RNAME=""
+JOB=""
+MODE_FLAGS=()
+
+start_rdv() {
+  SEQ=$(( SEQ + 1 ))
+  RNAME="rdv.$SEQ"
+  start_daemon "$RNAME" ip netns exec "${P}r" "$RDV_BIN" --listen="$RDV" \
+    --heartbeat_interval=$HB --heartbeat_timeout=$HB_TIMEOUT --elastic_settle=300ms
+  wait_for_line "$RNAME" "^halka-rendezvous listening on " 15
+}
+
+start_worker() {  # start_worker R
+  local r=$1
+  SEQ=$(( SEQ + 1 ))
+  WNAME[r]="w$r.$SEQ"
+  start_daemon "${WNAME[r]}" ip netns exec "${P}w$r" "$WORKER_BIN" --rendezvous="$RDV" \
+    --job="$JOB" --worker_id="w$r" --listen="$(addr_worker "$r"):7000" \
+    --op_timeout=10s --join_timeout=60s "${MODE_FLAGS[@]}"
+}
+
+wait_joined() {  # wait_joined R
+  wait_for_line "${WNAME[$1]}" "joined job $JOB: rank " 30 "$SYS_LOG/${WNAME[$1]}.err"
+}
+
+# new_job NAME elastic|fixed : a fresh rendezvous and 4 workers
+new_job() {
+  JOB="ft-$1-$$"
+  if [[ "$2" == elastic ]]; then
+    MODE_FLAGS=(--min_world_size=2 --max_world_size=$G)
+  else
+    MODE_FLAGS=(--world_size=$G)
+  fi
+  start_rdv
+  for (( r = 0; r < G; ++r )); do start_worker "$r"; done
+  for (( r = 0; r < G; ++r )); do wait_joined "$r"; done
+  log "[$1] job $JOB ($2) formed"
+}
+
+end_job() {  # stops this scenario's daemons (clean TERM)
+  local name pid
+  for name in "$RNAME" "${WNAME[@]}"; do
+    pid=${SYS_PID[$name]:-}
+    [[ -n "$pid" ]] || continue
+    kill -CONT "$pid" 2>/dev/null
+    pid_alive "$pid" && kill -TERM "$pid" 2>/dev/null
+  done
+  for name in "$RNAME" "${WNAME[@]}"; do
+    [[ -n "${SYS_PID[$name]:-}" ]] && wait_exit "$name" 5 >/dev/null 2>&1
+  done
+}
+
+DNAME=""
+start_driver() {  # start_driver OPS COUNT [FLAG...]
+  local ops=$1 count=$2 workers="" r
+  shift 2
+  for (( r = 0; r < G; ++r )); do workers+="$r=$(addr_worker "$r"):7000,"; done
+  SEQ=$(( SEQ + 1 ))
+  DNAME="drv.$SEQ"
+  run_bg "$DNAME" ip netns exec "${P}d" timeout --foreground -s KILL 900 "$DRIVER" \
+    --workers="$workers" --ops="$ops" --count="$count" --timeout=5s \
+    --stop_file="$SYS_LOG/$DNAME.stop" --limit=10m "$@"
+}
+
+stop_driver() {
+  touch "$SYS_LOG/$DNAME.stop"
+  wait_bg 120 "$DNAME"
+  local rc
+  rc=$(bg_rc "$DNAME")
+  [[ "$rc" == 0 ]] || log "driver exited $rc: $(tail -n 3 "$SYS_LOG/$DNAME.out")"
+  grep '^RESULT' "$SYS_LOG/$DNAME.out" | tail -n 1
+}
+
+# wait_ready SINCE_MS WORLD NEED TIMEOUT_S : NEED ops correct on WORLD ranks
+wait_ready() {
+  local since=$1 world=$2 need=$3 t=$4 deadline
+  deadline=$(( $(now_ns) + t * 1000000000 ))
+  until python3 "$REPORT" ready "$SYS_LOG/$DNAME.out" --since "$since" \
+      --world "$world" --need "$need"; do
+    if [[ -f "$SYS_LOG/$DNAME.rc" ]]; then
+      log "driver ended early: $(tail -n 3 "$SYS_LOG/$DNAME.out")"
+      return 1
+    fi
+    (( $(now_ns) > deadline )) && { log "not $need ops on $world ranks within ${t}s"; return 1; }
+    sleep 0.1
+  done
+}
+
+check() {  # check ARGS... : fault_report.py check on this driver's output
+  local out rc
+  out=$(python3 "$REPORT" check "$SYS_LOG/$DNAME.out" --slots $G "$@")
+  rc=$?
+  printf '%s\n' "$out"
+  RESULTS+=("$(head -n 1 <<<"$out")")
+  (( rc == 0 )) || { SYS_FAILED=1; log "scenario failed: $(tail -n +2 <<<"$out")"; }
+}
+
+# ------------------------------------------------------------ scenarios
+
+# A worker that dies (or freezes, or drops off the network) in the middle
+# of a 16 MiB ring all-reduce, then comes back.
+#   lose_and_heal NAME VICTIM_RANK INJECT_CMD HEAL_CMD HOLD_S
+lose_and_heal() {
+  local name=$1 v=$2 inject=$3 heal=$4 hold=$5 t_fault t_heal
+  new_job "$name" elastic
+  start_driver 100000 $(( 2 * 1024 * 1024 )) --algorithm=ring
+  wait_ready 0 $G 3 60 || fail "[$name] no correct operations before the fault"
+  t_fault=$(now_ms)
+  eval "$inject"
+  log "[$name] injected on w$v: $inject"
+  # Hold the fault for HOLD_S: the survivors go on as a ring of G-1.
+  while (( $(now_ms) - t_fault < hold * 1000 )); do sleep 0.1; done
+  t_heal=$(now_ms)
+  eval "$heal"
+  log "[$name] healed: $heal"
+  wait_ready "$t_heal" $G 2 60 || log "[$name] w$v did not come back into the ring"
+  stop_driver >/dev/null
+  check --name "$name" --fault "$t_fault" --victim "w$v" --victim-slot "$v" \
+    --bound $BOUND_MS --world-after $(( G - 1 )) --heal "$t_heal"
+  end_job
+}
+
+scenario_sigkill() {
+  lose_and_heal sigkill 2 'kill -KILL "${SYS_PID[${WNAME[2]}]}"' \
+    'start_worker 2; wait_joined 2' 3
+}
+
+scenario_sigstop() {
+  lose_and_heal sigstop 1 'kill -STOP "${SYS_PID[${WNAME[1]}]}"' \
+    'kill -CONT "${SYS_PID[${WNAME[1]}]}"' 6
+}
+
+scenario_linkdown() {
+  lose_and_heal linkdown 3 'ip -n "${P}w3" link set eth0 down' \
+    'ip -n "${P}w3" link set eth0 up' 6
+}
+
+scenario_loss() {
+  local ipt t0
+  ipt=$(sys_require_package iptables 300 iptables) || return 0
+  new_job loss fixed
+  start_driver 6 $(( 128 * 1024 ))
+  wait_bg 120 "$DNAME"
+  cp "$SYS_LOG/$DNAME.out" "$SYS_LOG/loss.baseline"
+  check --name "loss-baseline" --max-errors 0
+  for chain in INPUT OUTPUT; do
+    ip netns exec "${P}w1" "$ipt" -A "$chain" -m statistic --mode random \
+      --probability 0.15 -j DROP || fail "[loss] iptables statistic failed"
+  done
+  log "[loss] w1 drops 15% of its packets both ways"
+  t0=$(now_ms)
+  start_driver 6 $(( 128 * 1024 ))
+  wait_bg 240 "$DNAME"
+  for chain in INPUT OUTPUT; do ip netns exec "${P}w1" "$ipt" -F "$chain"; done
+  log "[loss] 6 ops in $(( $(now_ms) - t0 )) ms under 15% loss"
+  check --name "loss-15%"
+  end_job
+}
+
+scenario_tbf() {
+  new_job tbf fixed
+  ip netns exec "${P}w2" tc qdisc replace dev eth0 root tbf rate 20mbit \
+    burst 32kb latency 400ms || { log "[tbf] tc tbf does not work here: skipped"; end_job; return 0; }
+  start_driver 3 $(( 256 * 1024 ))
+  wait_bg 240 "$DNAME"
+  check --name "tbf-20mbit-slow-but-correct" --max-errors 0
+  start_driver 2 $(( 2 * 1024 * 1024 )) --timeout=2s
+  wait_bg 240 "$DNAME"
+  check --name "tbf-20mbit-deadline-2s" --deadline-names w2
+  ip netns exec "${P}w2" tc qdisc del dev eth0 root 2>/dev/null
+  end_job
+}
+
+scenario_partition() {
+  local ipt t_fault t_heal gen_before
+  ipt=$(sys_require_package iptables 300 iptables) || return 0
+  new_job partition elastic
+  start_driver 100000 $(( 2 * 1024 * 1024 )) --algorithm=ring
+  wait_ready 0 $G 3 60 || fail "[partition] no correct operations before"
+  t_fault=$(now_ms)
+  for chain in INPUT OUTPUT; do ip netns exec "${P}r" "$ipt" -A "$chain" -j DROP; done
+  log "[partition] the rendezvous is cut off from every worker"
+  sleep 4
+  for chain in INPUT OUTPUT; do ip netns exec "${P}r" "$ipt" -F "$chain"; done
+  t_heal=$(now_ms)
+  log "[partition] healed after $(( t_heal - t_fault )) ms"
+  wait_ready "$t_heal" $G 3 30 || log "[partition] no operations after the heal"
+  stop_driver >/dev/null
+  # Operations during the partition: all correct, on the same generation.
+  python3 "$REPORT" ready "$SYS_LOG/$DNAME.out" --since "$t_fault" --world $G --need 3 ||
+    { SYS_FAILED=1; log "[partition] fewer than 3 operations succeeded across the partition"; }
+  check --name "partition-rendezvous-4s" --max-errors 0
+  gens=$(grep -o 'outcome=ok gen=[0-9]*' "$SYS_LOG/$DNAME.out" | sort -u | wc -l)
+  assert_eq "$gens" 1 "[partition] generations seen by successful operations"
+  end_job
+}
+
+scenario_rdvrestart() {
+  local t_fault t_heal
+  new_job rdvrestart elastic
+  start_driver 100000 $(( 1024 * 1024 )) --algorithm=ring
+  wait_ready 0 $G 3 60 || fail "[rdvrestart] no correct operations before"
+  t_fault=$(now_ms)
+  kill -KILL "${SYS_PID[$RNAME]}"
+  log "[rdvrestart] rendezvous SIGKILLed"
+  sleep 1
+  start_rdv
+  t_heal=$(now_ms)
+  log "[rdvrestart] a new rendezvous listens"
+  wait_ready "$t_heal" $G 3 30 || log "[rdvrestart] no operations after the restart"
+  # The workers re-register with their ring: the job is back, same members.
+  local deadline=$(( $(now_ns) + 15 * 1000000000 )) h=""
+  while :; do
+    h=$(ip netns exec "${P}r" timeout --foreground -s KILL 10 "$CTL_BIN" health \
+          --rendezvous="$RDV" --job="$JOB" 2>&1) && grep -q "generation" <<<"$h" && break
+    (( $(now_ns) > deadline )) && break
+    sleep 0.2
+  done
+  log "[rdvrestart] health after the restart: $(grep -m1 -i 'generation' <<<"$h")"
+  grep -q "restored" "$SYS_LOG/$RNAME.err" ||
+    { SYS_FAILED=1; log "[rdvrestart] the new rendezvous did not restore the job"; }
+  stop_driver >/dev/null
+  check --name "rendezvous-restart" --max-errors 0
+  end_job
+}
+
+scenario_chaos() {
+  local ops=200 count=$(( 64 * 1024 )) r victim t_end down=() alive
+  (( FULL )) && { ops=1000; count=$(( 1024 * 1024 )); }
+  new_job chaos elastic
+  start_driver "$ops" "$count"
+  local kills=0 restarts=0 deadline=$(( $(now_ns) + 600 * 1000000000 ))
+  declare -A dead_since=()
+  while [[ ! -f "$SYS_LOG/$DNAME.rc" ]] && (( $(now_ns) < deadline )); do
+    sleep "0.$(( RANDOM % 7 + 3 ))"
+    # Restart the ones that have been down for a second or more.
+    for r in "${!dead_since[@]}"; do
+      if (( $(now_ms) - dead_since[$r] > 1000 + RANDOM % 1000 )); then
+        start_worker "$r"; restarts=$(( restarts + 1 )); unset "dead_since[$r]"
+      fi
+    done
+    alive=$(( G - ${#dead_since[@]} ))
+    if (( alive > 2 && RANDOM % 3 == 0 )); then
+      victim=$(( RANDOM % G ))
+      [[ -n "${dead_since[$victim]:-}" ]] && continue
+      kill -KILL "${SYS_PID[${WNAME[victim]}]}" 2>/dev/null
+      dead_since[$victim]=$(now_ms)
+      kills=$(( kills + 1 ))
+    fi
+  done
+  for r in "${!dead_since[@]}"; do start_worker "$r"; restarts=$(( restarts + 1 )); done
+  wait_bg 120 "$DNAME"
+  local chaos_log="$SYS_LOG/$DNAME.out"
+  log "[chaos] $kills SIGKILLs, $restarts restarts during $(grep -c '^call' "$SYS_LOG/$DNAME.out") calls"
+  log "[chaos] $(grep '^RESULT' "$SYS_LOG/$DNAME.out")"
+  # After the chaos: the whole ring recovers and is correct.
+  t_end=$(now_ms)
+  start_driver 100000 "$count"
+  wait_ready "$t_end" $G 3 60 || { SYS_FAILED=1; log "[chaos] the ring did not recover to $G ranks"; }
+  stop_driver >/dev/null
+  check --name "chaos-after" --heal "$t_end"
+  # The chaos run itself: no wrong result, no hang (errors are expected).
+  out=$(python3 "$REPORT" check "$chaos_log" --slots $G --name "chaos-$ops-ops")
+  rc=$?
+  printf '%s\n' "$out"
+  RESULTS+=("$(head -n 1 <<<"$out") ($kills kills, $restarts restarts)")
+  (( rc == 0 )) || SYS_FAILED=1
+  end_job
+}
+
+for s in "${SCENARIOS[@]}"; do
+  declare -F "scenario_$s" >/dev/null || fail "no scenario '$s'"
+  log "=== $s"
+  "scenario_$s"
+done
+
+echo
+echo "== fault-injection summary (heartbeat $HB, timeout $HB_TIMEOUT, bound $(( BOUND_MS ))ms)"
+for l in "${RESULTS[@]}"; do echo "$l"; done
+(( SYS_FAILED )) && exit 1
+exit 0

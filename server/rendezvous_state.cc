@@ -523,10 +523,19 @@ std::vector<std::string> RendezvousState::Sweep(absl::Time now) {
     }
     const int live = Live(job);
     bool forget = job.generation > 0 && live == 0 && job.pending.empty();
-    if (!late.empty() && static_cast<int>(late.size()) == live) {
-      // Every member went silent at once: either this rendezvous is cut
-      // off from the job (a partition) or the whole job ended. Changing
-      // the generation would reach nobody, and after a partition it would
+    // Evidence that this rendezvous still hears the job: a member heard
+    // within half the timeout. (In a partition every member went silent
+    // within about one interval of the others, so when the first one times
+    // out the rest have been silent for nearly the timeout too.)
+    bool heard = false;
+    for (const Member& m : job.members) {
+      heard |= m.alive &&
+               now - m.last_heartbeat <= options_.heartbeat_timeout / 2;
+    }
+    if (!late.empty() && !heard) {
+      // The whole job went silent at once: either this rendezvous is cut
+      // off from it (a partition) or the whole job ended. Changing the
+      // generation would reach nobody, and after a partition it would
       // break a healthy ring: leave the ring alone, and forget the job only
       // once the silence has lasted far beyond the heartbeat timeout.
       absl::Duration newest = absl::InfiniteDuration();

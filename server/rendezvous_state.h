@@ -149,10 +149,11 @@ class RendezvousState {
 
   // Declares lost every member whose last heartbeat is older than the
   // timeout (one generation bump per job per sweep), forms and grows
-  // elastic rings whose joins settled, and drops jobs nobody is in. When
-  // every live member of a job is silent at once (this rendezvous is
-  // partitioned away, or the whole job ended) nobody is declared lost; the
-  // job is forgotten after 10 heartbeat timeouts of silence.
+  // elastic rings whose joins settled, and drops jobs nobody is in. A late
+  // member is declared lost only while another member of its job was heard
+  // within half the heartbeat timeout: when the whole job is silent (this
+  // rendezvous is partitioned away, or the job ended) nobody is declared
+  // lost, and the job is forgotten after 10 heartbeat timeouts of silence.
   // Returns one line per change.
   std::vector<std::string> Sweep(absl::Time now);
 

@@ -383,7 +383,7 @@ TEST_F(RendezvousStateTest, TwoDeathsInOneSweepBumpGenerationOnce) {
   Advance(absl::Seconds(3));
   ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
   ASSERT_TRUE(state_.Heartbeat("j", "w3", "", now_).ok());
-  Advance(absl::Seconds(3));
+  Advance(absl::Milliseconds(2100));  // the survivors were heard recently
   std::vector<std::string> lines = state_.Sweep(now_);
   ASSERT_THAT(lines, SizeIs(1));  // one line per generation change
   EXPECT_THAT(lines[0], HasSubstr("rank 0 (w0"));
@@ -405,7 +405,7 @@ TEST_F(RendezvousStateTest, LostMemberMustJoinAgainAndIsReadmitted) {
   Form(2);
   Advance(absl::Seconds(3));
   ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
-  Advance(absl::Seconds(3));
+  Advance(absl::Milliseconds(2100));  // the survivors were heard recently
   ASSERT_THAT(state_.Sweep(now_), SizeIs(1));
   absl::StatusOr<HeartbeatResult> r = state_.Heartbeat("j", "w1", "", now_);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
@@ -435,7 +435,7 @@ TEST_F(RendezvousStateTest, HeartbeatReplyListsDeadRanks) {
   Advance(absl::Seconds(3));
   ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
   ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
-  Advance(absl::Seconds(3));
+  Advance(absl::Milliseconds(2100));  // the survivors were heard recently
   ASSERT_THAT(state_.Sweep(now_), SizeIs(1));  // w1
   r = state_.Heartbeat("j", "w0", "", now_);
   ASSERT_TRUE(r.ok());
@@ -464,7 +464,7 @@ TEST_F(RendezvousStateTest, LeaveBumpsGenerationAndDegrades) {
   Advance(absl::Seconds(3));
   ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
   ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
-  Advance(absl::Seconds(3));
+  Advance(absl::Milliseconds(2100));  // the survivors were heard recently
   EXPECT_THAT(state_.Sweep(now_), IsEmpty());
   EXPECT_EQ(state_.Health("j", now_)->generation, 2u);
   // And it may not heartbeat.
@@ -604,7 +604,7 @@ TEST_F(RendezvousStateTest, JobsAreIndependent) {
   ASSERT_TRUE(state_.Heartbeat("a", "w0", "", now_).ok());
   ASSERT_TRUE(state_.Heartbeat("a", "w1", "", now_).ok());
   ASSERT_TRUE(state_.Heartbeat("b", "w0", "", now_).ok());
-  Advance(absl::Seconds(3));
+  Advance(absl::Milliseconds(2100));  // the survivors were heard recently
   std::vector<std::string> lines = state_.Sweep(now_);
   ASSERT_THAT(lines, SizeIs(1));
   EXPECT_THAT(lines[0], HasSubstr("job b"));
@@ -674,11 +674,11 @@ TEST_F(RendezvousStateTest, ElasticLossReformsSurvivorsWithDenseRanks) {
   for (const char* w : {"w0", "w2", "w3"}) {
     ASSERT_TRUE(state_.Heartbeat("e", w, "", now_).ok());
   }
-  Advance(absl::Seconds(3));
+  Advance(absl::Milliseconds(2100));
   std::vector<std::string> lines = state_.Sweep(now_);
   ASSERT_THAT(lines, SizeIs(1));
   EXPECT_THAT(lines[0], HasSubstr("generation 1->2: rank 1 (w1, host-w1:7000) "
-                                  "lost: no heartbeat for 6s"));
+                                  "lost: no heartbeat for 5.1s"));
   EXPECT_THAT(lines[0], HasSubstr("ring re-formed with 3 members"));
   auto h = state_.Health("e", now_);
   EXPECT_EQ(h->generation, 2u);
@@ -791,7 +791,7 @@ TEST_F(RendezvousStateTest, RestoreFromClaimKeepsGenerationAndRanks) {
   Advance(absl::Seconds(3));
   ASSERT_TRUE(state_.Heartbeat("e", "w0", "", now_).ok());
   ASSERT_TRUE(state_.Heartbeat("e", "w1", "", now_).ok());
-  Advance(absl::Seconds(3));
+  Advance(absl::Milliseconds(2100));  // the survivors were heard recently
   ASSERT_THAT(state_.Sweep(now_), SizeIs(1));
   EXPECT_EQ(state_.Health("e", now_)->generation, 8u);
   // Claims that are not rings are refused.
@@ -799,6 +799,25 @@ TEST_F(RendezvousStateTest, RestoreFromClaimKeepsGenerationAndRanks) {
   bad.members[1].rank = 2;
   EXPECT_EQ(state_.Restore("x", bad, now_).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(RendezvousStateTest, StaggeredSilenceOfAWholeJobIsAPartition) {
+  Form(3);
+  // Heartbeats every second until the rendezvous is cut off; w1's last one
+  // came a little earlier than the others'.
+  ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
+  ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
+  Advance(absl::Milliseconds(900));
+  ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
+  ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
+  // w1 is late first, but nobody else has been heard for 4.1 s either:
+  // the rendezvous is the one cut off, and the ring is left alone.
+  Advance(absl::Milliseconds(4100));
+  EXPECT_THAT(state_.Sweep(now_), IsEmpty());
+  Advance(absl::Seconds(2));
+  EXPECT_THAT(state_.Sweep(now_), IsEmpty());
+  EXPECT_EQ(state_.Health("j", now_)->generation, 1u);
+  EXPECT_EQ(state_.Health("j", now_)->state, "healthy");
 }
 
 TEST_F(RendezvousStateTest, DeclareLostNeedsTheCurrentGeneration) {

@@ -263,6 +263,28 @@ std::string FormatHealth(const v1::RingHealth& h) {
                         t.bytes_sent() / 1e6, t.bytes_received() / 1e6,
                         t.wait_seconds(), now));
   }
+  // The hang explainer: who waits for whom, where, for how long.
+  for (int i = 0; i < h.members_size() && i < h.telemetry_size(); ++i) {
+    const v1::WorkerTelemetry& t = h.telemetry(i);
+    if (!h.members(i).alive() || t.current_op().empty() ||
+        t.awaited_rank() < 0) {
+      continue;
+    }
+    absl::StrAppend(&out, absl::StrFormat(
+                              "rank %d waits for rank %d: %s, %s step %d, "
+                              "chunk %d of %d, for %.1f s\n",
+                              h.members(i).rank(), t.awaited_rank(),
+                              t.current_op(), t.phase(), t.step(), t.chunk(),
+                              t.chunks(), t.waiting_for_s()));
+  }
+  if (!h.change().empty()) {
+    absl::StrAppend(&out, "last membership change: ", h.change(), "\n");
+  }
+  if (h.max_world_size() > h.min_world_size()) {
+    absl::StrAppend(&out, absl::StrFormat("elastic: %d..%d members\n",
+                                          h.min_world_size(),
+                                          h.max_world_size()));
+  }
   std::string links;
   for (int i = 0; i < h.telemetry_size(); ++i) {
     for (const v1::LinkTelemetry& l : h.telemetry(i).links()) {

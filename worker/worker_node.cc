@@ -1239,6 +1239,8 @@ v1::WorkerTelemetry WorkerNode::CollectTelemetry() {
     t.set_current_op(p.op);
     t.set_phase(std::string(PhaseName(p.phase)));
     t.set_step(p.step);
+    t.set_chunk(p.chunk + 1);
+    t.set_chunks(std::max(p.chunks, 1));
     t.set_awaited_rank(p.awaited_rank);
     if (p.awaited_rank >= 0) {
       t.set_waiting_for_s(absl::ToDoubleSeconds(absl::Now() - p.waiting_since));

@@ -460,7 +460,7 @@ absl::Status WorkerNode::Join() {
   }
   OnMembership(reply.membership());
   absl::StatusOr<std::shared_ptr<Ring>> ring =
-      AcquireRing(0, ~uint64_t{0}, absl::InfiniteFuture());
+      AcquireRing(1, false, ~uint64_t{0}, absl::InfiniteFuture());
   if (!ring.ok()) return ring.status();
   server_->GetHealthCheckService()->SetServingStatus(true);
   LogInfo(absl::StrCat("joined job ", o.job_id, ": rank ", (*ring)->rank,
@@ -552,7 +552,7 @@ std::shared_ptr<WorkerNode::Ring> WorkerNode::CurrentRing() const {
 }
 
 absl::StatusOr<std::shared_ptr<WorkerNode::Ring>> WorkerNode::AcquireRing(
-    uint64_t retry_seq, uint64_t epoch, absl::Time issued) {
+    uint64_t seq, bool retry, uint64_t epoch, absl::Time issued) {
   std::vector<std::shared_ptr<Ring>> drop;  // destroyed outside the lock
   absl::MutexLock lock(&mu_);
   if (!is_joined_) {
@@ -613,15 +613,9 @@ absl::StatusOr<std::shared_ptr<WorkerNode::Ring>> WorkerNode::AcquireRing(
   c.default_timeout = options_.op_timeout;
   c.max_op_bytes = options_.max_op_bytes;
   c.test_reduce_delay = options_.test_reduce_delay;
-  if (retry_seq > 0) {
-    c.first_op_seq = retry_seq;
-  } else if (ring_ != nullptr && !new_here) {
-    c.first_op_seq = ring_->comm->next_op_seq();
-  } else {
-    // New in a ring that already ran operations: take their numbering.
-    c.first_op_seq = new_here && others_older ? 0 : 1;
-  }
-  if (new_here && retry_seq > 0) {
+  // New in a ring that already ran operations: take their numbering.
+  c.first_op_seq = new_here && others_older ? 0 : std::max<uint64_t>(seq, 1);
+  if (new_here && retry) {
     return absl::AbortedError(absl::StrCat(
         "worker ", options_.worker_id, " re-joined the ring of job ",
         options_.job_id, " (generation ", m.generation(),
@@ -976,24 +970,47 @@ absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
   uint64_t retry_seq = 0;
   for (int attempt = 0;; ++attempt) {
     CatchUp();
+    const uint64_t seq = retry_seq > 0 ? retry_seq : next_seq_;
     absl::StatusOr<std::shared_ptr<Ring>> ring =
-        AcquireRing(retry_seq, epoch, issued);
-    if (!ring.ok()) return ring.status();
+        AcquireRing(seq, retry_seq > 0, epoch, issued);
+    if (!ring.ok()) {
+      // The call is numbered all the same: the other ranks' copies of it
+      // fail too (or already ran), and the next call is the next number.
+      if (next_seq_ != 0 && retry_seq == 0) ++next_seq_;
+      return ring.status();
+    }
+    Communicator* comm = (*ring)->comm.get();
+    if (comm->next_op_seq() != 0 && seq != 0) comm->set_next_op_seq(seq);
     absl::StatusOr<OpResult> result =
         RunOn(**ring, spec, buffer,
               std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    next_seq_ = comm->next_op_seq();
     if (result.ok()) return result;
-    // Failed before touching the buffer because the membership changed:
-    // run it again on the new ring, with the same sequence number.
-    auto seq = result.status().GetPayload(kUntouchedPayload);
+    // Failed before it sent any data, because the membership changed (a
+    // peer's link broke, the rendezvous pushed a new generation, a peer
+    // already runs the next one): no rank can have completed it, so run it
+    // again on the new ring with the same sequence number. The new
+    // generation may still be on its way (the rendezvous probes a broken
+    // link's peer first): wait for it briefly.
+    auto untouched = result.status().GetPayload(kUntouchedPayload);
     uint64_t n = 0;
-    if (!seq.has_value() || !absl::SimpleAtoi(std::string(*seq), &n) ||
+    const absl::StatusCode code = result.status().code();
+    if (!untouched.has_value() || !absl::SimpleAtoi(std::string(*untouched), &n) ||
+        (code != absl::StatusCode::kAborted &&
+         code != absl::StatusCode::kUnavailable) ||
         attempt >= 4 || absl::Now() >= deadline) {
       return result;
     }
     {
       absl::MutexLock lock(&mu_);
-      if (latest_.generation() <= (*ring)->generation ||
+      const uint64_t failed_on = (*ring)->generation;
+      auto newer = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || latest_.generation() > failed_on;
+      };
+      mu_.AwaitWithDeadline(
+          absl::Condition(&newer),
+          std::min(deadline, absl::Now() + absl::Milliseconds(1500)));
+      if (stopping_ || latest_.generation() <= failed_on ||
           latest_.state() == "waiting") {
         return result;
       }

@@ -144,7 +144,10 @@ class WorkerNode {
   // `epoch` and `issued` describe the call (the epoch_ at its arrival,
   // when its caller issued it); a call older than a ring this worker
   // re-joined fails with ABORTED.
-  absl::StatusOr<std::shared_ptr<Ring>> AcquireRing(uint64_t retry_seq,
+  // `seq`: the number the call will run as on a ring this worker continues
+  // on (ignored where it adopts the others' numbering); `retry`: the call
+  // runs again after the membership changed under it.
+  absl::StatusOr<std::shared_ptr<Ring>> AcquireRing(uint64_t seq, bool retry,
                                                     uint64_t epoch,
                                                     absl::Time issued);
   std::shared_ptr<Ring> CurrentRing() const;
@@ -196,6 +199,9 @@ class WorkerNode {
   absl::Time admitted_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   absl::Mutex run_mu_;  // one operation at a time, across generations
+  // The caller's calls are numbered one by one, failed or not, so that
+  // every rank numbers the i-th call alike (0: adopt the ring's number).
+  uint64_t next_seq_ ABSL_GUARDED_BY(run_mu_) = 1;
   absl::Mutex servers_mu_;
   bool have_servers_ ABSL_GUARDED_BY(servers_mu_) = false;
 

@@ -73,6 +73,11 @@ uint64_t Communicator::next_op_seq() {
   return next_op_seq_;
 }
 
+void Communicator::set_next_op_seq(uint64_t seq) {
+  absl::MutexLock lock(&op_mu_);
+  next_op_seq_ = seq;
+}
+
 void Communicator::InheritTelemetry(const Communicator& previous) {
   Telemetry t;
   EdgeWindow w = [&] {
@@ -433,12 +438,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp_in,
     }
   }
   if (!status.ok()) {
-    bool retryable;
-    {
-      absl::MutexLock lock(&state_mu_);
-      retryable = untouched && !untouched_abort_.ok();
-    }
-    if (retryable) {
+    if (untouched) {
       status.SetPayload(kUntouchedPayload,
                         absl::Cord(absl::StrCat(op.fp.op_seq)));
     }

@@ -73,10 +73,11 @@ struct CommConfig {
   uint64_t first_op_seq = 1;
 };
 
-// A failed operation whose status carries this payload was stopped by
-// AbortIfUntouched before it modified the caller's buffer (the ranks were
-// still comparing fingerprints), so it may be run again on the next
-// generation's ring. The payload is the operation's sequence number.
+// A failed operation whose status carries this payload failed before it
+// modified the caller's buffer or sent any of its data (the ranks were
+// still comparing fingerprints). No rank can have completed it (each needs
+// this rank's data), so it may be run again on the next generation's ring.
+// The payload is the operation's sequence number.
 inline constexpr char kUntouchedPayload[] = "halka.dev/untouched-op-seq";
 
 struct OpResult {
@@ -175,8 +176,11 @@ class Communicator {
   // operation runs or it is past that point.
   bool AbortIfUntouched(absl::Status status);
 
-  // The sequence number the next operation will use.
+  // The sequence number the next operation will use (0: it adopts the
+  // number of the operation its peers run), and a way to set it: the
+  // worker numbers every call of its caller, whichever ring runs it.
   uint64_t next_op_seq();
+  void set_next_op_seq(uint64_t seq);
   // Carries the counters of the ring this one replaces into this one, so
   // /metrics counters do not restart at a membership change.
   void InheritTelemetry(const Communicator& previous);

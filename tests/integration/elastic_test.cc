@@ -1,0 +1,269 @@
+// Elastic membership on real gRPC (127.0.0.1, one process): an embedded
+// rendezvous with short heartbeats and workers that die (Shutdown without
+// Leave, as a crashed process), come back under the same worker id, and a
+// hung operation explained by GetRingHealth while it waits.
+#include <algorithm>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/rendezvous_service.h"
+#include "tests/testing/run_ranks.h"
+#include "worker/worker_node.h"
+
+namespace halka {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+using halka::testing::RunRanks;
+
+constexpr size_t kCount = 100003;  // int64 elements: several chunks
+
+class ElasticTest : public ::testing::Test {
+ protected:
+  void StartRendezvous() {
+    RendezvousOptions o;
+    o.heartbeat_interval = absl::Milliseconds(100);
+    o.heartbeat_timeout = absl::Milliseconds(800);
+    o.elastic_settle = absl::Milliseconds(200);
+    auto r = RendezvousServer::Start("127.0.0.1:0", o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    rdv_ = std::move(*r);
+  }
+
+  WorkerOptions Options(int i, int min, int max) {
+    WorkerOptions o;
+    o.job_id = "elastic";
+    o.worker_id = absl::StrCat("w", i);
+    o.rendezvous = rdv_->address();
+    o.min_world_size = min;
+    o.max_world_size = max;
+    o.world_size = max;
+    o.chunk_bytes = 64 << 10;
+    o.op_timeout = absl::Seconds(5);
+    o.join_timeout = absl::Seconds(20);
+    return o;
+  }
+
+  // Creates the workers and joins them all at once.
+  void StartWorkers(int n, int min, int max) {
+    std::vector<std::unique_ptr<WorkerNode>> nodes;
+    for (int i = 0; i < n; ++i) {
+      auto node = WorkerNode::Create(Options(i, min, max));
+      ASSERT_TRUE(node.ok()) << node.status();
+      nodes.push_back(std::move(*node));
+    }
+    auto joined = RunRanks<absl::Status>(
+        n, [&](int i) { return nodes[static_cast<size_t>(i)]->Join(); });
+    for (const absl::Status& s : joined) ASSERT_TRUE(s.ok()) << s;
+    workers_ = std::move(nodes);
+  }
+
+  // One int64 sum on the given workers: worker i contributes 1 << i in
+  // element 0 and (seq + 1) * (k % 5 + 1) elsewhere.
+  std::vector<absl::StatusOr<OpResult>> AllReduce(
+      const std::vector<WorkerNode*>& on, int seq,
+      std::vector<std::vector<int64_t>>* out = nullptr) {
+    std::vector<std::vector<int64_t>> data(on.size(),
+                                           std::vector<int64_t>(kCount));
+    v1::OpSpec spec;
+    spec.set_kind(v1::ALL_REDUCE);
+    spec.set_dtype(v1::INT64);
+    spec.set_op(v1::SUM);
+    spec.set_count(kCount);
+    spec.set_timeout_ms(5000);
+    spec.set_algorithm(v1::RING);
+    auto results = RunRanks<absl::StatusOr<OpResult>>(
+        static_cast<int>(on.size()), [&](int j) {
+          std::vector<int64_t>& d = data[static_cast<size_t>(j)];
+          const std::string& id = on[static_cast<size_t>(j)]->options().worker_id;
+          d[0] = int64_t{1} << (id.back() - '0');
+          for (size_t k = 1; k < kCount; ++k) {
+            d[k] = (seq + 1) * static_cast<int64_t>(k % 5 + 1);
+          }
+          spec.set_issued_unix_ms(
+              static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
+          return on[static_cast<size_t>(j)]->Execute(spec, d.data());
+        });
+    if (out != nullptr) *out = std::move(data);
+    return results;
+  }
+
+  // Repeats the operation until every call succeeds on a ring of
+  // `world` (bounded); checks the sums.
+  void EventuallyCorrect(const std::vector<WorkerNode*>& on, int world,
+                         int* seq) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    for (;;) {
+      std::vector<std::vector<int64_t>> data;
+      auto results = AllReduce(on, ++*seq, &data);
+      bool all = true;
+      for (const auto& r : results) all &= r.ok() && r->world_size == world;
+      if (all) {
+        int64_t mask = 0;
+        for (WorkerNode* w : on) mask |= int64_t{1} << (w->options().worker_id.back() - '0');
+        for (const auto& d : data) {
+          ASSERT_EQ(d[0], mask);
+          for (size_t k = 1; k < kCount; k += 997) {
+            ASSERT_EQ(d[k], world * (*seq + 1) * static_cast<int64_t>(k % 5 + 1))
+                << "element " << k;
+          }
+        }
+        return;
+      }
+      for (const auto& r : results) {
+        // Only clear errors while the ring changes.
+        if (!r.ok()) {
+          EXPECT_THAT(r.status().code(),
+                      AnyOf(absl::StatusCode::kAborted,
+                            absl::StatusCode::kUnavailable,
+                            absl::StatusCode::kDeadlineExceeded))
+              << r.status();
+        }
+      }
+      std::string last;
+      for (const auto& r : results) {
+        absl::StrAppend(&last, "\n  ", r.ok() ? absl::StrCat("ok, world ", r->world_size)
+                                              : r.status().ToString());
+      }
+      ASSERT_LT(absl::Now(), deadline) << "no correct operation on " << world
+                                       << " ranks within 20 s; last:" << last;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+
+  std::vector<WorkerNode*> Live() {
+    std::vector<WorkerNode*> v;
+    for (auto& w : workers_) {
+      if (w) v.push_back(w.get());
+    }
+    return v;
+  }
+
+  std::unique_ptr<RendezvousServer> rdv_;
+  std::vector<std::unique_ptr<WorkerNode>> workers_;
+};
+
+TEST_F(ElasticTest, LossShrinksTheRingAndARestartGrowsItBack) {
+  StartRendezvous();
+  StartWorkers(4, 2, 4);
+  int seq = 0;
+  EventuallyCorrect(Live(), 4, &seq);
+
+  // w2 dies (no Leave): the survivors learn it from their broken links and
+  // the rendezvous's probe, long before the heartbeat timeout.
+  const absl::Time t0 = absl::Now();
+  workers_[2]->Shutdown(/*leave=*/false);
+  workers_[2].reset();
+  EventuallyCorrect(Live(), 3, &seq);
+  const absl::Duration shrink = absl::Now() - t0;
+  // Ranks stay dense: the three survivors hold 0, 1, 2.
+  std::vector<int> ranks;
+  for (WorkerNode* w : Live()) ranks.push_back(w->rank());
+  std::sort(ranks.begin(), ranks.end());
+  EXPECT_EQ(ranks, (std::vector<int>{0, 1, 2}));
+
+  // w2 restarts (a new process, same id): admitted between operations.
+  auto back = WorkerNode::Start(Options(2, 2, 4));
+  ASSERT_TRUE(back.ok()) << back.status();
+  workers_[2] = std::move(*back);
+  EventuallyCorrect(Live(), 4, &seq);
+  std::cout << "shrink to 3 ranks took " << absl::FormatDuration(shrink)
+            << std::endl;
+}
+
+TEST_F(ElasticTest, BelowMinimumFailsClearlyThenRecovers) {
+  StartRendezvous();
+  StartWorkers(3, 3, 3);  // a fixed job of 3
+  int seq = 0;
+  EventuallyCorrect(Live(), 3, &seq);
+  workers_[1]->Shutdown(/*leave=*/false);
+  workers_[1].reset();
+  // Within the heartbeat timeout plus a margin, operations fail at once
+  // saying the job is below its minimum.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::Status last;
+  for (;;) {
+    auto results = AllReduce(Live(), ++seq);
+    last = results[0].status();
+    if (!last.ok() && absl::StrContains(last.message(), "below its minimum")) {
+      break;
+    }
+    ASSERT_LT(absl::Now(), deadline) << last;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(last.code(), absl::StatusCode::kUnavailable) << last;
+  EXPECT_THAT(last.message(), HasSubstr("w1"));  // the change names the lost
+  const absl::Time t = absl::Now();
+  auto results = AllReduce(Live(), ++seq);
+  EXPECT_LT(absl::Now() - t, absl::Seconds(1));  // fails fast, no deadline
+  for (const auto& r : results) EXPECT_FALSE(r.ok());
+
+  auto back = WorkerNode::Start(Options(1, 3, 3));
+  ASSERT_TRUE(back.ok()) << back.status();
+  workers_[1] = std::move(*back);
+  EventuallyCorrect(Live(), 3, &seq);
+}
+
+TEST_F(ElasticTest, HealthExplainsAWaitLiveAndTheDeadlineNamesThePeer) {
+  StartRendezvous();
+  StartWorkers(2, 2, 2);
+  // Only w0 calls: it waits for w1's fingerprint.
+  absl::StatusOr<OpResult> r;
+  std::thread t([&] {
+    std::vector<int64_t> d(kCount, 1);
+    v1::OpSpec spec;
+    spec.set_kind(v1::ALL_REDUCE);
+    spec.set_dtype(v1::INT64);
+    spec.set_op(v1::SUM);
+    spec.set_count(kCount);
+    spec.set_timeout_ms(3000);
+    r = workers_[0]->Execute(spec, d.data());
+  });
+  const int waiter = workers_[0]->rank();
+  const int awaited = workers_[1]->rank();
+  v1::RingHealth h;
+  bool seen = false;
+  const absl::Time deadline = absl::Now() + absl::Seconds(2.5);
+  while (!seen && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(100));
+    auto stub = v1::Rendezvous::NewStub(grpc::CreateChannel(
+        rdv_->address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::RingHealthRequest req;
+    req.set_job_id("elastic");
+    ASSERT_TRUE(stub->GetRingHealth(&ctx, req, &h).ok());
+    for (int i = 0; i < h.members_size(); ++i) {
+      const v1::WorkerTelemetry& tel = h.telemetry(i);
+      if (h.members(i).rank() == waiter && tel.awaited_rank() == awaited &&
+          tel.waiting_for_s() > 0.3) {
+        EXPECT_EQ(tel.phase(), "fingerprint");
+        EXPECT_GE(tel.chunk(), 1);
+        EXPECT_GE(tel.chunks(), 1);
+        EXPECT_THAT(tel.current_op(), HasSubstr("all_reduce"));
+        seen = true;
+      }
+    }
+  }
+  t.join();
+  EXPECT_TRUE(seen) << "GetRingHealth never showed rank " << waiter
+                    << " waiting for rank " << awaited << ": "
+                    << h.ShortDebugString();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr(absl::StrCat("waiting for rank ", awaited, " (w1, ")));
+  EXPECT_THAT(r.status().message(), HasSubstr("fingerprint"));
+}
+
+}  // namespace
+}  // namespace halka

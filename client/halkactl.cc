@@ -26,6 +26,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "client/bench.h"
 #include "common/grpc_util.h"
+#include "common/security.h"
 #include "halka/client.h"
 #include "halka/local_cluster.h"
 #include "halka/v1/rendezvous.grpc.pb.h"
@@ -455,6 +456,12 @@ int main(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) rest.push_back(argv[i]);
   absl::ParseCommandLine(static_cast<int>(rest.size()), rest.data());
   halka::SetLogTag("halkactl");
+  // Calls name no job: workers take any job's caller with their token, the
+  // rendezvous checks the token against the job in each request.
+  if (absl::Status s = halka::InitSecurityFromFlags(""); !s.ok()) {
+    halka::LogError(s.ToString());
+    return 2;
+  }
   if (cmd == "demo") return halka::Demo();
   if (cmd == "bench") return halka::BenchCommand();
   if (cmd == "allreduce") return halka::AllReduceCommand();

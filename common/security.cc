@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -323,6 +324,24 @@ SecurityConfig GetSecurityConfig() {
 }
 
 absl::StatusOr<SecurityConfig> SecurityConfigFromFlags(absl::string_view job_id) {
+  // Tools that do not map every HALKA_* variable onto their flags
+  // (halkactl) still take the security ones from the environment, where a
+  // flag was not given.
+  for (const char* name : {"tls_cert", "tls_key", "tls_ca", "tls_server_name",
+                           "tls_reload_interval", "insecure", "job_token_file",
+                           "job_tokens_file", "require_job_tokens"}) {
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    const std::string var = absl::StrCat("HALKA_", absl::AsciiStrToUpper(name));
+    const char* value = std::getenv(var.c_str());
+    if (flag == nullptr || value == nullptr ||
+        flag->CurrentValue() != flag->DefaultValue()) {
+      continue;
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(absl::StrCat(var, ": ", error));
+    }
+  }
   SecurityConfig c;
   c.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   c.tls_key = absl::GetFlag(FLAGS_tls_key);

@@ -470,6 +470,56 @@ TEST_F(SecurityTest, JobTokensBindCallsToTheirJob) {
             grpc::StatusCode::UNAUTHENTICATED);
 }
 
+TEST_F(SecurityTest, TokensFileListsTheOnlyJobsThatMayCall) {
+  const std::string path =
+      (fs::temp_directory_path() / absl::StrCat("halka-sec-", getpid(), "-tokens"))
+          .string();
+  std::ofstream(path) << "# job token\nalpha tok-alpha\nbeta\ttok-beta\n";
+  SecurityConfig sec;
+  sec.job_tokens_file = path;
+  SetSecurityConfig(sec);
+  auto rv = RendezvousServer::Start("127.0.0.1:0", RendezvousOptions(), 0);
+  ASSERT_TRUE(rv.ok()) << rv.status();
+  auto ch = HandChannel((*rv)->address(), {});
+  EXPECT_EQ(Health(ch, Auth("alpha", "tok-alpha"), "alpha").error_code(),
+            grpc::StatusCode::NOT_FOUND);  // allowed; no such job yet
+  EXPECT_EQ(Health(ch, Auth("", "tok-beta"), "beta").error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Health(ch, Auth("alpha", "tok-beta"), "alpha").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  // Unlisted jobs cannot call at all, with or without a token.
+  EXPECT_EQ(Health(ch, Auth("gamma", "anything"), "gamma").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Join(ch, Auth("", ""), "gamma", 1).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  (*rv)->Shutdown();
+  // --require_job_tokens: first use still fixes a job's token, but never an
+  // empty one.
+  SecurityConfig require;
+  require.require_job_tokens = true;
+  SetSecurityConfig(require);
+  rv = RendezvousServer::Start("127.0.0.1:0", RendezvousOptions(), 0);
+  ASSERT_TRUE(rv.ok()) << rv.status();
+  ch = HandChannel((*rv)->address(), {});
+  EXPECT_EQ(Health(ch, Auth("delta", ""), "delta").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Health(ch, Auth("delta", "tok-delta"), "delta").error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Health(ch, Auth("delta", "other"), "delta").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  (*rv)->Shutdown();
+  fs::remove(path);
+}
+
+TEST(ConstantTimeEqualsTest, ComparesWholeStrings) {
+  EXPECT_TRUE(ConstantTimeEquals("", ""));
+  EXPECT_TRUE(ConstantTimeEquals("token", "token"));
+  EXPECT_FALSE(ConstantTimeEquals("token", "tokeN"));
+  EXPECT_FALSE(ConstantTimeEquals("token", "token2"));
+  EXPECT_FALSE(ConstantTimeEquals("token", ""));
+  EXPECT_FALSE(ConstantTimeEquals(std::string("a\0", 2), "a"));
+}
+
 TEST_F(SecurityTest, PlaintextOffLoopbackNeedsInsecure) {
   auto refused = ServerCredentialsFor("0.0.0.0:0");
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);

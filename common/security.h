@@ -14,8 +14,18 @@
 //     missing one gets UNAUTHENTICATED "unauthenticated", never saying which
 //     part was wrong.
 // Certificates and keys are re-read from their files every
-// --tls_reload_interval, so rotating them needs no restart. Tokens are never
-// logged.
+// --tls_reload_interval, so rotating them needs no restart (replace the
+// files atomically: write elsewhere, then rename). Tokens are never logged.
+//
+// What a refused caller sees:
+//   plaintext to a TLS port, no client certificate under mutual TLS, a
+//   certificate from another CA, or a server certificate the client does
+//   not trust: the TLS handshake fails and gRPC reports UNAVAILABLE (the
+//   call never reaches the server's code);
+//   a missing or wrong token, or another job's: UNAUTHENTICATED with the
+//   message "unauthenticated", whatever was wrong.
+// The standard grpc.health.v1 service needs no token (probes carry none),
+// but under mutual TLS still the certificate.
 //
 // Flags (each also HALKA_<NAME>, see common/flags_env.h):
 //   --tls_cert, --tls_key   this process's certificate chain and key (PEM)

@@ -247,20 +247,32 @@ bool IsUnixTarget(absl::string_view target) {
          absl::StartsWith(target, "unix-abstract:");
 }
 
+// One file watcher (one refresh thread) per set of files, shared by every
+// channel and server that uses them: peer links are a channel each.
 std::shared_ptr<grpc::experimental::FileWatcherCertificateProvider>
 MakeProvider(const SecurityConfig& c, bool identity) {
   const auto seconds = static_cast<unsigned int>(
       std::max<int64_t>(1, absl::ToInt64Seconds(c.tls_reload_interval)));
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* cache = new std::map<
+      std::string, std::shared_ptr<grpc::experimental::FileWatcherCertificateProvider>>();
+  const std::string key =
+      absl::StrCat(identity, "\n", c.tls_key, "\n", c.tls_cert, "\n", c.tls_ca,
+                   "\n", seconds);
+  absl::MutexLock lock(&mu);
+  auto& provider = (*cache)[key];
+  if (provider != nullptr) return provider;
   if (identity && !c.tls_ca.empty()) {
-    return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+    provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
         c.tls_key, c.tls_cert, c.tls_ca, seconds);
-  }
-  if (identity) {
-    return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+  } else if (identity) {
+    provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
         c.tls_key, c.tls_cert, seconds);
+  } else {
+    provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        c.tls_ca, seconds);
   }
-  return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      c.tls_ca, seconds);
+  return provider;
 }
 
 absl::Status CheckTlsFiles(const SecurityConfig& c) {

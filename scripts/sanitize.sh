@@ -21,6 +21,10 @@ ninja -C "$build" -j"$jobs"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/tests/sanitizer/lsan.supp}
+# ring_grpc_test's soak case measures RSS growth, which ASan's quarantine
+# and allocator caches inflate (+20..50 MB, no leak): LeakSanitizer is the
+# leak check here.
+export GTEST_FILTER=${GTEST_FILTER:--Soak.ThousandBackToBackSmallAllReducesLeakNothing}
 cd "$build"
 if [ $# -eq 0 ]; then set -- -L 'unit|integration'; fi
 # Sanitized code runs several times slower: generous per-test timeout.

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "client/bench.h"
 #include "common/grpc_util.h"
+#include "common/security.h"
 #include "halka/client.h"
 #include "halka/local_cluster.h"
 #include "halka/v1/rendezvous.grpc.pb.h"
@@ -67,9 +69,43 @@ ABSL_FLAG(bool, device, false,
           "this host)");
 ABSL_FLAG(std::string, transfer, "auto",
           "how the tensor reaches the worker: auto, shm, inline");
+ABSL_FLAG(bool, tls, false,
+          "bench embedded cluster: mutual TLS and a job token on every "
+          "channel (throwaway certificates made with openssl in a temp dir)");
 
 namespace halka {
 namespace {
+
+// A throwaway CA and a localhost certificate signed by it (openssl), for
+// the embedded cluster's mutual TLS: the certificate is both server and
+// client certificate.
+absl::Status MakeThrowawayCertificates(LocalCluster::Options& lo) {
+  char tmpl[] = "/tmp/halka-tls-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
+  const std::string d = tmpl;
+  const std::string cmd = absl::StrCat(
+      "set -e; cd ", d, "; ",
+      "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+      "-nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=halka-bench-ca "
+      "-addext basicConstraints=critical,CA:TRUE "
+      "-addext keyUsage=critical,keyCertSign; ",
+      "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+      "-keyout host.key -out host.csr -subj /CN=localhost; ",
+      "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n"
+      "extendedKeyUsage=serverAuth,clientAuth\n' > ext; ",
+      "openssl x509 -req -in host.csr -CA ca.pem -CAkey ca.key "
+      "-CAcreateserial -out host.pem -days 2 -extfile ext",
+      " >/dev/null 2>&1");
+  if (std::system(cmd.c_str()) != 0) {
+    return absl::FailedPreconditionError(
+        "--tls: openssl could not make certificates (is it installed?)");
+  }
+  lo.tls_ca = d + "/ca.pem";
+  lo.tls_cert = d + "/host.pem";
+  lo.tls_key = d + "/host.key";
+  lo.job_token = absl::StrCat("bench-", getpid(), "-", absl::ToUnixNanos(absl::Now()));
+  return absl::OkStatus();
+}
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "halkactl: %s\n", s.ToString().c_str());
@@ -312,6 +348,10 @@ int BenchCommand() {
         lo.ps_shards = absl::GetFlag(FLAGS_ps_shards);
       }
     }
+    if (absl::GetFlag(FLAGS_tls)) {
+      if (absl::Status s = MakeThrowawayCertificates(lo); !s.ok()) return Fail(s);
+      std::printf("# mutual TLS and a job token on every channel\n");
+    }
     auto c = LocalCluster::Start(lo);
     if (!c.ok()) return Fail(c.status());
     cluster = std::move(*c);
@@ -455,6 +495,12 @@ int main(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) rest.push_back(argv[i]);
   absl::ParseCommandLine(static_cast<int>(rest.size()), rest.data());
   halka::SetLogTag("halkactl");
+  // Calls name no job: workers take any job's caller with their token, the
+  // rendezvous checks the token against the job in each request.
+  if (absl::Status s = halka::InitSecurityFromFlags(""); !s.ok()) {
+    halka::LogError(s.ToString());
+    return 2;
+  }
   if (cmd == "demo") return halka::Demo();
   if (cmd == "bench") return halka::BenchCommand();
   if (cmd == "allreduce") return halka::AllReduceCommand();

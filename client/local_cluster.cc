@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
+#include "common/security.h"
 #include "server/parameter_server.h"
 #include "server/rendezvous_service.h"
 #include "worker/worker_node.h"
@@ -16,6 +17,16 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     return absl::InvalidArgumentError("local cluster: workers must be 1..64");
   }
   TuneAllocatorForStreaming();
+  if (!options.tls_cert.empty() || !options.tls_key.empty() ||
+      !options.tls_ca.empty() || !options.job_token.empty()) {
+    SecurityConfig sec;
+    sec.tls_cert = options.tls_cert;
+    sec.tls_key = options.tls_key;
+    sec.tls_ca = options.tls_ca;
+    sec.job_id = options.job_id;
+    sec.job_token = options.job_token;
+    SetSecurityConfig(std::move(sec));
+  }
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   RendezvousOptions ro;
   ro.heartbeat_interval = options.heartbeat_interval;

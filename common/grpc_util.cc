@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/security.h"
 
 namespace halka {
 namespace {
@@ -87,8 +88,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
   // connection with another.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   ApplyStreamingArgs([&](const char* key, int value) { args.SetInt(key, value); });
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
-                                   args);
+  return CreateSecureChannel(target, std::move(args));
 }
 
 void ApplyStreamingArgs(const std::function<void(const char*, int)>& set) {
@@ -107,6 +107,9 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Hostile input: one connection cannot open unbounded streams (a ring
+  // needs one per edge and generation, the SDK a few).
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxConcurrentStreams);
 }
 
 void TuneAllocatorForStreaming() {

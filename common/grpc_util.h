@@ -34,8 +34,9 @@ bool IsLocalAddress(absl::string_view address);
 std::string DialableAddress(const std::string& listen, int port,
                             const std::string& advertise);
 
-// An insecure channel for a local or explicitly insecure target, with
-// halka's channel arguments (message size limits, keepalive).
+// A channel with halka's channel arguments (message size limits,
+// keepalive) and the process's security (common/security.h): TLS when
+// configured, the job id and token on every call.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);
 
 // Applies halka's server arguments (message sizes, keepalive policy).
@@ -44,6 +45,8 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder);
 // Largest message halka sends or accepts on any channel.
 inline constexpr int kMaxMessageBytes = 64 << 20;
 inline constexpr int kHttp2FrameBytes = 1 << 20;
+// Streams one client connection may have open at once on a halka server.
+inline constexpr int kMaxConcurrentStreams = 1024;
 inline constexpr int kStreamWindowBytes = 16 << 20;
 // Sets the HTTP/2 arguments halka uses for bulk streams.
 void ApplyStreamingArgs(const std::function<void(const char*, int)>& set);

@@ -6,7 +6,8 @@ PKGS=(build-essential cmake ninja-build pkg-config
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
       libcpp-httplib-dev
-      iproute2 procps python3)
+      iproute2 procps python3
+      openssl clang libclang-rt-14-dev)  # TLS test certificates; libFuzzer
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "common/security.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "worker/core/payload.h"
 #include "worker/core/reduce.h"
@@ -316,6 +317,8 @@ absl::StatusOr<std::unique_ptr<ParameterServerNode>> ParameterServerNode::Start(
   if (options.server_id.empty()) {
     options.server_id = absl::StrCat("ps-", options.shard);
   }
+  auto creds = ServerCredentialsFor(options.listen, ServerRole::kSingleJob);
+  if (!creds.ok()) return creds.status();
   std::unique_ptr<ParameterServerNode> n(new ParameterServerNode());
   n->options_ = options;
   n->service_ = std::make_unique<ParameterServerService>(
@@ -324,8 +327,7 @@ absl::StatusOr<std::unique_ptr<ParameterServerNode>> ParameterServerNode::Start(
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder);
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
-                           &port);
+  builder.AddListeningPort(options.listen, *creds, &port);
   builder.RegisterService(n->service_.get());
   n->server_ = builder.BuildAndStart();
   if (!n->server_ || port == 0) {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags_env.h"
 #include "common/grpc_util.h"
+#include "common/security.h"
 #include "common/signals.h"
 #include "server/parameter_server.h"
 
@@ -31,6 +32,10 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   halka::SetLogTag("ps");
   halka::TuneAllocatorForStreaming();
+  if (absl::Status s = halka::InitSecurityFromFlags(absl::GetFlag(FLAGS_job)); !s.ok()) {
+    halka::LogError(s.ToString());
+    return 2;
+  }
   absl::Notification& stop = halka::InstallTerminationSignals([](int sig) {
     halka::LogInfo(absl::StrCat("signal ", sig, ": shutting down"));
   });

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags_env.h"
 #include "common/grpc_util.h"
+#include "common/security.h"
 #include "common/signals.h"
 #include "server/rendezvous_service.h"
 
@@ -32,6 +33,10 @@ int main(int argc, char** argv) {
   halka::ApplyEnvToFlags();
   absl::ParseCommandLine(argc, argv);
   halka::SetLogTag("rendezvous");
+  if (absl::Status s = halka::InitSecurityFromFlags(""); !s.ok()) {
+    halka::LogError(s.ToString());
+    return 2;
+  }
   absl::Notification& stop = halka::InstallTerminationSignals([](int sig) {
     halka::LogInfo(absl::StrCat("signal ", sig, ": shutting down"));
   });

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "common/security.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/ring_diagnosis.h"
@@ -221,6 +222,7 @@ void RendezvousService::Publish() {
 grpc::Status RendezvousService::Join(grpc::ServerContext* ctx,
                                      const v1::JoinRequest* req,
                                      v1::JoinReply* reply) {
+  if (grpc::Status s = CheckCallJobGrpc(*ctx, req->job_id()); !s.ok()) return s;
   JoinArgs args;
   args.job_id = req->job_id();
   args.worker_id = req->worker_id();
@@ -277,9 +279,10 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status RendezvousService::Heartbeat(grpc::ServerContext*,
+grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* ctx,
                                           const v1::HeartbeatRequest* req,
                                           v1::HeartbeatReply* reply) {
+  if (grpc::Status s = CheckCallJobGrpc(*ctx, req->job_id()); !s.ok()) return s;
   if (req->job_id().empty() || req->worker_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "heartbeat: job_id and worker_id are required");
@@ -309,9 +312,10 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status RendezvousService::Leave(grpc::ServerContext*,
+grpc::Status RendezvousService::Leave(grpc::ServerContext* ctx,
                                       const v1::LeaveRequest* req,
                                       v1::LeaveReply*) {
+  if (grpc::Status s = CheckCallJobGrpc(*ctx, req->job_id()); !s.ok()) return s;
   if (req->job_id().empty() || req->worker_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "leave: job_id and worker_id are required");
@@ -329,6 +333,7 @@ grpc::Status RendezvousService::Watch(
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "watch: job_id is required");
   }
+  if (grpc::Status s = CheckCallJobGrpc(*ctx, req->job_id()); !s.ok()) return s;
   uint64_t sent = req->known_generation();
   for (;;) {
     v1::Membership update;
@@ -363,13 +368,14 @@ grpc::Status RendezvousService::Watch(
 }
 
 grpc::Status RendezvousService::ReportFailure(
-    grpc::ServerContext*, const v1::ReportFailureRequest* req,
+    grpc::ServerContext* ctx, const v1::ReportFailureRequest* req,
     v1::ReportFailureReply* reply) {
   if (req->job_id().empty() || req->worker_id().empty() ||
       req->suspect_worker_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "report: job_id, worker_id and suspect are required");
   }
+  if (grpc::Status s = CheckCallJobGrpc(*ctx, req->job_id()); !s.ok()) return s;
   std::string address;
   {
     absl::MutexLock lock(&mu_);
@@ -405,9 +411,10 @@ grpc::Status RendezvousService::ReportFailure(
   return grpc::Status::OK;
 }
 
-grpc::Status RendezvousService::GetRingHealth(grpc::ServerContext*,
+grpc::Status RendezvousService::GetRingHealth(grpc::ServerContext* ctx,
                                               const v1::RingHealthRequest* req,
                                               v1::RingHealth* reply) {
+  if (grpc::Status s = CheckCallJobGrpc(*ctx, req->job_id()); !s.ok()) return s;
   return BuildHealth(req, reply);
 }
 
@@ -486,8 +493,9 @@ grpc::Status RendezvousService::BuildHealth(const v1::RingHealthRequest* req,
 }
 
 grpc::Status RendezvousService::RegisterServer(
-    grpc::ServerContext*, const v1::RegisterServerRequest* req,
+    grpc::ServerContext* ctx, const v1::RegisterServerRequest* req,
     v1::RegisterServerReply*) {
+  if (grpc::Status s = CheckCallJobGrpc(*ctx, req->job_id()); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   return ToGrpcStatus(state_.RegisterServer(req->job_id(), req->server_id(),
                                             req->address(), req->shard(),
@@ -495,8 +503,9 @@ grpc::Status RendezvousService::RegisterServer(
 }
 
 grpc::Status RendezvousService::LookupServers(
-    grpc::ServerContext*, const v1::LookupServersRequest* req,
+    grpc::ServerContext* ctx, const v1::LookupServersRequest* req,
     v1::LookupServersReply* reply) {
+  if (grpc::Status s = CheckCallJobGrpc(*ctx, req->job_id()); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   auto servers = state_.LookupServers(req->job_id(), absl::Now());
   if (!servers.ok()) return ToGrpcStatus(servers.status());
@@ -506,13 +515,15 @@ grpc::Status RendezvousService::LookupServers(
 
 absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
     const std::string& listen, RendezvousOptions options, int metrics_port) {
+  auto creds = ServerCredentialsFor(listen, ServerRole::kMultiJob);
+  if (!creds.ok()) return creds.status();
   std::unique_ptr<RendezvousServer> s(new RendezvousServer());
   s->service_ = std::make_unique<RendezvousService>(options);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder);
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, *creds, &port);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || port == 0) {

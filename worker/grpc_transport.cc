@@ -33,6 +33,9 @@ class GrpcTransport::OutLink
     self_ = shared_from_this();
     stub_.PrepareBidiStreamingCall(&ctx_, to_ < world ? kLinkMethod : kPsMethod,
                                    grpc::StubOptions(), this);
+    // Writes start from outside reactions (Enqueue): hold the stream open
+    // until no more can start, or gRPC may destroy it under a StartWrite.
+    AddHold();
     StartRead(&response_);
     StartCall();
   }
@@ -41,7 +44,7 @@ class GrpcTransport::OutLink
   // caller reconnects or releases it.
   bool Enqueue(grpc::ByteBuffer frame, std::function<void()>* on_released) {
     absl::MutexLock lock(&mu_);
-    if (done_ || failed_) return false;
+    if (done_ || failed_ || closing_) return false;
     queue_.push_back(Pending{std::move(frame), std::move(*on_released)});
     if (!writing_) {
       writing_ = true;
@@ -57,11 +60,22 @@ class GrpcTransport::OutLink
       cancelled_ = true;
     }
     ctx_.TryCancel();
+    ReleaseHold();
+  }
+
+  // Once: no write starts after this, and the stream may finish.
+  void ReleaseHold() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (closing_) return;
+      closing_ = true;
+    }
+    RemoveHold();
   }
 
   bool usable() {
     absl::MutexLock lock(&mu_);
-    return !done_ && !failed_;
+    return !done_ && !failed_ && !closing_;
   }
   bool done() {
     absl::MutexLock lock(&mu_);
@@ -99,7 +113,10 @@ class GrpcTransport::OutLink
   void OnReadDone(bool ok) override {
     // Peers answer nothing but their final status; a parameter server sends
     // results (and aborts) back on the same stream.
-    if (!ok) return;
+    if (!ok) {
+      ReleaseHold();  // the stream is ending
+      return;
+    }
     absl::StatusOr<InFrame> frame = DecodeFrame(response_);
     response_.Clear();
     if (!frame.ok()) {
@@ -159,6 +176,7 @@ class GrpcTransport::OutLink
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;  // the hold is released
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<OutLink> self_ ABSL_GUARDED_BY(mu_);
 };

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags_env.h"
 #include "common/grpc_util.h"
+#include "common/security.h"
 #include "common/signals.h"
 #include "worker/worker_node.h"
 
@@ -64,6 +65,10 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   halka::SetLogTag("worker");
   halka::TuneAllocatorForStreaming();
+  if (absl::Status s = halka::InitSecurityFromFlags(absl::GetFlag(FLAGS_job)); !s.ok()) {
+    halka::LogError(s.ToString());
+    return 2;
+  }
   halka::WorkerOptions o;
   o.rendezvous = absl::GetFlag(FLAGS_rendezvous);
   o.job_id = absl::GetFlag(FLAGS_job);

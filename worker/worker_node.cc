@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "common/security.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "worker/core/cuda/device_memory.h"
 #include "worker/grpc_transport.h"
@@ -324,6 +325,11 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
     return absl::InvalidArgumentError(
         "worker: --chunk_bytes must be in [64, 16 MiB]");
   }
+  auto creds = ServerCredentialsFor(options.listen);
+  if (!creds.ok()) return creds.status();
+  const std::string uds = absl::StrCat("unix:", options.unix_socket);
+  auto uds_creds = ServerCredentialsFor(uds);
+  if (!uds_creds.ok()) return uds_creds.status();
   std::unique_ptr<WorkerNode> node(new WorkerNode(std::move(options)));
   const WorkerOptions& o = node->options_;
   WorkerNode* raw = node.get();
@@ -334,11 +340,10 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder);
   int port = 0;
-  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(o.listen, *creds, &port);
   if (!o.unix_socket.empty()) {
     unlink(o.unix_socket.c_str());
-    builder.AddListeningPort(absl::StrCat("unix:", o.unix_socket),
-                             grpc::InsecureServerCredentials());
+    builder.AddListeningPort(uds, *uds_creds);
   }
   builder.RegisterService(node->peer_service_.get());
   builder.RegisterService(node->api_service_.get());

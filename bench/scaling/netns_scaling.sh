@@ -53,6 +53,9 @@
 
 set -u
 set -o pipefail
+# Plaintext on namespace addresses (not loopback) needs an explicit
+# --insecure (common/security.h); every daemon reads HALKA_INSECURE.
+export HALKA_INSECURE=1
 
 # ------------------------------------------------------------------ options
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

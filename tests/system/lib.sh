@@ -13,6 +13,10 @@
 # Every process is started in its own session (setsid) and recorded by PID;
 # cleanup signals exactly those process groups, never anything by name.
 
+# Some tests listen on namespace (non-loopback) addresses: plaintext there
+# needs an explicit --insecure (common/security.h); every daemon reads it.
+export HALKA_INSECURE=1
+
 # ---------------------------------------------------------------- state
 
 SYS_LOG=""            # temp dir with every process's .out/.err (and .rc)

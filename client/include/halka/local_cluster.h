@@ -38,6 +38,16 @@ class LocalCluster {
     // Serve HTTP (/metrics; on the rendezvous also the ring page) on free
     // ports; see metrics_address().
     bool metrics = false;
+    // Transport security (see common/security.h). When any of these is set
+    // it becomes this process's security configuration, with job_id, before
+    // anything starts: TLS with tls_cert/tls_key (PEM files), mutual TLS
+    // with tls_ca as well, and job_token on every call and checked by every
+    // server. All empty: plaintext on loopback, no token, and the process's
+    // configuration is left as it is.
+    std::string tls_cert;
+    std::string tls_key;
+    std::string tls_ca;
+    std::string job_token;
   };
 
   // Starts everything and waits until the ring has formed.

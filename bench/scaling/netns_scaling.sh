@@ -161,7 +161,10 @@ P="hs$$-"
 SW="${P}sw"        # the switch namespace (holds the bridge br0)
 RUN_START=$(date +%s)
 DEADLINE=$(( RUN_START + MAX_SECONDS ))
-NETNS_MADE=()      # namespaces created by this run
+# netns_add_host (the same hosts the system tests build); it sets
+# NETNS_MADE=(), the namespaces created by this run.
+# shellcheck source=tests/system/netns.sh
+source "$HERE/../../tests/system/netns.sh"
 LINKS_MADE=()      # root-namespace links (none today; kept for cleanup)
 declare -A PID_OF=()   # name -> pid of a process group leader we started
 PROC_NAMES=()
@@ -338,17 +341,9 @@ shape() {  # shape DEV [NS] : tbf on egress of DEV (inside NS when given)
 # (port hSHORT) is on the bridge in the switch namespace; shaped both ways.
 # The pair is created in place, so no link ever exists in the root namespace.
 add_host() {
-  local short=$1 addr=$2 ns="${P}$1" hv="h$1"
-  ip netns add "$ns" || return 1
-  NETNS_MADE+=("$ns")
-  ip -n "$SW" link add "$hv" type veth peer name eth0 netns "$ns" || return 1
-  ip -n "$SW" link set "$hv" master br0 || return 1
-  ip -n "$SW" link set "$hv" up || return 1
-  ip -n "$ns" addr add "$addr/24" dev eth0 || return 1
-  ip -n "$ns" link set eth0 up || return 1
-  ip -n "$ns" link set lo up || return 1
-  shape eth0 "$ns" || return 1   # what the host sends
-  shape "$hv" "$SW" || return 1  # what the host receives
+  netns_add_host "$1" "$2" || return 1   # tests/system/netns.sh
+  shape eth0 "${P}$1" || return 1        # what the host sends
+  shape "h$1" "$SW" || return 1          # what the host receives
 }
 
 # Does one host reach another? (bash /dev/tcp, bounded)

@@ -41,17 +41,21 @@ absl::Status RendezvousState::Join(const JoinArgs& args, absl::Time now) {
   int min = args.min_world_size;
   int max = args.max_world_size;
   if (max == 0 && min == 0) {
-    if (args.world_size < 1 || args.world_size > options_.max_world_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("join: world_size ", args.world_size,
-                       " is outside [1, ", options_.max_world_size, "]"));
+    if (args.world_size < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "join: world_size ", args.world_size, " is not positive"));
     }
     min = max = args.world_size;
   }
-  if (min < 1 || min > max || max > options_.max_world_size) {
+  if (min < 1 || min > max) {
     return absl::InvalidArgumentError(absl::StrCat(
         "join: world size range [", min, ", ", max,
-        "] is invalid: need 1 <= min <= max <= ", options_.max_world_size));
+        "] is invalid: need 1 <= min <= max"));
+  }
+  if (max > options_.max_world_size) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "join: a job of ", max, " members exceeds this rendezvous's limit of ",
+        options_.max_world_size, " members per job"));
   }
   if (args.requested_rank < -1 || args.requested_rank >= max) {
     return absl::InvalidArgumentError(

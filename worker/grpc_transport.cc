@@ -126,7 +126,12 @@ class GrpcTransport::OutLink
       Cancel();
       return;
     }
-    owner_->inbox_->Deliver(to_, *std::move(frame));
+    absl::Status delivered = owner_->inbox_->Deliver(to_, *std::move(frame));
+    if (!delivered.ok()) {
+      owner_->inbox_->LinkFailed(to_, delivered);
+      Cancel();
+      return;
+    }
     StartRead(&response_);
   }
 
@@ -331,7 +336,12 @@ class PeerService::InLink
       Finish(ToGrpcStatus(s));
       return;
     }
-    inbox_->Deliver(from_, *std::move(frame));
+    absl::Status delivered = inbox_->Deliver(from_, *std::move(frame));
+    if (!delivered.ok()) {
+      inbox_->LinkFailed(from_, delivered);
+      Finish(ToGrpcStatus(delivered));
+      return;
+    }
     StartRead(&buffer_);
   }
 

@@ -135,6 +135,34 @@ TEST(AllReduceLarge, MillionElementsAcrossManyChunks) {
             0u);
 }
 
+TEST(Inbox, CapsFramesQueuedPerSenderAndReportsTheNewest) {
+  Inbox inbox(4);
+  InFrame f;
+  f.meta.kind = FrameKind::kData;
+  for (size_t i = 0; i < Inbox::kMaxQueuedFrames; ++i) {
+    f.meta.op_seq = 7;
+    ASSERT_TRUE(inbox.Deliver(1, f).ok()) << i;
+  }
+  absl::Status s = inbox.Deliver(1, f);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_TRUE(inbox.Deliver(2, f).ok());  // other senders are unaffected
+  EXPECT_EQ(inbox.Deliver(9, f).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(inbox.MaxOpSeqSeen(), 7u);
+  // A newcomer adopts the newest operation nobody aborted.
+  f.meta.op_seq = 9;
+  ASSERT_TRUE(inbox.Deliver(2, f).ok());
+  absl::StatusOr<uint64_t> seq =
+      inbox.WaitFirstOpSeq(absl::Now() + absl::Seconds(1));
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  EXPECT_EQ(*seq, 9u);
+  InFrame abort;
+  abort.meta.kind = FrameKind::kAbort;
+  abort.meta.op_seq = 9;
+  ASSERT_TRUE(inbox.Deliver(3, abort).ok());
+  seq = inbox.WaitFirstOpSeq(absl::Now() + absl::Milliseconds(50));
+  EXPECT_EQ(seq.status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
 TEST(Broadcast, FromEveryRoot) {
   for (int g : {1, 2, 3, 6}) {
     Ring ring(g, 40);

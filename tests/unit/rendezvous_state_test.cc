@@ -194,8 +194,8 @@ TEST_F(RendezvousStateTest, InvalidArguments) {
   EXPECT_EQ(state_.Join(a, now_).code(), absl::StatusCode::kInvalidArgument);
   a = Args("j", "w0", -3);
   EXPECT_EQ(state_.Join(a, now_).code(), absl::StatusCode::kInvalidArgument);
-  a = Args("j", "w0", Opts().max_world_size + 1);
-  EXPECT_EQ(state_.Join(a, now_).code(), absl::StatusCode::kInvalidArgument);
+  a = Args("j", "w0", Opts().max_world_size + 1);  // a limit, not a typo
+  EXPECT_EQ(state_.Join(a, now_).code(), absl::StatusCode::kResourceExhausted);
   a = Args("j", "w0", 2, 2);  // rank == world
   EXPECT_EQ(state_.Join(a, now_).code(), absl::StatusCode::kInvalidArgument);
   a = Args("j", "w0", 2, 7);

@@ -42,7 +42,10 @@ class InProcNetwork::Endpoint : public Transport {
       }
     }
     frame.keepalive = bytes;
-    net_->inbox(to)->Deliver(rank_, std::move(frame));
+    // In-process test transport: a refused frame (the per-sender cap) is
+    // reported like a broken link.
+    absl::Status s = net_->inbox(to)->Deliver(rank_, std::move(frame));
+    if (!s.ok()) net_->inbox(to)->LinkFailed(rank_, s);
     return absl::OkStatus();
   }
 

@@ -15,16 +15,28 @@ void Inbox::SetLinkFailureHook(
   hook_ = std::move(hook);
 }
 
-void Inbox::Deliver(int from, InFrame frame) {
+absl::Status Inbox::Deliver(int from, InFrame frame) {
   absl::MutexLock lock(&mu_);
-  if (from < 0 || from >= max_ranks_) return;  // validated by the transport
-  max_seen_ = std::max(max_seen_, frame.meta.op_seq);
-  if (frame.meta.kind == FrameKind::kAbort) {
-    // Keep the first abort per operation: it names the original cause.
-    aborts_.emplace(frame.meta.op_seq, std::move(frame));
-    return;
+  if (from < 0 || from >= max_ranks_) {  // validated by the transport
+    return absl::InvalidArgumentError(absl::StrCat("no rank ", from));
   }
-  queues_[from].push_back(std::move(frame));
+  if (frame.meta.kind == FrameKind::kAbort) {
+    max_seen_ = std::max(max_seen_, frame.meta.op_seq);
+    // Keep the first abort per operation: it names the original cause.
+    if (aborts_.size() < kMaxQueuedFrames) {
+      aborts_.emplace(frame.meta.op_seq, std::move(frame));
+    }
+    return absl::OkStatus();
+  }
+  std::deque<InFrame>& q = queues_[from];
+  if (q.size() >= kMaxQueuedFrames) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rank ", from, " has ", q.size(),
+        " frames queued that no operation of this rank has taken: the limit"));
+  }
+  max_seen_ = std::max(max_seen_, frame.meta.op_seq);
+  q.push_back(std::move(frame));
+  return absl::OkStatus();
 }
 
 void Inbox::LinkFailed(int peer, absl::Status status) {

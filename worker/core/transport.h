@@ -54,8 +54,11 @@ class Inbox {
   // the broken link to the rendezvous. Set before frames flow.
   void SetLinkFailureHook(std::function<void(int, const absl::Status&)> hook);
 
-  // Called by the transport.
-  void Deliver(int from, InFrame frame);
+  // Called by the transport. RESOURCE_EXHAUSTED (the frame is dropped)
+  // when `from` already has kMaxQueuedFrames frames queued: a peer that
+  // runs that far ahead is broken or hostile, and its link is closed.
+  static constexpr size_t kMaxQueuedFrames = size_t{1} << 16;
+  absl::Status Deliver(int from, InFrame frame);
   void LinkFailed(int peer, absl::Status status);
 
   // Sets an error that fails every wait until ClearInterrupt (a membership

@@ -15,7 +15,7 @@ root=$PWD
 seconds=${1:-300}
 build=${HALKA_FUZZ_BUILD_DIR:-$root/build-fuzz}
 jobs=${HALKA_FUZZ_JOBS:-1}
-targets=(frame_decoder_fuzz rendezvous_requests_fuzz)
+targets=(frame_decoder_fuzz rendezvous_requests_fuzz worker_requests_fuzz)
 
 if ! command -v clang++ >/dev/null; then
   echo "fuzz.sh: clang++ not found (apt-get install clang); skipped" >&2

@@ -21,6 +21,7 @@
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "worker/core/cuda/device_memory.h"
 #include "worker/grpc_transport.h"
+#include "worker/op_request.h"
 
 namespace halka {
 namespace {
@@ -134,32 +135,17 @@ class WorkerNode::Service final : public v1::Worker::Service {
       *reply->mutable_stats() = ToStats(*result);
       return grpc::Status::OK;
     }
+    absl::StatusOr<uint64_t> bytes =
+        ValidateOpSpec(spec, node_->options_.max_op_bytes);
+    if (!bytes.ok()) return ToGrpcStatus(bytes.status());
+    if (absl::Status s = ValidateShmRegion(*req, *bytes); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
     uint8_t* data = nullptr;
-    const uint64_t es = IsValidDType(spec.dtype())
-                            ? DTypeSize(static_cast<DType>(spec.dtype()))
-                            : 0;
-    if (spec.kind() != v1::BARRIER) {
-      if (es == 0) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            "run: invalid dtype");
-      }
-      if (spec.count() > node_->options_.max_op_bytes / es) {
-        return grpc::Status(
-            grpc::StatusCode::RESOURCE_EXHAUSTED,
-            absl::StrCat("run: ", spec.count(), " elements exceed the limit of ",
-                         node_->options_.max_op_bytes, " bytes"));
-      }
-      const uint64_t bytes = spec.count() * es;
-      if (req->shm_offset() > req->shm_size() ||
-          bytes > req->shm_size() - req->shm_offset()) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            "run: region lies outside the shm object");
-      }
-      if (bytes > 0) {
-        auto base = shm_.Map(req->shm_name(), req->shm_size());
-        if (!base.ok()) return ToGrpcStatus(base.status());
-        data = *base + req->shm_offset();
-      }
+    if (*bytes > 0) {
+      auto base = shm_.Map(req->shm_name(), req->shm_size());
+      if (!base.ok()) return ToGrpcStatus(base.status());
+      data = *base + req->shm_offset();
     }
     auto result = node_->Execute(spec, data);
     if (!result.ok()) return ToGrpcStatus(result.status());
@@ -178,22 +164,10 @@ class WorkerNode::Service final : public v1::Worker::Service {
                           "run_inline: no request");
     }
     const v1::OpSpec spec = msg.spec();
-    uint64_t bytes = 0;
-    if (spec.kind() != v1::BARRIER) {
-      if (!IsValidDType(spec.dtype())) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            "run_inline: invalid dtype");
-      }
-      const uint64_t es = DTypeSize(static_cast<DType>(spec.dtype()));
-      if (spec.count() > node_->options_.max_op_bytes / es) {
-        return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                            absl::StrCat("run_inline: ", spec.count(),
-                                         " elements exceed the limit of ",
-                                         node_->options_.max_op_bytes,
-                                         " bytes"));
-      }
-      bytes = spec.count() * es;
-    }
+    absl::StatusOr<uint64_t> checked =
+        ValidateOpSpec(spec, node_->options_.max_op_bytes);
+    if (!checked.ok()) return ToGrpcStatus(checked.status());
+    const uint64_t bytes = *checked;
     std::vector<uint8_t> buffer;
     buffer.reserve(bytes);
     do {

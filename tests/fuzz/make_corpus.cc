@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "halka/v1/rendezvous.pb.h"
+#include "halka/v1/worker.pb.h"
 #include "worker/frame_codec.h"
 
 namespace {
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
   namespace fs = std::filesystem;
   fs::create_directories(root + "/frame_decoder_fuzz");
   fs::create_directories(root + "/rendezvous_requests_fuzz");
+  fs::create_directories(root + "/worker_requests_fuzz");
 
   std::vector<uint8_t> payload(64 * 8, 7);
   int i = 0;
@@ -122,6 +124,27 @@ int main(int argc, char** argv) {
   seq += Record(3, h);
   Write(root + "/rendezvous_requests_fuzz/seed-lifecycle", seq);
   Write(root + "/rendezvous_requests_fuzz/seed-join", Record(0, j));
+  // Worker requests: [type byte][proto]; 0 = RunRequest, 1 = InlineRequest.
+  {
+    halka::v1::RunRequest run;
+    run.mutable_spec()->set_kind(halka::v1::ALL_REDUCE);
+    run.mutable_spec()->set_dtype(halka::v1::FLOAT32);
+    run.mutable_spec()->set_op(halka::v1::SUM);
+    run.mutable_spec()->set_count(1000);
+    run.set_shm_name("/halka-123-0");
+    run.set_shm_offset(64);
+    run.set_shm_size(4096);
+    Write(root + "/worker_requests_fuzz/seed-run",
+          std::string(1, '\0') + run.SerializeAsString());
+    halka::v1::InlineRequest in;
+    in.mutable_spec()->set_kind(halka::v1::BROADCAST);
+    in.mutable_spec()->set_dtype(halka::v1::INT64);
+    in.mutable_spec()->set_count(3);
+    in.mutable_spec()->set_root(2);
+    in.set_data(std::string(24, 'x'));
+    Write(root + "/worker_requests_fuzz/seed-inline",
+          std::string(1, '\1') + in.SerializeAsString());
+  }
   std::printf("corpus written under %s\n", root.c_str());
   return 0;
 }

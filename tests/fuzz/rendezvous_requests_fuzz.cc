@@ -52,7 +52,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const void* bytes = data + pos;
     pos += n;
     now += absl::Milliseconds(kind);  // time moves on, sometimes far
-    switch (kind % 8) {
+    std::string touched;  // the job this record acted on
+    switch (kind % 10) {
       case 0: {
         halka::v1::JoinRequest r;
         if (!r.ParseFromArray(bytes, static_cast<int>(n))) break;
@@ -62,14 +63,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         a.address = r.address();
         a.device = r.device();
         a.world_size = r.world_size();
+        a.min_world_size = r.min_world_size();
+        a.max_world_size = r.max_world_size();
+        a.incarnation = r.incarnation();
         a.requested_rank = r.has_requested_rank() ? r.requested_rank() : -1;
         CheckCode(state.Join(a, now));
         auto as = state.GetAssignment(a.job_id, a.worker_id);
         if (as.has_value()) {
-          Check(as->rank >= 0 && as->rank < as->world_size);
-          Check(static_cast<int>(as->members.size()) == as->world_size);
+          Check(as->rank >= 0 && as->rank < as->view.world_size);
+          Check(static_cast<int>(as->view.members.size()) ==
+                as->view.world_size);
         }
         (void)state.DescribeForming(a.job_id);
+        touched = a.job_id;
         break;
       }
       case 1: {
@@ -78,12 +84,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         CheckCode(state.Heartbeat(r.job_id(), r.worker_id(),
                                   r.telemetry().SerializeAsString(), now)
                       .status());
+        touched = r.job_id();
         break;
       }
       case 2: {
         halka::v1::LeaveRequest r;
         if (!r.ParseFromArray(bytes, static_cast<int>(n))) break;
         CheckCode(state.Leave(r.job_id(), r.worker_id(), now));
+        touched = r.job_id();
         break;
       }
       case 3: {
@@ -109,11 +117,51 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 6:
         (void)state.Sweep(now + absl::Seconds(kind));
         break;
+      case 7: {  // a heartbeat that carries a claim (after a restart)
+        halka::v1::HeartbeatRequest r;
+        if (!r.ParseFromArray(bytes, static_cast<int>(n))) break;
+        halka::RingClaim c;
+        c.generation = r.claim().generation();
+        c.min_world_size = r.claim().min_world_size();
+        c.max_world_size = r.claim().max_world_size();
+        for (const halka::v1::Member& m : r.claim().members()) {
+          halka::MemberView v;
+          v.rank = m.rank();
+          v.worker_id = m.worker_id();
+          v.address = m.address();
+          v.since_generation = m.since_generation();
+          c.members.push_back(v);
+        }
+        CheckCode(state.Restore(r.job_id(), c, now));
+        touched = r.job_id();
+        break;
+      }
+      case 8: {
+        halka::v1::ReportFailureRequest r;
+        if (!r.ParseFromArray(bytes, static_cast<int>(n))) break;
+        CheckCode(state.DeclareLost(r.job_id(), r.suspect_worker_id(),
+                                    r.generation(), r.reason(), now));
+        touched = r.job_id();
+        break;
+      }
       default: {
         halka::v1::JoinRequest r;
         if (!r.ParseFromArray(bytes, static_cast<int>(n))) break;
         state.WithdrawPending(r.job_id(), r.worker_id());
+        touched = r.job_id();
         break;
+      }
+    }
+    (void)state.TakeEvents();
+    // A running ring is always ranks 0..G-1, all alive, G within the range.
+    auto h = state.Health(touched, now);
+    if (h.ok() && (h->state == "healthy" || h->state == "degraded")) {
+      Check(h->world_size >= h->min_world_size &&
+            h->world_size <= h->max_world_size);
+      Check(static_cast<int>(h->members.size()) == h->world_size);
+      for (int i = 0; i < h->world_size; ++i) {
+        Check(h->members[static_cast<size_t>(i)].rank == i);
+        Check(h->members[static_cast<size_t>(i)].alive);
       }
     }
   }

@@ -26,7 +26,12 @@ if [ ! -f "$build/build.ninja" ]; then
     -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DHALKA_CUDA=OFF -DHALKA_BUILD_TESTS=OFF -DHALKA_FUZZ=ON >/dev/null
 fi
-ninja -C "$build" -j"$jobs" "${targets[@]}" halka_make_corpus >/dev/null
+if ! ninja -C "$build" -j"$jobs" "${targets[@]}" halka_make_corpus \
+    >"$build/fuzz-build.log" 2>&1; then
+  echo "fuzz.sh: building the fuzz targets failed:" >&2
+  grep -E "error|FAILED" -A3 "$build/fuzz-build.log" | head -n 40 >&2
+  exit 1
+fi
 
 if [ "$seconds" = "--corpus" ]; then
   "$build/tests/fuzz/halka_make_corpus" "$root/tests/fuzz/corpus"

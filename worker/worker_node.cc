@@ -616,6 +616,8 @@ absl::StatusOr<std::shared_ptr<WorkerNode::Ring>> WorkerNode::AcquireRing(
     ring->inbox = std::make_shared<Inbox>();
   }
   early_.erase(early_.begin(), early_.upper_bound(ring->generation));
+  reported_.erase(reported_.begin(),
+                  reported_.lower_bound({ring->generation, -1}));
   const uint64_t generation = ring->generation;
   ring->inbox->SetLinkFailureHook(
       [this, generation](int peer, const absl::Status& status) {

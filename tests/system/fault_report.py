@@ -143,6 +143,9 @@ def main():
         for c in errs:
             if not c["msg"].startswith(("DEADLINE_EXCEEDED", "ABORTED")):
                 bad.append("unexpected error: %s" % c["msg"][:200])
+    errs = [c for c in calls if c["outcome"] in ("error", "down")]
+    if errs and not a.fault:
+        parts.append('first error: "%s"' % errs[0]["msg"][:200])
     times = [c["ms"] for c in calls if c["outcome"] == "ok"]
     parts.append("ops %d, calls ok=%d error=%d down=%d wrong=%d hang=%d, "
                  "ok call median %d ms" % (

@@ -7,8 +7,9 @@
 # time (int64 sums whose result proves which ranks and which operation it
 # came from), while a fault is injected; fault_report.py then checks:
 # no wrong result, no hang; every survivor call in flight at the fault
-# returned within the bound (heartbeat timeout + interval + 1.5 s) with an
-# error naming the lost peer; an operation on the smaller ring succeeded;
+# returned within the bound (heartbeat timeout + interval + 1.5 s; more for
+# a peer that stops reading, see lose_and_heal) with an error naming the
+# lost peer; an operation on the smaller ring succeeded;
 # after the fault is lifted, an operation on all 4 ranks succeeded.
 #
 # Scenarios (all by default; name some to run only those):
@@ -177,9 +178,13 @@ check() {  # check ARGS... : fault_report.py check on this driver's output
 
 # A worker that dies (or freezes, or drops off the network) in the middle
 # of a 16 MiB ring all-reduce, then comes back.
-#   lose_and_heal NAME VICTIM_RANK INJECT_CMD HEAL_CMD HOLD_S
+#   lose_and_heal NAME VICTIM_RANK INJECT_CMD HEAL_CMD HOLD_S [EXTRA_MS]
+# EXTRA_MS widens the bound for a survivor that was writing to the victim
+# when it went silent: its last frames point into the caller's buffer, and
+# the call returns only once gRPC lets go of them (the connection fails:
+# TCP_USER_TIMEOUT = the 5 s keepalive timeout; or the peer reads again).
 lose_and_heal() {
-  local name=$1 v=$2 inject=$3 heal=$4 hold=$5 t_fault t_heal
+  local name=$1 v=$2 inject=$3 heal=$4 hold=$5 extra=${6:-0} t_fault t_heal
   new_job "$name" elastic
   start_driver 100000 $(( 2 * 1024 * 1024 )) --algorithm=ring
   wait_ready 0 $G 3 60 || fail "[$name] no correct operations before the fault"
@@ -194,7 +199,7 @@ lose_and_heal() {
   wait_ready "$t_heal" $G 2 60 || log "[$name] w$v did not come back into the ring"
   stop_driver >/dev/null
   check --name "$name" --fault "$t_fault" --victim "w$v" --victim-slot "$v" \
-    --bound $BOUND_MS --world-after $(( G - 1 )) --heal "$t_heal"
+    --bound $(( BOUND_MS + extra )) --world-after $(( G - 1 )) --heal "$t_heal"
   end_job
 }
 
@@ -205,12 +210,12 @@ scenario_sigkill() {
 
 scenario_sigstop() {
   lose_and_heal sigstop 1 'kill -STOP "${SYS_PID[${WNAME[1]}]}"' \
-    'kill -CONT "${SYS_PID[${WNAME[1]}]}"' 6
+    'kill -CONT "${SYS_PID[${WNAME[1]}]}"' 6 6000
 }
 
 scenario_linkdown() {
   lose_and_heal linkdown 3 'ip -n "${P}w3" link set eth0 down' \
-    'ip -n "${P}w3" link set eth0 up' 6
+    'ip -n "${P}w3" link set eth0 up' 6 5000
 }
 
 scenario_loss() {

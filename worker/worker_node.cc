@@ -949,6 +949,7 @@ absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
                                      : options_.op_timeout;
   const absl::Time deadline = absl::Now() + timeout;
   uint64_t retry_seq = 0;
+  std::string retry_cause;
   for (int attempt = 0;; ++attempt) {
     CatchUp();
     const uint64_t seq = retry_seq > 0 ? retry_seq : next_seq_;
@@ -967,6 +968,14 @@ absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
               std::max(deadline - absl::Now(), absl::Milliseconds(1)));
     next_seq_ = comm->next_op_seq();
     if (result.ok()) return result;
+    if (retry_seq > 0) {
+      // The re-run failed too: say why it was re-run (that names the lost
+      // peer), not only what it waited for on the new ring.
+      return absl::Status(
+          result.status().code(),
+          absl::StrCat(result.status().message(), " (re-run on generation ",
+                       (*ring)->generation, " after: ", retry_cause, ")"));
+    }
     // Failed before it sent any data, because the membership changed (a
     // peer's link broke, the rendezvous pushed a new generation, a peer
     // already runs the next one): no rank can have completed it, so run it
@@ -999,6 +1008,7 @@ absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
     LogInfo(absl::StrCat("operation #", n, " had not touched the buffer when "
                          "the membership changed: running it on the new ring"));
     retry_seq = n;
+    retry_cause = std::string(result.status().message());
   }
 }
 

@@ -363,17 +363,7 @@ log "link: tbf rate $RATE ($RATE_BPS B/s) burst $BURST latency $LATENCY, both di
 # firewall (e.g. Docker's FORWARD policy DROP, applied to bridged frames by
 # br_netfilter) never sees this traffic, and nothing is added to the root
 # namespace at all.
-ip netns add "$SW" || die "cannot create namespace $SW"
-NETNS_MADE+=("$SW")
-ip netns exec "$SW" sysctl -qw net.bridge.bridge-nf-call-iptables=0 \
-  net.bridge.bridge-nf-call-ip6tables=0 net.bridge.bridge-nf-call-arptables=0 \
-  >/dev/null 2>&1 || true
-ip -n "$SW" link add name br0 type bridge || die "cannot create bridge in $SW"
-ip -n "$SW" link set dev br0 type bridge stp_state 0 forward_delay 0 2>/dev/null || true
-ip -n "$SW" link set dev br0 type bridge nf_call_iptables 0 nf_call_ip6tables 0 \
-  nf_call_arptables 0 2>/dev/null || true
-ip -n "$SW" link set dev br0 up || die "cannot bring the bridge up"
-ip -n "$SW" link set dev lo up 2>/dev/null || true
+netns_make_switch || die "cannot create namespace $SW with bridge br0"
 add_host r "$ADDR_RDV" || die "cannot build host ${P}r"
 if (( WANT_PS && HAVE_PS )); then
   add_host p "$ADDR_PS" || die "cannot build host ${P}p"

@@ -4,6 +4,7 @@
 #
 #   netns_switch            make ${P}sw with bridge br0 (skips with 77 if the
 #                           kernel or the permissions do not allow it)
+#   netns_make_switch       the same without the checks (returns 1 on failure)
 #   netns_add_host S ADDR   namespace ${P}S, eth0=ADDR/24 on br0
 #   netns_cleanup           stop this test's processes, remove its namespaces
 # NETNS_MADE lists the namespaces this test created (removed by id).
@@ -62,14 +63,23 @@ netns_switch() {
   ip netns add "$probe" >/dev/null 2>&1 || netns_skip "'ip netns add' failed"
   ip netns del "$probe" >/dev/null 2>&1
   SW="${P}sw"
-  ip netns add "$SW" || netns_skip "cannot create namespace $SW"
+  netns_make_switch || netns_skip "cannot create namespace $SW with a bridge"
+}
+
+# The switch namespace ${P}sw (SW) with bridge br0, no firewall on bridged
+# frames. Returns 1 on failure (the caller decides: skip or die).
+netns_make_switch() {
+  SW="${P}sw"
+  ip netns add "$SW" || return 1
   NETNS_MADE+=("$SW")
   ip netns exec "$SW" sysctl -qw net.bridge.bridge-nf-call-iptables=0 \
     net.bridge.bridge-nf-call-ip6tables=0 net.bridge.bridge-nf-call-arptables=0 \
     >/dev/null 2>&1 || true
-  ip -n "$SW" link add name br0 type bridge || netns_skip "cannot create a bridge"
+  ip -n "$SW" link add name br0 type bridge || return 1
   ip -n "$SW" link set dev br0 type bridge stp_state 0 forward_delay 0 2>/dev/null || true
-  ip -n "$SW" link set dev br0 up || fail "cannot bring the bridge up"
+  ip -n "$SW" link set dev br0 type bridge nf_call_iptables 0 nf_call_ip6tables 0 \
+    nf_call_arptables 0 2>/dev/null || true
+  ip -n "$SW" link set dev br0 up || return 1
   ip -n "$SW" link set dev lo up 2>/dev/null || true
 }
 

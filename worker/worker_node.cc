@@ -556,18 +556,33 @@ absl::StatusOr<std::shared_ptr<WorkerNode::Ring>> WorkerNode::AcquireRing(
         m.min_world_size(), " members (generation ", m.generation(), ": ",
         m.change(), "); operations fail until enough members (re)join"));
   }
+  // This worker numbers its calls like the ring only if it holds a number
+  // from a ring of the membership it joined (or rejoined) in. A worker
+  // admitted in an earlier generation that never ran an operation there
+  // (a second admission came first) has none: the ring it built on joining
+  // was waiting to adopt one. It is as new as a worker admitted now.
+  const uint64_t last_ring = ring_ == nullptr ? 0 : ring_->generation;
+  const bool numbered =
+      ring_ != nullptr && ring_->comm->next_op_seq() != 0 && seq != 0;
   int rank = -1;
-  bool new_here = false;
-  bool others_older = false;
+  uint64_t since = 0;
   for (const v1::Member& x : m.members()) {
     if (x.worker_id() == options_.worker_id && x.address() == address_ &&
         x.alive()) {
       rank = x.rank();
-      new_here = x.since_generation() == m.generation();
-    } else if (x.since_generation() < m.generation()) {
+      since = x.since_generation();
+    }
+  }
+  // Only a member that was in the ring before this one can carry the
+  // ring's numbering; with none, the ring starts from this worker's number.
+  bool others_older = false;
+  for (const v1::Member& x : m.members()) {
+    if (x.alive() && x.since_generation() < since &&
+        !(x.worker_id() == options_.worker_id && x.address() == address_)) {
       others_older = true;
     }
   }
+  const bool new_here = since > last_ring || !numbered;
   if (rank < 0) {
     return absl::UnavailableError(absl::StrCat(
         "worker ", options_.worker_id, " is not in the ring of job ",

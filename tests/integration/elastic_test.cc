@@ -181,6 +181,36 @@ TEST_F(ElasticTest, LossShrinksTheRingAndARestartGrowsItBack) {
             << std::endl;
 }
 
+// Two restarts admitted in two generations, before the first of them ran
+// any operation: that one joined the ring's numbering as late as the
+// second. (Found by the chaos test: it numbered its calls from #1 while the
+// ring was at #200, and no operation on all ranks succeeded again.)
+TEST_F(ElasticTest, TwoAdmissionsBeforeAnyOperationBothTakeTheNumbering) {
+  StartRendezvous();
+  StartWorkers(4, 2, 4);
+  int seq = 0;
+  for (int i = 0; i < 3; ++i) EventuallyCorrect(Live(), 4, &seq);
+  for (int i : {2, 3}) {
+    workers_[static_cast<size_t>(i)]->Shutdown(/*leave=*/false);
+    workers_[static_cast<size_t>(i)].reset();
+  }
+  for (int i = 0; i < 3; ++i) EventuallyCorrect(Live(), 2, &seq);
+  // Start returns once the worker is admitted: w2 in one generation, w3
+  // (which completes the ring) in the next, with no call in between.
+  for (int i : {2, 3}) {
+    auto back = WorkerNode::Start(Options(i, 2, 4));
+    ASSERT_TRUE(back.ok()) << back.status();
+    workers_[static_cast<size_t>(i)] = std::move(*back);
+  }
+  EventuallyCorrect(Live(), 4, &seq);
+  // And the ranks keep numbering their calls alike.
+  auto results = AllReduce(Live(), ++seq);
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->op_seq, results[0]->op_seq);
+  }
+}
+
 TEST_F(ElasticTest, BelowMinimumFailsClearlyThenRecovers) {
   StartRendezvous();
   StartWorkers(3, 3, 3);  // a fixed job of 3

@@ -409,6 +409,11 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
       options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
     }
     creds = grpc::experimental::TlsServerCredentials(options);
+    LogInfo(absl::StrCat(
+        "serving TLS on ", listen,
+        c.tls_ca.empty() ? " (clients need no certificate)"
+                         : " with mutual TLS: clients need a certificate "
+                           "signed by the CA in " + c.tls_ca));
   } else {
     if (!unix_socket && !IsLocalAddress(listen)) {
       if (!c.insecure) {

@@ -15,6 +15,12 @@
 #      within 15 s
 #   6. `stop`: every remaining daemon exits 0 on SIGTERM, well within the
 #      grace period
+#   7. the same stack with compose.tls.yaml (certificates from
+#      deploy/compose/make-certs.sh): the bench exits 0 with #wrong 0 over
+#      mutual TLS and the job token; `halkactl health` from a container
+#      succeeds with the job's certificate and token, and fails in
+#      plaintext, without a client certificate, with another CA's
+#      certificate (UNAVAILABLE) and with a wrong token (UNAUTHENTICATED)
 #   always: tears the stack down and prunes dangling images and build cache;
 #   keeps debian:bookworm-slim and halka:latest for the next run.
 #
@@ -45,7 +51,8 @@ FAILED=0
 SUMMARY=()
 summary() { SUMMARY+=("$(printf '%-44s %s' "$1" "$2")"); }
 
-compose() { "${COMPOSE[@]}" -p "$PROJECT" -f "$COMPOSE_FILE" "$@"; }
+COMPOSE_FILES=(-f "$COMPOSE_FILE")
+compose() { "${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" "$@"; }
 
 fail() {
   FAILED=1
@@ -176,61 +183,69 @@ else
 fi
 
 # ------------------------------------------------------------ 4. stack + bench
-log "docker-compose up -d (project $PROJECT, job $JOB)"
-STACK_UP=1
-t0=$(now_ms)
-timeout 300 "${COMPOSE[@]}" -p "$PROJECT" -f "$COMPOSE_FILE" up -d >"$WORK/up.log" 2>&1 ||
-  fail "compose up failed:
-$(tail -n 30 "$WORK/up.log" | sed 's/^/    | /')"
-up_ms=$(( $(now_ms) - t0 ))
+# up_and_bench LABEL: `up -d` the stack of COMPOSE_FILES as PROJECT, waits
+# for its services to turn healthy and for the bench to exit 0 with a table
+# whose every row has #wrong 0. Sets CID[service].
 LONG_RUNNING=(rendezvous worker-0 worker-1 worker-2 worker-3 ps)
 declare -A CID=()
-# one quick call (`compose ps -q` per service costs ~0.5 s each with v1);
-# both Compose versions label containers with project and service
-while read -r svc id; do
-  CID[$svc]=$id
-done < <(docker ps -a --filter "label=com.docker.compose.project=$PROJECT" \
-           --format '{{.Label "com.docker.compose.service"}} {{.ID}}')
-for s in "${LONG_RUNNING[@]}" bench; do
-  [[ -n ${CID[$s]:-} ]] || fail "no container for service $s"
-done
-for _ in $(seq 1 600); do
-  all=1
-  for s in "${LONG_RUNNING[@]}"; do
-    h=$(docker inspect -f '{{.State.Health.Status}}' "${CID[$s]}" 2>/dev/null)
-    [[ $h == healthy ]] || { all=0; break; }
+up_and_bench() {
+  local all h s up_ms healthy_ms bench_rc bench_s rows nrows bad algo svc id t0
+  CID=()
+  log "compose up -d $1 (project $PROJECT, job $JOB)"
+  STACK_UP=1
+  t0=$(now_ms)
+  timeout 300 "${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" up -d >"$WORK/up.log" 2>&1 ||
+    fail "compose up failed:
+$(tail -n 30 "$WORK/up.log" | sed 's/^/    | /')"
+  up_ms=$(( $(now_ms) - t0 ))
+  # one quick call (`compose ps -q` per service costs ~0.5 s each with v1);
+  # both Compose versions label containers with project and service
+  while read -r svc id; do
+    CID[$svc]=$id
+  done < <(docker ps -a --filter "label=com.docker.compose.project=$PROJECT" \
+             --format '{{.Label "com.docker.compose.service"}} {{.ID}}')
+  for s in "${LONG_RUNNING[@]}" bench; do
+    [[ -n ${CID[$s]:-} ]] || fail "no container for service $s"
   done
-  (( all )) && break
-  sleep 0.2
-done
-(( all )) || fail "the stack did not turn healthy"
-healthy_ms=$(( $(now_ms) - t0 ))
-summary "stack up -d (deps healthy, bench started)" "$(secs "$up_ms") s"
-summary "time to healthy (6 services)" "$(secs "$healthy_ms") s"
+  for _ in $(seq 1 600); do
+    all=1
+    for s in "${LONG_RUNNING[@]}"; do
+      h=$(docker inspect -f '{{.State.Health.Status}}' "${CID[$s]}" 2>/dev/null)
+      [[ $h == healthy ]] || { all=0; break; }
+    done
+    (( all )) && break
+    sleep 0.2
+  done
+  (( all )) || fail "the stack did not turn healthy"
+  healthy_ms=$(( $(now_ms) - t0 ))
+  summary "$1: stack up -d (deps healthy, bench started)" "$(secs "$up_ms") s"
+  summary "$1: time to healthy (6 services)" "$(secs "$healthy_ms") s"
 
-log "waiting for the bench (at most ${BENCH_DEADLINE_S}s)"
-bench_rc=$(timeout "$BENCH_DEADLINE_S" docker wait "${CID[bench]}") ||
-  fail "bench did not finish within ${BENCH_DEADLINE_S}s"
-docker logs "${CID[bench]}" >"$WORK/bench.log" 2>&1
-sed 's/^/    | /' "$WORK/bench.log"
-bench_s=$(docker inspect -f '{{.State.StartedAt}} {{.State.FinishedAt}}' "${CID[bench]}" |
-          awk '{ cmd = "date +%s.%N -d " $1; cmd | getline a; close(cmd)
-                 cmd = "date +%s.%N -d " $2; cmd | getline b; close(cmd)
-                 printf "%.1f", b - a }')
-summary "bench run (container start to exit)" "${bench_s} s, exit $bench_rc"
-[[ $bench_rc == 0 ]] || fail "bench exited $bench_rc"
-# rows: size count type redop algo time algbw busbw #wrong
-rows=$(awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && NF == 9' "$WORK/bench.log")
-nrows=$(grep -c . <<<"$rows")
-(( nrows >= 3 )) || fail "bench printed $nrows table rows"
-bad=$(awk '$9 != "0"' <<<"$rows")
-[[ -z $bad ]] || fail "rows with #wrong != 0:
+  log "waiting for the bench (at most ${BENCH_DEADLINE_S}s)"
+  bench_rc=$(timeout "$BENCH_DEADLINE_S" docker wait "${CID[bench]}") ||
+    fail "bench did not finish within ${BENCH_DEADLINE_S}s"
+  docker logs "${CID[bench]}" >"$WORK/bench.log" 2>&1
+  sed 's/^/    | /' "$WORK/bench.log"
+  bench_s=$(docker inspect -f '{{.State.StartedAt}} {{.State.FinishedAt}}' "${CID[bench]}" |
+            awk '{ cmd = "date +%s.%N -d " $1; cmd | getline a; close(cmd)
+                   cmd = "date +%s.%N -d " $2; cmd | getline b; close(cmd)
+                   printf "%.1f", b - a }')
+  summary "$1: bench run (container start to exit)" "${bench_s} s, exit $bench_rc"
+  [[ $bench_rc == 0 ]] || fail "bench ($1) exited $bench_rc"
+  # rows: size count type redop algo time algbw busbw #wrong
+  rows=$(awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && NF == 9' "$WORK/bench.log")
+  nrows=$(grep -c . <<<"$rows")
+  (( nrows >= 3 )) || fail "bench printed $nrows table rows"
+  bad=$(awk '$9 != "0"' <<<"$rows")
+  [[ -z $bad ]] || fail "rows with #wrong != 0:
 $bad"
-for algo in ring ps naive; do
-  awk -v a="$algo" '$5 == a' <<<"$rows" | grep -q . || fail "no $algo row in the bench table"
-done
-grep -q '#wrong' "$WORK/bench.log" || fail "no table header in the bench log"
-summary "bench table" "$nrows rows (ring, ps, naive), all #wrong 0"
+  for algo in ring ps naive; do
+    awk -v a="$algo" '$5 == a' <<<"$rows" | grep -q . || fail "no $algo row in the bench table"
+  done
+  grep -q '#wrong' "$WORK/bench.log" || fail "no table header in the bench log"
+  summary "$1: bench table" "$nrows rows (ring, ps, naive), all #wrong 0"
+}
+up_and_bench plaintext
 
 # ------------------------------------------------------------ 5. kill a worker
 NET=$(docker inspect -f '{{range $k, $v := .NetworkSettings.Networks}}{{$k}} {{end}}' \
@@ -270,4 +285,67 @@ for s in rendezvous worker-0 worker-1 worker-3 ps; do
 done
 (( stop_ms < 9000 )) || fail "stopping took $(secs "$stop_ms") s: some daemon ignored SIGTERM"
 summary "SIGTERM: 5 daemons exit 0" "$(secs "$stop_ms") s for the whole stack"
+
+# ------------------------------------------------------------ 7. TLS stack
+# The same stack with compose.tls.yaml: mutual TLS on every channel, the
+# job's token on every call, a rendezvous that admits only this job.
+compose down --volumes --remove-orphans --timeout 10 >/dev/null 2>&1 ||
+  fail "compose down (plaintext stack) failed"
+STACK_UP=0
+TLS_FILE=$ROOT/deploy/compose/compose.tls.yaml
+TLS_DIR=$WORK/tls
+HALKA_JOB=$JOB "$ROOT/deploy/compose/make-certs.sh" "$TLS_DIR" >"$WORK/certs.log" 2>&1 ||
+  fail "make-certs.sh failed:
+$(sed 's/^/    | /' "$WORK/certs.log")"
+export HALKA_TLS_DIR=$TLS_DIR
+"${COMPOSE[@]}" -f "$COMPOSE_FILE" -f "$TLS_FILE" config -q ||
+  fail "${COMPOSE[*]} config rejects compose.yaml + compose.tls.yaml"
+node "$VALIDATOR/compose-validate.mjs" "$TLS_FILE" ||
+  fail "compose.tls.yaml does not validate against the Compose Specification schema"
+PROJECT=${PROJECT}tls
+COMPOSE_FILES+=(-f "$TLS_FILE")
+up_and_bench tls
+for s in "${LONG_RUNNING[@]}"; do
+  logs=$(docker logs "${CID[$s]}" 2>&1)  # not piped: grep -q would SIGPIPE it
+  grep -q 'serving TLS on .* with mutual TLS' <<<"$logs" ||
+    fail "$s's log does not say it serves mutual TLS"
+  grep -q 'PLAINTEXT' <<<"$logs" && fail "$s serves plaintext on the TLS stack"
+done
+summary "tls: 6 daemons serve mutual TLS" "no plaintext warning"
+NET=$(docker inspect -f '{{range $k, $v := .NetworkSettings.Networks}}{{$k}} {{end}}' \
+        "${CID[rendezvous]}" | awk '{print $1}')
+
+# probe WHAT EXPECT_RC PATTERN [docker run options]: halkactl health from a
+# container on the TLS stack's network, with the files mounted; checks its
+# exit status and that its output matches PATTERN (grep -E).
+probe() {
+  local what=$1 want=$2 pattern=$3 out rc
+  shift 3
+  out=$(timeout 60 docker run --rm --network "$NET" \
+          --mount "type=bind,source=$TLS_DIR,target=/etc/halka/tls,readonly" "$@" \
+          "$IMAGE" halkactl health --rendezvous=rendezvous:7100 --job="$JOB" \
+          --timeout=5s 2>&1)
+  rc=$?
+  if [[ $want == 0 && $rc != 0 ]] || [[ $want != 0 && $rc == 0 ]] ||
+     ! grep -qE -- "$pattern" <<<"$out"; then
+    fail "health $what: exit $rc, expected $( [[ $want == 0 ]] && echo 0 || echo 'non-zero') and /$pattern/:
+$(head -n 12 <<<"$out" | sed 's/^/    | /')"
+  fi
+  grep -qF -- "$(cat "$TLS_DIR/token" 2>/dev/null || echo no-token-readable)" <<<"$out" &&
+    fail "health $what printed the job token"
+  summary "tls: health $what" "exit $rc: $(grep -E -- "$pattern" <<<"$out" | head -n 1 | cut -c1-110)"
+}
+T=/etc/halka/tls
+probe "with the job's certificate and token" 0 'healthy' \
+  -e HALKA_TLS_CA=$T/ca.pem -e HALKA_TLS_CERT=$T/bench.pem \
+  -e HALKA_TLS_KEY=$T/bench.key -e HALKA_JOB_TOKEN_FILE=$T/token
+probe "in plaintext" 1 'UNAVAILABLE' -e HALKA_INSECURE=1 -e HALKA_JOB_TOKEN_FILE=$T/token
+probe "with the CA but no client certificate" 1 'UNAVAILABLE' \
+  -e HALKA_TLS_CA=$T/ca.pem -e HALKA_JOB_TOKEN_FILE=$T/token
+probe "with a certificate of another CA" 1 'UNAVAILABLE' \
+  -e HALKA_TLS_CA=$T/ca.pem -e HALKA_TLS_CERT=$T/rogue.pem \
+  -e HALKA_TLS_KEY=$T/rogue.key -e HALKA_JOB_TOKEN_FILE=$T/token
+probe "with a wrong token" 1 'UNAUTHENTICATED' \
+  -e HALKA_TLS_CA=$T/ca.pem -e HALKA_TLS_CERT=$T/bench.pem \
+  -e HALKA_TLS_KEY=$T/bench.key -e HALKA_JOB_TOKEN=not-the-token
 exit 0

@@ -9,6 +9,8 @@
 #                                          as server and client certificate
 #                                          (--tls_cert/--tls_key); SANs:
 #                                          DNS:HOST, DNS:localhost, IP:127.0.0.1
+#   (a HOST argument NAME=SAN,SAN,... writes NAME.pem/NAME.key for those
+#   names instead, e.g. tls='*.halka-worker.ns.svc,halka-rendezvous')
 #   OUTDIR/rogue-ca.pem, rogue.pem, rogue.key
 #                                          a second, unrelated CA and a
 #                                          certificate from it, for tests that
@@ -32,11 +34,14 @@ make_ca() {  # NAME CN
     -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
 }
 
-make_leaf() {  # CA NAME HOST
-  local ca=$1 name=$2 host=$3 ext
+make_leaf() {  # CA NAME HOST[,HOST...]
+  local ca=$1 name=$2 host=${3%%,*} ext h san="" names=()
   ext=$(mktemp)
-  local san="DNS:$host,DNS:localhost,IP:127.0.0.1"
-  [[ $host =~ ^[0-9.]+$ ]] && san="IP:$host,DNS:localhost,IP:127.0.0.1"
+  IFS=, read -ra names <<<"$3"
+  for h in "${names[@]}" localhost 127.0.0.1; do
+    if [[ $h =~ ^[0-9.]+$ ]]; then san+="IP:$h,"; else san+="DNS:$h,"; fi
+  done
+  san=${san%,}
   printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=%s\n' "$san" >"$ext"
   openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
     -keyout "$out/$name.key" -out "$out/$name.csr" -subj "/CN=$host" 2>/dev/null
@@ -47,7 +52,9 @@ make_leaf() {  # CA NAME HOST
 
 [ -f "$out/ca.pem" ] || make_ca ca halka-test-ca
 [ -f "$out/rogue-ca.pem" ] || make_ca rogue-ca halka-rogue-ca
-for h in "${hosts[@]}"; do make_leaf ca "$h" "$h"; done
+for h in "${hosts[@]}"; do
+  if [[ $h == *=* ]]; then make_leaf ca "${h%%=*}" "${h#*=}"; else make_leaf ca "$h" "$h"; fi
+done
 make_leaf rogue-ca rogue localhost
 [ -f "$out/token" ] || openssl rand -hex 32 >"$out/token"
 chmod 644 "$out"/*.pem

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Deploy test: strict offline validation of deploy/k8s (no cluster needed).
 #
-#   1. renders deploy/k8s/base, overlays/gpu and bench with `kubectl
+#   1. renders deploy/k8s/base, overlays/gpu, overlays/tls (with the Secret
+#      its make-secret.sh prints), overlays/tls-bench and bench with `kubectl
 #      kustomize` (kubectl >= 1.21: kustomize v4+) and with kustomize-lite.mjs,
 #      the repo's own stand-in, and asserts both give the same objects (the
 #      stand-in renders alone where there is no kubectl)
@@ -64,10 +65,11 @@ render() {
 }
 
 # ------------------------------------------------------------ 1+2. real manifests
-check_set() {  # check_set NAME DIR... : renders each DIR, validates all as one set
+check_set() {  # check_set NAME DIR|FILE... : renders each DIR, validates all as one set
   local name=$1; shift
   local files=() d out
   for d in "$@"; do
+    if [[ -f $d ]]; then files+=("$d"); continue; fi
     out=$WORK/$name-$(basename "$d").yaml
     if ! render "$d" "$out"; then
       bad "$name: rendering ${d#"$ROOT"/} failed: $(head -c 2000 "$out.err")"
@@ -77,7 +79,7 @@ check_set() {  # check_set NAME DIR... : renders each DIR, validates all as one 
   done
   if node "$V/k8s-validate.mjs" --name "$name" "${files[@]}" >"$WORK/$name.out" 2>&1; then
     ok "$(tail -n 1 "$WORK/$name.out")"
-    cat "${files[@]}" >"$WORK/$name.all.yaml"
+    for d in "${files[@]}"; do cat "$d"; echo "---"; done >"$WORK/$name.all.yaml"
   else
     bad "$name rejected:"
     sed 's/^/      /' "$WORK/$name.out"
@@ -87,6 +89,24 @@ check_set() {  # check_set NAME DIR... : renders each DIR, validates all as one 
 check_set base "$K8S/base"
 check_set gpu "$K8S/overlays/gpu"
 check_set base+bench "$K8S/base" "$K8S/bench"
+# The TLS overlay with the Secret its script makes (the validator checks the
+# files it names against the Secret's keys), and the bench over TLS.
+if HALKA_WORKERS=4 "$K8S/overlays/tls/make-secret.sh" halka-test halka "$WORK/tls-ca" \
+     >"$WORK/secret.yaml" 2>"$WORK/secret.err"; then
+  check_set tls "$K8S/overlays/tls" "$WORK/secret.yaml"
+  check_set tls+bench "$K8S/overlays/tls" "$K8S/overlays/tls-bench" "$WORK/secret.yaml"
+  sans=$(openssl x509 -in "$WORK/tls-ca/tls.pem" -noout -ext subjectAltName 2>&1)
+  if grep -q 'DNS:halka-worker-3.halka-worker,' <<<"$sans" &&
+     grep -q 'DNS:\*.halka-worker.halka-test.svc,' <<<"$sans" &&
+     grep -q 'DNS:halka-rendezvous,' <<<"$sans" &&
+     openssl verify -CAfile "$WORK/tls-ca/ca.pem" "$WORK/tls-ca/tls.pem" >/dev/null 2>&1; then
+    ok "tls: make-secret.sh's certificate verifies against its CA and names the Services' pods"
+  else
+    bad "tls: make-secret.sh's certificate: $sans"
+  fi
+else
+  bad "make-secret.sh failed: $(cat "$WORK/secret.err")"
+fi
 
 # A few facts about the rendered sets, read back with node.
 facts() {  # facts FILE JS-EXPR-over-objects -> prints the value
@@ -102,6 +122,14 @@ if [[ -f $WORK/gpu.all.yaml && -f $WORK/base.all.yaml ]]; then
     ok "gpu overlay: workers run halka:cuda with nvidia.com/gpu: 1, parameter servers stay on halka:latest"
   else
     bad "gpu overlay: worker image/GPU limit/ps image are $got"
+  fi
+  if [[ -f $WORK/tls.all.yaml ]]; then
+    got=$(facts "$WORK/tls.all.yaml" "['halka-worker', 'halka-ps'].map(n => [sts(n).spec.template.spec.containers[0].readinessProbe.exec?.command?.[0], sts(n).spec.template.spec.containers[0].env.find(e => e.name === 'HALKA_INSECURE').value]).concat([objs.find(o => o.kind === 'ConfigMap').data.HALKA_TLS_CA])")
+    if [[ $got == '[["halka-healthcheck","false"],["halka-healthcheck","false"],"/etc/halka/tls/ca.pem"]' ]]; then
+      ok "tls overlay: exec probes (halka-healthcheck), HALKA_INSECURE=false, HALKA_TLS_CA in halka-config"
+    else
+      bad "tls overlay: probes/insecure/CA are $got"
+    fi
   fi
   got=$(facts "$WORK/base.all.yaml" "objs.every(o => o.metadata.labels?.['app.kubernetes.io/part-of'] === 'halka')")
   if [[ $got == true ]]; then

@@ -22,7 +22,10 @@
 // Service that publishes not-ready addresses, HALKA_WORLD_SIZE = workers'
 // replicas, HALKA_SHARDS = parameter servers' replicas, HALKA_ADVERTISE is
 // the pod's stable DNS name on the listen port, HALKA_RENDEZVOUS names a
-// Service port, and CUDA images go with nvidia.com/gpu limits.
+// Service port, CUDA images go with nvidia.com/gpu limits, and under TLS:
+// no HALKA_INSECURE, no kubelet gRPC probes (plaintext), HALKA_TLS_* and
+// token files under a mount of the container, readable by the pod's user,
+// and keys of the Secret when the Secret is in the set.
 //
 // Prints every problem, one a line, and exits 1 if there is any.
 import fs from "node:fs";
@@ -359,6 +362,45 @@ for (const w of workloads) {
         problem(w, `${where} HALKA_RENDEZVOUS`, `"${rdv}": no Service "${host}" in this set`);
       } else if (!(svc.spec?.ports ?? []).some((p) => p.port === portNum(rdv))) {
         problem(w, `${where} HALKA_RENDEZVOUS`, `"${rdv}": Service "${host}" has no port ${portNum(rdv)}`);
+      }
+    }
+    // TLS: consistent flags, files that are mounted (and, when the Secret
+    // is in the set, present in it and readable by the pod's user), and
+    // probes that can speak TLS.
+    const pod = w.spec.template.spec ?? {};
+    const tls = env.get("HALKA_TLS_CERT") !== undefined || env.get("HALKA_TLS_CA") !== undefined;
+    if (tls && /^(1|true|yes)$/i.test(env.get("HALKA_INSECURE") ?? "")) {
+      problem(w, `${where} HALKA_INSECURE`, "is true while HALKA_TLS_* are set: plaintext or TLS, not both");
+    }
+    if ((env.get("HALKA_TLS_CERT") === undefined) !== (env.get("HALKA_TLS_KEY") === undefined)) {
+      problem(w, where, "HALKA_TLS_CERT and HALKA_TLS_KEY come together");
+    }
+    if (tls) {
+      for (const probeName of ["livenessProbe", "readinessProbe", "startupProbe"]) {
+        if (c[probeName]?.grpc) {
+          problem(w, `${where} ${probeName}.grpc`, "the kubelet's gRPC probe speaks plaintext and fails against a TLS port: probe with exec [halka-healthcheck]");
+        }
+      }
+    }
+    for (const v of ["HALKA_TLS_CERT", "HALKA_TLS_KEY", "HALKA_TLS_CA", "HALKA_JOB_TOKEN_FILE", "HALKA_JOB_TOKENS_FILE"]) {
+      const file = env.get(v);
+      if (!file || !file.startsWith("/")) continue;
+      const m = (c.volumeMounts ?? []).find((x) => file.startsWith(x.mountPath.replace(/\/?$/, "/")));
+      if (!m) {
+        problem(w, `${where} ${v}`, `"${file}" lies under no volumeMount of the container`);
+        continue;
+      }
+      const vol = (pod.volumes ?? []).find((x) => x.name === m.name);
+      if (!vol?.secret) continue;
+      const mode = vol.secret.defaultMode ?? 0o644;
+      const user = c.securityContext?.runAsUser ?? pod.securityContext?.runAsUser;
+      if (user !== 0 && !(mode & 0o004) && !((mode & 0o040) && pod.securityContext?.fsGroup !== undefined)) {
+        problem(w, `volume "${vol.name}"`, `Secret files of mode 0${mode.toString(8)} are root's: unreadable by uid ${user ?? "(image default)"} without a pod fsGroup`);
+      }
+      const secret = find("Secret", vol.secret.secretName);
+      const k = file.slice(m.mountPath.replace(/\/?$/, "/").length);
+      if (secret && !(k in (secret.data ?? {})) && !(k in (secret.stringData ?? {}))) {
+        problem(w, `${where} ${v}`, `Secret "${vol.secret.secretName}" has no key "${k}"`);
       }
     }
     if (prog !== "halka-worker" && prog !== "halka-ps") continue;

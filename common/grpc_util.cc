@@ -118,6 +118,40 @@ void TuneAllocatorForStreaming() {
   mallopt(M_ARENA_MAX, 4);
 }
 
+StreamLimiter::StreamLimiter(std::string what, int per_connection, int total)
+    : what_(std::move(what)), per_connection_(per_connection), total_(total) {}
+
+absl::Status StreamLimiter::Acquire(const std::string& peer) {
+  absl::MutexLock lock(&mu_);
+  if (open_ >= total_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "too many open ", what_, " streams on this server: ", open_,
+        " (at most ", total_, "); refused the one from ", peer));
+  }
+  int& mine = per_peer_[peer];
+  if (mine >= per_connection_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "too many open ", what_, " streams from ", peer, ": ", mine,
+        " (at most ", per_connection_, " per connection)"));
+  }
+  ++mine;
+  ++open_;
+  return absl::OkStatus();
+}
+
+void StreamLimiter::Release(const std::string& peer) {
+  absl::MutexLock lock(&mu_);
+  auto it = per_peer_.find(peer);
+  if (it == per_peer_.end()) return;
+  if (--it->second <= 0) per_peer_.erase(it);
+  --open_;
+}
+
+int StreamLimiter::open() const {
+  absl::MutexLock lock(&mu_);
+  return open_;
+}
+
 void SetTimeout(grpc::ClientContext& ctx, absl::Duration timeout) {
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }

@@ -4,11 +4,14 @@
 #define HALKA_COMMON_GRPC_UTIL_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 
@@ -48,6 +51,51 @@ inline constexpr int kHttp2FrameBytes = 1 << 20;
 // Streams one client connection may have open at once on a halka server.
 inline constexpr int kMaxConcurrentStreams = 1024;
 inline constexpr int kStreamWindowBytes = 16 << 20;
+
+// Bounds the streams of one kind a server has open at once, per client
+// connection (the peer address gRPC reports for the call) and in all. HTTP/2's
+// own cap (kMaxConcurrentStreams) only makes a client queue its next
+// stream; a stream past these bounds is refused at once with
+// RESOURCE_EXHAUSTED, saying which bound.
+class StreamLimiter {
+ public:
+  StreamLimiter(std::string what, int per_connection, int total);
+  StreamLimiter(const StreamLimiter&) = delete;
+  StreamLimiter& operator=(const StreamLimiter&) = delete;
+
+  // Counts a stream of `peer` (ServerContext::peer()), or refuses it.
+  absl::Status Acquire(const std::string& peer);
+  // Forgets a stream Acquire counted.
+  void Release(const std::string& peer);
+  int open() const;
+
+  // Acquire for the life of a handler that runs the whole stream.
+  class Scoped {
+   public:
+    Scoped(StreamLimiter& limiter, std::string peer)
+        : limiter_(limiter), peer_(std::move(peer)),
+          status_(limiter.Acquire(peer_)) {}
+    ~Scoped() {
+      if (status_.ok()) limiter_.Release(peer_);
+    }
+    Scoped(const Scoped&) = delete;
+    Scoped& operator=(const Scoped&) = delete;
+    const absl::Status& status() const { return status_; }
+
+   private:
+    StreamLimiter& limiter_;
+    const std::string peer_;
+    const absl::Status status_;
+  };
+
+ private:
+  const std::string what_;
+  const int per_connection_;
+  const int total_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, int> per_peer_ ABSL_GUARDED_BY(mu_);
+  int open_ ABSL_GUARDED_BY(mu_) = 0;
+};
 // Sets the HTTP/2 arguments halka uses for bulk streams.
 void ApplyStreamingArgs(const std::function<void(const char*, int)>& set);
 

@@ -27,13 +27,25 @@ struct HttpResponse {
 using HttpHandler =
     std::function<HttpResponse(const std::map<std::string, std::string>&)>;
 
+// HTTPS for the server: a certificate and key (PEM files), and a CA whose
+// certificates clients must present (mutual TLS) when `ca` is set. Empty
+// cert: plain HTTP.
+struct HttpTls {
+  std::string cert;
+  std::string key;
+  std::string ca;
+};
+
 class HttpServer {
  public:
   // Serves `handlers` (by exact path) on host:port; port -1 picks a free
-  // one. Errors: UNAVAILABLE (cannot bind).
+  // one. With `tls.cert`, HTTPS (the files are read once, at the start).
+  // Errors: UNAVAILABLE (cannot bind), INVALID_ARGUMENT (unusable TLS
+  // files).
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
       const std::string& host, int port,
-      std::map<std::string, HttpHandler> handlers);
+      std::map<std::string, HttpHandler> handlers, const HttpTls& tls = {});
+  bool https() const { return https_; }
   ~HttpServer();
   int port() const { return port_; }
   // "host:port".
@@ -46,7 +58,16 @@ class HttpServer {
   std::thread thread_;
   std::string host_;
   int port_ = 0;
+  bool https_ = false;
 };
+
+// Starts the HTTP port of a daemon (`what`: "rendezvous", "worker w0"):
+// HTTPS with the process's TLS files (common/security.h) when it has them,
+// requiring a client certificate from its CA when it has one; plain HTTP
+// otherwise, with a warning when the host is not loopback. Logs the choice.
+absl::StatusOr<std::unique_ptr<HttpServer>> StartDaemonHttp(
+    const std::string& what, const std::string& host, int port,
+    std::map<std::string, HttpHandler> handlers);
 
 // Prometheus label value escaping (\\, \", \n).
 std::string PromEscape(const std::string& s);

@@ -79,6 +79,7 @@ class ParameterServerService::Stream
 
   void OnDone() override {
     if (rank_ >= 0) service_->OnStreamClosed(rank_, this);
+    if (counted_) service_->limiter_.Release(peer_);
     delete this;
   }
 
@@ -96,6 +97,9 @@ class ParameterServerService::Stream
   }
 
   absl::Status ParseMetadata(grpc::CallbackServerContext* ctx) {
+    peer_ = ctx->peer();
+    if (absl::Status s = service_->limiter_.Acquire(peer_); !s.ok()) return s;
+    counted_ = true;
     const auto& md = ctx->client_metadata();
     auto get = [&](const char* key) -> std::string {
       auto it = md.find(key);
@@ -119,6 +123,8 @@ class ParameterServerService::Stream
   }
 
   ParameterServerService* const service_;
+  std::string peer_;
+  bool counted_ = false;
   grpc::ByteBuffer buffer_;
   int rank_ = -1;
   int world_ = 0;

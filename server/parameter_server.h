@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/grpc_util.h"
 #include "grpcpp/grpcpp.h"
 #include "halka/v1/ps.grpc.pb.h"
 #include "halka/v1/rendezvous.grpc.pb.h"
@@ -81,6 +82,8 @@ class ParameterServerService final
   const int shards_;
   mutable absl::Mutex mu_;
   std::map<int, Stream*> streams_ ABSL_GUARDED_BY(mu_);  // by rank
+  // One stream per worker of the job (a newer one replaces an older one).
+  StreamLimiter limiter_{"parameter-server", 64, 4096};
   std::map<uint64_t, Op> ops_ ABSL_GUARDED_BY(mu_);       // by op_seq
   PsStats stats_ ABSL_GUARDED_BY(mu_);
 };

@@ -52,10 +52,6 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<halka::RendezvousServer> server = std::move(*started);
   halka::LogInfo(absl::StrCat("serving on ", server->address()));
-  if (!server->metrics_address().empty()) {
-    halka::LogInfo(absl::StrCat("HTTP (/metrics, ring page) on ",
-                                server->metrics_address()));
-  }
   std::cout << "halka-rendezvous listening on " << server->address()
             << std::endl;
   stop.WaitForNotification();

@@ -334,6 +334,8 @@ grpc::Status RendezvousService::Watch(
                         "watch: job_id is required");
   }
   if (grpc::Status s = CheckCallJobGrpc(*ctx, req->job_id()); !s.ok()) return s;
+  StreamLimiter::Scoped counted(watches_, ctx->peer());
+  if (!counted.status().ok()) return ToGrpcStatus(counted.status());
   uint64_t sent = req->known_generation();
   for (;;) {
     v1::Membership update;
@@ -577,9 +579,8 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
           r.body = HealthJson(h);
           return r;
         };
-    auto http = HttpServer::Start(host == "0.0.0.0" || host.empty()
-                                      ? "0.0.0.0" : host,
-                                  metrics_port, std::move(handlers));
+    auto http = StartDaemonHttp("rendezvous", host.empty() ? "0.0.0.0" : host,
+                                metrics_port, std::move(handlers));
     if (!http.ok()) return http.status();
     s->http_ = std::move(*http);
   }

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/grpc_util.h"
 #include "grpcpp/grpcpp.h"
 #include "halka/v1/rendezvous.grpc.pb.h"
 #include "common/http_server.h"
@@ -59,6 +60,8 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // Logs what the state changed and wakes watchers.
   void Publish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // A worker watches once; each Watch holds a server thread.
+  StreamLimiter watches_{"watch", 8, 4096};
   absl::Mutex mu_;
   RendezvousState state_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

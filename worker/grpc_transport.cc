@@ -350,6 +350,7 @@ class PeerService::InLink
       absl::MutexLock lock(&service_->mu_);
       --service_->open_streams_;
     }
+    if (counted_) service_->limiter_.Release(peer_);
     delete this;
   }
 
@@ -359,6 +360,9 @@ class PeerService::InLink
       absl::MutexLock lock(&service_->mu_);
       ++service_->open_streams_;
     }
+    peer_ = ctx->peer();
+    if (absl::Status s = service_->limiter_.Acquire(peer_); !s.ok()) return s;
+    counted_ = true;
     const auto& md = ctx->client_metadata();
     auto get = [&](const char* key) -> std::string {
       auto it = md.find(key);
@@ -387,6 +391,8 @@ class PeerService::InLink
   }
 
   PeerService* const service_;
+  std::string peer_;
+  bool counted_ = false;
   grpc::ByteBuffer buffer_;
   int from_ = -1;
   uint64_t generation_ = 0;

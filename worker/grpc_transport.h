@@ -16,6 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/grpc_util.h"
 #include "grpcpp/grpcpp.h"
 #include "halka/v1/peer.grpc.pb.h"
 #include "worker/core/transport.h"
@@ -81,6 +82,9 @@ class PeerService final
   class InLink;
   const std::string job_id_;
   const InboxResolver resolver_;
+  // A ring needs one inbound stream per peer and generation (naive: per
+  // peer pair), and old generations' streams close.
+  StreamLimiter limiter_{"peer link", 64, 4096};
   mutable absl::Mutex mu_;
   int open_streams_ ABSL_GUARDED_BY(mu_) = 0;
 };

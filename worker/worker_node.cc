@@ -155,9 +155,12 @@ class WorkerNode::Service final : public v1::Worker::Service {
   }
 
   grpc::Status RunInline(
-      grpc::ServerContext*,
+      grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<v1::InlineReply, v1::InlineRequest>* stream)
       override {
+    // Each stream holds a whole tensor: bounded per connection and in all.
+    StreamLimiter::Scoped counted(inline_streams_, ctx->peer());
+    if (!counted.status().ok()) return ToGrpcStatus(counted.status());
     v1::InlineRequest msg;
     if (!stream->Read(&msg)) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -251,6 +254,7 @@ class WorkerNode::Service final : public v1::Worker::Service {
 
  private:
   WorkerNode* const node_;
+  StreamLimiter inline_streams_{"inline operation", 16, 256};
   ShmCache shm_;
 };
 
@@ -424,11 +428,11 @@ absl::Status WorkerNode::Join() {
       r.body = MetricsText();
       return r;
     };
-    auto http = HttpServer::Start(host.empty() ? "0.0.0.0" : host,
-                                  o.metrics_port, std::move(handlers));
+    auto http = StartDaemonHttp(absl::StrCat("worker ", o.worker_id),
+                                host.empty() ? "0.0.0.0" : host,
+                                o.metrics_port, std::move(handlers));
     if (!http.ok()) return http.status();
     http_ = std::move(*http);
-    LogInfo(absl::StrCat("/metrics on ", http_->address()));
   }
   v1::JoinReply reply;
   absl::Status s = JoinOnce(absl::Now() + o.join_timeout, &reply);

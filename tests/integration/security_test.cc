@@ -7,6 +7,7 @@
 //   server: the handshake fails, gRPC reports UNAVAILABLE;
 //   a missing or wrong token, or a token of another job: UNAUTHENTICATED
 //   "unauthenticated".
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -243,6 +244,15 @@ Metadata PeerMetadata(const std::string& job, const std::string& token,
   return md;
 }
 
+// A cluster of `workers` whose job "local" has `token`.
+absl::StatusOr<std::unique_ptr<LocalCluster>> TokenCluster(int workers,
+                                                           const std::string& token) {
+  LocalCluster::Options o;
+  o.workers = workers;
+  o.job_token = token;
+  return LocalCluster::Start(o);
+}
+
 constexpr char kPeerLink[] = "/halka.v1.Peer/Link";
 constexpr char kPsReduce[] = "/halka.v1.ParameterServer/Reduce";
 
@@ -400,10 +410,7 @@ TEST_F(SecurityTest, TlsWithoutCaServesAnyClientButChecksTheServer) {
 }
 
 TEST_F(SecurityTest, RoguePeerWithStolenFingerprintIsRefusedAndRingStaysCorrect) {
-  LocalCluster::Options o;
-  o.workers = 4;
-  o.job_token = "token-of-job-local";
-  auto cluster = LocalCluster::Start(o);
+  auto cluster = TokenCluster(4, "token-of-job-local");
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const LocalCluster& c = **cluster;
   std::atomic<bool> done{false};
@@ -437,10 +444,7 @@ TEST_F(SecurityTest, RoguePeerWithStolenFingerprintIsRefusedAndRingStaysCorrect)
 }
 
 TEST_F(SecurityTest, JobTokensBindCallsToTheirJob) {
-  LocalCluster::Options o;
-  o.workers = 2;
-  o.job_token = "token-A";
-  auto cluster = LocalCluster::Start(o);
+  auto cluster = TokenCluster(2, "token-A");
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto rv = HandChannel((*cluster)->rendezvous_address(), {});
   // Job A's own token works; with the job named in the request only, too.
@@ -582,6 +586,160 @@ TEST_F(SecurityTest, CertificatesReloadWithoutRestart) {
   }
   EXPECT_EQ(now, grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(code(set1), grpc::StatusCode::UNAVAILABLE);
+  (*rv)->Shutdown();
+}
+
+// Opens `n` streams of `method` at once on one channel (one connection),
+// each sending `request` (if not empty) and then waiting for the server to
+// end it. Returns the statuses of the streams the server ended within
+// `wait`, then cancels the others and waits for them.
+std::vector<grpc::Status> OpenManyStreams(const std::shared_ptr<grpc::Channel>& ch,
+                                          const std::string& method,
+                                          const Metadata& md,
+                                          const std::string& request, int n,
+                                          absl::Duration wait) {
+  grpc::GenericStub stub(ch);
+  grpc::CompletionQueue cq;
+  struct S {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call;
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<S>> streams;
+  // Tags: 3 * i + 0 start, + 1 the request written, + 2 finished.
+  for (int i = 0; i < n; ++i) {
+    auto st = std::make_unique<S>();
+    Prepare(st->ctx, md);
+    st->call = stub.PrepareCall(&st->ctx, method, &cq);
+    st->call->StartCall(reinterpret_cast<void*>(static_cast<intptr_t>(3 * i)));
+    streams.push_back(std::move(st));
+  }
+  int pending = 0;  // operations the queue still owes us
+  std::vector<grpc::Status> ended;
+  std::vector<bool> done(static_cast<size_t>(n), false);
+  auto handle = [&](void* tag, bool ok) {
+    --pending;
+    const intptr_t t = reinterpret_cast<intptr_t>(tag);
+    S& st = *streams[static_cast<size_t>(t / 3)];
+    if (t % 3 == 0 && ok && !request.empty()) {
+      grpc::Slice slice(request);
+      grpc::ByteBuffer b(&slice, 1);
+      st.call->Write(b, reinterpret_cast<void*>(t + 1));
+      ++pending;
+    } else if (t % 3 == 2) {
+      done[static_cast<size_t>(t / 3)] = true;
+    }
+  };
+  pending = n;
+  for (int i = 0; i < n; ++i) {
+    streams[static_cast<size_t>(i)]->call->Finish(
+        &streams[static_cast<size_t>(i)]->status,
+        reinterpret_cast<void*>(static_cast<intptr_t>(3 * i + 2)));
+    ++pending;
+  }
+  const absl::Time until = absl::Now() + wait;
+  void* tag;
+  bool ok;
+  while (absl::Now() < until) {
+    auto r = cq.AsyncNext(&tag, &ok, absl::ToChronoTime(until));
+    if (r != grpc::CompletionQueue::GOT_EVENT) break;
+    handle(tag, ok);
+  }
+  for (int i = 0; i < n; ++i) {
+    if (done[static_cast<size_t>(i)]) {
+      ended.push_back(streams[static_cast<size_t>(i)]->status);
+    } else {
+      streams[static_cast<size_t>(i)]->ctx.TryCancel();
+    }
+  }
+  while (pending > 0 && cq.Next(&tag, &ok)) handle(tag, ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return ended;
+}
+
+TEST_F(SecurityTest, ConcurrentStreamsPastTheLimitAreRefusedAtOnce) {
+  auto cluster = TokenCluster(2, "t");
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const LocalCluster& c = **cluster;
+  // Peer links: 64 per connection; the 65th ends at once, the others stay.
+  auto peer = HandChannel(c.worker_address(0), {});
+  std::vector<grpc::Status> ended = OpenManyStreams(
+      peer, kPeerLink, PeerMetadata("local", "t", 1), "", 65, absl::Seconds(3));
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(ended[0].error_message().find(
+                "too many open peer link streams from ipv4:127.0.0.1:"),
+            std::string::npos) << ended[0].error_message();
+  EXPECT_NE(ended[0].error_message().find("(at most 64 per connection)"),
+            std::string::npos) << ended[0].error_message();
+  // Closed streams are forgotten: the same connection opens links again.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  grpc::Status again;
+  do {
+    again = RawStream(peer, kPeerLink, PeerMetadata("local", "t", 1), {});
+  } while (!again.ok() && absl::Now() < deadline);
+  EXPECT_TRUE(again.ok()) << again.error_code() << " " << again.error_message();
+
+  // Rendezvous watches: 8 per connection.
+  v1::WatchRequest watch;
+  watch.set_job_id("local");
+  ended = OpenManyStreams(HandChannel(c.rendezvous_address(), {}),
+                          "/halka.v1.Rendezvous/Watch", Auth("local", "t"),
+                          watch.SerializeAsString(), 9, absl::Seconds(3));
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(ended[0].error_message().find("(at most 8 per connection)"),
+            std::string::npos) << ended[0].error_message();
+  // The ring still works.
+  EXPECT_TRUE(RingAllReduceCorrect(c, 2, 1 << 12));
+}
+
+// Runs a shell command; returns its exit status and standard output.
+std::pair<int, std::string> Shell(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return {-1, out};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST_F(SecurityTest, MetricsPortIsHttpsWithClientCertificatesUnderTls) {
+  if (Shell("command -v curl").first != 0) GTEST_SKIP() << "no curl";
+  const std::string d = MakeCerts("https");
+  SecurityConfig sec;
+  sec.tls_cert = d + "/localhost.pem";
+  sec.tls_key = d + "/localhost.key";
+  sec.tls_ca = d + "/ca.pem";
+  SetSecurityConfig(sec);
+  auto rv = RendezvousServer::Start("127.0.0.1:0", RendezvousOptions(), -1);
+  ASSERT_TRUE(rv.ok()) << rv.status();
+  const std::string at = (*rv)->metrics_address();
+  ASSERT_FALSE(at.empty());
+  auto curl = [&](const std::string& scheme, const std::string& args) {
+    return Shell(absl::StrCat("curl -sS --max-time 5 ", args, " ", scheme, "://",
+                              at, "/metrics 2>&1"));
+  };
+  const std::string ca = absl::StrCat("--cacert ", d, "/ca.pem");
+  // The job's CA and a certificate it signed: served.
+  auto [rc, out] = curl("https", absl::StrCat(ca, " --cert ", d, "/localhost.pem --key ",
+                                              d, "/localhost.key"));
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("# TYPE halka_"), std::string::npos) << out.substr(0, 300);
+  // No client certificate, one of another CA, or plain HTTP: nothing.
+  for (const std::string& args :
+       {ca, absl::StrCat(ca, " --cert ", d, "/rogue.pem --key ", d, "/rogue.key")}) {
+    auto [bad_rc, bad_out] = curl("https", args);
+    EXPECT_NE(bad_rc, 0) << args;
+    EXPECT_EQ(bad_out.find("# TYPE"), std::string::npos) << bad_out.substr(0, 300);
+  }
+  auto [plain_rc, plain_out] = curl("http", "");
+  EXPECT_NE(plain_rc, 0);
+  EXPECT_EQ(plain_out.find("# TYPE"), std::string::npos) << plain_out.substr(0, 300);
   (*rv)->Shutdown();
 }
 

@@ -39,7 +39,8 @@ struct HttpTls {
 class HttpServer {
  public:
   // Serves `handlers` (by exact path) on host:port; port -1 picks a free
-  // one. With `tls.cert`, HTTPS (the files are read once, at the start).
+  // one. With `tls.cert`, HTTPS; changed files are picked up by the next
+  // connection (checked at most once a second).
   // Errors: UNAVAILABLE (cannot bind), INVALID_ARGUMENT (unusable TLS
   // files).
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
@@ -54,6 +55,8 @@ class HttpServer {
 
  private:
   HttpServer() = default;
+  // Outlives server_ (declared first): its handshakes use it.
+  std::shared_ptr<void> tls_files_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   std::string host_;

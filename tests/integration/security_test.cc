@@ -544,20 +544,30 @@ TEST_F(SecurityTest, PlaintextOffLoopbackNeedsInsecure) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Copies the CA, certificate and key of `from` into `live` (created if
+// needed), each by an atomic rename, as a certificate rotation would.
+void InstallCerts(const std::string& from, const std::string& live) {
+  fs::create_directories(live);
+  for (const char* f : {"ca.pem", "localhost.pem", "localhost.key"}) {
+    fs::copy_file(absl::StrCat(from, "/", f), absl::StrCat(live, "/", f, ".new"),
+                  fs::copy_options::overwrite_existing);
+    fs::rename(absl::StrCat(live, "/", f, ".new"), absl::StrCat(live, "/", f));
+  }
+}
+
+std::string LiveCertDir(const std::string& name) {
+  const std::string live =
+      (fs::temp_directory_path() / absl::StrCat("halka-sec-", getpid(), "-", name))
+          .string();
+  fs::remove_all(live);
+  return live;
+}
+
 TEST_F(SecurityTest, CertificatesReloadWithoutRestart) {
   const std::string set1 = MakeCerts("reload1");
   const std::string set2 = MakeCerts("reload2");
-  const std::string live =
-      (fs::temp_directory_path() / absl::StrCat("halka-sec-", getpid(), "-live")).string();
-  fs::remove_all(live);
-  fs::create_directories(live);
-  auto install = [&](const std::string& from) {
-    for (const char* f : {"ca.pem", "localhost.pem", "localhost.key"}) {
-      fs::copy_file(absl::StrCat(from, "/", f), absl::StrCat(live, "/", f, ".new"),
-                    fs::copy_options::overwrite_existing);
-      fs::rename(absl::StrCat(live, "/", f, ".new"), absl::StrCat(live, "/", f));
-    }
-  };
+  const std::string live = LiveCertDir("live");
+  auto install = [&](const std::string& from) { InstallCerts(from, live); };
   install(set1);
   SecurityConfig sec;
   sec.tls_cert = live + "/localhost.pem";
@@ -711,10 +721,13 @@ std::pair<int, std::string> Shell(const std::string& cmd) {
 TEST_F(SecurityTest, MetricsPortIsHttpsWithClientCertificatesUnderTls) {
   if (Shell("command -v curl").first != 0) GTEST_SKIP() << "no curl";
   const std::string d = MakeCerts("https");
+  const std::string d2 = MakeCerts("https2");
+  const std::string live = LiveCertDir("https-live");
+  InstallCerts(d, live);
   SecurityConfig sec;
-  sec.tls_cert = d + "/localhost.pem";
-  sec.tls_key = d + "/localhost.key";
-  sec.tls_ca = d + "/ca.pem";
+  sec.tls_cert = live + "/localhost.pem";
+  sec.tls_key = live + "/localhost.key";
+  sec.tls_ca = live + "/ca.pem";
   SetSecurityConfig(sec);
   auto rv = RendezvousServer::Start("127.0.0.1:0", RendezvousOptions(), -1);
   ASSERT_TRUE(rv.ok()) << rv.status();
@@ -740,6 +753,27 @@ TEST_F(SecurityTest, MetricsPortIsHttpsWithClientCertificatesUnderTls) {
   auto [plain_rc, plain_out] = curl("http", "");
   EXPECT_NE(plain_rc, 0);
   EXPECT_EQ(plain_out.find("# TYPE"), std::string::npos) << plain_out.substr(0, 300);
+  // Rotation to another CA and certificate, without a restart: new
+  // connections use the new files (looked at, at most once a second).
+  InstallCerts(d2, live);
+  auto creds = [](const std::string& dir) {
+    return absl::StrCat("--cacert ", dir, "/ca.pem --cert ", dir, "/localhost.pem --key ",
+                        dir, "/localhost.key");
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  int rc2 = curl("https", creds(d2)).first;
+  while (rc2 != 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(250));
+    rc2 = curl("https", creds(d2)).first;
+  }
+  EXPECT_EQ(rc2, 0) << "the rotated certificate is not used";
+  // The server's new certificate is trusted, but the client's is from the
+  // old CA, which the server no longer accepts.
+  EXPECT_NE(curl("https", absl::StrCat("--cacert ", d2, "/ca.pem --cert ", d,
+                                       "/localhost.pem --key ", d, "/localhost.key"))
+                .first,
+            0)
+      << "a client certificate of the old CA is still accepted";
   (*rv)->Shutdown();
 }
 

@@ -443,7 +443,7 @@ absl::Status WorkerNode::Join() {
   }
   OnMembership(reply.membership());
   absl::StatusOr<std::shared_ptr<Ring>> ring =
-      AcquireRing(1, false, ~uint64_t{0}, absl::InfiniteFuture());
+      AcquireRing(1, false, ~uint64_t{0}, absl::InfiniteFuture(), 0);
   if (!ring.ok()) return ring.status();
   server_->GetHealthCheckService()->SetServingStatus(true);
   LogInfo(absl::StrCat("joined job ", o.job_id, ": rank ", (*ring)->rank,
@@ -535,7 +535,8 @@ std::shared_ptr<WorkerNode::Ring> WorkerNode::CurrentRing() const {
 }
 
 absl::StatusOr<std::shared_ptr<WorkerNode::Ring>> WorkerNode::AcquireRing(
-    uint64_t seq, bool retry, uint64_t epoch, absl::Time issued) {
+    uint64_t seq, bool retry, uint64_t epoch, absl::Time issued,
+    uint64_t numbered_generation) {
   std::vector<std::shared_ptr<Ring>> drop;  // destroyed outside the lock
   absl::MutexLock lock(&mu_);
   if (!is_joined_) {
@@ -566,8 +567,8 @@ absl::StatusOr<std::shared_ptr<WorkerNode::Ring>> WorkerNode::AcquireRing(
   // (a second admission came first) has none: the ring it built on joining
   // was waiting to adopt one. It is as new as a worker admitted now.
   const uint64_t last_ring = ring_ == nullptr ? 0 : ring_->generation;
-  const bool numbered =
-      ring_ != nullptr && ring_->comm->next_op_seq() != 0 && seq != 0;
+  const bool numbered = ring_ != nullptr && numbered_generation != 0 &&
+                        ring_->generation == numbered_generation && seq != 0;
   int rank = -1;
   uint64_t since = 0;
   for (const v1::Member& x : m.members()) {
@@ -972,8 +973,13 @@ absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
   for (int attempt = 0;; ++attempt) {
     CatchUp();
     const uint64_t seq = retry_seq > 0 ? retry_seq : next_seq_;
+    uint64_t numbered = 0;
+    if (std::shared_ptr<Ring> now = CurrentRing();
+        now != nullptr && now->comm->next_op_seq() != 0) {
+      numbered = now->generation;
+    }
     absl::StatusOr<std::shared_ptr<Ring>> ring =
-        AcquireRing(seq, retry_seq > 0, epoch, issued);
+        AcquireRing(seq, retry_seq > 0, epoch, issued, numbered);
     if (!ring.ok()) {
       // The call is numbered all the same: the other ranks' copies of it
       // fail too (or already ran), and the next call is the next number.

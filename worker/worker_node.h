@@ -146,10 +146,14 @@ class WorkerNode {
   // re-joined fails with ABORTED.
   // `seq`: the number the call will run as on a ring this worker continues
   // on (ignored where it adopts the others' numbering); `retry`: the call
-  // runs again after the membership changed under it.
+  // runs again after the membership changed under it; `numbered`: the
+  // generation of the caller's current ring if that ring holds a call
+  // number, else 0 (read by the caller: a communicator's lock is never
+  // taken under mu_).
   absl::StatusOr<std::shared_ptr<Ring>> AcquireRing(uint64_t seq, bool retry,
                                                     uint64_t epoch,
-                                                    absl::Time issued);
+                                                    absl::Time issued,
+                                                    uint64_t numbered);
   std::shared_ptr<Ring> CurrentRing() const;
   absl::StatusOr<std::shared_ptr<Inbox>> InboxFor(uint64_t generation);
   void OnLinkFailed(uint64_t generation, int peer, const absl::Status& status);

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -76,13 +77,25 @@ ABSL_FLAG(bool, tls, false,
 namespace halka {
 namespace {
 
+// Removes a directory (and what it holds) when it goes out of scope.
+struct RemovedAtExit {
+  std::string dir;
+  ~RemovedAtExit() {
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+  }
+};
+
 // A throwaway CA and a localhost certificate signed by it (openssl), for
 // the embedded cluster's mutual TLS: the certificate is both server and
-// client certificate.
-absl::Status MakeThrowawayCertificates(LocalCluster::Options& lo) {
+// client certificate. `dir` gets the directory that holds them (and the
+// keys), for the caller to remove once the cluster is gone.
+absl::Status MakeThrowawayCertificates(LocalCluster::Options& lo,
+                                       RemovedAtExit& dir) {
   char tmpl[] = "/tmp/halka-tls-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
   const std::string d = tmpl;
+  dir.dir = d;
   const std::string cmd = absl::StrCat(
       "set -e; cd ", d, "; ",
       "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
@@ -335,6 +348,7 @@ int Demo() {
 int BenchCommand() {
   auto cases = SweepCases();
   if (!cases.ok()) return Fail(cases.status());
+  RemovedAtExit cert_dir;  // declared first: outlives the cluster using it
   std::unique_ptr<LocalCluster> cluster;
   std::vector<std::unique_ptr<Client>> owned;
   std::vector<Client*> clients;
@@ -349,7 +363,9 @@ int BenchCommand() {
       }
     }
     if (absl::GetFlag(FLAGS_tls)) {
-      if (absl::Status s = MakeThrowawayCertificates(lo); !s.ok()) return Fail(s);
+      if (absl::Status s = MakeThrowawayCertificates(lo, cert_dir); !s.ok()) {
+        return Fail(s);
+      }
       std::printf("# mutual TLS and a job token on every channel\n");
     }
     auto c = LocalCluster::Start(lo);

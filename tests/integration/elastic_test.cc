@@ -28,6 +28,17 @@ using halka::testing::RunRanks;
 
 constexpr size_t kCount = 100003;  // int64 elements: several chunks
 
+// An int64 sum of kCount elements with this deadline.
+v1::OpSpec SumSpec(uint32_t timeout_ms) {
+  v1::OpSpec spec;
+  spec.set_kind(v1::ALL_REDUCE);
+  spec.set_dtype(v1::INT64);
+  spec.set_op(v1::SUM);
+  spec.set_count(kCount);
+  spec.set_timeout_ms(timeout_ms);
+  return spec;
+}
+
 class ElasticTest : public ::testing::Test {
  protected:
   void StartRendezvous() {
@@ -75,12 +86,7 @@ class ElasticTest : public ::testing::Test {
       std::vector<std::vector<int64_t>>* out = nullptr) {
     std::vector<std::vector<int64_t>> data(on.size(),
                                            std::vector<int64_t>(kCount));
-    v1::OpSpec spec;
-    spec.set_kind(v1::ALL_REDUCE);
-    spec.set_dtype(v1::INT64);
-    spec.set_op(v1::SUM);
-    spec.set_count(kCount);
-    spec.set_timeout_ms(5000);
+    v1::OpSpec spec = SumSpec(5000);
     spec.set_algorithm(v1::RING);
     auto results = RunRanks<absl::StatusOr<OpResult>>(
         static_cast<int>(on.size()), [&](int j) {
@@ -251,13 +257,7 @@ TEST_F(ElasticTest, HealthExplainsAWaitLiveAndTheDeadlineNamesThePeer) {
   absl::StatusOr<OpResult> r;
   std::thread t([&] {
     std::vector<int64_t> d(kCount, 1);
-    v1::OpSpec spec;
-    spec.set_kind(v1::ALL_REDUCE);
-    spec.set_dtype(v1::INT64);
-    spec.set_op(v1::SUM);
-    spec.set_count(kCount);
-    spec.set_timeout_ms(3000);
-    r = workers_[0]->Execute(spec, d.data());
+    r = workers_[0]->Execute(SumSpec(3000), d.data());
   });
   const int waiter = workers_[0]->rank();
   const int awaited = workers_[1]->rank();

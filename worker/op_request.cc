@@ -44,15 +44,19 @@ absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
   return spec.count() * es;
 }
 
-absl::Status ValidateShmRegion(const v1::RunRequest& req, uint64_t bytes) {
-  const std::string& name = req.shm_name();
-  if (bytes == 0) return absl::OkStatus();
+absl::Status ValidateShmName(const std::string& name) {
   if (!absl::StartsWith(name, "/halka-") || name.size() > 200 ||
       name.find('/', 1) != std::string::npos ||
       name.find('\0') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
         "shm name '", name.substr(0, 64), "' is not a halka object (/halka-...)"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateShmRegion(const v1::RunRequest& req, uint64_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (absl::Status s = ValidateShmName(req.shm_name()); !s.ok()) return s;
   if (req.shm_offset() > req.shm_size() ||
       bytes > req.shm_size() - req.shm_offset()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -60,6 +64,12 @@ absl::Status ValidateShmRegion(const v1::RunRequest& req, uint64_t bytes) {
         ") lies outside the shm object of ", req.shm_size(), " bytes"));
   }
   return absl::OkStatus();
+}
+
+absl::Time CallDeadline(const v1::OpSpec& spec, absl::Time arrived,
+                        absl::Duration default_timeout) {
+  return arrived + (spec.timeout_ms() > 0 ? absl::Milliseconds(spec.timeout_ms())
+                                          : default_timeout);
 }
 
 }  // namespace halka

@@ -5,8 +5,10 @@
 #define HALKA_WORKER_OP_REQUEST_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "halka/v1/worker.pb.h"
 
 namespace halka {
@@ -18,11 +20,22 @@ namespace halka {
 absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
                                         uint64_t max_op_bytes);
 
+// A shared-memory object name a client may hand in: "/halka-..." without
+// another '/' or a NUL, at most 200 bytes. INVALID_ARGUMENT otherwise.
+absl::Status ValidateShmName(const std::string& name);
+
 // A Run request's shared-memory region for `bytes` of payload: the name is
 // a halka object ("/halka-..." without another '/', at most 200 bytes) and
 // [offset, offset + bytes) lies inside [0, shm_size). INVALID_ARGUMENT
 // otherwise.
 absl::Status ValidateShmRegion(const v1::RunRequest& req, uint64_t bytes);
+
+// When a call must end: `timeout_ms` after it arrived at the worker, or
+// `default_timeout` (the worker's --op_timeout) when the caller set none.
+// The clock starts at arrival, so time spent queued behind another call or
+// uploading inline data counts.
+absl::Time CallDeadline(const v1::OpSpec& spec, absl::Time arrived,
+                        absl::Duration default_timeout);
 
 }  // namespace halka
 

@@ -1,0 +1,47 @@
+#include "worker/numbering.h"
+
+#include <algorithm>
+
+namespace halka {
+
+SelfInMembership FindSelf(const v1::Membership& m, const std::string& worker_id,
+                          const std::string& address) {
+  SelfInMembership self;
+  auto is_self = [&](const v1::Member& x) {
+    return x.worker_id() == worker_id && x.address() == address;
+  };
+  for (const v1::Member& x : m.members()) {
+    if (x.alive() && is_self(x)) {
+      self.rank = x.rank();
+      self.since_generation = x.since_generation();
+    }
+  }
+  for (const v1::Member& x : m.members()) {
+    if (x.alive() && !is_self(x) &&
+        x.since_generation() < self.since_generation) {
+      self.others_older = true;
+    }
+  }
+  return self;
+}
+
+NumberingDecision DecideNumbering(const NumberingInput& in) {
+  const bool numbered = in.last_ring_generation != 0 &&
+                        in.last_ring_numbered && in.seq != 0;
+  const bool new_here =
+      in.self.since_generation > in.last_ring_generation || !numbered;
+  NumberingDecision d;
+  d.first_op_seq = new_here && in.self.others_older
+                       ? 0
+                       : std::max<uint64_t>(in.seq, 1);
+  d.adopted = d.first_op_seq == 0;
+  d.refuse_retry = new_here && in.retry;
+  return d;
+}
+
+bool IsStaleCall(bool adopted, uint64_t ring_epoch, absl::Time admitted,
+                 uint64_t call_epoch, absl::Time issued) {
+  return adopted && (call_epoch < ring_epoch || issued < admitted);
+}
+
+}  // namespace halka

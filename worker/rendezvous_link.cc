@@ -1,0 +1,312 @@
+#include "worker/rendezvous_link.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+
+namespace halka {
+
+RendezvousLink::RendezvousLink(const WorkerOptions& options, std::string address,
+                               uint64_t incarnation, Callbacks callbacks)
+    : options_(options),
+      address_(std::move(address)),
+      incarnation_(incarnation),
+      callbacks_(std::move(callbacks)),
+      stub_(v1::Rendezvous::NewStub(MakeChannel(options.rendezvous))) {}
+
+RendezvousLink::~RendezvousLink() { Stop(); }
+
+bool RendezvousLink::Track(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return false;
+  calls_.insert(ctx);
+  return true;
+}
+
+void RendezvousLink::Untrack(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  calls_.erase(ctx);
+}
+
+absl::Status RendezvousLink::Join(absl::Time deadline, v1::JoinReply* reply) {
+  const WorkerOptions& o = options_;
+  v1::JoinRequest req;
+  req.set_job_id(o.job_id);
+  req.set_worker_id(o.worker_id);
+  req.set_address(address_);
+  req.set_world_size(o.max_world_size > 0 ? o.max_world_size : o.world_size);
+  req.set_min_world_size(o.min_world_size);
+  req.set_max_world_size(o.max_world_size);
+  req.set_incarnation(incarnation_);
+  req.set_device(o.device);
+  if (o.requested_rank >= 0) {
+    req.set_requested_rank(o.requested_rank);
+    req.set_has_requested_rank(true);
+  }
+  // The rendezvous may start after the workers, or still hold this
+  // worker's previous process: retry until the deadline.
+  grpc::Status s;
+  bool said = false;
+  for (;;) {
+    const absl::Duration left = deadline - absl::Now();
+    req.set_wait_timeout_ms(static_cast<uint32_t>(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(left))));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline + absl::Seconds(2)));
+    ctx.set_wait_for_ready(true);
+    if (!Track(&ctx)) {
+      return absl::UnavailableError("worker is shutting down");
+    }
+    s = stub_->Join(&ctx, req, reply);
+    Untrack(&ctx);
+    const bool retry = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                       s.error_code() == grpc::StatusCode::ALREADY_EXISTS;
+    if (!retry || absl::Now() >= deadline || stop_.HasBeenNotified()) break;
+    if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS && !said) {
+      LogWarning(absl::StrCat(s.error_message(), "; retrying until ",
+                              absl::FormatTime("%H:%M:%S", deadline,
+                                               absl::UTCTimeZone())));
+      said = true;
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  if (!s.ok()) {
+    absl::Status st = FromGrpcStatus(s);
+    return absl::Status(st.code(), absl::StrCat("worker ", o.worker_id,
+                                                ": join of job ", o.job_id,
+                                                " at ", o.rendezvous,
+                                                " failed: ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
+void RendezvousLink::Start(absl::Duration interval) {
+  heartbeat_ = std::thread([this, interval] { HeartbeatLoop(interval); });
+  watch_ = std::thread([this] { WatchLoop(); });
+  background_ = std::thread([this] { BackgroundLoop(); });
+}
+
+void RendezvousLink::Stop() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
+  }
+  for (std::thread* t : {&heartbeat_, &watch_, &background_}) {
+    if (t->joinable()) t->join();
+  }
+}
+
+void RendezvousLink::Leave() {
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::Milliseconds(300));
+  v1::LeaveRequest req;
+  req.set_job_id(options_.job_id);
+  req.set_worker_id(options_.worker_id);
+  v1::LeaveReply reply;
+  stub_->Leave(&ctx, req, &reply).IgnoreError();
+}
+
+void RendezvousLink::Report(LinkReport report) {
+  absl::MutexLock lock(&mu_);
+  reports_.push_back(std::move(report));
+}
+
+void RendezvousLink::RequestRejoin() {
+  absl::MutexLock lock(&mu_);
+  rejoin_ = true;
+}
+
+std::optional<v1::Membership> RendezvousLink::FetchMembership(uint64_t known) {
+  v1::HeartbeatRequest req;
+  req.set_job_id(options_.job_id);
+  req.set_worker_id(options_.worker_id);
+  req.set_incarnation(incarnation_);
+  req.set_generation(known);
+  v1::HeartbeatReply reply;
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::Seconds(2));
+  if (stub_->Heartbeat(&ctx, req, &reply).ok() && reply.has_membership()) {
+    return reply.membership();
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<std::vector<PeerInfo>> RendezvousLink::LookupServers(
+    std::string* message) {
+  v1::LookupServersRequest req;
+  req.set_job_id(options_.job_id);
+  v1::LookupServersReply reply;
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::Seconds(2));
+  grpc::Status s = stub_->LookupServers(&ctx, req, &reply);
+  if (!s.ok()) {
+    *message = s.error_message();
+    return FromGrpcStatus(s);
+  }
+  std::vector<PeerInfo> servers;
+  for (const v1::Member& m : reply.servers()) {
+    servers.push_back(PeerInfo{m.rank(), m.worker_id(), m.address()});
+  }
+  return servers;
+}
+
+grpc::Status RendezvousLink::GetRingHealth(const v1::RingHealthRequest& req,
+                                           v1::RingHealth* reply) {
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::Seconds(5));
+  return stub_->GetRingHealth(&ctx, req, reply);
+}
+
+void RendezvousLink::HeartbeatLoop(absl::Duration interval) {
+  // The first beat goes at once: the rendezvous counts a member alive from
+  // its last beat, and the world may have taken long to form.
+  bool now_again = true;
+  while (now_again || !stop_.WaitForNotificationWithTimeout(interval)) {
+    now_again = false;
+    if (stop_.HasBeenNotified()) break;
+    v1::HeartbeatRequest req;
+    req.set_job_id(options_.job_id);
+    req.set_worker_id(options_.worker_id);
+    req.set_incarnation(incarnation_);
+    req.set_generation(callbacks_.known_generation());
+    bool claiming;
+    {
+      absl::MutexLock lock(&mu_);
+      claiming = claim_;
+    }
+    if (claiming) {
+      std::optional<v1::Membership> claim = callbacks_.claimable();
+      claiming = claim.has_value();
+      if (claiming) *req.mutable_claim() = *claim;
+    }
+    *req.mutable_telemetry() = callbacks_.telemetry();
+    v1::HeartbeatReply reply;
+    grpc::ClientContext ctx;
+    SetTimeout(ctx, std::max(interval, absl::Seconds(1)));
+    grpc::Status s = stub_->Heartbeat(&ctx, req, &reply);
+    if (s.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (claim_) LogInfo("the rendezvous knows this ring again");
+        claim_ = false;
+      }
+      if (reply.has_membership()) callbacks_.on_membership(reply.membership());
+      continue;
+    }
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+      absl::MutexLock lock(&mu_);
+      if (!claiming) {
+        // The rendezvous restarted (or dropped the job during a partition):
+        // tell it what the ring is, right away.
+        LogWarning(absl::StrCat("the rendezvous does not know this worker (",
+                                s.error_message(), "): re-registering with "
+                                "generation ", req.generation()));
+        claim_ = true;
+        now_again = true;
+      } else {
+        rejoin_ = true;  // the claim was refused: join as a new member
+      }
+    } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (!rejoin_) LogWarning(s.error_message());
+        rejoin_ = true;
+      }
+      callbacks_.on_declared_lost(s.error_message());
+    } else {
+      // The rendezvous is down or partitioned away: operations go on, and
+      // the next beat goes soon, so that a healed partition hears from
+      // every member well within one heartbeat timeout.
+      if (stop_.WaitForNotificationWithTimeout(
+              std::min(interval, absl::Milliseconds(200)))) {
+        break;
+      }
+      now_again = true;
+    }
+  }
+}
+
+void RendezvousLink::WatchLoop() {
+  while (!stop_.HasBeenNotified()) {
+    v1::WatchRequest req;
+    req.set_job_id(options_.job_id);
+    req.set_worker_id(options_.worker_id);
+    req.set_known_generation(callbacks_.known_generation());
+    grpc::ClientContext ctx;
+    if (!Track(&ctx)) break;
+    std::unique_ptr<grpc::ClientReader<v1::Membership>> reader =
+        stub_->Watch(&ctx, req);
+    v1::Membership m;
+    while (reader->Read(&m)) callbacks_.on_membership(m);
+    reader->Finish().IgnoreError();
+    Untrack(&ctx);
+    stop_.WaitForNotificationWithTimeout(absl::Milliseconds(300));
+  }
+}
+
+void RendezvousLink::SendReport(const LinkReport& report) {
+  v1::ReportFailureRequest req;
+  req.set_job_id(options_.job_id);
+  req.set_worker_id(options_.worker_id);
+  req.set_generation(report.generation);
+  req.set_suspect_worker_id(report.suspect);
+  req.set_reason(report.reason);
+  v1::ReportFailureReply reply;
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::Seconds(3));
+  if (!Track(&ctx)) return;
+  grpc::Status s = stub_->ReportFailure(&ctx, req, &reply);
+  Untrack(&ctx);
+  LogInfo(absl::StrCat(
+      "reported the broken link with ", report.suspect, ": ",
+      s.ok() ? (reply.declared_lost() ? "declared lost" : "not declared lost")
+             : s.error_message(),
+      s.ok() ? absl::StrCat(" (", reply.verdict(), ")") : std::string()));
+}
+
+void RendezvousLink::BackgroundLoop() {
+  while (!stop_.HasBeenNotified()) {
+    std::optional<LinkReport> report;
+    bool rejoin = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || rejoin_ || !reports_.empty();
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&work), absl::Seconds(1));
+      if (stopping_) break;
+      if (!reports_.empty()) {
+        report = reports_.front();
+        reports_.pop_front();
+      } else if (rejoin_) {
+        rejoin = true;
+        rejoin_ = false;
+      }
+    }
+    if (report.has_value()) {
+      SendReport(*report);
+      continue;
+    }
+    if (!rejoin) continue;
+    LogInfo(absl::StrCat("joining job ", options_.job_id, " again"));
+    v1::JoinReply reply;
+    absl::Status s = Join(absl::Now() + options_.join_timeout, &reply);
+    if (s.ok()) {
+      callbacks_.on_membership(reply.membership());
+      LogInfo(absl::StrCat("admitted again: rank ", reply.rank(), " of ",
+                           reply.world_size(), ", generation ",
+                           reply.generation()));
+    } else if (!stop_.HasBeenNotified()) {
+      LogWarning(s.ToString());
+      absl::MutexLock lock(&mu_);
+      rejoin_ = true;
+    }
+  }
+}
+
+}  // namespace halka

@@ -1,0 +1,112 @@
+// The worker's side of the rendezvous: Join (and join again after being
+// lost), heartbeats with telemetry, the Watch stream, broken-link reports
+// and parameter-server lookups. Membership changes reach the worker by
+// callback; the link holds no ring state of its own.
+//
+// Threads: Start() runs three: heartbeat, watch, and background (reports
+// and re-joins). Callbacks run on those threads, never under the link's
+// mutex, which is a leaf (it guards flags and the set of calls to cancel).
+#ifndef HALKA_WORKER_RENDEZVOUS_LINK_H_
+#define HALKA_WORKER_RENDEZVOUS_LINK_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "halka/v1/rendezvous.grpc.pb.h"
+#include "worker/core/communicator.h"
+#include "worker/ring_book.h"
+#include "worker/worker_options.h"
+
+namespace halka {
+
+class RendezvousLink {
+ public:
+  struct Callbacks {
+    // A membership from Join, Watch or a heartbeat reply (any generation:
+    // the callee ignores old ones).
+    std::function<void(const v1::Membership&)> on_membership;
+    // The rendezvous declared this worker lost (FAILED_PRECONDITION on a
+    // heartbeat); the link joins again by itself.
+    std::function<void(const std::string& why)> on_declared_lost;
+    // What a heartbeat carries.
+    std::function<v1::WorkerTelemetry()> telemetry;
+    std::function<uint64_t()> known_generation;
+    // The membership to claim when the rendezvous forgot the job.
+    std::function<std::optional<v1::Membership>()> claimable;
+  };
+
+  RendezvousLink(const WorkerOptions& options, std::string address,
+                 uint64_t incarnation, Callbacks callbacks);
+  ~RendezvousLink();  // Stop()s
+
+  // Joins (or joins again), retrying while the rendezvous is unreachable
+  // or still holds this worker's previous process, until `deadline`.
+  // Errors: the rendezvous's join errors, prefixed with who and where;
+  // UNAVAILABLE when stopping.
+  absl::Status Join(absl::Time deadline, v1::JoinReply* reply);
+  // Starts the heartbeat (first beat at once), watch and background threads.
+  void Start(absl::Duration heartbeat_interval);
+  // Stops the threads and cancels every call in flight (bounded).
+  void Stop();
+  // Leaves the job (best effort, 300 ms).
+  void Leave();
+
+  // Queues a broken-link report (sent by the background thread).
+  void Report(LinkReport report);
+  // Asks the background thread to join again (this worker is out).
+  void RequestRejoin();
+
+  // One heartbeat now, for a worker that saw a peer run a newer
+  // generation; the newer membership, if the rendezvous has one.
+  std::optional<v1::Membership> FetchMembership(uint64_t known);
+  // One lookup of the job's parameter-server shards (2 s).
+  absl::StatusOr<std::vector<PeerInfo>> LookupServers(std::string* message);
+  // Forwards a ring-health query (5 s).
+  grpc::Status GetRingHealth(const v1::RingHealthRequest& req,
+                             v1::RingHealth* reply);
+  bool stopped() const { return stop_.HasBeenNotified(); }
+
+ private:
+  void HeartbeatLoop(absl::Duration interval);
+  void WatchLoop();
+  void BackgroundLoop();
+  void SendReport(const LinkReport& report);
+  // Registers a call so that Stop can cancel it; false when stopping.
+  bool Track(grpc::ClientContext* ctx);
+  void Untrack(grpc::ClientContext* ctx);
+
+  const WorkerOptions& options_;
+  const std::string address_;
+  const uint64_t incarnation_;
+  const Callbacks callbacks_;
+  std::unique_ptr<v1::Rendezvous::Stub> stub_;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool rejoin_ ABSL_GUARDED_BY(mu_) = false;
+  bool claim_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<LinkReport> reports_ ABSL_GUARDED_BY(mu_);
+  std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
+
+  absl::Notification stop_;
+  std::thread heartbeat_;
+  std::thread watch_;
+  std::thread background_;
+};
+
+}  // namespace halka
+
+#endif  // HALKA_WORKER_RENDEZVOUS_LINK_H_

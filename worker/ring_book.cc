@@ -1,0 +1,306 @@
+#include "worker/ring_book.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "worker/grpc_transport.h"
+#include "worker/numbering.h"
+
+namespace halka {
+
+Ring::~Ring() {
+  comm.reset();
+  transport.reset();  // cancels the links and waits for them
+}
+
+RingBook::RingBook(const WorkerOptions& options, LinkFailedFn on_link_failed)
+    : options_(options), on_link_failed_(std::move(on_link_failed)) {}
+
+RingBook::~RingBook() = default;
+
+void RingBook::set_address(std::string address) {
+  absl::MutexLock lock(&mu_);
+  address_ = std::move(address);
+}
+
+MembershipUpdate RingBook::Update(const v1::Membership& m) {
+  MembershipUpdate u;
+  absl::MutexLock lock(&mu_);
+  u.before = latest_.generation();
+  if (m.generation() <= u.before) return u;
+  u.newer = true;
+  latest_ = m;
+  u.running = ring_;
+  std::set<std::string> alive;
+  for (const v1::Member& x : m.members()) {
+    if (!x.alive()) continue;
+    alive.insert(absl::StrCat(x.worker_id(), "@", x.address()));
+    u.member |= x.worker_id() == options_.worker_id && x.address() == address_;
+  }
+  if (ring_ != nullptr) {
+    for (const PeerInfo& p : ring_->members) {
+      u.lost_peer |= !alive.count(absl::StrCat(p.worker_id, "@", p.address));
+    }
+  }
+  if (!u.member && joined_ && m.state() != "forming") {
+    u.must_rejoin = true;
+    ++epoch_;
+  }
+  for (const v1::Member& x : m.members()) {
+    if (x.worker_id() == options_.worker_id && x.address() == address_ &&
+        x.since_generation() == m.generation()) {
+      admitted_at_ = absl::Now();  // new in this generation
+    }
+  }
+  return u;
+}
+
+void RingBook::MarkJoined() {
+  absl::MutexLock lock(&mu_);
+  joined_ = true;
+}
+
+bool RingBook::joined() const {
+  absl::MutexLock lock(&mu_);
+  return joined_;
+}
+
+std::shared_ptr<Ring> RingBook::Current() const {
+  absl::MutexLock lock(&mu_);
+  return ring_;
+}
+
+absl::Status RingBook::Stale(uint64_t generation) const {
+  return absl::AbortedError(absl::StrCat(
+      "this call was made before worker ", options_.worker_id,
+      " re-joined the ring of job ", options_.job_id, " (generation ",
+      generation, "); the ring moved on without it: call again"));
+}
+
+absl::StatusOr<std::shared_ptr<Ring>> RingBook::Acquire(const CallInfo& call) {
+  std::vector<std::shared_ptr<Ring>> drop;  // destroyed outside the lock
+  absl::MutexLock lock(&mu_);
+  if (!joined_) {
+    return absl::FailedPreconditionError("worker has not joined its job yet");
+  }
+  if (ring_ != nullptr && ring_->generation == latest_.generation()) {
+    if (IsStaleCall(ring_->adopted, ring_->epoch, ring_->built, call.epoch,
+                    call.issued)) {
+      return Stale(ring_->generation);
+    }
+    return ring_;
+  }
+  return Build(call, &drop);
+}
+
+absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
+    const CallInfo& call, std::vector<std::shared_ptr<Ring>>* drop) {
+  const v1::Membership& m = latest_;
+  if (m.state() == "waiting") {
+    return absl::UnavailableError(absl::StrCat(
+        "job ", options_.job_id, " is below its minimum of ",
+        m.min_world_size(), " members (generation ", m.generation(), ": ",
+        m.change(), "); operations fail until enough members (re)join"));
+  }
+  NumberingInput in;
+  in.last_ring_generation = ring_ == nullptr ? 0 : ring_->generation;
+  in.last_ring_numbered = ring_ != nullptr && call.numbered_generation != 0 &&
+                          ring_->generation == call.numbered_generation;
+  in.seq = call.seq;
+  in.retry = call.retry;
+  in.self = FindSelf(m, options_.worker_id, address_);
+  if (in.self.rank < 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "worker ", options_.worker_id, " is not in the ring of job ",
+        options_.job_id, " (generation ", m.generation(), ": ", m.change(),
+        "); it is joining again"));
+  }
+  const NumberingDecision numbering = DecideNumbering(in);
+  if (numbering.refuse_retry) {
+    return absl::AbortedError(absl::StrCat(
+        "worker ", options_.worker_id, " re-joined the ring of job ",
+        options_.job_id, " (generation ", m.generation(),
+        ") while this call ran: call again"));
+  }
+  if (IsStaleCall(numbering.adopted, epoch_, admitted_at_, call.epoch,
+                  call.issued)) {
+    return Stale(m.generation());
+  }
+  auto ring = std::make_shared<Ring>();
+  ring->generation = m.generation();
+  ring->rank = in.self.rank;
+  ring->world = m.members_size();
+  ring->adopted = numbering.adopted;
+  ring->epoch = epoch_;
+  ring->built = admitted_at_;
+  std::vector<std::string> addresses;
+  for (const v1::Member& x : m.members()) {
+    ring->members.push_back(PeerInfo{x.rank(), x.worker_id(), x.address()});
+    addresses.push_back(x.address());
+  }
+  CommConfig c;
+  c.rank = ring->rank;
+  c.world_size = ring->world;
+  c.generation = ring->generation;
+  c.members = ring->members;
+  c.chunk_bytes = options_.chunk_bytes;
+  c.default_timeout = options_.op_timeout;
+  c.max_op_bytes = options_.max_op_bytes;
+  c.test_reduce_delay = options_.test_reduce_delay;
+  c.first_op_seq = numbering.first_op_seq;
+  auto early = early_.find(ring->generation);
+  ring->inbox = early != early_.end() ? early->second : std::make_shared<Inbox>();
+  early_.erase(early_.begin(), early_.upper_bound(ring->generation));
+  reported_.erase(reported_.begin(),
+                  reported_.lower_bound({ring->generation, -1}));
+  const uint64_t generation = ring->generation;
+  ring->inbox->SetLinkFailureHook(
+      [this, generation](int peer, const absl::Status& status) {
+        on_link_failed_(generation, peer, status);
+      });
+  ring->transport = std::make_unique<GrpcTransport>(
+      options_.job_id, ring->generation, ring->rank, addresses,
+      ring->inbox.get());
+  ring->comm = std::make_unique<Communicator>(c, ring->transport.get(),
+                                              ring->inbox.get());
+  if (!servers_.empty()) {
+    std::vector<std::string> server_addresses;
+    for (const PeerInfo& p : servers_) server_addresses.push_back(p.address);
+    ring->transport->SetServerAddresses(server_addresses);
+    ring->comm->SetServers(servers_);
+  }
+  if (ring_ != nullptr) {
+    ring->comm->InheritTelemetry(*ring_->comm);
+    LogInfo(absl::StrCat("generation ", ring_->generation, "->",
+                         ring->generation, ": now rank ", ring->rank, " of ",
+                         ring->world,
+                         c.first_op_seq == 0
+                             ? ", joining the ring's numbering"
+                             : absl::StrCat(", next op #", c.first_op_seq)));
+    retired_.push_back(std::move(ring_));
+    // Keep the last two: peers may still finish an operation on them.
+    while (retired_.size() > 2) {
+      drop->push_back(std::move(retired_.front()));
+      retired_.erase(retired_.begin());
+    }
+  }
+  ring_ = ring;
+  SetLogTag(absl::StrCat("worker ", options_.worker_id, " rank ", ring->rank));
+  return ring;
+}
+
+absl::StatusOr<std::shared_ptr<Inbox>> RingBook::InboxFor(uint64_t generation) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t current = ring_ != nullptr ? ring_->generation : 0;
+  if (ring_ != nullptr && generation == current) return ring_->inbox;
+  for (const auto& r : retired_) {
+    if (r->generation == generation) return r->inbox;
+  }
+  if (generation < current) {
+    return absl::AbortedError(absl::StrCat(
+        "generation ", generation, " of job ", options_.job_id,
+        " is over: this worker is at generation ", current));
+  }
+  if (generation > std::max(current, latest_.generation()) + 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer link for generation ", generation, " of job ", options_.job_id,
+        ", which is at generation ", latest_.generation()));
+  }
+  std::shared_ptr<Inbox>& inbox = early_[generation];
+  if (inbox == nullptr) {
+    inbox = std::make_shared<Inbox>();
+    // A peer runs a newer generation: an operation of this one that is
+    // still comparing fingerprints waits for that peer in vain. Stop it
+    // (it re-runs on the new ring); one past that point finishes here.
+    if (ring_ != nullptr) {
+      ring_->comm->AbortIfUntouched(absl::AbortedError(absl::StrCat(
+          "a peer already runs generation ", generation, " of job ",
+          options_.job_id)));
+    }
+  }
+  return inbox;
+}
+
+std::optional<LinkReport> RingBook::OnLinkFailed(uint64_t generation, int peer,
+                                                 const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_ || ring_ == nullptr || ring_->generation != generation ||
+      latest_.generation() != generation || peer < 0 ||
+      peer >= ring_->world || peer == ring_->rank) {
+    return std::nullopt;
+  }
+  if (!reported_.insert({generation, peer}).second) return std::nullopt;
+  return LinkReport{generation,
+                    ring_->members[static_cast<size_t>(peer)].worker_id,
+                    std::string(status.message())};
+}
+
+v1::Membership RingBook::Latest() const {
+  absl::MutexLock lock(&mu_);
+  return latest_;
+}
+
+uint64_t RingBook::latest_generation() const {
+  absl::MutexLock lock(&mu_);
+  return latest_.generation();
+}
+
+uint64_t RingBook::newest_early_generation() const {
+  absl::MutexLock lock(&mu_);
+  return early_.empty() ? 0 : early_.rbegin()->first;
+}
+
+std::optional<v1::Membership> RingBook::Claimable() const {
+  absl::MutexLock lock(&mu_);
+  if (ring_ == nullptr || ring_->generation != latest_.generation() ||
+      latest_.state() == "waiting") {
+    return std::nullopt;
+  }
+  return latest_;
+}
+
+uint64_t RingBook::epoch() const {
+  absl::MutexLock lock(&mu_);
+  return epoch_;
+}
+
+bool RingBook::AwaitNewerGeneration(uint64_t failed_on, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto newer = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || latest_.generation() > failed_on;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&newer), deadline);
+  return !stopping_ && latest_.generation() > failed_on &&
+         latest_.state() != "waiting";
+}
+
+void RingBook::SetServers(const std::vector<PeerInfo>& servers) {
+  std::shared_ptr<Ring> ring;
+  {
+    absl::MutexLock lock(&mu_);
+    servers_ = servers;
+    ring = ring_;
+  }
+  if (ring == nullptr) return;
+  std::vector<std::string> addresses;
+  for (const PeerInfo& p : servers) addresses.push_back(p.address);
+  ring->transport->SetServerAddresses(addresses);
+  ring->comm->SetServers(servers);
+}
+
+std::vector<std::shared_ptr<Ring>> RingBook::Stop() {
+  std::vector<std::shared_ptr<Ring>> rings;
+  std::map<uint64_t, std::shared_ptr<Inbox>> early;
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  rings = std::move(retired_);
+  retired_.clear();
+  if (ring_ != nullptr) rings.push_back(std::move(ring_));
+  early.swap(early_);  // destroyed after the lock is released
+  return rings;
+}
+
+}  // namespace halka

@@ -1,0 +1,172 @@
+// The ring book: which ring (members, inbox, links, engine) this worker
+// runs for each membership generation, and the newest membership it knows.
+//
+// One Ring per generation, built on first use after a change (between
+// operations, never during one); the last two retired rings are kept so
+// peers can finish an operation on them; inboxes of generations a peer
+// switched to first wait in `early` until this worker gets there. The
+// numbering rule (numbering.h) decides how a new ring numbers its calls.
+//
+// Thread-safety: all methods are thread-safe. Lock order: the book's mutex
+// before a Communicator's state lock (InboxFor aborts an untouched
+// operation, Build carries telemetry over), never a Communicator's
+// operation lock (held for a whole operation: callers read next_op_seq()
+// before Acquire) and never a RendezvousLink's lock; callbacks
+// (on_link_failed) run on transport threads without it.
+#ifndef HALKA_WORKER_RING_BOOK_H_
+#define HALKA_WORKER_RING_BOOK_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "halka/v1/rendezvous.pb.h"
+#include "worker/core/communicator.h"
+#include "worker/worker_options.h"
+
+namespace halka {
+
+class GrpcTransport;
+
+// One generation of the ring: its members, inbox, links and engine.
+struct Ring {
+  uint64_t generation = 0;
+  int rank = 0;
+  int world = 1;
+  std::vector<PeerInfo> members;
+  std::shared_ptr<Inbox> inbox;
+  std::unique_ptr<GrpcTransport> transport;
+  std::unique_ptr<Communicator> comm;
+  // This worker entered the ring new, taking the others' numbering:
+  // calls made before that moment belong to no operation of this ring.
+  bool adopted = false;
+  uint64_t epoch = 0;  // the book's epoch when the ring was built
+  absl::Time built;    // when this worker learned it was admitted
+  ~Ring();
+};
+
+// A broken link to report to the rendezvous.
+struct LinkReport {
+  uint64_t generation = 0;
+  std::string suspect;  // worker id
+  std::string reason;
+};
+
+// What a new membership means for the worker (RingBook::Update).
+struct MembershipUpdate {
+  bool newer = false;        // false: nothing changed, ignore
+  uint64_t before = 0;       // the generation known until now
+  bool member = false;       // this worker is an alive member
+  bool lost_peer = false;    // a member of the running ring is gone
+  bool must_rejoin = false;  // joined, not a member, not forming: rejoin
+  std::shared_ptr<Ring> running;  // the ring in use (may be null)
+};
+
+// One call as the ring book sees it.
+struct CallInfo {
+  uint64_t seq = 1;          // the number it runs as where numbering is kept
+  bool retry = false;        // it runs again after a membership change
+  uint64_t epoch = ~uint64_t{0};       // the book's epoch at its arrival
+  absl::Time issued = absl::InfiniteFuture();  // when its caller issued it
+  // The generation of the caller's current ring if that ring holds a call
+  // number, else 0 (read by the caller without the book's lock).
+  uint64_t numbered_generation = 0;
+};
+
+class RingBook {
+ public:
+  using LinkFailedFn =
+      std::function<void(uint64_t generation, int peer, const absl::Status&)>;
+  // `on_link_failed` runs on a transport thread for every broken link of
+  // a ring (never under the book's lock).
+  RingBook(const WorkerOptions& options, LinkFailedFn on_link_failed);
+  ~RingBook();
+  // This worker's dialable address (how it finds itself in a membership),
+  // known once its server listens; set before it joins.
+  void set_address(std::string address);
+
+  // Records a membership newer than the newest known one.
+  MembershipUpdate Update(const v1::Membership& m);
+  void MarkJoined();
+  bool joined() const;
+
+  // The ring for the newest membership, built on first use after a change.
+  // Errors: FAILED_PRECONDITION (not joined yet), UNAVAILABLE (the job is
+  // below its minimum, or this worker is not in the ring: it is joining
+  // again), ABORTED (the call is stale, or a re-run straddled this
+  // worker's re-admission: call again).
+  absl::StatusOr<std::shared_ptr<Ring>> Acquire(const CallInfo& call);
+  std::shared_ptr<Ring> Current() const;
+
+  // The inbox a peer's link of `generation` delivers into (peer threads).
+  // A generation ahead of this worker gets an early inbox (and the running
+  // operation, if still comparing fingerprints, is aborted to re-run on
+  // the new ring). Errors: ABORTED (an old generation), INVALID_ARGUMENT
+  // (implausibly far ahead).
+  absl::StatusOr<std::shared_ptr<Inbox>> InboxFor(uint64_t generation);
+
+  // A broken link of `generation` to `peer`: the report to send, once per
+  // (generation, peer) while that generation is current; nullopt else.
+  std::optional<LinkReport> OnLinkFailed(uint64_t generation, int peer,
+                                         const absl::Status& status);
+
+  // The newest membership, and its generation.
+  v1::Membership Latest() const;
+  uint64_t latest_generation() const;
+  // The newest generation a peer opened links for (0: none ahead).
+  uint64_t newest_early_generation() const;
+  // The membership to claim at a rendezvous that forgot the job: the
+  // newest one, if this worker runs its ring and the job is not waiting.
+  std::optional<v1::Membership> Claimable() const;
+  uint64_t epoch() const;
+
+  // Waits (bounded by `deadline`) for a generation newer than `failed_on`;
+  // true when one came that a call can run again on (not waiting, not
+  // stopping).
+  bool AwaitNewerGeneration(uint64_t failed_on, absl::Time deadline);
+
+  // Parameter-server shards, handed to the current ring and every later one.
+  void SetServers(const std::vector<PeerInfo>& servers);
+
+  // Stops: refuses new inboxes and reports, wakes waiters, and hands every
+  // ring back to be destroyed outside the lock (closes their links).
+  std::vector<std::shared_ptr<Ring>> Stop();
+
+ private:
+  absl::StatusOr<std::shared_ptr<Ring>> Build(const CallInfo& call,
+                                              std::vector<std::shared_ptr<Ring>>* drop)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Stale(uint64_t generation) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  const WorkerOptions& options_;
+  const LinkFailedFn on_link_failed_;
+
+  mutable absl::Mutex mu_;
+  std::string address_ ABSL_GUARDED_BY(mu_);
+  bool joined_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  v1::Membership latest_ ABSL_GUARDED_BY(mu_);  // the newest generation
+  std::shared_ptr<Ring> ring_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Ring>> retired_ ABSL_GUARDED_BY(mu_);
+  // Inboxes of generations peers switched to before this worker did.
+  std::map<uint64_t, std::shared_ptr<Inbox>> early_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<uint64_t, int>> reported_ ABSL_GUARDED_BY(mu_);
+  std::vector<PeerInfo> servers_ ABSL_GUARDED_BY(mu_);
+  // Bumped whenever this worker learns it is not in the newest ring.
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // When this worker learned it was admitted (new) into the newest ring.
+  absl::Time admitted_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+}  // namespace halka
+
+#endif  // HALKA_WORKER_RING_BOOK_H_

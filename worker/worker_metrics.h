@@ -1,0 +1,28 @@
+// What a worker reports about itself: the Prometheus text it serves at
+// /metrics and the telemetry its heartbeats carry, as pure functions of a
+// communicator's Telemetry and Progress (tested without a ring).
+#ifndef HALKA_WORKER_WORKER_METRICS_H_
+#define HALKA_WORKER_WORKER_METRICS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+#include "halka/v1/rendezvous.pb.h"
+#include "worker/core/communicator.h"
+
+namespace halka {
+
+// The /metrics text of rank `rank` of a ring of `world` ranks (peers at or
+// above `world` are parameter-server shards, labelled "ps<k>").
+std::string WorkerMetricsText(const std::string& job_id, int rank,
+                              uint64_t generation, int world,
+                              const Telemetry& t);
+
+// The telemetry a heartbeat carries; `now` dates the current wait.
+v1::WorkerTelemetry TelemetryProto(const Telemetry& tel, const Progress& p,
+                                   absl::Time now);
+
+}  // namespace halka
+
+#endif  // HALKA_WORKER_WORKER_METRICS_H_

@@ -1,0 +1,48 @@
+// What a worker is started with (flags of halka-worker, fields of
+// LocalCluster). Plain data; WorkerNode::Create validates it.
+#ifndef HALKA_WORKER_WORKER_OPTIONS_H_
+#define HALKA_WORKER_WORKER_OPTIONS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+#include "worker/core/frame.h"
+
+namespace halka {
+
+struct WorkerOptions {
+  std::string job_id = "default";
+  std::string worker_id;          // default: hostname-pid
+  int world_size = 1;
+  // Elastic jobs: the ring runs with any size in [min, max] and re-forms
+  // without the lost member. Both 0: a fixed job of world_size.
+  int min_world_size = 0;
+  int max_world_size = 0;
+  int requested_rank = -1;        // -1: assigned by the rendezvous
+  std::string rendezvous;         // host:port
+  std::string listen = "127.0.0.1:0";  // peer links and TCP API
+  std::string advertise;          // host:port peers dial; default from listen
+  std::string unix_socket;        // optional extra API endpoint
+  size_t chunk_bytes = size_t{1} << 20;
+  absl::Duration op_timeout = absl::Seconds(60);
+  absl::Duration join_timeout = absl::Seconds(120);
+  uint64_t max_op_bytes = uint64_t{16} << 30;
+  std::string device = "cpu";   // reported to the rendezvous
+  // CUDA device for device tensors: -1 picks device 0 when one is usable
+  // (and falls back to the CPU with one log line when not); >= 0 demands it.
+  int cuda_device = -1;
+  // What an all-reduce that asks for AUTO runs.
+  Algorithm default_algorithm = Algorithm::kAuto;
+  // FOR TESTS ONLY: sleep this long per received data chunk while reducing,
+  // to make this rank a straggler on purpose.
+  absl::Duration test_reduce_delay = absl::ZeroDuration();
+  // > 0: serve Prometheus /metrics over HTTP on this port (on the listen
+  // host) once joined; -1 picks a free port; 0: off.
+  int metrics_port = 0;
+};
+
+}  // namespace halka
+
+#endif  // HALKA_WORKER_WORKER_OPTIONS_H_

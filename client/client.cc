@@ -14,6 +14,7 @@
 #include "common/grpc_util.h"
 #include "halka/v1/worker.grpc.pb.h"
 #include "worker/core/cuda/device_memory.h"
+#include "worker/core/dtype.h"
 
 namespace halka {
 namespace {
@@ -174,7 +175,7 @@ OpInfo FromStats(const v1::OpStats& s) {
 void SetCallDeadline(grpc::ClientContext& ctx, const v1::OpSpec& spec) {
   const absl::Duration op = spec.timeout_ms() > 0
                                 ? absl::Milliseconds(spec.timeout_ms())
-                                : absl::Seconds(60);
+                                : kDefaultOpTimeout;
   SetTimeout(ctx, op + absl::Seconds(30));
   ctx.set_wait_for_ready(true);
 }

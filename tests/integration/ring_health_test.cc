@@ -15,7 +15,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "client/bench.h"
+#include "client/halkactl/bench.h"
 #include "halka/client.h"
 #include "halka/local_cluster.h"
 #include "halka/v1/rendezvous.grpc.pb.h"

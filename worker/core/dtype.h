@@ -1,7 +1,8 @@
-// Element types and reduction operators of halka, and their names.
+// Element types and reduction operators of halka: sizes, names, parsing.
 //
-// The numeric values match the enums in proto/halka/v1/common.proto so that
-// converting between the wire and the engine is a cast after validation.
+// The enums themselves (DType, ReduceOp, kAllDTypes, kAllReduceOps) are the
+// public vocabulary in halka/types.h; their values match the enums in
+// proto/halka/v1/common.proto.
 #ifndef HALKA_WORKER_CORE_DTYPE_H_
 #define HALKA_WORKER_CORE_DTYPE_H_
 
@@ -11,31 +12,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "halka/types.h"
 
 namespace halka {
-
-enum class DType : uint8_t {
-  kFloat32 = 1,
-  kFloat64 = 2,
-  kFloat16 = 3,
-  kBFloat16 = 4,
-  kInt32 = 5,
-  kInt64 = 6,
-};
-inline constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64,
-                                       DType::kFloat16, DType::kBFloat16,
-                                       DType::kInt32,   DType::kInt64};
-
-enum class ReduceOp : uint8_t {
-  kSum = 1,
-  kAvg = 2,
-  kMin = 3,
-  kMax = 4,
-  kProd = 5,
-};
-inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::kSum, ReduceOp::kAvg,
-                                             ReduceOp::kMin, ReduceOp::kMax,
-                                             ReduceOp::kProd};
 
 // Size of one element in bytes; 0 for a value outside the enum.
 size_t DTypeSize(DType dtype);

@@ -11,20 +11,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "halka/types.h"
 #include "worker/core/dtype.h"
 
 namespace halka {
 
-enum class OpKind : uint8_t { kAllReduce = 1, kBroadcast = 2, kBarrier = 3 };
+// OpKind and Algorithm are defined in halka/types.h (public vocabulary).
 absl::string_view OpKindName(OpKind kind);  // "all_reduce", ...
 
-// How a collective moves data. Values match halka.v1.Algorithm.
-enum class Algorithm : uint8_t {
-  kAuto = 0,   // naive for buffers up to CommConfig::eager_bytes, else ring
-  kRing = 1,
-  kNaive = 2,
-  kParameterServer = 3,
-};
 absl::string_view AlgorithmName(Algorithm algorithm);  // "auto", "ring", ...
 // "auto", "ring", "naive", "ps". INVALID_ARGUMENT otherwise.
 absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name);

@@ -29,21 +29,13 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "halka/types.h"
 #include "halka/v1/rendezvous.pb.h"
 #include "halka/v1/worker.pb.h"
-#include "worker/core/dtype.h"
-#include "worker/core/frame.h"
 
 namespace halka {
 
-// 16-bit float element types for spans (bit patterns).
-struct Half {
-  uint16_t bits;
-};
-struct BFloat16 {
-  uint16_t bits;
-};
-
+// The DType of a span's element type (Half, BFloat16: halka/types.h).
 template <typename T>
 struct DTypeOf;
 template <> struct DTypeOf<float> { static constexpr DType value = DType::kFloat32; };
@@ -54,7 +46,8 @@ template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::kInt
 template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::kInt64; };
 
 struct OpOptions {
-  // Deadline of the operation; zero: the worker's default.
+  // Deadline of the operation; zero: the worker's default (normally
+  // kDefaultOpTimeout).
   absl::Duration timeout = absl::ZeroDuration();
   // All-reduce only: kAuto lets the worker choose (naive one-shot for small
   // buffers, ring otherwise); kRing and kNaive force one.

@@ -26,7 +26,7 @@ class LocalCluster {
     int workers = 4;
     std::string job_id = "local";
     size_t chunk_bytes = size_t{1} << 20;
-    absl::Duration op_timeout = absl::Seconds(60);
+    absl::Duration op_timeout = kDefaultOpTimeout;
     absl::Duration heartbeat_interval = absl::Milliseconds(500);
     absl::Duration heartbeat_timeout = absl::Seconds(5);
     // Parameter-server shards to start as well (for Algorithm::kParameterServer).

@@ -1,8 +1,8 @@
 // The measurement loop behind `halkactl demo` and `halkactl bench`: G ranks,
 // each with its own Client, run the same all-reduce; time, bandwidth and
 // correctness as nccl-tests reports them.
-#ifndef HALKA_CLIENT_BENCH_H_
-#define HALKA_CLIENT_BENCH_H_
+#ifndef HALKA_CLIENT_HALKACTL_BENCH_H_
+#define HALKA_CLIENT_HALKACTL_BENCH_H_
 
 #include <functional>
 #include <memory>
@@ -61,4 +61,4 @@ std::string FormatHealth(const v1::RingHealth& health);
 
 }  // namespace halka
 
-#endif  // HALKA_CLIENT_BENCH_H_
+#endif  // HALKA_CLIENT_HALKACTL_BENCH_H_

@@ -1,4 +1,4 @@
-#include "client/bench.h"
+#include "client/halkactl/bench.h"
 
 #include <algorithm>
 #include <cstring>
@@ -12,6 +12,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "worker/core/cuda/cuda_reduce.h"
+#include "worker/core/dtype.h"
+#include "worker/core/frame.h"
 #include "worker/core/reference.h"
 
 namespace halka {

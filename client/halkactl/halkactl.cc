@@ -26,13 +26,15 @@
 #include "absl/time/clock.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/generic/generic_stub.h"
-#include "client/bench.h"
+#include "client/halkactl/bench.h"
 #include "common/grpc_util.h"
 #include "common/security.h"
 #include "halka/client.h"
 #include "halka/local_cluster.h"
 #include "halka/v1/rendezvous.grpc.pb.h"
 #include "worker/core/cuda/cuda_reduce.h"
+#include "worker/core/dtype.h"
+#include "worker/core/frame.h"
 #include "worker/core/reference.h"
 
 ABSL_FLAG(int, workers, 4, "embedded cluster size (demo, bench)");
@@ -58,7 +60,8 @@ ABSL_FLAG(int64_t, count, 1 << 20, "allreduce: elements; health --watch: "
           "reports to print (default: until interrupted)");
 ABSL_FLAG(bool, check, true, "allreduce: verify the result (every rank runs "
           "halkactl allreduce with the same flags)");
-ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "operation deadline");
+ABSL_FLAG(absl::Duration, timeout, halka::kDefaultOpTimeout,
+          "operation deadline");
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "embedded cluster: bytes per frame");
 ABSL_FLAG(int, repeat, 1, "allreduce: operations to run back to back");
 ABSL_FLAG(std::string, algo, "auto",
@@ -267,7 +270,7 @@ int HealthCheck(const std::string& target) {
   }
   grpc::GenericStub stub(MakeChannel(target));
   grpc::ClientContext ctx;
-  SetTimeout(ctx, absl::GetFlag(FLAGS_timeout) < absl::Seconds(60)
+  SetTimeout(ctx, absl::GetFlag(FLAGS_timeout) < kDefaultOpTimeout
                       ? absl::GetFlag(FLAGS_timeout)
                       : absl::Seconds(3));
   grpc::Slice nothing;

@@ -1,0 +1,70 @@
+// halka's public vocabulary: element types, reduction operators, collective
+// kinds and algorithms, the 16-bit float element types of the SDK's spans,
+// and the default deadline of one operation.
+//
+// Shared by the SDK (client/include/halka/client.h) and the engine
+// (worker/core/dtype.h, worker/core/frame.h), which adds names, parsing and
+// sizes on top. Header-only (target halka::types); needs nothing but Abseil,
+// so a public header can include it without pulling in any engine code.
+//
+// The numeric values match the enums in proto/halka/v1/common.proto, so
+// converting between the wire and the engine is a cast after validation.
+// Never renumber them.
+#ifndef HALKA_COMMON_INCLUDE_HALKA_TYPES_H_
+#define HALKA_COMMON_INCLUDE_HALKA_TYPES_H_
+
+#include <cstdint>
+
+#include "absl/time/time.h"
+
+namespace halka {
+
+enum class DType : uint8_t {
+  kFloat32 = 1,
+  kFloat64 = 2,
+  kFloat16 = 3,
+  kBFloat16 = 4,
+  kInt32 = 5,
+  kInt64 = 6,
+};
+inline constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64,
+                                       DType::kFloat16, DType::kBFloat16,
+                                       DType::kInt32,   DType::kInt64};
+
+enum class ReduceOp : uint8_t {
+  kSum = 1,
+  kAvg = 2,
+  kMin = 3,
+  kMax = 4,
+  kProd = 5,
+};
+inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::kSum, ReduceOp::kAvg,
+                                             ReduceOp::kMin, ReduceOp::kMax,
+                                             ReduceOp::kProd};
+
+// The collective an operation runs. Values match halka.v1.OpKind.
+enum class OpKind : uint8_t { kAllReduce = 1, kBroadcast = 2, kBarrier = 3 };
+
+// How a collective moves data. Values match halka.v1.Algorithm.
+enum class Algorithm : uint8_t {
+  kAuto = 0,   // naive for buffers up to CommConfig::eager_bytes, else ring
+  kRing = 1,
+  kNaive = 2,
+  kParameterServer = 3,
+};
+
+// 16-bit float element types for spans (bit patterns; no arithmetic).
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+
+// The deadline of one operation when its caller names none: the SDK's call
+// deadline, halkactl's --timeout and LocalCluster's op_timeout start here.
+inline constexpr absl::Duration kDefaultOpTimeout = absl::Seconds(60);
+
+}  // namespace halka
+
+#endif  // HALKA_COMMON_INCLUDE_HALKA_TYPES_H_

@@ -4,11 +4,14 @@
 // Every worker streams its part of the buffer for this shard in; once every
 // rank's chunk at an offset is in, the server reduces the G copies in rank
 // order (so results are deterministic), divides for AVG, and streams the
-// result chunk back to every worker. Ranks that disagree on an operation
-// get ABORT frames with FAILED_PRECONDITION naming both; a worker stream
-// that closes mid-operation aborts the operation on every other rank.
+// result chunk back to every worker. The algorithm and its errors live in
+// PsState (server/ps_state.h); the service below only checks each stream's
+// metadata, decodes frames, feeds them to the state and writes what it
+// returns.
 // Thread-safety: the service is driven by gRPC's callback threads; one
-// mutex guards the operation table.
+// mutex guards the state and the stream table, and frames are queued on the
+// streams under it, so every rank sees them in the order the state made
+// them. Lock order: the service's mutex, then a stream's.
 #ifndef HALKA_SERVER_PARAMETER_SERVER_H_
 #define HALKA_SERVER_PARAMETER_SERVER_H_
 
@@ -26,16 +29,10 @@
 #include "grpcpp/grpcpp.h"
 #include "halka/v1/ps.grpc.pb.h"
 #include "halka/v1/rendezvous.grpc.pb.h"
+#include "server/ps_state.h"
 #include "worker/core/frame.h"
 
 namespace halka {
-
-struct PsStats {
-  uint64_t bytes_in = 0;   // payload bytes received from workers
-  uint64_t bytes_out = 0;  // payload bytes sent to workers
-  uint64_t ops_completed = 0;
-  uint64_t ops_failed = 0;
-};
 
 class ParameterServerService final
     : public v1::ParameterServer::WithRawCallbackMethod_Reduce<
@@ -51,41 +48,19 @@ class ParameterServerService final
 
  private:
   class Stream;
-  struct Chunk {
-    std::vector<InFrame> frames;  // by rank
-    std::vector<bool> have;       // by rank
-    uint64_t count = 0;
-    int arrived = 0;
-  };
-  struct Op {
-    Fingerprint fp;
-    int fp_rank = -1;
-    uint64_t generation = 0;
-    int world = 0;
-    std::vector<bool> have_fp;
-    int fps = 0;
-    uint64_t shard_offset = 0;
-    uint64_t shard_count = 0;
-    uint64_t sent_elems = 0;
-    std::map<uint64_t, Chunk> chunks;  // by offset
-  };
 
   void OnFrame(int rank, int world, InFrame frame);
   void OnStreamClosed(int rank, Stream* stream);
-  // Sends ABORT for `op_seq` to every rank but `skip`, drops the op.
-  void FailOp(uint64_t op_seq, const absl::Status& status, int skip)
+  // Hands each frame the state returned to its ranks' streams, in order.
+  void Dispatch(const std::vector<PsSend>& sends)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Flush(uint64_t op_seq, Op& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string job_id_;
-  const int shard_;
-  const int shards_;
   mutable absl::Mutex mu_;
   std::map<int, Stream*> streams_ ABSL_GUARDED_BY(mu_);  // by rank
   // One stream per worker of the job (a newer one replaces an older one).
   StreamLimiter limiter_{"parameter-server", 64, 4096};
-  std::map<uint64_t, Op> ops_ ABSL_GUARDED_BY(mu_);       // by op_seq
-  PsStats stats_ ABSL_GUARDED_BY(mu_);
+  PsState state_ ABSL_GUARDED_BY(mu_);
 };
 
 struct PsOptions {

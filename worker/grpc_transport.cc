@@ -1,13 +1,14 @@
 #include "worker/grpc_transport.h"
 
 #include <deque>
+#include <optional>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
 #include "grpcpp/generic/generic_stub.h"
-#include "worker/frame_codec.h"
+#include "wire/frame_codec.h"
+#include "wire/link_metadata.h"
 
 namespace halka {
 
@@ -26,10 +27,9 @@ class GrpcTransport::OutLink
 
   void Start() {
     const int world = static_cast<int>(owner_->addresses_.size());
-    ctx_.AddMetadata("halka-job", owner_->job_id_);
-    ctx_.AddMetadata("halka-generation", absl::StrCat(owner_->generation_));
-    ctx_.AddMetadata("halka-rank", absl::StrCat(owner_->rank_));
-    ctx_.AddMetadata("halka-world-size", absl::StrCat(world));
+    AddLinkMetadata(LinkMetadata{owner_->job_id_, owner_->generation_,
+                                 owner_->rank_, world},
+                    &ctx_);
     self_ = shared_from_this();
     stub_.PrepareBidiStreamingCall(&ctx_, to_ < world ? kLinkMethod : kPsMethod,
                                    grpc::StubOptions(), this);
@@ -350,7 +350,6 @@ class PeerService::InLink
       absl::MutexLock lock(&service_->mu_);
       --service_->open_streams_;
     }
-    if (counted_) service_->limiter_.Release(peer_);
     delete this;
   }
 
@@ -360,39 +359,34 @@ class PeerService::InLink
       absl::MutexLock lock(&service_->mu_);
       ++service_->open_streams_;
     }
-    peer_ = ctx->peer();
-    if (absl::Status s = service_->limiter_.Acquire(peer_); !s.ok()) return s;
-    counted_ = true;
-    const auto& md = ctx->client_metadata();
-    auto get = [&](const char* key) -> std::string {
-      auto it = md.find(key);
-      return it == md.end() ? std::string()
-                            : std::string(it->second.data(), it->second.size());
-    };
-    const std::string job = get("halka-job");
-    if (job != service_->job_id_) {
+    slot_.emplace(service_->limiter_, ctx->peer());
+    if (!slot_->status().ok()) return slot_->status();
+    const ReceivedLinkMetadata md = ParseLinkMetadata(ctx->client_metadata());
+    if (md.job_id != service_->job_id_) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "peer link for job '", job, "' reached a worker of job '",
+          "peer link for job '", md.job_id, "' reached a worker of job '",
           service_->job_id_, "'"));
     }
-    if (!absl::SimpleAtoi(get("halka-generation"), &generation_)) {
+    if (!md.generation.has_value()) {
       return absl::InvalidArgumentError(
           "peer link without a valid halka-generation");
     }
+    generation_ = *md.generation;
     absl::StatusOr<std::shared_ptr<Inbox>> inbox =
         service_->resolver_(generation_);
     if (!inbox.ok()) return inbox.status();
     inbox_ = *std::move(inbox);
-    if (!absl::SimpleAtoi(get("halka-rank"), &from_) || from_ < 0 ||
-        from_ >= inbox_->max_ranks()) {
+    if (!md.rank.has_value() || *md.rank < 0 ||
+        *md.rank >= inbox_->max_ranks()) {
       return absl::InvalidArgumentError("peer link without a valid halka-rank");
     }
+    from_ = *md.rank;
     return absl::OkStatus();
   }
 
   PeerService* const service_;
-  std::string peer_;
-  bool counted_ = false;
+  // This stream's place under the service's limit; freed with the reactor.
+  std::optional<StreamLimiter::Scoped> slot_;
   grpc::ByteBuffer buffer_;
   int from_ = -1;
   uint64_t generation_ = 0;

@@ -35,7 +35,7 @@
 #include "server/parameter_server.h"
 #include "server/rendezvous_service.h"
 #include "tests/testing/run_ranks.h"
-#include "worker/frame_codec.h"
+#include "wire/frame_codec.h"
 
 namespace halka {
 namespace {

@@ -5,8 +5,8 @@
 // copies it either: the InFrame's pieces point into the received slices,
 // which the InFrame keeps alive. Every decoded frame is validated (lengths,
 // enums, payload size against count x dtype) before anyone touches it.
-#ifndef HALKA_WORKER_FRAME_CODEC_H_
-#define HALKA_WORKER_FRAME_CODEC_H_
+#ifndef HALKA_WIRE_FRAME_CODEC_H_
+#define HALKA_WIRE_FRAME_CODEC_H_
 
 #include <functional>
 
@@ -34,4 +34,4 @@ absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer);
 
 }  // namespace halka
 
-#endif  // HALKA_WORKER_FRAME_CODEC_H_
+#endif  // HALKA_WIRE_FRAME_CODEC_H_

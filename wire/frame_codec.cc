@@ -1,4 +1,4 @@
-#include "worker/frame_codec.h"
+#include "wire/frame_codec.h"
 
 #include <cstring>
 #include <memory>

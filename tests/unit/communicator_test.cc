@@ -12,6 +12,7 @@
 #include "tests/testing/run_ranks.h"
 #include "worker/core/inproc_transport.h"
 #include "worker/core/reference.h"
+#include "worker/core/telemetry.h"
 
 namespace halka {
 namespace {
@@ -350,6 +351,125 @@ TEST(Limits, OversizedOperationIsResourceExhausted) {
   auto s = comm.AllReduce(big.data(), big.size(), DType::kFloat32,
                           ReduceOp::kSum, absl::ZeroDuration());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// One booking per event feeds links (live), edges_total and last_op (when
+// the operation ends) and the window, with the same numbers.
+TEST(OpTelemetry, OneBookingFeedsEveryView) {
+  using WaitEnd = OpTelemetry::WaitEnd;
+  const absl::Time t = absl::FromUnixSeconds(1000);
+  OpTelemetry ledger;
+  ledger.BeginOp();
+  ledger.BookSend(t, 1, 400, absl::Milliseconds(2), /*ok=*/true);
+  ledger.BookSend(t, 1, 100, absl::Milliseconds(1), /*ok=*/false);
+  ledger.BookWait(t, WaitEnd::kFrame, 2, 300, absl::Milliseconds(10));
+  ledger.BookWait(t, WaitEnd::kFrame, 2, 300, absl::Milliseconds(30));
+  ledger.BookWait(t, WaitEnd::kLinkFailed, 3, 0, absl::Milliseconds(5));
+  ledger.BookWait(t, WaitEnd::kOther, 2, 0, absl::Milliseconds(7));
+  ledger.BookReduce(t, 2, absl::Milliseconds(4));
+  ledger.BookReduceTotal(absl::Milliseconds(6));
+
+  // Mid-operation: links and the scalar sums are live, the per-edge totals
+  // wait for the end of the operation.
+  Telemetry mid = ledger.Snapshot(t);
+  ASSERT_EQ(mid.links.size(), 2u);  // peer 3 only failed: no link entry
+  EXPECT_EQ(mid.links[1].sent, 400u);
+  EXPECT_EQ(mid.links[2].received, 600u);
+  EXPECT_TRUE(mid.edges_total.empty());
+  EXPECT_NEAR(mid.send_seconds, 0.003, 1e-12);
+  EXPECT_NEAR(mid.wait_seconds, 0.052, 1e-12);
+  EXPECT_NEAR(mid.reduce_seconds, 0.006, 1e-12);
+  EXPECT_EQ(mid.window.edges[1].bytes_sent, 400u);
+  EXPECT_EQ(mid.window.edges[1].errors, 1u);
+  EXPECT_EQ(mid.window.edges[2].chunks_received, 2u);
+  EXPECT_EQ(mid.window.edges[3].errors, 1u);
+
+  OpTelemetry::OpEnd end;
+  end.kind = OpKind::kAllReduce;
+  end.algorithm = "ring";
+  end.status = absl::UnavailableError("link broke");
+  end.elapsed = absl::Milliseconds(70);
+  end.chunk_bytes = 64;
+  end.op_bytes = 1000;
+  const LinkBytes moved = ledger.EndOp(t, end);
+  EXPECT_EQ(moved.sent, 400u);
+  EXPECT_EQ(moved.received, 600u);
+
+  Telemetry after = ledger.Snapshot(t);
+  ASSERT_EQ(after.edges_total.size(), 3u);
+  for (const std::map<int, EdgeStats>* edges :
+       {&after.edges_total, &after.last_op.edges, &after.window.edges}) {
+    EXPECT_EQ(edges->at(1).bytes_sent, 400u);
+    EXPECT_EQ(edges->at(1).errors, 1u);
+    EXPECT_EQ(edges->at(2).bytes_received, 600u);
+    EXPECT_NEAR(edges->at(2).wait_seconds, 0.040, 1e-12);
+    EXPECT_NEAR(edges->at(2).reduce_seconds, 0.004, 1e-12);
+    EXPECT_EQ(edges->at(2).chunks_received, 2u);
+    EXPECT_EQ(edges->at(3).errors, 1u);
+  }
+  // Send time: every send in the sums, only sends that went through in
+  // the window.
+  EXPECT_NEAR(after.edges_total[1].send_seconds, 0.003, 1e-12);
+  EXPECT_NEAR(after.window.edges[1].send_seconds, 0.002, 1e-12);
+  EXPECT_EQ(after.links[1].sent, 400u);
+  EXPECT_EQ(after.links[2].received, 600u);
+  EXPECT_NEAR(after.last_op.edges[2].wait_p99_seconds, 0.030, 1e-12);
+  EXPECT_EQ(after.last_op.ops, 1u);
+  EXPECT_EQ(after.bytes_sent, 400u);
+  EXPECT_EQ(after.bytes_received, 600u);
+  EXPECT_EQ(after.ops_failed, 1u);
+  EXPECT_EQ(after.last_error, "link broke");
+  EXPECT_EQ(after.last_algorithm, "ring");
+  EXPECT_EQ(after.last_op_bytes, 1000u);
+  EXPECT_EQ((after.ops_by_label[{"all_reduce", "ring", "error"}]), 1u);
+  EXPECT_EQ(after.latency_count, 1u);
+  EXPECT_EQ(after.window.ops, 1u);
+
+  // A ring that replaces this one keeps counting, and bytes of an
+  // operation still running when it took over stay in links only.
+  ledger.BeginOp();
+  ledger.BookSend(t, 1, 50, absl::Milliseconds(1), /*ok=*/true);
+  OpTelemetry next;
+  next.InheritFrom(ledger);
+  next.BeginOp();
+  Telemetry inherited = next.Snapshot(t);
+  EXPECT_EQ(inherited.links[1].sent, 450u);
+  EXPECT_EQ(inherited.edges_total[1].bytes_sent, 400u);
+  EXPECT_EQ(inherited.ops_failed, 1u);
+}
+
+// Every byte a ring all-reduce moves shows once, alike, in the result, the
+// links, the per-edge totals, the last operation and the window.
+TEST(Telemetry, RingAllReduceBooksEachByteOnce) {
+  const int g = 3;
+  const size_t count = 3000;
+  Ring ring(g, 256);
+  std::vector<std::vector<float>> bufs(g, std::vector<float>(count, 1.0f));
+  auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    return ring.comms[r]->AllReduce(bufs[r].data(), count, DType::kFloat32,
+                                    ReduceOp::kSum, absl::ZeroDuration(),
+                                    Algorithm::kRing);
+  });
+  // 2(G-1) segments of count/G floats each way.
+  const uint64_t expected = 2 * (g - 1) * (count / g) * sizeof(float);
+  for (int r = 0; r < g; ++r) {
+    ASSERT_TRUE(results[r].ok()) << results[r].status();
+    const int succ = (r + 1) % g;
+    const int pred = (r + g - 1) % g;
+    EXPECT_EQ(results[r]->bytes_sent, expected);
+    EXPECT_EQ(results[r]->bytes_received, expected);
+    Telemetry t = ring.comms[r]->GetTelemetry();
+    EXPECT_EQ(t.bytes_sent, expected);
+    EXPECT_EQ(t.links[succ].sent, expected);
+    EXPECT_EQ(t.links[pred].received, expected);
+    EXPECT_EQ(t.edges_total[succ].bytes_sent, expected);
+    EXPECT_EQ(t.edges_total[pred].bytes_received, expected);
+    EXPECT_EQ(t.last_op.edges[succ].bytes_sent, expected);
+    EXPECT_EQ(t.window.edges[succ].bytes_sent, expected);
+    EXPECT_EQ(t.window.edges[pred].bytes_received, expected);
+    EXPECT_EQ(t.ops_completed, 1u);
+    EXPECT_EQ(t.last_algorithm, "ring");
+  }
 }
 
 }  // namespace

@@ -1,0 +1,58 @@
+// The collectives, as free functions over one operation's OpContext.
+//
+// Internal to halka_core: the Communicator calls them, nothing else should.
+// Each runs on the operation's thread after the fingerprints agree and the
+// buffer's Begin succeeded. It moves data only through the context (Send,
+// Await, CheckData, WaitForReleases), reports where it is with SetLedger
+// and books its reduce time with RecordReduce / RecordReduceTotal. It
+// returns the first error, already worded for the caller (the context's
+// errors name the peer, phase and step); the Communicator then sends the
+// ABORT frames and waits for the wire to release the buffer.
+//
+// A new collective is one more file here: a function of this shape, plus a
+// case in Communicator::Run's dispatch.
+#ifndef HALKA_WORKER_CORE_ALGORITHMS_ALGORITHMS_H_
+#define HALKA_WORKER_CORE_ALGORITHMS_ALGORITHMS_H_
+
+#include "absl/status/status.h"
+#include "worker/core/comm_types.h"
+#include "worker/core/frame.h"
+#include "worker/core/op_context.h"
+
+namespace halka {
+
+// --- fingerprints.cc
+// Which algorithm an operation runs; every rank resolves the same way from
+// the fingerprint and the configuration alone.
+Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp);
+// Passes every rank's fingerprint to every rank: at once when
+// op.all_to_all() (with the whole buffer riding along for an eager naive
+// all-reduce, kept in op.eager()), else once around the ring (G-1 hops).
+// Errors: FAILED_PRECONDITION naming two ranks that disagree, DATA_LOSS for
+// an unexpected frame, and the context's wait and send errors.
+absl::Status ExchangeFingerprints(OpContext& op);
+
+// --- ring.cc
+// Pipelined ring all-reduce: G-1 reduce-scatter steps, then G-1 all-gather
+// steps, chunk by chunk; a chunk moves on as soon as it is reduced.
+absl::Status RingAllReduce(OpContext& op);
+
+// --- naive.cc
+// Every rank sends its buffer to every other rank and reduces all G copies
+// in rank order (same bits everywhere). Eager: the copies came with the
+// fingerprints.
+absl::Status NaiveAllReduce(OpContext& op);
+
+// --- ps.cc
+// Pushes shard k of the buffer to parameter server k, takes the reduced
+// shard back. FAILED_PRECONDITION when no server is known.
+absl::Status PsAllReduce(OpContext& op);
+
+// --- broadcast.cc
+// Chain broadcast root -> root+1 -> ... -> root-1, chunk by chunk. (The
+// barrier has no data phase: the fingerprint pass is the barrier.)
+absl::Status ChainBroadcast(OpContext& op);
+
+}  // namespace halka
+
+#endif  // HALKA_WORKER_CORE_ALGORITHMS_ALGORITHMS_H_

@@ -1,0 +1,187 @@
+#include "worker/core/telemetry.h"
+
+#include <utility>
+
+namespace halka {
+namespace {
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+// The sums one operation adds to an edge (not its percentiles).
+void AddSums(const EdgeStats& from, EdgeStats& to) {
+  to.bytes_sent += from.bytes_sent;
+  to.bytes_received += from.bytes_received;
+  to.send_seconds += from.send_seconds;
+  to.wait_seconds += from.wait_seconds;
+  to.reduce_seconds += from.reduce_seconds;
+  to.chunks_received += from.chunks_received;
+  to.errors += from.errors;
+}
+
+}  // namespace
+
+const std::vector<double> kLatencyBounds = {
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1,      2.5,   5,      10,    30,   60,    1e300};
+
+OpTelemetry::PeerRecord& OpTelemetry::OpPeer(int peer) {
+  PeerRecord& rec = peers_[peer];
+  rec.in_op = true;
+  return rec;
+}
+
+void OpTelemetry::BeginOp() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [peer, rec] : peers_) {
+    rec.op = EdgeStats();
+    rec.waits.clear();
+    rec.in_op = false;
+  }
+}
+
+void OpTelemetry::BookSend(absl::Time now, int peer, uint64_t bytes,
+                           absl::Duration spent, bool ok) {
+  const double secs = Seconds(spent);
+  absl::MutexLock lock(&mu_);
+  scalars_.send_seconds += secs;
+  PeerRecord& rec = OpPeer(peer);
+  rec.op.send_seconds += secs;
+  if (ok) {
+    rec.op.bytes_sent += bytes;
+    rec.linked = true;
+    window_.RecordSend(now, peer, bytes, secs);
+  } else {
+    ++rec.op.errors;
+    window_.RecordError(now, peer);
+  }
+}
+
+void OpTelemetry::BookWait(absl::Time now, WaitEnd end, int peer,
+                           uint64_t bytes, absl::Duration waited) {
+  const double secs = Seconds(waited);
+  absl::MutexLock lock(&mu_);
+  scalars_.wait_seconds += secs;
+  switch (end) {
+    case WaitEnd::kFrame: {
+      PeerRecord& rec = OpPeer(peer);
+      rec.op.wait_seconds += secs;
+      rec.op.bytes_received += bytes;
+      ++rec.op.chunks_received;
+      rec.waits.push_back(secs);
+      rec.linked = true;
+      window_.RecordWait(now, peer, bytes, secs);
+      break;
+    }
+    case WaitEnd::kLinkFailed:
+      ++OpPeer(peer).op.errors;
+      window_.RecordError(now, peer);
+      break;
+    case WaitEnd::kOther:
+      break;
+  }
+}
+
+void OpTelemetry::BookReduce(absl::Time now, int peer, absl::Duration spent) {
+  const double secs = Seconds(spent);
+  absl::MutexLock lock(&mu_);
+  OpPeer(peer).op.reduce_seconds += secs;
+  window_.RecordReduce(now, peer, secs);
+}
+
+void OpTelemetry::BookReduceTotal(absl::Duration spent) {
+  absl::MutexLock lock(&mu_);
+  scalars_.reduce_seconds += Seconds(spent);
+}
+
+LinkBytes OpTelemetry::EndOp(absl::Time now, const OpEnd& end) {
+  const double secs = Seconds(end.elapsed);
+  LinkBytes moved;
+  absl::MutexLock lock(&mu_);
+  EdgeSummary last;
+  for (auto& [peer, rec] : peers_) {
+    if (!rec.in_op) continue;
+    if (!rec.waits.empty()) {
+      rec.op.wait_p50_seconds = Percentile(rec.waits, 0.50);
+      rec.op.wait_p99_seconds = Percentile(rec.waits, 0.99);
+    }
+    AddSums(rec.op, rec.total);
+    rec.in_total = true;
+    moved.sent += rec.op.bytes_sent;
+    moved.received += rec.op.bytes_received;
+    last.edges[peer] = rec.op;
+    rec.op = EdgeStats();
+    rec.waits.clear();
+    rec.in_op = false;
+  }
+  Telemetry& t = scalars_;
+  ++t.ops_by_label[{std::string(OpKindName(end.kind)), end.algorithm,
+                    end.status.ok() ? "ok" : "error"}];
+  if (t.latency_buckets.empty()) {
+    t.latency_buckets.assign(kLatencyBounds.size(), 0);
+  }
+  for (size_t i = 0; i < kLatencyBounds.size(); ++i) {
+    if (secs <= kLatencyBounds[i]) {
+      ++t.latency_buckets[i];
+      break;
+    }
+  }
+  t.latency_sum_seconds += secs;
+  ++t.latency_count;
+  last.ops = 1;
+  last.op_seconds = secs;
+  window_.RecordOp(now, secs);
+  t.last_op = std::move(last);
+  t.last_algorithm = end.algorithm;
+  t.last_chunk_bytes = end.chunk_bytes;
+  t.last_op_bytes = end.op_bytes;
+  t.bytes_sent += moved.sent;
+  t.bytes_received += moved.received;
+  if (end.status.ok()) {
+    ++t.ops_completed;
+  } else {
+    ++t.ops_failed;
+    t.last_error = std::string(end.status.message());
+  }
+  return moved;
+}
+
+Telemetry OpTelemetry::Snapshot(absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  Telemetry t = scalars_;
+  for (const auto& [peer, rec] : peers_) {
+    if (rec.in_total) t.edges_total[peer] = rec.total;
+    if (rec.linked) {
+      LinkBytes& l = t.links[peer];
+      l.sent = rec.total.bytes_sent + rec.op.bytes_sent + rec.carried.sent;
+      l.received = rec.total.bytes_received + rec.op.bytes_received +
+                   rec.carried.received;
+    }
+  }
+  t.window = window_.Summarize(now);
+  t.window_seconds = absl::ToDoubleSeconds(window_.span());
+  return t;
+}
+
+void OpTelemetry::InheritFrom(const OpTelemetry& previous) {
+  Telemetry scalars;
+  std::map<int, PeerRecord> peers;
+  EdgeWindow window = [&] {
+    absl::MutexLock lock(&previous.mu_);
+    scalars = previous.scalars_;
+    peers = previous.peers_;
+    return previous.window_;
+  }();
+  for (auto& [peer, rec] : peers) {
+    rec.carried.sent += rec.op.bytes_sent;
+    rec.carried.received += rec.op.bytes_received;
+    rec.op = EdgeStats();
+    rec.waits.clear();
+    rec.in_op = false;
+  }
+  absl::MutexLock lock(&mu_);
+  scalars_ = std::move(scalars);
+  peers_ = std::move(peers);
+  window_ = std::move(window);
+}
+
+}  // namespace halka

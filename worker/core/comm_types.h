@@ -28,7 +28,7 @@ struct CommConfig {
   uint64_t generation = 1;
   std::vector<PeerInfo> members;  // members[i].rank == i
   size_t chunk_bytes = size_t{1} << 20;
-  absl::Duration default_timeout = absl::Seconds(60);
+  absl::Duration default_timeout = kDefaultOpTimeout;
   // Largest buffer one operation may carry (RESOURCE_EXHAUSTED above it).
   uint64_t max_op_bytes = uint64_t{16} << 30;
   // Up to this world size, fingerprints go to every rank at once (one hop

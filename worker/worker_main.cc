@@ -1,5 +1,6 @@
 // halka-worker: one per GPU (or CPU process). Joins a job, links to its
 // ring peers, and serves the SDK-facing API.
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <iostream>
@@ -38,8 +39,11 @@ ABSL_FLAG(std::string, advertise, "",
 ABSL_FLAG(std::string, unix_socket, "",
           "also serve the API on this Unix socket (env HALKA_UNIX_SOCKET)");
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "bytes per frame on the wire");
-ABSL_FLAG(absl::Duration, op_timeout, absl::Seconds(60),
+ABSL_FLAG(absl::Duration, op_timeout, halka::kDefaultOpTimeout,
           "default deadline of one operation (env HALKA_OP_TIMEOUT)");
+ABSL_FLAG(int64_t, max_inline_bytes, int64_t{16} << 30,
+          "bytes that inline uploads in flight may hold in all; past it a "
+          "call is RESOURCE_EXHAUSTED (env HALKA_MAX_INLINE_BYTES)");
 ABSL_FLAG(std::string, default_algorithm, "auto",
           "all-reduce algorithm for calls that ask for auto: auto, ring, "
           "naive, ps (env HALKA_DEFAULT_ALGORITHM)");
@@ -83,6 +87,8 @@ int main(int argc, char** argv) {
   o.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
   o.op_timeout = absl::GetFlag(FLAGS_op_timeout);
   o.join_timeout = absl::GetFlag(FLAGS_join_timeout);
+  o.max_inline_bytes =
+      static_cast<uint64_t>(std::max<int64_t>(absl::GetFlag(FLAGS_max_inline_bytes), 0));
   o.cuda_device = absl::GetFlag(FLAGS_device);
   o.test_reduce_delay = absl::GetFlag(FLAGS_test_reduce_delay);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
@@ -105,13 +111,19 @@ int main(int argc, char** argv) {
     halka::LogError(node.status().ToString());
     return 1;
   }
-  std::cout << "halka-worker serving on " << (*node)->address() << std::endl;
+  // Two lines, two phases: "listening" once the port is bound (peers may
+  // dial it; the API answers GetInfo with the phase), "serving" once the
+  // worker is in its ring and operations can run.
+  std::cout << "halka-worker listening on " << (*node)->address()
+            << " (joining job " << o.job_id << " at " << o.rendezvous << ")"
+            << std::endl;
   absl::Status status = (*node)->Join();
   if (!status.ok()) {
     halka::LogError(status.ToString());
     return 1;
   }
   joined = true;
+  std::cout << "halka-worker serving on " << (*node)->address() << std::endl;
   stop.WaitForNotification();
   (*node)->Shutdown();
   // Everything is stopped and flushed; skip gRPC's process-exit teardown,

@@ -85,7 +85,8 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
       o.job_id, [raw](uint64_t generation) {
         return raw->book_->InboxFor(generation);
       });
-  node->api_service_ = std::make_unique<WorkerService>(node.get());
+  node->api_service_ =
+      std::make_unique<WorkerService>(node.get(), o.max_inline_bytes);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder);
@@ -230,7 +231,10 @@ v1::WorkerTelemetry WorkerNode::CollectTelemetry() {
 absl::StatusOr<v1::InfoReply> WorkerNode::Describe() const {
   std::shared_ptr<Ring> ring = book_->Current();
   if (!book_->joined() || ring == nullptr) {
-    return absl::FailedPreconditionError("worker has not joined its job yet");
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker has not joined its job yet: worker ", options_.worker_id,
+        " is joining job ", options_.job_id, " at ", options_.rendezvous,
+        " (waiting for the world of ", options_.world_size, " to form)"));
   }
   const v1::Membership latest = book_->Latest();
   v1::InfoReply reply;
@@ -321,19 +325,38 @@ int WorkerNode::open_peer_streams() const {
   return peer_service_->open_streams();
 }
 
+WorkerNode::Arrival WorkerNode::Arrive() {
+  Arrival a;
+  a.at = absl::Now();
+  a.epoch = book_->epoch();
+  {
+    absl::MutexLock lock(&run_mu_);
+    a.ticket = ++tickets_;
+  }
+  absl::MutexLock lock(&calls_mu_);
+  ++calls_received_;
+  return a;
+}
+
 absl::StatusOr<OpResult> WorkerNode::Execute(const v1::OpSpec& spec,
-                                             void* data, absl::Time arrived) {
+                                             void* data) {
+  return Execute(spec, data, Arrive());
+}
+
+absl::StatusOr<OpResult> WorkerNode::Execute(const v1::OpSpec& spec,
+                                             void* data,
+                                             const Arrival& arrival) {
   HostOpBuffer buffer(data);
-  return Run(spec, buffer, arrived);
+  return Run(spec, buffer, arrival);
 }
 
 absl::StatusOr<OpResult> WorkerNode::ExecuteOnDevice(
     const v1::OpSpec& spec, const v1::DeviceTensor& tensor,
-    absl::Time arrived) {
+    const Arrival& arrival) {
   if (device_ == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return Refuse(arrival, absl::FailedPreconditionError(absl::StrCat(
         "worker ", options_.worker_id,
-        " has no usable GPU: send host tensors, or start it with --device"));
+        " has no usable GPU: send host tensors, or start it with --device")));
   }
   DeviceHandle h;
   h.device = tensor.device();
@@ -342,9 +365,48 @@ absl::StatusOr<OpResult> WorkerNode::ExecuteOnDevice(
   h.pid = tensor.pid();
   h.pointer = tensor.pointer();
   absl::StatusOr<void*> ptr = device_->Resolve(h);
-  if (!ptr.ok()) return ptr.status();
+  if (!ptr.ok()) return Refuse(arrival, ptr.status());
   std::unique_ptr<OpBuffer> buffer = device_->MakeBuffer(*ptr);
-  return Run(spec, *buffer, arrived);
+  return Run(spec, *buffer, arrival);
+}
+
+void WorkerNode::AwaitTurn(uint64_t ticket) {
+  auto mine = [this, ticket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_) {
+    return turn_ >= ticket;
+  };
+  run_mu_.Await(absl::Condition(&mine));
+}
+
+absl::Status WorkerNode::Refuse(const Arrival& arrival, absl::Status status) {
+  absl::MutexLock run_lock(&run_mu_);
+  AwaitTurn(arrival.ticket);
+  SkipNumber(status);
+  ++turn_;
+  return status;
+}
+
+void WorkerNode::SkipNumber(const absl::Status& status) {
+  if (next_seq_ == 0) {
+    // New in a running ring and not yet numbered: there is no number to
+    // skip; the peers' copy of this call fails at its deadline.
+    LogWarning(absl::StrCat("a call ended before it reached the ring (",
+                            status.ToString(), ") before this worker learned "
+                            "the ring's numbering"));
+    RecordCall(0, status);
+    return;
+  }
+  const uint64_t seq = next_seq_++;
+  if (std::shared_ptr<Ring> ring = book_->Current()) {
+    ring->comm->SkipOp(seq, status);
+  }
+  RecordCall(seq, status);
+}
+
+void WorkerNode::RecordCall(uint64_t seq, const absl::Status& status) {
+  absl::MutexLock lock(&calls_mu_);
+  last_call_seq_ = seq;
+  last_call_ok_ = status.ok();
+  last_call_error_ = status.ok() ? "" : status.ToString();
 }
 
 absl::StatusOr<OpResult> WorkerNode::RunOn(Ring& ring, const v1::OpSpec& spec,
@@ -386,25 +448,42 @@ absl::StatusOr<OpResult> WorkerNode::RunOn(Ring& ring, const v1::OpSpec& spec,
 }
 
 absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
-                                         OpBuffer& buffer, absl::Time arrived) {
-  const absl::Time deadline = CallDeadline(spec, arrived, options_.op_timeout);
+                                         OpBuffer& buffer,
+                                         const Arrival& arrival) {
+  absl::MutexLock run_lock(&run_mu_);
+  AwaitTurn(arrival.ticket);
+  running_seq_ = 0;
+  absl::StatusOr<OpResult> result = RunInTurn(spec, buffer, arrival);
+  if (result.ok() || running_seq_ != 0) {
+    RecordCall(result.ok() ? result->op_seq : running_seq_, result.status());
+  }
+  ++turn_;
+  return result;
+}
+
+absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
+                                               OpBuffer& buffer,
+                                               const Arrival& arrival) {
+  const absl::Time deadline =
+      CallDeadline(spec, arrival.at, options_.op_timeout);
   if (absl::StatusOr<uint64_t> bytes =
           ValidateOpSpec(spec, options_.max_op_bytes);
       !bytes.ok()) {
+    SkipNumber(bytes.status());
     return bytes.status();
   }
-  const uint64_t epoch = book_->epoch();
+  const uint64_t epoch = arrival.epoch;
   const absl::Time issued =
       spec.issued_unix_ms() > 0
           ? absl::FromUnixMillis(static_cast<int64_t>(spec.issued_unix_ms()))
           : absl::InfiniteFuture();
-  absl::MutexLock run_lock(&run_mu_);
   uint64_t retry_seq = 0;
   std::string retry_cause;
   for (int attempt = 0;; ++attempt) {
     CatchUp();
     CallInfo call;
     call.seq = retry_seq > 0 ? retry_seq : next_seq_;
+    running_seq_ = call.seq;
     call.retry = retry_seq > 0;
     call.epoch = epoch;
     call.issued = issued;

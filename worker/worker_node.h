@@ -51,16 +51,33 @@ class WorkerNode {
   void Shutdown(bool leave = true);
   void Wait();
 
+  // A call as it reaches the worker. Every call the worker receives is
+  // numbered in arrival order: it runs, or is refused, in that order and
+  // takes one operation number either way, so that one rank's refused or
+  // abandoned call cannot split the ring's numbering.
+  struct Arrival {
+    uint64_t ticket = 0;
+    absl::Time at;
+    uint64_t epoch = 0;  // the ring book's epoch at arrival
+  };
+  Arrival Arrive();
+
   // Runs one collective on `data` (host memory). Thread-safe; operations
   // are serialised in arrival order. The deadline (the spec's timeout_ms,
-  // or options().op_timeout) counts from `arrived`. Errors: those of
+  // or options().op_timeout) counts from the arrival. Errors: those of
   // ValidateOpSpec, then the failure contract of Communicator.
+  absl::StatusOr<OpResult> Execute(const v1::OpSpec& spec, void* data);
   absl::StatusOr<OpResult> Execute(const v1::OpSpec& spec, void* data,
-                                   absl::Time arrived = absl::Now());
+                                   const Arrival& arrival);
   // The same on a client's CUDA tensor. FAILED_PRECONDITION without a GPU.
   absl::StatusOr<OpResult> ExecuteOnDevice(const v1::OpSpec& spec,
                                            const v1::DeviceTensor& tensor,
-                                           absl::Time arrived = absl::Now());
+                                           const Arrival& arrival);
+  // A call that ends before it reaches the ring (a refused request, an
+  // upload that failed or was abandoned): in its turn it takes its number
+  // and tells the peers, whose copies of the call then fail at once naming
+  // this rank and `status`. Returns `status`.
+  absl::Status Refuse(const Arrival& arrival, absl::Status status);
 
   // What GetInfo answers: this worker's rank, ring and newest membership.
   // FAILED_PRECONDITION before it joined.
@@ -94,7 +111,16 @@ class WorkerNode {
   absl::StatusOr<OpResult> RunOn(Ring& ring, const v1::OpSpec& spec,
                                  OpBuffer& buffer, absl::Time deadline);
   absl::StatusOr<OpResult> Run(const v1::OpSpec& spec, OpBuffer& buffer,
-                               absl::Time arrived);
+                               const Arrival& arrival);
+  absl::StatusOr<OpResult> RunInTurn(const v1::OpSpec& spec, OpBuffer& buffer,
+                                     const Arrival& arrival)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // Waits until `ticket` is the next call to run.
+  void AwaitTurn(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // Takes the next number for a call that does not reach the ring.
+  void SkipNumber(const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  void RecordCall(uint64_t seq, const absl::Status& status);
   // Looks up the job's parameter-server shards (waiting for them, bounded
   // by `deadline`) and hands them to the ring.
   absl::Status EnsureServers(absl::Time deadline);
@@ -117,6 +143,17 @@ class WorkerNode {
   // The caller's calls are numbered one by one, failed or not, so that
   // every rank numbers the i-th call alike (0: adopt the ring's number).
   uint64_t next_seq_ ABSL_GUARDED_BY(run_mu_) = 1;
+  // Calls take tickets as they arrive and run when their ticket's turn
+  // comes (each call before them is bounded by its own deadline).
+  uint64_t tickets_ ABSL_GUARDED_BY(run_mu_) = 0;
+  uint64_t turn_ ABSL_GUARDED_BY(run_mu_) = 1;
+  uint64_t running_seq_ ABSL_GUARDED_BY(run_mu_) = 0;  // the running call's
+  // The last call's number and outcome, for telemetry (a leaf lock).
+  absl::Mutex calls_mu_ ABSL_ACQUIRED_AFTER(run_mu_);
+  uint64_t calls_received_ ABSL_GUARDED_BY(calls_mu_) = 0;
+  uint64_t last_call_seq_ ABSL_GUARDED_BY(calls_mu_) = 0;
+  bool last_call_ok_ ABSL_GUARDED_BY(calls_mu_) = true;
+  std::string last_call_error_ ABSL_GUARDED_BY(calls_mu_);
   absl::Mutex servers_mu_ ABSL_ACQUIRED_AFTER(run_mu_);
   bool have_servers_ ABSL_GUARDED_BY(servers_mu_) = false;
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "halka/types.h"
 #include "worker/core/frame.h"
 
 namespace halka {
@@ -26,9 +27,13 @@ struct WorkerOptions {
   std::string advertise;          // host:port peers dial; default from listen
   std::string unix_socket;        // optional extra API endpoint
   size_t chunk_bytes = size_t{1} << 20;
-  absl::Duration op_timeout = absl::Seconds(60);
+  absl::Duration op_timeout = kDefaultOpTimeout;
   absl::Duration join_timeout = absl::Seconds(120);
   uint64_t max_op_bytes = uint64_t{16} << 30;
+  // Bytes that inline uploads (Worker.RunInline) in flight may hold in
+  // all; a call whose data would pass it is RESOURCE_EXHAUSTED. Buffers
+  // grow as data arrives, never from the request's count up front.
+  uint64_t max_inline_bytes = uint64_t{16} << 30;
   std::string device = "cpu";   // reported to the rendezvous
   // CUDA device for device tensors: -1 picks device 0 when one is usable
   // (and falls back to the CPU with one log line when not); >= 0 demands it.

@@ -31,70 +31,133 @@ constexpr size_t kInlineChunkBytes = size_t{1} << 20;
 
 grpc::Status WorkerService::Run(grpc::ServerContext*, const v1::RunRequest* req,
                                 v1::RunReply* reply) {
-  const absl::Time arrived = absl::Now();
+  const WorkerNode::Arrival arrival = node_->Arrive();
   const v1::OpSpec& spec = req->spec();
   if (req->has_device_tensor()) {
-    auto result = node_->ExecuteOnDevice(spec, req->device_tensor(), arrived);
+    auto result = node_->ExecuteOnDevice(spec, req->device_tensor(), arrival);
     if (!result.ok()) return ToGrpcStatus(result.status());
     *reply->mutable_stats() = ToStats(*result);
     return grpc::Status::OK;
   }
   absl::StatusOr<uint64_t> bytes =
       ValidateOpSpec(spec, node_->options().max_op_bytes);
-  if (!bytes.ok()) return ToGrpcStatus(bytes.status());
+  if (!bytes.ok()) return ToGrpcStatus(node_->Refuse(arrival, bytes.status()));
   if (absl::Status s = ValidateShmRegion(*req, *bytes); !s.ok()) {
-    return ToGrpcStatus(s);
+    return ToGrpcStatus(node_->Refuse(arrival, s));
   }
   uint8_t* data = nullptr;
   if (*bytes > 0) {
     auto base = shm_.Map(req->shm_name(), req->shm_size());
-    if (!base.ok()) return ToGrpcStatus(base.status());
+    if (!base.ok()) return ToGrpcStatus(node_->Refuse(arrival, base.status()));
     data = *base + req->shm_offset();
   }
-  auto result = node_->Execute(spec, data, arrived);
+  auto result = node_->Execute(spec, data, arrival);
   if (!result.ok()) return ToGrpcStatus(result.status());
   *reply->mutable_stats() = ToStats(*result);
   return grpc::Status::OK;
 }
 
+InlineBudget::Charge::~Charge() {
+  if (bytes_ > 0) budget_.in_use_.fetch_sub(bytes_);
+}
+
+absl::Status InlineBudget::Charge::Add(uint64_t bytes) {
+  const uint64_t before = budget_.in_use_.fetch_add(bytes);
+  if (before + bytes > budget_.limit_) {
+    budget_.in_use_.fetch_sub(bytes);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "run_inline: inline uploads in flight would hold ", before + bytes,
+        " bytes, over this worker's budget of ", budget_.limit_,
+        " (--max_inline_bytes); send the tensor through shared memory, or "
+        "fewer at once"));
+  }
+  bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint8_t>> WorkerService::Upload(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<v1::InlineReply, v1::InlineRequest>* stream,
+    v1::InlineRequest& msg, uint64_t bytes, absl::Time deadline,
+    InlineBudget::Charge& charge) {
+  // The upload shares the operation's deadline: past it the stream is
+  // cancelled, whatever the client does.
+  CallWatchdog::Armed armed(watchdog_, ctx, deadline);
+  std::vector<uint8_t> buffer;  // grows as data arrives
+  auto missing = [&] {
+    return absl::StrCat("got ", buffer.size(), " of ", bytes,
+                        " bytes of data");
+  };
+  for (;;) {
+    const std::string& data = msg.data();
+    if (data.size() > bytes - buffer.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "run_inline: more data than count x dtype (", bytes, " bytes): ",
+          buffer.size() == bytes ? "a message after the buffer was full"
+                                 : "the last message overflows it"));
+    }
+    if (absl::Status s = charge.Add(data.size()); !s.ok()) return s;
+    buffer.insert(buffer.end(), data.begin(), data.end());
+    msg.Clear();
+    if (!stream->Read(&msg)) break;  // the client half-closed (or went away)
+  }
+  if (armed.fired()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "run_inline: the upload did not end within the operation's deadline: ",
+        missing(), buffer.size() == bytes
+                       ? ", but the client never half-closed the stream"
+                       : ""));
+  }
+  if (ctx->IsCancelled()) {
+    return absl::CancelledError(
+        absl::StrCat("run_inline: the client went away during the upload: ",
+                     missing()));
+  }
+  if (buffer.size() != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run_inline: ", missing(), ", expected ", bytes));
+  }
+  return buffer;
+}
+
 grpc::Status WorkerService::RunInline(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<v1::InlineReply, v1::InlineRequest>* stream) {
-  const absl::Time arrived = absl::Now();
+  const WorkerNode::Arrival arrival = node_->Arrive();
+  auto refuse = [&](absl::Status s) {
+    s = node_->Refuse(arrival, std::move(s));
+    LogWarning(absl::StrCat("inline call from ", ctx->peer(), " refused: ",
+                            s.ToString()));
+    return ToGrpcStatus(s);
+  };
   StreamLimiter::Scoped counted(inline_streams_, ctx->peer());
-  if (!counted.status().ok()) return ToGrpcStatus(counted.status());
+  if (!counted.status().ok()) return refuse(counted.status());
   v1::InlineRequest msg;
-  if (!stream->Read(&msg)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "run_inline: no request");
+  {
+    // Even the first message is awaited no longer than an operation.
+    CallWatchdog::Armed armed(
+        watchdog_, ctx, arrival.at + node_->options().op_timeout);
+    if (!stream->Read(&msg)) {
+      return refuse(absl::InvalidArgumentError(
+          armed.fired() ? "run_inline: no request within the deadline"
+                        : "run_inline: no request"));
+    }
   }
   const v1::OpSpec spec = msg.spec();
   absl::StatusOr<uint64_t> checked =
       ValidateOpSpec(spec, node_->options().max_op_bytes);
-  if (!checked.ok()) return ToGrpcStatus(checked.status());
-  const uint64_t bytes = *checked;
-  std::vector<uint8_t> buffer;
-  buffer.reserve(bytes);
-  do {
-    if (buffer.size() + msg.data().size() > bytes) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("run_inline: more data than count x "
-                                       "dtype (",
-                                       bytes, " bytes)"));
-    }
-    buffer.insert(buffer.end(), msg.data().begin(), msg.data().end());
-  } while (buffer.size() < bytes && stream->Read(&msg));
-  if (buffer.size() != bytes) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("run_inline: got ", buffer.size(),
-                                     " bytes of data, expected ", bytes));
-  }
-  auto result = node_->Execute(spec, buffer.data(), arrived);
+  if (!checked.ok()) return refuse(checked.status());
+  InlineBudget::Charge charge(budget_);
+  absl::StatusOr<std::vector<uint8_t>> buffer = Upload(
+      ctx, stream, msg, *checked,
+      CallDeadline(spec, arrival.at, node_->options().op_timeout), charge);
+  if (!buffer.ok()) return refuse(buffer.status());
+  auto result = node_->Execute(spec, buffer->data(), arrival);
   if (!result.ok()) return ToGrpcStatus(result.status());
-  for (size_t off = 0; off < buffer.size(); off += kInlineChunkBytes) {
+  for (size_t off = 0; off < buffer->size(); off += kInlineChunkBytes) {
     v1::InlineReply out;
-    out.set_data(buffer.data() + off,
-                 std::min(kInlineChunkBytes, buffer.size() - off));
+    out.set_data(buffer->data() + off,
+                 std::min(kInlineChunkBytes, buffer->size() - off));
     if (!stream->Write(out)) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
     }

@@ -8,18 +8,50 @@
 #ifndef HALKA_WORKER_WORKER_SERVICE_H_
 #define HALKA_WORKER_WORKER_SERVICE_H_
 
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/grpc_util.h"
 #include "halka/v1/worker.grpc.pb.h"
+#include "worker/call_watchdog.h"
 #include "worker/shm_cache.h"
 
 namespace halka {
 
 class WorkerNode;
 
+// Bytes that inline uploads in flight hold, against a limit. Thread-safe.
+class InlineBudget {
+ public:
+  explicit InlineBudget(uint64_t limit) : limit_(limit) {}
+  // What one upload holds; released when it goes out of scope.
+  class Charge {
+   public:
+    explicit Charge(InlineBudget& budget) : budget_(budget) {}
+    ~Charge();
+    Charge(const Charge&) = delete;
+    Charge& operator=(const Charge&) = delete;
+    // RESOURCE_EXHAUSTED (and nothing charged) past the limit.
+    absl::Status Add(uint64_t bytes);
+
+   private:
+    InlineBudget& budget_;
+    uint64_t bytes_ = 0;
+  };
+
+ private:
+  const uint64_t limit_;
+  std::atomic<uint64_t> in_use_{0};
+};
+
 class WorkerService final : public v1::Worker::Service {
  public:
   // `node` must outlive the service.
-  explicit WorkerService(WorkerNode* node) : node_(node) {}
+  WorkerService(WorkerNode* node, uint64_t max_inline_bytes)
+      : node_(node), budget_(max_inline_bytes) {}
 
   grpc::Status Run(grpc::ServerContext* ctx, const v1::RunRequest* req,
                    v1::RunReply* reply) override;
@@ -34,7 +66,20 @@ class WorkerService final : public v1::Worker::Service {
                              v1::RingHealth* reply) override;
 
  private:
+  // Reads an inline tensor: `msg` is the first message (already read).
+  // The client half-closes after the last data message; data past
+  // `bytes` in any message is INVALID_ARGUMENT; the upload ends by
+  // `deadline` (DEADLINE_EXCEEDED naming what was missing; the client
+  // sees its stream cancelled); memory is charged as data arrives.
+  absl::StatusOr<std::vector<uint8_t>> Upload(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<v1::InlineReply, v1::InlineRequest>* stream,
+      v1::InlineRequest& msg, uint64_t bytes, absl::Time deadline,
+      InlineBudget::Charge& charge);
+
   WorkerNode* const node_;
+  InlineBudget budget_;
+  CallWatchdog watchdog_;
   // Each inline stream holds a whole tensor: bounded per connection and
   // in all.
   StreamLimiter inline_streams_{"inline operation", 16, 256};

@@ -33,6 +33,27 @@ void Communicator::InheritTelemetry(const Communicator& previous) {
   telemetry_.InheritFrom(previous.telemetry_);
 }
 
+void Communicator::SkipOp(uint64_t seq, const absl::Status& status) {
+  absl::MutexLock lock(&op_mu_);
+  next_op_seq_ = seq + 1;
+  FrameMeta meta;
+  meta.kind = FrameKind::kAbort;
+  meta.generation = config_.generation;
+  meta.op_seq = seq;
+  meta.sender_rank = config_.rank;
+  meta.origin_rank = config_.rank;
+  meta.abort_code = absl::StatusCode::kAborted;
+  meta.message = absl::StrCat(
+      DescribePeer(config_.members[static_cast<size_t>(config_.rank)]),
+      " ended its call #", seq, " before it reached the ring: ",
+      status.ToString());
+  for (int to = 0; to < config_.world_size; ++to) {
+    if (to == config_.rank) continue;
+    // Best effort: a peer whose link is down fails at its deadline.
+    transport_->Send(to, meta, {}, [] {}).IgnoreError();
+  }
+}
+
 bool Communicator::AbortIfUntouched(absl::Status status) {
   if (!progress_.RequestUntouchedAbort(status)) return false;
   inbox_->Interrupt(std::move(status));

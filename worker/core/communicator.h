@@ -78,6 +78,13 @@ class Communicator {
   // operation runs or it is past that point.
   bool AbortIfUntouched(absl::Status status);
 
+  // The call numbered `seq` ended on this rank before it reached the ring
+  // (its request was refused, its upload failed or was abandoned): tells
+  // every peer, whose copy of that call then fails at once (ABORTED, naming
+  // this rank and `status`) instead of waiting for its deadline, and
+  // numbers the next operation seq + 1. Never blocks on the network.
+  void SkipOp(uint64_t seq, const absl::Status& status);
+
   // The sequence number the next operation will use (0: it adopts the
   // number of the operation its peers run), and a way to set it: the
   // worker numbers every call of its caller, whichever ring runs it.

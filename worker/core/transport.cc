@@ -132,10 +132,16 @@ Inbox::Event Inbox::Next(int from, uint64_t op_seq,
     return ev;
   }
   // Data already queued for this op wins over a later failure report: the
-  // frame is good, and the failure will be seen at the next wait.
+  // frame is good, and the failure will be seen at the next wait. Except
+  // when `from` itself aborted this op: what it sent before belongs to a
+  // call it gave up on (perhaps long ago, with no peer there), and must
+  // never be combined with this rank's call.
   auto& q = queues_[from];
   while (!q.empty() && q.front().meta.op_seq < op_seq) q.pop_front();
-  if (!q.empty() && q.front().meta.op_seq == op_seq) {
+  auto own = aborts_.find(op_seq);
+  const bool sender_aborted =
+      own != aborts_.end() && own->second.meta.origin_rank == from;
+  if (!sender_aborted && !q.empty() && q.front().meta.op_seq == op_seq) {
     ev.type = Event::kFrame;
     ev.frame = std::move(q.front());
     q.pop_front();

@@ -230,7 +230,7 @@ class WorkerNode::Service final : public v1::Worker::Service {
       }
     }
     reply->set_device(node_->options_.device);
-    reply->set_state(node_->latest_.state());
+    reply->set_job_state(node_->latest_.job_state());
     reply->set_change(node_->latest_.change());
     reply->set_membership_generation(node_->latest_.generation());
     bool in_ring = false;
@@ -238,7 +238,8 @@ class WorkerNode::Service final : public v1::Worker::Service {
       in_ring |= m.alive() && m.worker_id() == node_->options_.worker_id &&
                  m.address() == node_->address_;
     }
-    reply->set_in_ring(in_ring && node_->latest_.state() != "waiting");
+    reply->set_in_ring(in_ring &&
+                       node_->latest_.job_state() != v1::JOB_STATE_WAITING);
     return grpc::Status::OK;
   }
 
@@ -480,7 +481,7 @@ void WorkerNode::OnMembership(const v1::Membership& m) {
         lost_peer |= !alive.count(absl::StrCat(p.worker_id, "@", p.address));
       }
     }
-    if (!member && is_joined_ && m.state() != "forming") {
+    if (!member && is_joined_ && m.job_state() != v1::JOB_STATE_FORMING) {
       rejoin_ = true;
       ++epoch_;
     }
@@ -555,7 +556,7 @@ absl::StatusOr<std::shared_ptr<WorkerNode::Ring>> WorkerNode::AcquireRing(
     }
     return ring_;
   }
-  if (m.state() == "waiting") {
+  if (m.job_state() == v1::JOB_STATE_WAITING) {
     return absl::UnavailableError(absl::StrCat(
         "job ", options_.job_id, " is below its minimum of ",
         m.min_world_size(), " members (generation ", m.generation(), ": ",
@@ -1026,7 +1027,7 @@ absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
           absl::Condition(&newer),
           std::min(deadline, absl::Now() + absl::Milliseconds(1500)));
       if (stopping_ || latest_.generation() <= failed_on ||
-          latest_.state() == "waiting") {
+          latest_.job_state() == v1::JOB_STATE_WAITING) {
         return result;
       }
     }
@@ -1052,7 +1053,7 @@ void WorkerNode::HeartbeatLoop(absl::Duration interval) {
       req.set_generation(latest_.generation());
       claiming = claim_ && ring_ != nullptr &&
                  ring_->generation == latest_.generation() &&
-                 latest_.state() != "waiting";
+                 latest_.job_state() != v1::JOB_STATE_WAITING;
       if (claiming) *req.mutable_claim() = latest_;
     }
     *req.mutable_telemetry() = CollectTelemetry();

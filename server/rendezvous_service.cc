@@ -7,12 +7,15 @@
 #include "common/grpc_util.h"
 #include "common/security.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
-#include "google/protobuf/util/json_util.h"
+#include "server/rendezvous_http.h"
 #include "server/ring_diagnosis.h"
-#include "server/ring_page.h"
 
 namespace halka {
 namespace {
+
+// A Join's log line names the members only up to this many (above it,
+// counts: a line per Join that lists everyone grows the log as N^2).
+constexpr size_t kJoinLogListed = 8;
 
 void FillMember(const MemberView& m, v1::Member* out) {
   out->set_rank(m.rank);
@@ -24,11 +27,20 @@ void FillMember(const MemberView& m, v1::Member* out) {
   out->set_since_generation(m.since_generation);
 }
 
+v1::JobState ToProto(JobState s) {
+  static_assert(static_cast<int>(JobState::kForming) == v1::JOB_STATE_FORMING &&
+                static_cast<int>(JobState::kHealthy) == v1::JOB_STATE_HEALTHY &&
+                static_cast<int>(JobState::kDegraded) ==
+                    v1::JOB_STATE_DEGRADED &&
+                static_cast<int>(JobState::kWaiting) == v1::JOB_STATE_WAITING);
+  return static_cast<v1::JobState>(s);
+}
+
 void FillMembership(const std::string& job_id, const MembershipView& v,
                     v1::Membership* out) {
   out->set_job_id(job_id);
   out->set_generation(v.generation);
-  out->set_state(v.state);
+  out->set_job_state(ToProto(v.state));
   out->set_world_size(v.world_size);
   out->set_min_world_size(v.min_world_size);
   out->set_max_world_size(v.max_world_size);
@@ -75,110 +87,6 @@ bool Answers(const std::string& address, absl::Duration timeout,
   }
   *verdict = absl::StrCat("probe of ", address, " answered");
   return true;
-}
-
-// Prometheus text exposition of every job's ring health.
-std::string RendezvousMetrics(RendezvousService& service) {
-  std::string out;
-  std::string state, generation, members, alive, straggler, edge_bytes,
-      edge_tput, edge_wait, edge_added, edge_p50, edge_p99, edge_errors,
-      ops, hb_age;
-  for (const std::string& job : service.JobIds()) {
-    v1::RingHealthRequest req;
-    req.set_job_id(job);
-    v1::RingHealth h;
-    if (!service.BuildHealth(&req, &h).ok()) continue;
-    const std::string j = PromEscape(job);
-    for (const char* s : {"forming", "healthy", "degraded", "waiting"}) {
-      absl::StrAppend(&state, "halka_ring_state{job=\"", j, "\",state=\"", s,
-                      "\"} ", h.state() == s ? 1 : 0, "\n");
-    }
-    absl::StrAppend(&generation, "halka_ring_generation{job=\"", j, "\"} ",
-                    h.generation(), "\n");
-    absl::StrAppend(&members, "halka_ring_members{job=\"", j, "\"} ",
-                    h.members_size(), "\n");
-    absl::StrAppend(&straggler, "halka_ring_straggler_rank{job=\"", j, "\"} ",
-                    h.diagnosis().has_straggler()
-                        ? h.diagnosis().straggler_rank() : -1, "\n");
-    for (int i = 0; i < h.members_size(); ++i) {
-      const v1::Member& m = h.members(i);
-      const std::string l = absl::StrCat("{job=\"", j, "\",rank=\"", m.rank(),
-                                         "\",worker=\"",
-                                         PromEscape(m.worker_id()), "\"}");
-      absl::StrAppend(&alive, "halka_member_alive", l, " ", m.alive() ? 1 : 0,
-                      "\n");
-      absl::StrAppend(&hb_age, "halka_member_heartbeat_age_seconds", l, " ",
-                      m.last_heartbeat_age_s(), "\n");
-      if (i < h.telemetry_size()) {
-        const v1::WorkerTelemetry& t = h.telemetry(i);
-        absl::StrAppend(&ops, "halka_member_operations_total{job=\"", j,
-                        "\",rank=\"", m.rank(), "\",outcome=\"ok\"} ",
-                        t.ops_completed(), "\n");
-        absl::StrAppend(&ops, "halka_member_operations_total{job=\"", j,
-                        "\",rank=\"", m.rank(), "\",outcome=\"error\"} ",
-                        t.ops_failed(), "\n");
-      }
-    }
-    for (const v1::EdgeHealth& e : h.edges()) {
-      const std::string l =
-          absl::StrCat("{job=\"", j, "\",from=\"", e.from(), "\",to=\"", e.to(),
-                       "\",ring=\"", e.ring() ? "true" : "false", "\"} ");
-      absl::StrAppend(&edge_bytes, "halka_edge_window_bytes", l, e.bytes(), "\n");
-      absl::StrAppend(&edge_tput, "halka_edge_throughput_bytes_per_second", l,
-                      e.throughput_bps(), "\n");
-      absl::StrAppend(&edge_wait, "halka_edge_window_wait_seconds", l,
-                      e.wait_seconds(), "\n");
-      absl::StrAppend(&edge_added, "halka_edge_window_added_wait_seconds", l,
-                      e.added_wait_seconds(), "\n");
-      absl::StrAppend(&edge_p50, "halka_edge_chunk_wait_p50_seconds", l,
-                      e.wait_p50_seconds(), "\n");
-      absl::StrAppend(&edge_p99, "halka_edge_chunk_wait_p99_seconds", l,
-                      e.wait_p99_seconds(), "\n");
-      absl::StrAppend(&edge_errors, "halka_edge_window_errors", l, e.errors(),
-                      "\n");
-    }
-  }
-  auto block = [&out](const char* name, const char* type, const char* help,
-                      const std::string& body) {
-    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
-                    type, "\n", body);
-  };
-  block("halka_ring_state", "gauge", "1 for the job's current ring state", state);
-  block("halka_ring_generation", "gauge", "membership generation", generation);
-  block("halka_ring_members", "gauge", "members of the job", members);
-  block("halka_ring_straggler_rank", "gauge",
-        "the rank the others wait on (-1: none)", straggler);
-  block("halka_member_alive", "gauge", "1 while the member heartbeats", alive);
-  block("halka_member_heartbeat_age_seconds", "gauge",
-        "time since the member's last heartbeat", hb_age);
-  block("halka_member_operations_total", "counter",
-        "operations the member finished, by outcome", ops);
-  block("halka_edge_window_bytes", "gauge",
-        "payload bytes over the edge in the last minute", edge_bytes);
-  block("halka_edge_throughput_bytes_per_second", "gauge",
-        "edge throughput over the last minute (ring edges: counting only the "
-        "wait the hop adds)", edge_tput);
-  block("halka_edge_window_wait_seconds", "gauge",
-        "time the receiver blocked on the sender in the last minute", edge_wait);
-  block("halka_edge_window_added_wait_seconds", "gauge",
-        "wait the ring hop adds (not passed on from upstream), last minute",
-        edge_added);
-  block("halka_edge_chunk_wait_p50_seconds", "gauge",
-        "median per-chunk wait, last minute", edge_p50);
-  block("halka_edge_chunk_wait_p99_seconds", "gauge",
-        "99th percentile per-chunk wait, last minute", edge_p99);
-  block("halka_edge_window_errors", "gauge",
-        "link errors on the edge in the last minute", edge_errors);
-  return out;
-}
-
-std::string HealthJson(const v1::RingHealth& h) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions jo;
-  jo.always_print_primitive_fields = true;
-  jo.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(h, &out, jo);
-  return out;
 }
 
 }  // namespace
@@ -242,7 +150,7 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* ctx,
   absl::Status s = state_.Join(args, absl::Now());
   if (!s.ok()) return ToGrpcStatus(s);
   LogInfo(absl::StrCat("join of ", args.worker_id, ": ",
-                       state_.DescribeForming(args.job_id)));
+                       state_.DescribeForming(args.job_id, kJoinLogListed)));
   Publish();
   std::optional<Assignment> a;
   auto formed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -435,7 +343,7 @@ grpc::Status RendezvousService::BuildHealth(const v1::RingHealthRequest* req,
   auto h = state_.Health(req->job_id(), absl::Now());
   if (!h.ok()) return ToGrpcStatus(h.status());
   reply->set_job_id(req->job_id());
-  reply->set_state(h->state);
+  reply->set_job_state(ToProto(h->state));
   reply->set_generation(h->generation);
   reply->set_world_size(h->world_size);
   reply->set_min_world_size(h->min_world_size);
@@ -443,6 +351,7 @@ grpc::Status RendezvousService::BuildHealth(const v1::RingHealthRequest* req,
   reply->set_change(h->change);
   for (const MemberView& m : h->lost) FillMember(m, reply->add_lost());
   std::vector<RankInput> inputs;
+  std::vector<LastOpInput> last_ops;
   for (const MemberView& m : h->members) {
     FillMember(m, reply->add_members());
     v1::WorkerTelemetry* t = reply->add_telemetry();
@@ -452,6 +361,13 @@ grpc::Status RendezvousService::BuildHealth(const v1::RingHealthRequest* req,
       reply->set_last_chunk_bytes(t->last_chunk_bytes());
     }
     if (!m.alive || m.telemetry.empty()) continue;
+    LastOpInput op;
+    op.rank = m.rank;
+    op.op_seq = t->last_op_seq();
+    op.failed = t->last_op_outcome() == v1::OP_OUTCOME_FAILED;
+    op.error = t->last_op_error();
+    op.calls_received = t->calls_received();
+    last_ops.push_back(std::move(op));
     RankInput in;
     in.rank = m.rank;
     in.has_telemetry = true;
@@ -491,6 +407,8 @@ grpc::Status RendezvousService::BuildHealth(const v1::RingHealthRequest* req,
   diag->set_slowest_from(d.slowest_from);
   diag->set_slowest_to(d.slowest_to);
   diag->set_summary(d.summary);
+  diag->set_failure(DiagnoseFailures(std::move(last_ops)));
+  reply->set_failing(!diag->failure().empty());
   return grpc::Status::OK;
 }
 
@@ -535,50 +453,7 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
   s->address_ = DialableAddress(listen, port, "");
   if (metrics_port != 0) {
     const std::string host = listen.substr(0, listen.rfind(':'));
-    RendezvousService* svc = s->service_.get();
-    std::map<std::string, HttpHandler> handlers;
-    handlers["/metrics"] = [svc](const std::map<std::string, std::string>&) {
-      HttpResponse r;
-      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-      r.body = RendezvousMetrics(*svc);
-      return r;
-    };
-    handlers["/"] = [](const std::map<std::string, std::string>&) {
-      HttpResponse r;
-      r.content_type = "text/html; charset=utf-8";
-      r.body = RingPageHtml();
-      return r;
-    };
-    handlers["/api/jobs"] = [svc](const std::map<std::string, std::string>&) {
-      HttpResponse r;
-      r.content_type = "application/json";
-      r.body = "[";
-      bool first = true;
-      for (const std::string& id : svc->JobIds()) {
-        absl::StrAppend(&r.body, first ? "" : ",", "\"", PromEscape(id), "\"");
-        first = false;
-      }
-      r.body += "]";
-      return r;
-    };
-    handlers["/api/health"] =
-        [svc](const std::map<std::string, std::string>& params) {
-          HttpResponse r;
-          r.content_type = "application/json";
-          v1::RingHealthRequest req;
-          auto it = params.find("job");
-          if (it != params.end()) req.set_job_id(it->second);
-          v1::RingHealth h;
-          grpc::Status st = svc->BuildHealth(&req, &h);
-          if (!st.ok()) {
-            r.status = st.error_code() == grpc::StatusCode::NOT_FOUND ? 404 : 400;
-            r.body = absl::StrCat("{\"error\":\"", PromEscape(st.error_message()),
-                                  "\"}");
-            return r;
-          }
-          r.body = HealthJson(h);
-          return r;
-        };
+    auto handlers = RendezvousHttpHandlers(s->service_.get());
     auto http = StartDaemonHttp("rendezvous", host.empty() ? "0.0.0.0" : host,
                                 metrics_port, std::move(handlers));
     if (!http.ok()) return http.status();

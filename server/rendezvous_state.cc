@@ -95,6 +95,7 @@ absl::Status RendezvousState::Join(const JoinArgs& args, absl::Time now) {
     }
     if (same_process(m)) {
       m.last_heartbeat = now;
+      m.grace_from = now;
       return absl::OkStatus();  // a retried join
     }
     // The same id and address from a new process: a restart.
@@ -155,7 +156,7 @@ absl::Status RendezvousState::Join(const JoinArgs& args, absl::Time now) {
   return absl::OkStatus();
 }
 
-void RendezvousState::Reform(Job& job) {
+void RendezvousState::Reform(Job& job, absl::Time now) {
   std::vector<Member> cands;
   for (const Member& m : job.members) {
     if (m.alive) cands.push_back(m);
@@ -166,6 +167,7 @@ void RendezvousState::Reform(Job& job) {
     Member m = job.pending[i];
     m.rank = -1;
     m.since_generation = job.generation;
+    m.grace_from = now;
     cands.push_back(std::move(m));
   }
   job.pending.erase(job.pending.begin(),
@@ -228,7 +230,7 @@ std::string RendezvousState::Lose(
   const int pending = static_cast<int>(job.pending.size());
   std::string after;
   if (live + pending >= job.min && live + pending > 0) {
-    Reform(job);
+    Reform(job, now);
     after = absl::StrCat("ring re-formed with ", job.members.size(),
                          " members");
   } else {
@@ -269,7 +271,7 @@ std::string RendezvousState::Advance(const std::string& job_id, Job& job,
                                     job.pending[i].address));
   }
   ++job.generation;
-  Reform(job);
+  Reform(job, now);
   job.lost.clear();
   if (before == 0) {
     job.change = absl::StrCat("generation 1: ring formed with ",
@@ -306,10 +308,10 @@ MembershipView RendezvousState::ViewOf(const Job& job, absl::Time now) const {
   v.world_size = static_cast<int>(job.members.size());
   v.change = job.change;
   const int live = Live(job);
-  v.state = job.generation == 0 ? "forming"
-            : !job.active       ? "waiting"
-            : live == job.max   ? "healthy"
-                                : "degraded";
+  v.state = job.generation == 0 ? JobState::kForming
+            : !job.active       ? JobState::kWaiting
+            : live == job.max   ? JobState::kHealthy
+                                : JobState::kDegraded;
   for (const Member& m : job.members) v.members.push_back(View(m, now));
   for (const Member& m : job.lost) v.lost.push_back(View(m, now));
   if (job.generation == 0) {
@@ -348,28 +350,33 @@ void RendezvousState::WithdrawPending(const std::string& job_id,
   if (ps.empty() && Live(it->second) == 0) jobs_.erase(it);
 }
 
-std::string RendezvousState::DescribeForming(const std::string& job_id) const {
+std::string RendezvousState::DescribeForming(const std::string& job_id,
+                                             size_t max_listed) const {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::StrCat("job ", job_id, ": nobody joined");
   const Job& job = it->second;
-  std::vector<std::string> who;
-  for (const Member& m : job.members) {
-    if (m.alive) who.push_back(absl::StrCat(m.worker_id, " at ", m.address));
+  const int have = Live(job) + static_cast<int>(job.pending.size());
+  // " (w0 at a0, w1 at a1)", or nothing above max_listed members.
+  std::string listed;
+  if (static_cast<size_t>(have) <= max_listed) {
+    std::vector<std::string> who;
+    for (const Member& m : job.members) {
+      if (m.alive) who.push_back(absl::StrCat(m.worker_id, " at ", m.address));
+    }
+    for (const Member& m : job.pending) {
+      who.push_back(absl::StrCat(m.worker_id, " at ", m.address));
+    }
+    listed = absl::StrCat(" (", Names(who), ")");
   }
-  for (const Member& m : job.pending) {
-    who.push_back(absl::StrCat(m.worker_id, " at ", m.address));
-  }
-  const int have = static_cast<int>(who.size());
   if (job.generation == 0 && job.min == job.max) {
     return absl::StrCat("job ", job_id, ": ", have, " of ", job.max,
-                        " joined (", Names(who), "); ", job.max - have,
-                        " missing");
+                        " joined", listed, "; ", job.max - have, " missing");
   }
   if (job.generation == 0 || !job.active) {
     return absl::StrCat(
         "job ", job_id, job.generation == 0 ? "" : absl::StrCat(
             " (generation ", job.generation, ", waiting)"),
-        ": ", have, " joined (", Names(who), "); the ring needs at least ",
+        ": ", have, " joined", listed, "; the ring needs at least ",
         job.min, job.min > have ? absl::StrCat(", ", job.min - have,
                                                " missing") : std::string(),
         job.min < job.max ? absl::StrCat(" (elastic, at most ", job.max, ")")
@@ -411,6 +418,14 @@ absl::StatusOr<HeartbeatResult> RendezvousState::Heartbeat(
     return absl::NotFoundError(absl::StrCat("heartbeat: worker ", worker_id,
                                             " is not a member of job ", job_id));
   }
+  if (job.last_heard != absl::InfinitePast() &&
+      now - job.last_heard > options_.heartbeat_timeout / 2) {
+    // The whole job was silent: this rendezvous was cut off, and the
+    // members' heartbeats resume one by one. Count each one's timeout
+    // from the end of the blackout, not from its last heartbeat.
+    for (Member& m : job.members) m.grace_from = std::max(m.grace_from, now);
+  }
+  job.last_heard = now;
   self->last_heartbeat = now;
   self->telemetry = telemetry;
   return out;
@@ -442,6 +457,7 @@ absl::Status RendezvousState::Restore(const std::string& job_id,
   job.max = claim.max_world_size;
   job.generation = claim.generation;
   job.active = true;
+  job.last_heard = now;
   for (const MemberView& v : claim.members) {
     Member m;
     m.worker_id = v.worker_id;
@@ -517,7 +533,7 @@ std::vector<std::string> RendezvousState::Sweep(absl::Time now) {
     Job& job = it->second;
     std::vector<std::pair<std::string, std::string>> late;
     for (const Member& m : job.members) {
-      if (m.alive && now - m.last_heartbeat > options_.heartbeat_timeout) {
+      if (m.alive && Silence(m, now) > options_.heartbeat_timeout) {
         late.emplace_back(m.worker_id,
                           absl::StrCat("lost: no heartbeat for ",
                                        absl::FormatDuration(absl::Trunc(
@@ -588,71 +604,6 @@ std::string RendezvousState::AddressOf(const std::string& job_id,
     if (m.worker_id == worker_id && m.alive) return m.address;
   }
   return "";
-}
-
-absl::Status RendezvousState::RegisterServer(const std::string& job_id,
-                                             const std::string& server_id,
-                                             const std::string& address,
-                                             int shard, int shards,
-                                             absl::Time now) {
-  if (job_id.empty() || server_id.empty() || address.empty()) {
-    return absl::InvalidArgumentError(
-        "register server: job_id, server_id and address must be non-empty");
-  }
-  if (shards < 1 || shards > 1024 || shard < 0 || shard >= shards) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "register server: shard ", shard, " of ", shards, " is out of range"));
-  }
-  auto it = servers_.find(job_id);
-  if (it == servers_.end()) {
-    if (static_cast<int>(servers_.size()) >= options_.max_jobs) {
-      return absl::ResourceExhaustedError(
-          "register server: too many jobs with parameter servers");
-    }
-    it = servers_.emplace(job_id, ServerSet{}).first;
-    it->second.shards = shards;
-  }
-  ServerSet& set = it->second;
-  if (set.shards != shards) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "register server: job ", job_id, " has ", set.shards,
-        " parameter-server shards, ", server_id, " says ", shards));
-  }
-  set.by_shard[shard] = Server{server_id, address, now};
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<MemberView>> RendezvousState::LookupServers(
-    const std::string& job_id, absl::Time now) const {
-  auto it = servers_.find(job_id);
-  if (it == servers_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "waiting for parameter server of job ", job_id,
-        ": none has registered"));
-  }
-  const ServerSet& set = it->second;
-  std::vector<MemberView> out;
-  std::vector<std::string> missing;
-  for (int k = 0; k < set.shards; ++k) {
-    auto s = set.by_shard.find(k);
-    if (s == set.by_shard.end()) {
-      missing.push_back(absl::StrCat(k));
-      continue;
-    }
-    MemberView v;
-    v.rank = k;
-    v.worker_id = s->second.server_id;
-    v.address = s->second.address;
-    v.device = "ps";
-    v.heartbeat_age = now - s->second.registered;
-    out.push_back(v);
-  }
-  if (!missing.empty()) {
-    return absl::NotFoundError(absl::StrCat(
-        "waiting for parameter server of job ", job_id, ": shard ",
-        absl::StrJoin(missing, ", "), " of ", set.shards, " missing"));
-  }
-  return out;
 }
 
 }  // namespace halka

@@ -13,15 +13,23 @@
 //    the same worker id, a confirmed broken-link report). When at least min
 //    members remain, the survivors re-form at once with ranks 0..G-1
 //    (survivors keep their rank where it still fits); below min the job is
-//    "waiting" and keeps the lost members as placeholders (alive=false);
+//    waiting and keeps the lost members as placeholders (alive=false);
 //  - newcomers are admitted (up to max): at once while the job is below
 //    min or the ring would be full, otherwise once joins settle. The
 //    workers switch generations between operations, never in the middle
 //    of one.
+//
+// Liveness: a member is lost when it has not heartbeated for the heartbeat
+// timeout, counted from the later of its last heartbeat and the grace the
+// rendezvous granted it: when it entered the ring (a member blocked in
+// Join cannot heartbeat), and when a blackout ended (the whole job silent
+// for more than half the timeout means this rendezvous was cut off; the
+// first heartbeat after it gives every member a full timeout from then).
 // Thread-safety: none; the caller serialises.
 #ifndef HALKA_SERVER_RENDEZVOUS_STATE_H_
 #define HALKA_SERVER_RENDEZVOUS_STATE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -56,6 +64,16 @@ struct JoinArgs {
   uint64_t incarnation = 0; // 0: unknown (a retried join is idempotent)
 };
 
+// A job's membership state. Values match halka.v1.JobState (the service
+// converts by value); people read it through JobStateName().
+enum class JobState {
+  kUnspecified = 0,
+  kForming = 1,   // never formed
+  kHealthy = 2,   // running with max members
+  kDegraded = 3,  // running with fewer than max, at least min
+  kWaiting = 4,   // below min: the lost members stay as placeholders
+};
+
 // What a worker learns when its job forms, and what health reports.
 struct MemberView {
   int rank = -1;
@@ -70,12 +88,12 @@ struct MemberView {
 
 // One generation of a job.
 struct MembershipView {
-  std::string state;  // "forming", "healthy", "degraded", "waiting"
+  JobState state = JobState::kUnspecified;
   uint64_t generation = 0;
   int world_size = 0;      // members of the current ring
   int min_world_size = 0;
   int max_world_size = 0;
-  std::vector<MemberView> members;  // ring order; "waiting": placeholders
+  std::vector<MemberView> members;  // ring order; kWaiting: placeholders
   std::string change;               // why the generation last changed
   std::vector<MemberView> lost;     // lost in the last change
 };
@@ -119,9 +137,15 @@ class RendezvousState {
   // gave up waiting.
   void WithdrawPending(const std::string& job_id, const std::string& worker_id);
 
-  // "job J: 2 of 4 joined (w0 at a0, w1 at a1); 2 missing".
-  std::string DescribeForming(const std::string& job_id) const;
+  // "job J: 2 of 4 joined (w0 at a0, w1 at a1); 2 missing". Names the
+  // members only while there are at most `max_listed` of them ("job J: 600
+  // of 1024 joined; 424 missing"), so a log line per Join stays short.
+  std::string DescribeForming(const std::string& job_id,
+                              size_t max_listed = SIZE_MAX) const;
 
+  // The first heartbeat from a job that was silent as a whole for more
+  // than half the heartbeat timeout ends a blackout: every live member
+  // gets a full timeout from `now`.
   // Errors: NOT_FOUND (job or worker unknown), FAILED_PRECONDITION
   // (the worker was lost or left: it must join again).
   absl::StatusOr<HeartbeatResult> Heartbeat(const std::string& job_id,
@@ -147,9 +171,10 @@ class RendezvousState {
                            const std::string& worker_id, uint64_t generation,
                            const std::string& reason, absl::Time now);
 
-  // Declares lost every member whose last heartbeat is older than the
-  // timeout (one generation bump per job per sweep), forms and grows
-  // elastic rings whose joins settled, and drops jobs nobody is in. A late
+  // Declares lost every member silent for longer than the timeout (counted
+  // as the class comment says; one generation bump per job per sweep),
+  // forms and grows elastic rings whose joins settled, and drops jobs
+  // nobody is in. A late
   // member is declared lost only while another member of its job was heard
   // within half the heartbeat timeout: when the whole job is silent (this
   // rendezvous is partitioned away, or the job ended) nobody is declared
@@ -197,6 +222,9 @@ class RendezvousState {
     int rank = -1;
     bool alive = true;
     absl::Time last_heartbeat;
+    // Grace: the timeout is not counted before this (entering the ring,
+    // the end of a blackout).
+    absl::Time grace_from = absl::InfinitePast();
     std::string telemetry;
     uint64_t incarnation = 0;
     uint64_t since_generation = 0;
@@ -211,6 +239,9 @@ class RendezvousState {
     std::vector<Member> lost;     // lost in the last change
     std::string change;
     absl::Time last_join;
+    // The newest heartbeat from any member of the ring (InfinitePast
+    // before the first): a gap of more than half the timeout is a blackout.
+    absl::Time last_heard = absl::InfinitePast();
   };
   bool elastic(const Job& job) const { return job.min < job.max; }
   int Live(const Job& job) const;
@@ -222,9 +253,14 @@ class RendezvousState {
   // Forms, re-forms or grows the ring when the rules allow; "" when
   // nothing changed, else the change line.
   std::string Advance(const std::string& job_id, Job& job, absl::Time now);
-  // Ranks 0..G-1 for the live members plus admitted newcomers.
-  void Reform(Job& job);
+  // Ranks 0..G-1 for the live members plus admitted newcomers; the
+  // newcomers get grace from `now` (their Join returns now).
+  void Reform(Job& job, absl::Time now);
   static MemberView View(const Member& m, absl::Time now);
+  // How long `m` counts as silent: since its last heartbeat or its grace.
+  static absl::Duration Silence(const Member& m, absl::Time now) {
+    return now - std::max(m.last_heartbeat, m.grace_from);
+  }
   MembershipView ViewOf(const Job& job, absl::Time now) const;
 
   struct Server {

@@ -1,11 +1,13 @@
 #include "server/ring_diagnosis.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace halka {
 namespace {
@@ -19,7 +21,79 @@ double Median(std::vector<double> v) {
 
 int Mod(int a, int n) { return ((a % n) + n) % n; }
 
+// "rank 3", "ranks 0-2", "ranks 0-1, 3" for sorted distinct ranks.
+std::string RankSet(const std::vector<int>& ranks) {
+  std::vector<std::string> runs;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    runs.push_back(j == i ? absl::StrCat(ranks[i])
+                          : absl::StrCat(ranks[i], "-", ranks[j]));
+    i = j + 1;
+  }
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ",
+                      absl::StrJoin(runs, ", "));
+}
+
+// Ranks grouped by `key`, groups in order of their first (lowest) rank.
+template <typename Key>
+std::vector<std::pair<Key, std::vector<int>>> GroupRanks(
+    const std::vector<LastOpInput>& ranks,
+    const std::function<Key(const LastOpInput&)>& key) {
+  std::vector<std::pair<Key, std::vector<int>>> groups;
+  for (const LastOpInput& r : ranks) {
+    const Key k = key(r);
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == k; });
+    if (it == groups.end()) {
+      groups.push_back({k, {}});
+      it = groups.end() - 1;
+    }
+    it->second.push_back(r.rank);
+  }
+  return groups;
+}
+
 }  // namespace
+
+std::string DiagnoseFailures(std::vector<LastOpInput> ranks) {
+  std::sort(ranks.begin(), ranks.end(),
+            [](const LastOpInput& a, const LastOpInput& b) {
+              return a.rank < b.rank;
+            });
+  std::vector<LastOpInput> failed, others;
+  for (const LastOpInput& r : ranks) (r.failed ? failed : others).push_back(r);
+  if (failed.empty()) return "";
+  using FailKey = std::pair<uint64_t, std::string>;
+  std::vector<std::string> parts;
+  for (const auto& [key, who] : GroupRanks<FailKey>(
+           failed, [](const LastOpInput& r) {
+             return FailKey(r.op_seq, r.error.substr(0, 160));
+           })) {
+    parts.push_back(absl::StrCat(RankSet(who), "'s last op #", key.first,
+                                 " failed (", key.second, ")"));
+  }
+  std::vector<std::string> at;
+  for (const auto& [seq, who] : GroupRanks<uint64_t>(
+           others, [](const LastOpInput& r) { return r.op_seq; })) {
+    const bool one = who.size() == 1;
+    at.push_back(seq == 0 ? absl::StrCat(RankSet(who), one ? " has" : " have",
+                                         " ended no op")
+                          : absl::StrCat(RankSet(who), one ? " is" : " are",
+                                         " at #", seq));
+  }
+  if (!at.empty()) parts.push_back(absl::StrJoin(at, ", "));
+  const auto calls = GroupRanks<uint64_t>(
+      ranks, [](const LastOpInput& r) { return r.calls_received; });
+  if (calls.size() > 1) {
+    std::vector<std::string> c;
+    for (const auto& [n, who] : calls) {
+      c.push_back(absl::StrCat(RankSet(who), " ", n));
+    }
+    parts.push_back(absl::StrCat("calls received: ", absl::StrJoin(c, ", ")));
+  }
+  return absl::StrCat("operations are failing: ", absl::StrJoin(parts, "; "));
+}
 
 std::string FormatRate(double bps) {
   return absl::StrFormat("%.1f MB/s", bps / 1e6);

@@ -73,6 +73,24 @@ struct DiagnosisOptions {
 RingDiagnosis DiagnoseRing(int world_size, const std::vector<RankInput>& ranks,
                            DiagnosisOptions options = DiagnosisOptions());
 
+// One rank's last operation that ended, from its telemetry.
+struct LastOpInput {
+  int rank = -1;
+  uint64_t op_seq = 0;  // 0: no operation ended yet
+  bool failed = false;
+  std::string error;    // when failed
+  uint64_t calls_received = 0;
+};
+
+// Whether operations are failing, as a sentence: "" when no rank's last
+// operation failed, else e.g. "operations are failing: rank 3's last op
+// #24 failed (deadline exceeded); ranks 0-2 are at #25". Ranks with the
+// same outcome, number and error are grouped ("ranks 0-1, 3"); errors are
+// cut to 160 characters; when the ranks' counts of calls received differ
+// they follow ("; calls received: ranks 0-2 25, rank 3 24"). `ranks` holds
+// the live ranks with telemetry, in any order. Pure; thread-safe.
+std::string DiagnoseFailures(std::vector<LastOpInput> ranks);
+
 // "12.3 MB/s".
 std::string FormatRate(double bytes_per_second);
 

@@ -80,8 +80,9 @@ async function tick() {
     $("state").textContent = `${h.state}, generation ${h.generation}, ${h.members.length} members` +
       (h.last_algorithm ? `, last ops: ${h.last_algorithm}, chunk ${h.last_chunk_bytes} B` : "");
     const d = h.diagnosis || {};
-    $("diag").textContent = d.summary || "";
-    $("diag").className = d.has_straggler || h.state !== "healthy" ? "bad" : "ok";
+    $("diag").textContent = h.failing ? d.failure : (d.summary || "");
+    $("diag").className =
+      h.failing || d.has_straggler || h.state !== "healthy" ? "bad" : "ok";
     draw(h); tables(h);
     document.body.dataset.ready = "1";
   } catch (e) { $("diag").textContent = "cannot reach the rendezvous: " + e; }

@@ -45,7 +45,7 @@ MembershipUpdate RingBook::Update(const v1::Membership& m) {
       u.lost_peer |= !alive.count(absl::StrCat(p.worker_id, "@", p.address));
     }
   }
-  if (!u.member && joined_ && m.state() != "forming") {
+  if (!u.member && joined_ && m.job_state() != v1::JOB_STATE_FORMING) {
     u.must_rejoin = true;
     ++epoch_;
   }
@@ -99,7 +99,7 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Acquire(const CallInfo& call) {
 absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
     const CallInfo& call, std::vector<std::shared_ptr<Ring>>* drop) {
   const v1::Membership& m = latest_;
-  if (m.state() == "waiting") {
+  if (m.job_state() == v1::JOB_STATE_WAITING) {
     return absl::UnavailableError(absl::StrCat(
         "job ", options_.job_id, " is below its minimum of ",
         m.min_world_size(), " members (generation ", m.generation(), ": ",
@@ -256,7 +256,7 @@ uint64_t RingBook::newest_early_generation() const {
 std::optional<v1::Membership> RingBook::Claimable() const {
   absl::MutexLock lock(&mu_);
   if (ring_ == nullptr || ring_->generation != latest_.generation() ||
-      latest_.state() == "waiting") {
+      latest_.job_state() == v1::JOB_STATE_WAITING) {
     return std::nullopt;
   }
   return latest_;
@@ -274,7 +274,7 @@ bool RingBook::AwaitNewerGeneration(uint64_t failed_on, absl::Time deadline) {
   };
   mu_.AwaitWithDeadline(absl::Condition(&newer), deadline);
   return !stopping_ && latest_.generation() > failed_on &&
-         latest_.state() != "waiting";
+         latest_.job_state() != v1::JOB_STATE_WAITING;
 }
 
 void RingBook::SetServers(const std::vector<PeerInfo>& servers) {

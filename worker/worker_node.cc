@@ -256,7 +256,7 @@ absl::StatusOr<v1::InfoReply> WorkerNode::Describe() const {
     }
   }
   reply.set_device(options_.device);
-  reply.set_state(latest.state());
+  reply.set_job_state(latest.job_state());
   reply.set_change(latest.change());
   reply.set_membership_generation(latest.generation());
   bool in_ring = false;
@@ -264,7 +264,7 @@ absl::StatusOr<v1::InfoReply> WorkerNode::Describe() const {
     in_ring |= m.alive() && m.worker_id() == options_.worker_id &&
                m.address() == address_;
   }
-  reply.set_in_ring(in_ring && latest.state() != "waiting");
+  reply.set_in_ring(in_ring && latest.job_state() != v1::JOB_STATE_WAITING);
   return reply;
 }
 

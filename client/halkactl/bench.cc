@@ -11,6 +11,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/job_state.h"
 #include "worker/core/cuda/cuda_reduce.h"
 #include "worker/core/dtype.h"
 #include "worker/core/frame.h"
@@ -230,7 +231,8 @@ absl::StatusOr<size_t> ParseBytes(const std::string& text) {
 
 std::string FormatHealth(const v1::RingHealth& h) {
   std::string out = absl::StrFormat(
-      "job %s: %s, generation %d, %d members\n", h.job_id(), h.state(),
+      "job %s: %s, generation %d, %d members\n", h.job_id(),
+      JobStateName(h.job_state()),
       h.generation(), h.world_size());
   absl::StrAppend(&out,
                   absl::StrFormat("%4s  %-14s %-22s %-5s %7s %6s %6s %10s %10s "

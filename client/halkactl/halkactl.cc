@@ -28,6 +28,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "client/halkactl/bench.h"
 #include "common/grpc_util.h"
+#include "common/job_state.h"
 #include "common/security.h"
 #include "halka/client.h"
 #include "halka/local_cluster.h"
@@ -228,12 +229,14 @@ int Health(const std::string& rendezvous, const std::string& job,
       return Fail(absl::InternalError(absl::StrCat("health: JSON: ",
                                                    st.ToString())));
     }
+    AddJobStateWord(h->job_state(), &out);
     std::printf("%s", out.c_str());
   } else {
     std::printf("%s", FormatHealth(*h).c_str());
+    if (h->failing()) std::printf("%s\n", h->diagnosis().failure().c_str());
   }
   std::fflush(stdout);
-  return h->state() == "healthy" ? 0 : 2;
+  return h->job_state() == v1::JOB_STATE_HEALTHY && !h->failing() ? 0 : 2;
 }
 
 // `health`, once or (--watch) every --interval, at most --count times; the

@@ -155,7 +155,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)state.TakeEvents();
     // A running ring is always ranks 0..G-1, all alive, G within the range.
     auto h = state.Health(touched, now);
-    if (h.ok() && (h->state == "healthy" || h->state == "degraded")) {
+    if (h.ok() && (h->state == halka::JobState::kHealthy ||
+                   h->state == halka::JobState::kDegraded)) {
       Check(h->world_size >= h->min_world_size &&
             h->world_size <= h->max_world_size);
       Check(static_cast<int>(h->members.size()) == h->world_size);

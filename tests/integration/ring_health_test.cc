@@ -124,7 +124,7 @@ TEST(RingHealth, ThrottledRankIsNamedAsTheStraggler) {
   c.RunOps(10, 1 << 20);
   const v1::RingHealth h = GetHealth(*c.cluster);
   std::printf("%s", FormatHealth(h).c_str());
-  EXPECT_EQ(h.state(), "healthy");
+  EXPECT_EQ(h.job_state(), v1::JOB_STATE_HEALTHY);
   EXPECT_EQ(h.last_algorithm(), "ring");
   EXPECT_EQ(h.last_chunk_bytes(), 256u << 10);
   ASSERT_TRUE(h.diagnosis().has_straggler()) << h.diagnosis().summary();

@@ -194,7 +194,9 @@ int main(int argc, char** argv) {
       for (const halka::v1::Member& m : infos[j].members()) {
         if (m.alive()) in_newest.insert(m.address());
       }
-      if (infos[j].state() == "waiting") in_newest.clear();
+      if (infos[j].job_state() == halka::v1::JOB_STATE_WAITING) {
+        in_newest.clear();
+      }
       break;
     }
     if (alive_not_in != nullptr) {

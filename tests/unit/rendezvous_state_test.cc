@@ -327,7 +327,7 @@ TEST_F(RendezvousStateTest, HeartbeatKeepsMemberAlive) {
   }
   absl::StatusOr<MembershipView> h = state_.Health("j", now_);
   ASSERT_TRUE(h.ok());
-  EXPECT_EQ(h->state, "healthy");
+  EXPECT_EQ(h->state, JobState::kHealthy);
   EXPECT_EQ(h->generation, 1u);
   ASSERT_THAT(h->members, SizeIs(2));
   EXPECT_EQ(h->members[0].telemetry, "t0");
@@ -361,7 +361,7 @@ TEST_F(RendezvousStateTest, SweepMarksExactlyTheSilentMemberDead) {
   ASSERT_TRUE(h.ok());
   EXPECT_EQ(h->generation, 2u);
   // A fixed job below its size waits; the lost member stays a placeholder.
-  EXPECT_EQ(h->state, "waiting");
+  EXPECT_EQ(h->state, JobState::kWaiting);
   EXPECT_THAT(h->change, HasSubstr("generation 1->2: rank 1 (w1, "));
   EXPECT_THAT(h->change, HasSubstr("lost: no heartbeat for 5"));
   ASSERT_THAT(h->members, SizeIs(3));
@@ -398,7 +398,7 @@ TEST_F(RendezvousStateTest, SweepIgnoresFormingJobs) {
   EXPECT_THAT(state_.Sweep(now_), IsEmpty());
   absl::StatusOr<MembershipView> h = state_.Health("j", now_);
   ASSERT_TRUE(h.ok());
-  EXPECT_EQ(h->state, "forming");
+  EXPECT_EQ(h->state, JobState::kForming);
 }
 
 TEST_F(RendezvousStateTest, LostMemberMustJoinAgainAndIsReadmitted) {
@@ -415,7 +415,7 @@ TEST_F(RendezvousStateTest, LostMemberMustJoinAgainAndIsReadmitted) {
   // Joining again re-forms the ring in a new generation, same rank.
   ASSERT_TRUE(Join("j", "w1", 2).ok());
   EXPECT_EQ(state_.Health("j", now_)->generation, 3u);
-  EXPECT_EQ(state_.Health("j", now_)->state, "healthy");
+  EXPECT_EQ(state_.Health("j", now_)->state, JobState::kHealthy);
   ASSERT_TRUE(state_.GetAssignment("j", "w1").has_value());
   EXPECT_EQ(state_.GetAssignment("j", "w1")->rank, 1);
   EXPECT_EQ(state_.GetAssignment("j", "w1")->view.members[1].since_generation,
@@ -432,7 +432,11 @@ TEST_F(RendezvousStateTest, HeartbeatReplyListsDeadRanks) {
   EXPECT_THAT(r->dead_ranks, IsEmpty());
 
   ASSERT_TRUE(state_.Leave("j", "w3", now_).ok());
-  Advance(absl::Seconds(3));
+  // The survivors beat (a whole-job silence over half the timeout would be
+  // a blackout, after which everyone gets a full timeout).
+  Advance(absl::Milliseconds(1500));
+  ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
+  Advance(absl::Milliseconds(1500));
   ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
   ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
   Advance(absl::Milliseconds(2100));  // the survivors were heard recently
@@ -448,7 +452,7 @@ TEST_F(RendezvousStateTest, LeaveBumpsGenerationAndDegrades) {
   ASSERT_TRUE(state_.Leave("j", "w1", now_).ok());
   absl::StatusOr<MembershipView> h = state_.Health("j", now_);
   ASSERT_TRUE(h.ok());
-  EXPECT_EQ(h->state, "waiting");
+  EXPECT_EQ(h->state, JobState::kWaiting);
   EXPECT_EQ(h->generation, 2u);
   EXPECT_EQ(h->world_size, 3);
   ASSERT_THAT(h->members, SizeIs(3));
@@ -479,7 +483,7 @@ TEST_F(RendezvousStateTest, LeaveWhileFormingWithdraws) {
   EXPECT_THAT(state_.DescribeForming("j"), HasSubstr("1 of 3 joined"));
   absl::StatusOr<MembershipView> h = state_.Health("j", now_);
   ASSERT_TRUE(h.ok());
-  EXPECT_EQ(h->state, "forming");
+  EXPECT_EQ(h->state, JobState::kForming);
   EXPECT_EQ(h->generation, 0u);
 }
 
@@ -487,7 +491,7 @@ TEST_F(RendezvousStateTest, HealthStates) {
   ASSERT_TRUE(Join("j", "w0", 2).ok());
   absl::StatusOr<MembershipView> h = state_.Health("j", now_);
   ASSERT_TRUE(h.ok());
-  EXPECT_EQ(h->state, "forming");
+  EXPECT_EQ(h->state, JobState::kForming);
   EXPECT_EQ(h->generation, 0u);
   EXPECT_EQ(h->world_size, 2);
   ASSERT_THAT(h->members, SizeIs(1));
@@ -497,7 +501,7 @@ TEST_F(RendezvousStateTest, HealthStates) {
   ASSERT_TRUE(Join("j", "w1", 2).ok());
   h = state_.Health("j", now_);
   ASSERT_TRUE(h.ok());
-  EXPECT_EQ(h->state, "healthy");
+  EXPECT_EQ(h->state, JobState::kHealthy);
   EXPECT_EQ(h->generation, 1u);
   EXPECT_THAT(h->members, ElementsAre(IsMember(0, "w0", Addr("w0")),
                                       IsMember(1, "w1", Addr("w1"))));
@@ -505,7 +509,7 @@ TEST_F(RendezvousStateTest, HealthStates) {
   ASSERT_TRUE(state_.Leave("j", "w0", now_).ok());
   h = state_.Health("j", now_);
   ASSERT_TRUE(h.ok());
-  EXPECT_EQ(h->state, "waiting");
+  EXPECT_EQ(h->state, JobState::kWaiting);
 }
 
 TEST_F(RendezvousStateTest, UnknownJobOrWorkerIsNotFound) {
@@ -521,7 +525,7 @@ TEST_F(RendezvousStateTest, UnknownJobOrWorkerIsNotFound) {
   EXPECT_EQ(state_.Leave("j", "stranger", now_).code(),
             absl::StatusCode::kNotFound);
   // Neither disturbed the job.
-  EXPECT_EQ(state_.Health("j", now_)->state, "healthy");
+  EXPECT_EQ(state_.Health("j", now_)->state, JobState::kHealthy);
   EXPECT_EQ(state_.Health("j", now_)->generation, 1u);
 }
 
@@ -550,7 +554,7 @@ TEST_F(RendezvousStateTest, AllSilentAtOnceIsNotALossButExpires) {
   Advance(absl::Seconds(6));
   EXPECT_THAT(state_.Sweep(now_), IsEmpty());
   EXPECT_EQ(state_.Health("j", now_)->generation, 1u);
-  EXPECT_EQ(state_.Health("j", now_)->state, "healthy");
+  EXPECT_EQ(state_.Health("j", now_)->state, JobState::kHealthy);
   // ...and when the partition heals the ring carries on.
   ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
   ASSERT_TRUE(state_.Heartbeat("j", "w1", "", now_).ok());
@@ -609,9 +613,9 @@ TEST_F(RendezvousStateTest, JobsAreIndependent) {
   ASSERT_THAT(lines, SizeIs(1));
   EXPECT_THAT(lines[0], HasSubstr("job b"));
   EXPECT_EQ(state_.Health("a", now_)->generation, 1u);
-  EXPECT_EQ(state_.Health("a", now_)->state, "healthy");
+  EXPECT_EQ(state_.Health("a", now_)->state, JobState::kHealthy);
   EXPECT_EQ(state_.Health("b", now_)->generation, 2u);
-  EXPECT_EQ(state_.Health("b", now_)->state, "waiting");
+  EXPECT_EQ(state_.Health("b", now_)->state, JobState::kWaiting);
 }
 
 
@@ -645,7 +649,7 @@ TEST_F(RendezvousStateTest, ElasticFormsAtMaxAtOnce) {
   auto h = state_.Health("e", now_);
   ASSERT_TRUE(h.ok());
   EXPECT_EQ(h->generation, 1u);
-  EXPECT_EQ(h->state, "healthy");
+  EXPECT_EQ(h->state, JobState::kHealthy);
   EXPECT_EQ(h->min_world_size, 2);
   EXPECT_EQ(h->max_world_size, 4);
 }
@@ -662,7 +666,7 @@ TEST_F(RendezvousStateTest, ElasticFormsAboveMinOnceJoinsSettle) {
   ASSERT_THAT(lines, SizeIs(1));
   EXPECT_THAT(lines[0], HasSubstr("ring formed with 3 members"));
   auto h = state_.Health("e", now_);
-  EXPECT_EQ(h->state, "degraded");  // running, below max
+  EXPECT_EQ(h->state, JobState::kDegraded);  // running, below max
   EXPECT_THAT(Ids(*h), ElementsAre("0:w0", "1:w1", "2:w2"));
 }
 
@@ -682,7 +686,7 @@ TEST_F(RendezvousStateTest, ElasticLossReformsSurvivorsWithDenseRanks) {
   EXPECT_THAT(lines[0], HasSubstr("ring re-formed with 3 members"));
   auto h = state_.Health("e", now_);
   EXPECT_EQ(h->generation, 2u);
-  EXPECT_EQ(h->state, "degraded");
+  EXPECT_EQ(h->state, JobState::kDegraded);
   // Survivors keep their rank where it still fits; w3 fills the hole.
   EXPECT_THAT(Ids(*h), ElementsAre("0:w0", "1:w3", "2:w2"));
   ASSERT_THAT(h->lost, SizeIs(1));
@@ -696,18 +700,18 @@ TEST_F(RendezvousStateTest, ElasticBelowMinWaitsThenRecovers) {
     ASSERT_TRUE(state_.Join(Elastic(absl::StrCat("w", i), 2, 3), now_).ok());
   }
   ASSERT_TRUE(state_.Leave("e", "w1", now_).ok());
-  EXPECT_EQ(state_.Health("e", now_)->state, "degraded");
+  EXPECT_EQ(state_.Health("e", now_)->state, JobState::kDegraded);
   ASSERT_TRUE(state_.Leave("e", "w2", now_).ok());
   auto h = state_.Health("e", now_);
   EXPECT_EQ(h->generation, 3u);
-  EXPECT_EQ(h->state, "waiting");
+  EXPECT_EQ(h->state, JobState::kWaiting);
   EXPECT_THAT(h->change, HasSubstr("1 of at least 2 members live, 1 missing"));
   EXPECT_FALSE(state_.GetAssignment("e", "w0").has_value());
   // A restarted w1 brings it back to min: re-formed at once.
   ASSERT_TRUE(state_.Join(Elastic("w1", 2, 3, 77), now_).ok());
   h = state_.Health("e", now_);
   EXPECT_EQ(h->generation, 4u);
-  EXPECT_EQ(h->state, "degraded");
+  EXPECT_EQ(h->state, JobState::kDegraded);
   EXPECT_THAT(Ids(*h), ElementsAre("0:w0", "1:w1"));
   EXPECT_EQ(h->members[1].since_generation, 4u);
 }
@@ -727,7 +731,7 @@ TEST_F(RendezvousStateTest, NewcomerAdmittedAfterSettleNotMidStream) {
   ASSERT_THAT(lines, SizeIs(1));
   EXPECT_THAT(lines[0], HasSubstr("admitted w9 at host-w9:7000"));
   auto h = state_.Health("e", now_);
-  EXPECT_EQ(h->state, "degraded");  // 4 of at most 5
+  EXPECT_EQ(h->state, JobState::kDegraded);  // 4 of at most 5
   // w9 asked for rank 0 and gets it; w0 moves to the free rank.
   EXPECT_THAT(Ids(*h), ElementsAre("0:w9", "1:w1", "2:w2", "3:w0"));
 }
@@ -754,7 +758,7 @@ TEST_F(RendezvousStateTest, RestartUnderSameIdAndAddressReplacesOldProcess) {
   ASSERT_TRUE(state_.Join(Elastic("w1", 3, 3, 555), now_).ok());
   auto h = state_.Health("e", now_);
   EXPECT_EQ(h->generation, 3u);
-  EXPECT_EQ(h->state, "healthy");
+  EXPECT_EQ(h->state, JobState::kHealthy);
   EXPECT_THAT(Ids(*h), ElementsAre("0:w0", "1:w1", "2:w2"));
   EXPECT_EQ(h->members[1].since_generation, 3u);
   // A new incarnation from another address while the old one lives is two
@@ -784,11 +788,13 @@ TEST_F(RendezvousStateTest, RestoreFromClaimKeepsGenerationAndRanks) {
   ASSERT_TRUE(state_.Heartbeat("e", "w1", "", now_).ok());
   auto h = state_.Health("e", now_);
   EXPECT_EQ(h->generation, 7u);
-  EXPECT_EQ(h->state, "degraded");
+  EXPECT_EQ(h->state, JobState::kDegraded);
   EXPECT_THAT(Ids(*h), ElementsAre("0:w0", "1:w1", "2:w2"));
   EXPECT_EQ(state_.GetAssignment("e", "w2")->rank, 2);
   // A member that died during the outage is swept as usual.
-  Advance(absl::Seconds(3));
+  Advance(absl::Milliseconds(1500));
+  ASSERT_TRUE(state_.Heartbeat("e", "w0", "", now_).ok());
+  Advance(absl::Milliseconds(1500));
   ASSERT_TRUE(state_.Heartbeat("e", "w0", "", now_).ok());
   ASSERT_TRUE(state_.Heartbeat("e", "w1", "", now_).ok());
   Advance(absl::Milliseconds(2100));  // the survivors were heard recently
@@ -817,7 +823,7 @@ TEST_F(RendezvousStateTest, StaggeredSilenceOfAWholeJobIsAPartition) {
   Advance(absl::Seconds(2));
   EXPECT_THAT(state_.Sweep(now_), IsEmpty());
   EXPECT_EQ(state_.Health("j", now_)->generation, 1u);
-  EXPECT_EQ(state_.Health("j", now_)->state, "healthy");
+  EXPECT_EQ(state_.Health("j", now_)->state, JobState::kHealthy);
 }
 
 TEST_F(RendezvousStateTest, DeclareLostNeedsTheCurrentGeneration) {

@@ -141,5 +141,56 @@ TEST(RingDiagnosisTest, NonRingEdgesAreListedButNotBlamed) {
   EXPECT_TRUE(found);
 }
 
+// DiagnoseFailures: the sentence `halkactl health` prints when operations
+// fail.
+LastOpInput Op(int rank, uint64_t seq, bool failed = false,
+               const std::string& error = "", uint64_t calls = 0) {
+  LastOpInput in;
+  in.rank = rank;
+  in.op_seq = seq;
+  in.failed = failed;
+  in.error = error;
+  in.calls_received = calls;
+  return in;
+}
+
+TEST(DiagnoseFailuresTest, NoFailureNoSentence) {
+  EXPECT_EQ(DiagnoseFailures({}), "");
+  EXPECT_EQ(DiagnoseFailures({Op(0, 5), Op(1, 5), Op(2, 0)}), "");
+}
+
+TEST(DiagnoseFailuresTest, OneRankBehindNamesItAndWhereTheOthersAre) {
+  EXPECT_EQ(DiagnoseFailures({Op(3, 24, true, "deadline exceeded"), Op(1, 25),
+                              Op(0, 25), Op(2, 25)}),
+            "operations are failing: rank 3's last op #24 failed (deadline "
+            "exceeded); ranks 0-2 are at #25");
+}
+
+TEST(DiagnoseFailuresTest, GroupsRanksWithTheSameFailure) {
+  EXPECT_EQ(
+      DiagnoseFailures({Op(0, 7, true, "aborted"), Op(1, 7, true, "aborted"),
+                        Op(3, 7, true, "aborted"), Op(2, 6, true, "bad dtype"),
+                        Op(4, 0)}),
+      "operations are failing: ranks 0-1, 3's last op #7 failed "
+      "(aborted); rank 2's last op #6 failed (bad dtype); rank 4 has "
+      "ended no op");
+}
+
+TEST(DiagnoseFailuresTest, CallsReceivedFollowWhenTheyDiffer) {
+  EXPECT_EQ(
+      DiagnoseFailures({Op(0, 25, false, "", 25), Op(1, 25, false, "", 25),
+                        Op(2, 24, true, "x", 24), Op(3, 26, false, "", 26)}),
+      "operations are failing: rank 2's last op #24 failed (x); ranks "
+      "0-1 are at #25, rank 3 is at #26; calls received: ranks 0-1 25, "
+      "rank 2 24, rank 3 26");
+}
+
+TEST(DiagnoseFailuresTest, LongErrorsAreCut) {
+  const std::string sentence =
+      DiagnoseFailures({Op(0, 1, true, std::string(1000, 'e'))});
+  EXPECT_EQ(sentence, "operations are failing: rank 0's last op #1 failed (" +
+                          std::string(160, 'e') + ")");
+}
+
 }  // namespace
 }  // namespace halka

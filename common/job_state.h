@@ -1,0 +1,47 @@
+// The one mapping from a job's membership state to the word people read
+// (halkactl health, logs, the ring page's JSON, Prometheus labels).
+// Header-only: every target that includes it links halka::proto already.
+#ifndef HALKA_COMMON_JOB_STATE_H_
+#define HALKA_COMMON_JOB_STATE_H_
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "halka/v1/common.pb.h"
+
+namespace halka {
+
+// "forming", "healthy", "degraded", "waiting"; "unspecified" for 0 or a
+// value this build does not know. Thread-safe (pure).
+inline absl::string_view JobStateName(v1::JobState state) {
+  switch (state) {
+    case v1::JOB_STATE_FORMING:
+      return "forming";
+    case v1::JOB_STATE_HEALTHY:
+      return "healthy";
+    case v1::JOB_STATE_DEGRADED:
+      return "degraded";
+    case v1::JOB_STATE_WAITING:
+      return "waiting";
+    default:
+      return "unspecified";
+  }
+}
+
+// JSON for people and scripts keeps the word: inserts `"state":"<word>"`
+// (compact) as the first field of the JSON object in `json` (as written by
+// MessageToJsonString), next to the enum's own `job_state`. No-op when
+// `json` is not an object.
+inline void AddJobStateWord(v1::JobState state, std::string* json) {
+  const size_t open = json->find('{');
+  if (open == std::string::npos) return;
+  const size_t next = json->find_first_not_of(" \n\r\t", open + 1);
+  const bool empty = next != std::string::npos && (*json)[next] == '}';
+  json->insert(open + 1, absl::StrCat("\"state\":\"", JobStateName(state),
+                                      "\"", empty ? "" : ","));
+}
+
+}  // namespace halka
+
+#endif  // HALKA_COMMON_JOB_STATE_H_

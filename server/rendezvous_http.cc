@@ -1,0 +1,162 @@
+#include "server/rendezvous_http.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/job_state.h"
+#include "common/prometheus.h"
+#include "google/protobuf/util/json_util.h"
+#include "server/ring_page.h"
+
+namespace halka {
+namespace {
+
+constexpr v1::JobState kStates[] = {
+    v1::JOB_STATE_FORMING, v1::JOB_STATE_HEALTHY, v1::JOB_STATE_DEGRADED,
+    v1::JOB_STATE_WAITING};
+
+// Every family of /metrics: name, type, help, in the order written.
+constexpr const char* kFamilies[][3] = {
+    {"halka_ring_state", "gauge", "1 for the job's current ring state"},
+    {"halka_ring_generation", "gauge", "membership generation"},
+    {"halka_ring_members", "gauge", "members of the job"},
+    {"halka_ring_straggler_rank", "gauge",
+     "the rank the others wait on (-1: none)"},
+    {"halka_member_alive", "gauge", "1 while the member heartbeats"},
+    {"halka_member_heartbeat_age_seconds", "gauge",
+     "time since the member's last heartbeat"},
+    {"halka_member_operations_total", "counter",
+     "operations the member finished, by outcome"},
+    {"halka_edge_window_bytes", "gauge",
+     "payload bytes over the edge in the last minute"},
+    {"halka_edge_throughput_bytes_per_second", "gauge",
+     "edge throughput over the last minute (ring edges: counting only the "
+     "wait the hop adds)"},
+    {"halka_edge_window_wait_seconds", "gauge",
+     "time the receiver blocked on the sender in the last minute"},
+    {"halka_edge_window_added_wait_seconds", "gauge",
+     "wait the ring hop adds (not passed on from upstream), last minute"},
+    {"halka_edge_chunk_wait_p50_seconds", "gauge",
+     "median per-chunk wait, last minute"},
+    {"halka_edge_chunk_wait_p99_seconds", "gauge",
+     "99th percentile per-chunk wait, last minute"},
+    {"halka_edge_window_errors", "gauge",
+     "link errors on the edge in the last minute"},
+    {"halka_job_failing", "gauge",
+     "1 while the last operation that ended on some live member failed"},
+};
+
+void WriteJob(const std::string& job, const v1::RingHealth& h,
+              PrometheusWriter& w) {
+  const PrometheusWriter::Labels j = {{"job", job}};
+  for (v1::JobState s : kStates) {
+    w.Sample("halka_ring_state",
+             {{"job", job}, {"state", std::string(JobStateName(s))}},
+             h.job_state() == s ? 1 : 0);
+  }
+  w.Sample("halka_ring_generation", j, h.generation());
+  w.Sample("halka_ring_members", j, h.members_size());
+  w.Sample("halka_ring_straggler_rank", j,
+           h.diagnosis().has_straggler() ? h.diagnosis().straggler_rank() : -1);
+  w.Sample("halka_job_failing", j, h.failing() ? 1 : 0);
+  for (int i = 0; i < h.members_size(); ++i) {
+    const v1::Member& m = h.members(i);
+    const std::string rank = absl::StrCat(m.rank());
+    const PrometheusWriter::Labels l = {
+        {"job", job}, {"rank", rank}, {"worker", m.worker_id()}};
+    w.Sample("halka_member_alive", l, m.alive() ? 1 : 0);
+    w.Sample("halka_member_heartbeat_age_seconds", l, m.last_heartbeat_age_s());
+    if (i >= h.telemetry_size()) continue;
+    const v1::WorkerTelemetry& t = h.telemetry(i);
+    w.Sample("halka_member_operations_total",
+             {{"job", job}, {"rank", rank}, {"outcome", "ok"}},
+             t.ops_completed());
+    w.Sample("halka_member_operations_total",
+             {{"job", job}, {"rank", rank}, {"outcome", "error"}},
+             t.ops_failed());
+  }
+  for (const v1::EdgeHealth& e : h.edges()) {
+    const PrometheusWriter::Labels l = {{"job", job},
+                                        {"from", absl::StrCat(e.from())},
+                                        {"to", absl::StrCat(e.to())},
+                                        {"ring", e.ring() ? "true" : "false"}};
+    w.Sample("halka_edge_window_bytes", l, e.bytes());
+    w.Sample("halka_edge_throughput_bytes_per_second", l, e.throughput_bps());
+    w.Sample("halka_edge_window_wait_seconds", l, e.wait_seconds());
+    w.Sample("halka_edge_window_added_wait_seconds", l, e.added_wait_seconds());
+    w.Sample("halka_edge_chunk_wait_p50_seconds", l, e.wait_p50_seconds());
+    w.Sample("halka_edge_chunk_wait_p99_seconds", l, e.wait_p99_seconds());
+    w.Sample("halka_edge_window_errors", l, e.errors());
+  }
+}
+
+HttpResponse Json(std::string body) {
+  HttpResponse r;
+  r.content_type = "application/json";
+  r.body = std::move(body);
+  return r;
+}
+
+}  // namespace
+
+std::string RendezvousMetrics(RendezvousService& service) {
+  PrometheusWriter w;
+  for (const auto& f : kFamilies) w.Family(f[0], f[1], f[2]);
+  for (const std::string& job : service.JobIds()) {
+    v1::RingHealthRequest req;
+    req.set_job_id(job);
+    v1::RingHealth h;
+    if (service.BuildHealth(&req, &h).ok()) WriteJob(job, h, w);
+  }
+  return w.Text();
+}
+
+std::string HealthJson(const v1::RingHealth& h) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions jo;
+  jo.always_print_primitive_fields = true;
+  jo.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(h, &out, jo);
+  AddJobStateWord(h.job_state(), &out);
+  return out;
+}
+
+std::map<std::string, HttpHandler> RendezvousHttpHandlers(
+    RendezvousService* svc) {
+  std::map<std::string, HttpHandler> handlers;
+  handlers["/metrics"] = [svc](const std::map<std::string, std::string>&) {
+    HttpResponse r;
+    r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    r.body = RendezvousMetrics(*svc);
+    return r;
+  };
+  handlers["/"] = [](const std::map<std::string, std::string>&) {
+    HttpResponse r;
+    r.content_type = "text/html; charset=utf-8";
+    r.body = RingPageHtml();
+    return r;
+  };
+  handlers["/api/jobs"] = [svc](const std::map<std::string, std::string>&) {
+    std::string body = "[";
+    bool first = true;
+    for (const std::string& id : svc->JobIds()) {
+      absl::StrAppend(&body, first ? "" : ",", "\"", PromEscape(id), "\"");
+      first = false;
+    }
+    return Json(body + "]");
+  };
+  handlers["/api/health"] =
+      [svc](const std::map<std::string, std::string>& params) {
+        v1::RingHealthRequest req;
+        auto it = params.find("job");
+        if (it != params.end()) req.set_job_id(it->second);
+        v1::RingHealth h;
+        grpc::Status st = svc->BuildHealth(&req, &h);
+        if (st.ok()) return Json(HealthJson(h));
+        HttpResponse r = Json(absl::StrCat(
+            "{\"error\":\"", PromEscape(st.error_message()), "\"}"));
+        r.status = st.error_code() == grpc::StatusCode::NOT_FOUND ? 404 : 400;
+        return r;
+      };
+  return handlers;
+}
+
+}  // namespace halka

@@ -3,86 +3,80 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/http_server.h"
+#include "common/prometheus.h"
 
 namespace halka {
 
 std::string WorkerMetricsText(const std::string& job_id, int rank,
                               uint64_t generation, int world,
                               const Telemetry& t) {
-  const std::string base = absl::StrCat(
-      "job=\"", PromEscape(job_id), "\",rank=\"", rank, "\"");
-  std::string out;
-  auto head = [&out](const char* name, const char* type, const char* help) {
-    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
-                    type, "\n");
+  using Labels = PrometheusWriter::Labels;
+  const Labels base = {{"job", job_id}, {"rank", absl::StrCat(rank)}};
+  auto with = [&base](Labels more) {
+    Labels l = base;
+    l.insert(l.end(), more.begin(), more.end());
+    return l;
   };
-  head("halka_worker_generation", "gauge", "membership generation of the ring");
-  absl::StrAppend(&out, "halka_worker_generation{", base, "} ", generation, "\n");
-  head("halka_operations_total", "counter",
-       "operations by kind, algorithm and outcome");
+  auto peer = [world](int p) -> std::pair<std::string, std::string> {
+    return {"peer", p < world ? absl::StrCat(p) : absl::StrCat("ps", p - world)};
+  };
+  PrometheusWriter w;
+  w.Family("halka_worker_generation", "gauge",
+           "membership generation of the ring");
+  w.Sample("halka_worker_generation", base, generation);
+  w.Family("halka_operations_total", "counter",
+           "operations by kind, algorithm and outcome");
   for (const auto& [key, n] : t.ops_by_label) {
-    absl::StrAppend(&out, "halka_operations_total{", base, ",kind=\"",
-                    std::get<0>(key), "\",algorithm=\"", std::get<1>(key),
-                    "\",outcome=\"", std::get<2>(key), "\"} ", n, "\n");
+    w.Sample("halka_operations_total",
+             with({{"kind", std::get<0>(key)},
+                   {"algorithm", std::get<1>(key)},
+                   {"outcome", std::get<2>(key)}}),
+             n);
   }
-  head("halka_operation_seconds", "histogram", "operation latency");
-  uint64_t cumulative = 0;
-  for (size_t i = 0; i < kLatencyBounds.size(); ++i) {
-    if (i < t.latency_buckets.size()) cumulative += t.latency_buckets[i];
-    const std::string le = i + 1 == kLatencyBounds.size()
-                               ? "+Inf" : absl::StrCat(kLatencyBounds[i]);
-    absl::StrAppend(&out, "halka_operation_seconds_bucket{", base, ",le=\"", le,
-                    "\"} ", cumulative, "\n");
+  w.Family("halka_operation_seconds", "histogram", "operation latency");
+  // The last bound of kLatencyBounds stands for +Inf, which the writer adds.
+  w.Histogram("halka_operation_seconds", base,
+              absl::MakeConstSpan(kLatencyBounds).first(kLatencyBounds.size() - 1),
+              t.latency_buckets, t.latency_sum_seconds, t.latency_count);
+  w.Family("halka_edge_bytes_total", "counter",
+           "payload bytes per peer edge (direction=sent: this rank -> peer)");
+  for (const auto& [p, e] : t.edges_total) {
+    w.Sample("halka_edge_bytes_total", with({peer(p), {"direction", "sent"}}),
+             e.bytes_sent);
+    w.Sample("halka_edge_bytes_total",
+             with({peer(p), {"direction", "received"}}), e.bytes_received);
   }
-  absl::StrAppend(&out, "halka_operation_seconds_sum{", base, "} ",
-                  t.latency_sum_seconds, "\n", "halka_operation_seconds_count{",
-                  base, "} ", t.latency_count, "\n");
-  const int g = world;
-  auto peer_label = [g](int peer) {
-    return peer < g ? absl::StrCat("peer=\"", peer, "\"")
-                    : absl::StrCat("peer=\"ps", peer - g, "\"");
-  };
   struct Series {
     const char* name;
+    const char* type;
     const char* help;
     double EdgeStats::*field;
   };
-  head("halka_edge_bytes_total", "counter",
-       "payload bytes per peer edge (direction=sent: this rank -> peer)");
-  for (const auto& [peer, e] : t.edges_total) {
-    absl::StrAppend(&out, "halka_edge_bytes_total{", base, ",", peer_label(peer),
-                    ",direction=\"sent\"} ", e.bytes_sent, "\n");
-    absl::StrAppend(&out, "halka_edge_bytes_total{", base, ",", peer_label(peer),
-                    ",direction=\"received\"} ", e.bytes_received, "\n");
-  }
   for (const Series& s :
-       {Series{"halka_edge_send_seconds_total",
+       {Series{"halka_edge_send_seconds_total", "counter",
                "time handing frames for the peer to the wire",
                &EdgeStats::send_seconds},
-        Series{"halka_edge_wait_seconds_total",
+        Series{"halka_edge_wait_seconds_total", "counter",
                "time blocked waiting for the peer's frames",
                &EdgeStats::wait_seconds},
-        Series{"halka_edge_reduce_seconds_total",
+        Series{"halka_edge_reduce_seconds_total", "counter",
                "time reducing what the peer sent", &EdgeStats::reduce_seconds}}) {
-    head(s.name, "counter", s.help);
-    for (const auto& [peer, e] : t.edges_total) {
-      absl::StrAppend(&out, s.name, "{", base, ",", peer_label(peer), "} ",
-                      e.*(s.field), "\n");
+    w.Family(s.name, s.type, s.help);
+    for (const auto& [p, e] : t.edges_total) {
+      w.Sample(s.name, with({peer(p)}), e.*(s.field));
     }
   }
-  head("halka_edge_errors_total", "counter", "link errors per peer edge");
-  for (const auto& [peer, e] : t.edges_total) {
-    absl::StrAppend(&out, "halka_edge_errors_total{", base, ",", peer_label(peer),
-                    "} ", e.errors, "\n");
+  w.Family("halka_edge_errors_total", "counter", "link errors per peer edge");
+  for (const auto& [p, e] : t.edges_total) {
+    w.Sample("halka_edge_errors_total", with({peer(p)}), e.errors);
   }
-  head("halka_edge_chunk_wait_p99_seconds", "gauge",
-       "99th percentile per-chunk wait over the last minute");
-  for (const auto& [peer, e] : t.window.edges) {
-    absl::StrAppend(&out, "halka_edge_chunk_wait_p99_seconds{", base, ",",
-                    peer_label(peer), "} ", e.wait_p99_seconds, "\n");
+  w.Family("halka_edge_chunk_wait_p99_seconds", "gauge",
+           "99th percentile per-chunk wait over the last minute");
+  for (const auto& [p, e] : t.window.edges) {
+    w.Sample("halka_edge_chunk_wait_p99_seconds", with({peer(p)}),
+             e.wait_p99_seconds);
   }
-  return out;
+  return w.Text();
 }
 
 v1::WorkerTelemetry TelemetryProto(const Telemetry& tel, const Progress& p,

@@ -224,8 +224,16 @@ std::string WorkerNode::MetricsText() {
 v1::WorkerTelemetry WorkerNode::CollectTelemetry() {
   std::shared_ptr<Ring> ring = book_->Current();
   if (ring == nullptr) return v1::WorkerTelemetry();
-  return TelemetryProto(ring->comm->GetTelemetry(), ring->comm->GetProgress(),
-                        absl::Now());
+  v1::WorkerTelemetry t = TelemetryProto(
+      ring->comm->GetTelemetry(), ring->comm->GetProgress(), absl::Now());
+  absl::MutexLock lock(&calls_mu_);
+  t.set_calls_received(calls_received_);
+  t.set_last_op_seq(last_call_seq_);
+  t.set_last_op_outcome(!last_call_recorded_ ? v1::OP_OUTCOME_UNSPECIFIED
+                        : last_call_ok_      ? v1::OP_OUTCOME_OK
+                                             : v1::OP_OUTCOME_FAILED);
+  t.set_last_op_error(last_call_error_);
+  return t;
 }
 
 absl::StatusOr<v1::InfoReply> WorkerNode::Describe() const {
@@ -404,6 +412,7 @@ void WorkerNode::SkipNumber(const absl::Status& status) {
 
 void WorkerNode::RecordCall(uint64_t seq, const absl::Status& status) {
   absl::MutexLock lock(&calls_mu_);
+  last_call_recorded_ = true;
   last_call_seq_ = seq;
   last_call_ok_ = status.ok();
   last_call_error_ = status.ok() ? "" : status.ToString();

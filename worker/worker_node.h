@@ -152,6 +152,7 @@ class WorkerNode {
   absl::Mutex calls_mu_ ABSL_ACQUIRED_AFTER(run_mu_);
   uint64_t calls_received_ ABSL_GUARDED_BY(calls_mu_) = 0;
   uint64_t last_call_seq_ ABSL_GUARDED_BY(calls_mu_) = 0;
+  bool last_call_recorded_ ABSL_GUARDED_BY(calls_mu_) = false;
   bool last_call_ok_ ABSL_GUARDED_BY(calls_mu_) = true;
   std::string last_call_error_ ABSL_GUARDED_BY(calls_mu_);
   absl::Mutex servers_mu_ ABSL_ACQUIRED_AFTER(run_mu_);

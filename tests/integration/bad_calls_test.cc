@@ -257,5 +257,37 @@ TEST_F(BadCalls, OthersFailFastNamingTheRefusedRank) {
   ExpectCorrect(Round(3, -1, Fault::kNone), 3, "round 3");
 }
 
+// Health tells the truth: while the last operation of some rank failed,
+// the job is failing (with a diagnosis naming the rank); a good round
+// clears it.
+TEST_F(BadCalls, HealthSaysFailingUntilARoundSucceeds) {
+  auto health = [&]() {
+    v1::RingHealth h;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    EXPECT_TRUE(stubs_[0]->GetRingHealth(&ctx, v1::RingHealthRequest(), &h).ok());
+    return h;
+  };
+  // Waits (bounded) for the heartbeats to carry the outcome.
+  auto wait_failing = [&](bool want) {
+    v1::RingHealth h;
+    for (absl::Time end = absl::Now() + absl::Seconds(15); absl::Now() < end;
+         absl::SleepFor(absl::Milliseconds(50))) {
+      h = health();
+      if (h.failing() == want) break;
+    }
+    return h;
+  };
+  ExpectCorrect(Round(1, -1, Fault::kNone), 1, "round 1");
+  EXPECT_FALSE(wait_failing(false).failing());
+  Round(2, 1, Fault::kBadDType);
+  v1::RingHealth failing = wait_failing(true);
+  ASSERT_TRUE(failing.failing()) << failing.DebugString();
+  EXPECT_THAT(failing.diagnosis().failure(), HasSubstr("rank 1"));
+  ExpectCorrect(Round(3, -1, Fault::kNone), 3, "round 3");
+  v1::RingHealth healed = wait_failing(false);
+  EXPECT_FALSE(healed.failing()) << healed.DebugString();
+}
+
 }  // namespace
 }  // namespace halka

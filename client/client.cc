@@ -254,12 +254,11 @@ absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, void* data, size_t bytes) {
   grpc::ClientContext ctx;
   SetCallDeadline(ctx, spec);
   auto stream = im.stub_->RunInline(&ctx);
-  constexpr size_t kChunk = size_t{1} << 20;
   const uint8_t* p = static_cast<const uint8_t*>(data);
-  for (size_t off = 0; off < bytes || off == 0; off += kChunk) {
+  for (size_t off = 0; off < bytes || off == 0; off += kInlineChunkBytes) {
     v1::InlineRequest msg;
     if (off == 0) *msg.mutable_spec() = spec;
-    msg.set_data(p + off, std::min(kChunk, bytes - off));
+    msg.set_data(p + off, std::min(kInlineChunkBytes, bytes - off));
     if (!stream->Write(msg)) break;
     if (bytes == 0) break;
   }
@@ -344,7 +343,10 @@ absl::StatusOr<OpInfo> Client::Broadcast(void* data, size_t count, DType dtype,
   return Run(*spec, data, count * DTypeSize(dtype));
 }
 
-absl::StatusOr<OpInfo> Client::RunDevice(v1::OpSpec spec, void* device_data) {
+absl::StatusOr<OpInfo> Client::RunDevice(absl::StatusOr<v1::OpSpec> checked,
+                                         void* device_data) {
+  if (!checked.ok()) return checked.status();
+  v1::OpSpec& spec = *checked;
   spec.set_issued_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
   if (!IsLocalAddress(impl_->target_) &&
       impl_->options_.transfer != Transfer::kSharedMemory) {
@@ -372,17 +374,13 @@ absl::StatusOr<OpInfo> Client::RunDevice(v1::OpSpec spec, void* device_data) {
 absl::StatusOr<OpInfo> Client::AllReduceDevice(void* device_data, size_t count,
                                                DType dtype, ReduceOp op,
                                                OpOptions options) {
-  absl::StatusOr<v1::OpSpec> spec = AllReduceSpec(count, dtype, op, options);
-  if (!spec.ok()) return spec.status();
-  return RunDevice(*spec, device_data);
+  return RunDevice(AllReduceSpec(count, dtype, op, options), device_data);
 }
 
 absl::StatusOr<OpInfo> Client::BroadcastDevice(void* device_data, size_t count,
                                                DType dtype, int root,
                                                OpOptions options) {
-  absl::StatusOr<v1::OpSpec> spec = BroadcastSpec(count, dtype, root, options);
-  if (!spec.ok()) return spec.status();
-  return RunDevice(*spec, device_data);
+  return RunDevice(BroadcastSpec(count, dtype, root, options), device_data);
 }
 
 absl::StatusOr<OpInfo> Client::Barrier(OpOptions options) {

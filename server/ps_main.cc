@@ -4,13 +4,9 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "common/flags_env.h"
 #include "common/grpc_util.h"
-#include "common/security.h"
-#include "common/signals.h"
+#include "common/daemon.h"
 #include "server/parameter_server.h"
 
 ABSL_FLAG(std::string, rendezvous, "127.0.0.1:7100",
@@ -25,20 +21,13 @@ ABSL_FLAG(int, shards, 1, "number of shards (env HALKA_SHARDS)");
 ABSL_FLAG(std::string, server_id, "", "id; default ps-<shard>");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "halka-ps --rendezvous=HOST:PORT --job=ID --listen=HOST:PORT "
-      "[--shard=K --shards=N]");
-  halka::ApplyEnvToFlags();
-  absl::ParseCommandLine(argc, argv);
-  halka::SetLogTag("ps");
-  halka::TuneAllocatorForStreaming();
-  if (absl::Status s = halka::InitSecurityFromFlags(absl::GetFlag(FLAGS_job)); !s.ok()) {
-    halka::LogError(s.ToString());
+  if (!halka::InitDaemon(argc, argv,
+                         "halka-ps --rendezvous=HOST:PORT --job=ID "
+                         "--listen=HOST:PORT [--shard=K --shards=N]",
+                         "ps", &FLAGS_job)) {
     return 2;
   }
-  absl::Notification& stop = halka::InstallTerminationSignals([](int sig) {
-    halka::LogInfo(absl::StrCat("signal ", sig, ": shutting down"));
-  });
+  absl::Notification& stop = halka::ShutdownOnSignal();
   halka::PsOptions o;
   o.rendezvous = absl::GetFlag(FLAGS_rendezvous);
   o.job_id = absl::GetFlag(FLAGS_job);
@@ -56,8 +45,5 @@ int main(int argc, char** argv) {
   std::cout << "halka-ps serving on " << node->address() << std::endl;
   stop.WaitForNotification();
   node->Shutdown();
-  // Everything is stopped and flushed; skip gRPC's process-exit teardown,
-  // which can take a second or more for nothing.
-  std::fflush(nullptr);
-  std::_Exit(0);
+  halka::ExitNow(0);
 }

@@ -3,13 +3,9 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "common/flags_env.h"
 #include "common/grpc_util.h"
-#include "common/security.h"
-#include "common/signals.h"
+#include "common/daemon.h"
 #include "server/rendezvous_service.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7100",
@@ -28,18 +24,13 @@ ABSL_FLAG(int, metrics_port, 0,
           "page), /api/health?job=J; 0: off (env HALKA_METRICS_PORT)");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "halka-rendezvous --listen=HOST:PORT [--heartbeat_timeout=5s]");
-  halka::ApplyEnvToFlags();
-  absl::ParseCommandLine(argc, argv);
-  halka::SetLogTag("rendezvous");
-  if (absl::Status s = halka::InitSecurityFromFlags(""); !s.ok()) {
-    halka::LogError(s.ToString());
+  if (!halka::InitDaemon(argc, argv,
+                         "halka-rendezvous --listen=HOST:PORT "
+                         "[--heartbeat_timeout=5s]",
+                         "rendezvous", nullptr)) {
     return 2;
   }
-  absl::Notification& stop = halka::InstallTerminationSignals([](int sig) {
-    halka::LogInfo(absl::StrCat("signal ", sig, ": shutting down"));
-  });
+  absl::Notification& stop = halka::ShutdownOnSignal();
   halka::RendezvousOptions options;
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
   options.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
@@ -56,8 +47,5 @@ int main(int argc, char** argv) {
             << std::endl;
   stop.WaitForNotification();
   server->Shutdown();
-  // Everything is stopped and flushed; skip gRPC's process-exit teardown,
-  // which can take a second or more for nothing.
-  std::fflush(nullptr);
-  std::_Exit(0);
+  halka::ExitNow(0);
 }

@@ -6,13 +6,9 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "common/flags_env.h"
 #include "common/grpc_util.h"
-#include "common/security.h"
-#include "common/signals.h"
+#include "common/daemon.h"
 #include "worker/worker_node.h"
 
 ABSL_FLAG(std::string, rendezvous, "127.0.0.1:7100",
@@ -62,15 +58,11 @@ ABSL_FLAG(int, metrics_port, 0,
           "off (env HALKA_METRICS_PORT)");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "halka-worker --rendezvous=HOST:PORT --job=ID --world_size=N "
-      "[--listen=HOST:PORT] [--unix_socket=PATH]");
-  halka::ApplyEnvToFlags();
-  absl::ParseCommandLine(argc, argv);
-  halka::SetLogTag("worker");
-  halka::TuneAllocatorForStreaming();
-  if (absl::Status s = halka::InitSecurityFromFlags(absl::GetFlag(FLAGS_job)); !s.ok()) {
-    halka::LogError(s.ToString());
+  if (!halka::InitDaemon(argc, argv,
+                         "halka-worker --rendezvous=HOST:PORT --job=ID "
+                         "--world_size=N [--listen=HOST:PORT] "
+                         "[--unix_socket=PATH]",
+                         "worker", &FLAGS_job)) {
     return 2;
   }
   halka::WorkerOptions o;
@@ -102,8 +94,7 @@ int main(int argc, char** argv) {
   // Until the ring has formed there is nothing to leave or drain: a signal
   // during the (blocking) join ends the process at once.
   std::atomic<bool> joined{false};
-  absl::Notification& stop = halka::InstallTerminationSignals([&](int sig) {
-    halka::LogInfo(absl::StrCat("signal ", sig, ": shutting down"));
+  absl::Notification& stop = halka::ShutdownOnSignal([&](int) {
     if (!joined.load()) std::_Exit(0);
   });
   auto node = halka::WorkerNode::Create(o);
@@ -126,8 +117,5 @@ int main(int argc, char** argv) {
   std::cout << "halka-worker serving on " << (*node)->address() << std::endl;
   stop.WaitForNotification();
   (*node)->Shutdown();
-  // Everything is stopped and flushed; skip gRPC's process-exit teardown,
-  // which can take a second or more for nothing.
-  std::fflush(nullptr);
-  std::_Exit(0);
+  halka::ExitNow(0);
 }

@@ -24,9 +24,6 @@ v1::OpStats ToStats(const OpResult& r) {
   return s;
 }
 
-// Inline data travels in messages of at most this many bytes.
-constexpr size_t kInlineChunkBytes = size_t{1} << 20;
-
 }  // namespace
 
 grpc::Status WorkerService::Run(grpc::ServerContext*, const v1::RunRequest* req,

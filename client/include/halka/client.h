@@ -164,7 +164,9 @@ class Client {
   class Impl;
   explicit Client(std::unique_ptr<Impl> impl);
   absl::StatusOr<OpInfo> Run(v1::OpSpec spec, void* data, size_t bytes);
-  absl::StatusOr<OpInfo> RunDevice(v1::OpSpec spec, void* device_data);
+  // Runs a checked spec (or returns its error) on a device tensor.
+  absl::StatusOr<OpInfo> RunDevice(absl::StatusOr<v1::OpSpec> spec,
+                                   void* device_data);
   // One Worker.Run call (shared memory, device tensor, or no data).
   absl::StatusOr<OpInfo> RunShm(const v1::RunRequest& req,
                                 const char* transfer);

@@ -13,6 +13,7 @@
 #ifndef HALKA_COMMON_INCLUDE_HALKA_TYPES_H_
 #define HALKA_COMMON_INCLUDE_HALKA_TYPES_H_
 
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/time/time.h"
@@ -64,6 +65,10 @@ struct BFloat16 {
 // The deadline of one operation when its caller names none: the SDK's call
 // deadline, halkactl's --timeout and LocalCluster's op_timeout start here.
 inline constexpr absl::Duration kDefaultOpTimeout = absl::Seconds(60);
+
+// Tensors streamed through Worker.RunInline travel in messages of at most
+// this many bytes, both ways (the SDK's uploads, the worker's replies).
+inline constexpr size_t kInlineChunkBytes = size_t{1} << 20;
 
 }  // namespace halka
 

@@ -12,7 +12,10 @@
 #include "halka/client.h"
 #include "halka/local_cluster.h"
 #include "server/parameter_server.h"
+#include "tests/testing/cluster_harness.h"
 #include "tests/testing/run_ranks.h"
+#include "tests/testing/stderr_tap.h"
+#include "tests/testing/wait_for.h"
 #include "worker/core/reference.h"
 #include "worker/core/ring_plan.h"
 
@@ -20,70 +23,33 @@ namespace halka {
 namespace {
 
 using ::testing::HasSubstr;
+using halka::testing::ClusterHarness;
 using halka::testing::RunRanks;
-
-struct Harness {
-  Harness(int g, int ps_shards, size_t chunk_bytes = 4096) {
-    LocalCluster::Options o;
-    o.workers = g;
-    o.ps_shards = ps_shards;
-    o.chunk_bytes = chunk_bytes;
-    o.op_timeout = absl::Seconds(30);
-    cluster = LocalCluster::Start(o).value();
-    for (int r = 0; r < g; ++r) clients.push_back(cluster->Connect(r).value());
-  }
-  // Runs one all-reduce on every rank; returns each rank's result.
-  std::vector<absl::StatusOr<OpInfo>> Run(DType dtype, ReduceOp op,
-                                          size_t count, Algorithm algorithm,
-                                          uint64_t seed, bool check = true) {
-    const int g = static_cast<int>(clients.size());
-    std::vector<std::vector<uint8_t>> inputs, bufs;
-    for (int r = 0; r < g; ++r) inputs.push_back(MakeRankData(dtype, op, count, r, seed));
-    bufs = inputs;
-    for (auto& b : bufs) b.resize(std::max<size_t>(b.size(), 1));
-    auto results = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
-      OpOptions oo;
-      oo.algorithm = algorithm;
-      return clients[r]->AllReduce(bufs[r].data(), count, dtype, op, oo);
-    });
-    if (!check) return results;
-    const std::string what = absl::StrCat(
-        "g=", g, " ", DTypeName(dtype), " ", ReduceOpName(op), " count=", count,
-        " ", AlgorithmName(algorithm));
-    for (int r = 0; r < g; ++r) {
-      EXPECT_TRUE(results[r].ok()) << what << " rank " << r << ": " << results[r].status();
-      if (!results[r].ok()) return results;
-      EXPECT_EQ(results[r]->algorithm, AlgorithmName(algorithm)) << what;
-      EXPECT_EQ(std::memcmp(bufs[r].data(), bufs[0].data(), count * DTypeSize(dtype)), 0)
-          << what << ": rank " << r << " differs from rank 0";
-    }
-    const CheckResult c = CheckAllReduce(dtype, op, inputs, bufs[0].data(), count);
-    EXPECT_EQ(c.wrong, 0u) << what << ": " << c.first;
-    return results;
-  }
-  std::unique_ptr<LocalCluster> cluster;
-  std::vector<std::unique_ptr<Client>> clients;
-};
+using halka::testing::StderrTap;
+using halka::testing::WaitFor;
 
 class EveryAlgorithm : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 // PS with one and with two shards, and naive, for every dtype and op.
 TEST_P(EveryAlgorithm, PsAndNaiveAgreeBitwiseAndMatchReference) {
   const auto [g, shards] = GetParam();
-  Harness h(g, shards);
+  ClusterHarness h({g, shards});
+  ASSERT_TRUE(h.ok()) << h.status();
   uint64_t seed = 100;
   for (DType dtype : kAllDTypes) {
     for (ReduceOp op : kAllReduceOps) {
       for (size_t count : {size_t{1}, static_cast<size_t>(g + 1), size_t{3001}}) {
-        h.Run(dtype, op, count, Algorithm::kParameterServer, ++seed);
-        h.Run(dtype, op, count, Algorithm::kNaive, ++seed);
+        h.AllReduceOnce(dtype, op, count, Algorithm::kParameterServer, ++seed);
+        h.AllReduceOnce(dtype, op, count, Algorithm::kNaive, ++seed);
         if (HasFailure()) return;
       }
     }
   }
-  h.Run(DType::kFloat32, ReduceOp::kSum, 0, Algorithm::kParameterServer, 1);
-  h.Run(DType::kFloat32, ReduceOp::kAvg, 500009, Algorithm::kParameterServer, 2);
-  h.Run(DType::kInt64, ReduceOp::kSum, 500009, Algorithm::kNaive, 3);
+  h.AllReduceOnce(DType::kFloat32, ReduceOp::kSum, 0,
+                  Algorithm::kParameterServer, 1);
+  h.AllReduceOnce(DType::kFloat32, ReduceOp::kAvg, 500009,
+                  Algorithm::kParameterServer, 2);
+  h.AllReduceOnce(DType::kInt64, ReduceOp::kSum, 500009, Algorithm::kNaive, 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -101,13 +67,15 @@ INSTANTIATE_TEST_SUITE_P(
 //   PS (dedicated server): GN into and GN out of the server, N per worker.
 TEST(ByteFormulas, MatchDesignExactly) {
   for (int g = 2; g <= 8; ++g) {
-    Harness h(g, 1, 1 << 16);
+    ClusterHarness h({g, /*ps_shards=*/1, /*chunk_bytes=*/1 << 16});
+    ASSERT_TRUE(h.ok()) << h.status();
     for (size_t n : {size_t{1}, static_cast<size_t>(g - 1), size_t{1000},
                      size_t{65537}, static_cast<size_t>(100003)}) {
       const uint64_t es = 4;
       const std::string what = absl::StrCat("G=", g, " N=", n);
       // Ring.
-      auto ring = h.Run(DType::kFloat32, ReduceOp::kSum, n, Algorithm::kRing, n);
+      auto ring =
+          h.AllReduceOnce(DType::kFloat32, ReduceOp::kSum, n, Algorithm::kRing, n);
       uint64_t total = 0;
       const std::vector<Range> segs = PlanSegments(n, g);
       for (int r = 0; r < g; ++r) {
@@ -124,7 +92,8 @@ TEST(ByteFormulas, MatchDesignExactly) {
       }
       EXPECT_EQ(total, 2ull * (g - 1) * n) << what << " ring total";
       // Naive (one-shot for small buffers, chunked above; same bytes).
-      auto naive = h.Run(DType::kFloat32, ReduceOp::kSum, n, Algorithm::kNaive, n);
+      auto naive =
+          h.AllReduceOnce(DType::kFloat32, ReduceOp::kSum, n, Algorithm::kNaive, n);
       total = 0;
       for (int r = 0; r < g; ++r) {
         ASSERT_TRUE(naive[r].ok());
@@ -134,20 +103,26 @@ TEST(ByteFormulas, MatchDesignExactly) {
       }
       EXPECT_EQ(total, static_cast<uint64_t>(g) * (g - 1) * n) << what << " naive total";
       // Parameter server.
-      const PsStats before = h.cluster->ps(0)->stats();
-      auto ps = h.Run(DType::kFloat32, ReduceOp::kSum, n, Algorithm::kParameterServer, n);
+      const PsStats before = h.cluster().ps(0)->stats();
+      auto ps = h.AllReduceOnce(DType::kFloat32, ReduceOp::kSum, n,
+                                Algorithm::kParameterServer, n);
       for (int r = 0; r < g; ++r) {
         ASSERT_TRUE(ps[r].ok());
         EXPECT_EQ(ps[r]->bytes_sent / es, n) << what << " ps worker";
         EXPECT_EQ(ps[r]->bytes_received / es, n) << what << " ps worker";
       }
       // The server's counters may trail the last reply by a moment.
+      const uint64_t through = static_cast<uint64_t>(g) * n * es;
       PsStats after;
-      for (int i = 0; i < 100; ++i) {
-        after = h.cluster->ps(0)->stats();
-        if (after.bytes_out - before.bytes_out == g * n * es) break;
-        absl::SleepFor(absl::Milliseconds(10));
-      }
+      EXPECT_TRUE(WaitFor(
+          [&] {
+            after = h.cluster().ps(0)->stats();
+            return after.bytes_in - before.bytes_in == through &&
+                   after.bytes_out - before.bytes_out == through;
+          },
+          absl::Seconds(5)))
+          << what << ": the server's byte counters to reach " << through
+          << " in and out";
       EXPECT_EQ((after.bytes_in - before.bytes_in) / es, static_cast<uint64_t>(g) * n)
           << what << " into the server";
       EXPECT_EQ((after.bytes_out - before.bytes_out) / es, static_cast<uint64_t>(g) * n)
@@ -158,38 +133,44 @@ TEST(ByteFormulas, MatchDesignExactly) {
 
 TEST(ParameterServer, StartedAfterTheWorkersIsWaitedFor) {
   const int g = 3;
-  Harness h(g, 0);
+  ClusterHarness h({g, /*ps_shards=*/0});
+  ASSERT_TRUE(h.ok()) << h.status();
   std::vector<std::vector<float>> bufs(g, std::vector<float>(1000, 2.0f));
-  std::vector<absl::StatusOr<OpInfo>> results(g);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < g; ++r) {
-    threads.emplace_back([&, r] {
-      OpOptions oo;
-      oo.algorithm = Algorithm::kParameterServer;
-      oo.timeout = absl::Seconds(20);
-      results[r] = h.clients[r]->AllReduce(absl::MakeSpan(bufs[r]), ReduceOp::kSum, oo);
-    });
-  }
-  absl::SleepFor(absl::Milliseconds(700));
-  PsOptions po;
-  po.job_id = "local";
-  po.rendezvous = h.cluster->rendezvous_address();
-  auto ps = ParameterServerNode::Start(po).value();
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < g; ++r) {
-    ASSERT_TRUE(results[r].ok()) << results[r].status();
-    EXPECT_EQ(bufs[r][999], 6.0f);
+  OpOptions oo;
+  oo.algorithm = Algorithm::kParameterServer;
+  oo.timeout = absl::Seconds(20);
+  {
+    // Every worker looked for a server, found none and said so (its log is
+    // the only sign: the lookup comes before the communicator's ledger).
+    StderrTap tap;
+    ASSERT_TRUE(tap.ok()) << "cannot capture stderr";
+    auto running = h.StartSum(halka::testing::AllRanks(g), &bufs, oo);
+    const std::string waiting = "waiting for parameter server of job local";
+    EXPECT_TRUE(WaitFor([&] { return tap.Count(waiting) == g; },
+                        absl::Seconds(10)))
+        << "not every worker logged \"" << waiting << "\"; the log:\n"
+        << tap.Text();
+    PsOptions po;
+    po.job_id = "local";
+    po.rendezvous = h.cluster().rendezvous_address();
+    auto ps = ParameterServerNode::Start(po).value();
+    const std::vector<absl::StatusOr<OpInfo>> results = running.Join();
+    for (int r = 0; r < g; ++r) {
+      ASSERT_TRUE(results[r].ok()) << results[r].status();
+      EXPECT_EQ(bufs[r][999], 6.0f);
+    }
   }
 }
 
 TEST(ParameterServer, NoServerGivesAClearErrorAtTheDeadline) {
-  Harness h(2, 0);
+  ClusterHarness h({2, /*ps_shards=*/0});
+  ASSERT_TRUE(h.ok()) << h.status();
   auto results = RunRanks<absl::StatusOr<OpInfo>>(2, [&](int r) {
     std::vector<float> buf(10, 1.0f);
     OpOptions oo;
     oo.algorithm = Algorithm::kParameterServer;
     oo.timeout = absl::Seconds(1);
-    return h.clients[r]->AllReduce(absl::MakeSpan(buf), ReduceOp::kSum, oo);
+    return h.client(r).AllReduce(absl::MakeSpan(buf), ReduceOp::kSum, oo);
   });
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(results[r].status().code(), absl::StatusCode::kDeadlineExceeded);
@@ -200,28 +181,21 @@ TEST(ParameterServer, NoServerGivesAClearErrorAtTheDeadline) {
 
 TEST(ParameterServer, KilledMidOperationIsNamedByEveryWorker) {
   const int g = 3;
-  Harness h(g, 1, 1 << 20);
-  const std::string ps_address = h.cluster->ps(0)->address();
+  ClusterHarness h({g, /*ps_shards=*/1, /*chunk_bytes=*/1 << 20});
+  ASSERT_TRUE(h.ok()) << h.status();
+  const std::string ps_address = h.cluster().ps(0)->address();
   const size_t count = 24 << 20;  // 96 MiB per rank: in flight at the kill
   std::vector<std::vector<float>> bufs(g, std::vector<float>(count, 1.0f));
-  std::vector<absl::StatusOr<OpInfo>> results(g);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < g; ++r) {
-    threads.emplace_back([&, r] {
-      OpOptions oo;
-      oo.algorithm = Algorithm::kParameterServer;
-      oo.timeout = absl::Seconds(20);
-      results[r] = h.clients[r]->AllReduce(absl::MakeSpan(bufs[r]), ReduceOp::kSum, oo);
-    });
-  }
-  absl::SleepFor(absl::Milliseconds(60));
-  const absl::Time killed = absl::Now();
-  h.cluster->KillPs(0);
-  for (auto& t : threads) t.join();
-  const absl::Duration took = absl::Now() - killed;
-  std::printf("workers returned %.0f ms after the parameter server died\n",
-              absl::ToDoubleMilliseconds(took));
-  EXPECT_LT(took, absl::Seconds(20));
+  OpOptions oo;
+  oo.algorithm = Algorithm::kParameterServer;
+  oo.timeout = absl::Seconds(20);
+  auto running = h.StartSum(halka::testing::AllRanks(g), &bufs, oo);
+  // The kill comes once the operation's data reaches the server.
+  ASSERT_TRUE(WaitFor([&] { return h.cluster().ps(0)->stats().bytes_in > 0; },
+                      absl::Seconds(10)))
+      << "no data reached the parameter server";
+  const std::vector<absl::StatusOr<OpInfo>> results = ClusterHarness::KillAndJoin(
+      running, [&] { h.cluster().KillPs(0); }, oo.timeout);
   int failed = 0;
   for (int r = 0; r < g; ++r) {
     if (results[r].ok()) continue;  // finished before the kill: fine

@@ -6,7 +6,6 @@
 #include <iostream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -16,7 +15,9 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/rendezvous_service.h"
+#include "tests/testing/ring_health.h"
 #include "tests/testing/run_ranks.h"
+#include "tests/testing/wait_for.h"
 #include "worker/worker_node.h"
 
 namespace halka {
@@ -24,7 +25,10 @@ namespace {
 
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
+using halka::testing::FetchRingHealth;
 using halka::testing::RunRanks;
+using halka::testing::StartRanks;
+using halka::testing::WaitFor;
 
 constexpr size_t kCount = 100003;  // int64 elements: several chunks
 
@@ -108,42 +112,42 @@ class ElasticTest : public ::testing::Test {
   // `world` (bounded); checks the sums.
   void EventuallyCorrect(const std::vector<WorkerNode*>& on, int world,
                          int* seq) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    for (;;) {
-      std::vector<std::vector<int64_t>> data;
-      auto results = AllReduce(on, ++*seq, &data);
-      bool all = true;
-      for (const auto& r : results) all &= r.ok() && r->world_size == world;
-      if (all) {
-        int64_t mask = 0;
-        for (WorkerNode* w : on) mask |= int64_t{1} << (w->options().worker_id.back() - '0');
-        for (const auto& d : data) {
-          ASSERT_EQ(d[0], mask);
-          for (size_t k = 1; k < kCount; k += 997) {
-            ASSERT_EQ(d[k], world * (*seq + 1) * static_cast<int64_t>(k % 5 + 1))
-                << "element " << k;
+    std::vector<std::vector<int64_t>> data;
+    std::string last;
+    const bool done = WaitFor(
+        [&] {
+          auto results = AllReduce(on, ++*seq, &data);
+          bool all = true;
+          for (const auto& r : results) all &= r.ok() && r->world_size == world;
+          last.clear();
+          for (const auto& r : results) {
+            // Only clear errors while the ring changes.
+            if (!r.ok()) {
+              EXPECT_THAT(r.status().code(),
+                          AnyOf(absl::StatusCode::kAborted,
+                                absl::StatusCode::kUnavailable,
+                                absl::StatusCode::kDeadlineExceeded))
+                  << r.status();
+            }
+            absl::StrAppend(&last, "\n  ",
+                            r.ok() ? absl::StrCat("ok, world ", r->world_size)
+                                   : r.status().ToString());
           }
-        }
-        return;
+          return all;
+        },
+        absl::Seconds(20), /*poll=*/absl::Milliseconds(50));
+    ASSERT_TRUE(done) << "no correct operation on " << world
+                      << " ranks within 20 s; last:" << last;
+    int64_t mask = 0;
+    for (WorkerNode* w : on) {
+      mask |= int64_t{1} << (w->options().worker_id.back() - '0');
+    }
+    for (const auto& d : data) {
+      ASSERT_EQ(d[0], mask);
+      for (size_t k = 1; k < kCount; k += 997) {
+        ASSERT_EQ(d[k], world * (*seq + 1) * static_cast<int64_t>(k % 5 + 1))
+            << "element " << k;
       }
-      for (const auto& r : results) {
-        // Only clear errors while the ring changes.
-        if (!r.ok()) {
-          EXPECT_THAT(r.status().code(),
-                      AnyOf(absl::StatusCode::kAborted,
-                            absl::StatusCode::kUnavailable,
-                            absl::StatusCode::kDeadlineExceeded))
-              << r.status();
-        }
-      }
-      std::string last;
-      for (const auto& r : results) {
-        absl::StrAppend(&last, "\n  ", r.ok() ? absl::StrCat("ok, world ", r->world_size)
-                                              : r.status().ToString());
-      }
-      ASSERT_LT(absl::Now(), deadline) << "no correct operation on " << world
-                                       << " ranks within 20 s; last:" << last;
-      absl::SleepFor(absl::Milliseconds(50));
     }
   }
 
@@ -226,17 +230,14 @@ TEST_F(ElasticTest, BelowMinimumFailsClearlyThenRecovers) {
   workers_[1].reset();
   // Within the heartbeat timeout plus a margin, operations fail at once
   // saying the job is below its minimum.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
   absl::Status last;
-  for (;;) {
-    auto results = AllReduce(Live(), ++seq);
-    last = results[0].status();
-    if (!last.ok() && absl::StrContains(last.message(), "below its minimum")) {
-      break;
-    }
-    ASSERT_LT(absl::Now(), deadline) << last;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        last = AllReduce(Live(), ++seq)[0].status();
+        return !last.ok() && absl::StrContains(last.message(), "below its minimum");
+      },
+      absl::Seconds(10), /*poll=*/absl::Milliseconds(50)))
+      << "no operation failed saying the job is below its minimum; last: " << last;
   EXPECT_EQ(last.code(), absl::StatusCode::kUnavailable) << last;
   EXPECT_THAT(last.message(), HasSubstr("w1"));  // the change names the lost
   const absl::Time t = absl::Now();
@@ -254,37 +255,37 @@ TEST_F(ElasticTest, HealthExplainsAWaitLiveAndTheDeadlineNamesThePeer) {
   StartRendezvous();
   StartWorkers(2, 2, 2);
   // Only w0 calls: it waits for w1's fingerprint.
-  absl::StatusOr<OpResult> r;
-  std::thread t([&] {
+  auto running = StartRanks<absl::StatusOr<OpResult>>({0}, [&](int i) {
     std::vector<int64_t> d(kCount, 1);
-    r = workers_[0]->Execute(SumSpec(3000), d.data());
+    return workers_[static_cast<size_t>(i)]->Execute(SumSpec(3000), d.data());
   });
   const int waiter = workers_[0]->rank();
   const int awaited = workers_[1]->rank();
   v1::RingHealth h;
-  bool seen = false;
-  const absl::Time deadline = absl::Now() + absl::Seconds(2.5);
-  while (!seen && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(100));
-    auto stub = v1::Rendezvous::NewStub(grpc::CreateChannel(
-        rdv_->address(), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    v1::RingHealthRequest req;
-    req.set_job_id("elastic");
-    ASSERT_TRUE(stub->GetRingHealth(&ctx, req, &h).ok());
-    for (int i = 0; i < h.members_size(); ++i) {
-      const v1::WorkerTelemetry& tel = h.telemetry(i);
-      if (h.members(i).rank() == waiter && tel.awaited_rank() == awaited &&
-          tel.waiting_for_s() > 0.3) {
-        EXPECT_EQ(tel.phase(), "fingerprint");
-        EXPECT_GE(tel.chunk(), 1);
-        EXPECT_GE(tel.chunks(), 1);
-        EXPECT_THAT(tel.current_op(), HasSubstr("all_reduce"));
-        seen = true;
-      }
-    }
-  }
-  t.join();
+  absl::Status rpc;
+  const bool seen = WaitFor(
+      [&] {
+        absl::StatusOr<v1::RingHealth> got =
+            FetchRingHealth(rdv_->address(), "elastic");
+        rpc = got.status();
+        if (!got.ok()) return true;  // stop: asserted below
+        h = std::move(*got);
+        for (int i = 0; i < h.members_size(); ++i) {
+          const v1::WorkerTelemetry& tel = h.telemetry(i);
+          if (h.members(i).rank() == waiter && tel.awaited_rank() == awaited &&
+              tel.waiting_for_s() > 0.3) {
+            EXPECT_EQ(tel.phase(), "fingerprint");
+            EXPECT_GE(tel.chunk(), 1);
+            EXPECT_GE(tel.chunks(), 1);
+            EXPECT_THAT(tel.current_op(), HasSubstr("all_reduce"));
+            return true;
+          }
+        }
+        return false;
+      },
+      absl::Seconds(2.5), /*poll=*/absl::Milliseconds(100));
+  const absl::StatusOr<OpResult> r = std::move(running.Join()[0]);
+  ASSERT_TRUE(rpc.ok()) << "GetRingHealth: " << rpc;
   EXPECT_TRUE(seen) << "GetRingHealth never showed rank " << waiter
                     << " waiting for rank " << awaited << ": "
                     << h.ShortDebugString();

@@ -15,90 +15,53 @@
 #include "gtest/gtest.h"
 #include "halka/client.h"
 #include "halka/local_cluster.h"
-#include "tests/testing/run_ranks.h"
-#include "worker/core/reference.h"
 #include "server/rendezvous_service.h"
+#include "tests/testing/cluster_harness.h"
+#include "tests/testing/ring_health.h"
+#include "tests/testing/run_ranks.h"
+#include "tests/testing/wait_for.h"
+#include "worker/core/reference.h"
 #include "worker/worker_node.h"
 
 namespace halka {
 namespace {
 
 using ::testing::HasSubstr;
+using halka::testing::ClusterHarness;
+using halka::testing::ClusterOptions;
+using halka::testing::FetchRingHealth;
 using halka::testing::RunRanks;
-
-struct Harness {
-  explicit Harness(int g, Client::Transfer transfer = Client::Transfer::kAuto,
-                   size_t chunk_bytes = 4096) {
-    LocalCluster::Options o;
-    o.workers = g;
-    o.chunk_bytes = chunk_bytes;  // small: many chunks per segment
-    o.op_timeout = absl::Seconds(30);
-    auto c = LocalCluster::Start(o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    cluster = std::move(*c);
-    Client::Options co;
-    co.transfer = transfer;
-    for (int r = 0; r < g; ++r) clients.push_back(cluster->Connect(r, co).value());
-  }
-  std::unique_ptr<LocalCluster> cluster;
-  std::vector<std::unique_ptr<Client>> clients;
-};
-
-// Runs one all-reduce on every rank and checks agreement and the reference.
-void CheckAllReduceOnce(Harness& h, DType dtype, ReduceOp op, size_t count,
-                        Algorithm algorithm, uint64_t seed) {
-  const int g = static_cast<int>(h.clients.size());
-  std::vector<std::vector<uint8_t>> inputs, bufs;
-  for (int r = 0; r < g; ++r) inputs.push_back(MakeRankData(dtype, op, count, r, seed));
-  bufs = inputs;
-  for (auto& b : bufs) b.resize(std::max<size_t>(b.size(), 1));
-  auto results = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
-    OpOptions oo;
-    oo.algorithm = algorithm;
-    return h.clients[r]->AllReduce(bufs[r].data(), count, dtype, op, oo);
-  });
-  const std::string what = absl::StrCat("g=", g, " ", DTypeName(dtype), " ",
-                                        ReduceOpName(op), " count=", count, " ",
-                                        AlgorithmName(algorithm));
-  for (int r = 0; r < g; ++r) {
-    ASSERT_TRUE(results[r].ok()) << what << ": rank " << r << ": "
-                                 << results[r].status();
-    EXPECT_EQ(results[r]->rank, r);
-    EXPECT_EQ(results[r]->world_size, g);
-    ASSERT_EQ(std::memcmp(bufs[r].data(), bufs[0].data(),
-                          count * DTypeSize(dtype)), 0)
-        << what << ": rank " << r << " differs from rank 0";
-  }
-  const CheckResult check = CheckAllReduce(dtype, op, inputs, bufs[0].data(), count);
-  EXPECT_EQ(check.wrong, 0u) << what << ": " << check.first;
-}
+using halka::testing::StartRanks;
+using halka::testing::WaitFor;
 
 class RingOverGrpc : public ::testing::TestWithParam<int> {};
 
 TEST_P(RingOverGrpc, EveryDtypeOpAndCountAgreesAndMatchesReference) {
   const int g = GetParam();
-  Harness h(g);
+  ClusterHarness h({g});
+  ASSERT_TRUE(h.ok()) << h.status();
   uint64_t seed = 1;
   for (DType dtype : kAllDTypes) {
     for (ReduceOp op : kAllReduceOps) {
       for (size_t count : {size_t{0}, size_t{1}, static_cast<size_t>(g > 1 ? g - 1 : 2),
                            static_cast<size_t>(g + 1), size_t{1001}}) {
-        CheckAllReduceOnce(h, dtype, op, count, Algorithm::kRing, ++seed);
-        if (::testing::Test::HasFatalFailure()) return;
+        h.AllReduceOnce(dtype, op, count, Algorithm::kRing, ++seed);
+        if (HasFatalFailure()) return;
       }
       // The default (AUTO) picks the one-shot path for small buffers.
-      CheckAllReduceOnce(h, dtype, op, 513, Algorithm::kAuto, ++seed);
+      h.AllReduceOnce(dtype, op, 513, Algorithm::kAuto, ++seed);
     }
   }
   // Large, with many chunks per segment, through both algorithms.
-  CheckAllReduceOnce(h, DType::kFloat32, ReduceOp::kSum, 1000003, Algorithm::kRing, 5);
-  CheckAllReduceOnce(h, DType::kInt64, ReduceOp::kMax, 1000003, Algorithm::kAuto, 6);
-  CheckAllReduceOnce(h, DType::kFloat16, ReduceOp::kAvg, 100003, Algorithm::kNaive, 7);
+  h.AllReduceOnce(DType::kFloat32, ReduceOp::kSum, 1000003, Algorithm::kRing, 5);
+  h.AllReduceOnce(DType::kInt64, ReduceOp::kMax, 1000003, Algorithm::kAuto, 6);
+  h.AllReduceOnce(DType::kFloat16, ReduceOp::kAvg, 100003, Algorithm::kNaive, 7);
 }
 
 TEST_P(RingOverGrpc, BroadcastFromEveryRoot) {
   const int g = GetParam();
-  Harness h(g);
+  ClusterHarness h({g});
+  ASSERT_TRUE(h.ok()) << h.status();
   for (int root = 0; root < g; ++root) {
     const size_t count = 10007;
     std::vector<std::vector<uint8_t>> bufs;
@@ -107,7 +70,7 @@ TEST_P(RingOverGrpc, BroadcastFromEveryRoot) {
     }
     const std::vector<uint8_t> expected = bufs[root];
     auto results = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
-      return h.clients[r]->Broadcast(bufs[r].data(), count, DType::kFloat64, root);
+      return h.client(r).Broadcast(bufs[r].data(), count, DType::kFloat64, root);
     });
     for (int r = 0; r < g; ++r) {
       ASSERT_TRUE(results[r].ok()) << "root " << root << " rank " << r << ": "
@@ -126,21 +89,24 @@ TEST(Transfers, InlineSharedAndZeroCopyGiveTheSameBits) {
   const int g = 3;
   for (Client::Transfer t : {Client::Transfer::kInline,
                              Client::Transfer::kSharedMemory}) {
-    Harness h(g, t);
-    CheckAllReduceOnce(h, DType::kFloat32, ReduceOp::kSum, 3000017,
-                       Algorithm::kRing, 21);
-    CheckAllReduceOnce(h, DType::kBFloat16, ReduceOp::kMax, 77, Algorithm::kAuto, 22);
+    ClusterOptions o{g};
+    o.transfer = t;
+    ClusterHarness h(o);
+    ASSERT_TRUE(h.ok()) << h.status();
+    h.AllReduceOnce(DType::kFloat32, ReduceOp::kSum, 3000017, Algorithm::kRing, 21);
+    h.AllReduceOnce(DType::kBFloat16, ReduceOp::kMax, 77, Algorithm::kAuto, 22);
   }
   // Zero copy: buffers from AllocateHostBuffer are reduced in place.
-  Harness h(g);
+  ClusterHarness h({g});
+  ASSERT_TRUE(h.ok()) << h.status();
   std::vector<HostBuffer> bufs;
   for (int r = 0; r < g; ++r) {
-    bufs.push_back(h.clients[r]->AllocateHostBuffer(4096 * sizeof(int32_t)).value());
+    bufs.push_back(h.client(r).AllocateHostBuffer(4096 * sizeof(int32_t)).value());
     auto span = bufs.back().as<int32_t>();
     for (size_t i = 0; i < 4096; ++i) span[i] = static_cast<int32_t>(i) * (r + 1);
   }
   auto results = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
-    return h.clients[r]->AllReduce(bufs[r].as<int32_t>().subspan(0, 4096),
+    return h.client(r).AllReduce(bufs[r].as<int32_t>().subspan(0, 4096),
                                    ReduceOp::kSum);
   });
   for (int r = 0; r < g; ++r) {
@@ -156,7 +122,8 @@ TEST(Transfers, InlineSharedAndZeroCopyGiveTheSameBits) {
 
 TEST(Mismatch, FailsOnEveryRankWithinTwoSecondsNamingBoth) {
   const int g = 4;
-  Harness h(g);
+  ClusterHarness h({g});
+  ASSERT_TRUE(h.ok()) << h.status();
   struct Case {
     const char* name;
     size_t count[4];
@@ -182,7 +149,7 @@ TEST(Mismatch, FailsOnEveryRankWithinTwoSecondsNamingBoth) {
     const std::vector<uint8_t> before = bufs[0];
     const absl::Time t0 = absl::Now();
     auto results = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
-      return h.clients[r]->AllReduce(bufs[r].data(), c.count[r], c.dtype[r], c.op[r]);
+      return h.client(r).AllReduce(bufs[r].data(), c.count[r], c.dtype[r], c.op[r]);
     });
     EXPECT_LT(absl::Now() - t0, absl::Seconds(2)) << c.name;
     for (int r = 0; r < g; ++r) {
@@ -195,7 +162,7 @@ TEST(Mismatch, FailsOnEveryRankWithinTwoSecondsNamingBoth) {
     }
   }
   // The ring still works afterwards.
-  CheckAllReduceOnce(h, DType::kFloat32, ReduceOp::kSum, 1000, Algorithm::kRing, 3);
+  h.AllReduceOnce(DType::kFloat32, ReduceOp::kSum, 1000, Algorithm::kRing, 3);
 }
 
 int CountThreads() {
@@ -218,7 +185,8 @@ long RssKb() {
 
 TEST(Soak, ThousandBackToBackSmallAllReducesLeakNothing) {
   const int g = 4;
-  Harness h(g);
+  ClusterHarness h({g});
+  ASSERT_TRUE(h.ok()) << h.status();
   auto run = [&](int n) {
     auto results = RunRanks<absl::Status>(g, [&](int r) {
       std::vector<float> buf(256);
@@ -226,7 +194,7 @@ TEST(Soak, ThousandBackToBackSmallAllReducesLeakNothing) {
         std::fill(buf.begin(), buf.end(), static_cast<float>(r + i));
         OpOptions oo;
         oo.algorithm = (i % 2) ? Algorithm::kRing : Algorithm::kAuto;
-        auto res = h.clients[r]->AllReduce(absl::MakeSpan(buf), ReduceOp::kSum, oo);
+        auto res = h.client(r).AllReduce(absl::MakeSpan(buf), ReduceOp::kSum, oo);
         if (!res.ok()) return res.status();
         const float expect = static_cast<float>(6 + 4 * i);
         for (float v : buf) {
@@ -243,12 +211,12 @@ TEST(Soak, ThousandBackToBackSmallAllReducesLeakNothing) {
   const int threads0 = CountThreads();
   const long rss0 = RssKb();
   int streams0 = 0;
-  for (int r = 0; r < g; ++r) streams0 += h.cluster->worker(r)->open_peer_streams();
+  for (int r = 0; r < g; ++r) streams0 += h.cluster().worker(r)->open_peer_streams();
   run(1000);
   const int threads1 = CountThreads();
   const long rss1 = RssKb();
   int streams1 = 0;
-  for (int r = 0; r < g; ++r) streams1 += h.cluster->worker(r)->open_peer_streams();
+  for (int r = 0; r < g; ++r) streams1 += h.cluster().worker(r)->open_peer_streams();
   std::printf("threads %d -> %d, RSS %ld -> %ld kB, peer streams %d -> %d\n",
               threads0, threads1, rss0, rss1, streams0, streams1);
   // gRPC's pools may add a thread or two under load; a leak per operation
@@ -260,37 +228,39 @@ TEST(Soak, ThousandBackToBackSmallAllReducesLeakNothing) {
 
 TEST(Failure, KilledWorkerIsNamedByEverySurvivor) {
   const int g = 4;
-  Harness h(g, Client::Transfer::kAuto, 1 << 20);
+  ClusterHarness h({g, /*ps_shards=*/0, /*chunk_bytes=*/1 << 20});
+  ASSERT_TRUE(h.ok()) << h.status();
   const size_t count = 16 << 20;  // 64 MiB per rank: still running at the kill
   std::vector<std::vector<float>> bufs(g, std::vector<float>(count, 1.0f));
-  std::vector<absl::StatusOr<OpInfo>> results(g);
-  std::vector<std::thread> threads;
   const std::string dead = absl::StrCat("rank 2 (worker-2, ",
-                                        h.cluster->worker_address(2), ")");
-  for (int r = 0; r < g; ++r) {
-    if (r == 2) continue;
-    threads.emplace_back([&, r] {
-      OpOptions oo;
-      oo.timeout = absl::Seconds(20);
-      oo.algorithm = Algorithm::kRing;
-      results[r] = h.clients[r]->AllReduce(absl::MakeSpan(bufs[r]), ReduceOp::kSum, oo);
-    });
-  }
+                                        h.cluster().worker_address(2), ")");
+  const std::vector<int> survivors = {0, 1, 3};
+  OpOptions oo;
+  oo.timeout = absl::Seconds(20);
+  oo.algorithm = Algorithm::kRing;
+  auto running = h.StartSum(survivors, &bufs, oo);
   // Rank 2's trainer never calls; its worker dies while the others wait in
-  // the operation.
-  absl::SleepFor(absl::Milliseconds(300));
-  const absl::Time killed = absl::Now();
-  h.cluster->KillWorker(2);
-  for (auto& t : threads) t.join();
-  const absl::Duration took = absl::Now() - killed;
-  std::printf("survivors returned %.0f ms after the kill\n",
-              absl::ToDoubleMilliseconds(took));
-  EXPECT_LT(took, absl::Seconds(20));
-  for (int r : {0, 1, 3}) {
-    ASSERT_FALSE(results[r].ok()) << "rank " << r;
-    std::printf("rank %d: %s\n", r, results[r].status().ToString().c_str());
-    EXPECT_THAT(std::string(results[r].status().message()), HasSubstr(dead))
-        << "rank " << r << ": " << results[r].status();
+  // the operation (each survivor's ledger shows it waiting for rank 2).
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (int r : survivors) {
+          Communicator* comm = h.cluster().worker(r)->communicator();
+          if (comm == nullptr) return false;
+          const Progress p = comm->GetProgress();
+          if (!p.busy || p.awaited_rank != 2) return false;
+        }
+        return true;
+      },
+      absl::Seconds(10)))
+      << "ranks 0, 1 and 3 never all waited for rank 2 in the operation";
+  const std::vector<absl::StatusOr<OpInfo>> results = ClusterHarness::KillAndJoin(
+      running, [&] { h.cluster().KillWorker(2); }, oo.timeout);
+  for (size_t i = 0; i < survivors.size(); ++i) {
+    const int r = survivors[i];
+    ASSERT_FALSE(results[i].ok()) << "rank " << r;
+    std::printf("rank %d: %s\n", r, results[i].status().ToString().c_str());
+    EXPECT_THAT(std::string(results[i].status().message()), HasSubstr(dead))
+        << "rank " << r << ": " << results[i].status();
   }
 }
 
@@ -329,14 +299,28 @@ TEST(Rendezvous, DuplicateRankIsRefusedClearly) {
   auto a = WorkerNode::Create(o).value();
   o.worker_id = "second";
   auto b = WorkerNode::Create(o).value();
-  absl::Status sa;
-  std::thread ta([&] { sa = a->Join(); });
-  absl::SleepFor(absl::Milliseconds(200));
+  // "first" joins (and waits, in vain, for a second rank) ...
+  auto first = StartRanks<absl::Status>({1}, [&](int) { return a->Join(); });
+  // ... and holds rank 1 once the rendezvous lists it among the job's
+  // members (pending while the job forms).
+  absl::StatusOr<v1::RingHealth> health;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        health = FetchRingHealth(rv->address(), "dup");
+        if (!health.ok()) return false;  // NOT_FOUND until the first join
+        for (const v1::Member& m : health->members()) {
+          if (m.worker_id() == "first") return true;
+        }
+        return false;
+      },
+      absl::Seconds(2)))
+      << "the rendezvous never listed worker first in job dup: "
+      << (health.ok() ? health->ShortDebugString() : health.status().ToString());
   absl::Status sb = b->Join();
   EXPECT_EQ(sb.code(), absl::StatusCode::kFailedPrecondition) << sb;
   EXPECT_THAT(std::string(sb.message()),
               HasSubstr("rank 1 of job dup is already held by worker first"));
-  ta.join();
+  const absl::Status sa = first.Join()[0];
   EXPECT_EQ(sa.code(), absl::StatusCode::kDeadlineExceeded) << sa;
 }
 

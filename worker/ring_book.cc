@@ -194,6 +194,10 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
 
 absl::StatusOr<std::shared_ptr<Inbox>> RingBook::InboxFor(uint64_t generation) {
   absl::MutexLock lock(&mu_);
+  if (stopping_) {
+    return absl::UnavailableError(absl::StrCat(
+        "worker ", options_.worker_id, " is shutting down"));
+  }
   const uint64_t current = ring_ != nullptr ? ring_->generation : 0;
   if (ring_ != nullptr && generation == current) return ring_->inbox;
   for (const auto& r : retired_) {

@@ -13,17 +13,18 @@
 
 namespace halka {
 
-ShmCache::~ShmCache() {
-  for (auto& e : entries_) munmap(e.base, e.size);
-}
+ShmCache::Mapping::~Mapping() { munmap(base, size); }
 
-absl::StatusOr<uint8_t*> ShmCache::Map(const std::string& name, uint64_t size) {
+ShmCache::~ShmCache() = default;
+
+absl::StatusOr<std::shared_ptr<const ShmCache::Mapping>> ShmCache::Map(
+    const std::string& name, uint64_t size) {
   if (absl::Status s = ValidateShmName(name); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (it->name == name && it->size == size && StillSame(*it)) {
       entries_.splice(entries_.begin(), entries_, it);
-      return entries_.front().base;
+      return entries_.front().mapping;
     }
   }
   const int fd = shm_open(name.c_str(), O_RDWR, 0);
@@ -44,13 +45,12 @@ absl::StatusOr<uint8_t*> ShmCache::Map(const std::string& name, uint64_t size) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot map shm object ", name, ": ", std::strerror(errno)));
   }
-  entries_.push_front(Entry{name, size, static_cast<uint8_t*>(base),
-                            static_cast<uint64_t>(st.st_ino)});
-  while (entries_.size() > 16) {
-    munmap(entries_.back().base, entries_.back().size);
-    entries_.pop_back();
-  }
-  return entries_.front().base;
+  entries_.push_front(Entry{
+      name, size, static_cast<uint64_t>(st.st_ino),
+      std::make_shared<const Mapping>(static_cast<uint8_t*>(base), size)});
+  // Calls still using a dropped mapping keep it mapped until they end.
+  while (entries_.size() > 16) entries_.pop_back();
+  return entries_.front().mapping;
 }
 
 bool ShmCache::StillSame(const Entry& e) {

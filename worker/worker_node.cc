@@ -337,10 +337,9 @@ WorkerNode::Arrival WorkerNode::Arrive() {
   Arrival a;
   a.at = absl::Now();
   a.epoch = book_->epoch();
-  {
-    absl::MutexLock lock(&run_mu_);
-    a.ticket = ++tickets_;
-  }
+  // Not under run_mu_ (held for a whole operation): a call that arrives
+  // while another runs gets its place in line at once.
+  a.ticket = tickets_.fetch_add(1) + 1;
   absl::MutexLock lock(&calls_mu_);
   ++calls_received_;
   return a;

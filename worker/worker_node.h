@@ -8,6 +8,7 @@
 #ifndef HALKA_WORKER_WORKER_NODE_H_
 #define HALKA_WORKER_WORKER_NODE_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -145,7 +146,7 @@ class WorkerNode {
   uint64_t next_seq_ ABSL_GUARDED_BY(run_mu_) = 1;
   // Calls take tickets as they arrive and run when their ticket's turn
   // comes (each call before them is bounded by its own deadline).
-  uint64_t tickets_ ABSL_GUARDED_BY(run_mu_) = 0;
+  std::atomic<uint64_t> tickets_{0};
   uint64_t turn_ ABSL_GUARDED_BY(run_mu_) = 1;
   uint64_t running_seq_ ABSL_GUARDED_BY(run_mu_) = 0;  // the running call's
   // The last call's number and outcome, for telemetry (a leaf lock).

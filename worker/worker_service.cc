@@ -43,10 +43,14 @@ grpc::Status WorkerService::Run(grpc::ServerContext*, const v1::RunRequest* req,
     return ToGrpcStatus(node_->Refuse(arrival, s));
   }
   uint8_t* data = nullptr;
+  std::shared_ptr<const ShmCache::Mapping> mapping;  // held until the end
   if (*bytes > 0) {
-    auto base = shm_.Map(req->shm_name(), req->shm_size());
-    if (!base.ok()) return ToGrpcStatus(node_->Refuse(arrival, base.status()));
-    data = *base + req->shm_offset();
+    auto mapped = shm_.Map(req->shm_name(), req->shm_size());
+    if (!mapped.ok()) {
+      return ToGrpcStatus(node_->Refuse(arrival, mapped.status()));
+    }
+    mapping = std::move(*mapped);
+    data = mapping->base + req->shm_offset();
   }
   auto result = node_->Execute(spec, data, arrival);
   if (!result.ok()) return ToGrpcStatus(result.status());

@@ -32,6 +32,7 @@
 #include "gtest/gtest.h"
 #include "halka/client.h"
 #include "halka/local_cluster.h"
+#include "worker/core/frame.h"
 #include "tests/testing/run_ranks.h"
 #include "worker/core/reference.h"
 

@@ -270,9 +270,13 @@ bool OpContext::WaitForReleases(int segment, absl::Time deadline) {
   // A peer that stopped reading still holds frames that point into the
   // caller's buffer. Cancelling the links releases them at once; the buffer
   // must not be handed back before that.
+  // Every link this op may have sent on: the ring neighbours, every rank
+  // (naive, all-to-all fingerprints) and the parameter-server shards; a
+  // link that does not exist is skipped by the transport.
   const int g = config_.world_size;
-  transport_->Reset(Mod(config_.rank + 1, g));
-  transport_->Reset(Mod(config_.rank - 1, g));
+  for (int to = 0; to < g + servers(); ++to) {
+    if (to != config_.rank) transport_->Reset(to);
+  }
   absl::MutexLock lock(&t->mu);
   t->mu.Await(absl::Condition(&released));
   return false;

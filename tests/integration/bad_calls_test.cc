@@ -257,6 +257,25 @@ TEST_F(BadCalls, OthersFailFastNamingTheRefusedRank) {
   ExpectCorrect(Round(3, -1, Fault::kNone), 3, "round 3");
 }
 
+// One call too many on rank 0: it waits alone and fails at its deadline;
+// the others' next call is paired with it and fails at once, naming rank 0
+// (docs/failures.md, "A caller that makes one call more than the others").
+TEST_F(BadCalls, OneCallTooManyFailsTheOthersFastNamingTheRank) {
+  ExpectCorrect(Round(1, -1, Fault::kNone), 1, "round 1");
+  Outcome extra = Call(0, 2, Fault::kNone);
+  EXPECT_EQ(extra.code, absl::StatusCode::kDeadlineExceeded) << extra.message;
+  EXPECT_LT(extra.took, kOpTimeout + absl::Seconds(5));
+  std::vector<Outcome> next = RunRanks<Outcome>(kWorld - 1, [&](int i) {
+    return Call(i + 1, 2, Fault::kNone);
+  });
+  for (int i = 0; i < kWorld - 1; ++i) {
+    EXPECT_NE(next[i].code, absl::StatusCode::kOk) << "rank " << i + 1;
+    EXPECT_THAT(next[i].message, HasSubstr("rank 0")) << "rank " << i + 1;
+    EXPECT_LT(next[i].took, kOpTimeout / 2)
+        << "rank " << i + 1 << " waited for its deadline: " << next[i].message;
+  }
+}
+
 // Health tells the truth: while the last operation of some rank failed,
 // the job is failing (with a diagnosis naming the rank); a good round
 // clears it.

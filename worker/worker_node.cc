@@ -289,6 +289,11 @@ void WorkerNode::Shutdown(bool leave) {
   if (shut_down_) return;
   shut_down_ = true;
   const absl::Time t0 = absl::Now();
+  if (server_ == nullptr || link_ == nullptr) {
+    // Create failed part way (e.g. an unusable --device): nothing joined.
+    if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now()));
+    return;
+  }
   const bool joined = book_->joined();
   std::shared_ptr<Ring> ring = book_->Current();
   if (ring) ring->comm->Abort(absl::UnavailableError("worker is shutting down"));

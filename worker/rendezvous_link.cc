@@ -188,7 +188,9 @@ void RendezvousLink::HeartbeatLoop(absl::Duration interval) {
     v1::HeartbeatReply reply;
     grpc::ClientContext ctx;
     SetTimeout(ctx, std::max(interval, absl::Seconds(1)));
+    if (!Track(&ctx)) break;  // Stop cancels a beat in flight
     grpc::Status s = stub_->Heartbeat(&ctx, req, &reply);
+    Untrack(&ctx);
     if (s.ok()) {
       {
         absl::MutexLock lock(&mu_);

@@ -87,6 +87,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
   // Peer links are separate channels so one slow edge never shares a
   // connection with another.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // Reconnect quickly to a daemon that restarted: gRPC's default backoff
+  // grows to two minutes, longer than any operation's deadline.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   ApplyStreamingArgs([&](const char* key, int value) { args.SetInt(key, value); });
   return CreateSecureChannel(target, std::move(args));
 }

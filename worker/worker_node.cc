@@ -392,26 +392,30 @@ void WorkerNode::AwaitTurn(uint64_t ticket) {
 absl::Status WorkerNode::Refuse(const Arrival& arrival, absl::Status status) {
   absl::MutexLock run_lock(&run_mu_);
   AwaitTurn(arrival.ticket);
-  SkipNumber(status);
+  SkipNumber(status, arrival.at + options_.op_timeout);
   ++turn_;
   return status;
 }
 
-void WorkerNode::SkipNumber(const absl::Status& status) {
-  if (next_seq_ == 0) {
-    // New in a running ring and not yet numbered: there is no number to
-    // skip; the peers' copy of this call fails at its deadline.
-    LogWarning(absl::StrCat("a call ended before it reached the ring (",
-                            status.ToString(), ") before this worker learned "
-                            "the ring's numbering"));
+void WorkerNode::SkipNumber(const absl::Status& status, absl::Time deadline) {
+  // The number the call takes is the communicator's: the ring's next one,
+  // or, on a ring that still adopts, the one its peers run.
+  std::shared_ptr<Ring> ring = book_->Current();
+  if (ring == nullptr) {
     RecordCall(0, status);
     return;
   }
-  const uint64_t seq = next_seq_++;
-  if (std::shared_ptr<Ring> ring = book_->Current()) {
-    ring->comm->SkipOp(seq, status);
+  absl::StatusOr<uint64_t> seq =
+      ring->comm->SkipOp(std::max<uint64_t>(next_seq_, 1), status, deadline);
+  if (!seq.ok()) {
+    LogWarning(absl::StrCat("a call ended before it reached the ring (",
+                            status.ToString(), ") and no number could be "
+                            "learnt for it: ", seq.status().ToString()));
+    RecordCall(0, status);
+    return;
   }
-  RecordCall(seq, status);
+  next_seq_ = *seq + 1;
+  RecordCall(*seq, status);
 }
 
 void WorkerNode::RecordCall(uint64_t seq, const absl::Status& status) {
@@ -482,7 +486,7 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
   if (absl::StatusOr<uint64_t> bytes =
           ValidateOpSpec(spec, options_.max_op_bytes);
       !bytes.ok()) {
-    SkipNumber(bytes.status());
+    SkipNumber(bytes.status(), deadline);
     return bytes.status();
   }
   const uint64_t epoch = arrival.epoch;
@@ -506,9 +510,10 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
     }
     absl::StatusOr<std::shared_ptr<Ring>> ring = book_->Acquire(call);
     if (!ring.ok()) {
-      // The call is numbered all the same: the other ranks' copies of it
-      // fail too (or already ran), and the next call is the next number.
-      if (next_seq_ != 0 && retry_seq == 0) ++next_seq_;
+      // The call is numbered all the same (where this worker holds a
+      // number): the other ranks' copies of it fail too (or already ran),
+      // and the next call is the next number.
+      if (call.numbered_generation != 0 && retry_seq == 0) ++next_seq_;
       return ring.status();
     }
     Communicator* comm = (*ring)->comm.get();

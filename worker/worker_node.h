@@ -118,8 +118,9 @@ class WorkerNode {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   // Waits until `ticket` is the next call to run.
   void AwaitTurn(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
-  // Takes the next number for a call that does not reach the ring.
-  void SkipNumber(const absl::Status& status)
+  // Takes the next number for a call that does not reach the ring (on a
+  // ring that still adopts, the peers' number, learnt by `deadline`).
+  void SkipNumber(const absl::Status& status, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   void RecordCall(uint64_t seq, const absl::Status& status);
   // Looks up the job's parameter-server shards (waiting for them, bounded

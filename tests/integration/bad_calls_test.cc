@@ -253,6 +253,10 @@ TEST_F(BadCalls, OthersFailFastNamingTheRefusedRank) {
   for (int r = 1; r < kWorld; ++r) {
     EXPECT_THAT(failed[r].message, HasSubstr("rank 0")) << "rank " << r;
     EXPECT_THAT(failed[r].message, HasSubstr("dtype")) << "rank " << r;
+    EXPECT_EQ(failed[r].code, absl::StatusCode::kFailedPrecondition)
+        << failed[r].message;
+    // At once: not at the deadline, not after waiting for a generation.
+    EXPECT_LT(failed[r].took, kOpTimeout / 3) << failed[r].message;
   }
   ExpectCorrect(Round(3, -1, Fault::kNone), 3, "round 3");
 }

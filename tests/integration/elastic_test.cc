@@ -221,6 +221,50 @@ TEST_F(ElasticTest, TwoAdmissionsBeforeAnyOperationBothTakeTheNumbering) {
   }
 }
 
+// A restarted worker has no number yet (it adopts the ring's). If its
+// first call is refused (a bad dtype), the call still takes the number of
+// the operation its peers run, their copies fail naming it, and the next
+// round runs on every rank with one numbering (the chaos run found the
+// refused call inventing #2 while the ring was at #200).
+TEST_F(ElasticTest, NewcomersRefusedFirstCallTakesTheRingsNumber) {
+  StartRendezvous();
+  StartWorkers(4, 2, 4);
+  int seq = 0;
+  for (int i = 0; i < 5; ++i) EventuallyCorrect(Live(), 4, &seq);
+  workers_[3]->Shutdown(/*leave=*/false);
+  workers_[3].reset();
+  EventuallyCorrect(Live(), 3, &seq);
+  auto back = WorkerNode::Start(Options(3, 2, 4));
+  ASSERT_TRUE(back.ok()) << back.status();
+  workers_[3] = std::move(*back);
+  // One round: w3's call is refused, the others call correctly.
+  std::vector<WorkerNode*> on = Live();
+  ASSERT_EQ(on.size(), 4u);
+  std::vector<std::vector<int64_t>> data(4, std::vector<int64_t>(kCount, 1));
+  auto round = RunRanks<absl::StatusOr<OpResult>>(4, [&](int j) {
+    v1::OpSpec spec = SumSpec(5000);
+    spec.set_algorithm(v1::RING);
+    if (on[static_cast<size_t>(j)]->options().worker_id == "w3") {
+      spec.set_dtype(static_cast<v1::DType>(99));
+    }
+    return on[static_cast<size_t>(j)]->Execute(spec, data[static_cast<size_t>(j)].data());
+  });
+  for (size_t j = 0; j < 4; ++j) {
+    ASSERT_FALSE(round[j].ok()) << on[j]->options().worker_id;
+    if (on[j]->options().worker_id != "w3") {
+      EXPECT_THAT(round[j].status().message(), HasSubstr("w3"))
+          << round[j].status();
+    }
+  }
+  // The next round: every rank, one number, a correct sum.
+  auto results = AllReduce(Live(), ++seq);
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->world_size, 4);
+    EXPECT_EQ(r->op_seq, results[0]->op_seq);
+  }
+}
+
 TEST_F(ElasticTest, BelowMinimumFailsClearlyThenRecovers) {
   StartRendezvous();
   StartWorkers(3, 3, 3);  // a fixed job of 3

@@ -33,8 +33,17 @@ void Communicator::InheritTelemetry(const Communicator& previous) {
   telemetry_.InheritFrom(previous.telemetry_);
 }
 
-void Communicator::SkipOp(uint64_t seq, const absl::Status& status) {
+absl::StatusOr<uint64_t> Communicator::SkipOp(uint64_t seq,
+                                              const absl::Status& status,
+                                              absl::Time deadline) {
   absl::MutexLock lock(&op_mu_);
+  if (next_op_seq_ == 0) {
+    // New in a running ring: the call being refused is the one the peers
+    // run (or will run) next; learn its number as an operation would.
+    absl::StatusOr<uint64_t> adopted = inbox_->WaitFirstOpSeq(deadline);
+    if (!adopted.ok()) return adopted.status();
+    seq = *adopted;
+  }
   next_op_seq_ = seq + 1;
   FrameMeta meta;
   meta.kind = FrameKind::kAbort;
@@ -42,7 +51,10 @@ void Communicator::SkipOp(uint64_t seq, const absl::Status& status) {
   meta.op_seq = seq;
   meta.sender_rank = config_.rank;
   meta.origin_rank = config_.rank;
-  meta.abort_code = absl::StatusCode::kAborted;
+  // FAILED_PRECONDITION, not ABORTED: the ranks disagree on this call (one
+  // refused it); nothing changed in the membership, and a re-run waits for
+  // no new generation.
+  meta.abort_code = absl::StatusCode::kFailedPrecondition;
   meta.message = absl::StrCat(
       DescribePeer(config_.members[static_cast<size_t>(config_.rank)]),
       " ended its call #", seq, " before it reached the ring: ",
@@ -52,6 +64,7 @@ void Communicator::SkipOp(uint64_t seq, const absl::Status& status) {
     // Best effort: a peer whose link is down fails at its deadline.
     transport_->Send(to, meta, {}, [] {}).IgnoreError();
   }
+  return seq;
 }
 
 bool Communicator::AbortIfUntouched(absl::Status status) {

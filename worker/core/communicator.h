@@ -78,12 +78,17 @@ class Communicator {
   // operation runs or it is past that point.
   bool AbortIfUntouched(absl::Status status);
 
-  // The call numbered `seq` ended on this rank before it reached the ring
-  // (its request was refused, its upload failed or was abandoned): tells
-  // every peer, whose copy of that call then fails at once (ABORTED, naming
-  // this rank and `status`) instead of waiting for its deadline, and
-  // numbers the next operation seq + 1. Never blocks on the network.
-  void SkipOp(uint64_t seq, const absl::Status& status);
+  // The caller's next call ended on this rank before it reached the ring
+  // (its request was refused, its upload failed or was abandoned): it takes
+  // the number `seq` (the worker's count of its caller's calls), and every
+  // peer is told, whose copy of that
+  // call then fails at once (FAILED_PRECONDITION, naming this rank and
+  // `status`) instead of waiting for its deadline. A rank new in a running
+  // ring (no number yet) first learns the number of the operation its peers
+  // run, waiting until `deadline`. Returns the number skipped; errors: that
+  // of the wait (DEADLINE_EXCEEDED: no peer's operation reached this rank).
+  absl::StatusOr<uint64_t> SkipOp(uint64_t seq, const absl::Status& status,
+                                  absl::Time deadline);
 
   // The sequence number the next operation will use (0: it adopts the
   // number of the operation its peers run), and a way to set it: the

@@ -16,19 +16,43 @@
 // (k % 7 + 1) everywhere else: a result mixing two operations, missing a
 // contribution or counting one twice is caught.
 //
+// With --bad_calls=P, in a share P of the operations one random member
+// makes a bad call instead of its good one (issue 13), through a raw
+// halka.v1.Worker stub as a foreign client would: a bad dtype or a bad kind
+// (RunInline), a short inline stream (half the data, then half-close), data
+// past count (one more message after the buffer is full), an abandoned
+// upload (half the data, then the client cancels) or a bad shm name (Run).
+// The worker refuses it, still numbers it and aborts the peers' copies; its
+// own error is expected (outcome=fault kind=<kind>), the others' calls are
+// checked as always. The operation after a bad one is never bad itself: it
+// must succeed (when no kill hits it). A "split" is such an operation on
+// which every member failed with the signature of a numbering split ("rank
+// R already started operation #N while this rank waits in #M"): the ring
+// did not re-synchronise within one round. Independently of bad calls, an
+// operation whose members' own errors name different operation numbers
+// ("rank 1 (w2, ...): all_reduce #202" next to "rank 0 (w3, ...):
+// all_reduce #201") is a "mismatch": the ranks numbered that call apart.
+// One such operation can happen when a kill races a call; a run of two or
+// more in a row (mismatch_run) is a split that outlived a round.
+//
 // Output, one line per call, then one summary line:
 //   call op=3 slot=2 t_ms=<start, Unix ms> ms=12 outcome=ok gen=2 world=3 rank=1 msg=
-//   RESULT ops=200 calls=800 ok=700 error=80 down=20 wrong=0 hang=0
-// Exit status: 0 when wrong == 0 and hang == 0, else 1.
+//   call op=4 slot=1 t_ms=... ms=3 outcome=fault kind=dtype gen=0 world=0 rank=0 msg=INVALID_ARGUMENT: ...
+//   RESULT ops=200 calls=800 ok=700 error=80 down=20 wrong=0 hang=0 skipped=0 faults=20 split=0 recovered=19 mismatch=0 mismatch_run=0
+// (recovered: operations right after a bad one that succeeded on every
+// member.) Exit status: 0 when wrong, hang and split are 0 and
+// mismatch_run is at most 1, else 1.
 #include <atomic>
 #include <algorithm>
 #include <bitset>
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -63,6 +87,12 @@ ABSL_FLAG(absl::Duration, limit, absl::Minutes(10),
 ABSL_FLAG(std::string, algorithm, "auto", "auto, ring or naive");
 ABSL_FLAG(std::string, stop_file, "",
           "stop starting operations once this file exists");
+ABSL_FLAG(double, bad_calls, 0,
+          "share of operations in which one random member makes a bad call "
+          "(bad dtype/kind, short or overlong upload, abandoned upload, bad "
+          "shm name) instead of its good one");
+ABSL_FLAG(uint64_t, seed, 0,
+          "seed of the bad-call choices (0: from the clock; printed)");
 
 namespace {
 
@@ -74,7 +104,7 @@ struct Slot {
 };
 
 struct Outcome {
-  std::string kind;  // ok, error, down, wrong, hang
+  std::string kind;  // ok, error, down, wrong, hang, fault
   std::string msg;
   halka::OpInfo info;
   double ms = 0;
@@ -107,6 +137,80 @@ std::string Check(const std::vector<int64_t>& data, int i, int slot,
     }
   }
   return "";
+}
+
+// The bad calls a member may make instead of its good one.
+constexpr const char* kFaultKinds[] = {"dtype", "kind",    "short",
+                                       "extra", "abandon", "shm"};
+
+// One bad call of `kind` through a raw stub, with the spec and data of the
+// member's good call: returns what the worker answered.
+grpc::Status BadCall(halka::v1::Worker::Stub& stub, const std::string& kind,
+                     halka::v1::OpSpec spec, const std::vector<int64_t>& data,
+                     absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  halka::SetTimeout(ctx, deadline);
+  // Delivered like halka::Client's calls: a bad call that never reached its
+  // worker would be a missing call, not a refused one.
+  ctx.set_wait_for_ready(true);
+  const size_t total = data.size() * sizeof(int64_t);
+  if (kind == "shm") {
+    halka::v1::RunRequest req;
+    *req.mutable_spec() = spec;
+    req.set_shm_name("/etc-passwd/x");  // not a halka object
+    req.set_shm_size(total);
+    halka::v1::RunReply reply;
+    return stub.Run(&ctx, req, &reply);
+  }
+  if (kind == "dtype") spec.set_dtype(static_cast<halka::v1::DType>(99));
+  if (kind == "kind") spec.set_kind(static_cast<halka::v1::OpKind>(77));
+  const char* p = reinterpret_cast<const char*>(data.data());
+  const bool partial = kind == "short" || kind == "abandon";
+  const size_t send = partial ? total / 2 : total;
+  auto stream = stub.RunInline(&ctx);
+  for (size_t off = 0; off < send; off += halka::kInlineChunkBytes) {
+    halka::v1::InlineRequest msg;
+    if (off == 0) *msg.mutable_spec() = spec;
+    msg.set_data(p + off, std::min(halka::kInlineChunkBytes, send - off));
+    if (!stream->Write(msg)) break;  // refused already
+  }
+  if (kind == "extra") {  // one more message after the buffer is full
+    halka::v1::InlineRequest msg;
+    msg.set_data(p, sizeof(int64_t));
+    stream->Write(msg);
+  }
+  if (kind == "abandon") {  // the client gives up mid-upload
+    absl::SleepFor(absl::Milliseconds(100));
+    ctx.TryCancel();
+  } else {
+    stream->WritesDone();
+  }
+  halka::v1::InlineReply reply;
+  while (stream->Read(&reply)) {
+  }
+  return stream->Finish();
+}
+
+// The operation number a member's own error names ("ABORTED: rank 2 (w1,
+// addr): all_reduce #25 int64x...: ..."); 0 when it names none.
+uint64_t OwnOpNumber(const std::string& msg) {
+  const size_t r = msg.find(": rank ");
+  if (r == std::string::npos || msg.find(' ') < r) return 0;
+  const size_t q = msg.find("): ", r);
+  if (q == std::string::npos) return 0;
+  const size_t h = msg.find(" #", q + 3);
+  if (h == std::string::npos || msg.find(' ', q + 3) != h) return 0;
+  uint64_t n = 0;
+  for (size_t k = h + 2; k < msg.size() && msg[k] >= '0' && msg[k] <= '9';
+       ++k) {
+    n = n * 10 + static_cast<uint64_t>(msg[k] - '0');
+  }
+  return n;
+}
+
+bool SplitSignature(const std::string& msg) {
+  return msg.find("already started operation") != std::string::npos ||
+         msg.find("waits in #") != std::string::npos;
 }
 
 }  // namespace
@@ -157,6 +261,26 @@ int main(int argc, char** argv) {
   const absl::Duration hang_after = opt.timeout + absl::GetFlag(FLAGS_margin);
   const absl::Time t0 = absl::Now();
   const std::string stop_file = absl::GetFlag(FLAGS_stop_file);
+  const double bad_share = absl::GetFlag(FLAGS_bad_calls);
+  uint64_t seed = absl::GetFlag(FLAGS_seed);
+  if (seed == 0) {
+    seed = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) ^
+           static_cast<uint64_t>(getpid());
+  }
+  std::mt19937_64 rng(seed);
+  if (bad_share > 0) {
+    std::cout << "bad_calls " << bad_share << " seed " << seed << std::endl;
+  }
+  // The spec of the good calls, as halka::Client builds it (bad calls start
+  // from it).
+  halka::v1::OpSpec good_spec;
+  good_spec.set_kind(halka::v1::ALL_REDUCE);
+  good_spec.set_dtype(halka::v1::INT64);
+  good_spec.set_count(count);
+  good_spec.set_op(halka::v1::SUM);
+  good_spec.set_algorithm(static_cast<halka::v1::Algorithm>(opt.algorithm));
+  good_spec.set_timeout_ms(
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(opt.timeout)));
 
   // Output and totals: each call prints its own line when it returns (a
   // call the driver stopped waiting for prints later, marked late=1).
@@ -167,6 +291,16 @@ int main(int argc, char** argv) {
     absl::Time start;
   };
   std::vector<std::shared_ptr<Call>> running(slots.size());
+  // Per operation (under out_mu): how its calls ended, to find splits.
+  struct OpRecord {
+    int members = 0;
+    bool fault = false;  // one member made a bad call
+    int returned = 0;
+    int ok = 0;
+    int split = 0;  // errors with the numbering-split signature
+    std::set<uint64_t> numbers;  // the operation numbers members' errors name
+  };
+  std::map<int, OpRecord> records;
 
   // Who is in the newest ring: the live members of the newest generation
   // any worker knows, as that worker lists them. Empty while the job waits
@@ -244,26 +378,65 @@ int main(int argc, char** argv) {
       continue;
     }
     ++ops;
+    // A bad call by one member, never in two operations in a row (the one
+    // after a bad one must succeed).
+    int bad_member = -1;
+    std::string bad_kind;
+    {
+      absl::MutexLock lock(&out_mu);
+      const auto prev = records.find(i - 1);
+      const bool after_fault = prev != records.end() && prev->second.fault;
+      if (bad_share > 0 && !after_fault &&
+          std::uniform_real_distribution<double>(0, 1)(rng) < bad_share) {
+        bad_member = static_cast<int>(
+            std::uniform_int_distribution<size_t>(0, members.size() - 1)(rng));
+        bad_kind = kFaultKinds[std::uniform_int_distribution<size_t>(
+            0, std::size(kFaultKinds) - 1)(rng)];
+      }
+      OpRecord& rec = records[i];
+      rec.members = static_cast<int>(members.size());
+      rec.fault = bad_member >= 0;
+    }
     std::vector<std::shared_ptr<Call>> calls;
-    for (size_t j : members) {
+    for (size_t m = 0; m < members.size(); ++m) {
+      const size_t j = members[m];
+      const std::string fault =
+          static_cast<int>(m) == bad_member ? bad_kind : "";
       auto call = std::make_shared<Call>();
       call->start = absl::Now();
       running[j] = call;
       calls.push_back(call);
       Slot* slot = &slots[j];
-      std::thread([&, call, slot, i] {
+      std::thread([&, call, slot, i, fault] {
         std::vector<int64_t> data(count);
         data[0] = int64_t{1} << slot->slot;
         for (size_t k = 1; k < count; ++k) {
           data[k] = static_cast<int64_t>(i + 1) *
                     static_cast<int64_t>(k % 7 + 1);
         }
-        absl::StatusOr<halka::OpInfo> r = slot->client->AllReduce(
-            absl::MakeSpan(data), halka::ReduceOp::kSum, opt);
         Outcome o;
+        absl::StatusOr<halka::OpInfo> r = halka::OpInfo();
+        if (fault.empty()) {
+          r = slot->client->AllReduce(absl::MakeSpan(data),
+                                      halka::ReduceOp::kSum, opt);
+        } else {
+          halka::v1::OpSpec spec = good_spec;
+          spec.set_issued_unix_ms(
+              static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
+          const grpc::Status s = BadCall(*slot->info, fault, spec, data,
+                                         hang_after + absl::Seconds(1));
+          o.msg = absl::StrCat(
+              absl::StatusCodeToString(
+                  static_cast<absl::StatusCode>(s.error_code())),
+              ": ", s.error_message());
+        }
         o.t_ms = static_cast<double>(absl::ToUnixMillis(call->start));
         o.ms = absl::ToDoubleMilliseconds(absl::Now() - call->start);
-        if (r.ok()) {
+        if (!fault.empty()) {
+          // Its own error is expected; a bad call accepted is a wrong.
+          o.kind = o.msg.rfind("OK: ", 0) == 0 ? "wrong" : "fault";
+          if (o.kind == "wrong") o.msg = "the worker accepted the bad call";
+        } else if (r.ok()) {
           o.info = *r;
           o.msg = Check(data, i, slot->slot, r->world_size);
           o.kind = o.msg.empty() ? "ok" : "wrong";
@@ -284,10 +457,19 @@ int main(int argc, char** argv) {
         {
           absl::MutexLock lock(&out_mu);
           ++totals[o.kind];
+          OpRecord& rec = records[i];
+          ++rec.returned;
+          rec.ok += o.kind == "ok";
+          rec.split += o.kind == "error" && SplitSignature(o.msg);
+          if (fault.empty() && o.kind != "ok" && OwnOpNumber(o.msg) != 0) {
+            rec.numbers.insert(OwnOpNumber(o.msg));
+          }
           std::cout << "call op=" << i << " slot=" << slot->slot
                     << " t_ms=" << static_cast<int64_t>(o.t_ms)
                     << " ms=" << static_cast<int64_t>(o.ms)
-                    << " outcome=" << o.kind << " gen=" << o.info.generation
+                    << " outcome=" << o.kind
+                    << (fault.empty() ? "" : " kind=" + fault)
+                    << " gen=" << o.info.generation
                     << " world=" << o.info.world_size
                     << " rank=" << o.info.rank << " msg=" << OneLine(o.msg)
                     << std::endl;
@@ -345,12 +527,45 @@ int main(int argc, char** argv) {
   absl::MutexLock lock(&out_mu);
   int calls = 0;
   for (const auto& [k, n] : totals) calls += k == "skip" ? 0 : n;
+  // Splits: the operation after a bad one failed on every member with the
+  // numbering-split signature.
+  int faults = 0, split = 0, recovered = 0;
+  for (const auto& [op, rec] : records) {
+    if (!rec.fault) continue;
+    ++faults;
+    const auto next = records.find(op + 1);
+    if (next == records.end()) continue;
+    const OpRecord& n = next->second;
+    if (n.returned == n.members && n.split == n.members) {
+      ++split;
+      std::cout << "split op=" << op + 1 << " after the bad call of op="
+                << op << ": all " << n.members
+                << " members failed with a numbering split" << std::endl;
+    }
+    recovered += n.returned == n.members && n.ok == n.members;
+  }
+  // Mismatches, and the longest run of them in consecutive operations.
+  int mismatch = 0, mismatch_run = 0, run = 0, last = -2;
+  for (const auto& [op, rec] : records) {
+    if (rec.numbers.size() < 2) continue;
+    ++mismatch;
+    run = op == last + 1 ? run + 1 : 1;
+    last = op;
+    mismatch_run = std::max(mismatch_run, run);
+    std::string nums;
+    for (uint64_t n : rec.numbers) absl::StrAppend(&nums, nums.empty() ? "#" : ", #", n);
+    std::cout << "mismatch op=" << op << ": members' errors name " << nums
+              << std::endl;
+  }
   std::cout << "RESULT ops=" << ops << " calls=" << calls
             << " ok=" << totals["ok"] << " error=" << totals["error"]
             << " down=" << totals["down"] << " wrong=" << totals["wrong"]
             << " hang=" << totals["hang"] << " skipped=" << totals["skip"]
-            << std::endl;
-  const bool good = totals["wrong"] == 0 && totals["hang"] == 0;
+            << " faults=" << faults << " split=" << split
+            << " recovered=" << recovered << " mismatch=" << mismatch
+            << " mismatch_run=" << mismatch_run << std::endl;
+  const bool good = totals["wrong"] == 0 && totals["hang"] == 0 &&
+                    split == 0 && mismatch_run <= 1;
   std::cout.flush();
   // Detached calls may still hold the clients: leave without destructors.
   std::_Exit(good ? 0 : 1);

@@ -13,31 +13,88 @@
         --bound after it, or failed without naming the victim;
       - no operation correct on --world-after ranks after the fault;
       - with --heal: no operation correct on all --slots ranks after it;
-      - more than --max-errors errors (when given).
+      - more than --max-errors errors (when given);
+      - a numbering split: an operation right after one with a bad call
+        (outcome=fault, from --bad_calls) on which every call failed with
+        "already started operation" / "waits in #", or split > 0 on the
+        driver's RESULT line;
+      - a numbering split that outlived a round: two or more operations in
+        a row whose members' own errors name different operation numbers
+        ("rank 1 (w2, ...): all_reduce #202" next to "... #201").
+      A bad call's own error (outcome=fault kind=K) is expected: it counts
+      neither as an error nor as a wrong; a bad call the worker accepted is
+      printed by the driver as a wrong.
 """
 import argparse
 import re
 import sys
 
-LINE = re.compile(r"^call op=(\d+) slot=(\d+) t_ms=(\d+) ms=(\d+) "
-                  r"outcome=(\w+) gen=(\d+) world=(\d+) rank=(-?\d+) msg=(.*)$")
+LINE = re.compile(r"^call op=(-?\d+) slot=(\d+) t_ms=(\d+) ms=(\d+) "
+                  r"outcome=(\w+)(?: kind=(\S+))? gen=(\d+) world=(\d+) "
+                  r"rank=(-?\d+) msg=(.*)$")
+RESULT = re.compile(r"^RESULT (.*)$")
+SPLIT_SIGNS = ("already started operation", "waits in #")
+# The operation number a member's own error names.
+OWN_NUMBER = re.compile(r"^[A-Z_]+: rank \d+ \([^)]*\): \w+ #(\d+) ")
 
 
 def load(path):
     calls = []
+    result = {}
     with open(path, errors="replace") as f:
         for line in f:
+            r = RESULT.match(line.rstrip("\n"))
+            if r:
+                result = dict(kv.split("=", 1) for kv in r.group(1).split()
+                              if "=" in kv)
+                continue
             m = LINE.match(line.rstrip("\n"))
             if not m:
                 continue
-            op, slot, t, ms, outcome, gen, world, rank, msg = m.groups()
+            op, slot, t, ms, outcome, kind, gen, world, rank, msg = m.groups()
             calls.append(dict(op=int(op), slot=int(slot), t=int(t), ms=int(ms),
                               end=int(t) + int(ms), outcome=outcome,
-                              gen=int(gen), world=int(world), msg=msg))
+                              kind=kind or "", gen=int(gen), world=int(world),
+                              msg=msg))
     ops = {}
     for c in calls:
-        ops.setdefault(c["op"], []).append(c)
-    return calls, [ops[k] for k in sorted(ops)]
+        if c["op"] >= 0:  # op=-1: a call still running at the end (a hang)
+            ops.setdefault(c["op"], []).append(c)
+    return calls, [ops[k] for k in sorted(ops)], result
+
+
+def bad_call_rounds(ops):
+    """For each operation with a bad call: (op number, its bad calls, the
+    next operation's calls or None)."""
+    by_op = {op[0]["op"]: op for op in ops}
+    out = []
+    for n in sorted(by_op):
+        faults = [c for c in by_op[n] if c["outcome"] == "fault"]
+        if faults:
+            out.append((n, faults, by_op.get(n + 1)))
+    return out
+
+
+def mismatches(ops):
+    """Operations whose members' own errors name different operation
+    numbers: [(op number, {slot: number})]."""
+    out = []
+    for op in ops:
+        nums = {}
+        for c in op:
+            m = OWN_NUMBER.match(c["msg"])
+            if c["outcome"] not in ("ok", "fault") and m and m.group(1) != "0":
+                nums[c["slot"]] = int(m.group(1))
+        if len(set(nums.values())) > 1:
+            out.append((op[0]["op"], nums))
+    return out
+
+
+def is_split(calls):
+    """Every call of the operation failed with a numbering split."""
+    return bool(calls) and all(
+        c["outcome"] == "error" and any(s in c["msg"] for s in SPLIT_SIGNS)
+        for c in calls)
 
 
 def good_ops(ops, since, world):
@@ -71,13 +128,13 @@ def main():
     p.add_argument("--max-errors", type=int, default=-1)
     p.add_argument("--deadline-names", default="")
     a = p.parse_args()
-    calls, ops = load(a.log)
+    calls, ops, result = load(a.log)
 
     if a.mode == "ready":
         return 0 if len(good_ops(ops, a.since, a.world)) >= a.need else 1
 
     bad = []
-    count = {k: 0 for k in ("ok", "error", "down", "wrong", "hang")}
+    count = {k: 0 for k in ("ok", "error", "down", "wrong", "hang", "fault")}
     for c in calls:
         count[c["outcome"]] = count.get(c["outcome"], 0) + 1
     for c in calls:
@@ -143,14 +200,65 @@ def main():
         for c in errs:
             if not c["msg"].startswith(("DEADLINE_EXCEEDED", "ABORTED")):
                 bad.append("unexpected error: %s" % c["msg"][:200])
+    rounds = bad_call_rounds(ops)
+    if rounds:
+        kinds = {}
+        for _, faults, _ in rounds:
+            for c in faults:
+                kinds[c["kind"]] = kinds.get(c["kind"], 0) + 1
+        followed = [r for r in rounds if r[2]]
+        recovered = [r for r in followed
+                     if all(c["outcome"] == "ok" for c in r[2])]
+        splits = [r for r in followed if is_split(r[2])]
+        for n, faults, nxt in splits:
+            bad.append("numbering split: op %d after the bad call (%s on "
+                       "slot %d) of op %d: %s" % (
+                           n + 1, faults[0]["kind"], faults[0]["slot"], n,
+                           " | ".join("slot %d: %s" % (c["slot"], c["msg"][:200])
+                                      for c in nxt)))
+        parts.append("bad calls %d (%s): the next op correct on every "
+                     "member after %d of %d, split %d" % (
+                         sum(kinds.values()),
+                         ", ".join("%s %d" % kv for kv in sorted(kinds.items())),
+                         len(recovered), len(followed), len(splits)))
+        failed = [r for r in followed if r not in recovered]
+        if failed:
+            n, faults, nxt = failed[0]
+            err = [c for c in nxt if c["outcome"] != "ok"][0]
+            parts.append('e.g. op %d after a bad call: slot %d %s "%s"' % (
+                n + 1, err["slot"], err["outcome"], err["msg"][:200]))
+    mm = mismatches(ops)
+    if mm:
+        runs, cur = [], [mm[0]]
+        for x in mm[1:]:
+            if x[0] == cur[-1][0] + 1:
+                cur.append(x)
+            else:
+                runs.append(cur)
+                cur = [x]
+        runs.append(cur)
+        longest = max(runs, key=len)
+        parts.append("ops with members numbered apart: %d (longest run %d)" %
+                     (len(mm), len(longest)))
+        for r in runs:
+            if len(r) > 1:
+                bad.append("numbering split outlived a round: ops %d..%d, "
+                           "e.g. op %d: %s" % (
+                               r[0][0], r[-1][0], r[0][0],
+                               ", ".join("slot %d at #%d" % kv
+                                         for kv in sorted(r[0][1].items()))))
+    driver_split = int(result.get("split", "0") or 0)
+    if driver_split > 0:
+        bad.append("the driver counted %d numbering split(s)" % driver_split)
     errs = [c for c in calls if c["outcome"] in ("error", "down")]
     if errs and not a.fault:
         parts.append('first error: "%s"' % errs[0]["msg"][:200])
     times = [c["ms"] for c in calls if c["outcome"] == "ok"]
-    parts.append("ops %d, calls ok=%d error=%d down=%d wrong=%d hang=%d, "
+    parts.append("ops %d, calls ok=%d error=%d down=%d wrong=%d hang=%d%s, "
                  "ok call median %d ms" % (
                      len(ops), count["ok"], count["error"], count["down"],
                      count["wrong"], count["hang"],
+                     " fault=%d" % count["fault"] if count["fault"] else "",
                      sorted(times)[len(times) // 2] if times else 0))
     print("SCENARIO %s: %s" % (a.name, "; ".join(parts)))
     for b in bad:

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -27,6 +28,14 @@ bool InitDaemon(int argc, char** argv, absl::string_view usage,
     return false;
   }
   return true;
+}
+
+absl::Notification* StartDaemon(int argc, char** argv, absl::string_view usage,
+                                absl::string_view tag,
+                                const absl::Flag<std::string>* job_flag,
+                                std::function<void(int)> also) {
+  if (!InitDaemon(argc, argv, usage, tag, job_flag)) return nullptr;
+  return &ShutdownOnSignal(std::move(also));
 }
 
 absl::Notification& ShutdownOnSignal(std::function<void(int)> also) {

@@ -21,6 +21,13 @@ bool InitDaemon(int argc, char** argv, absl::string_view usage,
                 absl::string_view tag,
                 const absl::Flag<std::string>* job_flag);
 
+// InitDaemon, then ShutdownOnSignal(also): the notification to wait on, or
+// nullptr when the daemon cannot start (exit with 2).
+absl::Notification* StartDaemon(int argc, char** argv, absl::string_view usage,
+                                absl::string_view tag,
+                                const absl::Flag<std::string>* job_flag,
+                                std::function<void(int)> also = nullptr);
+
 // Fires on the first SIGTERM/SIGINT, after logging it and running `also`
 // (if any) on the signal thread. See common/signals.h.
 absl::Notification& ShutdownOnSignal(std::function<void(int)> also = nullptr);

@@ -21,13 +21,12 @@ ABSL_FLAG(int, shards, 1, "number of shards (env HALKA_SHARDS)");
 ABSL_FLAG(std::string, server_id, "", "id; default ps-<shard>");
 
 int main(int argc, char** argv) {
-  if (!halka::InitDaemon(argc, argv,
-                         "halka-ps --rendezvous=HOST:PORT --job=ID "
-                         "--listen=HOST:PORT [--shard=K --shards=N]",
-                         "ps", &FLAGS_job)) {
-    return 2;
-  }
-  absl::Notification& stop = halka::ShutdownOnSignal();
+  absl::Notification* stop = halka::StartDaemon(
+      argc, argv,
+      "halka-ps --rendezvous=HOST:PORT --job=ID "
+      "--listen=HOST:PORT [--shard=K --shards=N]",
+      "ps", &FLAGS_job);
+  if (stop == nullptr) return 2;
   halka::PsOptions o;
   o.rendezvous = absl::GetFlag(FLAGS_rendezvous);
   o.job_id = absl::GetFlag(FLAGS_job);
@@ -43,7 +42,7 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<halka::ParameterServerNode> node = std::move(*started);
   std::cout << "halka-ps serving on " << node->address() << std::endl;
-  stop.WaitForNotification();
+  stop->WaitForNotification();
   node->Shutdown();
   halka::ExitNow(0);
 }

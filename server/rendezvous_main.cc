@@ -24,13 +24,12 @@ ABSL_FLAG(int, metrics_port, 0,
           "page), /api/health?job=J; 0: off (env HALKA_METRICS_PORT)");
 
 int main(int argc, char** argv) {
-  if (!halka::InitDaemon(argc, argv,
-                         "halka-rendezvous --listen=HOST:PORT "
-                         "[--heartbeat_timeout=5s]",
-                         "rendezvous", nullptr)) {
-    return 2;
-  }
-  absl::Notification& stop = halka::ShutdownOnSignal();
+  absl::Notification* stop = halka::StartDaemon(
+      argc, argv,
+      "halka-rendezvous --listen=HOST:PORT "
+      "[--heartbeat_timeout=5s]",
+      "rendezvous", nullptr);
+  if (stop == nullptr) return 2;
   halka::RendezvousOptions options;
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
   options.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
@@ -45,7 +44,7 @@ int main(int argc, char** argv) {
   halka::LogInfo(absl::StrCat("serving on ", server->address()));
   std::cout << "halka-rendezvous listening on " << server->address()
             << std::endl;
-  stop.WaitForNotification();
+  stop->WaitForNotification();
   server->Shutdown();
   halka::ExitNow(0);
 }

@@ -58,13 +58,18 @@ ABSL_FLAG(int, metrics_port, 0,
           "off (env HALKA_METRICS_PORT)");
 
 int main(int argc, char** argv) {
-  if (!halka::InitDaemon(argc, argv,
-                         "halka-worker --rendezvous=HOST:PORT --job=ID "
-                         "--world_size=N [--listen=HOST:PORT] "
-                         "[--unix_socket=PATH]",
-                         "worker", &FLAGS_job)) {
-    return 2;
-  }
+  // Until the ring has formed there is nothing to leave or drain: a signal
+  // during the (blocking) join ends the process at once.
+  std::atomic<bool> joined{false};
+  absl::Notification* stop = halka::StartDaemon(
+      argc, argv,
+      "halka-worker --rendezvous=HOST:PORT --job=ID "
+      "--world_size=N [--listen=HOST:PORT] "
+      "[--unix_socket=PATH]",
+      "worker", &FLAGS_job, [&joined](int) {
+        if (!joined.load()) std::_Exit(0);
+      });
+  if (stop == nullptr) return 2;
   halka::WorkerOptions o;
   o.rendezvous = absl::GetFlag(FLAGS_rendezvous);
   o.job_id = absl::GetFlag(FLAGS_job);
@@ -91,12 +96,6 @@ int main(int argc, char** argv) {
   }
   o.default_algorithm = *algorithm;
 
-  // Until the ring has formed there is nothing to leave or drain: a signal
-  // during the (blocking) join ends the process at once.
-  std::atomic<bool> joined{false};
-  absl::Notification& stop = halka::ShutdownOnSignal([&](int) {
-    if (!joined.load()) std::_Exit(0);
-  });
   auto node = halka::WorkerNode::Create(o);
   if (!node.ok()) {
     halka::LogError(node.status().ToString());
@@ -115,7 +114,7 @@ int main(int argc, char** argv) {
   }
   joined = true;
   std::cout << "halka-worker serving on " << (*node)->address() << std::endl;
-  stop.WaitForNotification();
+  stop->WaitForNotification();
   (*node)->Shutdown();
   halka::ExitNow(0);
 }

@@ -290,40 +290,36 @@ start_in() {
   PROC_NAMES+=("$name")
 }
 
-# wait_line NAME FILE ERE TIMEOUT_S : until FILE has a line matching ERE;
-# returns 1 on timeout or when NAME died first.
-wait_line() {
-  local name=$1 file=$2 re=$3 t=$4 i n
-  n=$(( t * 20 ))
-  for (( i = 0; i < n; i++ )); do
-    grep -qE -- "$re" "$file" 2>/dev/null && return 0
+# wait_until NAME TIMEOUT_S WHAT CMD... : until CMD succeeds (polled every
+# 50 ms); returns 1 on timeout, or when NAME died first (its last log lines
+# go to stderr, and a CMD that holds by then still counts).
+wait_until() {
+  local name=$1 t=$2 what=$3 i; shift 3
+  for (( i = 0; i < t * 20; i++ )); do
+    "$@" && return 0
     if ! pid_alive "${PID_OF[$name]}"; then
-      grep -qE -- "$re" "$file" 2>/dev/null && return 0
-      echo "netns_scaling: $name exited before /$re/:" >&2
+      "$@" && return 0
+      echo "netns_scaling: $name exited before $what:" >&2
       tail -n 15 "$LOGS/$name.err" "$LOGS/$name.out" >&2 2>/dev/null
       return 1
     fi
     sleep 0.05
   done
-  echo "netns_scaling: $name: no /$re/ within ${t}s" >&2
+  echo "netns_scaling: $name: not $what within ${t}s" >&2
   tail -n 15 "$LOGS/$name.err" >&2 2>/dev/null
   return 1
 }
 
+# wait_line NAME FILE ERE TIMEOUT_S : until FILE has a line matching ERE.
+has_line() { grep -qE -- "$1" "$2" 2>/dev/null; }
+wait_line() {
+  wait_until "$1" "$4" "/$3/" has_line "$3" "$2"
+}
+
 # wait_listen NS NAME PORT TIMEOUT_S : until something listens on PORT in NS.
+listening() { ip netns exec "$1" ss -Hltn "sport = :$2" 2>/dev/null | grep -q .; }
 wait_listen() {
-  local ns=$1 name=$2 port=$3 t=$4 i
-  for (( i = 0; i < t * 20; i++ )); do
-    ip netns exec "$ns" ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && return 0
-    if ! pid_alive "${PID_OF[$name]}"; then
-      echo "netns_scaling: $name exited before listening on :$port:" >&2
-      tail -n 15 "$LOGS/$name.err" "$LOGS/$name.out" >&2 2>/dev/null
-      return 1
-    fi
-    sleep 0.05
-  done
-  echo "netns_scaling: $name: nothing listens on :$port after ${t}s" >&2
-  return 1
+  wait_until "$2" "$4" "listening on :$3" listening "$1" "$3"
 }
 
 # ------------------------------------------------------------------ network

@@ -1,5 +1,6 @@
 #include "server/rendezvous_state.h"
 
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -68,6 +69,13 @@ class RendezvousStateTest : public ::testing::Test {
   }
 
   void Advance(absl::Duration d) { now_ += d; }
+
+  // One heartbeat of job "j" from each of `ids` at now_, each accepted.
+  void Beat(std::initializer_list<const char*> ids) {
+    for (const char* id : ids) {
+      ASSERT_TRUE(state_.Heartbeat("j", id, "", now_).ok()) << id;
+    }
+  }
 
   absl::Time now_;
   RendezvousState state_{Opts()};
@@ -344,8 +352,7 @@ TEST_F(RendezvousStateTest, SweepMarksExactlyTheSilentMemberDead) {
   // w0 and w2 keep beating; w1 goes silent.
   for (int i = 0; i < 5; ++i) {
     Advance(absl::Seconds(1));
-    ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
-    ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
+    Beat({"w0", "w2"});
     // Exactly at the timeout (5 s) w1 is not yet older than it.
     EXPECT_THAT(state_.Sweep(now_), IsEmpty()) << i;
   }
@@ -370,8 +377,7 @@ TEST_F(RendezvousStateTest, SweepMarksExactlyTheSilentMemberDead) {
   EXPECT_TRUE(h->members[2].alive);
 
   // A second sweep reports nothing new and does not bump again.
-  ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
-  ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
+  Beat({"w0", "w2"});
   EXPECT_THAT(state_.Sweep(now_), IsEmpty());
   EXPECT_EQ(state_.Health("j", now_)->generation, 2u);
   // Below its size the job runs no ring: nobody has an assignment.
@@ -381,8 +387,7 @@ TEST_F(RendezvousStateTest, SweepMarksExactlyTheSilentMemberDead) {
 TEST_F(RendezvousStateTest, TwoDeathsInOneSweepBumpGenerationOnce) {
   Form(4);
   Advance(absl::Seconds(3));
-  ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
-  ASSERT_TRUE(state_.Heartbeat("j", "w3", "", now_).ok());
+  Beat({"w2", "w3"});
   Advance(absl::Milliseconds(2100));  // the survivors were heard recently
   std::vector<std::string> lines = state_.Sweep(now_);
   ASSERT_THAT(lines, SizeIs(1));  // one line per generation change
@@ -437,8 +442,7 @@ TEST_F(RendezvousStateTest, HeartbeatReplyListsDeadRanks) {
   Advance(absl::Milliseconds(1500));
   ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
   Advance(absl::Milliseconds(1500));
-  ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
-  ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
+  Beat({"w0", "w2"});
   Advance(absl::Milliseconds(2100));  // the survivors were heard recently
   ASSERT_THAT(state_.Sweep(now_), SizeIs(1));  // w1
   r = state_.Heartbeat("j", "w0", "", now_);
@@ -466,8 +470,7 @@ TEST_F(RendezvousStateTest, LeaveBumpsGenerationAndDegrades) {
   EXPECT_EQ(state_.Health("j", now_)->generation, 2u);
   // The one who left is not swept again later.
   Advance(absl::Seconds(3));
-  ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
-  ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
+  Beat({"w0", "w2"});
   Advance(absl::Milliseconds(2100));  // the survivors were heard recently
   EXPECT_THAT(state_.Sweep(now_), IsEmpty());
   EXPECT_EQ(state_.Health("j", now_)->generation, 2u);
@@ -556,8 +559,7 @@ TEST_F(RendezvousStateTest, AllSilentAtOnceIsNotALossButExpires) {
   EXPECT_EQ(state_.Health("j", now_)->generation, 1u);
   EXPECT_EQ(state_.Health("j", now_)->state, JobState::kHealthy);
   // ...and when the partition heals the ring carries on.
-  ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
-  ASSERT_TRUE(state_.Heartbeat("j", "w1", "", now_).ok());
+  Beat({"w0", "w1"});
   // Silence for 10 timeouts forgets the job.
   Advance(absl::Seconds(51));
   std::vector<std::string> lines = state_.Sweep(now_);
@@ -811,11 +813,9 @@ TEST_F(RendezvousStateTest, StaggeredSilenceOfAWholeJobIsAPartition) {
   Form(3);
   // Heartbeats every second until the rendezvous is cut off; w1's last one
   // came a little earlier than the others'.
-  ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
-  ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
+  Beat({"w0", "w2"});
   Advance(absl::Milliseconds(900));
-  ASSERT_TRUE(state_.Heartbeat("j", "w0", "", now_).ok());
-  ASSERT_TRUE(state_.Heartbeat("j", "w2", "", now_).ok());
+  Beat({"w0", "w2"});
   // w1 is late first, but nobody else has been heard for 4.1 s either:
   // the rendezvous is the one cut off, and the ring is left alone.
   Advance(absl::Milliseconds(4100));

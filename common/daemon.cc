@@ -14,9 +14,10 @@
 
 namespace halka {
 
-bool InitDaemon(int argc, char** argv, absl::string_view usage,
-                absl::string_view tag,
-                const absl::Flag<std::string>* job_flag) {
+absl::Notification* StartDaemon(int argc, char** argv, absl::string_view usage,
+                                absl::string_view tag,
+                                const absl::Flag<std::string>* job_flag,
+                                std::function<void(int)> also) {
   absl::SetProgramUsageMessage(usage);
   ApplyEnvToFlags();
   absl::ParseCommandLine(argc, argv);
@@ -25,21 +26,9 @@ bool InitDaemon(int argc, char** argv, absl::string_view usage,
   const std::string job = job_flag != nullptr ? absl::GetFlag(*job_flag) : "";
   if (absl::Status s = InitSecurityFromFlags(job); !s.ok()) {
     LogError(s.ToString());
-    return false;
+    return nullptr;
   }
-  return true;
-}
-
-absl::Notification* StartDaemon(int argc, char** argv, absl::string_view usage,
-                                absl::string_view tag,
-                                const absl::Flag<std::string>* job_flag,
-                                std::function<void(int)> also) {
-  if (!InitDaemon(argc, argv, usage, tag, job_flag)) return nullptr;
-  return &ShutdownOnSignal(std::move(also));
-}
-
-absl::Notification& ShutdownOnSignal(std::function<void(int)> also) {
-  return InstallTerminationSignals([also](int sig) {
+  return &InstallTerminationSignals([also = std::move(also)](int sig) {
     LogInfo(absl::StrCat("signal ", sig, ": shutting down"));
     if (also) also(sig);
   });

@@ -12,25 +12,18 @@
 
 namespace halka {
 
-// Flags from the environment (HALKA_*), then the command line; the log
-// tag; the allocator tuned for streaming; TLS and job tokens from the
-// flags, for the job that `job_flag` names (nullptr: the daemon serves
-// every job, as the rendezvous does). False, logged, when security cannot
+// The start every halka daemon shares: flags from the environment
+// (HALKA_*), then the command line; the log tag; the allocator tuned for
+// streaming; TLS and job tokens from the flags, for the job that
+// `job_flag` names (nullptr: the daemon serves every job, as the
+// rendezvous does); then SIGTERM/SIGINT handling (common/signals.h): on the
+// first signal it logs it, runs `also` (if any) on the signal thread, and
+// fires the returned notification. nullptr, logged, when security cannot
 // start: the caller exits with 2.
-bool InitDaemon(int argc, char** argv, absl::string_view usage,
-                absl::string_view tag,
-                const absl::Flag<std::string>* job_flag);
-
-// InitDaemon, then ShutdownOnSignal(also): the notification to wait on, or
-// nullptr when the daemon cannot start (exit with 2).
 absl::Notification* StartDaemon(int argc, char** argv, absl::string_view usage,
                                 absl::string_view tag,
                                 const absl::Flag<std::string>* job_flag,
                                 std::function<void(int)> also = nullptr);
-
-// Fires on the first SIGTERM/SIGINT, after logging it and running `also`
-// (if any) on the signal thread. See common/signals.h.
-absl::Notification& ShutdownOnSignal(std::function<void(int)> also = nullptr);
 
 // Ends the process now, after flushing: call once everything is stopped
 // (gRPC's process-exit teardown would take a second or more for nothing).

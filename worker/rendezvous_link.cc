@@ -121,12 +121,17 @@ void RendezvousLink::RequestRejoin() {
   rejoin_ = true;
 }
 
-std::optional<v1::Membership> RendezvousLink::FetchMembership(uint64_t known) {
+v1::HeartbeatRequest RendezvousLink::HeartbeatAt(uint64_t generation) const {
   v1::HeartbeatRequest req;
   req.set_job_id(options_.job_id);
   req.set_worker_id(options_.worker_id);
   req.set_incarnation(incarnation_);
-  req.set_generation(known);
+  req.set_generation(generation);
+  return req;
+}
+
+std::optional<v1::Membership> RendezvousLink::FetchMembership(uint64_t known) {
+  const v1::HeartbeatRequest req = HeartbeatAt(known);
   v1::HeartbeatReply reply;
   grpc::ClientContext ctx;
   SetTimeout(ctx, absl::Seconds(2));
@@ -169,11 +174,7 @@ void RendezvousLink::HeartbeatLoop(absl::Duration interval) {
   while (now_again || !stop_.WaitForNotificationWithTimeout(interval)) {
     now_again = false;
     if (stop_.HasBeenNotified()) break;
-    v1::HeartbeatRequest req;
-    req.set_job_id(options_.job_id);
-    req.set_worker_id(options_.worker_id);
-    req.set_incarnation(incarnation_);
-    req.set_generation(callbacks_.known_generation());
+    v1::HeartbeatRequest req = HeartbeatAt(callbacks_.known_generation());
     bool claiming;
     {
       absl::MutexLock lock(&mu_);

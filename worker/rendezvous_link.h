@@ -84,6 +84,8 @@ class RendezvousLink {
   void WatchLoop();
   void BackgroundLoop();
   void SendReport(const LinkReport& report);
+  // A heartbeat of this worker that knows `generation`.
+  v1::HeartbeatRequest HeartbeatAt(uint64_t generation) const;
   // Registers a call so that Stop can cancel it; false when stopping.
   bool Track(grpc::ClientContext* ctx);
   void Untrack(grpc::ClientContext* ctx);

@@ -45,20 +45,15 @@ absl::StatusOr<uint64_t> Communicator::SkipOp(uint64_t seq,
     seq = *adopted;
   }
   next_op_seq_ = seq + 1;
-  FrameMeta meta;
-  meta.kind = FrameKind::kAbort;
-  meta.generation = config_.generation;
-  meta.op_seq = seq;
-  meta.sender_rank = config_.rank;
-  meta.origin_rank = config_.rank;
   // FAILED_PRECONDITION, not ABORTED: the ranks disagree on this call (one
   // refused it); nothing changed in the membership, and a re-run waits for
   // no new generation.
-  meta.abort_code = absl::StatusCode::kFailedPrecondition;
-  meta.message = absl::StrCat(
-      DescribePeer(config_.members[static_cast<size_t>(config_.rank)]),
-      " ended its call #", seq, " before it reached the ring: ",
-      status.ToString());
+  const FrameMeta meta = AbortMeta(
+      config_, seq, absl::StatusCode::kFailedPrecondition,
+      absl::StrCat(
+          DescribePeer(config_.members[static_cast<size_t>(config_.rank)]),
+          " ended its call #", seq, " before it reached the ring: ",
+          status.ToString()));
   for (int to = 0; to < config_.world_size; ++to) {
     if (to == config_.rank) continue;
     // Best effort: a peer whose link is down fails at its deadline.

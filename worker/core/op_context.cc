@@ -282,15 +282,22 @@ bool OpContext::WaitForReleases(int segment, absl::Time deadline) {
   return false;
 }
 
-void OpContext::SendAbort(const absl::Status& status) {
+FrameMeta AbortMeta(const CommConfig& config, uint64_t op_seq,
+                    absl::StatusCode code, std::string message) {
   FrameMeta meta;
   meta.kind = FrameKind::kAbort;
-  meta.generation = config_.generation;
-  meta.op_seq = fp_.op_seq;
-  meta.sender_rank = config_.rank;
-  meta.origin_rank = config_.rank;
-  meta.abort_code = status.code();
-  meta.message = std::string(status.message());
+  meta.generation = config.generation;
+  meta.op_seq = op_seq;
+  meta.sender_rank = config.rank;
+  meta.origin_rank = config.rank;
+  meta.abort_code = code;
+  meta.message = std::move(message);
+  return meta;
+}
+
+void OpContext::SendAbort(const absl::Status& status) {
+  const FrameMeta meta = AbortMeta(config_, fp_.op_seq, status.code(),
+                                   std::string(status.message()));
   const int g = config_.world_size;
   std::vector<int> targets;
   if (all_to_all_) {

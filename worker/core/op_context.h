@@ -79,6 +79,12 @@ struct CommParts {
   ProgressLedger* progress;
 };
 
+// The header of an ABORT frame that rank `config.rank` originates for
+// operation `op_seq`: what every peer's wait on that operation then fails
+// with (`code` and `message`).
+FrameMeta AbortMeta(const CommConfig& config, uint64_t op_seq,
+                    absl::StatusCode code, std::string message);
+
 class OpContext {
  public:
   // An operation of `fp` (op_seq already assigned, possibly 0) on `buffer`,

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "worker/core/cuda/cuda_reduce.h"
+#include "worker/core/cuda/device_export.h"
 #include "worker/core/cuda/device_memory.h"
 #include "worker/core/payload.h"
 
@@ -27,33 +28,131 @@ absl::Status CudaError(cudaError_t e, const char* what) {
     if (!s_.ok()) return s_;                              \
   } while (0)
 
-// cuMemGetAddressRange through the runtime's driver entry point, so that
-// nothing links libcuda directly (it is absent on machines without a GPU).
-using GetAddressRangeFn = int (*)(uintptr_t* base, size_t* size, uintptr_t ptr);
+// The driver calls ExportDevicePointer needs, through the runtime's driver
+// entry points, so that nothing links libcuda directly (it is absent on
+// machines without a GPU). Driver results are CUresult values (0: success).
+struct Driver {
+  int (*mem_get_address_range)(uintptr_t* base, size_t* size, uintptr_t ptr);
+  int (*device_get)(int* device, int ordinal);
+  int (*primary_ctx_retain)(void** ctx, int device);
+  int (*primary_ctx_release)(int device);
+  int (*ctx_push_current)(void* ctx);
+  int (*ctx_pop_current)(void** ctx);
+  bool ok = false;
+};
 
-absl::StatusOr<std::pair<uintptr_t, size_t>> AllocationOf(const void* ptr) {
-  static GetAddressRangeFn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000,
-                                         cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      f = nullptr;
-    }
-    return reinterpret_cast<GetAddressRangeFn>(f);
-  }();
-  if (fn == nullptr) {
-    return absl::UnavailableError("device tensors: no CUDA driver entry point "
-                                  "for cuMemGetAddressRange");
+template <typename Fn>
+bool Resolve(const char* name, Fn* fn) {
+  void* f = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault,
+                                       &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess || f == nullptr) {
+    cudaGetLastError();
+    return false;
   }
-  uintptr_t base = 0;
-  size_t size = 0;
-  if (fn(&base, &size, reinterpret_cast<uintptr_t>(ptr)) != 0) {
-    return absl::InvalidArgumentError(
-        "device tensors: the pointer is not CUDA device memory");
-  }
-  return std::make_pair(base, size);
+  *fn = reinterpret_cast<Fn>(f);
+  return true;
 }
+
+const Driver& TheDriver() {
+  static const Driver driver = [] {
+    Driver d;
+    d.ok = Resolve("cuMemGetAddressRange", &d.mem_get_address_range) &&
+           Resolve("cuDeviceGet", &d.device_get) &&
+           Resolve("cuDevicePrimaryCtxRetain", &d.primary_ctx_retain) &&
+           Resolve("cuDevicePrimaryCtxRelease", &d.primary_ctx_release) &&
+           Resolve("cuCtxPushCurrent", &d.ctx_push_current) &&
+           Resolve("cuCtxPopCurrent", &d.ctx_pop_current);
+    return d;
+  }();
+  return driver;
+}
+
+constexpr int kDriverInvalidContext = 201;  // CUDA_ERROR_INVALID_CONTEXT
+
+// The real CUDA calls behind ExportDevicePointerWith (device_export.h).
+class RealPointerApi final : public CudaPointerApi {
+ public:
+  absl::StatusOr<int> DeviceOf(const void* ptr) override {
+    cudaPointerAttributes attr;
+    const cudaError_t e = cudaPointerGetAttributes(&attr, ptr);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return absl::InvalidArgumentError(
+          absl::StrCat("device tensors: the pointer is not CUDA device memory (",
+                       cudaGetErrorName(e), ")"));
+    }
+    if (attr.type != cudaMemoryTypeDevice) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device tensors: the pointer is not CUDA device memory (memory type ",
+          static_cast<int>(attr.type), ")"));
+    }
+    return attr.device;
+  }
+
+  absl::Status PushContext(int device) override {
+    const Driver& d = TheDriver();
+    if (!d.ok) {
+      return absl::UnavailableError(
+          "device tensors: the CUDA driver lacks an entry point it needs");
+    }
+    int dev = 0;
+    void* ctx = nullptr;
+    int r = d.device_get(&dev, device);
+    if (r == 0) r = d.primary_ctx_retain(&ctx, dev);
+    if (r != 0) {
+      return absl::InternalError(absl::StrCat(
+          "device tensors: no primary context for device ", device,
+          " (CUresult ", r, ")"));
+    }
+    r = d.ctx_push_current(ctx);
+    if (r != 0) {
+      d.primary_ctx_release(dev);
+      return absl::InternalError(absl::StrCat(
+          "device tensors: cuCtxPushCurrent failed (CUresult ", r, ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  void PopContext(int device) override {
+    const Driver& d = TheDriver();
+    void* ctx = nullptr;
+    d.ctx_pop_current(&ctx);
+    int dev = 0;
+    if (d.device_get(&dev, device) == 0) d.primary_ctx_release(dev);
+  }
+
+  absl::StatusOr<Range> AllocationOf(const void* ptr) override {
+    Range range;
+    const int r = TheDriver().mem_get_address_range(
+        &range.base, &range.size, reinterpret_cast<uintptr_t>(ptr));
+    if (r == kDriverInvalidContext) {
+      return absl::InternalError(
+          "device tensors: cuMemGetAddressRange: no CUDA context current in "
+          "this thread");
+    }
+    if (r != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device tensors: the pointer is not in a CUDA allocation (CUresult ",
+          r, ")"));
+    }
+    return range;
+  }
+
+  absl::StatusOr<std::string> IpcHandle(uintptr_t base) override {
+    cudaIpcMemHandle_t handle;
+    const cudaError_t e =
+        cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base));
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return CudaError(e, "cudaIpcGetMemHandle");
+    }
+    return std::string(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  }
+
+  uint64_t Pid() override { return static_cast<uint64_t>(getpid()); }
+};
 
 // Pinned host memory, grown on demand and kept.
 class Pinned {
@@ -115,6 +214,13 @@ class DeviceOpBuffer final : public OpBuffer {
   std::string Where() const override;
 
  private:
+  // Every entry point first makes the context's device current in the
+  // calling thread (cudaSetDevice binds its primary context there): the
+  // collectives call from whichever worker thread runs the operation, and a
+  // thread that never touched CUDA would otherwise use device 0, or no
+  // context at all for driver calls.
+  absl::Status Bind() const;
+
   CudaContext* const ctx_;
   uint8_t* const data_;
   DType dtype_ = DType::kFloat32;
@@ -181,11 +287,15 @@ class CudaContext final : public DeviceContext {
   Scratch scratch_;
 };
 
+absl::Status DeviceOpBuffer::Bind() const {
+  return CudaError(cudaSetDevice(ctx_->device()), "cudaSetDevice");
+}
+
 absl::Status DeviceOpBuffer::Begin(DType dtype, ReduceOp op, size_t count) {
   dtype_ = dtype;
   op_ = op;
   es_ = DTypeSize(dtype);
-  HALKA_CUDA_RETURN(cudaSetDevice(ctx_->device()), "cudaSetDevice");
+  if (absl::Status b = Bind(); !b.ok()) return b;
   absl::StatusOr<uint8_t*> m = ctx_->mirror().Get(std::max<size_t>(count * es_, 1));
   if (!m.ok()) return m.status();
   mirror_ = *m;
@@ -194,6 +304,7 @@ absl::Status DeviceOpBuffer::Begin(DType dtype, ReduceOp op, size_t count) {
 
 absl::StatusOr<const uint8_t*> DeviceOpBuffer::HostView(size_t offset,
                                                         size_t count) {
+  if (absl::Status b = Bind(); !b.ok()) return b;
   const size_t bytes = count * es_;
   if (bytes == 0) return mirror_ + offset * es_;
   HALKA_CUDA_RETURN(cudaMemcpyAsync(mirror_ + offset * es_, data_ + offset * es_,
@@ -206,6 +317,7 @@ absl::StatusOr<const uint8_t*> DeviceOpBuffer::HostView(size_t offset,
 
 absl::Status DeviceOpBuffer::Apply(bool reduce, size_t offset, size_t count,
                                    const InFrame& frame) {
+  if (absl::Status b = Bind(); !b.ok()) return b;
   const size_t bytes = count * es_;
   if (bytes == 0) return absl::OkStatus();
   // Gather the payload's pieces into pinned memory: the mirror's range is
@@ -233,6 +345,7 @@ absl::Status DeviceOpBuffer::Apply(bool reduce, size_t offset, size_t count,
 
 absl::Status DeviceOpBuffer::FinalizeAvg(size_t offset, size_t count,
                                          int divisor) {
+  if (absl::Status b = Bind(); !b.ok()) return b;
   absl::Status s = CudaFinalizeAvg(dtype_, data_ + offset * es_, count, divisor,
                                    ctx_->stream());
   if (!s.ok()) return s;
@@ -242,6 +355,7 @@ absl::Status DeviceOpBuffer::FinalizeAvg(size_t offset, size_t count,
 
 absl::Status DeviceOpBuffer::WriteBack(const uint8_t* host, size_t offset,
                                        size_t count) {
+  if (absl::Status b = Bind(); !b.ok()) return b;
   if (count == 0) return absl::OkStatus();
   HALKA_CUDA_RETURN(cudaMemcpyAsync(data_ + offset * es_, host, count * es_,
                                     cudaMemcpyHostToDevice, ctx_->stream()),
@@ -251,6 +365,7 @@ absl::Status DeviceOpBuffer::WriteBack(const uint8_t* host, size_t offset,
 }
 
 absl::Status DeviceOpBuffer::End() {
+  if (absl::Status b = Bind(); !b.ok()) return b;
   HALKA_CUDA_RETURN(cudaStreamSynchronize(ctx_->stream()), "end of operation");
   return absl::OkStatus();
 }
@@ -266,25 +381,8 @@ bool DeviceTensorsCompiled() { return true; }
 absl::StatusOr<DeviceHandle> ExportDevicePointer(const void* ptr) {
   absl::StatusOr<int> devices = CudaDeviceCount();
   if (!devices.ok()) return devices.status();
-  cudaPointerAttributes attr;
-  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess ||
-      attr.type != cudaMemoryTypeDevice) {
-    cudaGetLastError();  // clear the sticky-free error state
-    return absl::InvalidArgumentError(
-        "device tensors: the pointer is not CUDA device memory");
-  }
-  auto range = AllocationOf(ptr);
-  if (!range.ok()) return range.status();
-  cudaIpcMemHandle_t handle;
-  HALKA_CUDA_RETURN(cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(range->first)),
-                    "cudaIpcGetMemHandle");
-  DeviceHandle h;
-  h.device = attr.device;
-  h.ipc_handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
-  h.offset = reinterpret_cast<uintptr_t>(ptr) - range->first;
-  h.pid = static_cast<uint64_t>(getpid());
-  h.pointer = reinterpret_cast<uintptr_t>(ptr);
-  return h;
+  RealPointerApi api;
+  return ExportDevicePointerWith(api, ptr);
 }
 
 absl::StatusOr<std::unique_ptr<DeviceContext>> DeviceContext::Open(int device) {

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
 #include <limits>
 #include <cmath>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "worker/core/dtype.h"
+#include "worker/core/payload.h"
 #include "worker/core/reduce.h"
 
 namespace halka {
@@ -283,6 +285,37 @@ void CheckDivide(size_t random_count) {
 TEST(CudaElements, DivideMatchesTheCpuForFloat32AndFloat64) {
   CheckDivide<float, uint32_t>(200000);
   CheckDivide<double, uint64_t>(200000);
+}
+
+// The device buffer gathers a received frame into pinned memory slice by
+// slice (DeviceOpBuffer::Apply): any byte range of a payload split at odd
+// places must come out as the same bytes of the payload in one piece.
+TEST(DeviceStaging, CopyPayloadBytesAcrossPieces) {
+  std::vector<uint8_t> payload(1000);
+  for (size_t i = 0; i < payload.size(); ++i) {
+    payload[i] = static_cast<uint8_t>(i * 7 + 3);
+  }
+  InFrame frame;
+  const size_t cuts[] = {0, 1, 2, 255, 256, 700, 999, 1000};
+  for (size_t i = 0; i + 1 < std::size(cuts); ++i) {
+    frame.pieces.emplace_back(payload.data() + cuts[i], cuts[i + 1] - cuts[i]);
+  }
+  for (size_t from : {size_t{0}, size_t{1}, size_t{254}, size_t{600}}) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{256}, size_t{399}}) {
+      if (from + n > payload.size()) continue;
+      std::vector<uint8_t> out(n + 1, 0xee);
+      CopyPayloadBytes(frame, from, n, out.data());
+      EXPECT_TRUE(std::equal(out.begin(), out.begin() + n,
+                             payload.begin() + from))
+          << "from " << from << " n " << n;
+      EXPECT_EQ(out[n], 0xee) << "wrote past n";
+    }
+  }
+  // A payload shorter than asked: copies what there is, no overrun.
+  std::vector<uint8_t> out(40, 0xee);
+  CopyPayloadBytes(frame, 990, 20, out.data());
+  EXPECT_TRUE(std::equal(out.begin(), out.begin() + 10, payload.begin() + 990));
+  EXPECT_EQ(out[10], 0xee);
 }
 
 }  // namespace

@@ -200,6 +200,11 @@ class Scratch {
 
 class CudaContext;
 
+// Apply's slice: small enough that the CPU's gathering of the next slice
+// overlaps the GPU's work on this one, large enough that a slice's copies
+// and kernel are not dominated by their launch costs.
+constexpr size_t kSliceBytes = size_t{256} << 10;
+
 class DeviceOpBuffer final : public OpBuffer {
  public:
   DeviceOpBuffer(CudaContext* ctx, uint8_t* data) : ctx_(ctx), data_(data) {}
@@ -227,6 +232,20 @@ class DeviceOpBuffer final : public OpBuffer {
   ReduceOp op_ = ReduceOp::kSum;
   size_t es_ = 4;
   uint8_t* mirror_ = nullptr;
+  // The element range whose mirror bytes equal the device's since the last
+  // Apply (a copy leaves the payload there, a reduce copies its result
+  // back within the same stream synchronisation): HostView of exactly that
+  // range -- what the ring and broadcast send right after an Apply -- needs
+  // no device-to-host copy. Empty after anything else writes the device.
+  size_t fresh_offset_ = 0;
+  size_t fresh_count_ = 0;
+  bool Fresh(size_t offset, size_t count) const {
+    return count > 0 && offset == fresh_offset_ && count == fresh_count_;
+  }
+  void SetFresh(size_t offset, size_t count) {
+    fresh_offset_ = offset;
+    fresh_count_ = count;
+  }
 };
 
 class CudaContext final : public DeviceContext {
@@ -299,6 +318,7 @@ absl::Status DeviceOpBuffer::Begin(DType dtype, ReduceOp op, size_t count) {
   absl::StatusOr<uint8_t*> m = ctx_->mirror().Get(std::max<size_t>(count * es_, 1));
   if (!m.ok()) return m.status();
   mirror_ = *m;
+  SetFresh(0, 0);
   return absl::OkStatus();
 }
 
@@ -306,7 +326,7 @@ absl::StatusOr<const uint8_t*> DeviceOpBuffer::HostView(size_t offset,
                                                         size_t count) {
   if (absl::Status b = Bind(); !b.ok()) return b;
   const size_t bytes = count * es_;
-  if (bytes == 0) return mirror_ + offset * es_;
+  if (bytes == 0 || Fresh(offset, count)) return mirror_ + offset * es_;
   HALKA_CUDA_RETURN(cudaMemcpyAsync(mirror_ + offset * es_, data_ + offset * es_,
                                     bytes, cudaMemcpyDeviceToHost,
                                     ctx_->stream()),
@@ -320,36 +340,63 @@ absl::Status DeviceOpBuffer::Apply(bool reduce, size_t offset, size_t count,
   if (absl::Status b = Bind(); !b.ok()) return b;
   const size_t bytes = count * es_;
   if (bytes == 0) return absl::OkStatus();
-  // Gather the payload's pieces into pinned memory: the mirror's range is
-  // free (the algorithms never overwrite a range the wire still reads).
+  SetFresh(0, 0);
+  // The payload goes through pinned memory (the mirror's range is free: the
+  // algorithms never overwrite a range the wire still reads) in slices: the
+  // CPU gathers slice k+1 while the GPU copies, reduces and copies back
+  // slice k, all on one stream, with one synchronisation at the end.
   uint8_t* host = mirror_ + offset * es_;
-  ApplyPayload(dtype_, op_, /*reduce=*/false, host, frame);
+  uint8_t* dev = data_ + offset * es_;
   cudaStream_t s = ctx_->stream();
-  if (!reduce) {
-    HALKA_CUDA_RETURN(cudaMemcpyAsync(data_ + offset * es_, host, bytes,
+  uint8_t* scratch = nullptr;
+  if (reduce) {
+    absl::StatusOr<uint8_t*> got = ctx_->scratch().Get(bytes);
+    if (!got.ok()) return got.status();
+    scratch = *got;
+  }
+  const size_t slice = std::max(es_, kSliceBytes / es_ * es_);
+  for (size_t from = 0; from < bytes; from += slice) {
+    const size_t n = std::min(slice, bytes - from);
+    CopyPayloadBytes(frame, from, n, host + from);
+    if (!reduce) {
+      HALKA_CUDA_RETURN(cudaMemcpyAsync(dev + from, host + from, n,
+                                        cudaMemcpyHostToDevice, s),
+                        "host-to-device copy");
+      continue;
+    }
+    HALKA_CUDA_RETURN(cudaMemcpyAsync(scratch + from, host + from, n,
                                       cudaMemcpyHostToDevice, s),
                       "host-to-device copy");
-  } else {
-    absl::StatusOr<uint8_t*> scratch = ctx_->scratch().Get(bytes);
-    if (!scratch.ok()) return scratch.status();
-    HALKA_CUDA_RETURN(cudaMemcpyAsync(*scratch, host, bytes,
-                                      cudaMemcpyHostToDevice, s),
-                      "host-to-device copy");
-    absl::Status r = CudaReduceInto(dtype_, op_, data_ + offset * es_,
-                                    *scratch, count, s);
+    absl::Status r =
+        CudaReduceInto(dtype_, op_, dev + from, scratch + from, n / es_, s);
     if (!r.ok()) return r;
+    // The result back into the mirror on the same stream: the range is
+    // sent next, and this saves HostView a copy and a synchronisation.
+    HALKA_CUDA_RETURN(cudaMemcpyAsync(host + from, dev + from, n,
+                                      cudaMemcpyDeviceToHost, s),
+                      "device-to-host copy");
   }
   HALKA_CUDA_RETURN(cudaStreamSynchronize(s), "reduce kernel");
+  SetFresh(offset, count);
   return absl::OkStatus();
 }
 
 absl::Status DeviceOpBuffer::FinalizeAvg(size_t offset, size_t count,
                                          int divisor) {
   if (absl::Status b = Bind(); !b.ok()) return b;
+  const bool fresh = Fresh(offset, count);
+  SetFresh(0, 0);
   absl::Status s = CudaFinalizeAvg(dtype_, data_ + offset * es_, count, divisor,
                                    ctx_->stream());
   if (!s.ok()) return s;
+  if (fresh) {  // keep the mirror equal to the device for the send
+    HALKA_CUDA_RETURN(cudaMemcpyAsync(mirror_ + offset * es_,
+                                      data_ + offset * es_, count * es_,
+                                      cudaMemcpyDeviceToHost, ctx_->stream()),
+                      "device-to-host copy");
+  }
   HALKA_CUDA_RETURN(cudaStreamSynchronize(ctx_->stream()), "average kernel");
+  if (fresh) SetFresh(offset, count);
   return absl::OkStatus();
 }
 
@@ -357,6 +404,7 @@ absl::Status DeviceOpBuffer::WriteBack(const uint8_t* host, size_t offset,
                                        size_t count) {
   if (absl::Status b = Bind(); !b.ok()) return b;
   if (count == 0) return absl::OkStatus();
+  SetFresh(0, 0);
   HALKA_CUDA_RETURN(cudaMemcpyAsync(data_ + offset * es_, host, count * es_,
                                     cudaMemcpyHostToDevice, ctx_->stream()),
                     "host-to-device copy");

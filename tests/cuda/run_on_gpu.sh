@@ -155,11 +155,11 @@ elif [[ "${skipped:-0}" != 0 ]]; then
 else
   row "cuda_reduce_test" "ok" "$detail"
 fi
-if [[ "${passed:-0}" == 0 && "${skipped:-0}" != 0 ]]; then
-  # Every case skipped: no usable GPU here (a dry run on a machine without
-  # one stops here).
+if [[ "${skipped:-0}" != 0 ]] && grep -q 'no CUDA device' "$RESULTS/cuda_reduce_test.log"; then
+  # No usable GPU here: nothing after this could run (a dry run on a
+  # machine without one stops here).
   grep -m1 'no CUDA device' "$RESULTS/cuda_reduce_test.log"
-  row "stopped" "no GPU" "every cuda_reduce_test case skipped"
+  row "stopped" "no GPU" "cuda_reduce_test skipped its GPU cases"
   cat "$SUMMARY"
   exit 1
 fi
@@ -288,8 +288,16 @@ if [[ -x "$BIN/halka-worker" ]]; then
   fi
   if fits device_tensor_test "$T_DEVTEST"; then
     timeout "$T_DEVTEST" "${RUN[@]}" "$BIN/device_tensor_test" --gtest_color=no \
-      >"$RESULTS/device_tensor_test.log" 2>&1 && row "device_tensor_test" "ok" "$(tail -1 "$RESULTS/device_tensor_test.log")" \
-      || row "device_tensor_test" "FAILED" "$(grep -m3 FAILED "$RESULTS/device_tensor_test.log")"
+      >"$RESULTS/device_tensor_test.log" 2>&1
+    dt_rc=$?
+    dt_skipped=$(grep -c '^\[  SKIPPED \] DeviceTensors\.' "$RESULTS/device_tensor_test.log")
+    if [[ $dt_rc -ne 0 ]]; then
+      row "device_tensor_test" "FAILED" "rc=$dt_rc; $(grep -m3 '^\[  FAILED  \]' "$RESULTS/device_tensor_test.log" | tr '\n' ' ')"
+    elif [[ $dt_skipped -ne 0 ]]; then
+      row "device_tensor_test" "SKIPPED" "$dt_skipped GPU tests skipped"
+    else
+      row "device_tensor_test" "ok" "$(grep -m1 '^\[  PASSED  \]' "$RESULTS/device_tensor_test.log")"
+    fi
   fi
   if fits "bench --device" "$T_PEERS"; then
     if timeout "$T_PEERS" bash -c "$(declare -f start_cluster peers_step); RUN=(${RUN[*]}); BIN=$BIN; RESULTS=$RESULTS; peers_step"; then

@@ -42,7 +42,7 @@ struct Driver {
 };
 
 template <typename Fn>
-bool Resolve(const char* name, Fn* fn) {
+bool ResolveDriverFn(const char* name, Fn* fn) {
   void* f = nullptr;
   cudaDriverEntryPointQueryResult q;
   if (cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault,
@@ -58,12 +58,13 @@ bool Resolve(const char* name, Fn* fn) {
 const Driver& TheDriver() {
   static const Driver driver = [] {
     Driver d;
-    d.ok = Resolve("cuMemGetAddressRange", &d.mem_get_address_range) &&
-           Resolve("cuDeviceGet", &d.device_get) &&
-           Resolve("cuDevicePrimaryCtxRetain", &d.primary_ctx_retain) &&
-           Resolve("cuDevicePrimaryCtxRelease", &d.primary_ctx_release) &&
-           Resolve("cuCtxPushCurrent", &d.ctx_push_current) &&
-           Resolve("cuCtxPopCurrent", &d.ctx_pop_current);
+    d.ok =
+        ResolveDriverFn("cuMemGetAddressRange", &d.mem_get_address_range) &&
+        ResolveDriverFn("cuDeviceGet", &d.device_get) &&
+        ResolveDriverFn("cuDevicePrimaryCtxRetain", &d.primary_ctx_retain) &&
+        ResolveDriverFn("cuDevicePrimaryCtxRelease", &d.primary_ctx_release) &&
+        ResolveDriverFn("cuCtxPushCurrent", &d.ctx_push_current) &&
+        ResolveDriverFn("cuCtxPopCurrent", &d.ctx_pop_current);
     return d;
   }();
   return driver;

@@ -255,12 +255,16 @@ class CudaContext final : public DeviceContext {
   ~CudaContext() override {
     cudaSetDevice(device_);
     for (auto& [key, ptr] : opened_) cudaIpcCloseMemHandle(ptr);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    for (cudaStream_t s : streams_) {
+      if (s != nullptr) cudaStreamDestroy(s);
+    }
   }
   absl::Status Init() {
     HALKA_CUDA_RETURN(cudaSetDevice(device_), "cudaSetDevice");
-    HALKA_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                      "cudaStreamCreate");
+    for (cudaStream_t& s : streams_) {
+      HALKA_CUDA_RETURN(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+                        "cudaStreamCreate");
+    }
     return absl::OkStatus();
   }
   int device() const override { return device_; }
@@ -291,14 +295,27 @@ class CudaContext final : public DeviceContext {
     return std::make_unique<DeviceOpBuffer>(this, static_cast<uint8_t*>(data));
   }
 
-  cudaStream_t stream() const { return stream_; }
+  // Stream 0 serves everything; Apply alternates its slices between the
+  // streams so that one slice's host-to-device copy, another's kernel and a
+  // third's copy back can run at once (separate copy engines).
+  static constexpr int kStreams = 2;
+  cudaStream_t stream(int i = 0) const { return streams_[i]; }
+  // Waits for every stream; the first error.
+  absl::Status SynchronizeAll(const char* what) const {
+    absl::Status first;
+    for (cudaStream_t s : streams_) {
+      absl::Status st = CudaError(cudaStreamSynchronize(s), what);
+      if (first.ok()) first = st;
+    }
+    return first;
+  }
   Pinned& mirror() { return mirror_; }
   Pinned& staging() { return staging_; }
   Scratch& scratch() { return scratch_; }
 
  private:
   const int device_;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t streams_[kStreams] = {};
   absl::Mutex mu_;
   std::map<std::string, void*> opened_ ABSL_GUARDED_BY(mu_);
   // One operation runs at a time per worker, so one set of staging areas.
@@ -345,39 +362,50 @@ absl::Status DeviceOpBuffer::Apply(bool reduce, size_t offset, size_t count,
   // The payload goes through pinned memory (the mirror's range is free: the
   // algorithms never overwrite a range the wire still reads) in slices: the
   // CPU gathers slice k+1 while the GPU copies, reduces and copies back
-  // slice k, all on one stream, with one synchronisation at the end.
+  // slice k; slices alternate between the context's streams, and every
+  // stream is synchronised once at the end, on errors too (no copy may
+  // still write the mirror after Apply returns).
   uint8_t* host = mirror_ + offset * es_;
   uint8_t* dev = data_ + offset * es_;
-  cudaStream_t s = ctx_->stream();
   uint8_t* scratch = nullptr;
   if (reduce) {
     absl::StatusOr<uint8_t*> got = ctx_->scratch().Get(bytes);
     if (!got.ok()) return got.status();
     scratch = *got;
   }
-  const size_t slice = std::max(es_, kSliceBytes / es_ * es_);
-  for (size_t from = 0; from < bytes; from += slice) {
-    const size_t n = std::min(slice, bytes - from);
-    CopyPayloadBytes(frame, from, n, host + from);
-    if (!reduce) {
-      HALKA_CUDA_RETURN(cudaMemcpyAsync(dev + from, host + from, n,
+  auto enqueue = [&]() -> absl::Status {
+    const size_t slice = std::max(es_, kSliceBytes / es_ * es_);
+    int k = 0;
+    for (size_t from = 0; from < bytes; from += slice, ++k) {
+      const size_t n = std::min(slice, bytes - from);
+      // Slices touch disjoint ranges of the mirror, scratch and tensor.
+      cudaStream_t s = ctx_->stream(k % CudaContext::kStreams);
+      CopyPayloadBytes(frame, from, n, host + from);
+      if (!reduce) {
+        HALKA_CUDA_RETURN(cudaMemcpyAsync(dev + from, host + from, n,
+                                          cudaMemcpyHostToDevice, s),
+                          "host-to-device copy");
+        continue;
+      }
+      HALKA_CUDA_RETURN(cudaMemcpyAsync(scratch + from, host + from, n,
                                         cudaMemcpyHostToDevice, s),
                         "host-to-device copy");
-      continue;
+      absl::Status r =
+          CudaReduceInto(dtype_, op_, dev + from, scratch + from, n / es_, s);
+      if (!r.ok()) return r;
+      // The result back into the mirror: the range is sent next, and this
+      // saves HostView a copy and a synchronisation.
+      HALKA_CUDA_RETURN(cudaMemcpyAsync(host + from, dev + from, n,
+                                        cudaMemcpyDeviceToHost, s),
+                        "device-to-host copy");
     }
-    HALKA_CUDA_RETURN(cudaMemcpyAsync(scratch + from, host + from, n,
-                                      cudaMemcpyHostToDevice, s),
-                      "host-to-device copy");
-    absl::Status r =
-        CudaReduceInto(dtype_, op_, dev + from, scratch + from, n / es_, s);
-    if (!r.ok()) return r;
-    // The result back into the mirror on the same stream: the range is
-    // sent next, and this saves HostView a copy and a synchronisation.
-    HALKA_CUDA_RETURN(cudaMemcpyAsync(host + from, dev + from, n,
-                                      cudaMemcpyDeviceToHost, s),
-                      "device-to-host copy");
-  }
-  HALKA_CUDA_RETURN(cudaStreamSynchronize(s), "reduce kernel");
+    return absl::OkStatus();
+  };
+  absl::Status status = enqueue();
+  absl::Status synced = ctx_->SynchronizeAll(reduce ? "reduce kernel"
+                                                    : "host-to-device copy");
+  if (!status.ok()) return status;
+  if (!synced.ok()) return synced;
   SetFresh(offset, count);
   return absl::OkStatus();
 }
@@ -415,8 +443,7 @@ absl::Status DeviceOpBuffer::WriteBack(const uint8_t* host, size_t offset,
 
 absl::Status DeviceOpBuffer::End() {
   if (absl::Status b = Bind(); !b.ok()) return b;
-  HALKA_CUDA_RETURN(cudaStreamSynchronize(ctx_->stream()), "end of operation");
-  return absl::OkStatus();
+  return ctx_->SynchronizeAll("end of operation");
 }
 
 std::string DeviceOpBuffer::Where() const {

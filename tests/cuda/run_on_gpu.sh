@@ -24,7 +24,8 @@
 # dtype x op x size x alignment against the CPU reducer, bit for bit);
 # a short compute-sanitizer memcheck of a subset of the tests where the
 # tool exists and time allows; the benchmark (1 MiB .. 1 GiB, GB/s next to
-# device-to-device cudaMemcpy); a 4-worker ring on host and on device
+# device-to-device cudaMemcpy); finalize_avg at 1 GiB on data that does
+# not drift (divisor -1); a 4-worker ring on host and on device
 # tensors; device_tensor_test; `halkactl bench` 1-256 MiB on host and on
 # device tensors (4 worker processes, 4 client threads in one halkactl);
 # then a summary table. Logs go to $OUT when
@@ -57,6 +58,7 @@ T_PROBE=20
 T_TEST=150
 T_MEMCHECK=45
 T_BENCH=70
+T_BENCH2=30
 T_RING=60
 T_DEVTEST=60
 T_PEERS=90
@@ -201,6 +203,19 @@ else
   row "bench" "FAILED" "rc=$bench_rc"
 fi
 
+# --- 6a. finalize_avg on data that does not drift: divisor -1 alternates
+# the sign, and costs a float division the same instructions as any divisor
+# (with divisor 3 the repeated calls drive the buffer to subnormals and
+# zeros, which time the slow or the trivial cases).
+banner "finalize_avg, divisor -1, 1 GiB"
+if fits "finalize_avg -1" "$T_BENCH2"; then
+  timeout "$T_BENCH2" "${RUN[@]}" "$BENCH_BIN" --min_mib=1024 --max_mib=1024 \
+    --ops=sum --dtypes=float32,float64,float16,bfloat16 --finalize_divisor=-1 \
+    >"$RESULTS/bench-finalize.txt" 2>&1 &&
+    row "finalize_avg -1" "ok" "summary below" ||
+    row "finalize_avg -1" "FAILED" "see bench-finalize.txt"
+fi
+
 # --- 6b. a 4-worker ring on the one GPU, device tensors from separate -------
 # client processes (CUDA IPC), against the same ring on host buffers.
 banner "device-tensor ring (4 workers, 1 GPU)"
@@ -325,6 +340,11 @@ banner "summary"
   if grep -q '^summary at' "$RESULTS/bench.txt" 2>/dev/null; then
     echo
     sed -n '/^summary at/,$p' "$RESULTS/bench.txt"
+  fi
+  if grep -q '^summary at' "$RESULTS/bench-finalize.txt" 2>/dev/null; then
+    echo
+    echo "finalize_avg with divisor -1 (data that does not drift):"
+    sed -n '/^summary at/,$p' "$RESULTS/bench-finalize.txt" | grep -E 'summary|finalize'
   fi
   if [[ -s "$RESULTS/peers-table.txt" ]]; then
     echo

@@ -107,6 +107,10 @@ int main(int argc, char** argv) {
     halka::LogError(node.status().ToString());
     return 1;
   }
+  // The process's own lines (the signal, a failed join) name the worker
+  // too, as its node's do; the rank once it has one.
+  const std::string tag = absl::StrCat("worker ", (*node)->options().worker_id);
+  halka::SetLogTag(tag);
   // Two lines, two phases: "listening" once the port is bound (peers may
   // dial it; the API answers GetInfo with the phase), "serving" once the
   // worker is in its ring and operations can run.
@@ -119,6 +123,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   joined = true;
+  halka::SetLogTag(absl::StrCat(tag, " rank ", (*node)->rank()));
   std::cout << "halka-worker serving on " << (*node)->address() << std::endl;
   stop->WaitForNotification();
   (*node)->Shutdown();

@@ -123,6 +123,9 @@ round() {  # round NAME REPEAT : ring all-reduces on every rank, concurrently
   done
 }
 J="halka_job=\"$JOB\""
+# The rendezvous is scraped twice (the second job: default labels); its
+# series are asked of the first scrape job.
+RJ="$J,job=\"halka-rendezvous\""
 OPS_OK="halka_operations_total{$J,kind=\"all_reduce\",algorithm=\"ring\",outcome=\"ok\"}"
 
 t_ops=$(now_ns)
@@ -149,15 +152,15 @@ check() {  # check WHAT EXPR WANT
   printf '  %-58s %s\n' "$1" "${v:-<none>}"
   assert_eq "$v" "$3" "$1 ($2)"
 }
-check "rendezvous: ring generation" "halka_ring_generation{$J}" 1
-check "rendezvous: members" "halka_ring_members{$J}" "$G"
-check "rendezvous: members alive" "count(halka_member_alive{$J} == 1)" "$G"
-check "rendezvous: state healthy" "halka_ring_state{$J,state=\"healthy\"}" 1
+check "rendezvous: ring generation" "halka_ring_generation{$RJ}" 1
+check "rendezvous: members" "halka_ring_members{$RJ}" "$G"
+check "rendezvous: members alive" "count(halka_member_alive{$RJ} == 1)" "$G"
+check "rendezvous: state healthy" "halka_ring_state{$RJ,state=\"healthy\"}" 1
 check "workers reporting generation 1" "count(halka_worker_generation{$J} == 1)" "$G"
 check "workers: ok ring all_reduce counters > 0" "count($OPS_OK > 0)" "$G"
 check "workers: failed all_reduces" "count(halka_operations_total{$J,outcome!=\"ok\"} > 0) or vector(0)" 0
 check "workers: latency histogram count >= 15" "count(halka_operation_seconds_count{$J} >= 15)" "$G"
-check "rendezvous: per-member ops counters > 0" "count(halka_member_operations_total{$J,outcome=\"ok\"} > 0)" "$G"
+check "rendezvous: per-member ops counters > 0" "count(halka_member_operations_total{$RJ,outcome=\"ok\"} > 0)" "$G"
 # Ring edge r -> r+1: bytes sent by r to peer r+1 and received by r+1 from r.
 for (( r = 0; r < G; ++r )); do
   n=$(( (r + 1) % G ))
@@ -170,7 +173,7 @@ for (( r = 0; r < G; ++r )); do
   ops=$(qv "halka_operations_total{$J,rank=\"$r\",kind=\"all_reduce\",algorithm=\"ring\",outcome=\"ok\"}")
   assert_eq "$s" $(( ${ops%%.*} * 2 * (G - 1) * 4 * COUNT / G )) \
     "edge $r->$n: bytes sent == ok ops ($ops) x 2(G-1)/G x 4 x $COUNT"
-  w=$(qv "halka_edge_window_bytes{$J,from=\"$r\",to=\"$n\"}")
+  w=$(qv "halka_edge_window_bytes{$RJ,from=\"$r\",to=\"$n\"}")
   printf '  %-58s %s\n' "rendezvous: edge $r->$n window bytes" "${w:-<none>}"
   assert_lt 0 "${w:-0}" "rendezvous: edge $r->$n window bytes"
 done

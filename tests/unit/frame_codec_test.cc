@@ -587,9 +587,9 @@ TEST(FrameCodecHostileTest, InvalidFingerprintEnums) {
                  }),
                  "fingerprint kind 0");
   ExpectDataLoss(with([](v1::OpFingerprint* f) {
-                   f->set_kind(static_cast<v1::OpKind>(4));
+                   f->set_kind(static_cast<v1::OpKind>(6));
                  }),
-                 "fingerprint kind 4");
+                 "fingerprint kind 6");
   ExpectDataLoss(with([](v1::OpFingerprint* f) {
                    f->set_dtype(static_cast<v1::DType>(9));
                  }),

@@ -313,7 +313,8 @@ TEST(FrameCodecTest, FingerprintWithPayloadEveryDType) {
 }
 
 TEST(FrameCodecTest, FingerprintEveryKindAndAlgorithm) {
-  for (OpKind kind : {OpKind::kAllReduce, OpKind::kBroadcast, OpKind::kBarrier}) {
+  for (OpKind kind : {OpKind::kAllReduce, OpKind::kBroadcast, OpKind::kBarrier,
+                      OpKind::kAllGather, OpKind::kReduceScatter}) {
     for (Algorithm alg : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kNaive,
                           Algorithm::kParameterServer}) {
       FrameMeta meta = FingerprintMeta(0, DType::kFloat32);

@@ -34,6 +34,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -132,6 +134,14 @@ class RendezvousState {
   // nullopt while it waits (to form, to be admitted, for min members).
   std::optional<Assignment> GetAssignment(const std::string& job_id,
                                           const std::string& worker_id) const;
+  // The same in two parts, so that a service answering many blocked Joins
+  // builds the view once per generation: the worker's rank in the running
+  // ring (-1 while it waits; O(1)), and the view every member is told
+  // (nullopt while no ring runs).
+  int AssignedRank(const std::string& job_id,
+                   const std::string& worker_id) const;
+  std::optional<MembershipView> AssignmentView(const std::string& job_id) const;
+  bool HasJob(const std::string& job_id) const { return jobs_.count(job_id); }
 
   // Withdraws a pending (not yet admitted) join, e.g. after the joiner
   // gave up waiting.
@@ -235,7 +245,12 @@ class RendezvousState {
     uint64_t generation = 0;  // 0 until the ring first forms
     bool active = false;      // a ring of >= min live members is running
     std::vector<Member> members;  // the current ring, by rank
+    // worker id -> rank in `members` (rebuilt when the ring re-forms), so
+    // that a heartbeat or Join finds its member in O(1).
+    std::unordered_map<std::string, int> rank_of;
+    int live = 0;  // members with alive == true
     std::vector<Member> pending;  // joined, waiting for admission
+    std::unordered_set<std::string> pending_ids;  // their worker ids
     std::vector<Member> lost;     // lost in the last change
     std::string change;
     absl::Time last_join;
@@ -244,7 +259,12 @@ class RendezvousState {
     absl::Time last_heard = absl::InfinitePast();
   };
   bool elastic(const Job& job) const { return job.min < job.max; }
-  int Live(const Job& job) const;
+  static int Live(const Job& job) { return job.live; }
+  // The live or lost member of the ring with this id; nullptr if none.
+  static Member* Find(Job& job, const std::string& worker_id);
+  static const Member* Find(const Job& job, const std::string& worker_id);
+  // Rebuilds rank_of and live from members.
+  static void Index(Job& job);
   // Marks `who` (worker ids in job.members) lost for `reasons`, bumps the
   // generation and re-forms or parks the ring. Returns the change line.
   std::string Lose(const std::string& job_id, Job& job,

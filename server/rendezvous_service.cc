@@ -79,6 +79,20 @@ bool ParseMessage(const grpc::ByteBuffer& bytes,
   return message->ParseFromString(flat);
 }
 
+// Appends the key and length of a length-delimited field (its bytes follow,
+// e.g. in another slice of the same message).
+void AppendTag(int field, size_t length, std::string* out) {
+  auto varint = [out](uint64_t v) {
+    while (v >= 0x80) {
+      out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+      v >>= 7;
+    }
+    out->push_back(static_cast<char>(v));
+  };
+  varint(static_cast<uint64_t>(field) << 3 | 2);  // wire type 2
+  varint(length);
+}
+
 // Asks a suspect worker for its info with a short deadline: true when it
 // answers (any answer but UNAVAILABLE / DEADLINE_EXCEEDED means alive).
 bool Answers(const std::string& address, absl::Duration timeout,
@@ -122,14 +136,20 @@ class RendezvousService::JoinCall final : public grpc::ServerUnaryReactor {
     own.set_rank(rank);
     const grpc::Slice parts[2] = {shared, grpc::Slice(own.SerializeAsString())};
     *reply_ = grpc::ByteBuffer(parts, 2);
+    answered_ = true;
     Finish(grpc::Status::OK);
   }
   void OnCancel() override { service_->CancelJoin(this); }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    // The reply was sent: the member's heartbeat clock starts now.
+    if (answered_) service_->JoinReturned(args);
+    delete this;
+  }
 
  private:
   RendezvousService* const service_;
   grpc::ByteBuffer* const reply_;
+  bool answered_ = false;
 };
 
 // One Watch stream: the newest membership not yet written waits in next_
@@ -298,6 +318,11 @@ void RendezvousService::CancelJoin(JoinCall* call) {
   Deliver();
 }
 
+void RendezvousService::JoinReturned(const JoinArgs& args) {
+  absl::MutexLock lock(&mu_);
+  state_.JoinReturned(args.job_id, args.worker_id, absl::Now());
+}
+
 void RendezvousService::DropWatch(WatchCall* call) {
   std::shared_ptr<WatchCall> last;  // dies after the lock
   {
@@ -329,7 +354,10 @@ void RendezvousService::Publish() {
   for (auto it = published_.begin(); it != published_.end();) {
     const bool listened =
         joins_.count(it->first) != 0 || watchers_.count(it->first) != 0;
-    if (!listened) join_replies_.erase(it->first);
+    if (!listened) {
+      join_replies_.erase(it->first);
+      memberships_.erase(it->first);
+    }
     it = listened ? std::next(it) : published_.erase(it);
   }
 }
@@ -372,11 +400,21 @@ void RendezvousService::PublishJob(const std::string& job_id) {
     for (auto& c : it->second) outbox_.ends.push_back({c, stopping_ ? down : gone});
     return;
   }
+  const grpc::Slice bytes = MembershipOf(job_id);
+  for (auto& c : it->second) outbox_.updates.push_back({c, generation, bytes});
+}
+
+grpc::Slice RendezvousService::MembershipOf(const std::string& job_id) {
+  const uint64_t generation = state_.Generation(job_id);
+  auto& cached = memberships_[job_id];
+  if (cached.first == generation && cached.second.size() > 0) {
+    return cached.second;
+  }
   auto view = state_.Health(job_id, absl::Now());
   v1::Membership m;
-  FillMembership(job_id, *view, &m);
-  const grpc::Slice bytes(m.SerializeAsString());
-  for (auto& c : it->second) outbox_.updates.push_back({c, generation, bytes});
+  if (view.ok()) FillMembership(job_id, *view, &m);
+  cached = {generation, grpc::Slice(m.SerializeAsString())};
+  return cached.second;
 }
 
 grpc::Slice RendezvousService::JoinReplyOf(const std::string& job_id,
@@ -477,21 +515,44 @@ grpc::ServerUnaryReactor* RendezvousService::Join(
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Heartbeat(
-    grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* req,
-    v1::HeartbeatReply* reply) {
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* reply) {
   grpc::ServerUnaryReactor* call = ctx->DefaultReactor();
-  grpc::Status s = CheckCallJobGrpc(*ctx, req->job_id());
-  if (s.ok() && (req->job_id().empty() || req->worker_id().empty())) {
+  v1::HeartbeatRequest req;
+  grpc::Status s;
+  if (!ParseMessage(*request, &req)) {
+    s = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     "heartbeat: the request is not a HeartbeatRequest");
+  } else {
+    s = CheckCallJobGrpc(*ctx, req.job_id());
+  }
+  if (s.ok() && (req.job_id().empty() || req.worker_id().empty())) {
     s = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                      "heartbeat: job_id and worker_id are required");
   }
   if (s.ok()) {
-    const std::string telemetry = req->telemetry().SerializeAsString();
+    const std::string telemetry = req.telemetry().SerializeAsString();
+    v1::HeartbeatReply own;
+    grpc::Slice membership;
     {
       absl::MutexLock lock(&mu_);
-      s = HeartbeatLocked(*req, telemetry, reply);
+      s = HeartbeatLocked(req, telemetry, &own);
+      // A member behind the current generation gets the membership: the
+      // generation's shared bytes as field 3, not a copy per member.
+      if (s.ok() && own.generation() != req.generation()) {
+        membership = MembershipOf(req.job_id());
+      }
     }
     Deliver();
+    if (s.ok()) {
+      std::string head = own.SerializeAsString();
+      if (membership.size() > 0) {
+        AppendTag(v1::HeartbeatReply::kMembershipFieldNumber,
+                  membership.size(), &head);
+      }
+      const grpc::Slice parts[2] = {grpc::Slice(head), membership};
+      *reply = grpc::ByteBuffer(parts, membership.size() > 0 ? 2 : 1);
+    }
   }
   call->Finish(s);
   return call;
@@ -514,11 +575,6 @@ grpc::Status RendezvousService::HeartbeatLocked(
   if (!r.ok()) return ToGrpcStatus(r.status());
   reply->set_generation(r->generation);
   for (int d : r->dead_ranks) reply->add_dead_ranks(d);
-  if (r->generation != req.generation()) {
-    auto view = state_.Health(req.job_id(), now);
-    if (view.ok()) FillMembership(req.job_id(), *view,
-                                  reply->mutable_membership());
-  }
   return grpc::Status::OK;
 }
 
@@ -578,10 +634,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RendezvousService::Watch(
       const uint64_t g = state_.Generation(req.job_id());
       published_.emplace(req.job_id(), g);
       if (g != req.known_generation()) {
-        auto view = state_.Health(req.job_id(), absl::Now());
-        v1::Membership m;
-        FillMembership(req.job_id(), *view, &m);
-        outbox_.updates.push_back({call, g, grpc::Slice(m.SerializeAsString())});
+        outbox_.updates.push_back({call, g, MembershipOf(req.job_id())});
       }
     }
   }

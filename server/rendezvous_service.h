@@ -22,12 +22,12 @@ namespace halka {
 
 // Join, Watch and Heartbeat use gRPC's callback API: a Join blocked until
 // its ring forms, and a Watch between two changes, hold no thread (a job of
-// 4,096 members has 4,096 of each). Join and Watch are raw methods so that
-// one serialised view per generation is shared by every reply. The other
+// 4,096 members has 4,096 of each). They are raw methods so that one
+// serialised view per generation is shared by every reply that carries it. The other
 // methods are synchronous (short, or a probe that blocks for a second).
 using RendezvousBase = v1::Rendezvous::WithRawCallbackMethod_Join<
     v1::Rendezvous::WithRawCallbackMethod_Watch<
-        v1::Rendezvous::WithCallbackMethod_Heartbeat<
+        v1::Rendezvous::WithRawCallbackMethod_Heartbeat<
             v1::Rendezvous::Service>>>;
 
 class RendezvousService final : public RendezvousBase {
@@ -39,9 +39,10 @@ class RendezvousService final : public RendezvousBase {
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx,
                                  const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* reply) override;
+  // Request: a HeartbeatRequest; reply: a HeartbeatReply.
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
-                                      const v1::HeartbeatRequest* req,
-                                      v1::HeartbeatReply* reply) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* reply) override;
   grpc::Status Leave(grpc::ServerContext* ctx, const v1::LeaveRequest* req,
                      v1::LeaveReply* reply) override;
   grpc::Status GetRingHealth(grpc::ServerContext* ctx,
@@ -108,11 +109,17 @@ class RendezvousService final : public RendezvousBase {
   // generation, cached).
   grpc::Slice JoinReplyOf(const std::string& job_id, const MembershipView& v)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's Membership as a watcher receives it (one per generation,
+  // cached; ages as of the change).
+  grpc::Slice MembershipOf(const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Joins whose wait ran out.
   void ExpireJoins(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A blocked Join's call was cancelled: withdraw it.
   void CancelJoin(JoinCall* call) ABSL_LOCKS_EXCLUDED(mu_);
   void DropWatch(WatchCall* call) ABSL_LOCKS_EXCLUDED(mu_);
+  // A Join's answer was sent (its call completed).
+  void JoinReturned(const JoinArgs& args) ABSL_LOCKS_EXCLUDED(mu_);
   grpc::Status HeartbeatLocked(const v1::HeartbeatRequest& req,
                                const std::string& telemetry,
                                v1::HeartbeatReply* reply)
@@ -131,6 +138,8 @@ class RendezvousService final : public RendezvousBase {
       ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint64_t> published_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::pair<uint64_t, grpc::Slice>> join_replies_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::pair<uint64_t, grpc::Slice>> memberships_
       ABSL_GUARDED_BY(mu_);
   Outbox outbox_ ABSL_GUARDED_BY(mu_);
   absl::Notification stop_;

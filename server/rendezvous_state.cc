@@ -394,6 +394,15 @@ std::optional<MembershipView> RendezvousState::AssignmentView(
   return v;
 }
 
+void RendezvousState::JoinReturned(const std::string& job_id,
+                                   const std::string& worker_id,
+                                   absl::Time now) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  Member* m = Find(it->second, worker_id);
+  if (m != nullptr && m->alive) m->grace_from = std::max(m->grace_from, now);
+}
+
 void RendezvousState::WithdrawPending(const std::string& job_id,
                                       const std::string& worker_id) {
   auto it = jobs_.find(job_id);

@@ -22,7 +22,8 @@
 // Liveness: a member is lost when it has not heartbeated for the heartbeat
 // timeout, counted from the later of its last heartbeat and the grace the
 // rendezvous granted it: when it entered the ring (a member blocked in
-// Join cannot heartbeat), and when a blackout ended (the whole job silent
+// Join cannot heartbeat), when its Join reply reached it (thousands of
+// replies take a while to send), and when a blackout ended (the whole job silent
 // for more than half the timeout means this rendezvous was cut off; the
 // first heartbeat after it gives every member a full timeout from then).
 // Thread-safety: none; the caller serialises.
@@ -142,6 +143,12 @@ class RendezvousState {
                    const std::string& worker_id) const;
   std::optional<MembershipView> AssignmentView(const std::string& job_id) const;
   bool HasJob(const std::string& job_id) const { return jobs_.count(job_id); }
+
+  // The worker's Join reply has reached it (the call completed): its
+  // heartbeat timeout counts from `now` at the earliest. No-op for a worker
+  // that is not a live member.
+  void JoinReturned(const std::string& job_id, const std::string& worker_id,
+                    absl::Time now);
 
   // Withdraws a pending (not yet admitted) join, e.g. after the joiner
   // gave up waiting.

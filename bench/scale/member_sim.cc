@@ -67,11 +67,14 @@ grpc::ByteBuffer Bytes(const google::protobuf::MessageLite& m) {
 class WatchReader final
     : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
+  // Like halka-worker, the watcher names the generation its Join returned:
+  // the stream's first message is the next change.
   void Start(grpc::GenericStub* stub, const std::string& job_id,
-             const std::string& worker_id) {
+             const std::string& worker_id, uint64_t known_generation) {
     v1::WatchRequest req;
     req.set_job_id(job_id);
     req.set_worker_id(worker_id);
+    req.set_known_generation(known_generation);
     req_ = Bytes(req);
     stub->PrepareBidiStreamingCall(&ctx_, "/halka.v1.Rendezvous/Watch",
                                    grpc::StubOptions(), this);
@@ -97,9 +100,10 @@ class WatchReader final
     absl::MutexLock lock(&mu_);
     return mu_.AwaitWithTimeout(absl::Condition(&done_), timeout);
   }
-  bool opened() {
+  // The stream has not ended.
+  bool open() {
     absl::MutexLock lock(&mu_);
-    return !seen_.empty();
+    return !done_;
   }
   // When the first generation newer than `after` arrived.
   std::optional<absl::Time> SawAfter(uint64_t after) {
@@ -228,7 +232,7 @@ class Sim {
       r.false_deaths = false_deaths_;
     }
     int open = 0;
-    for (auto& m : members_) open += m->watch && m->watch->opened() ? 1 : 0;
+    for (auto& m : members_) open += m->watch && m->watch->open() ? 1 : 0;
     r.watchers_open = open;
     if (o_.change_at_end && leaver.beating) {
       leaver.stopped = true;
@@ -245,7 +249,7 @@ class Sim {
         absl::Time latest = t0;
         int saw = 0;
         for (auto& m : members_) {
-          if (!m->watch || !m->watch->opened() || m.get() == &leaver) continue;
+          if (!m->watch || !m->watch->open() || m.get() == &leaver) continue;
           std::optional<absl::Time> t;
           while (!(t = m->watch->SawAfter(before)) && absl::Now() < limit) {
             absl::SleepFor(absl::Milliseconds(5));
@@ -257,7 +261,7 @@ class Sim {
         }
         r.watchers_saw_change = saw;
         const int expected =
-            open - (leaver.watch && leaver.watch->opened() ? 1 : 0);
+            open - (leaver.watch && leaver.watch->open() ? 1 : 0);
         if (saw == expected) r.change_reached_all = latest - t0;
       }
     }
@@ -335,7 +339,7 @@ class Sim {
     m.beating = true;  // the driver beats at once
     if (m.index < o_.watchers) {
       m.watch = std::make_unique<WatchReader>();
-      m.watch->Start(m.generic, o_.job_id, m.id);
+      m.watch->Start(m.generic, o_.job_id, m.id, generation);
     }
   }
 

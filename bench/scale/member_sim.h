@@ -69,7 +69,7 @@ struct SimResult {
   double steady_p50_ms = 0;
   double steady_p99_ms = 0;
   uint64_t steady_generation = 0;  // the newest any heartbeat saw, pre-Leave
-  int watchers_open = 0;           // watch streams that delivered a message
+  int watchers_open = 0;  // watch streams open before the Leave
   int watchers_saw_change = 0;
   absl::Duration change_reached_all = absl::InfiniteDuration();
   // The rendezvous (when rendezvous_pid > 0): CPU used and log written up

@@ -189,6 +189,7 @@ class Sim {
     const double cpu0 = CpuSeconds();
     std::thread driver([this] { Drive(); });
     const absl::Time first = absl::Now();
+    start_ = first;
     absl::Time last_sent = first;
     for (int i = 0; i < n; ++i) {
       absl::Time at = first;
@@ -237,6 +238,10 @@ class Sim {
     if (o_.change_at_end && leaver.beating) {
       leaver.stopped = true;
       const absl::Time t0 = absl::Now();
+      {
+        absl::MutexLock lock(&mu_);
+        change_at_ = t0;
+      }
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(t0 + absl::Seconds(10)));
       v1::LeaveRequest req;
@@ -285,6 +290,9 @@ class Sim {
       r.first_heartbeat_error = first_beat_error_;
       r.heartbeat_p50_ms = Percentile(latencies_ms_, 0.50);
       r.heartbeat_p99_ms = Percentile(latencies_ms_, 0.99);
+      for (const auto& v : per_second_) {
+        r.p99_by_second_ms.push_back(Percentile(v, 0.99));
+      }
       r.steady_p50_ms = Percentile(steady_ms_, 0.50);
       r.steady_p99_ms = Percentile(steady_ms_, 0.99);
       r.peak_threads = peak_threads_;
@@ -389,8 +397,12 @@ class Sim {
             --beats_in_flight_;
             if (s.ok()) {
               latencies_ms_.push_back(ms);
+              const size_t second = static_cast<size_t>(
+                  absl::ToInt64Seconds(m.beat_sent - start_));
+              if (per_second_.size() <= second) per_second_.resize(second + 1);
+              per_second_[second].push_back(ms);
               if (m.beat_sent > last_answer_ + 2 * o_.heartbeat_interval &&
-                  answered_ == o_.members) {
+                  answered_ == o_.members && m.beat_sent < change_at_) {
                 steady_ms_.push_back(ms);
               }
               if (!m.stopped) {
@@ -428,6 +440,9 @@ class Sim {
   uint64_t max_gen_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<double> latencies_ms_ ABSL_GUARDED_BY(mu_);
   std::vector<double> steady_ms_ ABSL_GUARDED_BY(mu_);
+  absl::Time start_ = absl::Now();
+  absl::Time change_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::vector<std::vector<double>> per_second_ ABSL_GUARDED_BY(mu_);
   int beat_errors_ ABSL_GUARDED_BY(mu_) = 0;
   int beats_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::string first_beat_error_ ABSL_GUARDED_BY(mu_);

@@ -64,10 +64,12 @@ struct SimResult {
   double heartbeat_p50_ms = 0;
   double heartbeat_p99_ms = 0;
   // Beats sent two intervals or more after the last Join was answered (the
-  // formation burst over: every member's first beat and first watch
-  // message).
+  // formation burst over: every member's first beat) and before the Leave
+  // (whose membership goes to every watcher and every member's next beat).
   double steady_p50_ms = 0;
   double steady_p99_ms = 0;
+  // p99 of the beats sent in each second since the first Join.
+  std::vector<double> p99_by_second_ms;
   uint64_t steady_generation = 0;  // the newest any heartbeat saw, pre-Leave
   int watchers_open = 0;  // watch streams open before the Leave
   int watchers_saw_change = 0;

@@ -99,6 +99,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "N=%d: CPU used in all: rendezvous %.1f s, simulator %.1f s\n",
                  n, r.at_end.cpu_seconds, r.sim_cpu_seconds);
+    std::string by_second;
+    for (double ms : r.p99_by_second_ms) absl::StrAppend(&by_second, " ", ms);
+    std::fprintf(stderr, "N=%d: heartbeat p99 (ms) by second:%s\n", n,
+                 by_second.c_str());
     if (!r.first_join_error.empty()) {
       std::fprintf(stderr, "N=%d first Join error: %s\n", n,
                    r.first_join_error.c_str());

@@ -157,9 +157,12 @@ class RendezvousService::JoinCall final : public grpc::ServerUnaryReactor {
 class RendezvousService::WatchCall final
     : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  WatchCall(RendezvousService* service, std::string job_id, std::string peer)
-      : service_(service), job_id(std::move(job_id)), peer(std::move(peer)) {}
+  WatchCall(RendezvousService* service, std::string job_id,
+            std::string worker_id, std::string peer)
+      : service_(service), job_id(std::move(job_id)),
+        worker_id(std::move(worker_id)), peer(std::move(peer)) {}
   const std::string job_id;
+  const std::string worker_id;
   const std::string peer;
   bool counted = false;  // holds a place in service_->watches_
 
@@ -335,6 +338,8 @@ void RendezvousService::DropWatch(WatchCall* call) {
       if (at != calls.end()) {
         last = std::move(*at);
         calls.erase(at);
+        auto w = watching_.find({call->job_id, call->worker_id});
+        if (w != watching_.end() && --w->second == 0) watching_.erase(w);
       }
       if (calls.empty()) watchers_.erase(it);
     }
@@ -402,6 +407,16 @@ void RendezvousService::PublishJob(const std::string& job_id) {
   }
   const grpc::Slice bytes = MembershipOf(job_id);
   for (auto& c : it->second) outbox_.updates.push_back({c, generation, bytes});
+}
+
+bool RendezvousService::WatchHas(const std::string& job_id,
+                                 const std::string& worker_id,
+                                 uint64_t generation) {
+  if (worker_id.empty() || watching_.count({job_id, worker_id}) == 0) {
+    return false;
+  }
+  auto p = published_.find(job_id);
+  return p != published_.end() && p->second == generation;
 }
 
 grpc::Slice RendezvousService::MembershipOf(const std::string& job_id) {
@@ -538,8 +553,11 @@ grpc::ServerUnaryReactor* RendezvousService::Heartbeat(
       absl::MutexLock lock(&mu_);
       s = HeartbeatLocked(req, telemetry, &own);
       // A member behind the current generation gets the membership: the
-      // generation's shared bytes as field 3, not a copy per member.
-      if (s.ok() && own.generation() != req.generation()) {
+      // generation's shared bytes as field 3, not a copy per member. Not
+      // when its Watch stream was handed this generation already (half the
+      // bytes of a change at N members).
+      if (s.ok() && own.generation() != req.generation() &&
+          !WatchHas(req.job_id(), req.worker_id(), own.generation())) {
         membership = MembershipOf(req.job_id());
       }
     }
@@ -600,7 +618,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RendezvousService::Watch(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
   v1::WatchRequest req;
   const bool parsed = ParseMessage(*request, &req);
-  auto call = std::make_shared<WatchCall>(this, req.job_id(), ctx->peer());
+  auto call = std::make_shared<WatchCall>(this, req.job_id(), req.worker_id(),
+                                         ctx->peer());
   grpc::Status refused;
   if (!parsed) {
     refused = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -629,6 +648,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RendezvousService::Watch(
       }
     } else {
       watchers_[req.job_id()].push_back(call);
+      ++watching_[{req.job_id(), req.worker_id()}];
       // The first message: the current membership, unless the watcher
       // knows it already.
       const uint64_t g = state_.Generation(req.job_id());

@@ -113,6 +113,9 @@ class RendezvousService final : public RendezvousBase {
   // cached; ages as of the change).
   grpc::Slice MembershipOf(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker has a Watch stream of the job that was handed `generation`.
+  bool WatchHas(const std::string& job_id, const std::string& worker_id,
+                uint64_t generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Joins whose wait ran out.
   void ExpireJoins(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A blocked Join's call was cancelled: withdraw it.
@@ -137,6 +140,9 @@ class RendezvousService final : public RendezvousBase {
   std::map<std::string, std::vector<std::shared_ptr<WatchCall>>> watchers_
       ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint64_t> published_ ABSL_GUARDED_BY(mu_);
+  // Open Watch streams by (job, worker id).
+  std::map<std::pair<std::string, std::string>, int> watching_
+      ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::pair<uint64_t, grpc::Slice>> join_replies_
       ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::pair<uint64_t, grpc::Slice>> memberships_

@@ -79,6 +79,14 @@ bool ParseMessage(const grpc::ByteBuffer& bytes,
   return message->ParseFromString(flat);
 }
 
+// Erases the entries of a map by job whose job fails `keep`.
+template <typename Map, typename Keep>
+void EraseUnless(Map& map, const Keep& keep) {
+  for (auto it = map.begin(); it != map.end();) {
+    it = keep(it->first) ? std::next(it) : map.erase(it);
+  }
+}
+
 // Appends the key and length of a length-delimited field (its bytes follow,
 // e.g. in another slice of the same message).
 void AppendTag(int field, size_t length, std::string* out) {
@@ -356,15 +364,13 @@ void RendezvousService::Publish() {
   std::sort(jobs.begin(), jobs.end());
   jobs.erase(std::unique(jobs.begin(), jobs.end()), jobs.end());
   for (const std::string& id : jobs) PublishJob(id);
-  for (auto it = published_.begin(); it != published_.end();) {
-    const bool listened =
-        joins_.count(it->first) != 0 || watchers_.count(it->first) != 0;
-    if (!listened) {
-      join_replies_.erase(it->first);
-      memberships_.erase(it->first);
-    }
-    it = listened ? std::next(it) : published_.erase(it);
-  }
+  auto listened = [this](const std::string& id)
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return joins_.count(id) != 0 || watchers_.count(id) != 0;
+  };
+  EraseUnless(published_, listened);
+  EraseUnless(join_replies_, listened);
+  EraseUnless(memberships_, listened);
 }
 
 void RendezvousService::PublishJob(const std::string& job_id) {
@@ -421,22 +427,27 @@ bool RendezvousService::WatchHas(const std::string& job_id,
 
 grpc::Slice RendezvousService::MembershipOf(const std::string& job_id) {
   const uint64_t generation = state_.Generation(job_id);
-  auto& cached = memberships_[job_id];
-  if (cached.first == generation && cached.second.size() > 0) {
-    return cached.second;
+  const uint64_t epoch = state_.JobEpoch(job_id);
+  Cached& cached = memberships_[job_id];
+  // Not cached while forming: joins change the view, not the generation.
+  if (generation != 0 && cached.epoch == epoch &&
+      cached.generation == generation && cached.bytes.size() > 0) {
+    return cached.bytes;
   }
   auto view = state_.Health(job_id, absl::Now());
   v1::Membership m;
   if (view.ok()) FillMembership(job_id, *view, &m);
-  cached = {generation, grpc::Slice(m.SerializeAsString())};
-  return cached.second;
+  cached = {epoch, generation, grpc::Slice(m.SerializeAsString())};
+  return cached.bytes;
 }
 
 grpc::Slice RendezvousService::JoinReplyOf(const std::string& job_id,
                                            const MembershipView& v) {
-  auto& cached = join_replies_[job_id];
-  if (cached.first == v.generation && cached.second.size() > 0) {
-    return cached.second;
+  const uint64_t epoch = state_.JobEpoch(job_id);
+  Cached& cached = join_replies_[job_id];
+  if (cached.epoch == epoch && cached.generation == v.generation &&
+      cached.bytes.size() > 0) {
+    return cached.bytes;
   }
   v1::JoinReply r;
   r.set_world_size(v.world_size);
@@ -447,8 +458,8 @@ grpc::Slice RendezvousService::JoinReplyOf(const std::string& job_id,
       absl::ToInt64Milliseconds(state_.options().heartbeat_interval)));
   r.set_heartbeat_timeout_ms(static_cast<uint32_t>(
       absl::ToInt64Milliseconds(state_.options().heartbeat_timeout)));
-  cached = {v.generation, grpc::Slice(r.SerializeAsString())};
-  return cached.second;
+  cached = {epoch, v.generation, grpc::Slice(r.SerializeAsString())};
+  return cached.bytes;
 }
 
 void RendezvousService::Deliver() {

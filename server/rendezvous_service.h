@@ -135,7 +135,9 @@ class RendezvousService final : public RendezvousBase {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;  // bumps on every change
   // Blocked Joins and open Watches, by job; the generation they were last
-  // told about; the cached JoinReply per job.
+  // told about; the cached JoinReply and Membership per job (dropped with
+  // the job's last listener; a Join answered at once caches too, so the
+  // cache is keyed by the job's epoch as well).
   std::map<std::string, std::vector<JoinCall*>> joins_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<std::shared_ptr<WatchCall>>> watchers_
       ABSL_GUARDED_BY(mu_);
@@ -143,10 +145,13 @@ class RendezvousService final : public RendezvousBase {
   // Open Watch streams by (job, worker id).
   std::map<std::pair<std::string, std::string>, int> watching_
       ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::pair<uint64_t, grpc::Slice>> join_replies_
-      ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::pair<uint64_t, grpc::Slice>> memberships_
-      ABSL_GUARDED_BY(mu_);
+  struct Cached {
+    uint64_t epoch = 0;  // RendezvousState::JobEpoch
+    uint64_t generation = 0;
+    grpc::Slice bytes;
+  };
+  std::map<std::string, Cached> join_replies_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Cached> memberships_ ABSL_GUARDED_BY(mu_);
   Outbox outbox_ ABSL_GUARDED_BY(mu_);
   absl::Notification stop_;
   std::thread sweeper_;

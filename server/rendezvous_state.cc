@@ -96,6 +96,7 @@ absl::Status RendezvousState::Join(const JoinArgs& args, absl::Time now) {
           " jobs (the limit)"));
     }
     it = jobs_.emplace(args.job_id, Job{}).first;
+    it->second.epoch = ++epochs_;
     it->second.min = min;
     it->second.max = max;
   }
@@ -523,6 +524,7 @@ absl::Status RendezvousState::Restore(const std::string& job_id,
     return absl::ResourceExhaustedError("restore: too many jobs");
   }
   Job job;
+  job.epoch = ++epochs_;
   job.min = claim.min_world_size;
   job.max = claim.max_world_size;
   job.generation = claim.generation;

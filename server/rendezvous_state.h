@@ -143,6 +143,13 @@ class RendezvousState {
                    const std::string& worker_id) const;
   std::optional<MembershipView> AssignmentView(const std::string& job_id) const;
   bool HasJob(const std::string& job_id) const { return jobs_.count(job_id); }
+  // Which creation of the job this is (0: none): a job forgotten and
+  // created again under the same id restarts its generations, so a cache
+  // keyed by generation must also key by this.
+  uint64_t JobEpoch(const std::string& job_id) const {
+    auto it = jobs_.find(job_id);
+    return it == jobs_.end() ? 0 : it->second.epoch;
+  }
 
   // The worker's Join reply has reached it (the call completed): its
   // heartbeat timeout counts from `now` at the earliest. No-op for a worker
@@ -250,6 +257,7 @@ class RendezvousState {
     int min = 0;
     int max = 0;
     uint64_t generation = 0;  // 0 until the ring first forms
+    uint64_t epoch = 0;       // see JobEpoch
     bool active = false;      // a ring of >= min live members is running
     std::vector<Member> members;  // the current ring, by rank
     // worker id -> rank in `members` (rebuilt when the ring re-forms), so
@@ -304,6 +312,7 @@ class RendezvousState {
   std::map<std::string, Job> jobs_;
   std::map<std::string, ServerSet> servers_;  // by job id
   std::vector<std::string> events_;
+  uint64_t epochs_ = 0;  // jobs created so far
 };
 
 // "rank 2 (worker-2, 198.18.0.3:7000)".

@@ -1,6 +1,7 @@
 #include "halka/client.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_util.h"
+#include "common/held_shm.h"
 #include "halka/v1/worker.grpc.pb.h"
 #include "worker/core/cuda/device_memory.h"
 #include "worker/core/dtype.h"
@@ -58,11 +60,12 @@ struct Registry {
 std::string NewShmName() {
   static std::atomic<uint64_t> counter{0};
   static const uint64_t salt = std::random_device{}();
-  return absl::StrCat("/halka-", getpid(), "-", salt % 1000000, "-",
-                      counter.fetch_add(1));
+  return absl::StrCat("/", kHeldShmPrefix, getpid(), "-", salt % 1000000,
+                      "-", counter.fetch_add(1));
 }
 
-// Creates and maps a shared object of `bytes` (at least one page).
+// Creates and maps a shared object of `bytes` (at least one page), held
+// under a shared flock for as long as it is mapped (common/held_shm.h).
 absl::StatusOr<std::pair<void*, size_t>> CreateShm(const std::string& name,
                                                    size_t bytes) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -72,21 +75,20 @@ absl::StatusOr<std::pair<void*, size_t>> CreateShm(const std::string& name,
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot create shm object ", name, ": ", std::strerror(errno)));
   }
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    const int err = errno;
+  // Closes and removes the half-made object.
+  auto fail = [&](absl::string_view what, int err) {
     close(fd);
     shm_unlink(name.c_str());
     return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot size shm object ", name, " to ", size, ": ",
-        std::strerror(err)));
+        "cannot ", what, " shm object ", name, ": ", std::strerror(err)));
+  };
+  if (flock(fd, LOCK_SH) != 0) return fail("lock", errno);
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    return fail(absl::StrCat("size (", size, " bytes)"), errno);
   }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot map shm object ", name));
-  }
+  if (p == MAP_FAILED) return fail("map", errno);
+  close(fd);  // the mapping keeps the file, and the lock, open
   return std::make_pair(p, size);
 }
 

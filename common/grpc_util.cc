@@ -20,16 +20,17 @@ std::string& LogTag() {
   return *tag;
 }
 
-void Log(char level, absl::string_view message) {
+}  // namespace
+
+void LogLine(char level, const Logger* logger, absl::string_view message) {
   const std::string when =
       absl::FormatTime("%H:%M:%E3S", absl::Now(), absl::LocalTimeZone());
   absl::MutexLock lock(&log_mu);
-  std::fprintf(stderr, "%c %s [%s] %.*s\n", level, when.c_str(),
-               LogTag().c_str(), static_cast<int>(message.size()),
-               message.data());
+  const std::string& tag =
+      logger != nullptr && !logger->tag_.empty() ? logger->tag_ : LogTag();
+  std::fprintf(stderr, "%c %s [%s] %.*s\n", level, when.c_str(), tag.c_str(),
+               static_cast<int>(message.size()), message.data());
 }
-
-}  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -43,13 +44,21 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
                       status.error_message());
 }
 
-void LogInfo(absl::string_view message) { Log('I', message); }
-void LogWarning(absl::string_view message) { Log('W', message); }
-void LogError(absl::string_view message) { Log('E', message); }
+void LogInfo(absl::string_view message) { LogLine('I', nullptr, message); }
+void LogWarning(absl::string_view message) { LogLine('W', nullptr, message); }
+void LogError(absl::string_view message) { LogLine('E', nullptr, message); }
 void SetLogTag(absl::string_view tag) {
   absl::MutexLock lock(&log_mu);
   LogTag() = std::string(tag);
 }
+
+void Logger::SetTag(absl::string_view tag) {
+  absl::MutexLock lock(&log_mu);
+  tag_ = std::string(tag);
+}
+void Logger::Info(absl::string_view message) const { LogLine('I', this, message); }
+void Logger::Warning(absl::string_view message) const { LogLine('W', this, message); }
+void Logger::Error(absl::string_view message) const { LogLine('E', this, message); }
 
 bool IsLocalAddress(absl::string_view address) {
   if (absl::StartsWith(address, "unix:") ||

@@ -3,7 +3,7 @@
 //
 //   PrometheusWriter w;
 //   w.Family("halka_ring_generation", "gauge", "membership generation");
-//   w.Sample("halka_ring_generation", {{"job", "j"}}, 4);
+//   w.Sample("halka_ring_generation", {{"halka_job", "j"}}, 4);
 //   std::string body = w.Text();
 //
 // Families are written in the order they were declared, each with its

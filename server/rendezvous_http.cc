@@ -46,10 +46,10 @@ constexpr const char* kFamilies[][3] = {
 
 void WriteJob(const std::string& job, const v1::RingHealth& h,
               PrometheusWriter& w) {
-  const PrometheusWriter::Labels j = {{"job", job}};
+  const PrometheusWriter::Labels j = {{"halka_job", job}};
   for (v1::JobState s : kStates) {
     w.Sample("halka_ring_state",
-             {{"job", job}, {"state", std::string(JobStateName(s))}},
+             {{"halka_job", job}, {"state", std::string(JobStateName(s))}},
              h.job_state() == s ? 1 : 0);
   }
   w.Sample("halka_ring_generation", j, h.generation());
@@ -61,20 +61,20 @@ void WriteJob(const std::string& job, const v1::RingHealth& h,
     const v1::Member& m = h.members(i);
     const std::string rank = absl::StrCat(m.rank());
     const PrometheusWriter::Labels l = {
-        {"job", job}, {"rank", rank}, {"worker", m.worker_id()}};
+        {"halka_job", job}, {"rank", rank}, {"worker", m.worker_id()}};
     w.Sample("halka_member_alive", l, m.alive() ? 1 : 0);
     w.Sample("halka_member_heartbeat_age_seconds", l, m.last_heartbeat_age_s());
     if (i >= h.telemetry_size()) continue;
     const v1::WorkerTelemetry& t = h.telemetry(i);
     w.Sample("halka_member_operations_total",
-             {{"job", job}, {"rank", rank}, {"outcome", "ok"}},
+             {{"halka_job", job}, {"rank", rank}, {"outcome", "ok"}},
              t.ops_completed());
     w.Sample("halka_member_operations_total",
-             {{"job", job}, {"rank", rank}, {"outcome", "error"}},
+             {{"halka_job", job}, {"rank", rank}, {"outcome", "error"}},
              t.ops_failed());
   }
   for (const v1::EdgeHealth& e : h.edges()) {
-    const PrometheusWriter::Labels l = {{"job", job},
+    const PrometheusWriter::Labels l = {{"halka_job", job},
                                         {"from", absl::StrCat(e.from())},
                                         {"to", absl::StrCat(e.to())},
                                         {"ring", e.ring() ? "true" : "false"}};

@@ -9,9 +9,11 @@
 
 namespace halka {
 
-RendezvousLink::RendezvousLink(const WorkerOptions& options, std::string address,
-                               uint64_t incarnation, Callbacks callbacks)
+RendezvousLink::RendezvousLink(const WorkerOptions& options, const Logger& log,
+                               std::string address, uint64_t incarnation,
+                               Callbacks callbacks)
     : options_(options),
+      log_(log),
       address_(std::move(address)),
       incarnation_(incarnation),
       callbacks_(std::move(callbacks)),
@@ -66,7 +68,7 @@ absl::Status RendezvousLink::Join(absl::Time deadline, v1::JoinReply* reply) {
                        s.error_code() == grpc::StatusCode::ALREADY_EXISTS;
     if (!retry || absl::Now() >= deadline || stop_.HasBeenNotified()) break;
     if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS && !said) {
-      LogWarning(absl::StrCat(s.error_message(), "; retrying until ",
+      log_.Warning(absl::StrCat(s.error_message(), "; retrying until ",
                               absl::FormatTime("%H:%M:%S", deadline,
                                                absl::UTCTimeZone())));
       said = true;
@@ -195,7 +197,7 @@ void RendezvousLink::HeartbeatLoop(absl::Duration interval) {
     if (s.ok()) {
       {
         absl::MutexLock lock(&mu_);
-        if (claim_) LogInfo("the rendezvous knows this ring again");
+        if (claim_) log_.Info("the rendezvous knows this ring again");
         claim_ = false;
       }
       if (reply.has_membership()) callbacks_.on_membership(reply.membership());
@@ -206,7 +208,7 @@ void RendezvousLink::HeartbeatLoop(absl::Duration interval) {
       if (!claiming) {
         // The rendezvous restarted (or dropped the job during a partition):
         // tell it what the ring is, right away.
-        LogWarning(absl::StrCat("the rendezvous does not know this worker (",
+        log_.Warning(absl::StrCat("the rendezvous does not know this worker (",
                                 s.error_message(), "): re-registering with "
                                 "generation ", req.generation()));
         claim_ = true;
@@ -217,7 +219,7 @@ void RendezvousLink::HeartbeatLoop(absl::Duration interval) {
     } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       {
         absl::MutexLock lock(&mu_);
-        if (!rejoin_) LogWarning(s.error_message());
+        if (!rejoin_) log_.Warning(s.error_message());
         rejoin_ = true;
       }
       callbacks_.on_declared_lost(s.error_message());
@@ -265,7 +267,7 @@ void RendezvousLink::SendReport(const LinkReport& report) {
   if (!Track(&ctx)) return;
   grpc::Status s = stub_->ReportFailure(&ctx, req, &reply);
   Untrack(&ctx);
-  LogInfo(absl::StrCat(
+  log_.Info(absl::StrCat(
       "reported the broken link with ", report.suspect, ": ",
       s.ok() ? (reply.declared_lost() ? "declared lost" : "not declared lost")
              : s.error_message(),
@@ -296,16 +298,16 @@ void RendezvousLink::BackgroundLoop() {
       continue;
     }
     if (!rejoin) continue;
-    LogInfo(absl::StrCat("joining job ", options_.job_id, " again"));
+    log_.Info(absl::StrCat("joining job ", options_.job_id, " again"));
     v1::JoinReply reply;
     absl::Status s = Join(absl::Now() + options_.join_timeout, &reply);
     if (s.ok()) {
       callbacks_.on_membership(reply.membership());
-      LogInfo(absl::StrCat("admitted again: rank ", reply.rank(), " of ",
+      log_.Info(absl::StrCat("admitted again: rank ", reply.rank(), " of ",
                            reply.world_size(), ", generation ",
                            reply.generation()));
     } else if (!stop_.HasBeenNotified()) {
-      LogWarning(s.ToString());
+      log_.Warning(s.ToString());
       absl::MutexLock lock(&mu_);
       rejoin_ = true;
     }

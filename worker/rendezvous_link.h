@@ -48,8 +48,10 @@ class RendezvousLink {
     std::function<std::optional<v1::Membership>()> claimable;
   };
 
-  RendezvousLink(const WorkerOptions& options, std::string address,
-                 uint64_t incarnation, Callbacks callbacks);
+  // `log`: the worker's (outlives the link).
+  RendezvousLink(const WorkerOptions& options, const Logger& log,
+                 std::string address, uint64_t incarnation,
+                 Callbacks callbacks);
   ~RendezvousLink();  // Stop()s
 
   // Joins (or joins again), retrying while the rendezvous is unreachable
@@ -91,6 +93,7 @@ class RendezvousLink {
   void Untrack(grpc::ClientContext* ctx);
 
   const WorkerOptions& options_;
+  const Logger& log_;
   const std::string address_;
   const uint64_t incarnation_;
   const Callbacks callbacks_;

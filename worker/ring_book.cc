@@ -16,8 +16,9 @@ Ring::~Ring() {
   transport.reset();  // cancels the links and waits for them
 }
 
-RingBook::RingBook(const WorkerOptions& options, LinkFailedFn on_link_failed)
-    : options_(options), on_link_failed_(std::move(on_link_failed)) {}
+RingBook::RingBook(const WorkerOptions& options, Logger* log,
+                   LinkFailedFn on_link_failed)
+    : options_(options), log_(log), on_link_failed_(std::move(on_link_failed)) {}
 
 RingBook::~RingBook() = default;
 
@@ -174,7 +175,7 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
   }
   if (ring_ != nullptr) {
     ring->comm->InheritTelemetry(*ring_->comm);
-    LogInfo(absl::StrCat("generation ", ring_->generation, "->",
+    log_->Info(absl::StrCat("generation ", ring_->generation, "->",
                          ring->generation, ": now rank ", ring->rank, " of ",
                          ring->world,
                          c.first_op_seq == 0
@@ -188,7 +189,7 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
     }
   }
   ring_ = ring;
-  SetLogTag(absl::StrCat("worker ", options_.worker_id, " rank ", ring->rank));
+  log_->SetTag(absl::StrCat("worker ", options_.worker_id, " rank ", ring->rank));
   return ring;
 }
 

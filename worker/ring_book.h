@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/grpc_util.h"
 #include "halka/v1/rendezvous.pb.h"
 #include "worker/core/communicator.h"
 #include "worker/worker_options.h"
@@ -88,7 +89,9 @@ class RingBook {
       std::function<void(uint64_t generation, int peer, const absl::Status&)>;
   // `on_link_failed` runs on a transport thread for every broken link of
   // a ring (never under the book's lock).
-  RingBook(const WorkerOptions& options, LinkFailedFn on_link_failed);
+  // `log` (the worker's, outlives the book) gets the rank when it changes.
+  RingBook(const WorkerOptions& options, Logger* log,
+           LinkFailedFn on_link_failed);
   ~RingBook();
   // This worker's dialable address (how it finds itself in a membership),
   // known once its server listens; set before it joins.
@@ -148,6 +151,7 @@ class RingBook {
   absl::Status Stale(uint64_t generation) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const WorkerOptions& options_;
+  Logger* const log_;
   const LinkFailedFn on_link_failed_;
 
   mutable absl::Mutex mu_;

@@ -57,6 +57,11 @@ ABSL_FLAG(int, metrics_port, 0,
           "serve Prometheus /metrics over HTTP on this port once joined; 0: "
           "off (env HALKA_METRICS_PORT)");
 
+ABSL_FLAG(absl::Duration, shm_sweep_interval, absl::Minutes(1),
+          "remove the /dev/shm objects of client processes that are gone, at "
+          "start and then this often; 0: never (env "
+          "HALKA_SHM_SWEEP_INTERVAL)");
+
 int main(int argc, char** argv) {
   // Until the ring has formed there is nothing to leave or drain: a signal
   // during the (blocking) join ends the process at once.
@@ -89,6 +94,7 @@ int main(int argc, char** argv) {
   o.cuda_device = absl::GetFlag(FLAGS_device);
   o.test_reduce_delay = absl::GetFlag(FLAGS_test_reduce_delay);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.shm_sweep_interval = absl::GetFlag(FLAGS_shm_sweep_interval);
   auto algorithm = halka::ParseAlgorithm(absl::GetFlag(FLAGS_default_algorithm));
   if (!algorithm.ok()) {
     halka::LogError(algorithm.status().ToString());
@@ -101,6 +107,10 @@ int main(int argc, char** argv) {
     halka::LogError(node.status().ToString());
     return 1;
   }
+  // The process's own lines (the signal, a failed join) name the worker
+  // too, as its node's do; the rank once it has one.
+  const std::string tag = absl::StrCat("worker ", (*node)->options().worker_id);
+  halka::SetLogTag(tag);
   // Two lines, two phases: "listening" once the port is bound (peers may
   // dial it; the API answers GetInfo with the phase), "serving" once the
   // worker is in its ring and operations can run.
@@ -113,6 +123,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   joined = true;
+  halka::SetLogTag(absl::StrCat(tag, " rank ", (*node)->rank()));
   std::cout << "halka-worker serving on " << (*node)->address() << std::endl;
   stop->WaitForNotification();
   (*node)->Shutdown();

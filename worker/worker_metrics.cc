@@ -11,7 +11,7 @@ std::string WorkerMetricsText(const std::string& job_id, int rank,
                               uint64_t generation, int world,
                               const Telemetry& t) {
   using Labels = PrometheusWriter::Labels;
-  const Labels base = {{"job", job_id}, {"rank", absl::StrCat(rank)}};
+  const Labels base = {{"halka_job", job_id}, {"rank", absl::StrCat(rank)}};
   auto with = [&base](Labels more) {
     Labels l = base;
     l.insert(l.end(), more.begin(), more.end());

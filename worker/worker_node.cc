@@ -58,7 +58,9 @@ absl::Status CheckOptions(const WorkerOptions& options) {
 }  // namespace
 
 WorkerNode::WorkerNode(WorkerOptions options)
-    : options_(std::move(options)), incarnation_(NewIncarnation()) {}
+    : options_(std::move(options)),
+      log_(absl::StrCat("worker ", options_.worker_id)),
+      incarnation_(NewIncarnation()) {}
 
 absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Start(
     WorkerOptions options) {
@@ -100,7 +102,7 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
   builder.RegisterService(node->api_service_.get());
   // The book exists before the server starts: peers may dial at once.
   node->book_ = std::make_unique<RingBook>(
-      o, [raw](uint64_t generation, int peer, const absl::Status& status) {
+      o, &node->log_, [raw](uint64_t generation, int peer, const absl::Status& status) {
         raw->OnLinkFailed(generation, peer, status);
       });
   node->server_ = builder.BuildAndStart();
@@ -116,13 +118,13 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
     if (dev.ok()) {
       node->device_ = std::move(*dev);
       node->options_.device = absl::StrCat("cuda:", node->device_->device());
-      LogInfo(absl::StrCat("device tensors reduce on ", node->options_.device));
+      node->log_.Info(absl::StrCat("device tensors reduce on ", node->options_.device));
     } else if (o.cuda_device >= 0) {
       return absl::Status(dev.status().code(),
                           absl::StrCat("worker: --device=", o.cuda_device,
                                        " is unusable: ", dev.status().message()));
     } else {
-      LogInfo(absl::StrCat("no usable GPU (", dev.status().message(),
+      node->log_.Info(absl::StrCat("no usable GPU (", dev.status().message(),
                            "): reducing on the CPU"));
     }
   }
@@ -138,7 +140,8 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
   cb.known_generation = [raw] { return raw->book_->latest_generation(); };
   cb.claimable = [raw] { return raw->book_->Claimable(); };
   node->link_ = std::make_unique<RendezvousLink>(
-      node->options_, node->address_, node->incarnation_, std::move(cb));
+      node->options_, node->log_, node->address_, node->incarnation_,
+      std::move(cb));
   return node;
 }
 
@@ -161,6 +164,10 @@ absl::Status WorkerNode::Join() {
     if (!http.ok()) return http.status();
     http_ = std::move(*http);
   }
+  if (o.shm_sweep_interval > absl::ZeroDuration() && shm_reaper_ == nullptr) {
+    shm_reaper_ = std::make_unique<ShmReaper>("/dev/shm", o.shm_sweep_interval,
+                                              log_);
+  }
   v1::JoinReply reply;
   absl::Status s = link_->Join(absl::Now() + o.join_timeout, &reply);
   if (!s.ok()) return s;
@@ -169,7 +176,7 @@ absl::Status WorkerNode::Join() {
   absl::StatusOr<std::shared_ptr<Ring>> ring = book_->Acquire(CallInfo{});
   if (!ring.ok()) return ring.status();
   server_->GetHealthCheckService()->SetServingStatus(true);
-  LogInfo(absl::StrCat("joined job ", o.job_id, ": rank ", (*ring)->rank,
+  log_.Info(absl::StrCat("joined job ", o.job_id, ": rank ", (*ring)->rank,
                        " of ", (*ring)->world, ", generation ",
                        (*ring)->generation, ", serving on ", address_));
   link_->Start(absl::Milliseconds(
@@ -182,7 +189,7 @@ void WorkerNode::OnMembership(const v1::Membership& m) {
   if (!u.newer) return;
   if (u.must_rejoin) link_->RequestRejoin();
   if (u.before != 0) {
-    LogWarning(absl::StrCat("job ", options_.job_id, ": ", m.change(),
+    log_.Warning(absl::StrCat("job ", options_.job_id, ": ", m.change(),
                             u.member ? "" : "; this worker is not in the ring"));
   }
   if (u.running == nullptr) return;
@@ -286,6 +293,7 @@ WorkerNode::~WorkerNode() { Shutdown(); }
 
 void WorkerNode::Shutdown(bool leave) {
   if (http_) http_->Stop();
+  shm_reaper_.reset();
   if (shut_down_) return;
   shut_down_ = true;
   const absl::Time t0 = absl::Now();
@@ -312,7 +320,7 @@ void WorkerNode::Shutdown(bool leave) {
   server_->Shutdown(absl::ToChronoTime(
       absl::Now() + (leave ? absl::Milliseconds(100) : absl::ZeroDuration())));
   server_->Wait();
-  LogInfo(absl::StrFormat(
+  log_.Info(absl::StrFormat(
       "stopped in %.0f ms (threads %.0f, leave %.0f, links %.0f, server %.0f)",
       absl::ToDoubleMilliseconds(absl::Now() - t0),
       absl::ToDoubleMilliseconds(t1 - t0), absl::ToDoubleMilliseconds(t2 - t1),
@@ -408,7 +416,7 @@ void WorkerNode::SkipNumber(const absl::Status& status, absl::Time deadline) {
   absl::StatusOr<uint64_t> seq =
       ring->comm->SkipOp(std::max<uint64_t>(next_seq_, 1), status, deadline);
   if (!seq.ok()) {
-    LogWarning(absl::StrCat("a call ended before it reached the ring (",
+    log_.Warning(absl::StrCat("a call ended before it reached the ring (",
                             status.ToString(), ") and no number could be "
                             "learnt for it: ", seq.status().ToString()));
     RecordCall(0, status);
@@ -552,7 +560,7 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
             std::min(deadline, absl::Now() + absl::Milliseconds(1500)))) {
       return result;
     }
-    LogInfo(absl::StrCat("operation #", n, " had not touched the buffer when "
+    log_.Info(absl::StrCat("operation #", n, " had not touched the buffer when "
                          "the membership changed: running it on the new ring"));
     retry_seq = n;
     retry_cause = std::string(result.status().message());
@@ -570,11 +578,11 @@ absl::Status WorkerNode::EnsureServers(absl::Time deadline) {
     if (servers.ok()) {
       book_->SetServers(*servers);
       have_servers_ = true;
-      if (said) LogInfo("parameter server found");
+      if (said) log_.Info("parameter server found");
       return absl::OkStatus();
     }
     if (!said) {
-      LogInfo(message);  // "waiting for parameter server of job X"
+      log_.Info(message);  // "waiting for parameter server of job X"
       said = true;
     }
     if (absl::Now() + absl::Milliseconds(200) >= deadline || link_->stopped()) {

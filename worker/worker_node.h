@@ -22,6 +22,7 @@
 #include "worker/core/communicator.h"
 #include "worker/rendezvous_link.h"
 #include "worker/ring_book.h"
+#include "worker/shm_reaper.h"
 #include "worker/worker_options.h"
 
 namespace halka {
@@ -92,6 +93,9 @@ class WorkerNode {
   int world_size() const;
   Communicator* communicator();
   const WorkerOptions& options() const { return options_; }
+  // This worker's log lines: "[worker ID rank R]" (its own, also when
+  // workers share a process).
+  const Logger& log() const { return log_; }
   int open_peer_streams() const;
   // "host:port" of /metrics; "" when off.
   std::string metrics_address() const;
@@ -129,6 +133,7 @@ class WorkerNode {
   v1::WorkerTelemetry CollectTelemetry();
 
   WorkerOptions options_;
+  Logger log_;
   const uint64_t incarnation_;
   std::string address_;
   std::unique_ptr<PeerService> peer_service_;
@@ -138,6 +143,7 @@ class WorkerNode {
   std::unique_ptr<DeviceContext> device_;  // null: host tensors only
   std::unique_ptr<RingBook> book_;
   std::unique_ptr<RendezvousLink> link_;
+  std::unique_ptr<ShmReaper> shm_reaper_;  // null: not sweeping
 
   // One operation at a time, across generations. Taken before the book's
   // and the link's locks, never under them.

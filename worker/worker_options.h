@@ -46,6 +46,9 @@ struct WorkerOptions {
   // > 0: serve Prometheus /metrics over HTTP on this port (on the listen
   // host) once joined; -1 picks a free port; 0: off.
   int metrics_port = 0;
+  // Sweeps /dev/shm at start and then this often for the objects of client
+  // processes that are gone (worker/shm_reaper.h); zero: never.
+  absl::Duration shm_sweep_interval = absl::Minutes(1);
 };
 
 }  // namespace halka

@@ -127,7 +127,7 @@ grpc::Status WorkerService::RunInline(
   const WorkerNode::Arrival arrival = node_->Arrive();
   auto refuse = [&](absl::Status s) {
     s = node_->Refuse(arrival, std::move(s));
-    LogWarning(absl::StrCat("inline call from ", ctx->peer(), " refused: ",
+    node_->log().Warning(absl::StrCat("inline call from ", ctx->peer(), " refused: ",
                             s.ToString()));
     return ToGrpcStatus(s);
   };

@@ -5,7 +5,7 @@
 //                      --worker=ADDR,ADDR,...] [--dtype] [--op] [--json]
 //   halkactl allreduce --worker=ADDR [--count] [--dtype] [--op] [--check]
 //   halkactl health    --rendezvous=ADDR --job=ID   (or --worker=ADDR)
-//                      [--json] [--watch [--interval=2s] [--count=N]]
+//                      [--json] [--watch [--interval=2s] [--watch_count=N]]
 //   halkactl healthcheck --worker=ADDR   grpc.health.v1 status (for probes)
 #include <unistd.h>
 
@@ -57,8 +57,10 @@ ABSL_FLAG(bool, watch, false, "health: print again every --interval");
 ABSL_FLAG(absl::Duration, interval, absl::Seconds(2),
           "health --watch: time between refreshes");
 
-ABSL_FLAG(int64_t, count, 1 << 20, "allreduce: elements; health --watch: "
-          "reports to print (default: until interrupted)");
+ABSL_FLAG(int64_t, watch_count, 0, "health --watch: reports to print "
+          "(0: until interrupted)");
+
+ABSL_FLAG(int64_t, count, 1 << 20, "allreduce: elements per rank");
 ABSL_FLAG(bool, check, true, "allreduce: verify the result (every rank runs "
           "halkactl allreduce with the same flags)");
 ABSL_FLAG(absl::Duration, timeout, halka::kDefaultOpTimeout,
@@ -239,13 +241,23 @@ int Health(const std::string& rendezvous, const std::string& job,
   return h->job_state() == v1::JOB_STATE_HEALTHY && !h->failing() ? 0 : 2;
 }
 
-// `health`, once or (--watch) every --interval, at most --count times; the
-// exit status is the last report's.
+// `health`, once or (--watch) every --interval, at most --watch_count
+// times; the exit status is the last report's.
 int HealthCommand() {
   const bool watch = absl::GetFlag(FLAGS_watch);
-  // --count keeps its allreduce default unless given.
-  const int64_t given = absl::GetFlag(FLAGS_count);
-  const int64_t count = given == (1 << 20) ? 0 : given;
+  const int64_t count = absl::GetFlag(FLAGS_watch_count);
+  const absl::CommandLineFlag& elements = absl::GetFlagReflectionHandle(FLAGS_count);
+  if (elements.CurrentValue() != elements.DefaultValue()) {
+    return Fail(absl::InvalidArgumentError(
+        "health: --count is allreduce's element count; the number of "
+        "--watch reports is --watch_count=N"));
+  }
+  if (count < 0) {
+    return Fail(absl::InvalidArgumentError("--watch_count must be >= 0"));
+  }
+  if (count > 0 && !watch) {
+    return Fail(absl::InvalidArgumentError("--watch_count needs --watch"));
+  }
   int rc = 0;
   for (int i = 0; !watch || count <= 0 || i < count; ++i) {
     if (i > 0) {
@@ -306,8 +318,12 @@ int Demo() {
   LocalCluster::Options lo;
   lo.workers = absl::GetFlag(FLAGS_workers);
   lo.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
+  // stdout is flushed before each step that logs (to stderr), so that
+  // `halkactl demo 2>&1 | ...` reads in order: start, the workers' join
+  // lines, the table, the ring health, the shutdown lines, the verdict.
   std::printf("# halka demo: starting an embedded cluster (rendezvous + %d "
               "workers on 127.0.0.1)\n", lo.workers);
+  std::fflush(stdout);
   const absl::Time t0 = absl::Now();
   auto cluster = LocalCluster::Start(lo);
   if (!cluster.ok()) return Fail(cluster.status());
@@ -316,6 +332,7 @@ int Demo() {
     std::printf("%s%s", r ? " -> " : "", (*cluster)->worker_address(r).c_str());
   }
   std::printf(" -> back to rank 0\n");
+  std::fflush(stdout);
   std::vector<std::unique_ptr<Client>> owned;
   std::vector<Client*> clients;
   for (int r = 0; r < (*cluster)->size(); ++r) {
@@ -345,6 +362,11 @@ int Demo() {
   auto h = clients[0]->RingHealth();
   if (!h.ok()) return Fail(h.status());
   std::printf("%s", FormatHealth(*h).c_str());
+  std::printf("\n# stopping the embedded cluster\n");
+  std::fflush(stdout);
+  owned.clear();
+  clients.clear();
+  cluster->reset();
   std::printf("\n%s\n", rc == 0 ? "demo: every result matched the float64 "
                                   "reference on every rank (#wrong 0)"
                                 : "demo: SOME RESULTS WERE WRONG OR FAILED");
@@ -507,7 +529,7 @@ int main(int argc, char** argv) {
                  "  bench      nccl-tests style sweep (-b -e -f -n -w -c)\n"
                  "  allreduce  one all-reduce through a running worker\n"
                  "  health     ring health of a running job (exit 2 unless "
-                 "healthy); --json, --watch [--interval=2s] [--count=N]\n"
+                 "healthy); --json, --watch [--interval=2s] [--watch_count=N]\n"
                  "  healthcheck --worker=ADDR  standard gRPC health of any "
                  "halka server (exit 0 if SERVING)\n");
     return 2;

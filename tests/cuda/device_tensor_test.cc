@@ -3,6 +3,7 @@
 // a GPU; elsewhere the device tests skip ("no CUDA device") and the
 // fallback tests check the errors.
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -66,6 +67,31 @@ TEST(DeviceTensors, RingOnOneGpuMatchesTheHostRing) {
         }
       }
     }
+  }
+}
+
+// The first H200 run failed here: a thread that had made no CUDA call had no
+// current context, and the driver's cuMemGetAddressRange refused the
+// pointer ("not CUDA device memory"). Every call below is a new thread's
+// first CUDA call.
+TEST(DeviceTensors, ExportWorksFromFreshThreads) {
+  absl::StatusOr<int> devices = CudaDeviceCount();
+  if (!devices.ok()) GTEST_SKIP() << devices.status().message();  // "no CUDA device: ..."
+  CudaBuffer buffer = CudaBuffer::Allocate(1 << 20).value();
+  constexpr int kThreads = 6;
+  std::vector<absl::StatusOr<DeviceHandle>> handles(
+      kThreads, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      handles[t] = ExportDevicePointer(static_cast<uint8_t*>(buffer.data()) + 4096 * t);
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_TRUE(handles[t].ok()) << "thread " << t << ": " << handles[t].status();
+    EXPECT_EQ(handles[t]->offset, 4096u * t);
+    EXPECT_EQ(handles[t]->ipc_handle, handles[0]->ipc_handle);
   }
 }
 

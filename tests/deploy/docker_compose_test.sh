@@ -8,8 +8,14 @@
 #   3. static checks: `docker-compose config` (v1) and the Compose
 #      Specification schema (what v2 validates), which must also reject each
 #      tests/deploy/broken/compose/*.yaml
-#   4. `up -d` the stack (rendezvous, 4 workers, parameter server, bench):
-#      the bench exits 0 and every row of its table has #wrong 0
+#   4. `up -d` the stack (rendezvous, 4 workers, parameter server, bench,
+#      and the observability profile's Prometheus, its image built from
+#      Debian's prometheus package on the same base): the bench exits 0 and
+#      every row of its table has #wrong 0; the ring page and /api/health
+#      answer on the host port Compose published; Prometheus, queried on
+#      its published port, sees its 5 targets (rendezvous, 4 workers) up
+#      and the ring's generation (from the rendezvous and from every
+#      worker) equal to /api/health's, under the halka_job label
 #   5. SIGKILLs worker-2: `halkactl health`, run in a container on the
 #      stack's network, reports the job degraded (exit 2) and rank 2 alive NO
 #      within 15 s
@@ -32,12 +38,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ROOT=$DEPLOY_ROOT
 COMPOSE_FILE=$ROOT/deploy/compose/compose.yaml
 IMAGE=${HALKA_IMAGE:-halka:latest}
+PROM_IMAGE=${HALKA_PROMETHEUS_IMAGE:-halka-prometheus:latest}
 BASE_IMAGE=debian:bookworm-slim
 PROJECT=halkadeploy$$
 JOB=deploytest$$
 HEALTH_DEADLINE_S=15
 BENCH_DEADLINE_S=600
-export HALKA_IMAGE=$IMAGE HALKA_JOB=$JOB
+export HALKA_IMAGE=$IMAGE HALKA_JOB=$JOB HALKA_PROMETHEUS_IMAGE=$PROM_IMAGE
 
 if [[ $(id -u) -ne 0 ]]; then
   echo "SKIP: docker_compose_test.sh needs root (installs packages, starts dockerd)"
@@ -97,7 +104,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # ------------------------------------------------------------ 1. engine
-apt_install docker.io docker-compose debootstrap debuerreotype iptables ||
+apt_install docker.io docker-compose debootstrap debuerreotype iptables curl ||
   fail "could not install docker.io docker-compose debootstrap debuerreotype"
 
 if ! docker info >/dev/null 2>&1; then
@@ -150,6 +157,14 @@ size=$(docker image inspect -f '{{.Size}}' "$IMAGE")
 summary "image size $BASE_IMAGE" "$(mib "$base_size")"
 summary "image size $IMAGE" "$(mib "$size") (+$(mib $(( size - base_size ))) over the base)"
 (( size < 300 * 1024 * 1024 )) || fail "$IMAGE is $(mib "$size"): not a small runtime image"
+
+log "building $PROM_IMAGE (deploy/docker/build.sh --prometheus)"
+t0=$(now_ms)
+DOCKER=docker "$ROOT/deploy/docker/build.sh" --prometheus --tag "$PROM_IMAGE" \
+  >"$WORK/build-prometheus.log" 2>&1 ||
+  fail "prometheus image build failed:
+$(tail -n 40 "$WORK/build-prometheus.log" | sed 's/^/    | /')"
+summary "prometheus image build (Debian package)" "$(secs $(( $(now_ms) - t0 ))) s, $(mib "$(docker image inspect -f '{{.Size}}' "$PROM_IMAGE")")"
 
 uid=$(docker run --rm "$IMAGE" id -u) || fail "cannot run $IMAGE"
 [[ $uid == 10001 ]] || fail "the image runs as uid $uid, not the non-root 10001"
@@ -245,7 +260,48 @@ $bad"
   grep -q '#wrong' "$WORK/bench.log" || fail "no table header in the bench log"
   summary "$1: bench table" "$nrows rows (ring, ps, naive), all #wrong 0"
 }
+# The plaintext stack runs with the observability profile (Prometheus).
+export COMPOSE_PROFILES=observability
 up_and_bench plaintext
+
+# ------------------------------------------------------------ 4b. observability
+# host_port SERVICE PORT -> the 127.0.0.1:N Compose published it on
+host_port() {
+  docker port "${CID[$1]}" "$2/tcp" 2>/dev/null | grep -m1 -oE '127\.0\.0\.1:[0-9]+'
+}
+[[ -n ${CID[prometheus]:-} ]] || fail "no prometheus container (observability profile)"
+RING=$(host_port rendezvous 9100) || fail "the rendezvous's port 9100 is not published on 127.0.0.1"
+page=$(curl -sf --max-time 5 "http://$RING/?job=$JOB") || fail "ring page at http://$RING/ does not answer"
+grep -q 'halka ring' <<<"$page" || fail "http://$RING/ is not the ring page: $(head -c 300 <<<"$page")"
+gen=$(curl -sf --max-time 5 "http://$RING/api/health?job=$JOB" |
+      python3 -c 'import json, sys; print(int(json.load(sys.stdin)["generation"]))') ||
+  fail "http://$RING/api/health?job=$JOB gave no generation"
+summary "ring page on the host" "http://$RING/ (generation $gen)"
+PROM=$(host_port prometheus 9090) || fail "Prometheus's port 9090 is not published on 127.0.0.1"
+# pq EXPR -> the value of a one-sample instant query ("" otherwise)
+pq() {
+  curl -sf --max-time 5 -G "http://$PROM/api/v1/query" --data-urlencode "query=$1" |
+    python3 -c 'import json, sys
+r = json.load(sys.stdin)["data"]["result"]
+print(r[0]["value"][1] if len(r) == 1 else "")' 2>/dev/null
+}
+want=("count(up == 1)" 5 "count(up)" 5
+      "halka_ring_generation{halka_job=\"$JOB\"}" "$gen"
+      "count(halka_worker_generation{halka_job=\"$JOB\"} == $gen)" 4
+      "count(halka_member_alive{halka_job=\"$JOB\"} == 1)" 4)
+t0=$(now_ms)
+while :; do
+  bad=""
+  for (( i = 0; i < ${#want[@]}; i += 2 )); do
+    v=$(pq "${want[i]}")
+    [[ $v == "${want[i + 1]}" ]] || { bad="${want[i]} = '${v}', want ${want[i + 1]}"; break; }
+  done
+  [[ -z $bad ]] && break
+  (( $(now_ms) - t0 > 60000 )) && fail "Prometheus (http://$PROM) after 60 s: $bad
+$(curl -sf --max-time 5 "http://$PROM/api/v1/targets" | head -c 1500)"
+  sleep 1
+done
+summary "prometheus: 5 targets up, generation $gen" "after $(secs $(( $(now_ms) - t0 ))) s (http://$PROM)"
 
 # ------------------------------------------------------------ 5. kill a worker
 NET=$(docker inspect -f '{{range $k, $v := .NetworkSettings.Networks}}{{$k}} {{end}}' \
@@ -292,6 +348,7 @@ summary "SIGTERM: 5 daemons exit 0" "$(secs "$stop_ms") s for the whole stack"
 compose down --volumes --remove-orphans --timeout 10 >/dev/null 2>&1 ||
   fail "compose down (plaintext stack) failed"
 STACK_UP=0
+unset COMPOSE_PROFILES
 TLS_FILE=$ROOT/deploy/compose/compose.tls.yaml
 TLS_DIR=$WORK/tls
 HALKA_JOB=$JOB "$ROOT/deploy/compose/make-certs.sh" "$TLS_DIR" >"$WORK/certs.log" 2>&1 ||

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Deploy test: strict offline validation of deploy/k8s (no cluster needed).
 #
-#   1. renders deploy/k8s/base, overlays/gpu, overlays/tls (with the Secret
+#   1. renders deploy/k8s/base, overlays/gpu, overlays/prometheus-operator
+#      (a PodMonitor), overlays/tls (with the Secret
 #      its make-secret.sh prints), overlays/tls-bench and bench with `kubectl
 #      kustomize` (kubectl >= 1.21: kustomize v4+) and with kustomize-lite.mjs,
 #      the repo's own stand-in, and asserts both give the same objects (the
@@ -89,6 +90,7 @@ check_set() {  # check_set NAME DIR|FILE... : renders each DIR, validates all as
 check_set base "$K8S/base"
 check_set gpu "$K8S/overlays/gpu"
 check_set base+bench "$K8S/base" "$K8S/bench"
+check_set prometheus-operator "$K8S/overlays/prometheus-operator"
 # The TLS overlay with the Secret its script makes (the validator checks the
 # files it names against the Secret's keys), and the bench over TLS.
 if HALKA_WORKERS=4 "$K8S/overlays/tls/make-secret.sh" halka-test halka "$WORK/tls-ca" \

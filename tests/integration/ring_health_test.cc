@@ -180,7 +180,7 @@ TEST(RingHealth, MetricsAndRingPageOverHttp) {
   const std::string w0 = Curl("http://" + c.cluster->metrics_address(0) + "/metrics");
   ASSERT_FALSE(w0.empty());
   std::map<std::string, double> s = ParseProm(w0);
-  const std::string b = "job=\"local\",rank=\"0\"";
+  const std::string b = "halka_job=\"local\",rank=\"0\"";
   EXPECT_EQ(s["halka_operations_total{" + b +
               ",kind=\"all_reduce\",algorithm=\"ring\",outcome=\"ok\"}"], 6);
   EXPECT_EQ(s["halka_operation_seconds_count{" + b + "}"], 6);
@@ -195,19 +195,19 @@ TEST(RingHealth, MetricsAndRingPageOverHttp) {
   // The slow rank's reduce time per edge shows the delay.
   const std::map<std::string, double> s2 =
       ParseProm(Curl("http://" + c.cluster->metrics_address(2) + "/metrics"));
-  EXPECT_GE(s2.at("halka_edge_reduce_seconds_total{job=\"local\",rank=\"2\",peer=\"1\"}"),
+  EXPECT_GE(s2.at("halka_edge_reduce_seconds_total{halka_job=\"local\",rank=\"2\",peer=\"1\"}"),
             6 * 24 * 0.005 * 0.9);
   // The rendezvous's /metrics.
   const std::string rv = Curl("http://" + c.cluster->metrics_address(-1) + "/metrics");
   std::printf("%s", rv.c_str());
   s = ParseProm(rv);
-  EXPECT_EQ(s["halka_ring_state{job=\"local\",state=\"healthy\"}"], 1);
-  EXPECT_EQ(s["halka_ring_state{job=\"local\",state=\"degraded\"}"], 0);
-  EXPECT_EQ(s["halka_ring_generation{job=\"local\"}"], 1);
-  EXPECT_EQ(s["halka_ring_members{job=\"local\"}"], 4);
-  EXPECT_EQ(s["halka_ring_straggler_rank{job=\"local\"}"], 2);
-  EXPECT_EQ(s["halka_member_alive{job=\"local\",rank=\"3\",worker=\"worker-3\"}"], 1);
-  EXPECT_EQ(s["halka_edge_window_bytes{job=\"local\",from=\"2\",to=\"3\",ring=\"true\"}"],
+  EXPECT_EQ(s["halka_ring_state{halka_job=\"local\",state=\"healthy\"}"], 1);
+  EXPECT_EQ(s["halka_ring_state{halka_job=\"local\",state=\"degraded\"}"], 0);
+  EXPECT_EQ(s["halka_ring_generation{halka_job=\"local\"}"], 1);
+  EXPECT_EQ(s["halka_ring_members{halka_job=\"local\"}"], 4);
+  EXPECT_EQ(s["halka_ring_straggler_rank{halka_job=\"local\"}"], 2);
+  EXPECT_EQ(s["halka_member_alive{halka_job=\"local\",rank=\"3\",worker=\"worker-3\"}"], 1);
+  EXPECT_EQ(s["halka_edge_window_bytes{halka_job=\"local\",from=\"2\",to=\"3\",ring=\"true\"}"],
             6.0 * 2 * (g - 1) * (1 << 20));
   // The ring page and its JSON.
   const std::string page = Curl("http://" + c.cluster->metrics_address(-1) + "/");

@@ -11,10 +11,11 @@
 # rank's all_reduce/ring/ok counter > 0 and growing with a second round,
 # payload bytes on every ring edge > 0 on both ends.
 #
-# The scrape config sets honor_labels: true — halka labels its series with
-# job="<halka job id>", which Prometheus would otherwise rename to
-# exported_job (its own `job` target label). The test checks that renaming
-# too on a second scrape job without honor_labels.
+# halka labels its series with halka_job="<halka job id>", not `job` (which
+# Prometheus owns: it would rename a `job` label to exported_job unless the
+# scrape set honor_labels). The scrape jobs set no honor_labels; a second
+# scrape job of the rendezvous checks that halka_job arrives as it is, next
+# to Prometheus's own job label, and that no exported_job appears.
 #
 # Exit: 0 pass, 1 fail, 77 skip (prometheus not installed and cannot be).
 set -u -o pipefail
@@ -55,11 +56,9 @@ mkdir -p "$PROM_DIR/data"
   echo "  evaluation_interval: 1s"
   echo "scrape_configs:"
   echo "  - job_name: halka-rendezvous"
-  echo "    honor_labels: true"
   echo "    static_configs:"
   echo "      - targets: ['127.0.0.1:$RDV_M']"
   echo "  - job_name: halka-workers"
-  echo "    honor_labels: true"
   echo "    static_configs:"
   echo "      - targets: [$(for (( r = 0; r < G; ++r )); do
                             printf "'127.0.0.1:%s'%s" "${WM[r]}" "$( (( r < G - 1 )) && echo ,)"; done)]"
@@ -123,7 +122,10 @@ round() {  # round NAME REPEAT : ring all-reduces on every rank, concurrently
     assert_eq "$(grep -cE "#wrong 0\$" "$SYS_LOG/$name.r$r.out")" "$repeat" "$name rank $r: #wrong 0 lines"
   done
 }
-J="job=\"$JOB\""
+J="halka_job=\"$JOB\""
+# The rendezvous is scraped twice (the second job: default labels); its
+# series are asked of the first scrape job.
+RJ="$J,job=\"halka-rendezvous\""
 OPS_OK="halka_operations_total{$J,kind=\"all_reduce\",algorithm=\"ring\",outcome=\"ok\"}"
 
 t_ops=$(now_ns)
@@ -150,15 +152,15 @@ check() {  # check WHAT EXPR WANT
   printf '  %-58s %s\n' "$1" "${v:-<none>}"
   assert_eq "$v" "$3" "$1 ($2)"
 }
-check "rendezvous: ring generation" "halka_ring_generation{$J}" 1
-check "rendezvous: members" "halka_ring_members{$J}" "$G"
-check "rendezvous: members alive" "count(halka_member_alive{$J} == 1)" "$G"
-check "rendezvous: state healthy" "halka_ring_state{$J,state=\"healthy\"}" 1
+check "rendezvous: ring generation" "halka_ring_generation{$RJ}" 1
+check "rendezvous: members" "halka_ring_members{$RJ}" "$G"
+check "rendezvous: members alive" "count(halka_member_alive{$RJ} == 1)" "$G"
+check "rendezvous: state healthy" "halka_ring_state{$RJ,state=\"healthy\"}" 1
 check "workers reporting generation 1" "count(halka_worker_generation{$J} == 1)" "$G"
 check "workers: ok ring all_reduce counters > 0" "count($OPS_OK > 0)" "$G"
 check "workers: failed all_reduces" "count(halka_operations_total{$J,outcome!=\"ok\"} > 0) or vector(0)" 0
 check "workers: latency histogram count >= 15" "count(halka_operation_seconds_count{$J} >= 15)" "$G"
-check "rendezvous: per-member ops counters > 0" "count(halka_member_operations_total{$J,outcome=\"ok\"} > 0)" "$G"
+check "rendezvous: per-member ops counters > 0" "count(halka_member_operations_total{$RJ,outcome=\"ok\"} > 0)" "$G"
 # Ring edge r -> r+1: bytes sent by r to peer r+1 and received by r+1 from r.
 for (( r = 0; r < G; ++r )); do
   n=$(( (r + 1) % G ))
@@ -171,13 +173,14 @@ for (( r = 0; r < G; ++r )); do
   ops=$(qv "halka_operations_total{$J,rank=\"$r\",kind=\"all_reduce\",algorithm=\"ring\",outcome=\"ok\"}")
   assert_eq "$s" $(( ${ops%%.*} * 2 * (G - 1) * 4 * COUNT / G )) \
     "edge $r->$n: bytes sent == ok ops ($ops) x 2(G-1)/G x 4 x $COUNT"
-  w=$(qv "halka_edge_window_bytes{$J,from=\"$r\",to=\"$n\"}")
+  w=$(qv "halka_edge_window_bytes{$RJ,from=\"$r\",to=\"$n\"}")
   printf '  %-58s %s\n' "rendezvous: edge $r->$n window bytes" "${w:-<none>}"
   assert_lt 0 "${w:-0}" "rendezvous: edge $r->$n window bytes"
 done
-# Default labels: the halka job id lands in exported_job.
-check "default scrape config: job id in exported_job" \
-  "halka_ring_generation{job=\"halka-rendezvous-default-labels\",exported_job=\"$JOB\"}" 1
+# Default labels: halka_job kept as it is, next to Prometheus's job label.
+check "default scrape config: halka_job beside job" \
+  "halka_ring_generation{job=\"halka-rendezvous-default-labels\",halka_job=\"$JOB\"}" 1
+check "no series renamed to exported_job" "count({exported_job!=\"\"}) or vector(0)" 0
 
 log "PASS: Prometheus scraped the rendezvous and $G workers"
 echo "PASS"

@@ -142,19 +142,26 @@ assert "summary" in h["diagnosis"], h["diagnosis"]
 assert sum(1 for e in h["edges"] if e.get("ring")) == int(sys.argv[1]), h["edges"]' \
   "$G" <<<"$json" || fail "health --json did not parse as expected: $json"
 watch=$(timeout --foreground -s KILL 15 "$CTL_BIN" health --rendezvous="$RDV_ADDR" \
-          --job="$JOB" --watch --interval=200ms --count=2 2>&1) \
+          --job="$JOB" --watch --interval=200ms --watch_count=2 2>&1) \
   || fail "health --watch: exit $?: $watch"
-assert_eq "$(grep -c '^job ' <<<"$watch")" 2 "health --watch --count=2 reports"
-summary "b. health --json parses, --watch --count=2 prints 2" "ok"
+assert_eq "$(grep -c '^job ' <<<"$watch")" 2 "health --watch --watch_count=2 reports"
+summary "b. health --json parses, --watch --watch_count=2 prints 2" "ok"
+# --count is allreduce's element count: health refuses it, naming the flag
+# it means, instead of reading it as a number of reports.
+out=$(timeout --foreground -s KILL 15 "$CTL_BIN" health --rendezvous="$RDV_ADDR" \
+        --job="$JOB" --watch --interval=200ms --count=2 2>&1) \
+  && fail "health --watch --count=2 succeeded: $out"
+grep -q -- '--watch_count' <<<"$out" || fail "health --count=2: no hint at --watch_count: $out"
+summary "b. health --count=2 refused (names --watch_count)" "ok"
 if command -v curl >/dev/null; then
   m=$(curl -sf --max-time 5 "http://127.0.0.1:$RDV_METRICS/metrics") || fail "rendezvous /metrics"
-  grep -qx "halka_ring_state{job=\"$JOB\",state=\"healthy\"} 1" <<<"$m" \
+  grep -qx "halka_ring_state{halka_job=\"$JOB\",state=\"healthy\"} 1" <<<"$m" \
     || fail "rendezvous /metrics: no healthy ring state: $m"
   assert_eq "$(grep -c '^halka_member_alive{.*} 1$' <<<"$m")" "$G" "rendezvous /metrics alive members"
   m=$(curl -sf --max-time 5 "http://127.0.0.1:$W0_METRICS/metrics") || fail "worker /metrics"
-  grep -q '^halka_operations_total{job="'"$JOB"'",rank="0",kind="all_reduce",algorithm="ring",outcome="ok"} [1-9]' <<<"$m" \
+  grep -q '^halka_operations_total{halka_job="'"$JOB"'",rank="0",kind="all_reduce",algorithm="ring",outcome="ok"} [1-9]' <<<"$m" \
     || fail "worker /metrics: no ring all-reduces counted: $m"
-  grep -q '^halka_edge_bytes_total{job="'"$JOB"'",rank="0",peer="1",direction="sent"} [1-9]' <<<"$m" \
+  grep -q '^halka_edge_bytes_total{halka_job="'"$JOB"'",rank="0",peer="1",direction="sent"} [1-9]' <<<"$m" \
     || fail "worker /metrics: no bytes to rank 1"
   curl -sf --max-time 5 "http://127.0.0.1:$RDV_METRICS/" | grep -q '<svg id="ring"' \
     || fail "rendezvous ring page"

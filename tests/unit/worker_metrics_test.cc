@@ -43,30 +43,30 @@ TEST(WorkerMetricsTest, EveryFamilyOnceWithLabelsEscaped) {
   EXPECT_EQ(Count(text, "# TYPE halka_operation_seconds histogram\n"), 1);
   EXPECT_EQ(Count(text, "# HELP halka_edge_bytes_total "), 1);
   EXPECT_TRUE(absl::StrContains(
-      text, "halka_worker_generation{job=\"j\\\"1\",rank=\"2\"} 9\n"))
+      text, "halka_worker_generation{halka_job=\"j\\\"1\",rank=\"2\"} 9\n"))
       << text;
   EXPECT_TRUE(absl::StrContains(
       text,
-      "halka_operations_total{job=\"j\\\"1\",rank=\"2\",kind=\"all_reduce\","
+      "halka_operations_total{halka_job=\"j\\\"1\",rank=\"2\",kind=\"all_reduce\","
       "algorithm=\"ring\",outcome=\"ok\"} 7\n"));
   EXPECT_TRUE(absl::StrContains(
-      text, "halka_edge_bytes_total{job=\"j\\\"1\",rank=\"2\",peer=\"ps0\","
+      text, "halka_edge_bytes_total{halka_job=\"j\\\"1\",rank=\"2\",peer=\"ps0\","
             "direction=\"received\"} 200\n"));
   EXPECT_TRUE(absl::StrContains(
-      text, "halka_edge_errors_total{job=\"j\\\"1\",rank=\"2\",peer=\"1\"} 1\n"));
+      text, "halka_edge_errors_total{halka_job=\"j\\\"1\",rank=\"2\",peer=\"1\"} 1\n"));
 }
 
 TEST(WorkerMetricsTest, HistogramIsCumulativeAndEndsAtTheCount) {
   const std::string text = WorkerMetricsText("j", 0, 1, 2, Sample());
   EXPECT_TRUE(absl::StrContains(
-      text, "halka_operation_seconds_bucket{job=\"j\",rank=\"0\",le=\"0.0025\"} 5\n"))
+      text, "halka_operation_seconds_bucket{halka_job=\"j\",rank=\"0\",le=\"0.0025\"} 5\n"))
       << text;
   EXPECT_TRUE(absl::StrContains(
-      text, "halka_operation_seconds_bucket{job=\"j\",rank=\"0\",le=\"60\"} 5\n"));
+      text, "halka_operation_seconds_bucket{halka_job=\"j\",rank=\"0\",le=\"60\"} 5\n"));
   EXPECT_TRUE(absl::StrContains(
-      text, "halka_operation_seconds_bucket{job=\"j\",rank=\"0\",le=\"+Inf\"} 7\n"));
+      text, "halka_operation_seconds_bucket{halka_job=\"j\",rank=\"0\",le=\"+Inf\"} 7\n"));
   EXPECT_TRUE(absl::StrContains(
-      text, "halka_operation_seconds_count{job=\"j\",rank=\"0\"} 7\n"));
+      text, "halka_operation_seconds_count{halka_job=\"j\",rank=\"0\"} 7\n"));
   EXPECT_FALSE(absl::StrContains(text, "1e+300"));
 }
 

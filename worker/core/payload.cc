@@ -7,6 +7,22 @@
 
 namespace halka {
 
+void CopyPayloadBytes(const InFrame& frame, size_t from, size_t n,
+                      uint8_t* dst) {
+  for (const auto& piece : frame.pieces) {
+    if (n == 0) return;
+    if (from >= piece.size()) {
+      from -= piece.size();
+      continue;
+    }
+    const size_t take = std::min(n, piece.size() - from);
+    std::memcpy(dst, piece.data() + from, take);
+    dst += take;
+    n -= take;
+    from = 0;
+  }
+}
+
 void ApplyPayload(DType dtype, ReduceOp op, bool reduce, uint8_t* dst,
                   const InFrame& frame) {
   const size_t es = DTypeSize(dtype);

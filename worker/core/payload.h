@@ -9,6 +9,11 @@
 
 namespace halka {
 
+// Copies bytes [from, from + n) of the frame's payload (its pieces back to
+// back) to dst; stops early if the payload is shorter.
+void CopyPayloadBytes(const InFrame& frame, size_t from, size_t n,
+                      uint8_t* dst);
+
 // Reduces (reduce=true: dst = dst op payload) or copies the payload of
 // `frame` into `dst`. The payload may be split across pieces at any byte
 // boundary, even inside an element. The caller has checked its size.

@@ -27,6 +27,16 @@
 // token files under a mount of the container, readable by the pod's user,
 // and keys of the Secret when the Secret is in the set.
 //
+// The Prometheus operator's PodMonitor and ServiceMonitor
+// (monitoring.coreos.com/v1) are checked against the operator's CRD schema
+// (@kubernetes-models/prometheus-operator), their fields against the
+// operator's documented API (the CRD schema does not forbid unknown
+// fields), their selectors against the set's pods and Services, and their
+// ports against those pods' and Services' port names. halka's metrics:
+// the rendezvous and every worker serve /metrics (HALKA_METRICS_PORT) on a
+// container port named "metrics", and prometheus.io/port annotations name
+// that port's number.
+//
 // Prints every problem, one a line, and exits 1 if there is any.
 import fs from "node:fs";
 import path from "node:path";
@@ -147,9 +157,57 @@ function checkLabels(obj, labels, where) {
   }
 }
 
+// The documented fields of the Prometheus operator's monitors (v0.7x API
+// reference: PodMonitorSpec, ServiceMonitorSpec, PodMetricsEndpoint,
+// Endpoint), checked like strictWalk does for the built-in kinds.
+const MONITOR_SPEC = ["jobLabel", "podTargetLabels", "targetLabels", "selector",
+  "namespaceSelector", "sampleLimit", "targetLimit", "labelLimit",
+  "labelNameLengthLimit", "labelValueLengthLimit", "keepDroppedTargets",
+  "attachMetadata", "scrapeProtocols", "scrapeClass", "bodySizeLimit"];
+const MONITOR_ENDPOINT = ["port", "targetPort", "path", "scheme", "params",
+  "interval", "scrapeTimeout", "tlsConfig", "bearerTokenSecret", "honorLabels",
+  "honorTimestamps", "trackTimestampsStaleness", "basicAuth", "oauth2",
+  "authorization", "metricRelabelings", "relabelings", "proxyUrl",
+  "followRedirects", "enableHttp2", "filterRunning"];
+const MONITORS = {
+  PodMonitor: { list: "podMetricsEndpoints", endpoint: "PodMetricsEndpoint",
+                extra: ["portNumber"] },
+  ServiceMonitor: { list: "endpoints", endpoint: "Endpoint",
+                    extra: ["bearerTokenFile"] },
+};
+function checkMonitorFields(o) {
+  const m = MONITORS[o.kind];
+  const known = (obj, allowed, where, type) => {
+    if (typeof obj !== "object" || obj === null || Array.isArray(obj)) return;
+    for (const k of Object.keys(obj)) {
+      if (!allowed.includes(k)) problem(o, `${where}.${k}`, `unknown field "${k}" (not in ${type})`);
+    }
+  };
+  known(o, ["apiVersion", "kind", "metadata", "spec"], "", o.kind);
+  strictWalk(o, o.metadata, "V1ObjectMeta", "metadata");
+  known(o.spec, [...MONITOR_SPEC, m.list], "spec", `${o.kind}Spec`);
+  strictWalk(o, o.spec?.selector, "V1LabelSelector", "spec.selector");
+  (o.spec?.[m.list] ?? []).forEach((e, i) =>
+    known(e, [...MONITOR_ENDPOINT, ...m.extra], `spec.${m.list}[${i}]`, m.endpoint));
+}
+
 for (const o of objects) {
   if (!o.apiVersion || !o.kind) {
     problem(o, "", "missing apiVersion or kind");
+    continue;
+  }
+  if (o.apiVersion === "monitoring.coreos.com/v1" && MONITORS[o.kind]) {
+    const Model = (await import(`@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/${o.kind}`))[o.kind];
+    try {
+      new Model(o).validate();
+    } catch (e) {
+      for (const line of String(e.message).split(/, (?=data)/)) {
+        problem(o, "", `schema: ${line.replace(/^data\/?/, "/")}`);
+      }
+    }
+    checkMonitorFields(o);
+    if (!DNS1123_SUBDOMAIN.test(o.metadata?.name ?? "")) problem(o, "metadata.name", "not a valid DNS-1123 subdomain");
+    checkLabels(o, o.metadata?.labels, "metadata.labels");
     continue;
   }
   const { mod, cls } = modelPaths(o.apiVersion, o.kind);
@@ -451,6 +509,64 @@ for (const w of workloads) {
       }
     }
   }
+}
+
+// ------------------------------------------------------------ metrics
+// A LabelSelector (matchLabels and matchExpressions) against labels.
+const matches = (sel, labels) => subset(sel?.matchLabels, labels) &&
+  (sel?.matchExpressions ?? []).every((x) => {
+    const has = Object.prototype.hasOwnProperty.call(labels, x.key);
+    switch (x.operator) {
+      case "In": return has && (x.values ?? []).includes(labels[x.key]);
+      case "NotIn": return !has || !(x.values ?? []).includes(labels[x.key]);
+      case "Exists": return has;
+      case "DoesNotExist": return !has;
+      default: return false;
+    }
+  });
+for (const w of workloads) {
+  const ann = w.spec.template.metadata?.annotations ?? {};
+  const served = [];  // metrics ports of the pod's halka daemons
+  for (const c of containersOf(w)) {
+    const prog = program(c);
+    if (!["halka-worker", "halka-rendezvous"].includes(prog)) continue;
+    const where = `container "${c.name}"`;
+    const port = Number(containerEnv(c).get("HALKA_METRICS_PORT") ?? 0);
+    if (!port) {
+      problem(w, where, `${prog} serves no /metrics (HALKA_METRICS_PORT unset or 0): nothing can scrape it`);
+      continue;
+    }
+    served.push(port);
+    const named = (c.ports ?? []).find((p) => p.name === "metrics");
+    if (!named || named.containerPort !== port) {
+      problem(w, `${where} ports`, `no port named "metrics" with containerPort ${port} (HALKA_METRICS_PORT)`);
+    }
+  }
+  if (ann["prometheus.io/scrape"] === "true" &&
+      !served.includes(Number(ann["prometheus.io/port"]))) {
+    problem(w, "spec.template.metadata.annotations", `prometheus.io/port "${ann["prometheus.io/port"]}" is not a metrics port of the pod (${served.join(", ") || "none"})`);
+  }
+}
+for (const mon of objects.filter((o) => MONITORS[o.kind] && o.apiVersion === "monitoring.coreos.com/v1")) {
+  const sel = mon.spec?.selector ?? {};
+  const { list } = MONITORS[mon.kind];
+  // What the monitor scrapes, and the port names each one has.
+  const targets = mon.kind === "PodMonitor"
+    ? workloads.filter((w) => matches(sel, podLabels(w))).map((w) =>
+        [key(w), containersOf(w).flatMap((c) => (c.ports ?? []).map((p) => p.name))])
+    : byKind("Service").filter((s) => matches(sel, s.metadata?.labels ?? {})).map((s) =>
+        [key(s), (s.spec?.ports ?? []).map((p) => p.name)]);
+  if (targets.length === 0) {
+    problem(mon, "spec.selector", `selects no ${mon.kind === "PodMonitor" ? "pod template" : "Service"} of the set`);
+  }
+  (mon.spec?.[list] ?? []).forEach((e, i) => {
+    if (e.port === undefined) return;
+    for (const [t, names] of targets) {
+      if (!names.includes(e.port)) {
+        problem(mon, `spec.${list}[${i}].port`, `"${e.port}" is not a named port of ${t} (${names.filter(Boolean).join(", ") || "none"})`);
+      }
+    }
+  });
 }
 
 // ------------------------------------------------------------ report

@@ -6,10 +6,13 @@
 // head) and after the last whole vector (the tail) done one at a time. Buffers
 // whose addresses differ by a multiple of 16 bytes are thus fully vectorised
 // whatever their alignment; others take the element-wise loop (head = count),
-// and pointers not even aligned to the element size a byte-wise one.
+// and pointers not even aligned to the element size a byte-wise one. The
+// loop bodies, the split and the byte assembly live in cuda_elements.h as
+// host/device code, tested on the CPU too.
 //
 // Bit-exactness with the CPU reducer (worker/core/reduce.cc): every element
-// gets exactly one IEEE operation in the same precision as on the CPU, via
+// gets exactly one IEEE operation in the same precision as on the CPU (the
+// average's division: a correctly rounded quotient, see DivideByConstant), via
 // the _rn intrinsics so that nvcc cannot contract a multiply and an add into
 // an FMA, and float16/bfloat16 are widened exactly, computed in float32 and
 // rounded once with round-to-nearest-even. Denormals are kept (no -ftz; the
@@ -32,12 +35,16 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/core/cuda/cuda_elements.h"
 #include "worker/core/dtype.h"
 
 namespace halka {
 namespace {
 
-#define HALKA_HD __host__ __device__ __forceinline__
+using cuda_elements::BytewiseBody;
+using cuda_elements::DivideByConstant;
+using cuda_elements::ElementwiseBody;
+using cuda_elements::Plan;
 
 // ---------------------------------------------------------------------------
 // Arithmetic without contraction. The host branches exist only so that the
@@ -72,21 +79,6 @@ HALKA_HD double MulRn(double a, double b) {
   return a * b;
 #endif
 }
-HALKA_HD float DivRn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-HALKA_HD double DivRn(double a, double b) {
-#ifdef __CUDA_ARCH__
-  return __ddiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
 // ---------------------------------------------------------------------------
 // Codecs: how a stored element becomes the type arithmetic is done in (the
 // same split as in reduce.cc).
@@ -194,24 +186,35 @@ struct ReduceFn {
 // FinalizeAvg. Integer `/` truncates toward zero; the most negative value
 // divided by -1 overflows, so -1 negates in unsigned arithmetic (wraps), as
 // the CPU does. Floats divide in their own precision (the half types in
-// float, rounded once).
+// float, rounded once), through DivideByConstant: correctly rounded like
+// the CPU's `/`, without a division sequence per element.
+template <typename Codec, bool kIntegral = std::is_integral_v<typename Codec::Compute>>
+struct DivideFn;
+
 template <typename Codec>
-struct DivideFn {
+struct DivideFn<Codec, true> {
   using Storage = typename Codec::Storage;
   using Compute = typename Codec::Compute;
   static constexpr bool kHasSrc = false;
   Compute divisor;
   HALKA_HD Storage operator()(Storage d, Storage /*unused*/) const {
     const Compute value = Codec::Decode(d);
-    if constexpr (std::is_integral_v<Compute>) {
-      if (divisor == Compute{-1}) {
-        using U = std::make_unsigned_t<Compute>;
-        return static_cast<Compute>(U{0} - static_cast<U>(value));
-      }
-      return value / divisor;
-    } else {
-      return Codec::Encode(DivRn(value, divisor));
+    if (divisor == Compute{-1}) {
+      using U = std::make_unsigned_t<Compute>;
+      return static_cast<Compute>(U{0} - static_cast<U>(value));
     }
+    return value / divisor;
+  }
+};
+
+template <typename Codec>
+struct DivideFn<Codec, false> {
+  using Storage = typename Codec::Storage;
+  using Compute = typename Codec::Compute;
+  static constexpr bool kHasSrc = false;
+  DivideByConstant<Compute> divide;
+  HALKA_HD Storage operator()(Storage d, Storage /*unused*/) const {
+    return Codec::Encode(divide(Codec::Decode(d)));
   }
 };
 
@@ -222,84 +225,6 @@ struct DivideFn {
 // and spilled in the float32 kernels; without, no kernel spills and none
 // uses more than 54 registers on sm_90.
 constexpr int kThreads = 256;
-constexpr size_t kVectorBytes = 16;
-constexpr int kUnroll = 4;  // vectors in flight per thread and iteration
-
-template <typename Storage>
-struct Pack {
-  static constexpr int kLanes = kVectorBytes / sizeof(Storage);
-  Storage lane[kLanes];
-};
-
-template <typename Storage>
-HALKA_HD Pack<Storage> LoadPack(const uint4* p) {
-  const uint4 raw = *p;
-  Pack<Storage> pack;
-  memcpy(&pack, &raw, sizeof(raw));
-  return pack;
-}
-
-template <typename Storage>
-HALKA_HD void StorePack(uint4* p, const Pack<Storage>& pack) {
-  uint4 raw;
-  memcpy(&raw, &pack, sizeof(raw));
-  *p = raw;
-}
-
-// The body of the element-aligned kernel, written for one thread out of
-// `threads` so that it can also be run on the host, thread after thread. Elements [0, head) and
-// [head + nvec * lanes, count) go one at a time; the nvec vectors in between
-// start at a 16-byte aligned address in both buffers. dst may equal src:
-// every element is read before it is written, by the same thread.
-template <typename Fn>
-HALKA_HD void ElementwiseBody(typename Fn::Storage* dst,
-                              const typename Fn::Storage* src, size_t head,
-                              size_t nvec, size_t count, Fn fn, size_t thread,
-                              size_t threads) {
-  using Storage = typename Fn::Storage;
-  constexpr int kLanes = Pack<Storage>::kLanes;
-  for (size_t i = thread; i < head; i += threads) {
-    dst[i] = fn(dst[i], Fn::kHasSrc ? src[i] : Storage{});
-  }
-  const size_t tail_begin = head + nvec * kLanes;
-  for (size_t i = tail_begin + thread; i < count; i += threads) {
-    dst[i] = fn(dst[i], Fn::kHasSrc ? src[i] : Storage{});
-  }
-  if (nvec == 0) return;
-  uint4* dv = reinterpret_cast<uint4*>(dst + head);
-  const uint4* sv =
-      Fn::kHasSrc ? reinterpret_cast<const uint4*>(src + head) : nullptr;
-  size_t v = thread;
-  // kUnroll vectors per iteration: all loads are issued before the first
-  // store, which keeps more memory requests in flight per thread.
-  for (; v + (kUnroll - 1) * threads < nvec; v += kUnroll * threads) {
-    Pack<Storage> a[kUnroll];
-    Pack<Storage> b[kUnroll]{};
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      a[u] = LoadPack<Storage>(dv + v + u * threads);
-      if constexpr (Fn::kHasSrc) b[u] = LoadPack<Storage>(sv + v + u * threads);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-#pragma unroll
-      for (int k = 0; k < kLanes; ++k) {
-        a[u].lane[k] = fn(a[u].lane[k], Fn::kHasSrc ? b[u].lane[k] : Storage{});
-      }
-      StorePack<Storage>(dv + v + u * threads, a[u]);
-    }
-  }
-  for (; v < nvec; v += threads) {
-    Pack<Storage> a = LoadPack<Storage>(dv + v);
-    Pack<Storage> b{};
-    if constexpr (Fn::kHasSrc) b = LoadPack<Storage>(sv + v);
-#pragma unroll
-    for (int k = 0; k < kLanes; ++k) {
-      a.lane[k] = fn(a.lane[k], Fn::kHasSrc ? b.lane[k] : Storage{});
-    }
-    StorePack<Storage>(dv + v, a);
-  }
-}
 
 template <typename Fn>
 __global__ void ElementwiseKernel(typename Fn::Storage* dst,
@@ -311,51 +236,7 @@ __global__ void ElementwiseKernel(typename Fn::Storage* dst,
   ElementwiseBody(dst, src, head, nvec, count, fn, thread, threads);
 }
 
-// Pointers not aligned to the element size (the CPU contract allows any
-// address; a misaligned load would fault on the GPU): assemble each element
-// from bytes, little endian.
-template <typename Storage>
-HALKA_HD Storage LoadBytes(const unsigned char* p) {
-  using Bits = std::conditional_t<sizeof(Storage) == 8, uint64_t,
-                                  std::conditional_t<sizeof(Storage) == 4,
-                                                     uint32_t, uint16_t>>;
-  Bits bits = 0;
-#pragma unroll
-  for (size_t k = 0; k < sizeof(Storage); ++k) {
-    bits |= static_cast<Bits>(static_cast<Bits>(p[k]) << (8 * k));
-  }
-  Storage value;
-  memcpy(&value, &bits, sizeof(value));
-  return value;
-}
-
-template <typename Storage>
-HALKA_HD void StoreBytes(unsigned char* p, Storage value) {
-  using Bits = std::conditional_t<sizeof(Storage) == 8, uint64_t,
-                                  std::conditional_t<sizeof(Storage) == 4,
-                                                     uint32_t, uint16_t>>;
-  Bits bits;
-  memcpy(&bits, &value, sizeof(bits));
-#pragma unroll
-  for (size_t k = 0; k < sizeof(Storage); ++k) {
-    p[k] = static_cast<unsigned char>(bits >> (8 * k));
-  }
-}
-
-template <typename Fn>
-HALKA_HD void BytewiseBody(unsigned char* dst, const unsigned char* src,
-                           size_t count, Fn fn, size_t thread,
-                           size_t threads) {
-  using Storage = typename Fn::Storage;
-  constexpr size_t kSize = sizeof(Storage);
-  for (size_t i = thread; i < count; i += threads) {
-    const Storage d = LoadBytes<Storage>(dst + i * kSize);
-    const Storage s =
-        Fn::kHasSrc ? LoadBytes<Storage>(src + i * kSize) : Storage{};
-    StoreBytes<Storage>(dst + i * kSize, fn(d, s));
-  }
-}
-
+// Pointers not aligned to the element size: byte by byte.
 template <typename Fn>
 __global__ void BytewiseKernel(unsigned char* dst, const unsigned char* src,
                                size_t count, Fn fn) {
@@ -367,38 +248,6 @@ __global__ void BytewiseKernel(unsigned char* dst, const unsigned char* src,
 
 // ---------------------------------------------------------------------------
 // Launching.
-
-// How a call splits into the kernel's parts.
-struct Plan {
-  bool bytewise = false;
-  size_t head = 0;  // scalar elements before the vectors
-  size_t nvec = 0;  // 16-byte vectors
-  size_t work = 0;  // the most loop iterations any part needs in total
-};
-
-template <typename Storage>
-Plan MakePlan(const void* dst, const void* src, size_t count) {
-  Plan plan;
-  const uintptr_t d = reinterpret_cast<uintptr_t>(dst);
-  const uintptr_t s = reinterpret_cast<uintptr_t>(src);
-  if (d % sizeof(Storage) != 0 || s % sizeof(Storage) != 0) {
-    plan.bytewise = true;
-    plan.work = count;
-    return plan;
-  }
-  if ((d - s) % kVectorBytes != 0) {  // never both aligned: element-wise
-    plan.head = count;
-    plan.work = count;
-    return plan;
-  }
-  constexpr size_t kLanes = Pack<Storage>::kLanes;
-  const size_t to_aligned = (kVectorBytes - d % kVectorBytes) % kVectorBytes;
-  plan.head = std::min(count, to_aligned / sizeof(Storage));
-  plan.nvec = (count - plan.head) / kLanes;
-  const size_t scalar = count - plan.nvec * kLanes;  // head + tail
-  plan.work = std::max(plan.nvec, scalar);
-  return plan;
-}
 
 // Multiprocessor count of the current device, cached per device.
 cudaError_t CurrentDeviceSMs(int* sms) {
@@ -432,7 +281,9 @@ template <typename Fn>
 cudaError_t LaunchElementwise(void* dst, const void* src, size_t count, Fn fn,
                               int sms, cudaStream_t stream) {
   using Storage = typename Fn::Storage;
-  const Plan plan = MakePlan<Storage>(dst, Fn::kHasSrc ? src : dst, count);
+  const Plan plan = cuda_elements::MakePlan<Storage>(
+      reinterpret_cast<uintptr_t>(dst),
+      reinterpret_cast<uintptr_t>(Fn::kHasSrc ? src : dst), count);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(GridFor(plan.work, sms));
   config.blockDim = dim3(kThreads);
@@ -474,8 +325,14 @@ cudaError_t LaunchReduce(ReduceOp op, void* dst, const void* src, size_t count,
 template <typename Codec>
 cudaError_t LaunchDivide(void* dst, size_t count, int divisor, int sms,
                          cudaStream_t stream) {
+  using Compute = typename Codec::Compute;
   DivideFn<Codec> fn;
-  fn.divisor = static_cast<typename Codec::Compute>(divisor);
+  if constexpr (std::is_integral_v<Compute>) {
+    fn.divisor = static_cast<Compute>(divisor);
+  } else {
+    fn.divide =
+        DivideByConstant<Compute>::Make(static_cast<Compute>(divisor));
+  }
   return LaunchElementwise(dst, nullptr, count, fn, sms, stream);
 }
 

@@ -11,10 +11,16 @@
 //
 // Data path of a device buffer: received chunks land in pinned host memory
 // (a mirror of the tensor), are copied to a device scratch area on the
-// context's stream and reduced into the tensor by CudaReduceInto; a chunk
-// to forward is copied back into the mirror and sent from there. The wire
-// overlaps with this work (sends are asynchronous); the copies and the
-// kernel of one chunk run back to back on one stream.
+// context's stream and reduced into the tensor by CudaReduceInto, and the
+// result is copied back into the mirror in the same stream round (one
+// synchronisation per chunk), from where the next step sends it; a chunk
+// only copied (all-gather, broadcast) is sent from the mirror as received,
+// with no device-to-host copy. The wire overlaps with this work (sends are
+// asynchronous). A chunk moves in 256 KiB slices that alternate between
+// two streams, so the CPU's gathering of one slice, another's copy to the
+// device and kernel, and a third's copy back overlap; one synchronisation
+// per chunk. Every entry point binds the context's device in the
+// calling thread first, so any worker thread may run an operation.
 #ifndef HALKA_WORKER_CORE_CUDA_DEVICE_MEMORY_H_
 #define HALKA_WORKER_CORE_CUDA_DEVICE_MEMORY_H_
 

@@ -436,7 +436,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
   return creds;
 }
 
-absl::Status CheckCallJob(const grpc::ServerContext& ctx,
+absl::Status CheckCallJob(const grpc::ServerContextBase& ctx,
                           absl::string_view request_job) {
   // No job, nothing to act on: the handler refuses the request itself
   // (INVALID_ARGUMENT), and it must not tell a bad token from a bad request.
@@ -455,7 +455,7 @@ absl::Status CheckCallJob(const grpc::ServerContext& ctx,
   return absl::OkStatus();
 }
 
-grpc::Status CheckCallJobGrpc(const grpc::ServerContext& ctx,
+grpc::Status CheckCallJobGrpc(const grpc::ServerContextBase& ctx,
                               absl::string_view request_job) {
   return ToGrpcStatus(CheckCallJob(ctx, request_job));
 }

@@ -112,9 +112,9 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
 // Rendezvous handlers: OK when the call is entitled to act for
 // `request_job` (its metadata names that job, or none, and its token is the
 // job's); UNAUTHENTICATED "unauthenticated" otherwise.
-absl::Status CheckCallJob(const grpc::ServerContext& ctx,
+absl::Status CheckCallJob(const grpc::ServerContextBase& ctx,
                           absl::string_view request_job);
-grpc::Status CheckCallJobGrpc(const grpc::ServerContext& ctx,
+grpc::Status CheckCallJobGrpc(const grpc::ServerContextBase& ctx,
                               absl::string_view request_job);
 
 // Channel credentials for `target` per the configuration, and the channel

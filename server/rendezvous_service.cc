@@ -2,6 +2,8 @@
 
 #include "halka/v1/worker.grpc.pb.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
@@ -66,6 +68,39 @@ RingClaim ClaimFrom(const v1::Membership& m) {
   return c;
 }
 
+bool ParseMessage(const grpc::ByteBuffer& bytes,
+                  google::protobuf::MessageLite* message) {
+  std::vector<grpc::Slice> slices;
+  if (!bytes.Dump(&slices).ok()) return false;
+  std::string flat;
+  for (const grpc::Slice& s : slices) {
+    flat.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return message->ParseFromString(flat);
+}
+
+// Erases the entries of a map by job whose job fails `keep`.
+template <typename Map, typename Keep>
+void EraseUnless(Map& map, const Keep& keep) {
+  for (auto it = map.begin(); it != map.end();) {
+    it = keep(it->first) ? std::next(it) : map.erase(it);
+  }
+}
+
+// Appends the key and length of a length-delimited field (its bytes follow,
+// e.g. in another slice of the same message).
+void AppendTag(int field, size_t length, std::string* out) {
+  auto varint = [out](uint64_t v) {
+    while (v >= 0x80) {
+      out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+      v >>= 7;
+    }
+    out->push_back(static_cast<char>(v));
+  };
+  varint(static_cast<uint64_t>(field) << 3 | 2);  // wire type 2
+  varint(length);
+}
+
 // Asks a suspect worker for its info with a short deadline: true when it
 // answers (any answer but UNAVAILABLE / DEADLINE_EXCEEDED means alive).
 bool Answers(const std::string& address, absl::Duration timeout,
@@ -91,6 +126,126 @@ bool Answers(const std::string& address, absl::Duration timeout,
 
 }  // namespace
 
+// A Join waiting for its ring. No thread waits: the service answers it
+// when a generation gives it a rank, its wait runs out, it is cancelled, or
+// the service stops; whoever removes it from joins_ answers it.
+class RendezvousService::JoinCall final : public grpc::ServerUnaryReactor {
+ public:
+  JoinCall(RendezvousService* service, grpc::ByteBuffer* reply)
+      : service_(service), reply_(reply) {}
+  JoinArgs args;
+  absl::Time deadline;
+
+  // The reply is the generation's JoinReply followed by this member's
+  // rank: serialised protobuf messages concatenate as a merge, so the
+  // shared bytes are never copied or re-encoded per member.
+  void Answer(const grpc::Slice& shared, int rank) {
+    v1::JoinReply own;
+    own.set_rank(rank);
+    const grpc::Slice parts[2] = {shared, grpc::Slice(own.SerializeAsString())};
+    *reply_ = grpc::ByteBuffer(parts, 2);
+    answered_ = true;
+    Finish(grpc::Status::OK);
+  }
+  void OnCancel() override { service_->CancelJoin(this); }
+  void OnDone() override {
+    // The reply was sent: the member's heartbeat clock starts now.
+    if (answered_) service_->JoinReturned(args);
+    delete this;
+  }
+
+ private:
+  RendezvousService* const service_;
+  grpc::ByteBuffer* const reply_;
+  bool answered_ = false;
+};
+
+// One Watch stream: the newest membership not yet written waits in next_
+// (a watcher that falls behind skips generations, it never queues them).
+class RendezvousService::WatchCall final
+    : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  WatchCall(RendezvousService* service, std::string job_id,
+            std::string worker_id, std::string peer)
+      : service_(service), job_id(std::move(job_id)),
+        worker_id(std::move(worker_id)), peer(std::move(peer)) {}
+  const std::string job_id;
+  const std::string worker_id;
+  const std::string peer;
+  bool counted = false;  // holds a place in service_->watches_
+
+  void Offer(uint64_t generation, const grpc::Slice& membership) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (ended_ || generation == offered_) return;
+      offered_ = generation;
+      if (writing_) {
+        next_ = grpc::ByteBuffer(&membership, 1);
+        return;
+      }
+      writing_ = true;
+      current_ = grpc::ByteBuffer(&membership, 1);
+    }
+    StartWrite(&current_);
+  }
+  void End(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (ended_) return;
+      ended_ = true;
+      if (writing_) {
+        end_ = status;  // OnWriteDone finishes
+        return;
+      }
+    }
+    Finish(status);
+  }
+  void OnWriteDone(bool ok) override {
+    enum { kIdle, kWrite, kFinish } then = kIdle;
+    grpc::Status finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ok && !ended_) {
+        ended_ = true;
+        end_ = grpc::Status::CANCELLED;
+      }
+      if (end_.has_value()) {
+        finish = *end_;
+        end_.reset();
+        writing_ = false;
+        then = kFinish;
+      } else if (next_.has_value()) {
+        current_ = std::move(*next_);
+        next_.reset();
+        then = kWrite;
+      } else {
+        writing_ = false;
+      }
+    }
+    if (then == kWrite) StartWrite(&current_);
+    if (then == kFinish) Finish(finish);
+  }
+  void OnCancel() override { End(grpc::Status::CANCELLED); }
+  // The call keeps itself until OnDone (the service's list may let go of
+  // it earlier, and a refused call is on no list).
+  void Hold(std::shared_ptr<WatchCall> self) { self_ = std::move(self); }
+  void OnDone() override {
+    service_->DropWatch(this);
+    std::shared_ptr<WatchCall> last = std::move(self_);
+  }
+
+ private:
+  RendezvousService* const service_;
+  absl::Mutex mu_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t offered_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::ByteBuffer current_;  // the write in flight
+  std::shared_ptr<WatchCall> self_;
+  std::optional<grpc::ByteBuffer> next_ ABSL_GUARDED_BY(mu_);
+  std::optional<grpc::Status> end_ ABSL_GUARDED_BY(mu_);
+};
+
 RendezvousService::RendezvousService(RendezvousOptions options)
     : state_(options), sweeper_([this] { SweepLoop(); }) {}
 
@@ -103,7 +258,9 @@ void RendezvousService::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    Publish();
   }
+  Deliver();
   if (!stop_.HasBeenNotified()) stop_.Notify();
 }
 
@@ -113,110 +270,340 @@ void RendezvousService::SweepLoop() {
     absl::MutexLock lock(&mu_);
     period = state_.options().heartbeat_interval / 2;
   }
-  while (!stop_.WaitForNotificationWithTimeout(period)) {
+  // Wakes every 100 ms for the joins whose wait ran out; sweeps every half
+  // heartbeat interval.
+  const absl::Duration tick = std::min(period, absl::Milliseconds(100));
+  absl::Time next_sweep = absl::Now() + period;
+  while (!stop_.WaitForNotificationWithTimeout(tick)) {
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
+      ExpireJoins(now);
+      if (now >= next_sweep) {
+        next_sweep = now + period;
+        for (const std::string& l : state_.Sweep(now)) {
+          LogWarning(l);
+          ++version_;
+        }
+      }
+      Publish();
+    }
+    Deliver();
+  }
+}
+
+void RendezvousService::ExpireJoins(absl::Time now) {
+  for (auto& [job_id, calls] : joins_) {
+    auto expired = std::stable_partition(
+        calls.begin(), calls.end(),
+        [&](JoinCall* c) { return c->deadline > now; });
+    for (auto it = expired; it != calls.end(); ++it) {
+      JoinCall* c = *it;
+      // Names up to 64 members: every blocked Join of a large job may time
+      // out at once.
+      const std::string what = state_.DescribeForming(job_id, 64);
+      state_.WithdrawPending(job_id, c->args.worker_id);
+      outbox_.answers.push_back(
+          {c, grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                           absl::StrCat("join timed out: ", what)),
+           grpc::Slice(), -1});
+    }
+    calls.erase(expired, calls.end());
+  }
+}
+
+void RendezvousService::CancelJoin(JoinCall* call) {
+  {
     absl::MutexLock lock(&mu_);
-    for (const std::string& l : state_.Sweep(absl::Now())) {
-      LogWarning(l);
-      ++version_;
+    auto it = joins_.find(call->args.job_id);
+    if (it == joins_.end()) return;
+    auto& calls = it->second;
+    auto at = std::find(calls.begin(), calls.end(), call);
+    if (at == calls.end()) return;  // already answered
+    calls.erase(at);
+    state_.WithdrawPending(call->args.job_id, call->args.worker_id);
+    outbox_.answers.push_back(
+        {call, grpc::Status::CANCELLED, grpc::Slice(), -1});
+    Publish();
+  }
+  Deliver();
+}
+
+void RendezvousService::JoinReturned(const JoinArgs& args) {
+  absl::MutexLock lock(&mu_);
+  state_.JoinReturned(args.job_id, args.worker_id, absl::Now());
+}
+
+void RendezvousService::DropWatch(WatchCall* call) {
+  std::shared_ptr<WatchCall> last;  // dies after the lock
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = watchers_.find(call->job_id);
+    if (it != watchers_.end()) {
+      auto& calls = it->second;
+      auto at = std::find_if(calls.begin(), calls.end(),
+                             [&](const auto& c) { return c.get() == call; });
+      if (at != calls.end()) {
+        last = std::move(*at);
+        calls.erase(at);
+        auto w = watching_.find({call->job_id, call->worker_id});
+        if (w != watching_.end() && --w->second == 0) watching_.erase(w);
+      }
+      if (calls.empty()) watchers_.erase(it);
     }
   }
+  if (call->counted) watches_.Release(call->peer);
 }
 
 void RendezvousService::Publish() {
   for (const std::string& l : state_.TakeEvents()) LogInfo(l);
   ++version_;
-}
-
-grpc::Status RendezvousService::Join(grpc::ServerContext* ctx,
-                                     const v1::JoinRequest* req,
-                                     v1::JoinReply* reply) {
-  if (grpc::Status s = CheckCallJobGrpc(*ctx, req->job_id()); !s.ok()) return s;
-  JoinArgs args;
-  args.job_id = req->job_id();
-  args.worker_id = req->worker_id();
-  args.address = req->address();
-  args.device = req->device();
-  args.world_size = req->world_size();
-  args.min_world_size = req->min_world_size();
-  args.max_world_size = req->max_world_size();
-  args.requested_rank = req->has_requested_rank() ? req->requested_rank() : -1;
-  args.incarnation = req->incarnation();
-  absl::Time deadline = absl::FromChrono(ctx->deadline());
-  if (req->wait_timeout_ms() > 0) {
-    deadline = std::min(deadline, absl::Now() + absl::Milliseconds(
-                                                    req->wait_timeout_ms()));
-  }
-  absl::MutexLock lock(&mu_);
-  absl::Status s = state_.Join(args, absl::Now());
-  if (!s.ok()) return ToGrpcStatus(s);
-  LogInfo(absl::StrCat("join of ", args.worker_id, ": ",
-                       state_.DescribeForming(args.job_id, kJoinLogListed)));
-  Publish();
-  std::optional<Assignment> a;
-  auto formed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (stopping_ || ctx->IsCancelled()) return true;
-    a = state_.GetAssignment(args.job_id, args.worker_id);
-    return a.has_value();
+  std::vector<std::string> jobs;
+  for (const auto& [id, calls] : joins_) jobs.push_back(id);
+  for (const auto& [id, calls] : watchers_) jobs.push_back(id);
+  std::sort(jobs.begin(), jobs.end());
+  jobs.erase(std::unique(jobs.begin(), jobs.end()), jobs.end());
+  for (const std::string& id : jobs) PublishJob(id);
+  auto listened = [this](const std::string& id)
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return joins_.count(id) != 0 || watchers_.count(id) != 0;
   };
-  // Wake at least every 100 ms to notice a cancelled call.
-  while (!mu_.AwaitWithDeadline(absl::Condition(&formed),
-                                std::min(deadline, absl::Now() +
-                                                       absl::Milliseconds(100)))) {
-    if (absl::Now() >= deadline) break;
-  }
-  if (!a.has_value()) {
-    const std::string what = state_.DescribeForming(args.job_id);
-    state_.WithdrawPending(args.job_id, args.worker_id);
-    Publish();
-    if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                       "rendezvous is shutting down");
-    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                        absl::StrCat("join timed out: ", what));
-  }
-  reply->set_rank(a->rank);
-  reply->set_world_size(a->view.world_size);
-  reply->set_generation(a->view.generation);
-  for (const MemberView& m : a->view.members) {
-    FillMember(m, reply->add_members());
-  }
-  FillMembership(args.job_id, a->view, reply->mutable_membership());
-  reply->set_heartbeat_interval_ms(static_cast<uint32_t>(
-      absl::ToInt64Milliseconds(state_.options().heartbeat_interval)));
-  reply->set_heartbeat_timeout_ms(static_cast<uint32_t>(
-      absl::ToInt64Milliseconds(state_.options().heartbeat_timeout)));
-  return grpc::Status::OK;
+  EraseUnless(published_, listened);
+  EraseUnless(join_replies_, listened);
+  EraseUnless(memberships_, listened);
 }
 
-grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* ctx,
-                                          const v1::HeartbeatRequest* req,
-                                          v1::HeartbeatReply* reply) {
-  if (grpc::Status s = CheckCallJobGrpc(*ctx, req->job_id()); !s.ok()) return s;
-  if (req->job_id().empty() || req->worker_id().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "heartbeat: job_id and worker_id are required");
+void RendezvousService::PublishJob(const std::string& job_id) {
+  const bool exists = state_.HasJob(job_id);
+  const uint64_t generation = state_.Generation(job_id);
+  auto [last, fresh] = published_.emplace(job_id, 0);
+  if (!stopping_ && exists && !fresh && last->second == generation) return;
+  last->second = generation;
+  const grpc::Status down(grpc::StatusCode::UNAVAILABLE,
+                          "rendezvous is shutting down");
+  if (auto it = joins_.find(job_id); it != joins_.end()) {
+    auto& calls = it->second;
+    std::optional<MembershipView> view;
+    if (!stopping_) view = state_.AssignmentView(job_id);
+    grpc::Slice reply;
+    if (view.has_value()) reply = JoinReplyOf(job_id, *view);
+    auto waiting = std::stable_partition(
+        calls.begin(), calls.end(), [&](JoinCall* c) {
+          if (stopping_) return false;
+          const int rank = state_.AssignedRank(job_id, c->args.worker_id);
+          if (rank < 0) return true;
+          outbox_.answers.push_back({c, grpc::Status::OK, reply, rank});
+          return false;
+        });
+    if (stopping_) {
+      for (JoinCall* c : calls) {
+        outbox_.answers.push_back({c, down, grpc::Slice(), -1});
+      }
+    }
+    calls.erase(waiting, calls.end());
+    if (calls.empty()) joins_.erase(it);
   }
-  absl::MutexLock lock(&mu_);
+  auto it = watchers_.find(job_id);
+  if (it == watchers_.end()) return;
+  if (stopping_ || !exists) {
+    const grpc::Status gone(grpc::StatusCode::NOT_FOUND,
+                            absl::StrCat("watch: job ", job_id, " is gone"));
+    for (auto& c : it->second) outbox_.ends.push_back({c, stopping_ ? down : gone});
+    return;
+  }
+  const grpc::Slice bytes = MembershipOf(job_id);
+  for (auto& c : it->second) outbox_.updates.push_back({c, generation, bytes});
+}
+
+bool RendezvousService::WatchHas(const std::string& job_id,
+                                 const std::string& worker_id,
+                                 uint64_t generation) {
+  if (worker_id.empty() || watching_.count({job_id, worker_id}) == 0) {
+    return false;
+  }
+  auto p = published_.find(job_id);
+  return p != published_.end() && p->second == generation;
+}
+
+grpc::Slice RendezvousService::MembershipOf(const std::string& job_id) {
+  const uint64_t generation = state_.Generation(job_id);
+  const uint64_t epoch = state_.JobEpoch(job_id);
+  Cached& cached = memberships_[job_id];
+  // Not cached while forming: joins change the view, not the generation.
+  if (generation != 0 && cached.epoch == epoch &&
+      cached.generation == generation && cached.bytes.size() > 0) {
+    return cached.bytes;
+  }
+  auto view = state_.Health(job_id, absl::Now());
+  v1::Membership m;
+  if (view.ok()) FillMembership(job_id, *view, &m);
+  cached = {epoch, generation, grpc::Slice(m.SerializeAsString())};
+  return cached.bytes;
+}
+
+grpc::Slice RendezvousService::JoinReplyOf(const std::string& job_id,
+                                           const MembershipView& v) {
+  const uint64_t epoch = state_.JobEpoch(job_id);
+  Cached& cached = join_replies_[job_id];
+  if (cached.epoch == epoch && cached.generation == v.generation &&
+      cached.bytes.size() > 0) {
+    return cached.bytes;
+  }
+  v1::JoinReply r;
+  r.set_world_size(v.world_size);
+  r.set_generation(v.generation);
+  for (const MemberView& m : v.members) FillMember(m, r.add_members());
+  FillMembership(job_id, v, r.mutable_membership());
+  r.set_heartbeat_interval_ms(static_cast<uint32_t>(
+      absl::ToInt64Milliseconds(state_.options().heartbeat_interval)));
+  r.set_heartbeat_timeout_ms(static_cast<uint32_t>(
+      absl::ToInt64Milliseconds(state_.options().heartbeat_timeout)));
+  cached = {epoch, v.generation, grpc::Slice(r.SerializeAsString())};
+  return cached.bytes;
+}
+
+void RendezvousService::Deliver() {
+  Outbox out;
+  {
+    absl::MutexLock lock(&mu_);
+    std::swap(out, outbox_);
+  }
+  for (Outbox::Answer& a : out.answers) {
+    if (a.status.ok()) {
+      a.call->Answer(a.reply, a.rank);
+    } else {
+      a.call->Finish(a.status);
+    }
+  }
+  for (Outbox::Update& u : out.updates) u.call->Offer(u.generation, u.membership);
+  for (Outbox::End& e : out.ends) e.call->End(e.status);
+}
+
+grpc::ServerUnaryReactor* RendezvousService::Join(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* reply) {
+  auto* call = new JoinCall(this, reply);
+  v1::JoinRequest req;
+  if (!ParseMessage(*request, &req)) {
+    call->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              "join: the request is not a JoinRequest"));
+    return call;
+  }
+  if (grpc::Status s = CheckCallJobGrpc(*ctx, req.job_id()); !s.ok()) {
+    call->Finish(s);
+    return call;
+  }
+  JoinArgs& args = call->args;
+  args.job_id = req.job_id();
+  args.worker_id = req.worker_id();
+  args.address = req.address();
+  args.device = req.device();
+  args.world_size = req.world_size();
+  args.min_world_size = req.min_world_size();
+  args.max_world_size = req.max_world_size();
+  args.requested_rank = req.has_requested_rank() ? req.requested_rank() : -1;
+  args.incarnation = req.incarnation();
   const absl::Time now = absl::Now();
-  auto r = state_.Heartbeat(req->job_id(), req->worker_id(),
-                            req->telemetry().SerializeAsString(), now);
-  if (r.status().code() == absl::StatusCode::kNotFound && req->has_claim()) {
+  call->deadline = absl::FromChrono(ctx->deadline());
+  if (req.wait_timeout_ms() > 0) {
+    call->deadline = std::min(call->deadline,
+                              now + absl::Milliseconds(req.wait_timeout_ms()));
+  }
+  grpc::Status refused;
+  grpc::Slice answer;
+  int rank = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status s = stopping_ ? absl::UnavailableError(
+                                     "rendezvous is shutting down")
+                               : state_.Join(args, now);
+    if (!s.ok()) {
+      refused = ToGrpcStatus(s);
+    } else {
+      LogInfo(absl::StrCat("join of ", args.worker_id, ": ",
+                           state_.DescribeForming(args.job_id, kJoinLogListed)));
+      Publish();  // answers the others when this Join formed the ring
+      rank = state_.AssignedRank(args.job_id, args.worker_id);
+      if (rank >= 0) {
+        answer = JoinReplyOf(args.job_id, *state_.AssignmentView(args.job_id));
+      } else {
+        joins_[args.job_id].push_back(call);
+      }
+    }
+  }
+  Deliver();
+  if (!refused.ok()) {
+    call->Finish(refused);
+  } else if (rank >= 0) {
+    call->Answer(answer, rank);
+  }
+  return call;
+}
+
+grpc::ServerUnaryReactor* RendezvousService::Heartbeat(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* reply) {
+  grpc::ServerUnaryReactor* call = ctx->DefaultReactor();
+  v1::HeartbeatRequest req;
+  grpc::Status s;
+  if (!ParseMessage(*request, &req)) {
+    s = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     "heartbeat: the request is not a HeartbeatRequest");
+  } else {
+    s = CheckCallJobGrpc(*ctx, req.job_id());
+  }
+  if (s.ok() && (req.job_id().empty() || req.worker_id().empty())) {
+    s = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     "heartbeat: job_id and worker_id are required");
+  }
+  if (s.ok()) {
+    const std::string telemetry = req.telemetry().SerializeAsString();
+    v1::HeartbeatReply own;
+    grpc::Slice membership;
+    {
+      absl::MutexLock lock(&mu_);
+      s = HeartbeatLocked(req, telemetry, &own);
+      // A member behind the current generation gets the membership: the
+      // generation's shared bytes as field 3, not a copy per member. Not
+      // when its Watch stream was handed this generation already (half the
+      // bytes of a change at N members).
+      if (s.ok() && own.generation() != req.generation() &&
+          !WatchHas(req.job_id(), req.worker_id(), own.generation())) {
+        membership = MembershipOf(req.job_id());
+      }
+    }
+    Deliver();
+    if (s.ok()) {
+      std::string head = own.SerializeAsString();
+      if (membership.size() > 0) {
+        AppendTag(v1::HeartbeatReply::kMembershipFieldNumber,
+                  membership.size(), &head);
+      }
+      const grpc::Slice parts[2] = {grpc::Slice(head), membership};
+      *reply = grpc::ByteBuffer(parts, membership.size() > 0 ? 2 : 1);
+    }
+  }
+  call->Finish(s);
+  return call;
+}
+
+grpc::Status RendezvousService::HeartbeatLocked(
+    const v1::HeartbeatRequest& req, const std::string& telemetry,
+    v1::HeartbeatReply* reply) {
+  const absl::Time now = absl::Now();
+  auto r = state_.Heartbeat(req.job_id(), req.worker_id(), telemetry, now);
+  if (r.status().code() == absl::StatusCode::kNotFound && req.has_claim()) {
     // This rendezvous restarted (or forgot the job): rebuild it from the
     // worker's view, at the worker's generation.
     absl::Status restored =
-        state_.Restore(req->job_id(), ClaimFrom(req->claim()), now);
+        state_.Restore(req.job_id(), ClaimFrom(req.claim()), now);
     if (!restored.ok()) return ToGrpcStatus(restored);
     Publish();
-    r = state_.Heartbeat(req->job_id(), req->worker_id(),
-                         req->telemetry().SerializeAsString(), now);
+    r = state_.Heartbeat(req.job_id(), req.worker_id(), telemetry, now);
   }
   if (!r.ok()) return ToGrpcStatus(r.status());
   reply->set_generation(r->generation);
   for (int d : r->dead_ranks) reply->add_dead_ranks(d);
-  if (r->generation != req->generation()) {
-    auto view = state_.Health(req->job_id(), now);
-    if (view.ok()) FillMembership(req->job_id(), *view,
-                                  reply->mutable_membership());
-  }
   return grpc::Status::OK;
 }
 
@@ -228,53 +615,65 @@ grpc::Status RendezvousService::Leave(grpc::ServerContext* ctx,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "leave: job_id and worker_id are required");
   }
-  absl::MutexLock lock(&mu_);
-  absl::Status s = state_.Leave(req->job_id(), req->worker_id(), absl::Now());
-  if (s.ok()) Publish();
+  absl::Status s;
+  {
+    absl::MutexLock lock(&mu_);
+    s = state_.Leave(req->job_id(), req->worker_id(), absl::Now());
+    if (s.ok()) Publish();
+  }
+  Deliver();
   return ToGrpcStatus(s);
 }
 
-grpc::Status RendezvousService::Watch(
-    grpc::ServerContext* ctx, const v1::WatchRequest* req,
-    grpc::ServerWriter<v1::Membership>* writer) {
-  if (req->job_id().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "watch: job_id is required");
+grpc::ServerWriteReactor<grpc::ByteBuffer>* RendezvousService::Watch(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
+  v1::WatchRequest req;
+  const bool parsed = ParseMessage(*request, &req);
+  auto call = std::make_shared<WatchCall>(this, req.job_id(), req.worker_id(),
+                                         ctx->peer());
+  grpc::Status refused;
+  if (!parsed) {
+    refused = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                           "watch: the request is not a WatchRequest");
+  } else if (req.job_id().empty()) {
+    refused = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                           "watch: job_id is required");
+  } else {
+    refused = CheckCallJobGrpc(*ctx, req.job_id());
   }
-  if (grpc::Status s = CheckCallJobGrpc(*ctx, req->job_id()); !s.ok()) return s;
-  StreamLimiter::Scoped counted(watches_, ctx->peer());
-  if (!counted.status().ok()) return ToGrpcStatus(counted.status());
-  uint64_t sent = req->known_generation();
-  for (;;) {
-    v1::Membership update;
-    {
-      absl::MutexLock lock(&mu_);
-      auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || ctx->IsCancelled() ||
-               state_.Generation(req->job_id()) != sent;
-      };
-      // Wake every 200 ms to notice a cancelled call.
-      mu_.AwaitWithTimeout(absl::Condition(&changed), absl::Milliseconds(200));
-      if (stopping_) {
-        return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                            "rendezvous is shutting down");
+  if (refused.ok()) {
+    refused = ToGrpcStatus(watches_.Acquire(call->peer));
+    call->counted = refused.ok();
+  }
+  if (refused.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      refused = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                             "rendezvous is shutting down");
+    } else if (!state_.HasJob(req.job_id())) {
+      refused = ToGrpcStatus(state_.Health(req.job_id(), absl::Now()).status());
+      if (req.known_generation() != 0) {
+        refused = grpc::Status(grpc::StatusCode::NOT_FOUND,
+                               absl::StrCat("watch: job ", req.job_id(),
+                                            " is gone"));
       }
-      if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
-      auto view = state_.Health(req->job_id(), absl::Now());
-      if (!view.ok()) {
-        if (sent == 0 || view.status().code() != absl::StatusCode::kNotFound) {
-          return ToGrpcStatus(view.status());
-        }
-        return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                            absl::StrCat("watch: job ", req->job_id(),
-                                         " is gone"));
+    } else {
+      watchers_[req.job_id()].push_back(call);
+      ++watching_[{req.job_id(), req.worker_id()}];
+      // The first message: the current membership, unless the watcher
+      // knows it already.
+      const uint64_t g = state_.Generation(req.job_id());
+      published_.emplace(req.job_id(), g);
+      if (g != req.known_generation()) {
+        outbox_.updates.push_back({call, g, MembershipOf(req.job_id())});
       }
-      if (view->generation == sent) continue;
-      sent = view->generation;
-      FillMembership(req->job_id(), *view, &update);
     }
-    if (!writer->Write(update)) return grpc::Status::CANCELLED;
   }
+  WatchCall* raw = call.get();
+  raw->Hold(std::move(call));
+  if (!refused.ok()) raw->End(refused);  // OnDone releases the place
+  Deliver();
+  return raw;
 }
 
 grpc::Status RendezvousService::ReportFailure(
@@ -308,7 +707,7 @@ grpc::Status RendezvousService::ReportFailure(
   const bool alive = Answers(address, absl::Seconds(1), &verdict);
   reply->set_verdict(verdict);
   if (alive) return grpc::Status::OK;
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   absl::Status s = state_.DeclareLost(
       req->job_id(), req->suspect_worker_id(), req->generation(),
       absl::StrCat("lost: ", req->worker_id(), " reported its link broken (",
@@ -318,6 +717,8 @@ grpc::Status RendezvousService::ReportFailure(
     reply->set_declared_lost(true);
     Publish();
   }
+  lock.Release();
+  Deliver();
   return grpc::Status::OK;
 }
 

@@ -2,9 +2,11 @@
 #ifndef HALKA_SERVER_RENDEZVOUS_SERVICE_H_
 #define HALKA_SERVER_RENDEZVOUS_SERVICE_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -18,16 +20,29 @@
 
 namespace halka {
 
-class RendezvousService final : public v1::Rendezvous::Service {
+// Join, Watch and Heartbeat use gRPC's callback API: a Join blocked until
+// its ring forms, and a Watch between two changes, hold no thread (a job of
+// 4,096 members has 4,096 of each). They are raw methods so that one
+// serialised view per generation is shared by every reply that carries it. The other
+// methods are synchronous (short, or a probe that blocks for a second).
+using RendezvousBase = v1::Rendezvous::WithRawCallbackMethod_Join<
+    v1::Rendezvous::WithRawCallbackMethod_Watch<
+        v1::Rendezvous::WithRawCallbackMethod_Heartbeat<
+            v1::Rendezvous::Service>>>;
+
+class RendezvousService final : public RendezvousBase {
  public:
   explicit RendezvousService(RendezvousOptions options);
   ~RendezvousService() override;
 
-  grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
-                    v1::JoinReply* reply) override;
-  grpc::Status Heartbeat(grpc::ServerContext* ctx,
-                         const v1::HeartbeatRequest* req,
-                         v1::HeartbeatReply* reply) override;
+  // Request: a JoinRequest; reply: a JoinReply.
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx,
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* reply) override;
+  // Request: a HeartbeatRequest; reply: a HeartbeatReply.
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* reply) override;
   grpc::Status Leave(grpc::ServerContext* ctx, const v1::LeaveRequest* req,
                      v1::LeaveReply* reply) override;
   grpc::Status GetRingHealth(grpc::ServerContext* ctx,
@@ -40,14 +55,17 @@ class RendezvousService final : public v1::Rendezvous::Service {
   grpc::Status LookupServers(grpc::ServerContext* ctx,
                              const v1::LookupServersRequest* req,
                              v1::LookupServersReply* reply) override;
-  grpc::Status Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
-                     grpc::ServerWriter<v1::Membership>* writer) override;
+  // Request: a WatchRequest; messages: Membership.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Watch(
+      grpc::CallbackServerContext* ctx,
+      const grpc::ByteBuffer* request) override;
   grpc::Status ReportFailure(grpc::ServerContext* ctx,
                              const v1::ReportFailureRequest* req,
                              v1::ReportFailureReply* reply) override;
 
-  // Wakes blocked joins and stops the sweeper; called before server
-  // shutdown so that Shutdown never waits on a Join.
+  // Answers blocked joins and ends watches (UNAVAILABLE) and stops the
+  // sweeper; called before server shutdown so that Shutdown never waits on
+  // a Join.
   void Stop();
 
   // GetRingHealth without a call (for /metrics and the ring page).
@@ -56,16 +74,85 @@ class RendezvousService final : public v1::Rendezvous::Service {
   std::vector<std::string> JobIds();
 
  private:
-  void SweepLoop();
-  // Logs what the state changed and wakes watchers.
-  void Publish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  class JoinCall;
+  class WatchCall;
+  // What a change owes the calls that wait on it, handed over outside the
+  // lock (a reactor's Finish or StartWrite may run its callbacks inline).
+  struct Outbox {
+    struct Answer {
+      JoinCall* call;
+      grpc::Status status;
+      grpc::Slice reply;  // the generation's JoinReply, shared
+      int rank = -1;
+    };
+    struct Update {
+      std::shared_ptr<WatchCall> call;
+      uint64_t generation = 0;
+      grpc::Slice membership;  // shared
+    };
+    struct End {
+      std::shared_ptr<WatchCall> call;
+      grpc::Status status;
+    };
+    std::vector<Answer> answers;
+    std::vector<Update> updates;
+    std::vector<End> ends;
+  };
 
-  // A worker watches once; each Watch holds a server thread.
+  void SweepLoop();
+  // Logs what the state changed, and queues the answers and watch updates
+  // it owes; Deliver() (without the lock) hands them over.
+  void Publish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Deliver() ABSL_LOCKS_EXCLUDED(mu_);
+  void PublishJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The JoinReply of the job's running ring without a rank (one per
+  // generation, cached).
+  grpc::Slice JoinReplyOf(const std::string& job_id, const MembershipView& v)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's Membership as a watcher receives it (one per generation,
+  // cached; ages as of the change).
+  grpc::Slice MembershipOf(const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker has a Watch stream of the job that was handed `generation`.
+  bool WatchHas(const std::string& job_id, const std::string& worker_id,
+                uint64_t generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Joins whose wait ran out.
+  void ExpireJoins(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A blocked Join's call was cancelled: withdraw it.
+  void CancelJoin(JoinCall* call) ABSL_LOCKS_EXCLUDED(mu_);
+  void DropWatch(WatchCall* call) ABSL_LOCKS_EXCLUDED(mu_);
+  // A Join's answer was sent (its call completed).
+  void JoinReturned(const JoinArgs& args) ABSL_LOCKS_EXCLUDED(mu_);
+  grpc::Status HeartbeatLocked(const v1::HeartbeatRequest& req,
+                               const std::string& telemetry,
+                               v1::HeartbeatReply* reply)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // A worker watches once; each Watch is a stream (no thread).
   StreamLimiter watches_{"watch", 8, 4096};
   absl::Mutex mu_;
   RendezvousState state_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;  // bumps on every change
+  // Blocked Joins and open Watches, by job; the generation they were last
+  // told about; the cached JoinReply and Membership per job (dropped with
+  // the job's last listener; a Join answered at once caches too, so the
+  // cache is keyed by the job's epoch as well).
+  std::map<std::string, std::vector<JoinCall*>> joins_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<std::shared_ptr<WatchCall>>> watchers_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> published_ ABSL_GUARDED_BY(mu_);
+  // Open Watch streams by (job, worker id).
+  std::map<std::pair<std::string, std::string>, int> watching_
+      ABSL_GUARDED_BY(mu_);
+  struct Cached {
+    uint64_t epoch = 0;  // RendezvousState::JobEpoch
+    uint64_t generation = 0;
+    grpc::Slice bytes;
+  };
+  std::map<std::string, Cached> join_replies_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Cached> memberships_ ABSL_GUARDED_BY(mu_);
+  Outbox outbox_ ABSL_GUARDED_BY(mu_);
   absl::Notification stop_;
   std::thread sweeper_;
 };

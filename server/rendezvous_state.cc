@@ -21,16 +21,42 @@ std::string Names(const std::vector<std::string>& names) {
   return absl::StrJoin(names, ", ");
 }
 
+// Change lines name members only up to this many; above it they count them
+// (a line per event that lists everyone grows the log as N^2).
+constexpr size_t kListedMembers = 8;
+
+std::string Listed(const std::vector<std::string>& names,
+                   absl::string_view what) {
+  if (names.size() <= kListedMembers) return Names(names);
+  return absl::StrCat(names.size(), " ", what);
+}
+
 std::string Range(int min, int max) {
   return min == max ? absl::StrCat(max) : absl::StrCat("[", min, ", ", max, "]");
 }
 
 }  // namespace
 
-int RendezvousState::Live(const Job& job) const {
-  int n = 0;
-  for (const Member& m : job.members) n += m.alive ? 1 : 0;
-  return n;
+
+RendezvousState::Member* RendezvousState::Find(Job& job,
+                                               const std::string& worker_id) {
+  auto it = job.rank_of.find(worker_id);
+  return it == job.rank_of.end() ? nullptr
+                                 : &job.members[static_cast<size_t>(it->second)];
+}
+
+const RendezvousState::Member* RendezvousState::Find(
+    const Job& job, const std::string& worker_id) {
+  return Find(const_cast<Job&>(job), worker_id);
+}
+
+void RendezvousState::Index(Job& job) {
+  job.rank_of.clear();
+  job.live = 0;
+  for (size_t i = 0; i < job.members.size(); ++i) {
+    job.rank_of[job.members[i].worker_id] = static_cast<int>(i);
+    job.live += job.members[i].alive ? 1 : 0;
+  }
 }
 
 absl::Status RendezvousState::Join(const JoinArgs& args, absl::Time now) {
@@ -70,6 +96,7 @@ absl::Status RendezvousState::Join(const JoinArgs& args, absl::Time now) {
           " jobs (the limit)"));
     }
     it = jobs_.emplace(args.job_id, Job{}).first;
+    it->second.epoch = ++epochs_;
     it->second.min = min;
     it->second.max = max;
   }
@@ -84,8 +111,9 @@ absl::Status RendezvousState::Join(const JoinArgs& args, absl::Time now) {
     return args.incarnation != 0 ? m.incarnation == args.incarnation
                                  : m.address == args.address;
   };
-  for (Member& m : job.members) {
-    if (m.worker_id != args.worker_id || !m.alive) continue;
+  if (Member* found = Find(job, args.worker_id);
+      found != nullptr && found->alive) {
+    Member& m = *found;
     if (m.address != args.address) {
       return absl::AlreadyExistsError(absl::StrCat(
           "join: worker id ", args.worker_id, " is alive in job ",
@@ -101,9 +129,9 @@ absl::Status RendezvousState::Join(const JoinArgs& args, absl::Time now) {
     // The same id and address from a new process: a restart.
     Lose(args.job_id, job,
          {{m.worker_id, "restarted (a new process joined under its id)"}}, now);
-    break;
   }
   for (Member& p : job.pending) {
+    if (job.pending_ids.count(args.worker_id) == 0) break;  // O(1) when new
     if (p.worker_id != args.worker_id) continue;
     if (p.address != args.address) {
       return absl::AlreadyExistsError(absl::StrCat(
@@ -124,7 +152,7 @@ absl::Status RendezvousState::Join(const JoinArgs& args, absl::Time now) {
     for (const Member& m : job.pending) names.push_back(m.worker_id);
     return absl::FailedPreconditionError(absl::StrCat(
         "join: job ", args.job_id, " is already complete with ", job.max,
-        " members (", Names(names), "); worker ", args.worker_id,
+        " members (", Listed(names, "members"), "); worker ", args.worker_id,
         " cannot join it"));
   }
   if (args.requested_rank >= 0 && job.generation == 0) {
@@ -145,6 +173,7 @@ absl::Status RendezvousState::Join(const JoinArgs& args, absl::Time now) {
   m.requested_rank = args.requested_rank;
   m.incarnation = args.incarnation;
   m.last_heartbeat = now;
+  job.pending_ids.insert(m.worker_id);
   job.pending.push_back(std::move(m));
   job.lost.erase(std::remove_if(job.lost.begin(), job.lost.end(),
                                 [&](const Member& l) {
@@ -169,6 +198,9 @@ void RendezvousState::Reform(Job& job, absl::Time now) {
     m.since_generation = job.generation;
     m.grace_from = now;
     cands.push_back(std::move(m));
+  }
+  for (size_t i = 0; i < admit; ++i) {
+    job.pending_ids.erase(job.pending[i].worker_id);
   }
   job.pending.erase(job.pending.begin(),
                     job.pending.begin() + static_cast<std::ptrdiff_t>(admit));
@@ -205,6 +237,7 @@ void RendezvousState::Reform(Job& job, absl::Time now) {
     ordered[static_cast<size_t>(rank[i])] = std::move(cands[i]);
   }
   job.members = std::move(ordered);
+  Index(job);
   job.active = true;
 }
 
@@ -215,12 +248,12 @@ std::string RendezvousState::Lose(
   std::vector<std::string> lines;
   std::vector<Member> lost;
   for (const auto& [id, reason] : who) {
-    for (Member& m : job.members) {
-      if (m.worker_id != id || !m.alive) continue;
-      m.alive = false;
-      lost.push_back(m);
-      lines.push_back(absl::StrCat(DescribeMember(View(m, now)), " ", reason));
-    }
+    Member* m = Find(job, id);
+    if (m == nullptr || !m->alive) continue;
+    m->alive = false;
+    --job.live;
+    lost.push_back(*m);
+    lines.push_back(absl::StrCat(DescribeMember(View(*m, now)), " ", reason));
   }
   if (lost.empty()) return "";
   const uint64_t before = job.generation;
@@ -239,8 +272,16 @@ std::string RendezvousState::Lose(
                          " members live, ", job.min - live - pending,
                          " missing");
   }
+  // Many members lost at once (a host or a rack): name the first few.
+  const size_t named = std::min(lines.size(), kListedMembers);
+  std::string more;
+  if (lines.size() > named) {
+    more = absl::StrCat("; and ", lines.size() - named, " more (",
+                        lines.size(), " lost)");
+  }
+  lines.resize(named);
   job.change = absl::StrCat("generation ", before, "->", job.generation, ": ",
-                            absl::StrJoin(lines, "; "), "; ", after);
+                            absl::StrJoin(lines, "; "), more, "; ", after);
   std::string line = absl::StrCat("job ", job_id, ": ", job.change);
   events_.push_back(line);
   return line;
@@ -278,7 +319,7 @@ std::string RendezvousState::Advance(const std::string& job_id, Job& job,
                               job.members.size(), " members");
   } else {
     job.change = absl::StrCat("generation ", before, "->", job.generation,
-                              ": admitted ", Names(admitted),
+                              ": admitted ", Listed(admitted, "members"),
                               "; ring re-formed with ", job.members.size(),
                               " members");
   }
@@ -323,18 +364,44 @@ MembershipView RendezvousState::ViewOf(const Job& job, absl::Time now) const {
 
 std::optional<Assignment> RendezvousState::GetAssignment(
     const std::string& job_id, const std::string& worker_id) const {
+  const int rank = AssignedRank(job_id, worker_id);
+  if (rank < 0) return std::nullopt;
+  Assignment a;
+  a.rank = rank;
+  a.view = *AssignmentView(job_id);
+  return a;
+}
+
+int RendezvousState::AssignedRank(const std::string& job_id,
+                                  const std::string& worker_id) const {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || !it->second.active) return -1;
+  const Member* m = Find(it->second, worker_id);
+  return m != nullptr && m->alive ? m->rank : -1;
+}
+
+std::optional<MembershipView> RendezvousState::AssignmentView(
+    const std::string& job_id) const {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || !it->second.active) return std::nullopt;
-  const Job& job = it->second;
-  for (const Member& m : job.members) {
-    if (m.worker_id != worker_id || !m.alive) continue;
-    Assignment a;
-    a.rank = m.rank;
-    a.view = ViewOf(job, m.last_heartbeat);
-    for (MemberView& v : a.view.members) v.heartbeat_age = absl::ZeroDuration();
-    return a;
+  // Ages as of the newest beat in the view: the members' are zero (they
+  // are alive), the lost members' count from their last beat.
+  absl::Time as_of = absl::InfinitePast();
+  for (const Member& m : it->second.members) {
+    as_of = std::max(as_of, m.last_heartbeat);
   }
-  return std::nullopt;
+  MembershipView v = ViewOf(it->second, as_of);
+  for (MemberView& m : v.members) m.heartbeat_age = absl::ZeroDuration();
+  return v;
+}
+
+void RendezvousState::JoinReturned(const std::string& job_id,
+                                   const std::string& worker_id,
+                                   absl::Time now) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  Member* m = Find(it->second, worker_id);
+  if (m != nullptr && m->alive) m->grace_from = std::max(m->grace_from, now);
 }
 
 void RendezvousState::WithdrawPending(const std::string& job_id,
@@ -342,6 +409,7 @@ void RendezvousState::WithdrawPending(const std::string& job_id,
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return;
   auto& ps = it->second.pending;
+  if (it->second.pending_ids.erase(worker_id) == 0) return;
   ps.erase(std::remove_if(ps.begin(), ps.end(),
                           [&](const Member& m) {
                             return m.worker_id == worker_id;
@@ -397,15 +465,18 @@ absl::StatusOr<HeartbeatResult> RendezvousState::Heartbeat(
   Job& job = it->second;
   HeartbeatResult out;
   out.generation = job.generation;
-  Member* self = nullptr;
-  for (Member& m : job.members) {
-    if (m.worker_id == worker_id) self = &m;
-    if (!m.alive) out.dead_ranks.push_back(m.rank);
+  Member* self = Find(job, worker_id);
+  if (job.live < static_cast<int>(job.members.size())) {
+    for (const Member& m : job.members) {
+      if (!m.alive) out.dead_ranks.push_back(m.rank);
+    }
   }
-  for (Member& m : job.pending) {
-    if (m.worker_id != worker_id) continue;
-    m.last_heartbeat = now;
-    return out;
+  if (self == nullptr && job.pending_ids.count(worker_id) != 0) {
+    for (Member& m : job.pending) {
+      if (m.worker_id != worker_id) continue;
+      m.last_heartbeat = now;
+      return out;
+    }
   }
   bool was_lost = false;
   for (const Member& m : job.lost) was_lost |= m.worker_id == worker_id;
@@ -453,6 +524,7 @@ absl::Status RendezvousState::Restore(const std::string& job_id,
     return absl::ResourceExhaustedError("restore: too many jobs");
   }
   Job job;
+  job.epoch = ++epochs_;
   job.min = claim.min_world_size;
   job.max = claim.max_world_size;
   job.generation = claim.generation;
@@ -469,6 +541,7 @@ absl::Status RendezvousState::Restore(const std::string& job_id,
     m.since_generation = v.since_generation;
     job.members.push_back(std::move(m));
   }
+  Index(job);
   job.change = absl::StrCat("generation ", job.generation,
                             ": restored from the members' claims after the "
                             "rendezvous restarted");
@@ -485,15 +558,12 @@ absl::Status RendezvousState::Leave(const std::string& job_id,
     return absl::NotFoundError(absl::StrCat("leave: no job ", job_id));
   }
   Job& job = it->second;
-  for (const Member& m : job.pending) {
-    if (m.worker_id == worker_id) {
-      WithdrawPending(job_id, worker_id);
-      return absl::OkStatus();
-    }
+  if (job.pending_ids.count(worker_id) != 0) {
+    WithdrawPending(job_id, worker_id);
+    return absl::OkStatus();
   }
-  for (Member& m : job.members) {
-    if (m.worker_id != worker_id) continue;
-    if (m.alive) Lose(job_id, job, {{worker_id, "left"}}, now);
+  if (const Member* m = Find(job, worker_id); m != nullptr) {
+    if (m->alive) Lose(job_id, job, {{worker_id, "left"}}, now);
     if (Live(job) == 0 && job.pending.empty()) jobs_.erase(it);
     return absl::OkStatus();
   }
@@ -516,11 +586,9 @@ absl::Status RendezvousState::DeclareLost(const std::string& job_id,
         "report about generation ", generation, " of job ", job_id,
         ", which is at generation ", job.generation));
   }
-  for (const Member& m : job.members) {
-    if (m.worker_id == worker_id && m.alive) {
-      Lose(job_id, job, {{worker_id, reason}}, now);
-      return absl::OkStatus();
-    }
+  if (const Member* m = Find(job, worker_id); m != nullptr && m->alive) {
+    Lose(job_id, job, {{worker_id, reason}}, now);
+    return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat("worker ", worker_id,
                                           " is not a live member of job ",
@@ -600,10 +668,8 @@ std::string RendezvousState::AddressOf(const std::string& job_id,
                                        const std::string& worker_id) const {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return "";
-  for (const Member& m : it->second.members) {
-    if (m.worker_id == worker_id && m.alive) return m.address;
-  }
-  return "";
+  const Member* m = Find(it->second, worker_id);
+  return m != nullptr && m->alive ? m->address : "";
 }
 
 }  // namespace halka

@@ -22,7 +22,8 @@
 // Liveness: a member is lost when it has not heartbeated for the heartbeat
 // timeout, counted from the later of its last heartbeat and the grace the
 // rendezvous granted it: when it entered the ring (a member blocked in
-// Join cannot heartbeat), and when a blackout ended (the whole job silent
+// Join cannot heartbeat), when its Join reply reached it (thousands of
+// replies take a while to send), and when a blackout ended (the whole job silent
 // for more than half the timeout means this rendezvous was cut off; the
 // first heartbeat after it gives every member a full timeout from then).
 // Thread-safety: none; the caller serialises.
@@ -34,6 +35,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -132,6 +135,27 @@ class RendezvousState {
   // nullopt while it waits (to form, to be admitted, for min members).
   std::optional<Assignment> GetAssignment(const std::string& job_id,
                                           const std::string& worker_id) const;
+  // The same in two parts, so that a service answering many blocked Joins
+  // builds the view once per generation: the worker's rank in the running
+  // ring (-1 while it waits; O(1)), and the view every member is told
+  // (nullopt while no ring runs).
+  int AssignedRank(const std::string& job_id,
+                   const std::string& worker_id) const;
+  std::optional<MembershipView> AssignmentView(const std::string& job_id) const;
+  bool HasJob(const std::string& job_id) const { return jobs_.count(job_id); }
+  // Which creation of the job this is (0: none): a job forgotten and
+  // created again under the same id restarts its generations, so a cache
+  // keyed by generation must also key by this.
+  uint64_t JobEpoch(const std::string& job_id) const {
+    auto it = jobs_.find(job_id);
+    return it == jobs_.end() ? 0 : it->second.epoch;
+  }
+
+  // The worker's Join reply has reached it (the call completed): its
+  // heartbeat timeout counts from `now` at the earliest. No-op for a worker
+  // that is not a live member.
+  void JoinReturned(const std::string& job_id, const std::string& worker_id,
+                    absl::Time now);
 
   // Withdraws a pending (not yet admitted) join, e.g. after the joiner
   // gave up waiting.
@@ -233,9 +257,15 @@ class RendezvousState {
     int min = 0;
     int max = 0;
     uint64_t generation = 0;  // 0 until the ring first forms
+    uint64_t epoch = 0;       // see JobEpoch
     bool active = false;      // a ring of >= min live members is running
     std::vector<Member> members;  // the current ring, by rank
+    // worker id -> rank in `members` (rebuilt when the ring re-forms), so
+    // that a heartbeat or Join finds its member in O(1).
+    std::unordered_map<std::string, int> rank_of;
+    int live = 0;  // members with alive == true
     std::vector<Member> pending;  // joined, waiting for admission
+    std::unordered_set<std::string> pending_ids;  // their worker ids
     std::vector<Member> lost;     // lost in the last change
     std::string change;
     absl::Time last_join;
@@ -244,7 +274,12 @@ class RendezvousState {
     absl::Time last_heard = absl::InfinitePast();
   };
   bool elastic(const Job& job) const { return job.min < job.max; }
-  int Live(const Job& job) const;
+  static int Live(const Job& job) { return job.live; }
+  // The live or lost member of the ring with this id; nullptr if none.
+  static Member* Find(Job& job, const std::string& worker_id);
+  static const Member* Find(const Job& job, const std::string& worker_id);
+  // Rebuilds rank_of and live from members.
+  static void Index(Job& job);
   // Marks `who` (worker ids in job.members) lost for `reasons`, bumps the
   // generation and re-forms or parks the ring. Returns the change line.
   std::string Lose(const std::string& job_id, Job& job,
@@ -277,6 +312,7 @@ class RendezvousState {
   std::map<std::string, Job> jobs_;
   std::map<std::string, ServerSet> servers_;  // by job id
   std::vector<std::string> events_;
+  uint64_t epochs_ = 0;  // jobs created so far
 };
 
 // "rank 2 (worker-2, 198.18.0.3:7000)".

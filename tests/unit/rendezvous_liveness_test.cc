@@ -186,5 +186,68 @@ TEST_F(RendezvousLivenessTest, FormingLogCountsAboveTheListLimit) {
   EXPECT_THAT(state_.DescribeForming("j"), Not(HasSubstr("12 of 16 joined;")));
 }
 
+TEST_F(RendezvousLivenessTest, MembersMinutesApartFormGenerationOneAndStay) {
+  // Pods that start minutes apart: 24 heartbeat timeouts between the first
+  // and the last.
+  for (int i = 0; i < 4; ++i) {
+    if (i > 0) EXPECT_THAT(SweepFor(absl::Seconds(40)), IsEmpty());
+    ASSERT_TRUE(Join(absl::StrCat("w", i), 4).ok());
+  }
+  EXPECT_EQ(Generation(), 1u);
+  for (int round = 0; round < 30; ++round) {
+    BeatAll(4);
+    EXPECT_THAT(SweepFor(absl::Seconds(1)), IsEmpty()) << "round " << round;
+  }
+  EXPECT_EQ(Generation(), 1u);
+  EXPECT_EQ(state_.Health("j", now_)->state, JobState::kHealthy);
+}
+
+TEST_F(RendezvousLivenessTest, LateJoinReplyCountsFromWhenItWasSent) {
+  Form(3);
+  // w2's reply took 4 s to reach it (thousands of replies on a busy
+  // host); w0 and w1 beat from the start.
+  for (int i = 0; i < 4; ++i) {
+    now_ += absl::Seconds(1);
+    Beat("w0");
+    Beat("w1");
+    EXPECT_THAT(state_.Sweep(now_), IsEmpty());
+  }
+  state_.JoinReturned("j", "w2", now_);
+  // Past the timeout counted from formation, within it from the reply.
+  for (int i = 0; i < 4; ++i) {
+    now_ += absl::Seconds(1);
+    Beat("w0");
+    Beat("w1");
+    EXPECT_THAT(state_.Sweep(now_), IsEmpty()) << i;
+  }
+  Beat("w2");
+  EXPECT_EQ(Generation(), 1u);
+  // The grace is not a pass: silent for a full timeout after it, w2 is lost.
+  std::vector<std::string> lines;
+  for (int i = 0; i < 6; ++i) {
+    now_ += absl::Seconds(1);
+    Beat("w0");
+    Beat("w1");
+    for (std::string& l : state_.Sweep(now_)) lines.push_back(l);
+  }
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("rank 2 (w2, host-w2:7000) lost"));
+}
+
+TEST_F(RendezvousLivenessTest, ManyLostAtOnceAreCountedNotListed) {
+  Form(20);
+  // Half the job (a rack) goes silent.
+  std::vector<std::string> lines;
+  for (int i = 0; i < 7; ++i) {
+    now_ += absl::Seconds(1);
+    for (int w = 0; w < 10; ++w) Beat(absl::StrCat("w", w));
+    for (std::string& l : state_.Sweep(now_)) lines.push_back(l);
+  }
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("rank 10 (w10, host-w10:7000) lost"));
+  EXPECT_THAT(lines[0], HasSubstr("and 2 more (10 lost)"));
+  EXPECT_THAT(lines[0], Not(HasSubstr("w19")));
+}
+
 }  // namespace
 }  // namespace halka

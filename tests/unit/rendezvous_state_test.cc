@@ -851,5 +851,22 @@ TEST_F(RendezvousStateTest, ElasticRangeMustAgreeAndBeValid) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(RendezvousStateTest, AJobCreatedAgainHasANewEpoch) {
+  EXPECT_EQ(state_.JobEpoch("j"), 0u);
+  Form(1);
+  const uint64_t first = state_.JobEpoch("j");
+  EXPECT_GT(first, 0u);
+  ASSERT_TRUE(state_.Leave("j", "w0", now_).ok());
+  EXPECT_FALSE(state_.HasJob("j"));
+  // The same id, a new job: generation 1 again, a different epoch (a cache
+  // keyed by generation alone would answer with the old ring).
+  ASSERT_TRUE(Join("j", "v0", 1).ok());
+  EXPECT_EQ(state_.Generation("j"), 1u);
+  EXPECT_NE(state_.JobEpoch("j"), first);
+  EXPECT_EQ(state_.AssignedRank("j", "v0"), 0);
+  EXPECT_EQ(state_.AssignedRank("j", "w0"), -1);
+  EXPECT_EQ(state_.AssignmentView("j")->members[0].worker_id, "v0");
+}
+
 }  // namespace
 }  // namespace halka

@@ -29,8 +29,8 @@ constexpr const char* kFamilies[][3] = {
     {"halka_edge_window_bytes", "gauge",
      "payload bytes over the edge in the last minute"},
     {"halka_edge_throughput_bytes_per_second", "gauge",
-     "edge throughput over the last minute (ring edges: counting only the "
-     "wait the hop adds)"},
+     "edge rate over the last minute: bytes over the time the sender's "
+     "link was writing them"},
     {"halka_edge_window_wait_seconds", "gauge",
      "time the receiver blocked on the sender in the last minute"},
     {"halka_edge_window_added_wait_seconds", "gauge",

@@ -11,7 +11,7 @@ h1{font-size:1.3em;margin:0 0 .3em} #diag{font-size:1.05em;margin:.6em 0;padding
 #diag.bad{border-color:#d33} #diag.ok{border-color:#3a3}
 table{border-collapse:collapse;background:#fff;font-size:.9em} td,th{padding:2px 8px;border-bottom:1px solid #eee;text-align:right}
 th{background:#f0f0f0} td.l,th.l{text-align:left} .row{display:flex;gap:2em;flex-wrap:wrap;align-items:flex-start}
-svg{background:#fff;border:1px solid #ddd} .muted{color:#888}
+svg{background:#fff;border:1px solid #ddd} .muted{color:#888} [hidden]{display:none !important}
 </style></head><body>
 <h1>halka ring <select id="job"></select> <span id="state" class="muted"></span>
 <button id="v-ring">ring</button><button id="v-timeline">timeline</button></h1>

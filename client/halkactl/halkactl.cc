@@ -60,6 +60,9 @@ ABSL_FLAG(bool, json, false, "bench: one JSON object per row instead of a "
           "table; health: the RingHealth reply as protobuf JSON");
 ABSL_FLAG(std::string, o, "", "trace: the Chrome trace JSON file to write "
           "(\"-\": standard output)");
+ABSL_FLAG(std::string, trace, "",
+          "bench: write every rank's timeline of the last operations (up to "
+          "64 per rank) to this file as Chrome trace JSON");
 ABSL_FLAG(bool, watch, false, "health: print again every --interval");
 ABSL_FLAG(absl::Duration, interval, absl::Seconds(2),
           "health --watch: time between refreshes");
@@ -217,16 +220,10 @@ absl::StatusOr<v1::RingHealth> RendezvousHealth(const std::string& rendezvous,
   return reply;
 }
 
-// `trace`: every live member's timeline, as one Chrome trace in --o.
-int Trace(const std::string& rendezvous, const std::string& job,
-          const std::string& out) {
-  if (rendezvous.empty() || out.empty()) {
-    return Fail(absl::InvalidArgumentError(
-        "trace needs --rendezvous=ADDR --job=ID -o FILE"));
-  }
-  absl::StatusOr<v1::RingHealth> h = RendezvousHealth(rendezvous, job);
-  if (!h.ok()) return Fail(h.status());
-  std::vector<v1::Member> members(h->members().begin(), h->members().end());
+// The live members' timelines of `h`, as one Chrome trace in `out` ("-":
+// standard output).
+int WriteTrace(const v1::RingHealth& h, const std::string& out) {
+  std::vector<v1::Member> members(h.members().begin(), h.members().end());
   auto timelines = GatherTimelines(members, absl::Seconds(10));
   if (!timelines.ok()) return Fail(timelines.status());
   const std::string json = ChromeTraceJson(*timelines);
@@ -248,6 +245,18 @@ int Trace(const std::string& rendezvous, const std::string& job,
                "chrome://tracing or ui.perfetto.dev)\n",
                out.c_str(), timelines->size(), ops);
   return 0;
+}
+
+// `trace`: every live member's timeline, as one Chrome trace in --o.
+int Trace(const std::string& rendezvous, const std::string& job,
+          const std::string& out) {
+  if (rendezvous.empty() || out.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "trace needs --rendezvous=ADDR --job=ID -o FILE"));
+  }
+  absl::StatusOr<v1::RingHealth> h = RendezvousHealth(rendezvous, job);
+  if (!h.ok()) return Fail(h.status());
+  return WriteTrace(*h, out);
 }
 
 int Health(const std::string& rendezvous, const std::string& job,
@@ -450,7 +459,14 @@ int BenchCommand() {
     owned = std::move(by_rank);
   }
   for (auto& c : owned) clients.push_back(c.get());
-  return Bench(clients, *cases, OptionsFromFlags(), absl::GetFlag(FLAGS_json));
+  int rc = Bench(clients, *cases, OptionsFromFlags(), absl::GetFlag(FLAGS_json));
+  const std::string trace = absl::GetFlag(FLAGS_trace);
+  if (!trace.empty()) {
+    absl::StatusOr<v1::RingHealth> h = clients[0]->RingHealth();
+    if (!h.ok()) return Fail(h.status());
+    if (int t = WriteTrace(*h, trace); t != 0) rc = t;
+  }
+  return rc;
 }
 
 int AllReduceCommand() {

@@ -57,7 +57,7 @@ class EdgeWindow {
   void RecordArrivalWait(absl::Time now, int peer, uint64_t bytes,
                          double seconds);
   void RecordWire(absl::Time now, int peer, double seconds);
-  void RecordOp(absl::Time now, double seconds, double ring_seconds);
+  void RecordOp(absl::Time now, double seconds, double ring_seconds = 0);
 
   // Sums and wait percentiles over (now - span, now].
   EdgeSummary Summarize(absl::Time now);

@@ -194,22 +194,26 @@ LinkBytes OpTelemetry::EndOp(absl::Time now, const OpEnd& end) {
 }
 
 Telemetry OpTelemetry::Snapshot(absl::Time now) const {
-  absl::MutexLock lock(&mu_);
-  Telemetry t = scalars_;
-  for (const auto& [peer, rec] : peers_) {
-    if (rec.in_total) t.edges_total[peer] = rec.total;
-    if (rec.linked) {
-      LinkBytes& l = t.links[peer];
-      l.sent = rec.total.bytes_sent + rec.op.bytes_sent + rec.carried.sent;
-      l.received = rec.total.bytes_received + rec.op.bytes_received +
-                   rec.carried.received;
+  Telemetry t;
+  {
+    absl::MutexLock lock(&mu_);
+    t = scalars_;
+    for (const auto& [peer, rec] : peers_) {
+      if (rec.in_total) t.edges_total[peer] = rec.total;
+      if (rec.linked) {
+        LinkBytes& l = t.links[peer];
+        l.sent = rec.total.bytes_sent + rec.op.bytes_sent + rec.carried.sent;
+        l.received = rec.total.bytes_received + rec.op.bytes_received +
+                     rec.carried.received;
+      }
     }
+    t.window = window_.Summarize(now);
+    t.window_seconds = absl::ToDoubleSeconds(window_.span());
+    t.arrivals.assign(arrivals_.begin(), arrivals_.end());
   }
-  t.window = window_.Summarize(now);
-  t.window_seconds = absl::ToDoubleSeconds(window_.span());
-  t.arrivals.assign(arrivals_.begin(), arrivals_.end());
-  t.stall_seconds = absl::ToDoubleSeconds(
-      StallMonitor::Get().StalledBetween(now - window_.span(), now));
+  // Outside mu_ (a leaf): the monitor has a mutex of its own.
+  t.stall_seconds = absl::ToDoubleSeconds(StallMonitor::Get().StalledBetween(
+      now - absl::Seconds(t.window_seconds), now));
   return t;
 }
 

@@ -112,7 +112,7 @@ function drawTimeline(trace) {
   pids.forEach((pid, i) => {
     const y0 = 20 + i * RH;
     svg.appendChild(el("text", {x: 4, y: y0 + 14, "font-size": 12, "font-weight": "bold"}, names[pid]));
-    LANES.forEach(([cat], j) => svg.appendChild(el("text", {x: 10, y: y0 + j * LH + 10, "font-size": 9, fill: "#888"}, cat)));
+    LANES.forEach(([cat], j) => svg.appendChild(el("text", {x: L - 6, y: y0 + j * LH + 10, "font-size": 9, fill: "#888", "text-anchor": "end"}, cat)));
     for (const e of shown) {
       if (e.pid !== pid) continue;
       const j = LANES.findIndex(l => l[0] === e.cat); if (j < 0) continue;

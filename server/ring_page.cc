@@ -19,7 +19,7 @@ svg{background:#fff;border:1px solid #ddd} .muted{color:#888} [hidden]{display:n
 <div id="timeline-view" hidden><p class="muted">The last operations of every rank, from /api/trace
 (the same Chrome trace as <code>halkactl trace</code>): per rank the operation, its phases, the chunk waits
 (<span style="color:#e07b00">orange</span>), reduces (<span style="color:#2b6cb0">blue</span>), the links writing
-(<span style="color:#2a9d55">green</span>) and process stalls (black). Refreshes every 5 s.</p>
+(<span style="color:#2a9d55">green</span>), window stalls (<span style="color:#8e44ad">purple</span>: waiting for the wire to release a segment) and process stalls (black). Refreshes every 5 s.</p>
 <svg id="tl" width="1100" height="100"></svg></div>
 <div class="row" id="ring-view"><svg id="ring" width="520" height="520" viewBox="0 0 520 520"></svg>
 <div><h3>members</h3><table id="members"></table><h3>edges (last minute)</h3><table id="edges"></table></div></div>
@@ -93,7 +93,7 @@ async function tick() {
     document.body.dataset.ready = "1";
   } catch (e) { $("diag").textContent = "cannot reach the rendezvous: " + e; }
 }
-const LANES = [["op", "#999"], ["phase", null], ["wait", "#e07b00"], ["reduce", "#2b6cb0"], ["wire", "#2a9d55"], ["stall", "#000"]];
+const LANES = [["op", "#999"], ["phase", null], ["wait", "#e07b00"], ["reduce", "#2b6cb0"], ["wire", "#2a9d55"], ["window", "#8e44ad"], ["stall", "#000"]];
 const PHASE = {"fingerprint": "#b7a4d6", "reduce-scatter": "#f2c14e", "all-gather": "#7fc8a9"};
 function drawTimeline(trace) {
   const svg = $("tl"); svg.innerHTML = "";

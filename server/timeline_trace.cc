@@ -43,8 +43,9 @@ int TidOf(const v1::TimelineSpan& s) {
   if (k == "reduce") return 3;
   if (k == "send") return 4;
   if (k == "stall") return 5;
+  if (k == "window") return 6;
   if (k == "wire") return 100 + std::max(s.peer(), 0);
-  return 6;
+  return 7;
 }
 
 std::string TidName(int tid) {
@@ -61,6 +62,8 @@ std::string TidName(int tid) {
       return "send (hand-off)";
     case 5:
       return "process stalled";
+    case 6:
+      return "window stall (wire holds the segment)";
     default:
       return tid >= 100 ? absl::StrCat("link to rank ", tid - 100, " writing")
                         : "other";
@@ -71,6 +74,7 @@ std::string SpanName(const v1::TimelineSpan& s) {
   const std::string& k = s.kind();
   if (k == "phase") return s.phase();
   if (k == "stall") return "stalled";
+  if (k == "window") return "window stall";
   if (k == "wire") return absl::StrCat("write to ", s.peer());
   const char* dir = k == "wait" ? " for " : k == "send" ? " to " : " from ";
   return absl::StrCat(k, dir, s.peer(), " (", s.phase(), " step ", s.step(),

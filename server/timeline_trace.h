@@ -20,8 +20,9 @@ namespace halka {
 // Chrome trace-event JSON of `ranks` (one Timeline per rank; pid = rank).
 // Times are microseconds since the earliest operation's start; that start
 // is in otherData.t0_unix_us. Per rank, tid 0 holds the operations, 1 the
-// phases, 2 the chunk waits, 3 the reduces, 4 the sends, 5 the stalls, and
-// 100+P the link to rank P writing. Pure.
+// phases, 2 the chunk waits, 3 the reduces, 4 the sends, 5 the stalls, 6
+// the window stalls (waiting for the wire to release a segment), and 100+P
+// the link to rank P writing. Pure.
 std::string ChromeTraceJson(const std::vector<v1::Timeline>& ranks);
 
 // Each live member's timeline (members as the rendezvous lists them),

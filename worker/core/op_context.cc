@@ -279,9 +279,19 @@ bool OpContext::WaitForReleases(int segment, absl::Time deadline) {
     return segment < 0 ? t->total == 0
                        : t->per_segment[static_cast<size_t>(segment)] == 0;
   };
+  // Waiting for the wire to let go of a segment (or, segment -1, of every
+  // frame) is a window stall: a timeline span when it takes 10 us or more.
+  const absl::Time t0 = absl::Now();
+  auto trace_stall = [&] {
+    const absl::Time t1 = absl::Now();
+    if (t1 - t0 >= absl::Microseconds(10)) {
+      Trace(TraceSpan::Kind::kWindow, -1, 0, t0, t1);
+    }
+  };
   {
     absl::MutexLock lock(&t->mu);
     if (t->mu.AwaitWithDeadline(absl::Condition(&released), deadline)) {
+      trace_stall();
       return true;
     }
   }
@@ -295,8 +305,11 @@ bool OpContext::WaitForReleases(int segment, absl::Time deadline) {
   for (int to = 0; to < g + servers(); ++to) {
     if (to != config_.rank) transport_->Reset(to);
   }
-  absl::MutexLock lock(&t->mu);
-  t->mu.Await(absl::Condition(&released));
+  {
+    absl::MutexLock lock(&t->mu);
+    t->mu.Await(absl::Condition(&released));
+  }
+  trace_stall();
   return false;
 }
 

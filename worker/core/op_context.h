@@ -145,7 +145,8 @@ class OpContext {
   void TrackSegments(size_t segments);
   // Waits until the wire holds no frame of `segment` (-1: of any segment).
   // Past `deadline` it resets the links, waits for the releases that
-  // follow, and returns false.
+  // follow, and returns false. A wait of 10 us or more is a "window" span
+  // in the timeline.
   bool WaitForReleases(int segment, absl::Time deadline);
   // Best effort: tells the neighbours (or every rank, all-to-all) and the
   // parameter servers that this op failed with `status`, except the rank

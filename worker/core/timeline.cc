@@ -18,6 +18,8 @@ const char* TraceSpanKindName(TraceSpan::Kind kind) {
       return "wire";
     case TraceSpan::Kind::kStall:
       return "stall";
+    case TraceSpan::Kind::kWindow:
+      return "window";
   }
   return "?";
 }

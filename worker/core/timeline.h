@@ -30,6 +30,7 @@ struct TraceSpan {
     kSend,    // handing a frame for `peer` to the transport
     kWire,    // the link to `peer` writing this rank's frames
     kStall,   // this process did not run (inside a wait)
+    kWindow,  // waiting for the wire to release a segment (or every frame)
   };
   Kind kind = Kind::kPhase;
   Phase phase = Phase::kFingerprint;

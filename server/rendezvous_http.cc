@@ -5,6 +5,7 @@
 #include "common/prometheus.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/ring_page.h"
+#include "server/timeline_trace.h"
 
 namespace halka {
 namespace {
@@ -28,8 +29,8 @@ constexpr const char* kFamilies[][3] = {
     {"halka_edge_window_bytes", "gauge",
      "payload bytes over the edge in the last minute"},
     {"halka_edge_throughput_bytes_per_second", "gauge",
-     "edge throughput over the last minute (ring edges: counting only the "
-     "wait the hop adds)"},
+     "edge rate over the last minute: bytes over the time the sender's "
+     "link was writing them"},
     {"halka_edge_window_wait_seconds", "gauge",
      "time the receiver blocked on the sender in the last minute"},
     {"halka_edge_window_added_wait_seconds", "gauge",
@@ -95,6 +96,16 @@ HttpResponse Json(std::string body) {
   return r;
 }
 
+// The health of the job named by the query parameter `job`.
+grpc::Status HealthOf(RendezvousService& svc,
+                      const std::map<std::string, std::string>& params,
+                      v1::RingHealth* h) {
+  v1::RingHealthRequest req;
+  auto it = params.find("job");
+  if (it != params.end()) req.set_job_id(it->second);
+  return svc.BuildHealth(&req, h);
+}
+
 }  // namespace
 
 std::string RendezvousMetrics(RendezvousService& service) {
@@ -145,15 +156,30 @@ std::map<std::string, HttpHandler> RendezvousHttpHandlers(
   };
   handlers["/api/health"] =
       [svc](const std::map<std::string, std::string>& params) {
-        v1::RingHealthRequest req;
-        auto it = params.find("job");
-        if (it != params.end()) req.set_job_id(it->second);
         v1::RingHealth h;
-        grpc::Status st = svc->BuildHealth(&req, &h);
+        grpc::Status st = HealthOf(*svc, params, &h);
         if (st.ok()) return Json(HealthJson(h));
         HttpResponse r = Json(absl::StrCat(
             "{\"error\":\"", PromEscape(st.error_message()), "\"}"));
         r.status = st.error_code() == grpc::StatusCode::NOT_FOUND ? 404 : 400;
+        return r;
+      };
+  // Every live member's timeline as one Chrome trace (halkactl trace); the
+  // ring page's timeline view draws it.
+  handlers["/api/trace"] =
+      [svc](const std::map<std::string, std::string>& params) {
+        v1::RingHealth h;
+        grpc::Status st = HealthOf(*svc, params, &h);
+        absl::StatusOr<std::vector<v1::Timeline>> t =
+            st.ok() ? GatherTimelines({h.members().begin(), h.members().end()},
+                                      absl::Seconds(3))
+                    : absl::StatusOr<std::vector<v1::Timeline>>(
+                          FromGrpcStatus(st));
+        if (t.ok()) return Json(ChromeTraceJson(*t));
+        HttpResponse r = Json(absl::StrCat(
+            "{\"error\":\"", PromEscape(std::string(t.status().message())),
+            "\"}"));
+        r.status = t.status().code() == absl::StatusCode::kNotFound ? 404 : 502;
         return r;
       };
   return handlers;

@@ -753,6 +753,9 @@ grpc::Status RendezvousService::BuildHealth(const v1::RingHealthRequest* req,
   for (const MemberView& m : h->lost) FillMember(m, reply->add_lost());
   std::vector<RankInput> inputs;
   std::vector<LastOpInput> last_ops;
+  std::vector<std::vector<ArrivalInput>> arrivals(
+      static_cast<size_t>(std::max(h->world_size, 0)));
+  double window_s = 0;
   for (const MemberView& m : h->members) {
     FillMember(m, reply->add_members());
     v1::WorkerTelemetry* t = reply->add_telemetry();
@@ -773,9 +776,21 @@ grpc::Status RendezvousService::BuildHealth(const v1::RingHealthRequest* req,
     in.rank = m.rank;
     in.has_telemetry = true;
     in.op_seconds = t->window().op_seconds();
+    in.ring_seconds = t->window().ring_seconds();
+    in.ops = t->window().ops();
+    in.stall_seconds = t->stall_seconds();
+    if (m.rank >= 0 && m.rank < h->world_size) {
+      auto& mine = arrivals[static_cast<size_t>(m.rank)];
+      for (const v1::OpArrival& a : t->arrivals()) {
+        mine.push_back({a.generation(), a.op_seq(), a.start_unix_us(),
+                        a.end_unix_us()});
+      }
+      window_s = std::max(window_s, t->window_seconds());
+    }
     for (const v1::EdgeTelemetry& e : t->window().edges()) {
       EdgeInput x;
       x.peer = e.peer();
+      x.wire_seconds = e.wire_seconds();
       x.bytes_sent = e.bytes_sent();
       x.bytes_received = e.bytes_received();
       x.send_seconds = e.send_seconds();
@@ -787,6 +802,24 @@ grpc::Status RendezvousService::BuildHealth(const v1::RingHealthRequest* req,
       in.edges.push_back(x);
     }
     inputs.push_back(std::move(in));
+  }
+  const std::vector<ArrivalLag> lags = ArrivalLags(
+      h->world_size, arrivals,
+      absl::ToUnixMicros(absl::Now() - absl::Seconds(window_s)));
+  for (RankInput& in : inputs) {
+    if (in.rank < 0 || in.rank >= static_cast<int>(lags.size())) continue;
+    const ArrivalLag& l = lags[static_cast<size_t>(in.rank)];
+    in.arrival_lag_p50_seconds = l.p50_seconds;
+    in.arrival_lag_p99_seconds = l.p99_seconds;
+    in.arrival_ops = l.ops;
+    v1::RankHealth* rh = reply->add_ranks();
+    rh->set_rank(in.rank);
+    rh->set_arrival_lag_p50_seconds(l.p50_seconds);
+    rh->set_arrival_lag_p99_seconds(l.p99_seconds);
+    rh->set_arrival_ops(l.ops);
+    rh->set_stall_seconds(in.stall_seconds);
+    rh->set_ring_seconds(in.ring_seconds);
+    rh->set_op_seconds(in.op_seconds);
   }
   const RingDiagnosis d = DiagnoseRing(h->world_size, inputs);
   for (const EdgeReport& e : d.edges) {
@@ -801,6 +834,7 @@ grpc::Status RendezvousService::BuildHealth(const v1::RingHealthRequest* req,
     out->set_wait_p99_seconds(e.wait_p99_seconds);
     out->set_errors(e.errors);
     out->set_ring(e.ring);
+    out->set_wire_seconds(e.wire_seconds);
   }
   v1::Diagnosis* diag = reply->mutable_diagnosis();
   diag->set_has_straggler(d.has_straggler);
@@ -808,6 +842,8 @@ grpc::Status RendezvousService::BuildHealth(const v1::RingHealthRequest* req,
   diag->set_slowest_from(d.slowest_from);
   diag->set_slowest_to(d.slowest_to);
   diag->set_summary(d.summary);
+  diag->set_late_rank(d.late_rank);
+  diag->set_stalled_rank(d.stalled_rank);
   diag->set_failure(DiagnoseFailures(std::move(last_ops)));
   reply->set_failing(!diag->failure().empty());
   return grpc::Status::OK;

@@ -1,6 +1,8 @@
 #include "server/ring_diagnosis.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <utility>
@@ -133,11 +135,7 @@ RingDiagnosis DiagnoseRing(int g, const std::vector<RankInput>& ranks,
     }
     return s;
   };
-  auto op_seconds = [&](int r) {
-    const RankInput* in = by_rank[static_cast<size_t>(r)];
-    return in == nullptr ? 0.0 : in->op_seconds;
-  };
-
+  
   for (int from = 0; from < g; ++from) {
     for (int to = 0; to < g; ++to) {
       if (from == to) continue;
@@ -160,12 +158,10 @@ RingDiagnosis DiagnoseRing(int g, const std::vector<RankInput>& ranks,
         e.added_wait_seconds = std::max(
             0.0, e.wait_seconds - wait_on(from, Mod(from - 1, g)));
       }
-      // A ring edge's rate counts only the wait this hop adds (the wait
-      // passed on from upstream is not its fault); other edges count all.
-      const double busy =
-          (e.ring ? e.added_wait_seconds : e.wait_seconds) +
-          (tx != nullptr ? tx->send_seconds : 0);
-      e.throughput_bps = busy > 0 ? static_cast<double>(e.bytes) / busy : 0;
+      e.wire_seconds = tx != nullptr ? tx->wire_seconds : 0;
+      e.throughput_bps = e.wire_seconds > 0
+                             ? static_cast<double>(e.bytes) / e.wire_seconds
+                             : 0;
       if (e.bytes == 0 && e.wait_seconds == 0 && e.errors == 0) continue;
       d.edges.push_back(e);
     }
@@ -176,7 +172,7 @@ RingDiagnosis DiagnoseRing(int g, const std::vector<RankInput>& ranks,
   for (const EdgeReport& e : d.edges) {
     if (e.ring && e.bytes > 0) {
       ring.push_back(&e);
-      ring_rates.push_back(e.throughput_bps);
+      if (e.throughput_bps > 0) ring_rates.push_back(e.throughput_bps);
     }
   }
   std::string errors;
@@ -200,36 +196,178 @@ RingDiagnosis DiagnoseRing(int g, const std::vector<RankInput>& ranks,
   }
   d.slowest_from = slowest->from;
   d.slowest_to = slowest->to;
-  const double median_rate = Median(ring_rates);
+  const std::string rates = absl::StrCat(
+      "; ring edges write at ", FormatRate(Median(ring_rates)),
+      " median while busy (bytes over the time each edge was writing)",
+      errors);
+  if (g < 2) {
+    d.summary = absl::StrCat("no straggler: one rank", rates);
+    return d;
+  }
+  // Ring time: after the fingerprint pass (older workers: all of it).
+  auto ring_seconds = [&](int r) {
+    const RankInput* in = by_rank[static_cast<size_t>(r)];
+    if (in == nullptr) return 0.0;
+    return in->ring_seconds > 0 ? in->ring_seconds : in->op_seconds;
+  };
+  std::vector<double> stalls, lags, per_op_ring;
+  for (const RankInput* in : by_rank) {
+    if (in == nullptr) continue;
+    stalls.push_back(in->stall_seconds);
+    if (in->arrival_ops > 0) lags.push_back(in->arrival_lag_p50_seconds);
+    if (in->ops > 0) per_op_ring.push_back(ring_seconds(in->rank) / in->ops);
+  }
+  const double median_stall = Median(stalls);
+  const double median_lag = Median(lags);
+  const double median_ring_op = Median(per_op_ring);
+  // The rank that stalls most, and the one whose calls arrive latest.
+  const RankInput* stalled = nullptr;
+  const RankInput* late = nullptr;
+  for (const RankInput* in : by_rank) {
+    if (in == nullptr) continue;
+    if (stalled == nullptr || in->stall_seconds > stalled->stall_seconds) {
+      stalled = in;
+    }
+    if (in->arrival_ops >= options.min_arrival_ops &&
+        (late == nullptr ||
+         in->arrival_lag_p50_seconds > late->arrival_lag_p50_seconds)) {
+      late = in;
+    }
+  }
+  if (stalled != nullptr) {
+    const double excess = stalled->stall_seconds - median_stall;
+    if (excess < options.min_added_wait_s ||
+        excess < options.min_share * stalled->op_seconds) {
+      stalled = nullptr;
+    }
+  }
+  if (late != nullptr) {
+    const double excess = late->arrival_lag_p50_seconds - median_lag;
+    if (excess < options.min_lag_s ||
+        excess < options.min_share * median_ring_op) {
+      late = nullptr;
+    }
+  }
   const int s = slowest->from;
   const int succ = slowest->to;
-  const double succ_ops = op_seconds(succ);
-  const bool significant =
+  const double succ_ring = ring_seconds(succ);
+  const bool edge_significant =
       slowest->added_wait_seconds >= options.min_added_wait_s &&
-      (succ_ops <= 0 ||
-       slowest->added_wait_seconds >= options.min_share * succ_ops);
-  if (significant && g > 1) {
-    d.has_straggler = true;
-    d.straggler_rank = s;
+      (succ_ring <= 0 ||
+       slowest->added_wait_seconds >= options.min_share * succ_ring);
+  const std::string edge_sentence = absl::StrFormat(
+      "its successor rank %d waited %.2f s of %.2f s in the ring for it, "
+      "while rank %d waited %.2f s for rank %d",
+      succ, slowest->wait_seconds, succ_ring, s, wait_on(s, Mod(s - 1, g)),
+      Mod(s - 1, g));
+  auto lag_sentence = [&](const RankInput& in) {
+    return absl::StrFormat(
+        "its calls arrive %.0f ms after the others' (p50 over the last "
+        "minute, p99 %.0f ms, ranks' median %.0f ms)",
+        in.arrival_lag_p50_seconds * 1e3, in.arrival_lag_p99_seconds * 1e3,
+        median_lag * 1e3);
+  };
+  if (stalled != nullptr) {
+    const int r = stalled->rank;
+    d.stalled_rank = r;
+    d.straggler_rank = r;
+    std::string text = absl::StrFormat(
+        "rank %d is the straggler: its process did not run for %.2f s of the "
+        "window (ranks' median %.2f s): the host stops, starves or swaps it",
+        r, stalled->stall_seconds, median_stall);
+    if (late == stalled) {
+      d.late_rank = r;
+      absl::StrAppend(&text, "; ", lag_sentence(*late));
+    }
+    if (edge_significant && s == r) absl::StrAppend(&text, "; ", edge_sentence);
+    d.summary = text;
+  } else if (late != nullptr) {
+    const int r = late->rank;
+    d.late_rank = r;
+    d.straggler_rank = r;
+    std::string text = absl::StrFormat(
+        "rank %d's calls arrive %.0f ms after the others' (p50 over the last "
+        "minute, p99 %.0f ms, ranks' median %.0f ms): its host or its "
+        "training step is slow",
+        r, late->arrival_lag_p50_seconds * 1e3,
+        late->arrival_lag_p99_seconds * 1e3, median_lag * 1e3);
+    if (edge_significant && s == r) absl::StrAppend(&text, "; ", edge_sentence);
+    d.summary = text;
+  } else if (edge_significant) {
     std::vector<double> reduces;
     for (int r = 0; r < g; ++r) reduces.push_back(reduce_of(r));
+    d.straggler_rank = s;
     d.summary = absl::StrFormat(
-        "rank %d is the straggler: its successor rank %d waited %.2f s of "
-        "%.2f s for it, while rank %d waited %.2f s for rank %d and reduced "
-        "for %.2f s (median rank %.2f s); edge %d->%d carries %s vs %s "
-        "median%s",
-        s, succ, slowest->wait_seconds, succ_ops, s,
-        wait_on(s, Mod(s - 1, g)), Mod(s - 1, g), reduce_of(s),
-        Median(reduces), s, succ, FormatRate(slowest->throughput_bps),
-        FormatRate(median_rate), errors);
+        "rank %d is the straggler: %s and reduced for %.2f s (median rank "
+        "%.2f s); edge %d->%d writes at %s",
+        s, edge_sentence, reduce_of(s), Median(reduces), s, succ,
+        FormatRate(slowest->throughput_bps));
   } else {
     d.summary = absl::StrFormat(
-        "no straggler: the most wait one rank adds is %.3f s (edge %d->%d, "
-        "%s); ring edges carry %s median%s",
-        slowest->added_wait_seconds, s, succ,
-        FormatRate(slowest->throughput_bps), FormatRate(median_rate), errors);
+        "no straggler: the most wait one rank adds in the ring is %.3f s "
+        "(edge %d->%d), calls arrive %.0f ms after the first (ranks' median "
+        "p50)",
+        slowest->added_wait_seconds, s, succ, median_lag * 1e3);
   }
+  d.has_straggler = d.straggler_rank >= 0;
+  absl::StrAppend(&d.summary, rates);
   return d;
+}
+
+std::vector<ArrivalLag> ArrivalLags(
+    int g, const std::vector<std::vector<ArrivalInput>>& by_rank,
+    int64_t since_unix_us) {
+  std::vector<ArrivalLag> out(static_cast<size_t>(std::max(g, 0)));
+  if (g < 2 || by_rank.size() != static_cast<size_t>(g)) return out;
+  // (generation, op_seq) -> each rank's (start, end).
+  using Key = std::pair<uint64_t, uint64_t>;
+  using Times = std::vector<std::pair<int64_t, int64_t>>;
+  std::map<Key, Times> ops;
+  for (int r = 0; r < g; ++r) {
+    for (const ArrivalInput& a : by_rank[static_cast<size_t>(r)]) {
+      Times& v = ops[{a.generation, a.op_seq}];
+      if (v.empty()) v.assign(static_cast<size_t>(g), {INT64_MIN, INT64_MIN});
+      v[static_cast<size_t>(r)] = {a.start_unix_us, a.end_unix_us};
+    }
+  }
+  auto complete = [](const Times& v) {
+    return std::none_of(v.begin(), v.end(), [](const auto& t) {
+      return t.first == INT64_MIN;
+    });
+  };
+  std::vector<std::vector<double>> lags(static_cast<size_t>(g));
+  for (const auto& [key, v] : ops) {
+    auto prev = ops.find({key.first, key.second - 1});
+    if (!complete(v) || prev == ops.end() || !complete(prev->second)) {
+      continue;
+    }
+    int64_t first = INT64_MAX, min_idle = INT64_MAX;
+    for (int r = 0; r < g; ++r) {
+      const size_t i = static_cast<size_t>(r);
+      first = std::min(first, v[i].first);
+      min_idle = std::min(min_idle, v[i].first - prev->second[i].second);
+    }
+    if (first < since_unix_us) continue;
+    for (int r = 0; r < g; ++r) {
+      const size_t i = static_cast<size_t>(r);
+      const int64_t lag = v[i].first - first;
+      const int64_t idle = v[i].first - prev->second[i].second - min_idle;
+      lags[i].push_back(
+          static_cast<double>(std::max<int64_t>(0, std::min(lag, idle))) /
+          1e6);
+    }
+  }
+  for (int r = 0; r < g; ++r) {
+    std::vector<double>& l = lags[static_cast<size_t>(r)];
+    ArrivalLag& a = out[static_cast<size_t>(r)];
+    a.ops = l.size();
+    if (l.empty()) continue;
+    std::sort(l.begin(), l.end());
+    a.p50_seconds = Median(l);
+    a.p99_seconds = l[std::min(l.size() - 1,
+                               static_cast<size_t>(0.99 * l.size()))];
+  }
+  return out;
 }
 
 }  // namespace halka

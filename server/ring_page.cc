@@ -11,11 +11,17 @@ h1{font-size:1.3em;margin:0 0 .3em} #diag{font-size:1.05em;margin:.6em 0;padding
 #diag.bad{border-color:#d33} #diag.ok{border-color:#3a3}
 table{border-collapse:collapse;background:#fff;font-size:.9em} td,th{padding:2px 8px;border-bottom:1px solid #eee;text-align:right}
 th{background:#f0f0f0} td.l,th.l{text-align:left} .row{display:flex;gap:2em;flex-wrap:wrap;align-items:flex-start}
-svg{background:#fff;border:1px solid #ddd} .muted{color:#888}
+svg{background:#fff;border:1px solid #ddd} .muted{color:#888} [hidden]{display:none !important}
 </style></head><body>
-<h1>halka ring <select id="job"></select> <span id="state" class="muted"></span></h1>
+<h1>halka ring <select id="job"></select> <span id="state" class="muted"></span>
+<button id="v-ring">ring</button><button id="v-timeline">timeline</button></h1>
 <div id="diag">loading…</div>
-<div class="row"><svg id="ring" width="520" height="520" viewBox="0 0 520 520"></svg>
+<div id="timeline-view" hidden><p class="muted">The last operations of every rank, from /api/trace
+(the same Chrome trace as <code>halkactl trace</code>): per rank the operation, its phases, the chunk waits
+(<span style="color:#e07b00">orange</span>), reduces (<span style="color:#2b6cb0">blue</span>), the links writing
+(<span style="color:#2a9d55">green</span>), window stalls (<span style="color:#8e44ad">purple</span>: waiting for the wire to release a segment) and process stalls (black). Refreshes every 5 s.</p>
+<svg id="tl" width="1100" height="100"></svg></div>
+<div class="row" id="ring-view"><svg id="ring" width="520" height="520" viewBox="0 0 520 520"></svg>
 <div><h3>members</h3><table id="members"></table><h3>edges (last minute)</h3><table id="edges"></table></div></div>
 <p class="muted">Edge colour: throughput relative to the ring's median (red = slow). Refreshes every second from /api/health.</p>
 <script>
@@ -87,7 +93,54 @@ async function tick() {
     document.body.dataset.ready = "1";
   } catch (e) { $("diag").textContent = "cannot reach the rendezvous: " + e; }
 }
-tick(); setInterval(tick, 1000);
+const LANES = [["op", "#999"], ["phase", null], ["wait", "#e07b00"], ["reduce", "#2b6cb0"], ["wire", "#2a9d55"], ["window", "#8e44ad"], ["stall", "#000"]];
+const PHASE = {"fingerprint": "#b7a4d6", "reduce-scatter": "#f2c14e", "all-gather": "#7fc8a9"};
+function drawTimeline(trace) {
+  const svg = $("tl"); svg.innerHTML = "";
+  const ev = (trace.traceEvents || []).filter(e => e.ph === "X");
+  const names = {}; (trace.traceEvents || []).filter(e => e.ph === "M" && e.name === "process_name").forEach(e => names[e.pid] = e.args.name);
+  const seqs = [...new Set(ev.filter(e => e.cat === "op").map(e => e.args.op_seq))].sort((a, b) => a - b).slice(-6);
+  const shown = ev.filter(e => seqs.includes(e.args.op_seq));
+  const pids = Object.keys(names).map(Number).sort((a, b) => a - b);
+  if (!shown.length) { svg.setAttribute("height", 30); svg.appendChild(el("text", {x: 10, y: 20}, "no operations yet")); return 0; }
+  const t0 = Math.min(...shown.map(e => e.ts)), t1 = Math.max(...shown.map(e => e.ts + e.dur));
+  const W = 1100, L = 150, LH = 13, RH = LANES.length * LH + 10, x = t => L + (W - L - 10) * (t - t0) / Math.max(1, t1 - t0);
+  svg.setAttribute("height", 30 + RH * pids.length);
+  for (let k = 0; k <= 4; ++k) { const t = t0 + (t1 - t0) * k / 4;
+    svg.appendChild(el("text", {x: x(t), y: 12, "font-size": 10, "text-anchor": "middle"}, `${((t - t0) / 1e3).toFixed(1)} ms`)); }
+  let n = 0;
+  pids.forEach((pid, i) => {
+    const y0 = 20 + i * RH;
+    svg.appendChild(el("text", {x: 4, y: y0 + 14, "font-size": 12, "font-weight": "bold"}, names[pid]));
+    LANES.forEach(([cat], j) => svg.appendChild(el("text", {x: L - 6, y: y0 + j * LH + 10, "font-size": 9, fill: "#888", "text-anchor": "end"}, cat)));
+    for (const e of shown) {
+      if (e.pid !== pid) continue;
+      const j = LANES.findIndex(l => l[0] === e.cat); if (j < 0) continue;
+      const c = LANES[j][1] || PHASE[e.name] || "#ccc";
+      const r = el("rect", {x: x(e.ts), y: y0 + j * LH, width: Math.max(1, x(e.ts + e.dur) - x(e.ts)), height: LH - 2, fill: c, "data-cat": e.cat});
+      r.appendChild(el("title", {}, `${e.name}: ${(e.dur / 1e3).toFixed(2)} ms (op #${e.args.op_seq})`));
+      svg.appendChild(r); ++n;
+      if (e.cat === "op") svg.appendChild(el("text", {x: x(e.ts) + 2, y: y0 + 9, "font-size": 9, fill: "#fff"}, `#${e.args.op_seq}`));
+    }
+  });
+  return n;
+}
+async function timeline() {
+  if ($("timeline-view").hidden) return;
+  try {
+    const job = $("job").value; if (!job) return;
+    const t = await (await fetch("api/trace?job=" + encodeURIComponent(job))).json();
+    if (t.error) { $("tl").innerHTML = ""; $("tl").appendChild(el("text", {x: 10, y: 20}, t.error)); return; }
+    document.body.dataset.timeline = String(drawTimeline(t));
+  } catch (e) { $("tl").innerHTML = ""; }
+}
+function view(v) {
+  $("timeline-view").hidden = v !== "timeline"; $("ring-view").hidden = v === "timeline";
+  if (v === "timeline") timeline();
+}
+$("v-ring").onclick = () => view("ring"); $("v-timeline").onclick = () => view("timeline");
+tick().then(() => view(new URLSearchParams(location.search).get("view") || "ring"));
+setInterval(tick, 1000); setInterval(timeline, 5000);
 </script></body></html>
 )HTML");
   return *page;

@@ -111,11 +111,22 @@ v1::WorkerTelemetry TelemetryProto(const Telemetry& tel, const Progress& p,
       x->set_wait_p50_seconds(e.wait_p50_seconds);
       x->set_wait_p99_seconds(e.wait_p99_seconds);
       x->set_errors(e.errors);
+      x->set_arrival_wait_seconds(e.arrival_wait_seconds);
+      x->set_wire_seconds(e.wire_seconds);
     }
+    out->set_ring_seconds(in.ring_seconds);
   };
   fill(tel.window, t.mutable_window());
   fill(tel.last_op, t.mutable_last_op());
   t.set_window_seconds(tel.window_seconds);
+  t.set_stall_seconds(tel.stall_seconds);
+  for (const OpArrival& a : tel.arrivals) {
+    v1::OpArrival* x = t.add_arrivals();
+    x->set_generation(a.generation);
+    x->set_op_seq(a.op_seq);
+    x->set_start_unix_us(absl::ToUnixMicros(a.start));
+    x->set_end_unix_us(absl::ToUnixMicros(a.end));
+  }
   t.set_last_algorithm(tel.last_algorithm);
   t.set_last_chunk_bytes(tel.last_chunk_bytes);
   t.set_last_op_bytes(tel.last_op_bytes);
@@ -132,6 +143,38 @@ v1::WorkerTelemetry TelemetryProto(const Telemetry& tel, const Progress& p,
     }
   }
   return t;
+}
+
+v1::Timeline TimelineProto(const std::vector<TraceOp>& ops) {
+  v1::Timeline out;
+  auto us = [](absl::Time t) {
+    return t == absl::InfinitePast() ? int64_t{0} : absl::ToUnixMicros(t);
+  };
+  for (const TraceOp& op : ops) {
+    v1::TimelineOp* o = out.add_ops();
+    o->set_generation(op.generation);
+    o->set_op_seq(op.op_seq);
+    o->set_description(op.description);
+    o->set_algorithm(op.algorithm);
+    o->set_ok(op.ok);
+    o->set_error(op.error);
+    o->set_start_unix_us(us(op.start));
+    o->set_fingerprint_end_unix_us(us(op.fingerprint_end));
+    o->set_end_unix_us(us(op.end));
+    o->set_spans_dropped(op.spans_dropped);
+    for (const TraceSpan& s : op.spans) {
+      v1::TimelineSpan* x = o->add_spans();
+      x->set_kind(TraceSpanKindName(s.kind));
+      x->set_phase(std::string(PhaseName(s.phase)));
+      x->set_step(s.step);
+      x->set_chunk(s.chunk);
+      x->set_peer(s.peer);
+      x->set_bytes(s.bytes);
+      x->set_start_unix_us(us(s.start));
+      x->set_end_unix_us(us(s.end));
+    }
+  }
+  return out;
 }
 
 }  // namespace halka

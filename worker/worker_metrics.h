@@ -9,6 +9,7 @@
 
 #include "absl/time/time.h"
 #include "halka/v1/rendezvous.pb.h"
+#include "halka/v1/worker.pb.h"
 #include "worker/core/communicator.h"
 
 namespace halka {
@@ -22,6 +23,9 @@ std::string WorkerMetricsText(const std::string& job_id, int rank,
 // The telemetry a heartbeat carries; `now` dates the current wait.
 v1::WorkerTelemetry TelemetryProto(const Telemetry& tel, const Progress& p,
                                    absl::Time now);
+
+// The timeline GetTimeline answers (ops oldest first; times in Unix us).
+v1::Timeline TimelineProto(const std::vector<TraceOp>& ops);
 
 }  // namespace halka
 

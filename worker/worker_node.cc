@@ -243,6 +243,21 @@ v1::WorkerTelemetry WorkerNode::CollectTelemetry() {
   return t;
 }
 
+absl::StatusOr<v1::Timeline> WorkerNode::Timeline() const {
+  std::shared_ptr<Ring> ring = book_->Current();
+  if (!book_->joined() || ring == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", options_.worker_id, " has not joined job ",
+        options_.job_id, " yet: no timeline"));
+  }
+  v1::Timeline t = TimelineProto(ring->comm->GetTrace());
+  t.set_worker_id(options_.worker_id);
+  t.set_rank(ring->rank);
+  t.set_world_size(ring->world);
+  t.set_generation(ring->generation);
+  return t;
+}
+
 absl::StatusOr<v1::InfoReply> WorkerNode::Describe() const {
   std::shared_ptr<Ring> ring = book_->Current();
   if (!book_->joined() || ring == nullptr) {

@@ -81,6 +81,9 @@ class WorkerNode {
   // this rank and `status`. Returns `status`.
   absl::Status Refuse(const Arrival& arrival, absl::Status status);
 
+  // What GetTimeline answers. FAILED_PRECONDITION before it joined.
+  absl::StatusOr<v1::Timeline> Timeline() const;
+
   // What GetInfo answers: this worker's rank, ring and newest membership.
   // FAILED_PRECONDITION before it joined.
   absl::StatusOr<v1::InfoReply> Describe() const;

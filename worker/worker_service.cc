@@ -194,4 +194,13 @@ grpc::Status WorkerService::GetRingHealth(grpc::ServerContext*,
   return node_->GetRingHealth(*req, reply);
 }
 
+grpc::Status WorkerService::GetTimeline(grpc::ServerContext*,
+                                        const v1::TimelineRequest*,
+                                        v1::Timeline* reply) {
+  absl::StatusOr<v1::Timeline> t = node_->Timeline();
+  if (!t.ok()) return ToGrpcStatus(t.status());
+  *reply = std::move(*t);
+  return grpc::Status::OK;
+}
+
 }  // namespace halka

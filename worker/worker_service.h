@@ -64,6 +64,9 @@ class WorkerService final : public v1::Worker::Service {
   grpc::Status GetRingHealth(grpc::ServerContext* ctx,
                              const v1::RingHealthRequest* req,
                              v1::RingHealth* reply) override;
+  grpc::Status GetTimeline(grpc::ServerContext* ctx,
+                           const v1::TimelineRequest* req,
+                           v1::Timeline* reply) override;
 
  private:
   // Reads an inline tensor: `msg` is the first message (already read).

@@ -426,9 +426,10 @@ std::string FormatHealth(const v1::RingHealth& h) {
   if (h.edges_size() > 0) {
     absl::StrAppend(
         &out, "edges (last minute; * = ring edge, wait = receiver blocked "
-              "on sender):\n",
-        absl::StrFormat("  %-9s %10s %10s %9s %9s %8s %8s %6s\n", "edge",
-                        "MB", "MB/s", "wait_s", "added_s", "p50_ms",
+              "on sender in the data phases, wire = sender's link writing, "
+              "MB/s = MB / wire):\n",
+        absl::StrFormat("  %-9s %10s %8s %10s %9s %9s %8s %8s %6s\n", "edge",
+                        "MB", "wire_s", "MB/s", "wait_s", "added_s", "p50_ms",
                         "p99_ms", "errors"));
     for (const v1::EdgeHealth& e : h.edges()) {
       const std::string name =
@@ -437,11 +438,28 @@ std::string FormatHealth(const v1::RingHealth& h) {
                            e.to() == h.diagnosis().slowest_to();
       absl::StrAppend(
           &out, absl::StrFormat(
-                    "  %-9s %10.1f %10.1f %9.3f %9.3f %8.2f %8.2f %6d%s\n",
-                    name, e.bytes() / 1e6, e.throughput_bps() / 1e6,
+                    "  %-9s %10.1f %8.3f %10.1f %9.3f %9.3f %8.2f %8.2f "
+                    "%6d%s\n",
+                    name, e.bytes() / 1e6, e.wire_seconds(),
+                    e.throughput_bps() / 1e6,
                     e.wait_seconds(), e.added_wait_seconds(),
                     e.wait_p50_seconds() * 1e3, e.wait_p99_seconds() * 1e3,
                     e.errors(), slowest ? "  <- slowest" : ""));
+    }
+  }
+  if (h.ranks_size() > 0) {
+    absl::StrAppend(&out, "ranks (last minute; lag = how long after the "
+                          "first rank its calls reached the ring):\n",
+                    absl::StrFormat("  %4s %10s %10s %6s %9s %9s\n", "rank",
+                                    "lag_p50_ms", "lag_p99_ms", "ops",
+                                    "stall_s", "ring_s"));
+    for (const v1::RankHealth& r : h.ranks()) {
+      absl::StrAppend(&out, absl::StrFormat(
+                                "  %4d %10.1f %10.1f %6d %9.3f %9.3f\n",
+                                r.rank(), r.arrival_lag_p50_seconds() * 1e3,
+                                r.arrival_lag_p99_seconds() * 1e3,
+                                r.arrival_ops(), r.stall_seconds(),
+                                r.ring_seconds()));
     }
   }
   if (!h.diagnosis().summary().empty()) {

@@ -8,10 +8,14 @@
 //   halkactl health    --rendezvous=ADDR --job=ID   (or --worker=ADDR)
 //                      [--json] [--watch [--interval=2s] [--watch_count=N]]
 //   halkactl healthcheck --worker=ADDR   grpc.health.v1 status (for probes)
+//   halkactl trace     --rendezvous=ADDR --job=ID -o FILE   every rank's
+//                      timeline as one Chrome trace (JSON)
 #include <unistd.h>
 
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -35,6 +39,7 @@
 #include "halka/client.h"
 #include "halka/local_cluster.h"
 #include "halka/v1/rendezvous.grpc.pb.h"
+#include "server/timeline_trace.h"
 #include "worker/core/cuda/cuda_reduce.h"
 #include "worker/core/dtype.h"
 #include "worker/core/frame.h"
@@ -55,6 +60,11 @@ ABSL_FLAG(std::string, dtype, "float32", "element type");
 ABSL_FLAG(std::string, op, "sum", "reduction: sum, avg, min, max, prod");
 ABSL_FLAG(bool, json, false, "bench: one JSON object per row instead of a "
           "table; health: the RingHealth reply as protobuf JSON");
+ABSL_FLAG(std::string, o, "", "trace: the Chrome trace JSON file to write "
+          "(\"-\": standard output)");
+ABSL_FLAG(std::string, trace, "",
+          "bench: write every rank's timeline of the last operations (up to "
+          "64 per rank) to this file as Chrome trace JSON");
 ABSL_FLAG(bool, watch, false, "health: print again every --interval");
 ABSL_FLAG(absl::Duration, interval, absl::Seconds(2),
           "health --watch: time between refreshes");
@@ -215,19 +225,64 @@ BenchOptions OptionsFromFlags() {
   return o;
 }
 
+absl::StatusOr<v1::RingHealth> RendezvousHealth(const std::string& rendezvous,
+                                                const std::string& job) {
+  auto stub = v1::Rendezvous::NewStub(MakeChannel(rendezvous));
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::Seconds(5));
+  v1::RingHealthRequest req;
+  req.set_job_id(job);
+  v1::RingHealth reply;
+  grpc::Status s = stub->GetRingHealth(&ctx, req, &reply);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return reply;
+}
+
+// The live members' timelines of `h`, as one Chrome trace in `out` ("-":
+// standard output).
+int WriteTrace(const v1::RingHealth& h, const std::string& out) {
+  std::vector<v1::Member> members(h.members().begin(), h.members().end());
+  auto timelines = GatherTimelines(members, absl::Seconds(10));
+  if (!timelines.ok()) return Fail(timelines.status());
+  const std::string json = ChromeTraceJson(*timelines);
+  size_t ops = 0;
+  for (const v1::Timeline& t : *timelines) ops += t.ops_size();
+  if (out == "-") {
+    std::fwrite(json.data(), 1, json.size(), stdout);
+    return 0;
+  }
+  FILE* f = std::fopen(out.c_str(), "w");
+  if (f == nullptr ||
+      std::fwrite(json.data(), 1, json.size(), f) != json.size() ||
+      std::fclose(f) != 0) {
+    return Fail(absl::UnavailableError(absl::StrCat(
+        "trace: cannot write ", out, ": ", std::strerror(errno))));
+  }
+  std::fprintf(stderr,
+               "halkactl: wrote %s: %zu ranks, %zu operations (open it in "
+               "chrome://tracing or ui.perfetto.dev)\n",
+               out.c_str(), timelines->size(), ops);
+  return 0;
+}
+
+// `trace`: every live member's timeline, as one Chrome trace in --o.
+int Trace(const std::string& rendezvous, const std::string& job,
+          const std::string& out) {
+  if (rendezvous.empty() || out.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "trace needs --rendezvous=ADDR --job=ID -o FILE"));
+  }
+  absl::StatusOr<v1::RingHealth> h = RendezvousHealth(rendezvous, job);
+  if (!h.ok()) return Fail(h.status());
+  return WriteTrace(*h, out);
+}
+
 int Health(const std::string& rendezvous, const std::string& job,
            const std::string& worker, bool json) {
   absl::StatusOr<v1::RingHealth> h;
   if (!rendezvous.empty()) {
-    auto stub = v1::Rendezvous::NewStub(MakeChannel(rendezvous));
-    grpc::ClientContext ctx;
-    SetTimeout(ctx, absl::Seconds(5));
-    v1::RingHealthRequest req;
-    req.set_job_id(job);
-    v1::RingHealth reply;
-    grpc::Status s = stub->GetRingHealth(&ctx, req, &reply);
-    if (!s.ok()) return Fail(FromGrpcStatus(s));
-    h = reply;
+    h = RendezvousHealth(rendezvous, job);
+    if (!h.ok()) return Fail(h.status());
   } else if (!worker.empty()) {
     auto client = Client::Connect(worker);
     if (!client.ok()) return Fail(client.status());
@@ -442,7 +497,14 @@ int BenchCommand() {
     owned = std::move(by_rank);
   }
   for (auto& c : owned) clients.push_back(c.get());
-  return Bench(clients, *cases, OptionsFromFlags(), absl::GetFlag(FLAGS_json));
+  int rc = Bench(clients, *cases, OptionsFromFlags(), absl::GetFlag(FLAGS_json));
+  const std::string trace = absl::GetFlag(FLAGS_trace);
+  if (!trace.empty()) {
+    absl::StatusOr<v1::RingHealth> h = clients[0]->RingHealth();
+    if (!h.ok()) return Fail(h.status());
+    if (int t = WriteTrace(*h, trace); t != 0) rc = t;
+  }
+  return rc;
 }
 
 int AllReduceCommand() {
@@ -547,7 +609,9 @@ int main(int argc, char** argv) {
                  "  health     ring health of a running job (exit 2 unless "
                  "healthy); --json, --watch [--interval=2s] [--watch_count=N]\n"
                  "  healthcheck --worker=ADDR  standard gRPC health of any "
-                 "halka server (exit 0 if SERVING)\n");
+                 "halka server (exit 0 if SERVING)\n"
+                 "  trace      --rendezvous=ADDR --job=ID -o FILE: every "
+                 "rank's timeline as one Chrome trace\n");
     return 2;
   }
   const std::string cmd = argv[1];
@@ -565,6 +629,10 @@ int main(int argc, char** argv) {
   if (cmd == "bench") return halka::BenchCommand();
   if (cmd == "allreduce") return halka::AllReduceCommand();
   if (cmd == "healthcheck") return halka::HealthCheck(absl::GetFlag(FLAGS_worker));
+  if (cmd == "trace") {
+    return halka::Trace(absl::GetFlag(FLAGS_rendezvous),
+                        absl::GetFlag(FLAGS_job), absl::GetFlag(FLAGS_o));
+  }
   if (cmd == "health") {
     return halka::HealthCommand();
   }

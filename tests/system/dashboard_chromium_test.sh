@@ -11,9 +11,10 @@
 # the rendered DOM: the page finished a refresh (body data-ready="1"), 4
 # member nodes (svg circles with data-rank 0..3), rank 2's node marked as the
 # straggler (red fill, "(straggler)" label), the ring edge 2->3 drawn as the
-# slowest (thick line), the diagnosis text and 4 member table rows. A
-# screenshot goes to the log dir ($HALKA_SYSTEM_KEEP_LOGS keeps it; its path
-# is printed).
+# slowest (thick line), the diagnosis text and 4 member table rows. Then the
+# page's timeline view (?view=timeline): a row group per rank with op,
+# phase, wait, reduce and wire spans. Screenshots of both go to the log dir
+# ($HALKA_SYSTEM_KEEP_LOGS keeps them; their paths are printed).
 #
 # Exit: 0 pass, 1 fail, 77 skip (no chromium and it cannot be installed).
 set -u -o pipefail
@@ -170,5 +171,36 @@ assert (w, h) == (1000, 800), (w, h)' "$PNG" || fail "screenshot $PNG is not a 1
 log "screenshot: $PNG ($(wc -c <"$PNG") bytes)"
 [[ -n "${HALKA_SYSTEM_KEEP_LOGS:-}" ]] || log "(set HALKA_SYSTEM_KEEP_LOGS=1 to keep it)"
 
-log "PASS: the ring page shows $G members, rank $SLOW the straggler, edge $SLOW->$NEXT the slowest"
+# ------------------------------------------------------------ the timeline view
+# The same page's timeline view (?view=timeline): /api/trace gathers every
+# rank's timeline; the view draws one row group per rank with its ops,
+# phases, chunk waits, reduces and links writing.
+TURL="http://127.0.0.1:$RDV_M/?job=$JOB&view=timeline"
+chrome tdom --virtual-time-budget=8000 --dump-dom "$TURL"
+python3 - "$SYS_LOG/tdom.out" "$G" <<'PYEOF' || fail "the timeline view's DOM is not as expected (DOM in $SYS_LOG/tdom.out)"
+import re, sys
+dom, g = open(sys.argv[1]).read(), int(sys.argv[2])
+errors = []
+def check(cond, what):
+    print(("  ok   " if cond else "  FAIL ") + what)
+    if not cond: errors.append(what)
+m = re.search(r'<body[^>]*data-timeline="(\d+)"', dom)
+check(m is not None and int(m.group(1)) > 0, "body data-timeline > 0 (spans drawn): %s" % (m.group(1) if m else None))
+tl = dom.split('id="tl"', 1)[-1].split("</svg>", 1)[0]
+for r in range(g):
+    check(re.search(r">rank %d \(w%d\)<" % (r, r), tl) is not None, "a row group for rank %d" % r)
+cats = re.findall(r'data-cat="([a-z]+)"', tl)
+for c in ("op", "phase", "wait", "reduce", "wire"):
+    check(cats.count(c) >= g, "at least %d %s spans drawn: %d" % (g, c, cats.count(c)))
+ops = set(re.findall(r">#(\d+)<", tl))
+check(1 <= len(ops) <= 6, "the last operations (at most 6) labelled: %s" % sorted(ops, key=int))
+sys.exit(1 if errors else 0)
+PYEOF
+TPNG="$SYS_LOG/timeline_page.png"
+chrome tshot --virtual-time-budget=8000 --window-size=1200,800 --hide-scrollbars \
+  --screenshot="$TPNG" "$TURL"
+[[ -s "$TPNG" ]] || fail "no screenshot written to $TPNG"
+log "timeline screenshot: $TPNG ($(wc -c <"$TPNG") bytes)"
+
+log "PASS: the ring page shows $G members, rank $SLOW the straggler, edge $SLOW->$NEXT the slowest; the timeline view draws every rank"
 echo "PASS"

@@ -33,9 +33,11 @@ std::vector<RankInput> Ring(int g, int slow, double op_s, double slow_s,
     to_succ.peer = succ;
     to_succ.bytes_sent = bytes;
     to_succ.send_seconds = 0.005;
+    to_succ.wire_seconds = 0.2;
     if (g == 2) {
       from_pred.bytes_sent = bytes;
       from_pred.send_seconds = 0.005;
+      from_pred.wire_seconds = 0.2;
       in.edges = {from_pred};
     } else {
       in.edges = {from_pred, to_succ};
@@ -65,9 +67,12 @@ TEST(RingDiagnosisTest, EvidenceInNumbers) {
   const RingDiagnosis d = DiagnoseRing(4, Ring(4, 2, 2.0, 1.8, 24000000));
   EXPECT_EQ(d.summary,
             "rank 2 is the straggler: its successor rank 3 waited 1.80 s of "
-            "2.00 s for it, while rank 2 waited 0.02 s for rank 1 and reduced "
-            "for 1.80 s (median rank 0.01 s); edge 2->3 carries 13.4 MB/s vs "
-            "4800.0 MB/s median");
+            "2.00 s in the ring for it, while rank 2 waited 0.02 s for rank 1 "
+            "and reduced for 1.80 s (median rank 0.01 s); edge 2->3 writes at "
+            "120.0 MB/s; ring edges write at 120.0 MB/s median while busy "
+            "(bytes over the time each edge was writing)");
+  EXPECT_EQ(d.late_rank, -1);
+  EXPECT_EQ(d.stalled_rank, -1);
   ASSERT_EQ(d.edges.size(), 4u);
   for (const EdgeReport& e : d.edges) {
     EXPECT_TRUE(e.ring);
@@ -76,7 +81,10 @@ TEST(RingDiagnosisTest, EvidenceInNumbers) {
   }
   // 2->3: rank 3 waited 1.8 s, rank 2 waited 0.02 s on rank 1.
   EXPECT_NEAR(d.edges[2].added_wait_seconds, 1.78, 1e-9);
-  EXPECT_NEAR(d.edges[2].throughput_bps, 24e6 / 1.785, 1e-3);
+  // The rate is bytes over the time the sender's link was writing, not
+  // over the wait the edge adds.
+  EXPECT_NEAR(d.edges[2].throughput_bps, 24e6 / 0.2, 1e-3);
+  EXPECT_NEAR(d.edges[2].wire_seconds, 0.2, 1e-12);
   // 3->0: rank 0 waited as long as rank 3 did: nothing added.
   EXPECT_NEAR(d.edges[3].added_wait_seconds, 0, 1e-9);
   EXPECT_NEAR(d.edges[2].wait_p99_seconds, 1.8 / 50, 1e-12);
@@ -164,6 +172,147 @@ TEST(DiagnoseFailuresTest, OneRankBehindNamesItAndWhereTheOthersAre) {
                               Op(0, 25), Op(2, 25)}),
             "operations are failing: rank 3's last op #24 failed (deadline "
             "exceeded); ranks 0-2 are at #25");
+}
+
+// Ranks that trained between calls: the data phases are balanced (every
+// rank waits ~10 ms per op), the fingerprint waits are not counted, and the
+// arrival lags say who called late.
+std::vector<RankInput> TrainingRing(int g, const std::vector<double>& lag_p50) {
+  std::vector<RankInput> in = Ring(g, -1, 20.0, 0, 24000000);
+  for (int r = 0; r < g; ++r) {
+    RankInput& x = in[static_cast<size_t>(r)];
+    x.ops = 200;
+    x.ring_seconds = 4.0;  // 20 ms per op in the ring, the rest arrival
+    x.arrival_lag_p50_seconds = lag_p50[static_cast<size_t>(r)];
+    x.arrival_lag_p99_seconds = 2 * lag_p50[static_cast<size_t>(r)];
+    x.arrival_ops = 200;
+  }
+  return in;
+}
+
+TEST(RingDiagnosisTest, LateCallerIsNamedAsACaller) {
+  for (int late = 0; late < 4; ++late) {
+    std::vector<double> lags(4, 0.002);
+    lags[static_cast<size_t>(late)] = 0.048;
+    const RingDiagnosis d = DiagnoseRing(4, TrainingRing(4, lags));
+    SCOPED_TRACE(d.summary);
+    EXPECT_TRUE(d.has_straggler);
+    EXPECT_EQ(d.straggler_rank, late);
+    EXPECT_EQ(d.late_rank, late);
+    EXPECT_EQ(d.stalled_rank, -1);
+    EXPECT_EQ(d.summary.rfind("rank " + std::to_string(late) +
+                                  "'s calls arrive 48 ms after the others' "
+                                  "(p50 over the last minute",
+                              0),
+              0u);
+    EXPECT_NE(d.summary.find("its host or its training step is slow"),
+              std::string::npos);
+  }
+}
+
+TEST(RingDiagnosisTest, BalancedCallersWithWorkBetweenCallsAreNoStraggler) {
+  // Everyone is sometimes last: similar lags, no rank stands out.
+  const RingDiagnosis d =
+      DiagnoseRing(4, TrainingRing(4, {0.011, 0.014, 0.009, 0.012}));
+  EXPECT_FALSE(d.has_straggler) << d.summary;
+  EXPECT_EQ(d.late_rank, -1);
+  EXPECT_EQ(d.summary.rfind("no straggler", 0), 0u) << d.summary;
+}
+
+TEST(RingDiagnosisTest, FewOpsDoNotNameALateCaller) {
+  std::vector<RankInput> in = TrainingRing(4, {0.002, 0.3, 0.002, 0.002});
+  for (RankInput& r : in) r.arrival_ops = 3;
+  EXPECT_FALSE(DiagnoseRing(4, in).has_straggler);
+}
+
+TEST(RingDiagnosisTest, OwnStallIsNotBlamedOnThePredecessor) {
+  // Rank 2's process was stopped for 6 s of 20: its successor waited for it
+  // in the ring, and its own waits (booked without the stopped time) are
+  // short. Its predecessor, rank 1, is not the straggler.
+  std::vector<RankInput> in = TrainingRing(4, {0.002, 0.002, 0.060, 0.002});
+  in[2].stall_seconds = 6.0;
+  in[3].edges[0].wait_seconds = 3.0;  // rank 3 on rank 2
+  for (int r : {0, 1, 3}) in[static_cast<size_t>(r)].stall_seconds = 0.01;
+  const RingDiagnosis d = DiagnoseRing(4, in);
+  SCOPED_TRACE(d.summary);
+  EXPECT_EQ(d.straggler_rank, 2);
+  EXPECT_EQ(d.stalled_rank, 2);
+  EXPECT_EQ(d.late_rank, 2);
+  EXPECT_EQ(d.slowest_from, 2);
+  EXPECT_EQ(d.slowest_to, 3);
+  EXPECT_EQ(d.summary.rfind("rank 2 is the straggler: its process did not run "
+                            "for 6.00 s",
+                            0),
+            0u);
+  EXPECT_EQ(d.summary.find("rank 1 is"), std::string::npos);
+}
+
+TEST(RingDiagnosisTest, EqualStallsOfOneHostAreNoStraggler) {
+  // Ranks in one process (or one loaded host) stall alike.
+  std::vector<RankInput> in = TrainingRing(4, {0.002, 0.002, 0.002, 0.002});
+  for (RankInput& r : in) r.stall_seconds = 5.0;
+  const RingDiagnosis d = DiagnoseRing(4, in);
+  EXPECT_FALSE(d.has_straggler) << d.summary;
+  EXPECT_EQ(d.stalled_rank, -1);
+}
+
+TEST(RingDiagnosisTest, SlowEdgeInsideTheRingIsAnEdgeNotACaller) {
+  // A shaped link 1->2: callers arrive together; rank 2 waits on rank 1 in
+  // the ring for 3 s of its 4 s of ring time; the link writes at 12.5 MB/s.
+  std::vector<RankInput> in = TrainingRing(4, {0.002, 0.003, 0.002, 0.002});
+  in[2].edges[0].wait_seconds = 3.0;
+  in[1].edges[1].wire_seconds = 24000000 / 12.5e6;
+  const RingDiagnosis d = DiagnoseRing(4, in);
+  SCOPED_TRACE(d.summary);
+  EXPECT_EQ(d.straggler_rank, 1);
+  EXPECT_EQ(d.late_rank, -1);
+  EXPECT_EQ(d.stalled_rank, -1);
+  EXPECT_EQ(d.slowest_from, 1);
+  EXPECT_EQ(d.slowest_to, 2);
+  EXPECT_NE(d.summary.find("edge 1->2 writes at 12.5 MB/s"), std::string::npos);
+}
+
+TEST(ArrivalLagsTest, LagsFromTheFirstCallerOverOpsEveryRankReported) {
+  // Ops every second; each ends 0.5 s after its first caller arrived.
+  std::vector<std::vector<ArrivalInput>> by_rank(3);
+  for (uint64_t seq = 1; seq <= 9; ++seq) {
+    const int64_t t = 1'000'000 * static_cast<int64_t>(seq);
+    const int64_t end = t + 500'000;
+    by_rank[0].push_back({4, seq, t, end});
+    by_rank[1].push_back({4, seq, t + 48'000, end});  // 48 ms late
+    by_rank[2].push_back({4, seq, t + (seq % 2 == 0 ? 1'000 : 0), end});
+  }
+  by_rank[1].push_back({4, 10, 10'000'000, 10'500'000});  // only rank 1
+  by_rank[2].push_back({5, 1, 1'000'000, 1'500'000});     // another generation
+  std::vector<ArrivalLag> lags = ArrivalLags(3, by_rank, 0);
+  ASSERT_EQ(lags.size(), 3u);
+  EXPECT_EQ(lags[0].ops, 8u);  // #1 has no previous op to measure from
+  EXPECT_NEAR(lags[0].p50_seconds, 0, 1e-12);
+  EXPECT_NEAR(lags[1].p50_seconds, 0.048, 1e-12);
+  EXPECT_NEAR(lags[1].p99_seconds, 0.048, 1e-12);
+  EXPECT_NEAR(lags[2].p99_seconds, 0.001, 1e-12);
+  // Only operations since `since` count.
+  lags = ArrivalLags(3, by_rank, 5'000'000);
+  EXPECT_EQ(lags[1].ops, 5u);
+  // A rank whose op ended late (a slow edge upstream) but whose caller came
+  // straight back is not late: only its caller's own time counts.
+  std::vector<std::vector<ArrivalInput>> edge(3);
+  for (uint64_t seq = 1; seq <= 9; ++seq) {
+    const int64_t t = 1'000'000 * static_cast<int64_t>(seq);
+    for (int r = 0; r < 3; ++r) {
+      const int64_t late_end = r == 2 ? 160'000 : 0;  // rank 2 ends late
+      // Each caller checks for 20 ms after its op ended, then calls.
+      const int64_t start = t + (r == 2 ? 160'000 : 0);
+      edge[static_cast<size_t>(r)].push_back(
+          {4, seq, start, t + 980'000 + late_end});
+    }
+  }
+  lags = ArrivalLags(3, edge, 0);
+  EXPECT_EQ(lags[2].ops, 8u);
+  EXPECT_NEAR(lags[2].p50_seconds, 0, 1e-12);
+  // Too few ranks' lists, or one rank: nothing.
+  EXPECT_EQ(ArrivalLags(3, {by_rank[0]}, 0)[0].ops, 0u);
+  EXPECT_EQ(ArrivalLags(1, {by_rank[0]}, 0)[0].ops, 0u);
 }
 
 TEST(DiagnoseFailuresTest, GroupsRanksWithTheSameFailure) {

@@ -209,6 +209,10 @@ Telemetry Communicator::GetTelemetry() const {
   return telemetry_.Snapshot(absl::Now());
 }
 
+std::vector<TraceOp> Communicator::GetTrace() const {
+  return telemetry_.Trace();
+}
+
 void Communicator::SetServers(std::vector<PeerInfo> servers) {
   absl::MutexLock lock(&servers_mu_);
   servers_ = std::move(servers);
@@ -257,6 +261,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   op.WaitForReleases(-1, status.ok() ? op.deadline()
                                      : absl::Now() + absl::Milliseconds(250));
 
+  op.EndTrace();
   const absl::Duration elapsed = absl::Now() - start;
   // A peer already at a later operation has finished every earlier one:
   // skip to it, so that the ranks number the next call alike again.
@@ -264,7 +269,9 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   const std::string algorithm_name(AlgorithmName(algorithm));
   const LinkBytes moved = telemetry_.EndOp(
       absl::Now(), {fp.kind, algorithm_name, status, elapsed,
-                    config_.chunk_bytes, bytes});
+                    config_.chunk_bytes, bytes, config_.generation,
+                    op.fp().op_seq, op.fp().ToString(), start,
+                    op.fingerprint_end()});
   progress_.Finish();
   if (!status.ok()) {
     if (untouched) {

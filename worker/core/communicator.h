@@ -125,6 +125,8 @@ class Communicator {
 
   Progress GetProgress() const;
   Telemetry GetTelemetry() const;
+  // The last operations' timelines, oldest first.
+  std::vector<TraceOp> GetTrace() const;
   const CommConfig& config() const { return config_; }
 
  private:

@@ -40,8 +40,16 @@ void EdgeWindow::RecordReduce(absl::Time now, int peer, double seconds) {
 void EdgeWindow::RecordError(absl::Time now, int peer) {
   Add({now, Kind::kError, peer, 0, 0});
 }
-void EdgeWindow::RecordOp(absl::Time now, double seconds) {
-  Add({now, Kind::kOp, -1, 0, seconds});
+void EdgeWindow::RecordArrivalWait(absl::Time now, int peer, uint64_t bytes,
+                                   double seconds) {
+  Add({now, Kind::kArrival, peer, bytes, seconds});
+}
+void EdgeWindow::RecordWire(absl::Time now, int peer, double seconds) {
+  Add({now, Kind::kWire, peer, 0, seconds});
+}
+void EdgeWindow::RecordOp(absl::Time now, double seconds,
+                          double ring_seconds) {
+  Add({now, Kind::kOp, -1, 0, seconds, ring_seconds});
 }
 
 EdgeSummary EdgeWindow::Summarize(absl::Time now) {
@@ -53,6 +61,7 @@ EdgeSummary EdgeWindow::Summarize(absl::Time now) {
     if (s.kind == Kind::kOp) {
       ++out.ops;
       out.op_seconds += s.seconds;
+      out.ring_seconds += s.ring_seconds;
       continue;
     }
     EdgeStats& e = out.edges[s.peer];
@@ -66,6 +75,13 @@ EdgeSummary EdgeWindow::Summarize(absl::Time now) {
         e.wait_seconds += s.seconds;
         ++e.chunks_received;
         waits[s.peer].push_back(s.seconds);
+        break;
+      case Kind::kArrival:
+        e.bytes_received += s.bytes;
+        e.arrival_wait_seconds += s.seconds;
+        break;
+      case Kind::kWire:
+        e.wire_seconds += s.seconds;
         break;
       case Kind::kReduce:
         e.reduce_seconds += s.seconds;

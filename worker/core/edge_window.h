@@ -25,6 +25,11 @@ struct EdgeStats {
   uint64_t bytes_received = 0;  // payload this rank received from the peer
   double send_seconds = 0;      // handing frames for the peer to the wire
   double wait_seconds = 0;      // blocked waiting for the peer's frames
+                                // (data phases, less this rank's own stalls)
+  double arrival_wait_seconds = 0;  // blocked in the fingerprint pass: the
+                                // callers' arrival, not the edge
+  double wire_seconds = 0;      // the link to the peer busy writing this
+                                // rank's frames (first write to release)
   double reduce_seconds = 0;    // reducing/copying the peer's frames
   uint64_t chunks_received = 0; // frames received (= wait samples)
   double wait_p50_seconds = 0;  // per-frame wait latency (window only)
@@ -36,6 +41,7 @@ struct EdgeSummary {
   std::map<int, EdgeStats> edges;
   uint64_t ops = 0;          // operations that ended in the window / last op
   double op_seconds = 0;     // their summed elapsed time
+  double ring_seconds = 0;   // ... from the end of their fingerprint pass
 };
 
 class EdgeWindow {
@@ -48,20 +54,24 @@ class EdgeWindow {
   void RecordWait(absl::Time now, int peer, uint64_t bytes, double seconds);
   void RecordReduce(absl::Time now, int peer, double seconds);
   void RecordError(absl::Time now, int peer);
-  void RecordOp(absl::Time now, double seconds);
+  void RecordArrivalWait(absl::Time now, int peer, uint64_t bytes,
+                         double seconds);
+  void RecordWire(absl::Time now, int peer, double seconds);
+  void RecordOp(absl::Time now, double seconds, double ring_seconds = 0);
 
   // Sums and wait percentiles over (now - span, now].
   EdgeSummary Summarize(absl::Time now);
   absl::Duration span() const { return span_; }
 
  private:
-  enum class Kind { kSend, kWait, kReduce, kError, kOp };
+  enum class Kind { kSend, kWait, kArrival, kWire, kReduce, kError, kOp };
   struct Sample {
     absl::Time time;
     Kind kind;
     int peer;
     uint64_t bytes;
     double seconds;
+    double ring_seconds = 0;  // kOp
   };
   void Add(Sample s);
   void Prune(absl::Time now);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "worker/core/ring_plan.h"
+#include "worker/core/stall_monitor.h"
 
 namespace halka {
 
@@ -92,6 +93,7 @@ OpContext::OpContext(const CommParts& parts, const Fingerprint& fp,
       all_to_all_(config_.world_size > 1 &&
                   config_.world_size <= config_.all_to_all_max_world),
       servers_(std::move(servers)) {
+  phase_start_ = start_;
   const int g = config_.world_size;
   const int r = config_.rank;
   if (all_to_all_) {
@@ -154,13 +156,20 @@ absl::Status OpContext::Send(int to, const FrameMeta& meta,
   }
   const absl::Time t0 = absl::Now();
   absl::Status s = transport_->Send(
-      to, meta, absl::MakeConstSpan(payload, bytes), [tracker, segment] {
+      to, meta, absl::MakeConstSpan(payload, bytes),
+      [tracker, segment, to, bytes, t0] {
+        const absl::Time released = absl::Now();
         absl::MutexLock lock(&tracker->mu);
+        absl::Time& last = tracker->last_release[to];
+        tracker->wire.push_back(
+            {to, bytes, std::max(t0, last), released});
+        last = released;
         --tracker->total;
         if (segment >= 0) --tracker->per_segment[static_cast<size_t>(segment)];
       });
   const absl::Time t1 = absl::Now();
   telemetry_->BookSend(t1, to, bytes, t1 - t0, s.ok());
+  Trace(TraceSpan::Kind::kSend, to, bytes, t0, t1);
   if (!s.ok()) {
     return absl::UnavailableError(absl::StrCat(
         Where(), ": cannot send to ", Who(to), " in ", PhaseName(phase_),
@@ -174,19 +183,28 @@ absl::StatusOr<InFrame> OpContext::Await(int from, const std::string& detail) {
   const absl::Time t0 = absl::Now();
   Inbox::Event ev = inbox_->Next(from, fp_.op_seq, watch_, deadline_);
   const absl::Time t1 = absl::Now();
+  // Time this process did not run is not time `from` kept it waiting.
+  const absl::Duration stalled = StallMonitor::Get().StalledBetween(t0, t1);
+  const absl::Duration waited = std::max(absl::ZeroDuration(),
+                                         t1 - t0 - stalled);
+  const bool arrival = phase_ == Phase::kFingerprint;
   switch (ev.type) {
     case Inbox::Event::kFrame:
       telemetry_->BookWait(t1, OpTelemetry::WaitEnd::kFrame, from,
-                           ev.frame.PayloadBytes(), t1 - t0);
+                           ev.frame.PayloadBytes(), waited, arrival);
       break;
     case Inbox::Event::kLinkFailed:
       telemetry_->BookWait(t1, OpTelemetry::WaitEnd::kLinkFailed, ev.peer, 0,
-                           t1 - t0);
+                           waited);
       break;
     default:
-      telemetry_->BookWait(t1, OpTelemetry::WaitEnd::kOther, from, 0,
-                           t1 - t0);
+      telemetry_->BookWait(t1, OpTelemetry::WaitEnd::kOther, from, 0, waited);
       break;
+  }
+  Trace(TraceSpan::Kind::kWait, from,
+        ev.type == Inbox::Event::kFrame ? ev.frame.PayloadBytes() : 0, t0, t1);
+  if (stalled > absl::ZeroDuration()) {
+    Trace(TraceSpan::Kind::kStall, -1, 0, t1 - stalled, t1);
   }
   if (ev.type == Inbox::Event::kFrame) return std::move(ev.frame);
   const std::string where =
@@ -261,9 +279,19 @@ bool OpContext::WaitForReleases(int segment, absl::Time deadline) {
     return segment < 0 ? t->total == 0
                        : t->per_segment[static_cast<size_t>(segment)] == 0;
   };
+  // Waiting for the wire to let go of a segment (or, segment -1, of every
+  // frame) is a window stall: a timeline span when it takes 10 us or more.
+  const absl::Time t0 = absl::Now();
+  auto trace_stall = [&] {
+    const absl::Time t1 = absl::Now();
+    if (t1 - t0 >= absl::Microseconds(10)) {
+      Trace(TraceSpan::Kind::kWindow, -1, 0, t0, t1);
+    }
+  };
   {
     absl::MutexLock lock(&t->mu);
     if (t->mu.AwaitWithDeadline(absl::Condition(&released), deadline)) {
+      trace_stall();
       return true;
     }
   }
@@ -277,8 +305,11 @@ bool OpContext::WaitForReleases(int segment, absl::Time deadline) {
   for (int to = 0; to < g + servers(); ++to) {
     if (to != config_.rank) transport_->Reset(to);
   }
-  absl::MutexLock lock(&t->mu);
-  t->mu.Await(absl::Condition(&released));
+  {
+    absl::MutexLock lock(&t->mu);
+    t->mu.Await(absl::Condition(&released));
+  }
+  trace_stall();
   return false;
 }
 
@@ -320,6 +351,12 @@ void OpContext::SendAbort(const absl::Status& status) {
 
 void OpContext::SetLedger(Phase phase, int step, int chunk, int chunks,
                           int awaited) {
+  if (phase != phase_) {
+    const absl::Time now = absl::Now();
+    Trace(TraceSpan::Kind::kPhase, -1, 0, phase_start_, now);
+    if (phase_ == Phase::kFingerprint) fingerprint_end_ = now;
+    phase_start_ = now;
+  }
   phase_ = phase;
   step_ = step;
   chunk_ = chunk;
@@ -332,8 +369,40 @@ absl::Duration OpContext::RecordReduce(int peer, absl::Duration spent) {
     absl::SleepFor(config_.test_reduce_delay);
     spent += config_.test_reduce_delay;
   }
-  telemetry_->BookReduce(absl::Now(), peer, spent);
+  const absl::Time now = absl::Now();
+  telemetry_->BookReduce(now, peer, spent);
+  Trace(TraceSpan::Kind::kReduce, peer, 0, now - spent, now);
   return spent;
+}
+
+void OpContext::Trace(TraceSpan::Kind kind, int peer, uint64_t bytes,
+                      absl::Time from, absl::Time to) {
+  TraceSpan span;
+  span.kind = kind;
+  span.phase = phase_;
+  span.step = step_;
+  span.chunk = chunk_;
+  span.peer = peer;
+  span.bytes = bytes;
+  span.start = from;
+  span.end = to;
+  telemetry_->BookSpan(span);
+}
+
+void OpContext::EndTrace() {
+  std::vector<WireSpan> wire;
+  {
+    absl::MutexLock lock(&sends_->mu);
+    wire.swap(sends_->wire);
+  }
+  for (const WireSpan& w : wire) {
+    // A stopped sender's link does not move its frames either.
+    const absl::Duration busy =
+        w.end - w.start - StallMonitor::Get().StalledBetween(w.start, w.end);
+    telemetry_->BookWire(w.end, w.peer, std::max(busy, absl::ZeroDuration()));
+    Trace(TraceSpan::Kind::kWire, w.peer, w.bytes, w.start, w.end);
+  }
+  Trace(TraceSpan::Kind::kPhase, -1, 0, phase_start_, absl::Now());
 }
 
 void OpContext::RecordReduceTotal(absl::Duration spent) {

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -147,7 +148,8 @@ class OpContext {
   void TrackSegments(size_t segments);
   // Waits until the wire holds no frame of `segment` (-1: of any segment).
   // Past `deadline` it resets the links, waits for the releases that
-  // follow, and returns false.
+  // follow, and returns false. A wait of 10 us or more is a "window" span
+  // in the timeline.
   bool WaitForReleases(int segment, absl::Time deadline);
   // Best effort: tells the neighbours (or every rank, all-to-all) and the
   // parameter servers that this op failed with `status`, except the rank
@@ -162,6 +164,11 @@ class OpContext {
   absl::Duration RecordReduce(int peer, absl::Duration spent);
   // Books an algorithm's whole reduce time when it succeeds.
   void RecordReduceTotal(absl::Duration spent);
+  // After the last release (WaitForReleases): books the links' busy write
+  // time and closes the running phase's span in the timeline.
+  void EndTrace();
+  // When the fingerprint pass ended (InfinitePast: it did not).
+  absl::Time fingerprint_end() const { return fingerprint_end_; }
 
   // --- Error text.
   // "rank 2 (w2, addr)" or "parameter server shard 0 (ps0, addr)".
@@ -174,11 +181,24 @@ class OpContext {
   // is never overwritten while the wire may still read it, and the
   // operation never returns while the caller's buffer is referenced. Shared
   // with the release callbacks, which may outlive a failed operation.
+  // Each link writes its frames in order, so a frame's write starts when
+  // it was handed over or when the previous frame was released, whichever
+  // is later, and ends at its release: the link's busy intervals.
+  struct WireSpan {
+    int peer;
+    uint64_t bytes;
+    absl::Time start, end;
+  };
   struct SendTracker {
     absl::Mutex mu;
     std::vector<int> per_segment ABSL_GUARDED_BY(mu);
     int total ABSL_GUARDED_BY(mu) = 0;
+    std::map<int, absl::Time> last_release ABSL_GUARDED_BY(mu);
+    std::vector<WireSpan> wire ABSL_GUARDED_BY(mu);
   };
+  // One span of this op's timeline at the current phase, step and chunk.
+  void Trace(TraceSpan::Kind kind, int peer, uint64_t bytes, absl::Time from,
+             absl::Time to);
 
   const CommConfig& config_;
   Transport* const transport_;
@@ -204,6 +224,8 @@ class OpContext {
   int chunk_ = 0;
   int chunks_ = 0;
   int abort_from_ = -1;  // neighbour whose ABORT frame failed this op
+  absl::Time phase_start_;
+  absl::Time fingerprint_end_ = absl::InfinitePast();
 };
 
 }  // namespace halka

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "worker/core/stall_monitor.h"
+
 namespace halka {
 namespace {
 
@@ -13,6 +15,8 @@ void AddSums(const EdgeStats& from, EdgeStats& to) {
   to.bytes_received += from.bytes_received;
   to.send_seconds += from.send_seconds;
   to.wait_seconds += from.wait_seconds;
+  to.arrival_wait_seconds += from.arrival_wait_seconds;
+  to.wire_seconds += from.wire_seconds;
   to.reduce_seconds += from.reduce_seconds;
   to.chunks_received += from.chunks_received;
   to.errors += from.errors;
@@ -37,6 +41,7 @@ void OpTelemetry::BeginOp() {
     rec.waits.clear();
     rec.in_op = false;
   }
+  timeline_.BeginOp();
 }
 
 void OpTelemetry::BookSend(absl::Time now, int peer, uint64_t bytes,
@@ -57,18 +62,25 @@ void OpTelemetry::BookSend(absl::Time now, int peer, uint64_t bytes,
 }
 
 void OpTelemetry::BookWait(absl::Time now, WaitEnd end, int peer,
-                           uint64_t bytes, absl::Duration waited) {
+                           uint64_t bytes, absl::Duration waited,
+                           bool arrival) {
   const double secs = Seconds(waited);
   absl::MutexLock lock(&mu_);
   scalars_.wait_seconds += secs;
   switch (end) {
     case WaitEnd::kFrame: {
       PeerRecord& rec = OpPeer(peer);
+      rec.linked = true;
+      if (arrival) {
+        rec.op.arrival_wait_seconds += secs;
+        rec.op.bytes_received += bytes;
+        window_.RecordArrivalWait(now, peer, bytes, secs);
+        break;
+      }
       rec.op.wait_seconds += secs;
       rec.op.bytes_received += bytes;
       ++rec.op.chunks_received;
       rec.waits.push_back(secs);
-      rec.linked = true;
       window_.RecordWait(now, peer, bytes, secs);
       break;
     }
@@ -86,6 +98,23 @@ void OpTelemetry::BookReduce(absl::Time now, int peer, absl::Duration spent) {
   absl::MutexLock lock(&mu_);
   OpPeer(peer).op.reduce_seconds += secs;
   window_.RecordReduce(now, peer, secs);
+}
+
+void OpTelemetry::BookWire(absl::Time now, int peer, absl::Duration busy) {
+  const double secs = Seconds(busy);
+  absl::MutexLock lock(&mu_);
+  OpPeer(peer).op.wire_seconds += secs;
+  window_.RecordWire(now, peer, secs);
+}
+
+void OpTelemetry::BookSpan(const TraceSpan& span) {
+  absl::MutexLock lock(&mu_);
+  timeline_.Add(span);
+}
+
+std::vector<TraceOp> OpTelemetry::Trace() const {
+  absl::MutexLock lock(&mu_);
+  return timeline_.Ops();
 }
 
 void OpTelemetry::BookReduceTotal(absl::Duration spent) {
@@ -129,7 +158,26 @@ LinkBytes OpTelemetry::EndOp(absl::Time now, const OpEnd& end) {
   ++t.latency_count;
   last.ops = 1;
   last.op_seconds = secs;
-  window_.RecordOp(now, secs);
+  const bool fingerprinted = end.fingerprint_end > end.start;
+  window_.RecordOp(
+      now, secs,
+      fingerprinted ? Seconds(now - end.fingerprint_end) : 0.0);
+  TraceOp op;
+  op.generation = end.generation;
+  op.op_seq = end.op_seq;
+  op.description = end.description;
+  op.algorithm = end.algorithm;
+  op.ok = end.status.ok();
+  op.error = std::string(end.status.message());
+  op.start = end.start;
+  op.fingerprint_end = end.fingerprint_end;
+  op.end = end.start + end.elapsed;
+  timeline_.EndOp(std::move(op));
+  if (end.status.ok() && end.op_seq != 0) {
+    arrivals_.push_back(
+        {end.generation, end.op_seq, end.start, end.start + end.elapsed});
+    while (arrivals_.size() > kMaxArrivals) arrivals_.pop_front();
+  }
   t.last_op = std::move(last);
   t.last_algorithm = end.algorithm;
   t.last_chunk_bytes = end.chunk_bytes;
@@ -146,31 +194,43 @@ LinkBytes OpTelemetry::EndOp(absl::Time now, const OpEnd& end) {
 }
 
 Telemetry OpTelemetry::Snapshot(absl::Time now) const {
-  absl::MutexLock lock(&mu_);
-  Telemetry t = scalars_;
-  for (const auto& [peer, rec] : peers_) {
-    if (rec.in_total) t.edges_total[peer] = rec.total;
-    if (rec.linked) {
-      LinkBytes& l = t.links[peer];
-      l.sent = rec.total.bytes_sent + rec.op.bytes_sent + rec.carried.sent;
-      l.received = rec.total.bytes_received + rec.op.bytes_received +
-                   rec.carried.received;
+  Telemetry t;
+  {
+    absl::MutexLock lock(&mu_);
+    t = scalars_;
+    for (const auto& [peer, rec] : peers_) {
+      if (rec.in_total) t.edges_total[peer] = rec.total;
+      if (rec.linked) {
+        LinkBytes& l = t.links[peer];
+        l.sent = rec.total.bytes_sent + rec.op.bytes_sent + rec.carried.sent;
+        l.received = rec.total.bytes_received + rec.op.bytes_received +
+                     rec.carried.received;
+      }
     }
+    t.window = window_.Summarize(now);
+    t.window_seconds = absl::ToDoubleSeconds(window_.span());
+    t.arrivals.assign(arrivals_.begin(), arrivals_.end());
   }
-  t.window = window_.Summarize(now);
-  t.window_seconds = absl::ToDoubleSeconds(window_.span());
+  // Outside mu_ (a leaf): the monitor has a mutex of its own.
+  t.stall_seconds = absl::ToDoubleSeconds(StallMonitor::Get().StalledBetween(
+      now - absl::Seconds(t.window_seconds), now));
   return t;
 }
 
 void OpTelemetry::InheritFrom(const OpTelemetry& previous) {
   Telemetry scalars;
   std::map<int, PeerRecord> peers;
+  Timeline timeline;
+  std::deque<OpArrival> arrivals;
   EdgeWindow window = [&] {
     absl::MutexLock lock(&previous.mu_);
     scalars = previous.scalars_;
     peers = previous.peers_;
+    timeline = previous.timeline_;
+    arrivals = previous.arrivals_;
     return previous.window_;
   }();
+  timeline.BeginOp();
   for (auto& [peer, rec] : peers) {
     rec.carried.sent += rec.op.bytes_sent;
     rec.carried.received += rec.op.bytes_received;
@@ -182,6 +242,8 @@ void OpTelemetry::InheritFrom(const OpTelemetry& previous) {
   scalars_ = std::move(scalars);
   peers_ = std::move(peers);
   window_ = std::move(window);
+  timeline_ = std::move(timeline);
+  arrivals_ = std::move(arrivals);
 }
 
 }  // namespace halka

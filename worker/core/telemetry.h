@@ -13,6 +13,7 @@
 #define HALKA_WORKER_CORE_TELEMETRY_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <tuple>
@@ -24,12 +25,22 @@
 #include "absl/time/time.h"
 #include "worker/core/edge_window.h"
 #include "worker/core/frame.h"
+#include "worker/core/timeline.h"
 
 namespace halka {
 
 struct LinkBytes {
   uint64_t sent = 0;
   uint64_t received = 0;
+};
+
+// When one operation reached this rank's ring (its Communicator started
+// it): the facts the rendezvous compares across ranks for arrival lag.
+struct OpArrival {
+  uint64_t generation = 0;
+  uint64_t op_seq = 0;
+  absl::Time start;
+  absl::Time end;
 };
 
 struct Telemetry {
@@ -51,6 +62,10 @@ struct Telemetry {
   std::string last_algorithm;   // "" before the first operation
   uint64_t last_chunk_bytes = 0;
   uint64_t last_op_bytes = 0;
+  // The last kMaxArrivals operations that succeeded, oldest first.
+  std::vector<OpArrival> arrivals;
+  // Time this process did not run (StallMonitor) over the window.
+  double stall_seconds = 0;
   // Since the communicator started, for /metrics: per-edge sums, operations
   // by (kind, algorithm, outcome) and an operation latency histogram.
   std::map<int, EdgeStats> edges_total;
@@ -85,7 +100,14 @@ class OpTelemetry {
     absl::Duration elapsed;
     uint64_t chunk_bytes = 0;
     uint64_t op_bytes = 0;
+    // For arrival lag and the timeline.
+    uint64_t generation = 0;
+    uint64_t op_seq = 0;
+    std::string description;
+    absl::Time start;
+    absl::Time fingerprint_end = absl::InfinitePast();  // never: past
   };
+  static constexpr size_t kMaxArrivals = 256;
 
   // Starts a new operation's record (forgets nothing that ended).
   void BeginOp();
@@ -93,9 +115,17 @@ class OpTelemetry {
   // the transport took it (`bytes` payload bytes), else a send error.
   void BookSend(absl::Time now, int peer, uint64_t bytes,
                 absl::Duration spent, bool ok);
-  // One wait of `waited` that ended as `end` (see WaitEnd).
+  // One wait of `waited` that ended as `end` (see WaitEnd). `arrival`: a
+  // wait of the fingerprint pass (for the callers to arrive), booked apart
+  // from the edge's data waits.
   void BookWait(absl::Time now, WaitEnd end, int peer, uint64_t bytes,
-                absl::Duration waited);
+                absl::Duration waited, bool arrival = false);
+  // The link to `peer` was busy writing this rank's frames for `busy`.
+  void BookWire(absl::Time now, int peer, absl::Duration busy);
+  // One span of the running operation's timeline.
+  void BookSpan(const TraceSpan& span);
+  // The last operations' timelines (see Timeline), oldest first.
+  std::vector<TraceOp> Trace() const;
   // Reducing (or copying) one frame from `peer` took `spent`.
   void BookReduce(absl::Time now, int peer, absl::Duration spent);
   // An algorithm's whole reduce time (own data included), booked when it
@@ -132,6 +162,8 @@ class OpTelemetry {
   Telemetry scalars_ ABSL_GUARDED_BY(mu_);
   std::map<int, PeerRecord> peers_ ABSL_GUARDED_BY(mu_);
   mutable EdgeWindow window_ ABSL_GUARDED_BY(mu_);
+  Timeline timeline_ ABSL_GUARDED_BY(mu_);
+  std::deque<OpArrival> arrivals_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace halka

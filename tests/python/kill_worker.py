@@ -1,4 +1,5 @@
-"""One rank of the kill test (test_kill.py): DDP training over halka; rank
+"""One rank of the kill test (test_kill.py): data-parallel training over
+halka (each gradient all-reduced asynchronously, then waited for); rank
 VICTIM kills itself (SIGKILL) at step KILL_AT. The survivors write what they
 raised, and how long after the kill, to OUT_DIR/rank<R>.json and exit."""
 
@@ -29,8 +30,8 @@ def run(rank, world, out_dir):
                             timeout=datetime.timedelta(seconds=DEADLINE_S))
     x, y, _, _ = train_ddp.load_digits_split()
     x, y = train_ddp.shard(x, y, rank, world)
-    ddp = train_ddp.wrap(train_ddp.make_model(seed=1), None, 16)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    model = train_ddp.make_model(seed=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
     step = 0
     result = {"error": None}
     try:
@@ -41,7 +42,11 @@ def run(rank, world, out_dir):
                 result["kill_time"] = time.time()
             xb, yb = x[:16], y[:16]
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(ddp(xb), yb).backward()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            works = [dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, async_op=True)
+                     for p in model.parameters()]
+            for w in works:
+                w.wait()
             opt.step()
     except RuntimeError as e:
         result.update(error=str(e), type=type(e).__name__, step=step,

@@ -45,6 +45,7 @@ class KillTest(unittest.TestCase):
                 self.assertEqual(procs[r].returncode, 0, outputs[r][-3000:])
                 with open(os.path.join(out, f"rank{r}.json")) as f:
                     res = json.load(f)
+                print(f"rank {r}: raised after {res['raised_at'] - res['kill_time']:.2f} s: {res['error'][:300]}")
                 self.assertEqual(res["type"], "RuntimeError", res)
                 self.assertIn(f"rank {kill_worker.VICTIM}", res["error"])
                 self.assertLess(res["raised_at"] - res["kill_time"],

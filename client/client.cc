@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -127,6 +128,7 @@ class Client::Impl {
                (options.transfer == Transfer::kAuto && IsLocalAddress(target));
   }
   ~Impl() {
+    FreeDeviceMemory(device_scratch_);
     if (staging_ != nullptr) {
       munmap(staging_, staging_size_);
       shm_unlink(staging_name_.c_str());
@@ -143,6 +145,10 @@ class Client::Impl {
   void* staging_ ABSL_GUARDED_BY(staging_mu_) = nullptr;
   size_t staging_size_ ABSL_GUARDED_BY(staging_mu_) = 0;
   std::string staging_name_ ABSL_GUARDED_BY(staging_mu_);
+
+  absl::Mutex device_mu_;  // held for a whole device reduce-scatter
+  void* device_scratch_ ABSL_GUARDED_BY(device_mu_) = nullptr;
+  size_t device_scratch_size_ ABSL_GUARDED_BY(device_mu_) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
@@ -194,15 +200,33 @@ absl::StatusOr<OpInfo> Client::RunShm(const v1::RunRequest& req,
   return info;
 }
 
-absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, void* data, size_t bytes) {
+absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, const Io& io) {
   Impl& im = *impl_;
   spec.set_issued_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
-  if (im.use_shm_ && bytes > 0) {
+  const bool reduce_scatter = spec.kind() == v1::REDUCE_SCATTER;
+  // Where the result lies in the worker's buffer once it ran as `rank`.
+  auto result_offset = [&](int rank) -> absl::StatusOr<size_t> {
+    const size_t off =
+        reduce_scatter ? static_cast<size_t>(rank) * io.recv_bytes : 0;
+    if (rank < 0 || off > io.buffer_bytes ||
+        io.recv_bytes > io.buffer_bytes - off) {
+      return absl::InternalError(absl::StrCat(
+          "the worker answered rank ", rank, ", outside the buffer"));
+    }
+    return off;
+  };
+  if (im.use_shm_ && io.buffer_bytes > 0) {
     v1::RunRequest req;
     *req.mutable_spec() = spec;
     std::string name;
     uint64_t offset = 0, size = 0;
-    if (im.registry_->Find(data, bytes, &name, &offset, &size)) {
+    // Zero copy when the worker may write the result where the caller
+    // wants it and read the input from there: all-reduce and broadcast in
+    // place, all-gather into a shared recv buffer. A reduce-scatter always
+    // stages: reduced in place, the caller's (const) input would change.
+    if (!reduce_scatter && io.recv_bytes == io.buffer_bytes &&
+        im.registry_->Find(io.recv, io.buffer_bytes, &name, &offset, &size)) {
+      if (spec.kind() == v1::ALL_GATHER) PlaceContribution(io, req.mutable_spec());
       req.set_shm_name(name);
       req.set_shm_offset(offset);
       req.set_shm_size(size);
@@ -217,7 +241,7 @@ absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, void* data, size_t bytes) {
       im.use_shm_ = false;
     } else {
       absl::MutexLock lock(&im.staging_mu_);
-      if (im.staging_size_ < bytes) {
+      if (im.staging_size_ < io.buffer_bytes) {
         if (im.staging_ != nullptr) {
           munmap(im.staging_, im.staging_size_);
           shm_unlink(im.staging_name_.c_str());
@@ -225,19 +249,25 @@ absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, void* data, size_t bytes) {
           im.staging_size_ = 0;
         }
         size_t want = 1 << 20;
-        while (want < bytes) want *= 2;
+        while (want < io.buffer_bytes) want *= 2;
         im.staging_name_ = NewShmName();
         auto made = CreateShm(im.staging_name_, want);
         if (!made.ok()) return made.status();
         im.staging_ = made->first;
         im.staging_size_ = made->second;
       }
-      std::memcpy(im.staging_, data, bytes);
+      // An all-gather's contribution goes to slice 0 (input_slice 0).
+      std::memcpy(im.staging_, io.send, io.send_bytes);
       req.set_shm_name(im.staging_name_);
       req.set_shm_offset(0);
       req.set_shm_size(im.staging_size_);
       absl::StatusOr<OpInfo> info = RunShm(req, "shm-staged");
-      if (info.ok()) std::memcpy(data, im.staging_, bytes);
+      if (info.ok()) {
+        absl::StatusOr<size_t> off = result_offset(info->rank);
+        if (!off.ok()) return off.status();
+        std::memcpy(io.recv, static_cast<uint8_t*>(im.staging_) + *off,
+                    io.recv_bytes);
+      }
       if (info.ok() || info.status().code() != absl::StatusCode::kNotFound ||
           im.options_.transfer == Transfer::kSharedMemory) {
         return info;
@@ -245,34 +275,40 @@ absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, void* data, size_t bytes) {
       im.use_shm_ = false;
     }
   }
-  if (bytes == 0) {
+  if (io.buffer_bytes == 0) {
     v1::RunRequest req;
     *req.mutable_spec() = spec;
     return RunShm(req, "none");
   }
-  // Inline: stream the tensor in, stream the result back.
+  // Inline: stream the input in, stream the result back.
   grpc::ClientContext ctx;
   SetCallDeadline(ctx, spec);
   auto stream = im.stub_->RunInline(&ctx);
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  for (size_t off = 0; off < bytes || off == 0; off += kInlineChunkBytes) {
+  const uint8_t* p = static_cast<const uint8_t*>(io.send);
+  for (size_t off = 0; off < io.send_bytes || off == 0;
+       off += kInlineChunkBytes) {
     v1::InlineRequest msg;
     if (off == 0) *msg.mutable_spec() = spec;
-    msg.set_data(p + off, std::min(kInlineChunkBytes, bytes - off));
+    if (io.send_bytes > 0) {
+      msg.set_data(p + off, std::min(kInlineChunkBytes, io.send_bytes - off));
+    }
     if (!stream->Write(msg)) break;
-    if (bytes == 0) break;
+    if (io.send_bytes == 0) break;
   }
   stream->WritesDone();
+  // The worker replies after the whole upload: a result that aliases the
+  // input (an in-place reduce-scatter) overwrites nothing still to be sent.
   v1::InlineReply reply;
   size_t got = 0;
   OpInfo info;
   bool done = false;
   while (stream->Read(&reply)) {
-    if (got + reply.data().size() > bytes) {
+    if (got + reply.data().size() > io.recv_bytes) {
       ctx.TryCancel();
-      return absl::DataLossError("inline reply carries more data than sent");
+      return absl::DataLossError(
+          "inline reply carries more data than the result holds");
     }
-    std::memcpy(static_cast<uint8_t*>(data) + got, reply.data().data(),
+    std::memcpy(static_cast<uint8_t*>(io.recv) + got, reply.data().data(),
                 reply.data().size());
     got += reply.data().size();
     if (reply.done()) {
@@ -282,12 +318,30 @@ absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, void* data, size_t bytes) {
   }
   grpc::Status s = stream->Finish();
   if (!s.ok()) return FromGrpcStatus(s);
-  if (!done || got != bytes) {
+  if (!done || got != io.recv_bytes) {
     return absl::DataLossError(absl::StrCat("inline reply carried ", got,
-                                            " of ", bytes, " bytes"));
+                                            " of ", io.recv_bytes, " bytes"));
   }
   info.transfer = "inline";
   return info;
+}
+
+bool Client::InPlaceSlice(const Io& io, v1::OpSpec* spec) {
+  const uintptr_t send = reinterpret_cast<uintptr_t>(io.send);
+  const uintptr_t recv = reinterpret_cast<uintptr_t>(io.recv);
+  if (io.send_bytes > 0 && io.send_bytes <= io.recv_bytes && send >= recv &&
+      send - recv <= io.recv_bytes - io.send_bytes &&
+      (send - recv) % io.send_bytes == 0) {
+    spec->set_input_slice((send - recv) / io.send_bytes);
+    return true;
+  }
+  // Otherwise the caller copies it to slice 0, which the result overwrites.
+  spec->set_input_slice(0);
+  return false;
+}
+
+void Client::PlaceContribution(const Io& io, v1::OpSpec* spec) {
+  if (!InPlaceSlice(io, spec)) std::memmove(io.recv, io.send, io.send_bytes);
 }
 
 namespace {
@@ -305,6 +359,43 @@ absl::StatusOr<v1::OpSpec> AllReduceSpec(size_t count, DType dtype,
   spec.set_dtype(static_cast<v1::DType>(dtype));
   spec.set_count(count);
   spec.set_op(static_cast<v1::ReduceOp>(op));
+  spec.set_algorithm(static_cast<v1::Algorithm>(options.algorithm));
+  spec.set_timeout_ms(static_cast<uint32_t>(
+      absl::ToInt64Milliseconds(options.timeout)));
+  return spec;
+}
+
+// The validated spec of an all-gather or a reduce-scatter. Whether the
+// counts fit the ring's world is the worker's to say (it names the world).
+absl::StatusOr<v1::OpSpec> SliceSpec(v1::OpKind kind, const void* send,
+                                     size_t send_count, const void* recv,
+                                     size_t recv_count, DType dtype,
+                                     ReduceOp op, const OpOptions& options) {
+  const char* name =
+      kind == v1::ALL_GATHER ? "all_gather" : "reduce_scatter";
+  if (!IsValidDType(static_cast<int>(dtype))) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": invalid dtype"));
+  }
+  if (kind == v1::REDUCE_SCATTER && !IsValidReduceOp(static_cast<int>(op))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": invalid reduce op"));
+  }
+  if ((send == nullptr && send_count > 0) ||
+      (recv == nullptr && recv_count > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": null send or recv buffer"));
+  }
+  const size_t limit = std::numeric_limits<size_t>::max() / DTypeSize(dtype);
+  if (send_count > limit || recv_count > limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": element counts overflow the address space"));
+  }
+  v1::OpSpec spec;
+  spec.set_kind(kind);
+  spec.set_dtype(static_cast<v1::DType>(dtype));
+  spec.set_count(send_count);
+  spec.set_recv_count(recv_count);
+  if (kind == v1::REDUCE_SCATTER) spec.set_op(static_cast<v1::ReduceOp>(op));
   spec.set_algorithm(static_cast<v1::Algorithm>(options.algorithm));
   spec.set_timeout_ms(static_cast<uint32_t>(
       absl::ToInt64Milliseconds(options.timeout)));
@@ -333,14 +424,42 @@ absl::StatusOr<OpInfo> Client::AllReduce(void* data, size_t count,
                                          OpOptions options) {
   absl::StatusOr<v1::OpSpec> spec = AllReduceSpec(count, dtype, op, options);
   if (!spec.ok()) return spec.status();
-  return Run(*spec, data, count * DTypeSize(dtype));
+  return Run(*spec, Io::InPlace(data, count * DTypeSize(dtype)));
 }
 
 absl::StatusOr<OpInfo> Client::Broadcast(void* data, size_t count, DType dtype,
                                          int root, OpOptions options) {
   absl::StatusOr<v1::OpSpec> spec = BroadcastSpec(count, dtype, root, options);
   if (!spec.ok()) return spec.status();
-  return Run(*spec, data, count * DTypeSize(dtype));
+  return Run(*spec, Io::InPlace(data, count * DTypeSize(dtype)));
+}
+
+Client::Io Client::SliceIo(const void* send, size_t send_count, void* recv,
+                           size_t recv_count, DType dtype) {
+  const size_t es = DTypeSize(dtype);
+  return Io{send, send_count * es, recv, recv_count * es,
+            std::max(send_count, recv_count) * es};
+}
+
+absl::StatusOr<OpInfo> Client::AllGather(const void* send, size_t send_count,
+                                         void* recv, size_t recv_count,
+                                         DType dtype, OpOptions options) {
+  absl::StatusOr<v1::OpSpec> spec =
+      SliceSpec(v1::ALL_GATHER, send, send_count, recv, recv_count, dtype,
+                ReduceOp::kSum, options);
+  if (!spec.ok()) return spec.status();
+  return Run(*spec, SliceIo(send, send_count, recv, recv_count, dtype));
+}
+
+absl::StatusOr<OpInfo> Client::ReduceScatter(const void* send,
+                                             size_t send_count, void* recv,
+                                             size_t recv_count, DType dtype,
+                                             ReduceOp op, OpOptions options) {
+  absl::StatusOr<v1::OpSpec> spec =
+      SliceSpec(v1::REDUCE_SCATTER, send, send_count, recv, recv_count, dtype,
+                op, options);
+  if (!spec.ok()) return spec.status();
+  return Run(*spec, SliceIo(send, send_count, recv, recv_count, dtype));
 }
 
 absl::StatusOr<OpInfo> Client::RunDevice(absl::StatusOr<v1::OpSpec> checked,
@@ -356,7 +475,7 @@ absl::StatusOr<OpInfo> Client::RunDevice(absl::StatusOr<v1::OpSpec> checked,
   }
   v1::RunRequest req;
   *req.mutable_spec() = spec;
-  if (spec.count() > 0) {
+  if (std::max(spec.count(), spec.recv_count()) > 0) {
     absl::StatusOr<DeviceHandle> h = ExportDevicePointer(device_data);
     if (!h.ok()) return h.status();
     v1::DeviceTensor* t = req.mutable_device_tensor();
@@ -383,12 +502,73 @@ absl::StatusOr<OpInfo> Client::BroadcastDevice(void* device_data, size_t count,
   return RunDevice(BroadcastSpec(count, dtype, root, options), device_data);
 }
 
+absl::StatusOr<OpInfo> Client::AllGatherDevice(const void* send,
+                                               size_t send_count, void* recv,
+                                               size_t recv_count, DType dtype,
+                                               OpOptions options) {
+  absl::StatusOr<v1::OpSpec> spec =
+      SliceSpec(v1::ALL_GATHER, send, send_count, recv, recv_count, dtype,
+                ReduceOp::kSum, options);
+  if (!spec.ok()) return spec.status();
+  const Io io = SliceIo(send, send_count, recv, recv_count, dtype);
+  if (!InPlaceSlice(io, &*spec) && io.send_bytes <= io.recv_bytes) {
+    if (absl::Status s = CopyDeviceMemory(recv, send, io.send_bytes); !s.ok()) {
+      return s;
+    }
+  }
+  return RunDevice(std::move(spec), recv);
+}
+
+absl::StatusOr<OpInfo> Client::ReduceScatterDevice(
+    const void* send, size_t send_count, void* recv, size_t recv_count,
+    DType dtype, ReduceOp op, OpOptions options) {
+  absl::StatusOr<v1::OpSpec> spec =
+      SliceSpec(v1::REDUCE_SCATTER, send, send_count, recv, recv_count, dtype,
+                op, options);
+  if (!spec.ok()) return spec.status();
+  const Io io = SliceIo(send, send_count, recv, recv_count, dtype);
+  if (io.buffer_bytes == 0) return RunDevice(std::move(spec), nullptr);
+  // The worker reduces in place: a scratch copy keeps `send` unchanged.
+  Impl& im = *impl_;
+  absl::MutexLock lock(&im.device_mu_);
+  if (im.device_scratch_size_ < io.buffer_bytes) {
+    FreeDeviceMemory(im.device_scratch_);
+    im.device_scratch_ = nullptr;
+    im.device_scratch_size_ = 0;
+    absl::StatusOr<void*> made = AllocateDeviceMemory(send, io.buffer_bytes);
+    if (!made.ok()) return made.status();
+    im.device_scratch_ = *made;
+    im.device_scratch_size_ = io.buffer_bytes;
+  }
+  if (absl::Status s =
+          CopyDeviceMemory(im.device_scratch_, send, io.send_bytes);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<OpInfo> info = RunDevice(std::move(spec), im.device_scratch_);
+  if (!info.ok()) return info;
+  const size_t off = static_cast<size_t>(info->rank) * io.recv_bytes;
+  if (info->rank < 0 || off > io.buffer_bytes ||
+      io.recv_bytes > io.buffer_bytes - off) {
+    return absl::InternalError(absl::StrCat(
+        "the worker answered rank ", info->rank, ", outside the buffer"));
+  }
+  if (absl::Status s = CopyDeviceMemory(
+          recv, static_cast<uint8_t*>(im.device_scratch_) + off,
+          io.recv_bytes);
+      !s.ok()) {
+    return s;
+  }
+  info->zero_copy = false;
+  return info;
+}
+
 absl::StatusOr<OpInfo> Client::Barrier(OpOptions options) {
   v1::OpSpec spec;
   spec.set_kind(v1::BARRIER);
   spec.set_timeout_ms(static_cast<uint32_t>(
       absl::ToInt64Milliseconds(options.timeout)));
-  return Run(spec, nullptr, 0);
+  return Run(spec, Io::InPlace(nullptr, 0));
 }
 
 absl::StatusOr<HostBuffer> Client::AllocateHostBuffer(size_t bytes) {

@@ -22,7 +22,7 @@ void ToProto(const Fingerprint& fp, v1::OpFingerprint* out) {
 }
 
 absl::Status FromProto(const v1::OpFingerprint& in, Fingerprint* fp) {
-  if (in.kind() < 1 || in.kind() > 3 || !IsValidDType(in.dtype()) ||
+  if (in.kind() < 1 || in.kind() > 5 || !IsValidDType(in.dtype()) ||
       !IsValidReduceOp(in.op()) || in.algorithm() < 0 || in.algorithm() > 3) {
     return absl::DataLossError("frame: fingerprint with invalid enums");
   }

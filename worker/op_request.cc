@@ -1,24 +1,46 @@
 #include "worker/op_request.h"
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "worker/core/dtype.h"
 
 namespace halka {
 
+uint64_t BufferCount(const v1::OpSpec& spec) {
+  switch (spec.kind()) {
+    case v1::BARRIER:
+      return 0;
+    case v1::ALL_GATHER:
+    case v1::REDUCE_SCATTER:
+      return std::max(spec.count(), spec.recv_count());
+    default:
+      return spec.count();
+  }
+}
+
 absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
                                         uint64_t max_op_bytes) {
+  const char* name = spec.kind() == v1::ALL_GATHER       ? "all_gather"
+                     : spec.kind() == v1::REDUCE_SCATTER ? "reduce_scatter"
+                                                         : "all_reduce";
   switch (spec.kind()) {
     case v1::BARRIER:
       return uint64_t{0};
     case v1::ALL_REDUCE:
+    case v1::REDUCE_SCATTER:
       if (!IsValidReduceOp(spec.op())) {
         return absl::InvalidArgumentError(
-            "all_reduce: the reduce op must be set and valid");
+            absl::StrCat(name, ": the reduce op must be set and valid"));
       }
+      [[fallthrough]];
+    case v1::ALL_GATHER:
+      // Whether the counts fit the ring's world is the communicator's to
+      // say (it knows the world); here only the buffer's size is bounded.
       if (spec.algorithm() < v1::AUTO || spec.algorithm() > v1::PS) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "all_reduce: unknown algorithm ", spec.algorithm()));
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": unknown algorithm ", spec.algorithm()));
       }
       break;
     case v1::BROADCAST:
@@ -36,12 +58,30 @@ absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
         absl::StrCat("invalid dtype ", spec.dtype()));
   }
   const uint64_t es = DTypeSize(static_cast<DType>(spec.dtype()));
-  if (spec.count() > max_op_bytes / es) {
+  const uint64_t count = BufferCount(spec);
+  if (count > max_op_bytes / es) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(spec.count(), " elements exceed this worker's limit of ",
+        absl::StrCat(count, " elements exceed this worker's limit of ",
                      max_op_bytes, " bytes per operation"));
   }
-  return spec.count() * es;
+  return count * es;
+}
+
+uint64_t InlineUploadBytes(const v1::OpSpec& spec, uint64_t buffer_bytes) {
+  if (spec.kind() != v1::ALL_GATHER) return buffer_bytes;
+  return spec.count() * DTypeSize(static_cast<DType>(spec.dtype()));
+}
+
+ByteRange InlineReplyRange(const v1::OpSpec& spec, int rank,
+                           uint64_t buffer_bytes) {
+  if (spec.kind() != v1::REDUCE_SCATTER) return ByteRange{0, buffer_bytes};
+  const uint64_t slice =
+      spec.recv_count() * DTypeSize(static_cast<DType>(spec.dtype()));
+  const uint64_t offset = static_cast<uint64_t>(rank) * slice;
+  if (rank < 0 || offset > buffer_bytes || slice > buffer_bytes - offset) {
+    return ByteRange{0, 0};
+  }
+  return ByteRange{offset, slice};
 }
 
 absl::Status ValidateShmName(const std::string& name) {

@@ -13,12 +13,33 @@
 
 namespace halka {
 
-// The payload bytes `spec` describes (0 for a barrier). Errors:
-// INVALID_ARGUMENT (unknown kind, dtype, reduce op or algorithm; a negative
-// broadcast root), RESOURCE_EXHAUSTED (more than `max_op_bytes`). Never
-// overflows: count * element size is checked against the limit first.
+// The elements of the buffer a call works on: `count`, and for an
+// all-gather or reduce-scatter the larger of count and recv_count (the
+// gathered result, or the data to reduce). 0 for a barrier.
+uint64_t BufferCount(const v1::OpSpec& spec);
+
+// The payload bytes of the buffer `spec` describes (BufferCount x element
+// size; 0 for a barrier). Errors: INVALID_ARGUMENT (unknown kind, dtype,
+// reduce op or algorithm; a negative broadcast root), RESOURCE_EXHAUSTED
+// (more than `max_op_bytes`). Never overflows: the count is checked against
+// the limit first. Whether an all-gather's or reduce-scatter's counts fit
+// the ring's world is checked when it runs (Communicator).
 absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
                                         uint64_t max_op_bytes);
+
+// Worker.RunInline of a valid spec whose buffer holds `buffer_bytes`: the
+// bytes the client uploads (an all-gather: its contribution, count
+// elements, which land in slice 0; otherwise the whole buffer) ...
+uint64_t InlineUploadBytes(const v1::OpSpec& spec, uint64_t buffer_bytes);
+// ... and the bytes the reply streams back once the call ran as `rank`: a
+// reduce-scatter's slice `rank` (recv_count elements), otherwise the whole
+// buffer. An empty range when the slice lies outside the buffer.
+struct ByteRange {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+ByteRange InlineReplyRange(const v1::OpSpec& spec, int rank,
+                           uint64_t buffer_bytes);
 
 // A shared-memory object name a client may hand in: "/halka-..." without
 // another '/' or a NUL, at most 200 bytes. INVALID_ARGUMENT otherwise.

@@ -458,6 +458,19 @@ absl::StatusOr<OpResult> WorkerNode::RunOn(Ring& ring, const v1::OpSpec& spec,
                              timeout);
     case v1::BARRIER:
       return comm->Barrier(timeout);
+    // The worker's --algorithm is all-reduce's: these run as asked (auto
+    // is the ring; naive and ps answer UNIMPLEMENTED).
+    case v1::ALL_GATHER:
+      return comm->AllGather(
+          buffer, spec.count(), spec.recv_count(),
+          static_cast<int>(std::min<uint64_t>(spec.input_slice(), INT32_MAX)),
+          static_cast<DType>(spec.dtype()), timeout,
+          static_cast<Algorithm>(spec.algorithm()));
+    case v1::REDUCE_SCATTER:
+      return comm->ReduceScatter(buffer, spec.count(), spec.recv_count(),
+                                 static_cast<DType>(spec.dtype()),
+                                 static_cast<ReduceOp>(spec.op()), timeout,
+                                 static_cast<Algorithm>(spec.algorithm()));
     default:  // refused by ValidateOpSpec
       return absl::InternalError(
           absl::StrCat("unknown operation kind ", spec.kind()));

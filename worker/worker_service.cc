@@ -144,21 +144,30 @@ grpc::Status WorkerService::RunInline(
                         : "run_inline: no request"));
     }
   }
-  const v1::OpSpec spec = msg.spec();
+  v1::OpSpec spec = msg.spec();
+  spec.clear_input_slice();  // an inline all-gather's upload is slice 0
   absl::StatusOr<uint64_t> checked =
       ValidateOpSpec(spec, node_->options().max_op_bytes);
   if (!checked.ok()) return refuse(checked.status());
   InlineBudget::Charge charge(budget_);
   absl::StatusOr<std::vector<uint8_t>> buffer = Upload(
-      ctx, stream, msg, *checked,
+      ctx, stream, msg, InlineUploadBytes(spec, *checked),
       CallDeadline(spec, arrival.at, node_->options().op_timeout), charge);
   if (!buffer.ok()) return refuse(buffer.status());
+  if (buffer->size() < *checked) {
+    // An all-gather's result is larger than its upload.
+    if (absl::Status s = charge.Add(*checked - buffer->size()); !s.ok()) {
+      return refuse(s);
+    }
+    buffer->resize(*checked);
+  }
   auto result = node_->Execute(spec, buffer->data(), arrival);
   if (!result.ok()) return ToGrpcStatus(result.status());
-  for (size_t off = 0; off < buffer->size(); off += kInlineChunkBytes) {
+  const ByteRange reply = InlineReplyRange(spec, result->rank, buffer->size());
+  for (uint64_t off = 0; off < reply.size; off += kInlineChunkBytes) {
     v1::InlineReply out;
-    out.set_data(buffer->data() + off,
-                 std::min(kInlineChunkBytes, buffer->size() - off));
+    out.set_data(buffer->data() + reply.offset + off,
+                 std::min<uint64_t>(kInlineChunkBytes, reply.size - off));
     if (!stream->Write(out)) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
     }

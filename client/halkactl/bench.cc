@@ -47,29 +47,84 @@ class CyclicBarrier {
 
 }  // namespace
 
+double BusBandwidthFactor(OpKind kind, int world_size) {
+  const double g = world_size;
+  switch (kind) {
+    case OpKind::kAllReduce:
+      return 2.0 * (g - 1) / g;
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+      return (g - 1) / g;
+    case OpKind::kBroadcast:
+      return 1.0;
+    case OpKind::kBarrier:
+      break;
+  }
+  return 0;
+}
+
+absl::StatusOr<OpKind> ParseCollective(const std::string& name) {
+  if (name == "allreduce") return OpKind::kAllReduce;
+  if (name == "allgather") return OpKind::kAllGather;
+  if (name == "reducescatter") return OpKind::kReduceScatter;
+  if (name == "broadcast") return OpKind::kBroadcast;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown collective '", name,
+      "' (expected allreduce, allgather, reducescatter or broadcast)"));
+}
+
+namespace {
+
+// Elements of `got` (count of them) that differ in any bit from `want`.
+size_t BitwiseDifferences(const uint8_t* got, const uint8_t* want,
+                          size_t count, size_t es) {
+  size_t wrong = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (std::memcmp(got + i * es, want + i * es, es) != 0) ++wrong;
+  }
+  return wrong;
+}
+
+}  // namespace
+
 BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
                       const BenchOptions& options) {
   const int g = static_cast<int>(clients.size());
   const size_t es = DTypeSize(c.dtype);
+  const bool sliced =
+      c.kind == OpKind::kAllGather || c.kind == OpKind::kReduceScatter;
   BenchRow row;
   row.c = c;
   row.algorithm = std::string(AlgorithmName(c.algorithm));
-  row.count = c.bytes / es;
+  // An all-gather's or reduce-scatter's buffer is G equal slices.
+  const size_t slice = sliced ? c.bytes / es / static_cast<size_t>(g) : 0;
+  row.count = sliced ? slice * static_cast<size_t>(g) : c.bytes / es;
   const size_t bytes = row.count * es;
+  const size_t slice_bytes = slice * es;
+  // Each rank's input: an all-gather's slice, otherwise the whole buffer.
+  const size_t input_count = c.kind == OpKind::kAllGather ? slice : row.count;
   std::vector<std::vector<uint8_t>> inputs(static_cast<size_t>(g));
   std::vector<HostBuffer> shared(static_cast<size_t>(g));
   std::vector<std::vector<uint8_t>> plain(static_cast<size_t>(g));
   std::vector<uint8_t*> bufs(static_cast<size_t>(g));
+  // A reduce-scatter's result (one slice), apart from its input.
+  std::vector<std::vector<uint8_t>> outs(static_cast<size_t>(g));
   std::vector<CudaBuffer> device(static_cast<size_t>(g));
+  std::vector<CudaBuffer> device_out(static_cast<size_t>(g));
   for (int r = 0; r < g; ++r) {
-    inputs[r] = MakeRankData(c.dtype, c.op, row.count, r, options.seed);
+    inputs[r] = MakeRankData(c.dtype, c.op, input_count, r, options.seed);
+    if (c.kind == OpKind::kReduceScatter) {
+      outs[r].resize(std::max<size_t>(slice_bytes, 1));
+    }
     if (options.device && bytes > 0) {
       auto d = CudaBuffer::Allocate(bytes);
-      if (!d.ok()) {
-        row.error = d.status().ToString();
+      auto o = CudaBuffer::Allocate(std::max<size_t>(slice_bytes, 1));
+      if (!d.ok() || !o.ok()) {
+        row.error = (d.ok() ? o.status() : d.status()).ToString();
         return row;
       }
       device[r] = std::move(*d);
+      device_out[r] = std::move(*o);
     }
     bool have_shared = false;
     if (options.zero_copy && bytes > 0) {
@@ -85,6 +140,37 @@ BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
       bufs[r] = plain[r].data();
     }
   }
+  // One operation of rank r on its buffer (host or device); an all-gather
+  // runs in place (the input already in slice r).
+  auto run_once = [&](int r, const OpOptions& oo) -> absl::StatusOr<OpInfo> {
+    Client& cl = *clients[r];
+    uint8_t* buf = options.device ? static_cast<uint8_t*>(device[r].data())
+                                  : bufs[r];
+    uint8_t* out = options.device
+                       ? static_cast<uint8_t*>(device_out[r].data())
+                       : outs[r].data();
+    switch (c.kind) {
+      case OpKind::kAllGather: {
+        const uint8_t* send = buf + static_cast<size_t>(r) * slice_bytes;
+        return options.device
+                   ? cl.AllGatherDevice(send, slice, buf, row.count, c.dtype, oo)
+                   : cl.AllGather(send, slice, buf, row.count, c.dtype, oo);
+      }
+      case OpKind::kReduceScatter:
+        return options.device ? cl.ReduceScatterDevice(buf, row.count, out,
+                                                       slice, c.dtype, c.op, oo)
+                              : cl.ReduceScatter(buf, row.count, out, slice,
+                                                 c.dtype, c.op, oo);
+      case OpKind::kBroadcast:
+        return options.device
+                   ? cl.BroadcastDevice(buf, row.count, c.dtype, 0, oo)
+                   : cl.Broadcast(buf, row.count, c.dtype, 0, oo);
+      default:
+        return options.device
+                   ? cl.AllReduceDevice(buf, row.count, c.dtype, c.op, oo)
+                   : cl.AllReduce(buf, row.count, c.dtype, c.op, oo);
+    }
+  };
   const int total = options.warmup + options.iterations;
   std::vector<std::vector<double>> times(static_cast<size_t>(g),
                                          std::vector<double>(total, 0));
@@ -95,16 +181,22 @@ BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
   for (int r = 0; r < g; ++r) {
     threads.emplace_back([&, r] {
       bool failed = false;
+      auto fail = [&](const absl::Status& s) {
+        if (!s.ok() && !failed) {
+          errors[r] = s.ToString();
+          failed = true;
+        }
+      };
+      // An all-gather's input goes to slice r (in place).
+      const size_t at = c.kind == OpKind::kAllGather
+                            ? static_cast<size_t>(r) * slice_bytes
+                            : 0;
       for (int i = 0; i < total; ++i) {
         // Fresh inputs every time (outside the timed region) so that values
         // never drift out of range and the last result can be checked.
-        if (bytes > 0) std::memcpy(bufs[r], inputs[r].data(), bytes);
+        if (bytes > 0) std::memcpy(bufs[r] + at, inputs[r].data(), inputs[r].size());
         if (options.device && bytes > 0 && !failed) {
-          absl::Status s = CudaCopyToDevice(device[r].data(), bufs[r], bytes);
-          if (!s.ok()) {
-            errors[r] = s.ToString();
-            failed = true;
-          }
+          fail(CudaCopyToDevice(device[r].data(), bufs[r], bytes));
         }
         barrier.Wait();
         const absl::Time t0 = absl::Now();
@@ -112,24 +204,16 @@ BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
           OpOptions oo;
           oo.timeout = options.timeout;
           oo.algorithm = c.algorithm;
-          auto res = options.device
-                         ? clients[r]->AllReduceDevice(device[r].data(), row.count,
-                                                       c.dtype, c.op, oo)
-                         : clients[r]->AllReduce(bufs[r], row.count, c.dtype, c.op, oo);
-          if (!res.ok()) {
-            errors[r] = res.status().ToString();
-            failed = true;
-          } else {
-            infos[r] = *res;
-          }
+          absl::StatusOr<OpInfo> res = run_once(r, oo);
+          fail(res.status());
+          if (res.ok()) infos[r] = *res;
         }
         times[r][i] = absl::ToDoubleMicroseconds(absl::Now() - t0);
         if (options.device && bytes > 0 && !failed && i + 1 == total) {
-          absl::Status s = CudaCopyToHost(bufs[r], device[r].data(), bytes);
-          if (!s.ok()) {
-            errors[r] = s.ToString();
-            failed = true;
-          }
+          fail(c.kind == OpKind::kReduceScatter
+                   ? CudaCopyToHost(outs[r].data(), device_out[r].data(),
+                                    slice_bytes)
+                   : CudaCopyToHost(bufs[r], device[r].data(), bytes));
         }
         barrier.Wait();
       }
@@ -157,13 +241,31 @@ BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
   row.bytes_received = infos[0].bytes_received;
   if (row.time_us > 0) {
     row.algbw_gbs = static_cast<double>(bytes) / (row.time_us * 1e3);
-    row.busbw_gbs = row.algbw_gbs * 2.0 * (g - 1) / g;
+    row.busbw_gbs = row.algbw_gbs * BusBandwidthFactor(c.kind, g);
   }
   if (options.check) {
-    row.wrong = CheckAllReduce(c.dtype, c.op, inputs, bufs[0], row.count).wrong;
-    for (int r = 1; r < g; ++r) {
-      for (size_t i = 0; i < row.count; ++i) {
-        if (std::memcmp(bufs[r] + i * es, bufs[0] + i * es, es) != 0) ++row.wrong;
+    for (int r = 0; r < g; ++r) {
+      switch (c.kind) {
+        case OpKind::kAllGather:
+          row.wrong += CheckAllGather(c.dtype, inputs, bufs[r], slice).wrong;
+          break;
+        case OpKind::kReduceScatter:
+          row.wrong += CheckReduceScatter(c.dtype, c.op, inputs,
+                                          outs[r].data(), r, slice)
+                           .wrong;
+          break;
+        case OpKind::kBroadcast:
+          row.wrong += BitwiseDifferences(bufs[r], inputs[0].data(),
+                                          row.count, es);
+          break;
+        default:
+          // Rank 0 against the reference, every other rank against rank 0.
+          row.wrong += r == 0 ? CheckAllReduce(c.dtype, c.op, inputs, bufs[0],
+                                               row.count)
+                                    .wrong
+                              : BitwiseDifferences(bufs[r], bufs[0],
+                                                   row.count, es);
+          break;
       }
     }
   }
@@ -176,27 +278,40 @@ std::string BenchHeader() {
                          "algbw", "busbw", "#wrong");
 }
 
+namespace {
+
+// The redop column: "none" where the collective reduces nothing.
+absl::string_view RedopName(const BenchCase& c) {
+  return c.kind == OpKind::kAllReduce || c.kind == OpKind::kReduceScatter
+             ? ReduceOpName(c.op)
+             : "none";
+}
+
+}  // namespace
+
 std::string FormatBenchRow(const BenchRow& row) {
   if (!row.error.empty()) {
     return absl::StrFormat("%12d %12d %9s %6s %6s  FAILED: %s", row.c.bytes,
                            row.count, DTypeName(row.c.dtype),
-                           ReduceOpName(row.c.op), row.algorithm, row.error);
+                           RedopName(row.c), row.algorithm, row.error);
   }
   return absl::StrFormat("%12d %12d %9s %6s %6s %12.1f %9.3f %9.3f %7d",
                          row.count * DTypeSize(row.c.dtype), row.count,
-                         DTypeName(row.c.dtype), ReduceOpName(row.c.op),
+                         DTypeName(row.c.dtype), RedopName(row.c),
                          row.algorithm, row.time_us, row.algbw_gbs,
                          row.busbw_gbs, row.wrong);
 }
 
 std::string BenchRowJson(const BenchRow& row, int world_size) {
   return absl::StrFormat(
-      "{\"size\":%d,\"count\":%d,\"type\":\"%s\",\"redop\":\"%s\","
+      "{\"coll\":\"%s\",\"size\":%d,\"count\":%d,\"type\":\"%s\","
+      "\"redop\":\"%s\","
       "\"algo\":\"%s\",\"world_size\":%d,\"time_us\":%.3f,\"algbw_gbs\":%.6f,"
       "\"busbw_gbs\":%.6f,\"wrong\":%d,\"bytes_sent_rank0\":%d,"
       "\"error\":\"%s\"}",
+      absl::StrReplaceAll(OpKindName(row.c.kind), {{"_", ""}}),
       row.count * DTypeSize(row.c.dtype), row.count, DTypeName(row.c.dtype),
-      ReduceOpName(row.c.op), row.algorithm, world_size, row.time_us,
+      RedopName(row.c), row.algorithm, world_size, row.time_us,
       row.algbw_gbs, row.busbw_gbs, row.wrong, row.bytes_sent,
       absl::StrReplaceAll(row.error, {{"\\", "\\\\"}, {"\"", "\\\""}}));
 }

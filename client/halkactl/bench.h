@@ -1,6 +1,7 @@
 // The measurement loop behind `halkactl demo` and `halkactl bench`: G ranks,
-// each with its own Client, run the same all-reduce; time, bandwidth and
-// correctness as nccl-tests reports them.
+// each with its own Client, run the same collective (all-reduce, all-gather,
+// reduce-scatter or broadcast); time, bandwidth and correctness as
+// nccl-tests reports them.
 #ifndef HALKA_CLIENT_HALKACTL_BENCH_H_
 #define HALKA_CLIENT_HALKACTL_BENCH_H_
 
@@ -15,11 +16,22 @@
 namespace halka {
 
 struct BenchCase {
+  // As nccl-tests counts it: the whole buffer (an all-gather's result, a
+  // reduce-scatter's input; G slices of bytes/G each, rounded down).
   size_t bytes = 0;
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   Algorithm algorithm = Algorithm::kAuto;
+  OpKind kind = OpKind::kAllReduce;  // broadcast: from rank 0
 };
+
+// nccl-tests' bus-bandwidth factor of `kind` on `world_size` ranks:
+// 2(G-1)/G for all-reduce, (G-1)/G for all-gather and reduce-scatter, 1 for
+// broadcast (0 for a barrier).
+double BusBandwidthFactor(OpKind kind, int world_size);
+// "allreduce", "allgather", "reducescatter", "broadcast" (the --coll
+// names). INVALID_ARGUMENT otherwise.
+absl::StatusOr<OpKind> ParseCollective(const std::string& name);
 
 struct BenchOptions {
   int iterations = 5;
@@ -37,7 +49,7 @@ struct BenchRow {
   std::string algorithm;
   double time_us = 0;      // mean over iterations of the slowest rank
   double algbw_gbs = 0;    // bytes / time
-  double busbw_gbs = 0;    // algbw * 2(G-1)/G
+  double busbw_gbs = 0;    // algbw * BusBandwidthFactor
   size_t wrong = 0;        // elements off the reference, plus disagreeing ranks
   uint64_t bytes_sent = 0; // by rank 0, one operation
   uint64_t bytes_received = 0;

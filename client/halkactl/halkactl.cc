@@ -3,6 +3,7 @@
 //   halkactl demo      [--workers=4]            embedded cluster, table, health
 //   halkactl bench     [-b 8 -e 64M -f 4 -n 5 -w 1 -c 1] [--workers=G |
 //                      --worker=ADDR,ADDR,...] [--dtype] [--op] [--json]
+//                      [--coll=allreduce|allgather|reducescatter|broadcast]
 //   halkactl allreduce --worker=ADDR [--count] [--dtype] [--op] [--check]
 //   halkactl health    --rendezvous=ADDR --job=ID   (or --worker=ADDR)
 //                      [--json] [--watch [--interval=2s] [--count=N]]
@@ -66,6 +67,10 @@ ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "embedded cluster: bytes per frame");
 ABSL_FLAG(int, repeat, 1, "allreduce: operations to run back to back");
 ABSL_FLAG(std::string, algo, "auto",
           "all-reduce algorithm: auto, ring, naive, ps (bench: also all)");
+ABSL_FLAG(std::string, coll, "allreduce",
+          "bench: the collective: allreduce, allgather, reducescatter or "
+          "broadcast (from rank 0); sizes are the whole buffer, as in "
+          "nccl-tests");
 ABSL_FLAG(int, ps_shards, 1, "bench: parameter-server shards of the embedded "
           "cluster (with --algo=ps or all)");
 ABSL_FLAG(bool, device, false,
@@ -131,10 +136,15 @@ int Fail(const absl::Status& s) {
 int Bench(const std::vector<Client*>& clients, const std::vector<BenchCase>& cases,
           const BenchOptions& options, bool json) {
   const int g = static_cast<int>(clients.size());
-  if (!json) {
-    std::printf("# halka all-reduce: %d ranks, %d iterations (+%d warm-up), "
-                "busbw = algbw * 2(G-1)/G\n", g, options.iterations,
-                options.warmup);
+  if (!json && !cases.empty()) {
+    const OpKind kind = cases[0].kind;
+    const char* factor = kind == OpKind::kAllReduce   ? "2(G-1)/G"
+                         : kind == OpKind::kBroadcast ? "1"
+                                                      : "(G-1)/G";
+    std::printf("# halka %s: %d ranks, %d iterations (+%d warm-up), "
+                "busbw = algbw * %s\n",
+                std::string(OpKindName(kind)).c_str(), g, options.iterations,
+                options.warmup, factor);
     std::printf("%s\n", BenchHeader().c_str());
   }
   int bad = 0;
@@ -170,6 +180,8 @@ absl::StatusOr<std::vector<BenchCase>> SweepCases() {
   const int f = absl::GetFlag(FLAGS_f);
   if (f < 2) return absl::InvalidArgumentError("-f must be at least 2");
   if (*lo > *hi) return absl::InvalidArgumentError("-b is larger than -e");
+  auto kind = ParseCollective(absl::GetFlag(FLAGS_coll));
+  if (!kind.ok()) return kind.status();
   std::vector<Algorithm> algos;
   const std::string algo = absl::GetFlag(FLAGS_algo);
   if (algo == "all") {
@@ -181,7 +193,9 @@ absl::StatusOr<std::vector<BenchCase>> SweepCases() {
   }
   std::vector<BenchCase> cases;
   for (size_t s = std::max<size_t>(*lo, 1); s <= *hi; s *= static_cast<size_t>(f)) {
-    for (Algorithm a : algos) cases.push_back(BenchCase{s, *dtype, *op, a});
+    for (Algorithm a : algos) {
+      cases.push_back(BenchCase{s, *dtype, *op, a, *kind});
+    }
   }
   return cases;
 }

@@ -22,15 +22,36 @@ namespace {
 using ::testing::HasSubstr;
 using halka::testing::RunRanks;
 
-TEST(DeviceTensors, RingOnOneGpuMatchesTheHostRing) {
-  absl::StatusOr<int> devices = CudaDeviceCount();
-  if (!devices.ok()) GTEST_SKIP() << devices.status().message();  // "no CUDA device: ..."
-  const int g = 4;
+// A LocalCluster of `g` workers and one client per rank.
+std::pair<std::unique_ptr<LocalCluster>, std::vector<std::unique_ptr<Client>>>
+StartCluster(int g) {
   LocalCluster::Options o;
   o.workers = g;
   auto cluster = LocalCluster::Start(o).value();
   std::vector<std::unique_ptr<Client>> clients;
   for (int r = 0; r < g; ++r) clients.push_back(cluster->Connect(r).value());
+  return {std::move(cluster), std::move(clients)};
+}
+
+// A device call on host memory fails clearly: INVALID_ARGUMENT where there
+// is a GPU; without a driver or device the client says so (UNAVAILABLE).
+void ExpectNoDeviceMemoryError(const absl::StatusOr<OpInfo>& r) {
+  ASSERT_FALSE(r.ok());
+  if (!CudaDeviceCount().ok()) {
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+    EXPECT_THAT(std::string(r.status().message()),
+                ::testing::AnyOf(HasSubstr("no CUDA device"), HasSubstr("without CUDA")));
+  } else {
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  }
+}
+
+TEST(DeviceTensors, RingOnOneGpuMatchesTheHostRing) {
+  absl::StatusOr<int> devices = CudaDeviceCount();
+  if (!devices.ok()) GTEST_SKIP() << devices.status().message();  // "no CUDA device: ..."
+  const int g = 4;
+  auto started = StartCluster(g);
+  std::vector<std::unique_ptr<Client>>& clients = started.second;
   for (DType dtype : kAllDTypes) {
     for (ReduceOp op : kAllReduceOps) {
       for (Algorithm algo : {Algorithm::kRing, Algorithm::kNaive}) {
@@ -69,23 +90,99 @@ TEST(DeviceTensors, RingOnOneGpuMatchesTheHostRing) {
   }
 }
 
+TEST(DeviceTensors, AllGatherAndReduceScatterMatchTheReference) {
+  absl::StatusOr<int> devices = CudaDeviceCount();
+  if (!devices.ok()) GTEST_SKIP() << devices.status().message();  // "no CUDA device: ..."
+  const int g = 3;
+  auto started = StartCluster(g);
+  std::vector<std::unique_ptr<Client>>& clients = started.second;
+  const size_t n = 100003;  // elements per slice
+  for (DType dtype : kAllDTypes) {
+    const size_t es = DTypeSize(dtype);
+    for (bool in_place : {false, true}) {
+      std::vector<std::vector<uint8_t>> inputs;
+      std::vector<CudaBuffer> send, recv;
+      for (int r = 0; r < g; ++r) {
+        inputs.push_back(MakeRankData(dtype, ReduceOp::kSum, n, r, 6));
+        send.push_back(CudaBuffer::Allocate(n * es).value());
+        recv.push_back(CudaBuffer::Allocate(g * n * es).value());
+        uint8_t* at = in_place ? static_cast<uint8_t*>(recv[r].data()) + r * n * es
+                               : static_cast<uint8_t*>(send[r].data());
+        ASSERT_TRUE(CudaCopyToDevice(at, inputs[r].data(), n * es).ok());
+      }
+      auto res = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+        const void* from = in_place ? static_cast<uint8_t*>(recv[r].data()) + r * n * es
+                                    : send[r].data();
+        return clients[r]->AllGatherDevice(from, n, recv[r].data(), g * n, dtype);
+      });
+      for (int r = 0; r < g; ++r) {
+        ASSERT_TRUE(res[r].ok()) << res[r].status();
+        std::vector<uint8_t> out(g * n * es);
+        ASSERT_TRUE(CudaCopyToHost(out.data(), recv[r].data(), out.size()).ok());
+        const CheckResult check = CheckAllGather(dtype, inputs, out.data(), n);
+        EXPECT_EQ(check.wrong, 0u) << DTypeName(dtype) << " rank " << r << ": " << check.first;
+      }
+    }
+    for (ReduceOp op : kAllReduceOps) {
+      std::vector<std::vector<uint8_t>> inputs;
+      std::vector<CudaBuffer> send, recv;
+      for (int r = 0; r < g; ++r) {
+        inputs.push_back(MakeRankData(dtype, op, g * n, r, 8));
+        send.push_back(CudaBuffer::Allocate(g * n * es).value());
+        recv.push_back(CudaBuffer::Allocate(n * es).value());
+        ASSERT_TRUE(CudaCopyToDevice(send[r].data(), inputs[r].data(), g * n * es).ok());
+      }
+      auto res = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+        return clients[r]->ReduceScatterDevice(send[r].data(), g * n, recv[r].data(), n,
+                                               dtype, op);
+      });
+      for (int r = 0; r < g; ++r) {
+        ASSERT_TRUE(res[r].ok()) << res[r].status();
+        std::vector<uint8_t> out(n * es), kept(g * n * es);
+        ASSERT_TRUE(CudaCopyToHost(out.data(), recv[r].data(), out.size()).ok());
+        ASSERT_TRUE(CudaCopyToHost(kept.data(), send[r].data(), kept.size()).ok());
+        const CheckResult check = CheckReduceScatter(dtype, op, inputs, out.data(), r, n);
+        EXPECT_EQ(check.wrong, 0u) << DTypeName(dtype) << " " << ReduceOpName(op)
+                                   << " rank " << r << ": " << check.first;
+        EXPECT_EQ(kept, inputs[r]) << "rank " << r << ": send changed";
+      }
+    }
+  }
+}
+
+TEST(DeviceTensorsFallback, SliceCollectivesCheckTheirArgumentsFirst) {
+  auto started = StartCluster(1);
+  Client* client = started.second[0].get();
+  std::vector<float> host(16, 1.0f);
+  // Refused by the SDK whatever the machine has: null buffers, bad enums.
+  EXPECT_EQ(client->AllGatherDevice(nullptr, 4, host.data(), 4, DType::kFloat32)
+                .status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->ReduceScatterDevice(host.data(), 4, nullptr, 4, DType::kFloat32,
+                                        ReduceOp::kSum)
+                .status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->ReduceScatterDevice(host.data(), 4, host.data(), 4, DType::kFloat32,
+                                        static_cast<ReduceOp>(42))
+                .status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Host memory: no device there (or none at all), said clearly.
+  for (auto r : {client->AllGatherDevice(host.data(), 4, host.data() + 4, 4,
+                                         DType::kFloat32),
+                 client->ReduceScatterDevice(host.data(), 4, host.data() + 8, 4,
+                                             DType::kFloat32, ReduceOp::kSum)}) {
+    ExpectNoDeviceMemoryError(r);
+  }
+}
+
 TEST(DeviceTensorsFallback, HostPointerOrNoGpuGivesAClearError) {
   LocalCluster::Options o;
   o.workers = 1;
   auto cluster = LocalCluster::Start(o).value();
   auto client = cluster->Connect(0).value();
   std::vector<float> host(16, 1.0f);
-  auto r = client->AllReduceDevice(host.data(), host.size(), DType::kFloat32,
-                                   ReduceOp::kSum);
-  ASSERT_FALSE(r.ok());
-  if (!CudaDeviceCount().ok()) {
-    // No driver or no device: the client says so, it does not crash.
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
-    EXPECT_THAT(std::string(r.status().message()),
-                ::testing::AnyOf(HasSubstr("no CUDA device"), HasSubstr("without CUDA")));
-  } else {
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
-  }
+  ExpectNoDeviceMemoryError(client->AllReduceDevice(
+      host.data(), host.size(), DType::kFloat32, ReduceOp::kSum));
   // Host tensors keep working on the CPU path either way.
   auto ok = client->AllReduce(absl::MakeSpan(host), ReduceOp::kSum);
   EXPECT_TRUE(ok.ok()) << ok.status();

@@ -35,7 +35,20 @@ void CheckSpec(const halka::v1::OpSpec& spec, const halka::v1::RunRequest* run) 
     Check(halka::IsValidDType(spec.dtype()));
     const uint64_t es =
         halka::DTypeSize(static_cast<halka::DType>(spec.dtype()));
-    Check(*bytes == spec.count() * es && spec.count() <= kLimit / es);
+    const uint64_t count = halka::BufferCount(spec);
+    Check(*bytes == count * es && count <= kLimit / es);
+    Check(count >= spec.count());
+    if (spec.kind() == halka::v1::ALL_GATHER ||
+        spec.kind() == halka::v1::REDUCE_SCATTER) {
+      Check(count >= spec.recv_count());
+      // What RunInline uploads and replies lies inside the buffer.
+      Check(halka::InlineUploadBytes(spec, *bytes) <= *bytes);
+      for (int rank : {0, 1, 7, 1 << 30}) {
+        const halka::ByteRange reply =
+            halka::InlineReplyRange(spec, rank, *bytes);
+        Check(reply.offset <= *bytes && reply.size <= *bytes - reply.offset);
+      }
+    }
   }
   if (run == nullptr) return;
   absl::Status region = halka::ValidateShmRegion(*run, *bytes);

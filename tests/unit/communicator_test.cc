@@ -136,6 +136,220 @@ TEST(AllReduceLarge, MillionElementsAcrossManyChunks) {
             0u);
 }
 
+// Reduce-scatter and all-gather: the ring's two halves over world slices.
+using SliceParam = std::tuple<int, DType, ReduceOp>;
+class ReduceScatterTest : public ::testing::TestWithParam<SliceParam> {};
+
+TEST_P(ReduceScatterTest, RankRHoldsTheReductionOfSliceR) {
+  const auto [g, dtype, op] = GetParam();
+  Ring ring(g, 24);  // chunks of a few elements: slices span several
+  const size_t es = DTypeSize(dtype);
+  for (size_t recv_count : {size_t{0}, size_t{1}, size_t{7}, size_t{333}}) {
+    std::vector<std::vector<uint8_t>> inputs, bufs;
+    for (int r = 0; r < g; ++r) {
+      inputs.push_back(MakeRankData(dtype, op, g * recv_count, r, 11));
+    }
+    bufs = inputs;
+    auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+      HostOpBuffer b(bufs[r].data());
+      return ring.comms[r]->ReduceScatter(b, g * recv_count, recv_count,
+                                          dtype, op, absl::ZeroDuration());
+    });
+    for (int r = 0; r < g; ++r) {
+      ASSERT_TRUE(results[r].ok()) << results[r].status();
+      EXPECT_EQ(results[r]->algorithm, "ring");
+      const CheckResult check = CheckReduceScatter(
+          dtype, op, inputs, bufs[r].data() + r * recv_count * es, r,
+          recv_count);
+      EXPECT_EQ(check.wrong, 0u)
+          << "rank " << r << " recv_count " << recv_count << ": " << check.first;
+      // Each rank sends (G-1)/G of the buffer.
+      EXPECT_EQ(results[r]->bytes_sent, (g - 1) * recv_count * es);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Matrix, ReduceScatterTest,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                       ::testing::ValuesIn(kAllDTypes),
+                       ::testing::ValuesIn(kAllReduceOps)),
+    [](const ::testing::TestParamInfo<SliceParam>& info) {
+      return absl::StrCat("g", std::get<0>(info.param), "_",
+                          DTypeName(std::get<1>(info.param)), "_",
+                          ReduceOpName(std::get<2>(info.param)));
+    });
+
+using GatherParam = std::tuple<int, DType>;
+class AllGatherTest : public ::testing::TestWithParam<GatherParam> {};
+
+TEST_P(AllGatherTest, EverySliceFromItsRankBitForBit) {
+  const auto [g, dtype] = GetParam();
+  Ring ring(g, 24);
+  const size_t es = DTypeSize(dtype);
+  for (size_t send_count : {size_t{0}, size_t{1}, size_t{5}, size_t{301}}) {
+    // In place (the contribution already in slice r) and from slice 0.
+    for (bool in_place : {true, false}) {
+      std::vector<std::vector<uint8_t>> inputs;
+      std::vector<std::vector<uint8_t>> bufs(
+          g, std::vector<uint8_t>(g * send_count * es, 0xEE));
+      for (int r = 0; r < g; ++r) {
+        inputs.push_back(MakeRankData(dtype, ReduceOp::kSum, send_count, r, 5));
+        const size_t at = in_place ? r * send_count * es : 0;
+        std::copy(inputs[r].begin(), inputs[r].end(), bufs[r].begin() + at);
+      }
+      auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+        HostOpBuffer b(bufs[r].data());
+        return ring.comms[r]->AllGather(b, send_count, g * send_count,
+                                        in_place ? r : 0, dtype,
+                                        absl::ZeroDuration(), Algorithm::kRing);
+      });
+      for (int r = 0; r < g; ++r) {
+        ASSERT_TRUE(results[r].ok()) << results[r].status();
+        const CheckResult check =
+            CheckAllGather(dtype, inputs, bufs[r].data(), send_count);
+        EXPECT_EQ(check.wrong, 0u) << "rank " << r << " send_count "
+                                   << send_count << " in_place " << in_place
+                                   << ": " << check.first;
+        EXPECT_EQ(results[r]->bytes_sent, (g - 1) * send_count * es);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Matrix, AllGatherTest,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                       ::testing::ValuesIn(kAllDTypes)),
+    [](const ::testing::TestParamInfo<GatherParam>& info) {
+      return absl::StrCat("g", std::get<0>(info.param), "_",
+                          DTypeName(std::get<1>(info.param)));
+    });
+
+TEST(SliceCollectives, CountsThatDoNotFitTheWorldFailEveryRankAtOnce) {
+  const int g = 3;
+  Ring ring(g, 64);
+  std::vector<std::vector<float>> bufs(g, std::vector<float>(12, 1.0f));
+  // Every rank calls with recv_count 12 = 4 x 3, but the world is 3.
+  auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    HostOpBuffer b(bufs[r].data());
+    return ring.comms[r]->AllGather(b, 3, 12, 0, DType::kFloat32,
+                                    absl::Seconds(20));
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_EQ(results[r].status().code(), absl::StatusCode::kInvalidArgument)
+        << results[r].status();
+    EXPECT_THAT(std::string(results[r].status().message()),
+                HasSubstr("recv_count 12 must be the ring's world (3) x "
+                          "send_count 3 = 9"));
+  }
+  // Only rank 1 is wrong: it is refused, and its peers' copies of the call
+  // fail at once naming it (not at their deadline).
+  results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    HostOpBuffer b(bufs[r].data());
+    return ring.comms[r]->ReduceScatter(b, r == 1 ? 10 : 9, 3,
+                                        DType::kFloat32, ReduceOp::kSum,
+                                        absl::Seconds(20));
+  });
+  EXPECT_EQ(results[1].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(results[1].status().message()),
+              HasSubstr("send_count 10 must be the ring's world (3) x "
+                        "recv_count 3 = 9"));
+  for (int r : {0, 2}) {
+    EXPECT_EQ(results[r].status().code(),
+              absl::StatusCode::kFailedPrecondition)
+        << results[r].status();
+    EXPECT_THAT(std::string(results[r].status().message()),
+                HasSubstr("rank 1 (w1, inproc:1) ended its call"));
+  }
+  // Naive and PS do not implement them.
+  results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    HostOpBuffer b(bufs[r].data());
+    return ring.comms[r]->ReduceScatter(b, 9, 3, DType::kFloat32,
+                                        ReduceOp::kSum, absl::Seconds(20),
+                                        r == 0 ? Algorithm::kParameterServer
+                                               : Algorithm::kNaive);
+  });
+  for (int r = 0; r < g; ++r) {
+    EXPECT_EQ(results[r].status().code(), absl::StatusCode::kUnimplemented)
+        << results[r].status();
+  }
+  // The numbering held: the next round succeeds on every rank.
+  results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    HostOpBuffer b(bufs[r].data());
+    return ring.comms[r]->ReduceScatter(b, 9, 3, DType::kFloat32,
+                                        ReduceOp::kSum, absl::Seconds(20));
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_TRUE(results[r].ok()) << results[r].status();
+    EXPECT_EQ(bufs[r][3 * r], 3.0f);
+  }
+}
+
+TEST(SliceCollectives, RanksThatDisagreeFailNamingBoth) {
+  const int g = 3;
+  Ring ring(g, 64);
+  std::vector<std::vector<int32_t>> bufs(g, std::vector<int32_t>(12, 1));
+  // Kind: rank 2 reduce-scatters what the others all-gather.
+  auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    HostOpBuffer b(bufs[r].data());
+    if (r == 2) {
+      return ring.comms[r]->ReduceScatter(b, 12, 4, DType::kInt32,
+                                          ReduceOp::kSum, absl::Seconds(20));
+    }
+    return ring.comms[r]->AllGather(b, 4, 12, r, DType::kInt32,
+                                    absl::Seconds(20));
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_EQ(results[r].status().code(), absl::StatusCode::kFailedPrecondition)
+        << results[r].status();
+    EXPECT_THAT(std::string(results[r].status().message()),
+                HasSubstr("calls all_gather #1 int32x12"));
+    EXPECT_THAT(std::string(results[r].status().message()),
+                HasSubstr("calls reduce_scatter #1 int32x12 sum"));
+  }
+  // Count and dtype: rank 0 gathers 3 per rank, rank 1 int64.
+  results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    HostOpBuffer b(bufs[r].data());
+    const size_t per_rank = r == 0 ? 3 : 2;
+    return ring.comms[r]->AllGather(
+        b, per_rank, g * per_rank, r,
+        r == 1 ? DType::kInt64 : DType::kInt32, absl::Seconds(20));
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_EQ(results[r].status().code(), absl::StatusCode::kFailedPrecondition)
+        << results[r].status();
+    EXPECT_THAT(std::string(results[r].status().message()),
+                HasSubstr("all_gather #2 int32x9"));
+  }
+}
+
+TEST(SliceCollectives, KilledRankIsNamedBeforeTheDeadline) {
+  const int g = 4;
+  Ring ring(g, 16);
+  std::vector<std::vector<double>> bufs(g, std::vector<double>(4000, 1.0));
+  std::vector<absl::StatusOr<OpResult>> results(g);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < g; ++r) {
+    if (r == 3) continue;  // rank 3 dies before taking part
+    threads.emplace_back([&, r] {
+      HostOpBuffer b(bufs[r].data());
+      results[r] = ring.comms[r]->AllGather(b, 1000, 4000, r,
+                                            DType::kFloat64,
+                                            absl::Seconds(10));
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  ring.net.Kill(3);
+  for (auto& t : threads) t.join();
+  for (int r : {0, 1, 2}) {
+    ASSERT_FALSE(results[r].ok()) << "rank " << r;
+    EXPECT_THAT(std::string(results[r].status().message()),
+                HasSubstr("rank 3 (w3, inproc:3)"))
+        << results[r].status();
+  }
+}
+
 TEST(Inbox, CapsFramesQueuedPerSenderAndReportsTheNewest) {
   Inbox inbox(4);
   InFrame f;

@@ -129,6 +129,68 @@ absl::StatusOr<OpResult> Communicator::Broadcast(OpBuffer& buffer,
   return Run(fp, &buffer, timeout);
 }
 
+absl::StatusOr<Fingerprint> Communicator::SliceOpFingerprint(
+    OpKind kind, size_t whole, size_t slice, DType dtype, Algorithm algorithm,
+    absl::Duration timeout, int input_slice) {
+  const absl::string_view name = OpKindName(kind);
+  const size_t g = static_cast<size_t>(config_.world_size);
+  absl::Status refused;
+  if (!IsValidDType(static_cast<int>(dtype))) {
+    refused = absl::InvalidArgumentError(absl::StrCat(name, ": invalid dtype"));
+  } else if (algorithm != Algorithm::kAuto && algorithm != Algorithm::kRing) {
+    refused = absl::UnimplementedError(absl::StrCat(
+        name, ": the ", AlgorithmName(algorithm),
+        " algorithm does not implement it; use auto or ring"));
+  } else if (whole % g != 0 || whole / g != slice) {
+    const bool gather = kind == OpKind::kAllGather;
+    refused = absl::InvalidArgumentError(absl::StrCat(
+        name, ": ", gather ? "recv_count " : "send_count ", whole,
+        " must be the ring's world (", g, ") x ",
+        gather ? "send_count " : "recv_count ", slice, " = ", g * slice));
+  } else if (input_slice < 0 || static_cast<size_t>(input_slice) >= g) {
+    refused = absl::InvalidArgumentError(absl::StrCat(
+        name, ": input slice ", input_slice, " is outside [0, ", g, ")"));
+  }
+  if (!refused.ok()) {
+    SkipOp(next_op_seq(), refused,
+           absl::Now() + (timeout > absl::ZeroDuration()
+                              ? timeout
+                              : config_.default_timeout))
+        .IgnoreError();  // the refusal is the caller's answer either way
+    return refused;
+  }
+  Fingerprint fp;
+  fp.kind = kind;
+  fp.dtype = dtype;
+  fp.count = whole;
+  fp.algorithm = algorithm;
+  return fp;
+}
+
+absl::StatusOr<OpResult> Communicator::AllGather(
+    OpBuffer& buffer, size_t send_count, size_t recv_count, int input_slice,
+    DType dtype, absl::Duration timeout, Algorithm algorithm) {
+  absl::StatusOr<Fingerprint> fp =
+      SliceOpFingerprint(OpKind::kAllGather, recv_count, send_count, dtype,
+                         algorithm, timeout, input_slice);
+  if (!fp.ok()) return fp.status();
+  return Run(*fp, &buffer, timeout, input_slice);
+}
+
+absl::StatusOr<OpResult> Communicator::ReduceScatter(
+    OpBuffer& buffer, size_t send_count, size_t recv_count, DType dtype,
+    ReduceOp op, absl::Duration timeout, Algorithm algorithm) {
+  if (!IsValidReduceOp(static_cast<int>(op))) {
+    return absl::InvalidArgumentError("reduce_scatter: invalid reduce op");
+  }
+  absl::StatusOr<Fingerprint> fp =
+      SliceOpFingerprint(OpKind::kReduceScatter, send_count, recv_count,
+                         dtype, algorithm, timeout, /*input_slice=*/0);
+  if (!fp.ok()) return fp.status();
+  fp->op = op;
+  return Run(*fp, &buffer, timeout);
+}
+
 absl::StatusOr<OpResult> Communicator::Barrier(absl::Duration timeout) {
   Fingerprint fp;
   fp.kind = OpKind::kBarrier;
@@ -155,7 +217,8 @@ void Communicator::SetServers(std::vector<PeerInfo> servers) {
 
 absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
                                            OpBuffer* buffer,
-                                           absl::Duration timeout) {
+                                           absl::Duration timeout,
+                                           int input_slice) {
   const uint64_t bytes = fp.count * DTypeSize(fp.dtype);
   if (fp.count > config_.max_op_bytes || bytes > config_.max_op_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -170,6 +233,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   OpContext op(CommParts{&config_, transport_, inbox_, &telemetry_, &progress_},
                numbered, buffer, timeout, start, algorithm,
                ServersFor(algorithm));
+  op.set_input_slice(input_slice);
   telemetry_.BeginOp();
   progress_.Start(op.fp().ToString());
   absl::Status status = AdoptOpSeq(op);
@@ -254,6 +318,10 @@ absl::Status Communicator::RunAlgorithm(OpContext& op) {
       }
     case OpKind::kBroadcast:
       return ChainBroadcast(op);
+    case OpKind::kAllGather:
+      return RingAllGather(op);
+    case OpKind::kReduceScatter:
+      return RingReduceScatter(op);
     case OpKind::kBarrier:
       break;  // the fingerprint pass is the barrier
   }

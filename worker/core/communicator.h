@@ -68,6 +68,26 @@ class Communicator {
                                      DType dtype, int root,
                                      absl::Duration timeout);
 
+  // All-gather over `buffer`, recv_count elements in world slices of
+  // send_count: this rank's contribution waits in slice `input_slice`; on
+  // success slice i holds rank i's on every rank, bit for bit.
+  // Reduce-scatter over `buffer`, send_count elements in world slices of
+  // recv_count, reduced in place: on success slice `rank` holds the
+  // reduction of every rank's slice `rank` (AVG divides by the world); the
+  // other slices hold partial results. Both run on the ring (kAuto, kRing).
+  // Refused before they reach the ring (the call takes its number and the
+  // peers' copies fail at once, see SkipOp): INVALID_ARGUMENT when the
+  // counts do not match the ring's world (naming it) or input_slice is not
+  // a slice, UNIMPLEMENTED for kNaive and kParameterServer.
+  absl::StatusOr<OpResult> AllGather(OpBuffer& buffer, size_t send_count,
+                                     size_t recv_count, int input_slice,
+                                     DType dtype, absl::Duration timeout,
+                                     Algorithm algorithm = Algorithm::kAuto);
+  absl::StatusOr<OpResult> ReduceScatter(
+      OpBuffer& buffer, size_t send_count, size_t recv_count, DType dtype,
+      ReduceOp op, absl::Duration timeout,
+      Algorithm algorithm = Algorithm::kAuto);
+
   // Fails the running operation (and every later one until ClearAbort) with
   // `status`, e.g. ABORTED when membership changed.
   void Abort(absl::Status status);
@@ -111,7 +131,13 @@ class Communicator {
   // One operation, start to end: the op context, fingerprints, the
   // algorithm, the ABORT frames on failure, the ledgers.
   absl::StatusOr<OpResult> Run(const Fingerprint& fp, OpBuffer* buffer,
-                               absl::Duration timeout);
+                               absl::Duration timeout, int input_slice = 0);
+  // The fingerprint of an all-gather or reduce-scatter whose buffer holds
+  // `whole` = world x `slice` elements (the contribution of an all-gather
+  // in slice `input_slice`), or, refused (see SkipOp), why not.
+  absl::StatusOr<Fingerprint> SliceOpFingerprint(
+      OpKind kind, size_t whole, size_t slice, DType dtype,
+      Algorithm algorithm, absl::Duration timeout, int input_slice);
   // Gives `op` the sequence number of the operation the ring runs when this
   // rank has none (0): adopted from the peers' frames, or 1 alone.
   absl::Status AdoptOpSeq(OpContext& op);

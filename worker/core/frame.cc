@@ -12,6 +12,10 @@ absl::string_view OpKindName(OpKind kind) {
       return "broadcast";
     case OpKind::kBarrier:
       return "barrier";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
   }
   return "unknown_op";
 }
@@ -63,8 +67,10 @@ std::string Fingerprint::ToString() const {
   std::string s = absl::StrCat(OpKindName(kind), " #", op_seq);
   switch (kind) {
     case OpKind::kAllReduce:
-      absl::StrAppend(&s, " ", DTypeName(dtype), "x", count, " ",
-                      ReduceOpName(op));
+    case OpKind::kReduceScatter:
+    case OpKind::kAllGather:
+      absl::StrAppend(&s, " ", DTypeName(dtype), "x", count);
+      if (kind != OpKind::kAllGather) absl::StrAppend(&s, " ", ReduceOpName(op));
       if (algorithm != Algorithm::kAuto) {
         absl::StrAppend(&s, " (", AlgorithmName(algorithm), ")");
       }

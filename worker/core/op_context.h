@@ -115,6 +115,9 @@ class OpContext {
   // An eager naive all-reduce's payloads, by rank, taken off the
   // fingerprint frames; empty otherwise.
   std::vector<InFrame>& eager() { return eager_; }
+  // All-gather: the slice of the buffer that holds this rank's contribution.
+  int input_slice() const { return input_slice_; }
+  void set_input_slice(int slice) { input_slice_ = slice; }
 
   // --- Frames.
   // The header fields every fingerprint / data frame of this op shares.
@@ -194,6 +197,7 @@ class OpContext {
   std::vector<int> watch_;  // ranks whose broken link fails a wait
   std::shared_ptr<SendTracker> sends_ = std::make_shared<SendTracker>();
   std::vector<InFrame> eager_;
+  int input_slice_ = 0;
   // Where the op is (mirrors the progress ledger, for error text).
   Phase phase_ = Phase::kFingerprint;
   int step_ = 0;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "worker/core/reduce.h"
 
@@ -176,6 +177,49 @@ CheckResult CheckAllReduce(DType dtype, ReduceOp op,
       out.first = absl::StrFormat(
           "element %d: got %.17g, expected %.17g (tolerance %.3g relative)", i,
           got, acc, tol);
+    }
+  }
+  return out;
+}
+
+CheckResult CheckReduceScatter(DType dtype, ReduceOp op,
+                               const std::vector<std::vector<uint8_t>>& inputs,
+                               const void* result, int rank,
+                               size_t recv_count) {
+  const size_t bytes = recv_count * DTypeSize(dtype);
+  std::vector<std::vector<uint8_t>> slices;
+  for (const std::vector<uint8_t>& in : inputs) {
+    const size_t from = static_cast<size_t>(rank) * bytes;
+    if (in.size() < from + bytes) {
+      return CheckResult{recv_count, "an input is shorter than world x recv_count"};
+    }
+    slices.emplace_back(in.begin() + static_cast<long>(from),
+                        in.begin() + static_cast<long>(from + bytes));
+  }
+  return CheckAllReduce(dtype, op, slices, result, recv_count);
+}
+
+CheckResult CheckAllGather(DType dtype,
+                           const std::vector<std::vector<uint8_t>>& inputs,
+                           const void* result, size_t send_count) {
+  CheckResult out;
+  const size_t es = DTypeSize(dtype);
+  const uint8_t* got = static_cast<const uint8_t*>(result);
+  for (size_t r = 0; r < inputs.size(); ++r) {
+    for (size_t i = 0; i < send_count; ++i) {
+      const uint8_t* want = inputs[r].data() + i * es;
+      if (inputs[r].size() < (i + 1) * es ||
+          std::memcmp(got + (r * send_count + i) * es, want, es) != 0) {
+        if (out.wrong++ == 0) {
+          out.first = absl::StrCat(
+              "slice ", r, " element ", i, ": got ",
+              ElementAsDouble(dtype, got, r * send_count + i), ", want rank ",
+              r, "'s ",
+              inputs[r].size() < (i + 1) * es
+                  ? std::string("(missing)")
+                  : absl::StrCat(ElementAsDouble(dtype, want, 0)));
+        }
+      }
     }
   }
   return out;

@@ -39,6 +39,21 @@ CheckResult CheckAllReduce(DType dtype, ReduceOp op,
                            const std::vector<std::vector<uint8_t>>& inputs,
                            const void* result, size_t count);
 
+// Reduce-scatter: `inputs` hold world x recv_count elements per rank;
+// `result` (recv_count elements) is rank `rank`'s, checked as
+// CheckAllReduce checks slice `rank` of the inputs. Indices in `first`
+// count from the start of the slice.
+CheckResult CheckReduceScatter(DType dtype, ReduceOp op,
+                               const std::vector<std::vector<uint8_t>>& inputs,
+                               const void* result, int rank,
+                               size_t recv_count);
+
+// All-gather: `inputs` hold send_count elements per rank; `result` (world x
+// send_count) must hold rank i's bytes at slice i, exactly.
+CheckResult CheckAllGather(DType dtype,
+                           const std::vector<std::vector<uint8_t>>& inputs,
+                           const void* result, size_t send_count);
+
 }  // namespace halka
 
 #endif  // HALKA_WORKER_CORE_REFERENCE_H_

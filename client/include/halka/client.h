@@ -1,5 +1,5 @@
-// halka's C++ SDK: all-reduce, broadcast and barrier through the local
-// halka-worker.
+// halka's C++ SDK: all-reduce, all-gather, reduce-scatter, broadcast and
+// barrier through the local halka-worker.
 //
 //   auto client = halka::Client::Connect("127.0.0.1:7200").value();
 //   std::vector<float> grads = ...;
@@ -25,6 +25,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -127,6 +128,64 @@ class Client {
     });
   }
 
+  // All-gather: every rank contributes send_count elements; on success
+  // recv (recv_count elements) holds rank r's contribution at
+  // [r*send_count, (r+1)*send_count) on every rank, bit for bit. recv_count
+  // must be world x send_count, else INVALID_ARGUMENT naming the ring's
+  // world. In place when send == recv + rank*send_count elements. Each rank
+  // sends (G-1)/G of recv. Zero copy when recv lies in a HostBuffer (the
+  // contribution is then moved there first, unless in place).
+  absl::StatusOr<OpInfo> AllGather(const void* send, size_t send_count,
+                                   void* recv, size_t recv_count, DType dtype,
+                                   OpOptions options = {});
+  template <typename S, typename T>
+  absl::StatusOr<OpInfo> AllGather(absl::Span<S> send, absl::Span<T> recv,
+                                   OpOptions options = {}) {
+    static_assert(std::is_same_v<std::remove_const_t<S>, T>,
+                  "send and recv must have the same element type");
+    return AllGather(send.data(), send.size(), recv.data(), recv.size(),
+                     DTypeOf<T>::value, options);
+  }
+  // Both spans must stay alive (and send unchanged) until the future is
+  // ready.
+  template <typename S, typename T>
+  std::future<absl::StatusOr<OpInfo>> AllGatherAsync(absl::Span<S> send,
+                                                     absl::Span<T> recv,
+                                                     OpOptions options = {}) {
+    return std::async(std::launch::async, [this, send, recv, options] {
+      return AllGather(send, recv, options);
+    });
+  }
+
+  // Reduce-scatter: send holds send_count = world x recv_count elements; on
+  // success rank r's recv holds the element-wise reduction (op; AVG divides
+  // by the world) over all ranks of elements [r*recv_count,
+  // (r+1)*recv_count). send_count must be world x recv_count, else
+  // INVALID_ARGUMENT naming the world. recv may alias send + rank *
+  // recv_count; send is otherwise left unchanged (the worker reduces a
+  // staged copy, so this is never zero copy). Each rank sends (G-1)/G of
+  // send.
+  absl::StatusOr<OpInfo> ReduceScatter(const void* send, size_t send_count,
+                                       void* recv, size_t recv_count,
+                                       DType dtype, ReduceOp op,
+                                       OpOptions options = {});
+  template <typename S, typename T>
+  absl::StatusOr<OpInfo> ReduceScatter(absl::Span<S> send, absl::Span<T> recv,
+                                       ReduceOp op, OpOptions options = {}) {
+    static_assert(std::is_same_v<std::remove_const_t<S>, T>,
+                  "send and recv must have the same element type");
+    return ReduceScatter(send.data(), send.size(), recv.data(), recv.size(),
+                         DTypeOf<T>::value, op, options);
+  }
+  template <typename S, typename T>
+  std::future<absl::StatusOr<OpInfo>> ReduceScatterAsync(
+      absl::Span<S> send, absl::Span<T> recv, ReduceOp op,
+      OpOptions options = {}) {
+    return std::async(std::launch::async, [this, send, recv, op, options] {
+      return ReduceScatter(send, recv, op, options);
+    });
+  }
+
   // Copies `root`'s buffer into every rank's.
   absl::StatusOr<OpInfo> Broadcast(void* data, size_t count, DType dtype,
                                    int root, OpOptions options = {});
@@ -149,6 +208,21 @@ class Client {
                                          DType dtype, int root,
                                          OpOptions options = {});
 
+  // All-gather and reduce-scatter on CUDA device tensors of this process,
+  // with the contracts of AllGather and ReduceScatter and the errors of
+  // AllReduceDevice. An out-of-place all-gather first copies send into
+  // recv (device to device); a reduce-scatter reduces a device scratch copy
+  // of send (kept by the client, grown as needed) and copies this rank's
+  // slice to recv.
+  absl::StatusOr<OpInfo> AllGatherDevice(const void* send, size_t send_count,
+                                         void* recv, size_t recv_count,
+                                         DType dtype, OpOptions options = {});
+  absl::StatusOr<OpInfo> ReduceScatterDevice(const void* send,
+                                             size_t send_count, void* recv,
+                                             size_t recv_count, DType dtype,
+                                             ReduceOp op,
+                                             OpOptions options = {});
+
   // Returns once every rank has called Barrier.
   absl::StatusOr<OpInfo> Barrier(OpOptions options = {});
 
@@ -163,7 +237,27 @@ class Client {
  private:
   class Impl;
   explicit Client(std::unique_ptr<Impl> impl);
-  absl::StatusOr<OpInfo> Run(v1::OpSpec spec, void* data, size_t bytes);
+  // What a call moves: the worker's buffer of buffer_bytes starts with
+  // `send` (send_bytes); the result (recv_bytes) goes to `recv`: from the
+  // start of the buffer, or a reduce-scatter's slice of this rank.
+  struct Io {
+    const void* send;
+    size_t send_bytes;
+    void* recv;
+    size_t recv_bytes;
+    size_t buffer_bytes;
+    static Io InPlace(void* data, size_t bytes) {
+      return Io{data, bytes, data, bytes, bytes};
+    }
+  };
+  static Io SliceIo(const void* send, size_t send_count, void* recv,
+                    size_t recv_count, DType dtype);
+  absl::StatusOr<OpInfo> Run(v1::OpSpec spec, const Io& io);
+  // An all-gather: sets spec's input_slice to where the contribution is in
+  // recv (in place: true), else to 0 (false: the caller copies it there).
+  static bool InPlaceSlice(const Io& io, v1::OpSpec* spec);
+  // The same on host memory, copying the contribution when needed.
+  static void PlaceContribution(const Io& io, v1::OpSpec* spec);
   // Runs a checked spec (or returns its error) on a device tensor.
   absl::StatusOr<OpInfo> RunDevice(absl::StatusOr<v1::OpSpec> spec,
                                    void* device_data);

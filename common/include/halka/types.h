@@ -44,7 +44,13 @@ inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::kSum, ReduceOp::kAvg,
                                              ReduceOp::kProd};
 
 // The collective an operation runs. Values match halka.v1.OpKind.
-enum class OpKind : uint8_t { kAllReduce = 1, kBroadcast = 2, kBarrier = 3 };
+enum class OpKind : uint8_t {
+  kAllReduce = 1,
+  kBroadcast = 2,
+  kBarrier = 3,
+  kAllGather = 4,
+  kReduceScatter = 5,
+};
 
 // How a collective moves data. Values match halka.v1.Algorithm.
 enum class Algorithm : uint8_t {

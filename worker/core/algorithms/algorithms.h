@@ -36,6 +36,14 @@ absl::Status ExchangeFingerprints(OpContext& op);
 // Pipelined ring all-reduce: G-1 reduce-scatter steps, then G-1 all-gather
 // steps, chunk by chunk; a chunk moves on as soon as it is reduced.
 absl::Status RingAllReduce(OpContext& op);
+// The all-reduce's two halves over a buffer of G equal slices (fp.count =
+// G x slice), planned so that rank r owns slice r. Reduce-scatter: G-1
+// steps; rank r ends with the reduction of slice r (AVG divided there), the
+// other slices hold partial sums. All-gather: moves this rank's
+// contribution from slice op.input_slice() to slice r, then G-1 steps; every
+// rank ends with every slice. Each rank sends (G-1)/G of the buffer.
+absl::Status RingReduceScatter(OpContext& op);
+absl::Status RingAllGather(OpContext& op);
 
 // --- naive.cc
 // Every rank sends its buffer to every other rank and reduces all G copies

@@ -1,4 +1,5 @@
-// Ring all-reduce, pipelined by chunk.
+// Ring all-reduce, and its two halves as reduce-scatter and all-gather,
+// pipelined by chunk.
 #include <algorithm>
 #include <vector>
 
@@ -9,14 +10,22 @@
 
 namespace halka {
 
-absl::Status RingAllReduce(OpContext& op) {
+namespace {
+
+// Ring steps [first, end) of the 2(G-1) steps of an all-reduce (0..G-2
+// reduce-scatter, G-1..2G-3 all-gather), pipelined by chunk: step t sends
+// the segment received (and reduced) at step t-1, so a chunk moves on as
+// soon as it is ready; step `first` sends this rank's own data. Segments
+// are planned as for rank `plan_rank`: rank r finishes reducing segment
+// plan_rank+1 and starts the all-gather with it.
+absl::Status RingSteps(OpContext& op, int first, int end, int plan_rank) {
   const int g = op.world();
-  const int r = op.rank();
+  const int r = plan_rank;
   const Fingerprint& fp = op.fp();
   const size_t es = DTypeSize(fp.dtype);
-  if (g == 1 || fp.count == 0) return absl::OkStatus();
-  const int succ = Mod(r + 1, g);
-  const int pred = Mod(r - 1, g);
+  if (g == 1 || fp.count == 0 || first >= end) return absl::OkStatus();
+  const int succ = Mod(op.rank() + 1, g);
+  const int pred = Mod(op.rank() - 1, g);
   OpBuffer& buf = op.buffer();
   const size_t chunk_elems =
       std::max<size_t>(1, op.config().chunk_bytes / es);
@@ -35,10 +44,6 @@ absl::Status RingAllReduce(OpContext& op) {
                    seg);
   };
 
-  // Total steps: G-1 reduce-scatter then G-1 all-gather, numbered 0..2G-3.
-  // Step t sends the segment received (and reduced) at step t-1, chunk by
-  // chunk, so a chunk moves on as soon as it is ready.
-  const int total_steps = 2 * (g - 1);
   auto phase_of = [g](int t) {
     return t < g - 1 ? Phase::kReduceScatter : Phase::kAllGather;
   };
@@ -52,18 +57,18 @@ absl::Status RingAllReduce(OpContext& op) {
                      : AgRecvSegment(r, g, t - (g - 1));
   };
 
-  // Step 0 sends this rank's own data.
   {
-    const int seg = send_seg(0);
+    const int seg = send_seg(first);
     const auto& cs = chunks[static_cast<size_t>(seg)];
-    op.SetLedger(Phase::kReduceScatter, 0, 0, static_cast<int>(cs.size()),
-                 -1);
+    op.SetLedger(phase_of(first), step_in_phase(first), 0,
+                 static_cast<int>(cs.size()), -1);
     for (const Range& c : cs) {
-      HALKA_RETURN_IF_ERROR(send_chunk(Phase::kReduceScatter, 0, seg, c));
+      HALKA_RETURN_IF_ERROR(
+          send_chunk(phase_of(first), step_in_phase(first), seg, c));
     }
   }
   absl::Duration reduce_time;
-  for (int t = 0; t < total_steps; ++t) {
+  for (int t = first; t < end; ++t) {
     const Phase phase = phase_of(t);
     const int step = step_in_phase(t);
     const int seg = recv_seg(t);
@@ -90,7 +95,7 @@ absl::Status RingAllReduce(OpContext& op) {
         HALKA_RETURN_IF_ERROR(buf.FinalizeAvg(c.offset, c.count, g));
       }
       reduce_time += op.RecordReduce(pred, absl::Now() - t0);
-      if (t + 1 < total_steps) {
+      if (t + 1 < end) {
         HALKA_RETURN_IF_ERROR(
             send_chunk(phase_of(t + 1), step_in_phase(t + 1), seg, c));
       }
@@ -98,6 +103,35 @@ absl::Status RingAllReduce(OpContext& op) {
   }
   op.RecordReduceTotal(reduce_time);
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RingAllReduce(OpContext& op) {
+  return RingSteps(op, 0, 2 * (op.world() - 1), op.rank());
+}
+
+// The two halves plan segments as rank r-1 would in an all-reduce, so that
+// rank r owns segment r: the all-reduce's rank r-1 finishes segment r.
+absl::Status RingReduceScatter(OpContext& op) {
+  return RingSteps(op, 0, op.world() - 1, Mod(op.rank() - 1, op.world()));
+}
+
+absl::Status RingAllGather(OpContext& op) {
+  const int g = op.world();
+  const int r = op.rank();
+  const size_t slice = static_cast<size_t>(op.fp().count) / static_cast<size_t>(g);
+  const int from = op.input_slice();
+  if (slice > 0 && from != r) {
+    // This rank's contribution waits in slice `from`: it goes to slice r
+    // before the ring moves it (the slices are disjoint).
+    HALKA_ASSIGN_OR_RETURN(
+        const uint8_t* in,
+        op.buffer().HostView(static_cast<size_t>(from) * slice, slice));
+    HALKA_RETURN_IF_ERROR(
+        op.buffer().WriteBack(in, static_cast<size_t>(r) * slice, slice));
+  }
+  return RingSteps(op, g - 1, 2 * (g - 1), Mod(r - 1, g));
 }
 
 }  // namespace halka

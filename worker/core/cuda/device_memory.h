@@ -43,6 +43,15 @@ bool DeviceTensorsCompiled();
 // Errors: UNAVAILABLE (no CUDA), INVALID_ARGUMENT (not device memory).
 absl::StatusOr<DeviceHandle> ExportDevicePointer(const void* ptr);
 
+// Client side, for the collectives whose input and output differ: copies
+// `bytes` between two device buffers of this process (synchronous), and
+// device scratch memory on the device of `like` (freed with
+// FreeDeviceMemory). Errors: UNAVAILABLE (no CUDA), INVALID_ARGUMENT (not
+// device memory), RESOURCE_EXHAUSTED (out of device memory).
+absl::Status CopyDeviceMemory(void* dst, const void* src, size_t bytes);
+absl::StatusOr<void*> AllocateDeviceMemory(const void* like, size_t bytes);
+void FreeDeviceMemory(void* ptr);
+
 // Worker side: one per worker, bound to one device.
 class DeviceContext {
  public:

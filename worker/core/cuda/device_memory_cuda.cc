@@ -287,6 +287,54 @@ absl::StatusOr<DeviceHandle> ExportDevicePointer(const void* ptr) {
   return h;
 }
 
+namespace {
+
+// The device of `ptr`, made current; INVALID_ARGUMENT for host memory.
+absl::StatusOr<int> UseDeviceOf(const void* ptr) {
+  absl::StatusOr<int> devices = CudaDeviceCount();
+  if (!devices.ok()) return devices.status();
+  cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess ||
+      attr.type != cudaMemoryTypeDevice) {
+    cudaGetLastError();
+    return absl::InvalidArgumentError(
+        "device tensors: the pointer is not CUDA device memory");
+  }
+  HALKA_CUDA_RETURN(cudaSetDevice(attr.device), "cudaSetDevice");
+  return attr.device;
+}
+
+}  // namespace
+
+absl::Status CopyDeviceMemory(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return absl::OkStatus();
+  absl::StatusOr<int> device = UseDeviceOf(dst);
+  if (!device.ok()) return device.status();
+  if (absl::StatusOr<int> from = UseDeviceOf(src); !from.ok()) {
+    return from.status();
+  }
+  HALKA_CUDA_RETURN(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault),
+                    "cudaMemcpy");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> AllocateDeviceMemory(const void* like, size_t bytes) {
+  absl::StatusOr<int> device = UseDeviceOf(like);
+  if (!device.ok()) return device.status();
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes == 0 ? 1 : bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "device tensors: cannot allocate ", bytes, " bytes of scratch on cuda:",
+        *device));
+  }
+  return p;
+}
+
+void FreeDeviceMemory(void* ptr) {
+  if (ptr != nullptr) cudaFree(ptr);
+}
+
 absl::StatusOr<std::unique_ptr<DeviceContext>> DeviceContext::Open(int device) {
   absl::StatusOr<int> n = CudaDeviceCount();
   if (!n.ok()) return n.status();

@@ -10,6 +10,18 @@ absl::StatusOr<DeviceHandle> ExportDevicePointer(const void*) {
       "device tensors: halka was built without CUDA");
 }
 
+absl::Status CopyDeviceMemory(void*, const void*, size_t) {
+  return absl::UnavailableError(
+      "device tensors: halka was built without CUDA");
+}
+
+absl::StatusOr<void*> AllocateDeviceMemory(const void*, size_t) {
+  return absl::UnavailableError(
+      "device tensors: halka was built without CUDA");
+}
+
+void FreeDeviceMemory(void*) {}
+
 absl::StatusOr<std::unique_ptr<DeviceContext>> DeviceContext::Open(int) {
   return absl::UnavailableError(
       "device tensors: halka was built without CUDA");

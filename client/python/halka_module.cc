@@ -97,6 +97,30 @@ class PyClient {
                     : c_->Broadcast(Ptr(p), n, d, root, opt);
     });
   }
+  OpInfo AllGather(uintptr_t send, size_t send_n, uintptr_t recv,
+                   size_t recv_n, int dtype, bool device, double timeout_s) {
+    const DType d = ToDType(dtype);
+    const OpOptions opt = Options(timeout_s, 0);
+    return Run([&] {
+      return device ? c_->AllGatherDevice(Ptr(send), send_n, Ptr(recv), recv_n,
+                                          d, opt)
+                    : c_->AllGather(Ptr(send), send_n, Ptr(recv), recv_n, d,
+                                    opt);
+    });
+  }
+  OpInfo ReduceScatter(uintptr_t send, size_t send_n, uintptr_t recv,
+                       size_t recv_n, int dtype, int op, bool device,
+                       double timeout_s) {
+    const DType d = ToDType(dtype);
+    const ReduceOp o = ToOp(op);
+    const OpOptions opt = Options(timeout_s, 0);
+    return Run([&] {
+      return device ? c_->ReduceScatterDevice(Ptr(send), send_n, Ptr(recv),
+                                              recv_n, d, o, opt)
+                    : c_->ReduceScatter(Ptr(send), send_n, Ptr(recv), recv_n,
+                                        d, o, opt);
+    });
+  }
   OpInfo Barrier(double timeout_s) {
     const OpOptions opt = Options(timeout_s, 0);
     return Run([&] { return c_->Barrier(opt); });
@@ -206,6 +230,8 @@ PYBIND11_MODULE(_halka, m) {
       .def_static("connect", &PyClient::Connect, py::arg("target"))
       .def("all_reduce", &PyClient::AllReduce)
       .def("broadcast", &PyClient::Broadcast)
+      .def("all_gather", &PyClient::AllGather)
+      .def("reduce_scatter", &PyClient::ReduceScatter)
       .def("barrier", &PyClient::Barrier)
       .def("info_json", &PyClient::InfoJson)
       .def("ring_health_json", &PyClient::HealthJson);

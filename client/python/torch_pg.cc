@@ -188,6 +188,7 @@ class ProcessGroupHalka : public c10d::ProcessGroup {
                   "ProcessGroup halka: torch rank ", r, " has no distinct halka rank");
       to_halka_[r] = h;
       to_torch_[h] = r;
+      identity_ = identity_ && h == r;
     }
     thread_ = std::thread([this] { Loop(); });
   }
@@ -233,6 +234,92 @@ class ProcessGroupHalka : public c10d::ProcessGroup {
                       return device ? client_->BroadcastDevice(p, n, d, root, o)
                                     : client_->Broadcast(p, n, d, root, o);
                     });
+  }
+
+  // outputs[0][r] gets torch rank r's input.
+  c10::intrusive_ptr<c10d::Work> allgather(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override {
+    at::Tensor in = Single(inputs, "allgather");
+    TORCH_CHECK(outputs.size() == 1 &&
+                    static_cast<int>(outputs[0].size()) == getSize(),
+                "ProcessGroup halka: allgather needs one list of ", getSize(),
+                " output tensors");
+    for (const at::Tensor& o : outputs[0]) SameShape(o, in, "allgather");
+    std::vector<at::Tensor> outs = outputs[0];
+    at::Tensor flat = at::empty({getSize() * in.numel()}, in.options());
+    return Gather(OpType::ALLGATHER, in, flat, outs, Opts(opts.timeout),
+                  [this, outs, flat, n = in.numel()] {
+                    for (int h = 0; h < getSize(); ++h) {
+                      outs[to_torch_[h]].view(-1).copy_(flat.narrow(0, h * n, n));
+                    }
+                  });
+  }
+
+  // output (world x input's size) gets torch rank r's input at slice r.
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::AllgatherOptions& opts) override {
+    std::vector<at::Tensor> ins{input};
+    at::Tensor in = Single(ins, "_allgather_base");
+    at::Tensor out = output;
+    TORCH_CHECK(out.is_contiguous() && out.scalar_type() == in.scalar_type() &&
+                    out.numel() == getSize() * in.numel(),
+                "ProcessGroup halka: _allgather_base needs a contiguous output "
+                "of ", getSize(), " x the input's size and dtype");
+    if (identity_) {
+      return Gather(OpType::_ALLGATHER_BASE, in, out, {out},
+                    Opts(opts.timeout), [] {});
+    }
+    at::Tensor flat = at::empty_like(out);
+    return Gather(OpType::_ALLGATHER_BASE, in, flat, {out}, Opts(opts.timeout),
+                  [this, out, flat, n = in.numel()] {
+                    for (int h = 0; h < getSize(); ++h) {
+                      out.view(-1).narrow(0, to_torch_[h] * n, n)
+                          .copy_(flat.narrow(0, h * n, n));
+                    }
+                  });
+  }
+
+  // outputs[0] gets the reduction of every rank's inputs[0][rank].
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputs,
+      std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ReduceScatterOptions& opts) override {
+    at::Tensor out = Single(outputs, "reduce_scatter");
+    TORCH_CHECK(inputs.size() == 1 &&
+                    static_cast<int>(inputs[0].size()) == getSize(),
+                "ProcessGroup halka: reduce_scatter needs one list of ",
+                getSize(), " input tensors");
+    for (const at::Tensor& i : inputs[0]) SameShape(i, out, "reduce_scatter");
+    std::vector<at::Tensor> slices;
+    for (int h = 0; h < getSize(); ++h) {
+      slices.push_back(inputs[0][to_torch_[h]].reshape(-1));
+    }
+    return Scatter(OpType::REDUCE_SCATTER, at::cat(slices), out,
+                   ToOp(opts.reduceOp, "reduce_scatter"), Opts(opts.timeout));
+  }
+
+  // output gets the reduction of every rank's slice rank of input.
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts) override {
+    std::vector<at::Tensor> outs{output};
+    at::Tensor out = Single(outs, "_reduce_scatter_base");
+    TORCH_CHECK(input.is_contiguous() &&
+                    input.scalar_type() == out.scalar_type() &&
+                    input.numel() == getSize() * out.numel(),
+                "ProcessGroup halka: _reduce_scatter_base needs a contiguous "
+                "input of ", getSize(), " x the output's size and dtype");
+    at::Tensor send = input.view(-1);
+    if (!identity_) {
+      send = send.view({getSize(), -1}).index_select(
+          0, at::tensor(to_torch_, at::kLong).to(input.device())).view(-1);
+    }
+    return Scatter(OpType::_REDUCE_SCATTER_BASE, send, out,
+                   ToOp(opts.reduceOp, "_reduce_scatter_base"),
+                   Opts(opts.timeout));
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(
@@ -292,6 +379,55 @@ class ProcessGroupHalka : public c10d::ProcessGroup {
     });
   }
 
+  static void SameShape(const at::Tensor& t, const at::Tensor& like,
+                        const char* op) {
+    TORCH_CHECK(t.scalar_type() == like.scalar_type() &&
+                    t.numel() == like.numel() && t.device() == like.device(),
+                "ProcessGroup halka: ", op, ": every tensor must have the "
+                "input's dtype, size and device");
+  }
+
+  // Queues an all-gather of `in` into `flat` (halka rank order), then
+  // `place` (on the group's thread, after success) puts it where torch
+  // wants it; the future's value is `outputs`.
+  c10::intrusive_ptr<c10d::Work> Gather(OpType type, at::Tensor in,
+                                        at::Tensor flat,
+                                        std::vector<at::Tensor> outputs,
+                                        OpOptions o,
+                                        std::function<void()> place) {
+    const DType d = ToDType(in, OpName(type));
+    return Enqueue(type, std::move(outputs),
+                   [this, in, flat, d, o, place = std::move(place)] {
+      const size_t n = static_cast<size_t>(in.numel());
+      const size_t total = static_cast<size_t>(flat.numel());
+      absl::StatusOr<OpInfo> r =
+          in.is_cuda()
+              ? client_->AllGatherDevice(in.data_ptr(), n, flat.data_ptr(),
+                                         total, d, o)
+              : client_->AllGather(in.data_ptr(), n, flat.data_ptr(), total,
+                                   d, o);
+      if (r.ok()) place();
+      return r.status();
+    });
+  }
+
+  // Queues a reduce-scatter of `send` (halka rank order) into `out`.
+  c10::intrusive_ptr<c10d::Work> Scatter(OpType type, at::Tensor send,
+                                         at::Tensor out, ReduceOp op,
+                                         OpOptions o) {
+    const DType d = ToDType(out, OpName(type));
+    return Enqueue(type, {out}, [this, send, out, d, op, o] {
+      const size_t n = static_cast<size_t>(send.numel());
+      const size_t m = static_cast<size_t>(out.numel());
+      return (send.is_cuda()
+                  ? client_->ReduceScatterDevice(send.data_ptr(), n,
+                                                 out.data_ptr(), m, d, op, o)
+                  : client_->ReduceScatter(send.data_ptr(), n, out.data_ptr(),
+                                           m, d, op, o))
+          .status();
+    });
+  }
+
   c10::intrusive_ptr<c10d::Work> Enqueue(OpType type,
                                          std::vector<at::Tensor> outputs,
                                          std::function<absl::Status()> run) {
@@ -336,7 +472,8 @@ class ProcessGroupHalka : public c10d::ProcessGroup {
   std::unique_ptr<EmbeddedWorker> worker_;
   std::unique_ptr<Client> client_;
   std::vector<int> to_halka_;  // by torch rank
-  std::vector<int> to_torch_;  // by halka rank
+  std::vector<int64_t> to_torch_;  // by halka rank
+  bool identity_ = true;           // torch rank == halka rank everywhere
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;

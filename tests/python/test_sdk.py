@@ -105,6 +105,46 @@ class SdkTest(unittest.TestCase):
                     for r in range(WORLD):
                         np.testing.assert_array_equal(bufs[r], want)
 
+    def test_all_gather_every_dtype(self):
+        for dtype in NUMPY_DTYPES:
+            with self.subTest(dtype=np.dtype(dtype).name):
+                inputs = [rank_data(r, dtype, 257) for r in range(WORLD)]
+                outs = self.on_all(lambda r, c: c.all_gather(inputs[r]))
+                for r in range(WORLD):
+                    np.testing.assert_array_equal(outs[r], np.concatenate(inputs))
+
+    def test_all_gather_in_place_and_into_torch(self):
+        n = 100
+        recvs = [np.zeros(WORLD * n, np.float64) for _ in range(WORLD)]
+        for r in range(WORLD):
+            recvs[r][r * n:(r + 1) * n] = rank_data(r, np.float64, n)
+        # send is this rank's slice of recv: in place.
+        self.on_all(lambda r, c: c.all_gather(recvs[r][r * n:(r + 1) * n],
+                                              recvs[r]))
+        want = np.concatenate([rank_data(r, np.float64, n) for r in range(WORLD)])
+        for r in range(WORLD):
+            np.testing.assert_array_equal(recvs[r], want)
+
+    def test_reduce_scatter_every_dtype_and_op(self):
+        n = 129  # per rank
+        for dtype in NUMPY_DTYPES:
+            for op in OPS:
+                with self.subTest(dtype=np.dtype(dtype).name, op=op):
+                    sends = [rank_data(r, dtype, WORLD * n) for r in range(WORLD)]
+                    outs = self.on_all(
+                        lambda r, c: c.reduce_scatter(sends[r], op=op))
+                    full = reference(op, sends)
+                    for r in range(WORLD):
+                        np.testing.assert_array_equal(
+                            outs[r], full[r * n:(r + 1) * n])
+
+    def test_collective_shape_errors(self):
+        c = self.clients[0]
+        with self.assertRaises(halka.InvalidArgumentError):
+            c.all_gather(np.zeros(4, np.float32), np.zeros(4, np.float64))
+        with self.assertRaises(halka.InvalidArgumentError):
+            c.reduce_scatter(np.zeros(WORLD + 1, np.float32))  # does not split
+
     def test_barrier(self):
         infos = self.on_all(lambda r, c: c.barrier(timeout=10))
         self.assertEqual(sorted(i.rank for i in infos), list(range(WORLD)))

@@ -87,10 +87,11 @@ def run(rank, world):
         outs = [torch.empty(N, dtype=d) for _ in range(world)]
         dist.all_gather(outs, mine)
         gouts = [torch.empty(N, dtype=d) for _ in range(world)]
-        dist.all_gather(gouts, mine, group=gloo)
+        by_gloo = gloo_supports(lambda: dist.all_gather(gouts, mine, group=gloo))
         for r in range(world):
             same(outs[r], inputs[d][r], f"all_gather {d} slot {r}")
-            same(outs[r], gouts[r], f"all_gather {d} slot {r} vs gloo")
+            if by_gloo:
+                same(outs[r], gouts[r], f"all_gather {d} slot {r} vs gloo")
     # Asynchronous work: futures complete in issue order.
     ts = [data(rank, torch.float32) for _ in range(8)]
     works = [dist.all_reduce(t, async_op=True) for t in ts]

@@ -2,10 +2,12 @@
 """DDP training of a small MLP on scikit-learn's 8x8 digits (python3-sklearn,
 1797 images, 10 classes) with torch.distributed, over halka or gloo:
 
-    torchrun --nproc_per_node=4 client/python/examples/train_ddp.py --backend=halka
-    torchrun --nproc_per_node=4 client/python/examples/train_ddp.py --backend=gloo
+    torchrun --nproc_per_node=4 --redirects=2 --tee=2 \
+        client/python/examples/train_ddp.py --backend=halka   # or =gloo
 
-(with PYTHONPATH=build/client/python for halka). Rank 0 prints, per epoch,
+(with PYTHONPATH=build/client/python for halka; --redirects=2 --tee=2 only
+works around Debian's torch 1.13 on Python 3.11, whose torchrun crashes on
+its default "0"). Rank 0 prints, per epoch,
 the mean training loss, the held-out accuracy, the epoch's time and the
 time spent in communication: the summed latency of DDP's bucket
 all-reduces (issue to completion, measured in the communication hook; they

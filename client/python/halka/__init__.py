@@ -20,7 +20,7 @@ import json
 
 from . import _halka
 from ._errors import *  # noqa: F401,F403  (the exception classes)
-from ._errors import Error, InvalidArgumentError, UnimplementedError
+from ._errors import Error, InvalidArgumentError
 
 __all__ = ["Client", "LocalCluster", "ReduceOp", "DType", "Error", "OpInfo"]
 
@@ -109,6 +109,20 @@ def _tensor(x, what, writable=True):
     return x.ctypes.data, x.size, int(dtype), False
 
 
+def _empty_like(x, n):
+    if _is_torch(x):
+        import torch
+        return torch.empty(n, dtype=x.dtype, device=x.device)
+    import numpy
+    return numpy.empty(n, dtype=x.dtype)
+
+
+def _same_kind(what, send_dtype, recv_dtype, send_dev, recv_dev):
+    if send_dtype != recv_dtype or send_dev != recv_dev:
+        raise InvalidArgumentError(
+            f"{what}: send and recv differ in dtype or device")
+
+
 def _timeout(timeout):
     if timeout is None:
         return 0.0
@@ -130,6 +144,7 @@ class Client:
     def __init__(self, address):
         self._c = _halka.Client.connect(address)
         self.address = address
+        self.last_info = None  # all_gather's and reduce_scatter's OpInfo
 
     def all_reduce(self, x, op="sum", timeout=None, algorithm="auto"):
         """Reduces x over all ranks, in place. Returns an OpInfo."""
@@ -149,17 +164,37 @@ class Client:
         """Returns once every rank has called barrier."""
         return self._c.barrier(_timeout(timeout))
 
-    def all_gather(self, send, recv, timeout=None):
-        """recv (world * send's size) gets rank r's send at [r*n, (r+1)*n)."""
-        raise UnimplementedError(
-            "all_gather: this build of halka's SDK has no AllGather yet "
-            "(issue 14: the C++ collective lands separately)")
+    def all_gather(self, send, recv=None, timeout=None):
+        """Gathers every rank's send into recv (world x send's size): rank
+        r's send lands at [r*n, (r+1)*n) on every rank. recv None: a new
+        array (or tensor) like send. In place when send is this rank's slice
+        of recv. Returns recv."""
+        sp, sn, sd, sdev = _tensor(send, "all_gather send", writable=False)
+        if recv is None:
+            recv = _empty_like(send, sn * self.world_size)
+        rp, rn, rd, rdev = _tensor(recv, "all_gather recv")
+        _same_kind("all_gather", sd, rd, sdev, rdev)
+        self.last_info = self._c.all_gather(sp, sn, rp, rn, sd, sdev,
+                                            _timeout(timeout))
+        return recv
 
-    def reduce_scatter(self, send, recv, op="sum", timeout=None):
-        """recv (send's size / world) gets the reduction of slice rank."""
-        raise UnimplementedError(
-            "reduce_scatter: this build of halka's SDK has no ReduceScatter "
-            "yet (issue 14: the C++ collective lands separately)")
+    def reduce_scatter(self, send, recv=None, op="sum", timeout=None):
+        """Reduces send (world x n elements) over all ranks; rank r's recv
+        (n elements) gets the reduction of slice r. recv None: a new array
+        (or tensor) like send. Returns recv."""
+        sp, sn, sd, sdev = _tensor(send, "reduce_scatter send", writable=False)
+        if recv is None:
+            world = self.world_size
+            if sn % world:
+                raise InvalidArgumentError(
+                    f"reduce_scatter: {sn} elements do not split over "
+                    f"{world} ranks")
+            recv = _empty_like(send, sn // world)
+        rp, rn, rd, rdev = _tensor(recv, "reduce_scatter recv")
+        _same_kind("reduce_scatter", sd, rd, sdev, rdev)
+        self.last_info = self._c.reduce_scatter(sp, sn, rp, rn, sd, _op(op),
+                                                sdev, _timeout(timeout))
+        return recv
 
     def info(self):
         """This worker's rank, world, generation and members (a dict)."""

@@ -199,13 +199,29 @@ class ProcessGroupHalka : public c10d::ProcessGroup {
       stop_ = true;
     }
     cv_.notify_all();
-    thread_.join();  // queued operations finish first, each bounded
+    // Queued operations finish first, each bounded by its deadline. Their
+    // futures' callbacks may run Python (a DDP comm hook) on our thread, so
+    // the GIL must not be held while we wait for it (torch destroys groups
+    // and reducers from Python).
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      Stop();
+    } else {
+      Stop();
+    }
+  }
+
+  const std::string getBackendName() const override { return "halka"; }
+
+ private:
+  void Stop() {
+    thread_.join();
     client_.reset();
     worker_.reset();
     rendezvous_.reset();
   }
 
-  const std::string getBackendName() const override { return "halka"; }
+ public:
 
   c10::intrusive_ptr<c10d::Work> allreduce(
       std::vector<at::Tensor>& tensors,

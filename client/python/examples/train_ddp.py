@@ -59,7 +59,7 @@ class CommTimer:
         self.world = dist.get_world_size(group)
         self.seconds = 0.0
 
-    def __call__(self, state, bucket):
+    def hook(self, state, bucket):
         t0 = time.perf_counter()
         buf = bucket.buffer().div_(self.world)
         fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
@@ -129,7 +129,7 @@ def main():
     model = make_model(args.hidden)
     ddp = wrap(model, None, args.bucket_kib)
     timer = CommTimer(None)
-    ddp.register_comm_hook(None, timer)
+    ddp.register_comm_hook(None, timer.hook)
     if rank == 0:
         print(f"# backend={args.backend} world={world} train={len(x)} "
               f"test={len(xt)} batch/rank={args.batch} "

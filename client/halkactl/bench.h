@@ -38,7 +38,7 @@ struct BenchOptions {
   int warmup = 1;
   bool check = true;
   bool zero_copy = true;  // shared-memory buffers instead of plain vectors
-  bool device = false;    // CUDA device buffers (AllReduceDevice)
+  bool device = false;    // CUDA device buffers (the *Device calls)
   absl::Duration timeout = absl::Seconds(120);
   uint64_t seed = 1;
 };

@@ -22,6 +22,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -143,7 +144,8 @@ int Bench(const std::vector<Client*>& clients, const std::vector<BenchCase>& cas
                                                       : "(G-1)/G";
     std::printf("# halka %s: %d ranks, %d iterations (+%d warm-up), "
                 "busbw = algbw * %s\n",
-                std::string(OpKindName(kind)).c_str(), g, options.iterations,
+                absl::StrReplaceAll(OpKindName(kind), {{"_", "-"}}).c_str(), g,
+                options.iterations,
                 options.warmup, factor);
     std::printf("%s\n", BenchHeader().c_str());
   }

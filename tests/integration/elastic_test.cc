@@ -191,6 +191,55 @@ TEST_F(ElasticTest, LossShrinksTheRingAndARestartGrowsItBack) {
             << std::endl;
 }
 
+// All-gather after a loss: the world is part of its contract. A call sized
+// for the old world is refused on every survivor, naming the new world (no
+// hang, no partial result); one sized for the new world is right.
+TEST_F(ElasticTest, AllGatherAfterALossFollowsTheNewWorld) {
+  StartRendezvous();
+  StartWorkers(4, 2, 4);
+  int seq = 0;
+  EventuallyCorrect(Live(), 4, &seq);
+  workers_[1]->Shutdown(/*leave=*/false);
+  workers_[1].reset();
+  EventuallyCorrect(Live(), 3, &seq);
+  const std::vector<WorkerNode*> on = Live();
+  const size_t n = 1001;  // int64 elements per rank
+  auto gather = [&](int world) {
+    v1::OpSpec spec;
+    spec.set_kind(v1::ALL_GATHER);
+    spec.set_dtype(v1::INT64);
+    spec.set_count(n);
+    spec.set_recv_count(world * n);
+    spec.set_timeout_ms(5000);
+    std::vector<std::vector<int64_t>> bufs(on.size(),
+                                           std::vector<int64_t>(4 * n, -1));
+    auto results = RunRanks<absl::StatusOr<OpResult>>(
+        static_cast<int>(on.size()), [&](int j) {
+          // Every survivor contributes its rank's number, in slice 0.
+          std::fill(bufs[j].begin(), bufs[j].begin() + n, on[j]->rank() + 10);
+          spec.set_issued_unix_ms(
+              static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
+          return on[static_cast<size_t>(j)]->Execute(spec, bufs[j].data());
+        });
+    return std::make_pair(results, bufs);
+  };
+  auto [old_world, unused] = gather(4);
+  for (const auto& r : old_world) {
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr("must be the ring's world (3) x send_count 1001"));
+  }
+  auto [new_world, bufs] = gather(3);
+  for (size_t j = 0; j < on.size(); ++j) {
+    ASSERT_TRUE(new_world[j].ok()) << new_world[j].status();
+    EXPECT_EQ(new_world[j]->world_size, 3);
+    for (int slice = 0; slice < 3; ++slice) {
+      EXPECT_EQ(bufs[j][slice * n], slice + 10) << "worker " << j;
+      EXPECT_EQ(bufs[j][slice * n + n - 1], slice + 10) << "worker " << j;
+    }
+  }
+}
+
 // Two restarts admitted in two generations, before the first of them ran
 // any operation: that one joined the ring's numbering as late as the
 // second. (Found by the chaos test: it numbered its calls from #1 while the

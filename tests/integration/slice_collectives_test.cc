@@ -4,6 +4,7 @@
 // memory, inline); bad sizes, ranks that disagree, refused algorithms and a
 // killed rank give clear errors, never a hang or a wrong result.
 #include <cstring>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -166,6 +167,33 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Param>& info) {
       return absl::StrCat("g", std::get<0>(info.param), "_", ViaName(std::get<1>(info.param)));
     });
+
+TEST(SliceAsync, FuturesOfSpansGatherAndScatter) {
+  const int g = 2;
+  ClusterHarness h({g});
+  ASSERT_TRUE(h.ok()) << h.status();
+  std::vector<std::vector<double>> mine(g), all(g, std::vector<double>(2 * g));
+  std::vector<std::vector<double>> grads(g, std::vector<double>(2 * g));
+  std::vector<std::vector<double>> part(g, std::vector<double>(2));
+  std::vector<std::future<absl::StatusOr<OpInfo>>> gathers, scatters;
+  for (int r = 0; r < g; ++r) {
+    mine[r] = {r + 0.5, r + 0.25};
+    for (int k = 0; k < 2 * g; ++k) grads[r][k] = 10.0 * r + k;
+    gathers.push_back(h.client(r).AllGatherAsync(absl::MakeConstSpan(mine[r]),
+                                                 absl::MakeSpan(all[r])));
+  }
+  for (auto& f : gathers) ASSERT_TRUE(f.get().ok());
+  for (int r = 0; r < g; ++r) {
+    scatters.push_back(h.client(r).ReduceScatterAsync(
+        absl::MakeConstSpan(grads[r]), absl::MakeSpan(part[r]), ReduceOp::kMax));
+  }
+  for (auto& f : scatters) ASSERT_TRUE(f.get().ok());
+  for (int r = 0; r < g; ++r) {
+    EXPECT_EQ(all[r], (std::vector<double>{0.5, 0.25, 1.5, 1.25})) << "rank " << r;
+    // Max over ranks of slice r: rank 1's (10 + k) for k = 2r, 2r+1.
+    EXPECT_EQ(part[r], (std::vector<double>{10.0 + 2 * r, 11.0 + 2 * r})) << "rank " << r;
+  }
+}
 
 TEST(SliceErrors, BadSizesAreInvalidArgumentNamingTheWorldAndTheRingGoesOn) {
   const int g = 3;

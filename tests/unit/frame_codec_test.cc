@@ -313,7 +313,8 @@ TEST(FrameCodecTest, FingerprintWithPayloadEveryDType) {
 }
 
 TEST(FrameCodecTest, FingerprintEveryKindAndAlgorithm) {
-  for (OpKind kind : {OpKind::kAllReduce, OpKind::kBroadcast, OpKind::kBarrier}) {
+  for (OpKind kind : {OpKind::kAllReduce, OpKind::kBroadcast, OpKind::kBarrier,
+                      OpKind::kAllGather, OpKind::kReduceScatter}) {
     for (Algorithm alg : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kNaive,
                           Algorithm::kParameterServer}) {
       FrameMeta meta = FingerprintMeta(0, DType::kFloat32);
@@ -587,9 +588,9 @@ TEST(FrameCodecHostileTest, InvalidFingerprintEnums) {
                  }),
                  "fingerprint kind 0");
   ExpectDataLoss(with([](v1::OpFingerprint* f) {
-                   f->set_kind(static_cast<v1::OpKind>(4));
+                   f->set_kind(static_cast<v1::OpKind>(6));
                  }),
-                 "fingerprint kind 4");
+                 "fingerprint kind 6");
   ExpectDataLoss(with([](v1::OpFingerprint* f) {
                    f->set_dtype(static_cast<v1::DType>(9));
                  }),

@@ -1,0 +1,69 @@
+// The SDK request rules of all-gather and reduce-scatter (worker/op_request):
+// which buffer a call works on, what an inline call uploads and gets back.
+#include "worker/op_request.h"
+
+#include "gtest/gtest.h"
+
+namespace halka {
+namespace {
+
+v1::OpSpec Spec(v1::OpKind kind, uint64_t count, uint64_t recv_count) {
+  v1::OpSpec spec;
+  spec.set_kind(kind);
+  spec.set_dtype(v1::FLOAT64);
+  spec.set_op(v1::SUM);
+  spec.set_count(count);
+  spec.set_recv_count(recv_count);
+  return spec;
+}
+
+TEST(SliceRequests, TheBufferHoldsTheLargerCount) {
+  // All-gather: 5 per rank into 20; reduce-scatter: 20 into 5 per rank.
+  const v1::OpSpec gather = Spec(v1::ALL_GATHER, 5, 20);
+  const v1::OpSpec scatter = Spec(v1::REDUCE_SCATTER, 20, 5);
+  EXPECT_EQ(BufferCount(gather), 20u);
+  EXPECT_EQ(BufferCount(scatter), 20u);
+  EXPECT_EQ(ValidateOpSpec(gather, 1 << 20).value(), 160u);
+  EXPECT_EQ(ValidateOpSpec(scatter, 1 << 20).value(), 160u);
+  // Counts that fit no world still get a buffer large enough for both:
+  // the communicator names the world when the call runs.
+  EXPECT_EQ(BufferCount(Spec(v1::ALL_GATHER, 7, 3)), 7u);
+  // recv_count means nothing to an all-reduce.
+  EXPECT_EQ(BufferCount(Spec(v1::ALL_REDUCE, 7, 1000)), 7u);
+}
+
+TEST(SliceRequests, InlineUploadsTheInputAndRepliesTheResult) {
+  const v1::OpSpec gather = Spec(v1::ALL_GATHER, 5, 20);
+  EXPECT_EQ(InlineUploadBytes(gather, 160), 40u);
+  const ByteRange all = InlineReplyRange(gather, 2, 160);
+  EXPECT_EQ(all.offset, 0u);
+  EXPECT_EQ(all.size, 160u);
+  const v1::OpSpec scatter = Spec(v1::REDUCE_SCATTER, 20, 5);
+  EXPECT_EQ(InlineUploadBytes(scatter, 160), 160u);
+  const ByteRange mine = InlineReplyRange(scatter, 3, 160);
+  EXPECT_EQ(mine.offset, 120u);
+  EXPECT_EQ(mine.size, 40u);
+  // A rank whose slice lies outside the buffer gets nothing, not memory
+  // past its end.
+  EXPECT_EQ(InlineReplyRange(scatter, 4, 160).size, 0u);
+  EXPECT_EQ(InlineReplyRange(scatter, -1, 160).size, 0u);
+}
+
+TEST(SliceRequests, BadFieldsAreRefused) {
+  v1::OpSpec no_op = Spec(v1::REDUCE_SCATTER, 20, 5);
+  no_op.clear_op();
+  EXPECT_EQ(ValidateOpSpec(no_op, 1 << 20).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::OpSpec algo = Spec(v1::ALL_GATHER, 5, 20);
+  algo.set_algorithm(static_cast<v1::Algorithm>(9));
+  EXPECT_EQ(ValidateOpSpec(algo, 1 << 20).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // The larger count is what the limit bounds.
+  EXPECT_EQ(ValidateOpSpec(Spec(v1::ALL_GATHER, 1, uint64_t{1} << 40), 1 << 20)
+                .status()
+                .code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace halka

@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/status/statusor.h"
+#include "google/protobuf/util/json_util.h"
 #include "halka/v1/common.pb.h"
 
 namespace halka {
@@ -40,6 +42,24 @@ inline void AddJobStateWord(v1::JobState state, std::string* json) {
   const bool empty = next != std::string::npos && (*json)[next] == '}';
   json->insert(open + 1, absl::StrCat("\"state\":\"", JobStateName(state),
                                       "\"", empty ? "" : ","));
+}
+
+// A RingHealth reply as `halkactl health --json` prints it (and the Python
+// package's Client.ring_health() parses it): indented protobuf JSON with
+// the proto's field names, plus the state's word. Works for any message
+// with a job_state field (InfoReply too).
+template <typename Message>
+absl::StatusOr<std::string> JobJson(const Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions jo;
+  jo.add_whitespace = true;
+  jo.preserve_proto_field_names = true;
+  auto st = google::protobuf::util::MessageToJsonString(m, &out, jo);
+  if (!st.ok()) {
+    return absl::InternalError(absl::StrCat("JSON: ", st.ToString()));
+  }
+  AddJobStateWord(m.job_state(), &out);
+  return out;
 }
 
 }  // namespace halka

@@ -7,7 +7,10 @@ PKGS=(build-essential cmake ninja-build pkg-config
       libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
       libcpp-httplib-dev
       iproute2 procps python3
-      openssl clang libclang-rt-14-dev)  # TLS test certificates; libFuzzer
+      openssl clang libclang-rt-14-dev  # TLS test certificates; libFuzzer
+      # The Python package and its torch.distributed backend (client/python)
+      python3-dev pybind11-dev python3-numpy
+      python3-torch libtorch-dev python3-sklearn)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

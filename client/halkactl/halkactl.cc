@@ -30,7 +30,6 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "google/protobuf/util/json_util.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "client/halkactl/bench.h"
 #include "common/grpc_util.h"
@@ -293,17 +292,9 @@ int Health(const std::string& rendezvous, const std::string& job,
   }
   if (!h.ok()) return Fail(h.status());
   if (json) {
-    std::string out;
-    google::protobuf::util::JsonPrintOptions jo;
-    jo.add_whitespace = true;
-    jo.preserve_proto_field_names = true;
-    auto st = google::protobuf::util::MessageToJsonString(*h, &out, jo);
-    if (!st.ok()) {
-      return Fail(absl::InternalError(absl::StrCat("health: JSON: ",
-                                                   st.ToString())));
-    }
-    AddJobStateWord(h->job_state(), &out);
-    std::printf("%s", out.c_str());
+    absl::StatusOr<std::string> out = JobJson(*h);
+    if (!out.ok()) return Fail(out.status());
+    std::printf("%s", out->c_str());
   } else {
     std::printf("%s", FormatHealth(*h).c_str());
     if (h->failing()) std::printf("%s\n", h->diagnosis().failure().c_str());

@@ -1,0 +1,31 @@
+"""The torch.distributed backend "halka".
+
+    import halka.torch  # registers the backend
+    torch.distributed.init_process_group("halka", ...)  # instead of "gloo"
+
+Works with torch 1.13 (Debian bookworm's python3-torch), whose third-party
+backends are c10d ProcessGroups; torch 2.x moved them to c10d::Backend, which
+this build does not support. Each process starts its own halka worker
+in-process (rank 0 hosts the rendezvous, whose address travels through
+torch's store; HALKA_HOST picks the address to listen on, default
+127.0.0.1), unless HALKA_WORKER names a running worker daemon
+("unix:/run/halka.sock" or "host:port"). Supported: allreduce (SUM, AVG,
+MIN, MAX, PRODUCT), broadcast, allgather, reduce_scatter, barrier, on
+float32, float64, float16, bfloat16, int32, int64. Anything else raises
+RuntimeError naming the operation. A failed operation raises RuntimeError
+with halka's message (which rank, which phase).
+"""
+
+import torch.distributed as _dist
+
+from . import _halka_torch
+
+ProcessGroupHalka = _halka_torch.ProcessGroupHalka
+
+
+def _create_process_group(store, rank, world_size, timeout):
+    return ProcessGroupHalka(store, rank, world_size, timeout.total_seconds())
+
+
+if not hasattr(_dist.Backend, "HALKA"):
+    _dist.Backend.register_backend("halka", _create_process_group)

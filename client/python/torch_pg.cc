@@ -1,0 +1,512 @@
+// halka._halka_torch: the torch.distributed backend "halka", a c10d
+// ProcessGroup over halka::Client (torch 1.13's c10d::ProcessGroup API;
+// torch 2.x moved backends to c10d::Backend, which this file does not
+// target). `import halka.torch` registers it.
+//
+// Where the worker comes from: HALKA_WORKER=unix:/path or host:port names
+// a running halka-worker daemon (whose job must have the group's size);
+// otherwise each process starts its own worker in-process, rank 0 also
+// starts the rendezvous (on HALKA_HOST, default 127.0.0.1), and its address
+// and a fresh job id travel through torch's store. Each process publishes
+// its halka rank in the store, so torch ranks map to halka ranks (they are
+// equal for embedded workers).
+//
+// Threads: operations are queued and run one by one on this group's one
+// FIFO thread (every rank issues them in the same order, as the worker
+// requires); each Work's future completes there, so callers (DDP's hooks)
+// overlap communication with computation. Every operation carries a
+// deadline: the op's timeout, else init_process_group's timeout.
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "halka/client.h"
+#include "halka/embedded.h"
+#include "halka/types.h"
+
+namespace halka {
+namespace {
+
+namespace py = pybind11;
+using c10d::OpType;
+
+// A queued operation: completes its future (the output tensors) on the
+// group's thread, or fails it with the operation's error.
+class HalkaWork : public c10d::Work {
+ public:
+  HalkaWork(OpType type, std::vector<at::Tensor> outputs)
+      : Work(-1, type),
+        outputs_(std::move(outputs)),
+        future_(c10::make_intrusive<c10::ivalue::Future>(
+            c10::ListType::create(c10::TensorType::get()))) {}
+
+  bool isCompleted() override { return future_->completed(); }
+  bool isSuccess() const override {
+    return future_->completed() && !future_->hasError();
+  }
+  std::exception_ptr exception() const override {
+    return future_->completed() && future_->hasError()
+               ? future_->exception_ptr()
+               : nullptr;
+  }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  // The operation's own deadline bounds the wait.
+  bool wait(std::chrono::milliseconds /*timeout*/) override {
+    future_->wait();
+    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+    return true;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return future_;
+  }
+
+  void Finish(const absl::Status& status, const std::string& what) {
+    if (status.ok()) {
+      future_->markCompleted(c10::IValue(outputs_));
+      return;
+    }
+    future_->setError(std::make_exception_ptr(std::runtime_error(
+        absl::StrCat(what, ": ", absl::StatusCodeToString(status.code()),
+                     ": ", status.message()))));
+  }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+const char* OpName(OpType t) {
+  switch (t) {
+    case OpType::ALLREDUCE: return "allreduce";
+    case OpType::BROADCAST: return "broadcast";
+    case OpType::ALLGATHER: return "allgather";
+    case OpType::_ALLGATHER_BASE: return "_allgather_base";
+    case OpType::REDUCE_SCATTER: return "reduce_scatter";
+    case OpType::_REDUCE_SCATTER_BASE: return "_reduce_scatter_base";
+    case OpType::BARRIER: return "barrier";
+    default: return "operation";
+  }
+}
+
+DType ToDType(const at::Tensor& t, const char* op) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kDouble: return DType::kFloat64;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kInt: return DType::kInt32;
+    case at::kLong: return DType::kInt64;
+    default:
+      TORCH_CHECK(false, "ProcessGroup halka: ", op, " does not support dtype ",
+                  t.scalar_type(), " (halka has float32, float64, float16, "
+                  "bfloat16, int32, int64)");
+  }
+}
+
+ReduceOp ToOp(const c10d::ReduceOp& op, const char* name) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return ReduceOp::kSum;
+    case c10d::ReduceOp::AVG: return ReduceOp::kAvg;
+    case c10d::ReduceOp::MIN: return ReduceOp::kMin;
+    case c10d::ReduceOp::MAX: return ReduceOp::kMax;
+    case c10d::ReduceOp::PRODUCT: return ReduceOp::kProd;
+    default:
+      TORCH_CHECK(false, "ProcessGroup halka: ", name,
+                  " does not support reduce op ", static_cast<int>(op.op_),
+                  " (halka has SUM, AVG, MIN, MAX, PRODUCT)");
+  }
+}
+
+// The one tensor of a call, checked: contiguous, one halka dtype.
+at::Tensor Single(const std::vector<at::Tensor>& tensors, const char* op) {
+  TORCH_CHECK(tensors.size() == 1, "ProcessGroup halka: ", op,
+              " takes exactly one tensor per process, got ", tensors.size());
+  const at::Tensor& t = tensors[0];
+  TORCH_CHECK(t.is_contiguous(), "ProcessGroup halka: ", op,
+              " needs a contiguous tensor");
+  ToDType(t, op);
+  return t;
+}
+
+std::string RandomJob() {
+  std::random_device rd;
+  return absl::StrCat("torch-", absl::Hex(rd()), absl::Hex(rd()));
+}
+
+std::vector<uint8_t> Bytes(const std::string& s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+std::string Str(const std::vector<uint8_t>& b) {
+  return std::string(b.begin(), b.end());
+}
+
+class ProcessGroupHalka : public c10d::ProcessGroup {
+ public:
+  ProcessGroupHalka(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                    int size, double timeout_s)
+      : ProcessGroup(rank, size),
+        timeout_(timeout_s > 0 ? absl::Seconds(timeout_s)
+                               : kDefaultOpTimeout) {
+    const char* daemon = std::getenv("HALKA_WORKER");
+    int halka_rank = rank;
+    if (daemon != nullptr && *daemon != '\0') {
+      client_ = Must(Client::Connect(daemon), "connect to HALKA_WORKER");
+      v1::InfoReply info = Must(client_->Info(), "ask the worker");
+      TORCH_CHECK(info.world_size() == size, "ProcessGroup halka: the worker ",
+                  daemon, " is in a job of ", info.world_size(),
+                  " ranks, the process group has ", size);
+      halka_rank = info.rank();
+    } else {
+      StartEmbedded(store, rank, size);
+    }
+    store->set(absl::StrCat("halka/rank/", rank), Bytes(absl::StrCat(halka_rank)));
+    to_halka_.resize(size);
+    to_torch_.assign(size, -1);
+    for (int r = 0; r < size; ++r) {
+      int h = -1;
+      TORCH_CHECK(absl::SimpleAtoi(Str(store->get(absl::StrCat("halka/rank/", r))), &h) &&
+                      h >= 0 && h < size && to_torch_[h] < 0,
+                  "ProcessGroup halka: torch rank ", r, " has no distinct halka rank");
+      to_halka_[r] = h;
+      to_torch_[h] = r;
+      identity_ = identity_ && h == r;
+    }
+    thread_ = std::thread([this] { Loop(); });
+  }
+
+  ~ProcessGroupHalka() override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    // Queued operations finish first, each bounded by its deadline. Their
+    // futures' callbacks may run Python (a DDP comm hook) on our thread, so
+    // the GIL must not be held while we wait for it (torch destroys groups
+    // and reducers from Python).
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      Stop();
+    } else {
+      Stop();
+    }
+  }
+
+  const std::string getBackendName() const override { return "halka"; }
+
+ private:
+  void Stop() {
+    thread_.join();
+    client_.reset();
+    worker_.reset();
+    rendezvous_.reset();
+  }
+
+ public:
+
+  c10::intrusive_ptr<c10d::Work> allreduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts) override {
+    at::Tensor t = Single(tensors, "allreduce");
+    const ReduceOp op = ToOp(opts.reduceOp, "allreduce");
+    const OpOptions o = Opts(opts.timeout);
+    return OnTensor(OpType::ALLREDUCE, t,
+                    [this, op, o](void* p, size_t n, DType d, bool device) {
+                      return device ? client_->AllReduceDevice(p, n, d, op, o)
+                                    : client_->AllReduce(p, n, d, op, o);
+                    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(
+      std::vector<at::Tensor>& tensors,
+      const c10d::BroadcastOptions& opts) override {
+    at::Tensor t = Single(tensors, "broadcast");
+    TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(),
+                "ProcessGroup halka: broadcast root ", opts.rootRank,
+                " is not a rank of this group of ", getSize());
+    const int root = to_halka_[opts.rootRank];
+    const OpOptions o = Opts(opts.timeout);
+    return OnTensor(OpType::BROADCAST, t,
+                    [this, root, o](void* p, size_t n, DType d, bool device) {
+                      return device ? client_->BroadcastDevice(p, n, d, root, o)
+                                    : client_->Broadcast(p, n, d, root, o);
+                    });
+  }
+
+  // outputs[0][r] gets torch rank r's input.
+  c10::intrusive_ptr<c10d::Work> allgather(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override {
+    at::Tensor in = Single(inputs, "allgather");
+    TORCH_CHECK(outputs.size() == 1 &&
+                    static_cast<int>(outputs[0].size()) == getSize(),
+                "ProcessGroup halka: allgather needs one list of ", getSize(),
+                " output tensors");
+    for (const at::Tensor& o : outputs[0]) SameShape(o, in, "allgather");
+    std::vector<at::Tensor> outs = outputs[0];
+    at::Tensor flat = at::empty({getSize() * in.numel()}, in.options());
+    return Gather(OpType::ALLGATHER, in, flat, outs, Opts(opts.timeout),
+                  [this, outs, flat, n = in.numel()] {
+                    for (int h = 0; h < getSize(); ++h) {
+                      outs[to_torch_[h]].view(-1).copy_(flat.narrow(0, h * n, n));
+                    }
+                  });
+  }
+
+  // output (world x input's size) gets torch rank r's input at slice r.
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::AllgatherOptions& opts) override {
+    std::vector<at::Tensor> ins{input};
+    at::Tensor in = Single(ins, "_allgather_base");
+    at::Tensor out = output;
+    TORCH_CHECK(out.is_contiguous() && out.scalar_type() == in.scalar_type() &&
+                    out.numel() == getSize() * in.numel(),
+                "ProcessGroup halka: _allgather_base needs a contiguous output "
+                "of ", getSize(), " x the input's size and dtype");
+    if (identity_) {
+      return Gather(OpType::_ALLGATHER_BASE, in, out, {out},
+                    Opts(opts.timeout), [] {});
+    }
+    at::Tensor flat = at::empty_like(out);
+    return Gather(OpType::_ALLGATHER_BASE, in, flat, {out}, Opts(opts.timeout),
+                  [this, out, flat, n = in.numel()] {
+                    for (int h = 0; h < getSize(); ++h) {
+                      out.view(-1).narrow(0, to_torch_[h] * n, n)
+                          .copy_(flat.narrow(0, h * n, n));
+                    }
+                  });
+  }
+
+  // outputs[0] gets the reduction of every rank's inputs[0][rank].
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputs,
+      std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ReduceScatterOptions& opts) override {
+    at::Tensor out = Single(outputs, "reduce_scatter");
+    TORCH_CHECK(inputs.size() == 1 &&
+                    static_cast<int>(inputs[0].size()) == getSize(),
+                "ProcessGroup halka: reduce_scatter needs one list of ",
+                getSize(), " input tensors");
+    for (const at::Tensor& i : inputs[0]) SameShape(i, out, "reduce_scatter");
+    std::vector<at::Tensor> slices;
+    for (int h = 0; h < getSize(); ++h) {
+      slices.push_back(inputs[0][to_torch_[h]].reshape(-1));
+    }
+    return Scatter(OpType::REDUCE_SCATTER, at::cat(slices), out,
+                   ToOp(opts.reduceOp, "reduce_scatter"), Opts(opts.timeout));
+  }
+
+  // output gets the reduction of every rank's slice rank of input.
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts) override {
+    std::vector<at::Tensor> outs{output};
+    at::Tensor out = Single(outs, "_reduce_scatter_base");
+    TORCH_CHECK(input.is_contiguous() &&
+                    input.scalar_type() == out.scalar_type() &&
+                    input.numel() == getSize() * out.numel(),
+                "ProcessGroup halka: _reduce_scatter_base needs a contiguous "
+                "input of ", getSize(), " x the output's size and dtype");
+    at::Tensor send = input.view(-1);
+    if (!identity_) {
+      send = send.view({getSize(), -1}).index_select(
+          0, at::tensor(to_torch_, at::kLong).to(input.device())).view(-1);
+    }
+    return Scatter(OpType::_REDUCE_SCATTER_BASE, send, out,
+                   ToOp(opts.reduceOp, "_reduce_scatter_base"),
+                   Opts(opts.timeout));
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(
+      const c10d::BarrierOptions& opts) override {
+    const OpOptions o = Opts(opts.timeout);
+    return Enqueue(OpType::BARRIER, {},
+                   [this, o] { return client_->Barrier(o).status(); });
+  }
+
+ private:
+  template <typename T>
+  static T Must(absl::StatusOr<T> v, const char* what) {
+    TORCH_CHECK(v.ok(), "ProcessGroup halka: cannot ", what, ": ",
+                v.status().ToString());
+    return std::move(*v);
+  }
+
+  void StartEmbedded(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                     int size) {
+    const char* host_env = std::getenv("HALKA_HOST");
+    const std::string host =
+        host_env != nullptr && *host_env != '\0' ? host_env : "127.0.0.1";
+    if (rank == 0) {
+      rendezvous_ = Must(EmbeddedRendezvous::Start(absl::StrCat(host, ":0")),
+                         "start the rendezvous");
+      store->set("halka/job", Bytes(RandomJob()));
+      store->set("halka/rendezvous", Bytes(rendezvous_->address()));
+    }
+    EmbeddedWorker::Options wo;
+    wo.job_id = Str(store->get("halka/job"));
+    wo.rendezvous = Str(store->get("halka/rendezvous"));
+    wo.rank = rank;
+    wo.world_size = size;
+    wo.listen = absl::StrCat(host, ":0");
+    wo.op_timeout = timeout_;
+    wo.join_timeout = timeout_;
+    // Blocks until every rank joined (the constructor runs without the GIL).
+    worker_ = Must(EmbeddedWorker::Start(wo), "start the embedded worker");
+    client_ = Must(Client::Connect(worker_->address()), "connect to the worker");
+  }
+
+  OpOptions Opts(std::chrono::milliseconds timeout) const {
+    OpOptions o;
+    o.timeout = timeout.count() > 0 ? absl::FromChrono(timeout) : timeout_;
+    return o;
+  }
+
+  // Queues `call` on tensor t's memory (a CUDA tensor: device = true).
+  using TensorCall =
+      std::function<absl::StatusOr<OpInfo>(void*, size_t, DType, bool)>;
+  c10::intrusive_ptr<c10d::Work> OnTensor(OpType type, at::Tensor t,
+                                          TensorCall call) {
+    const DType d = ToDType(t, OpName(type));
+    return Enqueue(type, {t}, [t, d, call = std::move(call)] {
+      return call(t.data_ptr(), static_cast<size_t>(t.numel()), d, t.is_cuda())
+          .status();
+    });
+  }
+
+  static void SameShape(const at::Tensor& t, const at::Tensor& like,
+                        const char* op) {
+    TORCH_CHECK(t.scalar_type() == like.scalar_type() &&
+                    t.numel() == like.numel() && t.device() == like.device(),
+                "ProcessGroup halka: ", op, ": every tensor must have the "
+                "input's dtype, size and device");
+  }
+
+  // Queues an all-gather of `in` into `flat` (halka rank order), then
+  // `place` (on the group's thread, after success) puts it where torch
+  // wants it; the future's value is `outputs`.
+  c10::intrusive_ptr<c10d::Work> Gather(OpType type, at::Tensor in,
+                                        at::Tensor flat,
+                                        std::vector<at::Tensor> outputs,
+                                        OpOptions o,
+                                        std::function<void()> place) {
+    const DType d = ToDType(in, OpName(type));
+    return Enqueue(type, std::move(outputs),
+                   [this, in, flat, d, o, place = std::move(place)] {
+      const size_t n = static_cast<size_t>(in.numel());
+      const size_t total = static_cast<size_t>(flat.numel());
+      absl::StatusOr<OpInfo> r =
+          in.is_cuda()
+              ? client_->AllGatherDevice(in.data_ptr(), n, flat.data_ptr(),
+                                         total, d, o)
+              : client_->AllGather(in.data_ptr(), n, flat.data_ptr(), total,
+                                   d, o);
+      if (r.ok()) place();
+      return r.status();
+    });
+  }
+
+  // Queues a reduce-scatter of `send` (halka rank order) into `out`.
+  c10::intrusive_ptr<c10d::Work> Scatter(OpType type, at::Tensor send,
+                                         at::Tensor out, ReduceOp op,
+                                         OpOptions o) {
+    const DType d = ToDType(out, OpName(type));
+    return Enqueue(type, {out}, [this, send, out, d, op, o] {
+      const size_t n = static_cast<size_t>(send.numel());
+      const size_t m = static_cast<size_t>(out.numel());
+      return (send.is_cuda()
+                  ? client_->ReduceScatterDevice(send.data_ptr(), n,
+                                                 out.data_ptr(), m, d, op, o)
+                  : client_->ReduceScatter(send.data_ptr(), n, out.data_ptr(),
+                                           m, d, op, o))
+          .status();
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> Enqueue(OpType type,
+                                         std::vector<at::Tensor> outputs,
+                                         std::function<absl::Status()> run) {
+    auto work = c10::make_intrusive<HalkaWork>(type, std::move(outputs));
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      queue_.push_back({work, std::move(run), OpName(type)});
+    }
+    cv_.notify_one();
+    return work;
+  }
+
+  void Loop() {
+    for (;;) {
+      Item item;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      absl::Status s;
+      try {
+        s = item.run();
+      } catch (const std::exception& e) {
+        s = absl::InternalError(e.what());
+      }
+      item.work->Finish(s, absl::StrCat("halka ", item.name, " (rank ",
+                                        getRank(), " of ", getSize(), ")"));
+    }
+  }
+
+  struct Item {
+    c10::intrusive_ptr<HalkaWork> work;
+    std::function<absl::Status()> run;
+    const char* name = "";
+  };
+
+  absl::Duration timeout_;
+  std::unique_ptr<EmbeddedRendezvous> rendezvous_;
+  std::unique_ptr<EmbeddedWorker> worker_;
+  std::unique_ptr<Client> client_;
+  std::vector<int> to_halka_;  // by torch rank
+  std::vector<int64_t> to_torch_;  // by halka rank
+  bool identity_ = true;           // torch rank == halka rank everywhere
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+}  // namespace halka
+
+PYBIND11_MODULE(_halka_torch, m) {
+  m.doc() = "halka's torch.distributed ProcessGroup (use `import halka.torch`)";
+  // Registers torch's ProcessGroup and Store with pybind11 first.
+  py::module_::import("torch.distributed");
+  py::class_<halka::ProcessGroupHalka, c10d::ProcessGroup,
+             c10::intrusive_ptr<halka::ProcessGroupHalka>>(m, "ProcessGroupHalka")
+      .def(py::init<const c10::intrusive_ptr<c10d::Store>&, int, int, double>(),
+           py::arg("store"), py::arg("rank"), py::arg("size"),
+           py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>());
+}

@@ -1,0 +1,57 @@
+"""One rank of the DDP equality test (test_ddp.py): the same seeded
+training (train_ddp.py's model and data) once over halka and once over gloo,
+in the same processes; writes this rank's losses and parameter digest to
+OUT_DIR/rank<R>.json. Runs under torchrun (env) or mp.spawn (run())."""
+
+import datetime
+import hashlib
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python", "examples"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import halka.torch  # noqa: E402,F401
+import train_ddp  # noqa: E402
+
+STEPS = 200
+BUCKET_KIB = 16  # 26 K parameters (104 KB): 7 buckets per step
+
+
+def digest(model):
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def one_backend(group, x, y):
+    model = train_ddp.make_model(hidden=128, seed=1)
+    ddp = train_ddp.wrap(model, group, BUCKET_KIB)
+    losses = train_ddp.train(ddp, x, y, epochs=100, batch=8, lr=0.05,
+                             max_steps=STEPS)
+    return losses, digest(model)
+
+
+def run(rank, world, out_dir):
+    torch.set_num_threads(1)
+    dist.init_process_group("halka", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    gloo = dist.new_group(backend="gloo")
+    x, y, _, _ = train_ddp.load_digits_split()
+    x, y = train_ddp.shard(x, y, rank, world)
+    h_losses, h_digest = one_backend(None, x, y)
+    g_losses, g_digest = one_backend(gloo, x, y)
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump({"halka": h_losses, "gloo": g_losses,
+                   "halka_digest": h_digest, "gloo_digest": g_digest,
+                   "backend": dist.get_backend()}, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), sys.argv[1])

@@ -1,0 +1,219 @@
+"""halka's Python SDK against NumPy: every dtype and op, on a 4-rank
+LocalCluster in this process (one thread per rank)."""
+
+import concurrent.futures as cf
+import unittest
+
+import numpy as np
+
+import halka
+
+WORLD = 4
+N = 1000  # elements per rank: small enough for the naive path
+NUMPY_DTYPES = [np.float32, np.float64, np.float16, np.int32, np.int64]
+OPS = ["sum", "avg", "min", "max", "prod"]
+
+
+def rank_data(rank, dtype, n=N):
+    # Small integers: every sum, product and quarter (avg over 4 ranks) is
+    # exact in every dtype, so results compare bit for bit.
+    base = (np.arange(n) * 7 + rank * 3) % 5 + 1
+    if np.issubdtype(dtype, np.integer):
+        base = base - 2  # negatives too
+    return base.astype(dtype)
+
+
+def reference(op, inputs):
+    wide = np.stack([x.astype(np.float64) for x in inputs])
+    if op == "sum":
+        r = wide.sum(0)
+    elif op == "avg":  # integer avg truncates toward zero
+        r = wide.sum(0) / len(inputs)
+        if np.issubdtype(inputs[0].dtype, np.integer):
+            r = np.trunc(r)
+    elif op == "min":
+        r = wide.min(0)
+    elif op == "max":
+        r = wide.max(0)
+    else:
+        r = wide.prod(0)
+    return r.astype(inputs[0].dtype)
+
+
+class SdkTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = halka.LocalCluster(WORLD, op_timeout=30)
+        cls.clients = [cls.cluster.connect(r) for r in range(WORLD)]
+        cls.pool = cf.ThreadPoolExecutor(WORLD)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.pool.shutdown()
+        cls.cluster.close()
+
+    def on_all(self, fn):
+        """fn(rank, client) on every rank at once; the results by rank."""
+        futures = [self.pool.submit(fn, r, c) for r, c in enumerate(self.clients)]
+        return [f.result(timeout=60) for f in futures]
+
+    def test_all_reduce_every_dtype_and_op(self):
+        for dtype in NUMPY_DTYPES:
+            for op in OPS:
+                with self.subTest(dtype=np.dtype(dtype).name, op=op):
+                    inputs = [rank_data(r, dtype) for r in range(WORLD)]
+                    bufs = [x.copy() for x in inputs]
+                    infos = self.on_all(lambda r, c: c.all_reduce(bufs[r], op=op))
+                    want = reference(op, inputs)
+                    for r in range(WORLD):
+                        np.testing.assert_array_equal(bufs[r], want)
+                        self.assertEqual(infos[r].rank, r)
+                        self.assertEqual(infos[r].world_size, WORLD)
+
+    def test_all_reduce_ring_on_a_large_buffer(self):
+        n = 300_000
+        inputs = [rank_data(r, np.float32, n) for r in range(WORLD)]
+        bufs = [x.copy() for x in inputs]
+        infos = self.on_all(lambda r, c: c.all_reduce(bufs[r], algorithm="ring"))
+        for r in range(WORLD):
+            np.testing.assert_array_equal(bufs[r], reference("sum", inputs))
+            self.assertEqual(infos[r].algorithm, "ring")
+
+    def test_torch_tensors_in_place_bfloat16_included(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("python3-torch is not installed")
+        for dtype in [torch.float32, torch.bfloat16, torch.int64]:
+            with self.subTest(dtype=str(dtype)):
+                ts = [torch.arange(64, dtype=torch.float32).add(r).to(dtype)
+                      for r in range(WORLD)]
+                ptrs = [t.data_ptr() for t in ts]
+                self.on_all(lambda r, c: c.all_reduce(ts[r], op="max"))
+                want = torch.arange(64, dtype=torch.float32).add(WORLD - 1).to(dtype)
+                for r in range(WORLD):
+                    self.assertTrue(torch.equal(ts[r], want))
+                    self.assertEqual(ts[r].data_ptr(), ptrs[r])  # in place
+
+    def test_broadcast_every_dtype_and_root(self):
+        for dtype in NUMPY_DTYPES:
+            for root in range(WORLD):
+                with self.subTest(dtype=np.dtype(dtype).name, root=root):
+                    bufs = [rank_data(r, dtype) for r in range(WORLD)]
+                    want = bufs[root].copy()
+                    self.on_all(lambda r, c: c.broadcast(bufs[r], root=root))
+                    for r in range(WORLD):
+                        np.testing.assert_array_equal(bufs[r], want)
+
+    def test_all_gather_every_dtype(self):
+        for dtype in NUMPY_DTYPES:
+            with self.subTest(dtype=np.dtype(dtype).name):
+                inputs = [rank_data(r, dtype, 257) for r in range(WORLD)]
+                outs = self.on_all(lambda r, c: c.all_gather(inputs[r]))
+                for r in range(WORLD):
+                    np.testing.assert_array_equal(outs[r], np.concatenate(inputs))
+
+    def test_all_gather_in_place_and_into_torch(self):
+        n = 100
+        recvs = [np.zeros(WORLD * n, np.float64) for _ in range(WORLD)]
+        for r in range(WORLD):
+            recvs[r][r * n:(r + 1) * n] = rank_data(r, np.float64, n)
+        # send is this rank's slice of recv: in place.
+        self.on_all(lambda r, c: c.all_gather(recvs[r][r * n:(r + 1) * n],
+                                              recvs[r]))
+        want = np.concatenate([rank_data(r, np.float64, n) for r in range(WORLD)])
+        for r in range(WORLD):
+            np.testing.assert_array_equal(recvs[r], want)
+
+    def test_reduce_scatter_every_dtype_and_op(self):
+        n = 129  # per rank
+        for dtype in NUMPY_DTYPES:
+            for op in OPS:
+                with self.subTest(dtype=np.dtype(dtype).name, op=op):
+                    sends = [rank_data(r, dtype, WORLD * n) for r in range(WORLD)]
+                    outs = self.on_all(
+                        lambda r, c: c.reduce_scatter(sends[r], op=op))
+                    full = reference(op, sends)
+                    for r in range(WORLD):
+                        np.testing.assert_array_equal(
+                            outs[r], full[r * n:(r + 1) * n])
+
+    def test_collective_shape_errors(self):
+        c = self.clients[0]
+        with self.assertRaises(halka.InvalidArgumentError):
+            c.all_gather(np.zeros(4, np.float32), np.zeros(4, np.float64))
+        with self.assertRaises(halka.InvalidArgumentError):
+            c.reduce_scatter(np.zeros(WORLD + 1, np.float32))  # does not split
+
+    def test_barrier(self):
+        infos = self.on_all(lambda r, c: c.barrier(timeout=10))
+        self.assertEqual(sorted(i.rank for i in infos), list(range(WORLD)))
+
+    def test_info_and_ring_health(self):
+        info = self.clients[2].info()
+        self.assertEqual(info["rank"], 2)
+        self.assertEqual(info["world_size"], WORLD)
+        health = self.clients[0].ring_health()
+        # The keys and words `halkactl health --json` prints.
+        self.assertEqual(health["state"], "healthy")
+        self.assertEqual(health["job_state"], "JOB_STATE_HEALTHY")
+        self.assertEqual(len(health["members"]), WORLD)
+
+    def test_bad_input_raises_invalid_argument(self):
+        c = self.clients[0]
+        with self.assertRaises(halka.InvalidArgumentError):
+            c.all_reduce(np.zeros(4, np.uint8))
+        with self.assertRaises(halka.InvalidArgumentError):
+            c.all_reduce(np.zeros((4, 4), np.float32)[:, 1])  # not contiguous
+        ro = np.zeros(4, np.float32)
+        ro.flags.writeable = False
+        with self.assertRaises(halka.InvalidArgumentError):
+            c.broadcast(ro)
+        with self.assertRaises(halka.InvalidArgumentError):
+            c.all_reduce(np.zeros(4, np.float32), op="xor")
+        with self.assertRaises(halka.InvalidArgumentError):
+            c.all_reduce([1.0, 2.0])
+        with self.assertRaises(halka.InvalidArgumentError):
+            c.barrier(timeout=-1)
+
+    def test_worker_error_is_a_status_subclass_with_its_message(self):
+        # A root outside the ring: the worker refuses the call on every rank.
+        bufs = [np.zeros(8, np.float32) for _ in range(WORLD)]
+
+        def call(r, c):
+            try:
+                c.broadcast(bufs[r], root=WORLD + 3, timeout=10)
+            except halka.Error as e:
+                return e
+            return None
+
+        errors = self.on_all(call)
+        for e in errors:
+            self.assertIsInstance(e, halka.InvalidArgumentError)
+            self.assertIn("root", e.message)
+
+
+class DeadWorkerTest(unittest.TestCase):
+    def test_peers_of_a_killed_worker_raise_naming_it(self):
+        with halka.LocalCluster(3, op_timeout=20, heartbeat_timeout=2) as cluster:
+            clients = [cluster.connect(r) for r in range(3)]
+            cluster.kill_worker(2)
+            bufs = [np.ones(4096, np.float32) for _ in range(2)]
+            with cf.ThreadPoolExecutor(2) as pool:
+                futures = [pool.submit(clients[r].all_reduce, bufs[r], "sum", 15)
+                           for r in range(2)]
+                for f in futures:
+                    # UNAVAILABLE (the link broke) or ABORTED (the
+                    # rendezvous declared rank 2 lost first), naming the
+                    # peer, the phase and the step.
+                    with self.assertRaises((halka.UnavailableError,
+                                            halka.AbortedError)) as ctx:
+                        f.result(timeout=60)
+                    self.assertIn("rank 2 (worker-2", ctx.exception.message)
+                    self.assertIn("step", ctx.exception.message)
+            with self.assertRaises(halka.InvalidArgumentError):
+                cluster.worker_address(2)
+
+
+if __name__ == "__main__":
+    unittest.main()

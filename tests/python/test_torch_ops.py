@@ -1,0 +1,25 @@
+"""dist.all_reduce (SUM, AVG, MIN, MAX, PRODUCT), broadcast, all_gather,
+reduce_scatter and barrier over the "halka" backend, per dtype, against gloo
+and against the reference; unsupported calls raise RuntimeError naming the
+operation. 3 processes (mp.spawn), embedded workers."""
+
+import unittest
+
+import torch.multiprocessing as mp
+
+import halka_testutil as tu
+import torch_ops_worker
+
+WORLD = 3
+
+
+class TorchOpsTest(unittest.TestCase):
+    def test_collectives_per_dtype_and_op(self):
+        tu.set_dist_env(tu.free_port())
+        ctx = mp.start_processes(torch_ops_worker.run, args=(WORLD,),
+                                 nprocs=WORLD, join=False, start_method="spawn")
+        self.assertTrue(tu.join_spawned(ctx, 240), "ranks did not finish in 240 s")
+
+
+if __name__ == "__main__":
+    unittest.main()

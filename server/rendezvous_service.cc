@@ -452,7 +452,8 @@ grpc::Slice RendezvousService::JoinReplyOf(const std::string& job_id,
   v1::JoinReply r;
   r.set_world_size(v.world_size);
   r.set_generation(v.generation);
-  for (const MemberView& m : v.members) FillMember(m, r.add_members());
+  // The ring goes once, in membership (JoinReply.members stays empty): at
+  // N = 2,048 a formation otherwise sends the ring 2N times.
   FillMembership(job_id, v, r.mutable_membership());
   r.set_heartbeat_interval_ms(static_cast<uint32_t>(
       absl::ToInt64Milliseconds(state_.options().heartbeat_interval)));

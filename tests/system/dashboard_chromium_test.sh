@@ -91,15 +91,33 @@ grep -E '^diagnosis:|<- slowest' <<<"$H" | sed 's/^/  health: /'
 # ------------------------------------------------------------ the page
 
 URL="http://127.0.0.1:$RDV_M/?job=$JOB"
-PROFILE="$SYS_LOG/chromium-profile"
-mkdir -p "$PROFILE"
+# Headless Chromium sometimes never exits after its virtual-time budget (a
+# known intermittent hang of --headless with --virtual-time-budget; it hung a
+# CI run once in 51 runs of this page). That is Chromium's fault, not the
+# page's, so each run is bounded at 45 s and, when it is killed, retried with
+# a fresh profile, at most 3 attempts, every retry logged. What decides the
+# test is what the page rendered (the DOM checks below), never the retries.
 chrome() {  # chrome NAME ARGS... : headless chromium, bounded, own session
-  run_bg "$1" timeout --foreground -s KILL 90 "$CHROME" --headless=new --no-sandbox \
-    --disable-gpu --no-first-run --no-default-browser-check --disable-extensions \
-    --disable-dev-shm-usage --user-data-dir="$PROFILE" "${@:2}"
-  wait_bg 100 "$1"
-  [[ "$(bg_rc "$1")" == 0 ]] ||
-    fail "chromium ($1) exited $(bg_rc "$1"): $(tail -n 10 "$SYS_LOG/$1.err")"
+  local attempt rc
+  for attempt in 1 2 3; do
+    local profile="$SYS_LOG/chromium-profile.$1.$attempt"
+    mkdir -p "$profile"
+    rm -f "$SYS_LOG/$1.rc"
+    run_bg "$1" timeout --foreground -s KILL 45 "$CHROME" --headless=new --no-sandbox \
+      --disable-gpu --no-first-run --no-default-browser-check --disable-extensions \
+      --disable-dev-shm-usage --user-data-dir="$profile" "${@:2}"
+    wait_bg 55 "$1"
+    rc=$(bg_rc "$1")
+    [[ "$rc" == 0 ]] && return 0
+    [[ "$rc" == 137 ]] ||
+      fail "chromium ($1) exited $rc: $(tail -n 10 "$SYS_LOG/$1.err")"
+    # timeout killed chromium's browser process only: end its renderers too
+    # (the run is a session and process group of its own, from run_bg).
+    kill -KILL -- "-${SYS_PID[$1]}" 2>/dev/null || true
+    log "chromium ($1) hung past 45 s (attempt $attempt of 3, killed); retrying with a fresh profile"
+    cp "$SYS_LOG/$1.err" "$SYS_LOG/$1.attempt$attempt.err" 2>/dev/null || true
+  done
+  fail "chromium ($1) hung past 45 s in 3 attempts: $(tail -n 10 "$SYS_LOG/$1.err")"
 }
 t0=$(now_ns)
 chrome dom --virtual-time-budget=5000 --dump-dom "$URL"

@@ -3,6 +3,8 @@
 #include <malloc.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
@@ -128,6 +130,10 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder) {
 }
 
 void TuneAllocatorForStreaming() {
+  const char* detect = std::getenv("HALKA_MUTEX_DEADLOCK_DETECTION");
+  if (detect == nullptr || std::string(detect) != "1") {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  }
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   mallopt(M_ARENA_MAX, 4);

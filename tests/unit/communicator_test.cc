@@ -475,6 +475,89 @@ TEST(Mismatch, DifferentDtypeAndOpAndKind) {
   }
 }
 
+// The ring's first step leaves while the fingerprints are still in flight
+// (all-to-all fingerprints). A disagreement found afterwards must still
+// leave every buffer as it was, fail every rank naming both sides, and leave
+// the ring usable: the early frames are never reduced, and are dropped.
+TEST(Mismatch, RingFirstStepSentEarlyTouchesNoBuffer) {
+  const int g = 4;
+  const size_t n = 1000;
+  Ring ring(g, /*chunk_bytes=*/256);
+  auto fill = [&](std::vector<std::vector<float>>& bufs) {
+    for (int r = 0; r < g; ++r) {
+      for (size_t i = 0; i < n; ++i) {
+        bufs[r][i] = static_cast<float>((i % 13) + 100 * (r + 1));
+      }
+    }
+  };
+  std::vector<std::vector<float>> bufs(g, std::vector<float>(n));
+  fill(bufs);
+  const std::vector<std::vector<float>> before = bufs;
+  // Rank 2 disagrees on the count, rank 1 on the reduce op: frames of every
+  // plan reach their successors before anyone knows.
+  auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    return ring.comms[r]->AllReduce(bufs[r].data(), r == 2 ? n - 1 : n,
+                                    DType::kFloat32,
+                                    r == 1 ? ReduceOp::kMax : ReduceOp::kSum,
+                                    absl::ZeroDuration(), Algorithm::kRing);
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_EQ(results[r].status().code(), absl::StatusCode::kFailedPrecondition)
+        << results[r].status();
+    EXPECT_THAT(std::string(results[r].status().message()),
+                HasSubstr("ranks disagree on the operation"));
+    EXPECT_EQ(bufs[r], before[r]) << "rank " << r << "'s buffer was touched";
+  }
+  // Every rank's first step did leave early: a data send (bytes > 0) booked
+  // inside the fingerprint phase.
+  for (int r = 0; r < g; ++r) {
+    const std::vector<TraceOp> trace = ring.comms[r]->GetTrace();
+    ASSERT_FALSE(trace.empty());
+    bool early = false;
+    for (const TraceSpan& s : trace.back().spans) {
+      early |= s.kind == TraceSpan::Kind::kSend &&
+               s.phase == Phase::kFingerprint && s.bytes > 0;
+    }
+    EXPECT_TRUE(early) << "rank " << r << " sent no data before agreeing";
+  }
+  // The next call, issued alike, is exact on every rank.
+  auto again = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    return ring.comms[r]->AllReduce(bufs[r].data(), n, DType::kFloat32,
+                                    ReduceOp::kSum, absl::ZeroDuration(),
+                                    Algorithm::kRing);
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_TRUE(again[r].ok()) << again[r].status();
+    for (size_t i = 0; i < n; ++i) {
+      const float want = static_cast<float>(g * (i % 13) + 100 * (1 + 2 + 3 + 4));
+      ASSERT_EQ(bufs[r][i], want) << "rank " << r << " element " << i;
+    }
+  }
+}
+
+// With fingerprints forwarded around the ring (G above the all-to-all
+// limit) nothing leaves early: a fingerprint must not queue behind data on
+// the link that forwards it.
+TEST(Mismatch, RingFingerprintsAroundTheRingSendNoDataEarly) {
+  const int g = 3;
+  Ring ring(g, 256, 64 << 10, /*all_to_all_max_world=*/2);
+  std::vector<std::vector<float>> bufs(g, std::vector<float>(300, 1.0f));
+  auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    return ring.comms[r]->AllReduce(bufs[r].data(), r == 0 ? 299 : 300,
+                                    DType::kFloat32, ReduceOp::kSum,
+                                    absl::ZeroDuration(), Algorithm::kRing);
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_EQ(results[r].status().code(), absl::StatusCode::kFailedPrecondition)
+        << results[r].status();
+    EXPECT_EQ(bufs[r], std::vector<float>(300, 1.0f));
+    for (const TraceSpan& s : ring.comms[r]->GetTrace().back().spans) {
+      EXPECT_FALSE(s.kind == TraceSpan::Kind::kSend && s.bytes > 0)
+          << "rank " << r << " sent data in a failed op";
+    }
+  }
+}
+
 TEST(Deadline, MissingRankIsNamed) {
   const int g = 3;
   Ring ring(g, 64);

@@ -4,6 +4,7 @@
 #include "worker/core/communicator.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/cord.h"
@@ -247,10 +248,25 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   inbox_->DropBefore(op.fp().op_seq);
   inbox_->ClearLinkFailures();
 
-  if (status.ok()) status = ExchangeFingerprints(op);
+  // The ring's first step needs no agreement to leave (it reads this rank's
+  // own chunks only): it goes out between sending the fingerprints and
+  // waiting for them, so the fingerprints' hop overlaps the data's. A
+  // failed Begin is reported where it always was, after the fingerprints.
+  std::optional<absl::Status> begun;
+  if (status.ok() && RingCanSendEarly(op)) {
+    status = SendFingerprints(op);
+    if (status.ok()) begun = buffer->Begin(fp.dtype, fp.op, fp.count);
+    if (status.ok() && begun->ok()) status = RingSendFirstStep(op);
+    if (status.ok()) status = AwaitFingerprints(op);
+  } else if (status.ok()) {
+    status = ExchangeFingerprints(op);
+  }
   status = progress_.EndUntouched(std::move(status));
   const bool untouched = !status.ok();
-  if (status.ok()) status = buffer->Begin(fp.dtype, fp.op, fp.count);
+  if (status.ok()) {
+    status = begun.has_value() ? *begun
+                               : buffer->Begin(fp.dtype, fp.op, fp.count);
+  }
   if (status.ok()) status = RunAlgorithm(op);
   absl::Status ended = buffer->End();
   if (status.ok()) status = ended;

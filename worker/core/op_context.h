@@ -119,6 +119,10 @@ class OpContext {
   // All-gather: the slice of the buffer that holds this rank's contribution.
   int input_slice() const { return input_slice_; }
   void set_input_slice(int slice) { input_slice_ = slice; }
+  // The ring sent its first step (this rank's own chunks, read-only) while
+  // the fingerprints were still in flight; RingSteps does not send it again.
+  bool first_step_sent() const { return first_step_sent_; }
+  void set_first_step_sent() { first_step_sent_ = true; }
 
   // --- Frames.
   // The header fields every fingerprint / data frame of this op shares.
@@ -218,6 +222,7 @@ class OpContext {
   std::shared_ptr<SendTracker> sends_ = std::make_shared<SendTracker>();
   std::vector<InFrame> eager_;
   int input_slice_ = 0;
+  bool first_step_sent_ = false;
   // Where the op is (mirrors the progress ledger, for error text).
   Phase phase_ = Phase::kFingerprint;
   int step_ = 0;

@@ -31,6 +31,13 @@ Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp);
 // Errors: FAILED_PRECONDITION naming two ranks that disagree, DATA_LOSS for
 // an unexpected frame, and the context's wait and send errors.
 absl::Status ExchangeFingerprints(OpContext& op);
+// The same exchange in two halves, so that data can leave between them
+// (only when op.all_to_all(): around the ring a fingerprint is forwarded on
+// the data's own link, and must not queue behind it). SendFingerprints puts
+// this rank's fingerprint (and an eager payload) on every link;
+// AwaitFingerprints takes every other rank's and compares them.
+absl::Status SendFingerprints(OpContext& op);
+absl::Status AwaitFingerprints(OpContext& op);
 
 // --- ring.cc
 // Pipelined ring all-reduce: G-1 reduce-scatter steps, then G-1 all-gather
@@ -44,6 +51,16 @@ absl::Status RingAllReduce(OpContext& op);
 // rank ends with every slice. Each rank sends (G-1)/G of the buffer.
 absl::Status RingReduceScatter(OpContext& op);
 absl::Status RingAllGather(OpContext& op);
+// Whether the ring's first step may leave before the fingerprints agree:
+// an all-reduce or reduce-scatter on the ring with fingerprints all-to-all.
+// Its first step only reads this rank's own, unmodified chunks, so a
+// disagreement found afterwards has still touched no buffer anywhere (the
+// receivers compare every fingerprint before they read any data frame, and
+// drop the frames of an op that failed).
+bool RingCanSendEarly(const OpContext& op);
+// Sends that first step (the buffer's Begin must have succeeded) and marks
+// it sent, so the algorithm starts with its first wait.
+absl::Status RingSendFirstStep(OpContext& op);
 
 // --- naive.cc
 // Every rank sends its buffer to every other rank and reduces all G copies

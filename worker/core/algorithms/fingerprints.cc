@@ -70,13 +70,21 @@ absl::Status ExchangeAroundRing(OpContext& op) {
   return CheckFingerprints(op, all);
 }
 
-// One hop: every rank sends its fingerprint (and, when `eager`, its whole
+// One hop: every rank sends its fingerprint (and, when eager, its whole
 // buffer) to every other rank. Eager payloads are kept in op.eager().
-absl::Status ExchangeAllToAll(OpContext& op, bool eager) {
-  const int g = op.world();
-  const int r = op.rank();
+// The bytes of an eager payload riding on the fingerprint frames, 0 when
+// the fingerprints go alone.
+size_t EagerBytes(const OpContext& op) {
+  const uint64_t bytes = op.fp().count * DTypeSize(op.fp().dtype);
+  const bool eager = op.algorithm() == Algorithm::kNaive && bytes > 0 &&
+                     bytes <= op.config().eager_bytes;
+  return eager ? static_cast<size_t>(bytes) : 0;
+}
+
+absl::Status SendAllToAll(OpContext& op) {
+  const size_t bytes = EagerBytes(op);
+  const bool eager = bytes > 0;
   const Fingerprint& fp = op.fp();
-  const size_t bytes = static_cast<size_t>(fp.count) * DTypeSize(fp.dtype);
   FrameMeta meta = op.FingerprintMeta();
   meta.count = eager ? fp.count : 0;
   op.SetLedger(Phase::kFingerprint, 0, 0, 1, -1);
@@ -85,10 +93,19 @@ absl::Status ExchangeAllToAll(OpContext& op, bool eager) {
     HALKA_ASSIGN_OR_RETURN(payload, op.buffer().HostView(0, fp.count));
   }
   // Start with the successor, so the ring's first link is warm first.
-  for (int i = 1; i < g; ++i) {
+  for (int i = 1; i < op.world(); ++i) {
     HALKA_RETURN_IF_ERROR(
-        op.Send(Mod(r + i, g), meta, payload, eager ? bytes : 0, -1));
+        op.Send(Mod(op.rank() + i, op.world()), meta, payload, bytes, -1));
   }
+  return absl::OkStatus();
+}
+
+absl::Status AwaitAllToAll(OpContext& op) {
+  const int g = op.world();
+  const int r = op.rank();
+  const size_t bytes = EagerBytes(op);
+  const bool eager = bytes > 0;
+  const Fingerprint& fp = op.fp();
   std::vector<Fingerprint> all(static_cast<size_t>(g));
   all[static_cast<size_t>(r)] = fp;
   std::vector<InFrame>& kept = op.eager();
@@ -135,10 +152,22 @@ Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
 
 absl::Status ExchangeFingerprints(OpContext& op) {
   if (!op.all_to_all()) return ExchangeAroundRing(op);
-  const uint64_t bytes = op.fp().count * DTypeSize(op.fp().dtype);
-  const bool eager = op.algorithm() == Algorithm::kNaive && bytes > 0 &&
-                     bytes <= op.config().eager_bytes;
-  return ExchangeAllToAll(op, eager);
+  HALKA_RETURN_IF_ERROR(SendAllToAll(op));
+  return AwaitAllToAll(op);
+}
+
+absl::Status SendFingerprints(OpContext& op) {
+  if (!op.all_to_all()) {
+    return absl::InternalError("SendFingerprints needs all-to-all fingerprints");
+  }
+  return SendAllToAll(op);
+}
+
+absl::Status AwaitFingerprints(OpContext& op) {
+  if (!op.all_to_all()) {
+    return absl::InternalError("AwaitFingerprints needs all-to-all fingerprints");
+  }
+  return AwaitAllToAll(op);
 }
 
 }  // namespace halka

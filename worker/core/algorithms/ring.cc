@@ -12,81 +12,112 @@ namespace halka {
 
 namespace {
 
+// The segments and chunks of one ring operation, planned as for rank
+// `plan_rank`: rank r finishes reducing segment plan_rank+1 and starts the
+// all-gather with it.
+struct RingPlan {
+  RingPlan(OpContext& op, int plan_rank)
+      : g(op.world()),
+        r(plan_rank),
+        es(DTypeSize(op.fp().dtype)),
+        succ(Mod(op.rank() + 1, g)),
+        pred(Mod(op.rank() - 1, g)) {
+    const size_t chunk_elems =
+        std::max<size_t>(1, op.config().chunk_bytes / es);
+    const std::vector<Range> segments = PlanSegments(op.fp().count, g);
+    chunks.resize(static_cast<size_t>(g));
+    for (int i = 0; i < g; ++i) {
+      chunks[static_cast<size_t>(i)] =
+          PlanChunks(segments[static_cast<size_t>(i)], chunk_elems);
+    }
+  }
+  // Step t of the 2(G-1): its phase, its number within the phase, the
+  // segment it sends and the one it receives.
+  Phase phase_of(int t) const {
+    return t < g - 1 ? Phase::kReduceScatter : Phase::kAllGather;
+  }
+  int step_in_phase(int t) const { return t < g - 1 ? t : t - (g - 1); }
+  int send_seg(int t) const {
+    return t < g - 1 ? RsSendSegment(r, g, t)
+                     : AgSendSegment(r, g, t - (g - 1));
+  }
+  int recv_seg(int t) const {
+    return t < g - 1 ? RsRecvSegment(r, g, t)
+                     : AgRecvSegment(r, g, t - (g - 1));
+  }
+  const std::vector<Range>& chunks_of(int seg) const {
+    return chunks[static_cast<size_t>(seg)];
+  }
+
+  const int g;
+  const int r;
+  const size_t es;
+  const int succ;
+  const int pred;
+  std::vector<std::vector<Range>> chunks;
+};
+
+absl::Status SendChunk(OpContext& op, const RingPlan& plan, int t, int seg,
+                       const Range& c) {
+  absl::StatusOr<const uint8_t*> p = op.buffer().HostView(c.offset, c.count);
+  if (!p.ok()) return p.status();
+  return op.Send(plan.succ,
+                 op.ChunkMeta(plan.phase_of(t), plan.step_in_phase(t), seg, c),
+                 *p, c.count * plan.es, seg);
+}
+
+// Step `first` sends this rank's own data, segment by chunk.
+absl::Status SendFirst(OpContext& op, const RingPlan& plan, int first,
+                       bool ledger) {
+  const int seg = plan.send_seg(first);
+  const auto& cs = plan.chunks_of(seg);
+  if (ledger) {
+    op.SetLedger(plan.phase_of(first), plan.step_in_phase(first), 0,
+                 static_cast<int>(cs.size()), -1);
+  }
+  for (const Range& c : cs) {
+    HALKA_RETURN_IF_ERROR(SendChunk(op, plan, first, seg, c));
+  }
+  return absl::OkStatus();
+}
+
 // Ring steps [first, end) of the 2(G-1) steps of an all-reduce (0..G-2
 // reduce-scatter, G-1..2G-3 all-gather), pipelined by chunk: step t sends
 // the segment received (and reduced) at step t-1, so a chunk moves on as
-// soon as it is ready; step `first` sends this rank's own data. Segments
-// are planned as for rank `plan_rank`: rank r finishes reducing segment
-// plan_rank+1 and starts the all-gather with it.
+// soon as it is ready; step `first` sends this rank's own data (unless it
+// already left while the fingerprints were in flight).
 absl::Status RingSteps(OpContext& op, int first, int end, int plan_rank) {
-  const int g = op.world();
-  const int r = plan_rank;
   const Fingerprint& fp = op.fp();
-  const size_t es = DTypeSize(fp.dtype);
-  if (g == 1 || fp.count == 0 || first >= end) return absl::OkStatus();
-  const int succ = Mod(op.rank() + 1, g);
-  const int pred = Mod(op.rank() - 1, g);
-  OpBuffer& buf = op.buffer();
-  const size_t chunk_elems =
-      std::max<size_t>(1, op.config().chunk_bytes / es);
-  const std::vector<Range> segments = PlanSegments(fp.count, g);
-  std::vector<std::vector<Range>> chunks(static_cast<size_t>(g));
-  for (int i = 0; i < g; ++i) {
-    chunks[static_cast<size_t>(i)] =
-        PlanChunks(segments[static_cast<size_t>(i)], chunk_elems);
+  if (op.world() == 1 || fp.count == 0 || first >= end) {
+    return absl::OkStatus();
   }
-
-  auto send_chunk = [&](Phase phase, int step, int seg,
-                        const Range& c) -> absl::Status {
-    absl::StatusOr<const uint8_t*> p = buf.HostView(c.offset, c.count);
-    if (!p.ok()) return p.status();
-    return op.Send(succ, op.ChunkMeta(phase, step, seg, c), *p, c.count * es,
-                   seg);
-  };
-
-  auto phase_of = [g](int t) {
-    return t < g - 1 ? Phase::kReduceScatter : Phase::kAllGather;
-  };
-  auto step_in_phase = [g](int t) { return t < g - 1 ? t : t - (g - 1); };
-  auto send_seg = [g, r](int t) {
-    return t < g - 1 ? RsSendSegment(r, g, t)
-                     : AgSendSegment(r, g, t - (g - 1));
-  };
-  auto recv_seg = [g, r](int t) {
-    return t < g - 1 ? RsRecvSegment(r, g, t)
-                     : AgRecvSegment(r, g, t - (g - 1));
-  };
-
-  {
-    const int seg = send_seg(first);
-    const auto& cs = chunks[static_cast<size_t>(seg)];
-    op.SetLedger(phase_of(first), step_in_phase(first), 0,
-                 static_cast<int>(cs.size()), -1);
-    for (const Range& c : cs) {
-      HALKA_RETURN_IF_ERROR(
-          send_chunk(phase_of(first), step_in_phase(first), seg, c));
-    }
+  const RingPlan plan(op, plan_rank);
+  const int g = plan.g;
+  OpBuffer& buf = op.buffer();
+  if (!op.first_step_sent()) {
+    HALKA_RETURN_IF_ERROR(SendFirst(op, plan, first, /*ledger=*/true));
   }
   absl::Duration reduce_time;
   for (int t = first; t < end; ++t) {
-    const Phase phase = phase_of(t);
-    const int step = step_in_phase(t);
-    const int seg = recv_seg(t);
+    const Phase phase = plan.phase_of(t);
+    const int step = plan.step_in_phase(t);
+    const int seg = plan.recv_seg(t);
     const bool reduce = phase == Phase::kReduceScatter;
     const bool last_rs = t == g - 2;
-    const auto& cs = chunks[static_cast<size_t>(seg)];
+    const auto& cs = plan.chunks_of(seg);
     if (!reduce && !op.WaitForReleases(seg, op.deadline())) {
       // Never overwrite memory the wire may still be reading.
       return absl::DeadlineExceededError(absl::StrCat(
-          op.Where(), ": deadline exceeded waiting for ", op.Who(succ),
+          op.Where(), ": deadline exceeded waiting for ", op.Who(plan.succ),
           " to take segment ", seg, " before all-gather step ", step));
     }
     for (size_t ci = 0; ci < cs.size(); ++ci) {
       const Range& c = cs[ci];
       op.SetLedger(phase, step, static_cast<int>(ci),
-                   static_cast<int>(cs.size()), pred);
+                   static_cast<int>(cs.size()), plan.pred);
       HALKA_ASSIGN_OR_RETURN(
-          InFrame in, op.AwaitData(pred, op.ChunkMeta(phase, step, seg, c)));
+          InFrame in,
+          op.AwaitData(plan.pred, op.ChunkMeta(phase, step, seg, c)));
       const absl::Time t0 = absl::Now();
       HALKA_RETURN_IF_ERROR(buf.Apply(reduce, c.offset, c.count, in));
       if (last_rs && fp.op == ReduceOp::kAvg) {
@@ -94,15 +125,20 @@ absl::Status RingSteps(OpContext& op, int first, int end, int plan_rank) {
         // receives the same bits.
         HALKA_RETURN_IF_ERROR(buf.FinalizeAvg(c.offset, c.count, g));
       }
-      reduce_time += op.RecordReduce(pred, absl::Now() - t0);
+      reduce_time += op.RecordReduce(plan.pred, absl::Now() - t0);
       if (t + 1 < end) {
-        HALKA_RETURN_IF_ERROR(
-            send_chunk(phase_of(t + 1), step_in_phase(t + 1), seg, c));
+        HALKA_RETURN_IF_ERROR(SendChunk(op, plan, t + 1, seg, c));
       }
     }
   }
   op.RecordReduceTotal(reduce_time);
   return absl::OkStatus();
+}
+
+// The rank whose all-reduce plan an operation follows (see below).
+int PlanRank(const OpContext& op) {
+  return op.fp().kind == OpKind::kAllReduce ? op.rank()
+                                            : Mod(op.rank() - 1, op.world());
 }
 
 }  // namespace
@@ -114,7 +150,24 @@ absl::Status RingAllReduce(OpContext& op) {
 // The two halves plan segments as rank r-1 would in an all-reduce, so that
 // rank r owns segment r: the all-reduce's rank r-1 finishes segment r.
 absl::Status RingReduceScatter(OpContext& op) {
-  return RingSteps(op, 0, op.world() - 1, Mod(op.rank() - 1, op.world()));
+  return RingSteps(op, 0, op.world() - 1, PlanRank(op));
+}
+
+bool RingCanSendEarly(const OpContext& op) {
+  const OpKind kind = op.fp().kind;
+  const bool ring_kind =
+      (kind == OpKind::kAllReduce && op.algorithm() == Algorithm::kRing) ||
+      kind == OpKind::kReduceScatter;
+  return ring_kind && op.all_to_all() && op.world() > 1 && op.fp().count > 0;
+}
+
+absl::Status RingSendFirstStep(OpContext& op) {
+  const RingPlan plan(op, PlanRank(op));
+  // The ledger stays in the fingerprint phase: this send happens while the
+  // fingerprints are compared, and the wait that follows is theirs.
+  HALKA_RETURN_IF_ERROR(SendFirst(op, plan, 0, /*ledger=*/false));
+  op.set_first_step_sent();
+  return absl::OkStatus();
 }
 
 absl::Status RingAllGather(OpContext& op) {

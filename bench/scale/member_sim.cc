@@ -75,6 +75,7 @@ class WatchReader final
     req.set_job_id(job_id);
     req.set_worker_id(worker_id);
     req.set_known_generation(known_generation);
+    req.set_deltas(true);  // as halka-worker
     req_ = Bytes(req);
     stub->PrepareBidiStreamingCall(&ctx_, "/halka.v1.Rendezvous/Watch",
                                    grpc::StubOptions(), this);
@@ -318,6 +319,7 @@ class Sim {
     req.set_address(absl::StrCat("127.0.0.1:", 20000 + m.index));
     req.set_world_size(o_.members);
     req.set_incarnation(static_cast<uint64_t>(m.index) + 1);
+    req.set_compact_membership(true);  // as halka-worker
     m.join_req = Bytes(req);
     m.join_ctx.set_deadline(absl::ToChronoTime(absl::Now() + o_.join_timeout));
     m.generic->UnaryCall(&m.join_ctx, "/halka.v1.Rendezvous/Join",

@@ -70,12 +70,13 @@ class WatchReader final
   // Like halka-worker, the watcher names the generation its Join returned:
   // the stream's first message is the next change.
   void Start(grpc::GenericStub* stub, const std::string& job_id,
-             const std::string& worker_id, uint64_t known_generation) {
+             const std::string& worker_id, uint64_t known_generation,
+             bool deltas) {
     v1::WatchRequest req;
     req.set_job_id(job_id);
     req.set_worker_id(worker_id);
     req.set_known_generation(known_generation);
-    req.set_deltas(true);  // as halka-worker
+    req.set_deltas(deltas);
     req_ = Bytes(req);
     stub->PrepareBidiStreamingCall(&ctx_, "/halka.v1.Rendezvous/Watch",
                                    grpc::StubOptions(), this);
@@ -128,6 +129,7 @@ struct Member {
   int index = 0;
   std::string id;
   v1::Rendezvous::Stub* stub = nullptr;
+  v1::Rendezvous::Stub* beat_stub = nullptr;  // heartbeats
   grpc::GenericStub* generic = nullptr;
   // Join
   grpc::ClientContext join_ctx;
@@ -177,6 +179,12 @@ class Sim {
           o_.rendezvous, grpc::InsecureChannelCredentials(), args);
       stubs_.push_back(v1::Rendezvous::NewStub(channel));
       generics_.push_back(std::make_unique<grpc::GenericStub>(channel));
+      if (o_.heartbeat_channels) {
+        grpc::ChannelArguments beat_args;
+        beat_args.SetInt("halka.scale.beat_channel", c);  // a connection each
+        beat_stubs_.push_back(v1::Rendezvous::NewStub(grpc::CreateCustomChannel(
+            o_.rendezvous, grpc::InsecureChannelCredentials(), beat_args)));
+      }
     }
     members_.reserve(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) {
@@ -185,6 +193,9 @@ class Sim {
       m->id = absl::StrCat("sim-", i);
       m->stub = stubs_[static_cast<size_t>(i / per)].get();
       m->generic = generics_[static_cast<size_t>(i / per)].get();
+      m->beat_stub = o_.heartbeat_channels
+                         ? beat_stubs_[static_cast<size_t>(i / per)].get()
+                         : m->stub;
       members_.push_back(std::move(m));
     }
     const double cpu0 = CpuSeconds();
@@ -319,7 +330,7 @@ class Sim {
     req.set_address(absl::StrCat("127.0.0.1:", 20000 + m.index));
     req.set_world_size(o_.members);
     req.set_incarnation(static_cast<uint64_t>(m.index) + 1);
-    req.set_compact_membership(true);  // as halka-worker
+    req.set_compact_membership(o_.compact);
     m.join_req = Bytes(req);
     m.join_ctx.set_deadline(absl::ToChronoTime(absl::Now() + o_.join_timeout));
     m.generic->UnaryCall(&m.join_ctx, "/halka.v1.Rendezvous/Join",
@@ -349,7 +360,7 @@ class Sim {
     m.beating = true;  // the driver beats at once
     if (m.index < o_.watchers) {
       m.watch = std::make_unique<WatchReader>();
-      m.watch->Start(m.generic, o_.job_id, m.id, generation);
+      m.watch->Start(m.generic, o_.job_id, m.id, generation, o_.compact);
     }
   }
 
@@ -390,7 +401,7 @@ class Sim {
     m.beat_req.set_incarnation(static_cast<uint64_t>(m.index) + 1);
     m.beat_reply.Clear();
     m.beat_sent = absl::Now();
-    m.stub->async()->Heartbeat(
+    m.beat_stub->async()->Heartbeat(
         m.beat_ctx.get(), &m.beat_req, &m.beat_reply, [this, &m](grpc::Status s) {
           const double ms =
               absl::ToDoubleMilliseconds(absl::Now() - m.beat_sent);
@@ -431,6 +442,7 @@ class Sim {
   const SimOptions o_;
   std::vector<std::unique_ptr<v1::Rendezvous::Stub>> stubs_;
   std::vector<std::unique_ptr<grpc::GenericStub>> generics_;
+  std::vector<std::unique_ptr<v1::Rendezvous::Stub>> beat_stubs_;
   std::vector<std::unique_ptr<Member>> members_;
   std::atomic<bool> stop_{false};
   absl::Mutex mu_;

@@ -28,6 +28,11 @@ ABSL_FLAG(std::string, rendezvous_bin, HALKA_RENDEZVOUS_BIN,
 ABSL_FLAG(std::string, rendezvous_flags, "",
           "extra flags for halka-rendezvous, comma-separated");
 ABSL_FLAG(std::string, log_dir, "/tmp", "where the rendezvous logs go");
+ABSL_FLAG(bool, heartbeat_channels, false,
+          "members heartbeat on connections of their own");
+ABSL_FLAG(bool, compact, true,
+          "members ask for the ring deflated in Join replies and for Watch "
+          "deltas (as halka-worker); false: whole memberships");
 
 namespace {
 
@@ -78,6 +83,8 @@ int main(int argc, char** argv) {
                                                    : absl::GetFlag(FLAGS_watchers);
     o.steady = absl::GetFlag(FLAGS_steady);
     o.join_spread = absl::GetFlag(FLAGS_join_spread);
+    o.heartbeat_channels = absl::GetFlag(FLAGS_heartbeat_channels);
+    o.compact = absl::GetFlag(FLAGS_compact);
     o.rendezvous_pid = rv->pid();
     o.rendezvous_log = log;
     const halka::scale::SimResult r = halka::scale::RunSim(o);

@@ -90,6 +90,7 @@ class WatchReader final
     {
       absl::MutexLock lock(&mu_);
       seen_.emplace_back(generation, absl::Now());
+      bytes_.emplace_back(generation, static_cast<int64_t>(msg_.Length()));
     }
     StartRead(&msg_);
   }
@@ -107,6 +108,13 @@ class WatchReader final
     absl::MutexLock lock(&mu_);
     return !done_;
   }
+  // Bytes of the messages of generations newer than `after`.
+  int64_t BytesAfter(uint64_t after) {
+    absl::MutexLock lock(&mu_);
+    int64_t n = 0;
+    for (const auto& [g, b] : bytes_) n += g > after ? b : 0;
+    return n;
+  }
   // When the first generation newer than `after` arrived.
   std::optional<absl::Time> SawAfter(uint64_t after) {
     absl::MutexLock lock(&mu_);
@@ -122,6 +130,7 @@ class WatchReader final
   grpc::ByteBuffer msg_;
   absl::Mutex mu_;
   std::vector<std::pair<uint64_t, absl::Time>> seen_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uint64_t, int64_t>> bytes_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -225,6 +234,7 @@ class Sim {
       r.after_last_join = last_answer_ - last_sent;
       r.min_join_generation = min_gen_;
       r.max_join_generation = max_gen_;
+      r.join_reply_bytes = join_reply_bytes_;
     }
     if (o_.rendezvous_pid > 0) {
       if (auto s = SampleProcess(o_.rendezvous_pid); s.ok()) {
@@ -277,6 +287,9 @@ class Sim {
           }
         }
         r.watchers_saw_change = saw;
+        for (auto& m : members_) {
+          if (m->watch) r.change_watch_bytes += m->watch->BytesAfter(before);
+        }
         const int expected =
             open - (leaver.watch && leaver.watch->open() ? 1 : 0);
         if (saw == expected) r.change_reached_all = latest - t0;
@@ -352,6 +365,7 @@ class Sim {
         return;
       }
       ++joined_;
+      join_reply_bytes_ += static_cast<int64_t>(m.join_reply.Length());
       const uint64_t g = generation;
       min_gen_ = min_gen_ == 0 ? g : std::min(min_gen_, g);
       max_gen_ = std::max(max_gen_, g);
@@ -452,6 +466,7 @@ class Sim {
   absl::Time last_answer_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t min_gen_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t max_gen_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t join_reply_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<double> latencies_ms_ ABSL_GUARDED_BY(mu_);
   std::vector<double> steady_ms_ ABSL_GUARDED_BY(mu_);
   absl::Time start_ = absl::Now();

@@ -85,6 +85,10 @@ struct SimResult {
   double joins_cpu_seconds = 0;
   long joins_log_bytes = 0;
   int peak_threads = 0;
+  // Bytes received: all Join replies, and all Watch messages after the
+  // Leave (the change as every watcher got it).
+  int64_t join_reply_bytes = 0;
+  int64_t change_watch_bytes = 0;
   ProcessSample at_end;
   double sim_cpu_seconds = 0;  // this process (the simulated members)
 };

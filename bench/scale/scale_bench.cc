@@ -106,6 +106,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "N=%d: CPU used in all: rendezvous %.1f s, simulator %.1f s\n",
                  n, r.at_end.cpu_seconds, r.sim_cpu_seconds);
+    std::fprintf(stderr,
+                 "N=%d: Join replies %.1f MB (%.1f KB each); Watch messages "
+                 "for the change %.2f MB\n",
+                 n, static_cast<double>(r.join_reply_bytes) / 1e6,
+                 r.joined > 0 ? static_cast<double>(r.join_reply_bytes) /
+                                    r.joined / 1e3
+                              : 0.0,
+                 static_cast<double>(r.change_watch_bytes) / 1e6);
     std::string by_second;
     for (double ms : r.p99_by_second_ms) absl::StrAppend(&by_second, " ", ms);
     std::fprintf(stderr, "N=%d: heartbeat p99 (ms) by second:%s\n", n,

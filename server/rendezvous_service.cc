@@ -517,7 +517,7 @@ grpc::Slice RendezvousService::JoinReplyOf(const std::string& job_id,
   Remember(job_id, r.membership());
   if (compact) {
     // Deflated once per generation and shared by every reply: the ring is
-    // N^2 bytes over a formation (~45 KB a reply at 1,024 members, ~6 KB
+    // N^2 bytes over a formation (~41 KB a reply at 1,024 members, ~7 KB
     // deflated).
     r.set_membership_deflate(DeflateMembership(r.membership()));
     r.clear_membership();

@@ -11,6 +11,7 @@
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "server/rendezvous_http.h"
 #include "server/rendezvous_report.h"
+#include "wire/membership_codec.h"
 
 namespace halka {
 namespace {
@@ -103,6 +104,7 @@ class RendezvousService::JoinCall final : public grpc::ServerUnaryReactor {
       : service_(service), reply_(reply) {}
   JoinArgs args;
   absl::Time deadline;
+  bool compact = false;  // the reply's ring deflated (compact_membership)
 
   // The reply is the generation's JoinReply followed by this member's
   // rank: serialised protobuf messages concatenate as a merge, so the
@@ -130,29 +132,49 @@ class RendezvousService::JoinCall final : public grpc::ServerUnaryReactor {
 
 // One Watch stream: the newest membership not yet written waits in next_
 // (a watcher that falls behind skips generations, it never queues them).
+// A watcher that takes deltas gets each update against the generation of
+// the message written before it (the one it will hold), when the service
+// has that delta; else the whole membership.
 class RendezvousService::WatchCall final
     : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
+  // `known`: the generation the watcher holds (0: none).
   WatchCall(RendezvousService* service, std::string job_id,
-            std::string worker_id, std::string peer)
+            std::string worker_id, std::string peer, bool deltas,
+            uint64_t known)
       : service_(service), job_id(std::move(job_id)),
-        worker_id(std::move(worker_id)), peer(std::move(peer)) {}
+        worker_id(std::move(worker_id)), peer(std::move(peer)),
+        deltas(deltas), written_(known) {}
   const std::string job_id;
   const std::string worker_id;
   const std::string peer;
+  const bool deltas;
   bool counted = false;  // holds a place in service_->watches_
 
-  void Offer(uint64_t generation, const grpc::Slice& membership) {
+  // The generation the watcher will hold before the next update (0: none):
+  // what a delta for this stream is against.
+  uint64_t Base() {
+    absl::MutexLock lock(&mu_);
+    return written_;
+  }
+  // `delta` (may be empty) is against generation `base`.
+  void Offer(uint64_t generation, const grpc::Slice& whole, uint64_t base,
+             const grpc::Slice& delta) {
     {
       absl::MutexLock lock(&mu_);
       if (ended_ || generation == offered_) return;
       offered_ = generation;
+      const bool use_delta =
+          deltas && delta.size() > 0 && base != 0 && base == written_;
+      const grpc::Slice& bytes = use_delta ? delta : whole;
       if (writing_) {
-        next_ = grpc::ByteBuffer(&membership, 1);
+        next_ = grpc::ByteBuffer(&bytes, 1);
+        next_generation_ = generation;
         return;
       }
       writing_ = true;
-      current_ = grpc::ByteBuffer(&membership, 1);
+      current_ = grpc::ByteBuffer(&bytes, 1);
+      written_ = generation;
     }
     StartWrite(&current_);
   }
@@ -185,6 +207,7 @@ class RendezvousService::WatchCall final
       } else if (next_.has_value()) {
         current_ = std::move(*next_);
         next_.reset();
+        written_ = next_generation_;
         then = kWrite;
       } else {
         writing_ = false;
@@ -208,6 +231,10 @@ class RendezvousService::WatchCall final
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t offered_ ABSL_GUARDED_BY(mu_) = 0;
+  // The generation of the write in flight (or the last one; at first the
+  // one the watcher knows), and of next_.
+  uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ByteBuffer current_;  // the write in flight
   std::shared_ptr<WatchCall> self_;
   std::optional<grpc::ByteBuffer> next_ ABSL_GUARDED_BY(mu_);
@@ -338,7 +365,14 @@ void RendezvousService::Publish() {
   };
   EraseUnless(published_, listened);
   EraseUnless(join_replies_, listened);
+  EraseUnless(compact_join_replies_, listened);
   EraseUnless(memberships_, listened);
+  // Kept while the job lives: its members' Watches open after their Joins
+  // return, and their first delta is against the Join's generation.
+  EraseUnless(history_, [this](const std::string& id)
+                            ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                              return state_.HasJob(id);
+                            });
 }
 
 void RendezvousService::PublishJob(const std::string& job_id) {
@@ -353,14 +387,19 @@ void RendezvousService::PublishJob(const std::string& job_id) {
     auto& calls = it->second;
     std::optional<MembershipView> view;
     if (!stopping_) view = state_.AssignmentView(job_id);
-    grpc::Slice reply;
-    if (view.has_value()) reply = JoinReplyOf(job_id, *view);
+    grpc::Slice replies[2];  // plain, compact: made on first use
+    auto reply = [&](bool compact) {
+      grpc::Slice& r = replies[compact ? 1 : 0];
+      if (r.size() == 0) r = JoinReplyOf(job_id, *view, compact);
+      return r;
+    };
     auto waiting = std::stable_partition(
         calls.begin(), calls.end(), [&](JoinCall* c) {
-          if (stopping_) return false;
+          if (stopping_ || !view.has_value()) return !stopping_;
           const int rank = state_.AssignedRank(job_id, c->args.worker_id);
           if (rank < 0) return true;
-          outbox_.answers.push_back({c, grpc::Status::OK, reply, rank});
+          outbox_.answers.push_back(
+              {c, grpc::Status::OK, reply(c->compact), rank});
           return false;
         });
     if (stopping_) {
@@ -379,8 +418,57 @@ void RendezvousService::PublishJob(const std::string& job_id) {
     for (auto& c : it->second) outbox_.ends.push_back({c, stopping_ ? down : gone});
     return;
   }
-  const grpc::Slice bytes = MembershipOf(job_id);
-  for (auto& c : it->second) outbox_.updates.push_back({c, generation, bytes});
+  for (auto& c : it->second) outbox_.updates.push_back(UpdateFor(job_id, c));
+}
+
+RendezvousService::Outbox::Update RendezvousService::UpdateFor(
+    const std::string& job_id, const std::shared_ptr<WatchCall>& call) {
+  Outbox::Update u{call, state_.Generation(job_id), MembershipOf(job_id)};
+  if (call->deltas) {
+    u.base = call->Base();
+    if (u.base != 0 && u.base != u.generation) u.delta = DeltaOf(job_id, u.base);
+  }
+  return u;
+}
+
+void RendezvousService::Remember(const std::string& job_id,
+                                 const v1::Membership& m) {
+  // Three generations back covers a watcher whose write was in flight
+  // through two quick changes; one further behind gets a whole one.
+  constexpr size_t kKept = 4;
+  if (m.generation() == 0) return;  // forming: no member holds it
+  History& h = history_[job_id];
+  const uint64_t epoch = state_.JobEpoch(job_id);
+  if (h.epoch != epoch) h = History{epoch};
+  for (const v1::Membership& k : h.kept) {
+    if (k.generation() == m.generation()) return;
+  }
+  h.kept.push_back(m);
+  if (h.kept.size() > kKept) h.kept.erase(h.kept.begin());
+}
+
+grpc::Slice RendezvousService::DeltaOf(const std::string& job_id,
+                                       uint64_t base) {
+  const uint64_t generation = state_.Generation(job_id);
+  MembershipOf(job_id);  // keeps the current generation
+  auto it = history_.find(job_id);
+  if (it == history_.end()) return grpc::Slice();
+  History& h = it->second;
+  if (h.deltas_of != generation) {
+    h.deltas.clear();
+    h.deltas_of = generation;
+  }
+  if (auto d = h.deltas.find(base); d != h.deltas.end()) return d->second;
+  const v1::Membership* from = nullptr;
+  const v1::Membership* to = nullptr;
+  for (const v1::Membership& k : h.kept) {
+    if (k.generation() == base) from = &k;
+    if (k.generation() == generation) to = &k;
+  }
+  if (from == nullptr || to == nullptr) return grpc::Slice();
+  grpc::Slice bytes(MakeMembershipDelta(*from, *to).SerializeAsString());
+  h.deltas[base] = bytes;
+  return bytes;
 }
 
 bool RendezvousService::WatchHas(const std::string& job_id,
@@ -406,13 +494,15 @@ grpc::Slice RendezvousService::MembershipOf(const std::string& job_id) {
   v1::Membership m;
   if (view.ok()) FillMembership(job_id, *view, &m);
   cached = {epoch, generation, grpc::Slice(m.SerializeAsString())};
+  if (view.ok()) Remember(job_id, m);
   return cached.bytes;
 }
 
 grpc::Slice RendezvousService::JoinReplyOf(const std::string& job_id,
-                                           const MembershipView& v) {
+                                           const MembershipView& v,
+                                           bool compact) {
   const uint64_t epoch = state_.JobEpoch(job_id);
-  Cached& cached = join_replies_[job_id];
+  Cached& cached = (compact ? compact_join_replies_ : join_replies_)[job_id];
   if (cached.epoch == epoch && cached.generation == v.generation &&
       cached.bytes.size() > 0) {
     return cached.bytes;
@@ -423,6 +513,15 @@ grpc::Slice RendezvousService::JoinReplyOf(const std::string& job_id,
   // The ring goes once, in membership (JoinReply.members stays empty): at
   // N = 2,048 a formation otherwise sends the ring 2N times.
   FillMembership(job_id, v, r.mutable_membership());
+  // The members' first Watch updates are deltas against this ring.
+  Remember(job_id, r.membership());
+  if (compact) {
+    // Deflated once per generation and shared by every reply: the ring is
+    // N^2 bytes over a formation (~41 KB a reply at 1,024 members, ~7 KB
+    // deflated).
+    r.set_membership_deflate(DeflateMembership(r.membership()));
+    r.clear_membership();
+  }
   r.set_heartbeat_interval_ms(static_cast<uint32_t>(
       absl::ToInt64Milliseconds(state_.options().heartbeat_interval)));
   r.set_heartbeat_timeout_ms(static_cast<uint32_t>(
@@ -444,7 +543,9 @@ void RendezvousService::Deliver() {
       a.call->Finish(a.status);
     }
   }
-  for (Outbox::Update& u : out.updates) u.call->Offer(u.generation, u.membership);
+  for (Outbox::Update& u : out.updates) {
+    u.call->Offer(u.generation, u.membership, u.base, u.delta);
+  }
   for (Outbox::End& e : out.ends) e.call->End(e.status);
 }
 
@@ -472,6 +573,7 @@ grpc::ServerUnaryReactor* RendezvousService::Join(
   args.max_world_size = req.max_world_size();
   args.requested_rank = req.has_requested_rank() ? req.requested_rank() : -1;
   args.incarnation = req.incarnation();
+  call->compact = req.compact_membership();
   const absl::Time now = absl::Now();
   call->deadline = absl::FromChrono(ctx->deadline());
   if (req.wait_timeout_ms() > 0) {
@@ -494,7 +596,8 @@ grpc::ServerUnaryReactor* RendezvousService::Join(
       Publish();  // answers the others when this Join formed the ring
       rank = state_.AssignedRank(args.job_id, args.worker_id);
       if (rank >= 0) {
-        answer = JoinReplyOf(args.job_id, *state_.AssignmentView(args.job_id));
+        answer = JoinReplyOf(args.job_id, *state_.AssignmentView(args.job_id),
+                             call->compact);
       } else {
         joins_[args.job_id].push_back(call);
       }
@@ -599,7 +702,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RendezvousService::Watch(
   v1::WatchRequest req;
   const bool parsed = ParseMessage(*request, &req);
   auto call = std::make_shared<WatchCall>(this, req.job_id(), req.worker_id(),
-                                         ctx->peer());
+                                         ctx->peer(), req.deltas(),
+                                         req.known_generation());
   grpc::Status refused;
   if (!parsed) {
     refused = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -634,7 +738,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RendezvousService::Watch(
       const uint64_t g = state_.Generation(req.job_id());
       published_.emplace(req.job_id(), g);
       if (g != req.known_generation()) {
-        outbox_.updates.push_back({call, g, MembershipOf(req.job_id())});
+        outbox_.updates.push_back(UpdateFor(req.job_id(), call));
       }
     }
   }

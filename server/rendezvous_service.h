@@ -88,7 +88,9 @@ class RendezvousService final : public RendezvousBase {
     struct Update {
       std::shared_ptr<WatchCall> call;
       uint64_t generation = 0;
-      grpc::Slice membership;  // shared
+      grpc::Slice membership;  // whole, shared
+      uint64_t base = 0;       // `delta` is against this generation
+      grpc::Slice delta;       // shared by the watchers at `base`; may be empty
     };
     struct End {
       std::shared_ptr<WatchCall> call;
@@ -106,12 +108,28 @@ class RendezvousService final : public RendezvousBase {
   void Deliver() ABSL_LOCKS_EXCLUDED(mu_);
   void PublishJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The JoinReply of the job's running ring without a rank (one per
-  // generation, cached).
-  grpc::Slice JoinReplyOf(const std::string& job_id, const MembershipView& v)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // generation, cached); `compact`: with membership_deflate instead of
+  // membership.
+  grpc::Slice JoinReplyOf(const std::string& job_id, const MembershipView& v,
+                          bool compact) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's Membership as a watcher receives it (one per generation,
   // cached; ages as of the change).
   grpc::Slice MembershipOf(const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps the membership of a generation the job's members were handed
+  // (the last few), for the deltas against it.
+  void Remember(const std::string& job_id, const v1::Membership& m)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's current Membership as a delta against generation `base`
+  // (serialised once per base and generation); empty when `base` is no
+  // longer kept.
+  grpc::Slice DeltaOf(const std::string& job_id, uint64_t base)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The update of the job's current generation for one watcher: the whole
+  // membership and, for a watcher that takes deltas, the delta against
+  // the generation it holds.
+  Outbox::Update UpdateFor(const std::string& job_id,
+                           const std::shared_ptr<WatchCall>& call)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker has a Watch stream of the job that was handed `generation`.
   bool WatchHas(const std::string& job_id, const std::string& worker_id,
@@ -151,7 +169,17 @@ class RendezvousService final : public RendezvousBase {
     grpc::Slice bytes;
   };
   std::map<std::string, Cached> join_replies_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Cached> compact_join_replies_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Cached> memberships_ ABSL_GUARDED_BY(mu_);
+  // Per job, the memberships of its last generations (newest last) and
+  // the current generation's deltas by base generation.
+  struct History {
+    uint64_t epoch = 0;
+    std::vector<v1::Membership> kept;
+    uint64_t deltas_of = 0;  // the generation `deltas` lead to
+    std::map<uint64_t, grpc::Slice> deltas;
+  };
+  std::map<std::string, History> history_ ABSL_GUARDED_BY(mu_);
   Outbox outbox_ ABSL_GUARDED_BY(mu_);
   absl::Notification stop_;
   std::thread sweeper_;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "wire/membership_codec.h"
 
 namespace halka {
 
@@ -44,6 +45,9 @@ absl::Status RendezvousLink::Join(absl::Time deadline, v1::JoinReply* reply) {
   req.set_max_world_size(o.max_world_size);
   req.set_incarnation(incarnation_);
   req.set_device(o.device);
+  // The ring comes deflated (a 1,024-member ring is ~6 KB, not ~45 KB):
+  // every member's Join reply of a formation carries it.
+  req.set_compact_membership(true);
   if (o.requested_rank >= 0) {
     req.set_requested_rank(o.requested_rank);
     req.set_has_requested_rank(true);
@@ -75,8 +79,19 @@ absl::Status RendezvousLink::Join(absl::Time deadline, v1::JoinReply* reply) {
     }
     absl::SleepFor(absl::Milliseconds(200));
   }
-  if (!s.ok()) {
-    absl::Status st = FromGrpcStatus(s);
+  absl::Status st = FromGrpcStatus(s);
+  if (st.ok() && !reply->membership_deflate().empty()) {
+    absl::StatusOr<v1::Membership> m =
+        InflateMembership(reply->membership_deflate());
+    if (m.ok()) {
+      *reply->mutable_membership() = *std::move(m);
+      reply->clear_membership_deflate();
+    } else {
+      st = absl::InternalError(absl::StrCat("the reply's ring: ",
+                                            m.status().message()));
+    }
+  }
+  if (!st.ok()) {
     return absl::Status(st.code(), absl::StrCat("worker ", o.worker_id,
                                                 ": join of job ", o.job_id,
                                                 " at ", o.rendezvous,
@@ -237,19 +252,39 @@ void RendezvousLink::HeartbeatLoop(absl::Duration interval) {
 }
 
 void RendezvousLink::WatchLoop() {
+  // Deltas (a change costs the members that changed, not the ring) unless
+  // the last stream sent one this worker could not apply.
+  bool deltas = true;
   while (!stop_.HasBeenNotified()) {
+    // The stream's updates are against the membership it delivered last,
+    // at first the newest this worker holds.
+    v1::Membership base = callbacks_.latest();
     v1::WatchRequest req;
     req.set_job_id(options_.job_id);
     req.set_worker_id(options_.worker_id);
-    req.set_known_generation(callbacks_.known_generation());
+    req.set_known_generation(base.generation());
+    req.set_deltas(deltas);
+    deltas = true;
     grpc::ClientContext ctx;
     if (!Track(&ctx)) break;
     std::unique_ptr<grpc::ClientReader<v1::Membership>> reader =
         stub_->Watch(&ctx, req);
     v1::Membership m;
-    while (reader->Read(&m)) callbacks_.on_membership(m);
+    while (reader->Read(&m)) {
+      absl::StatusOr<v1::Membership> whole = ApplyMembershipDelta(base, m);
+      if (!whole.ok()) {
+        log_.Warning(absl::StrCat("watch: ", whole.status().message(),
+                                  "; watching again for the whole membership"));
+        deltas = false;
+        ctx.TryCancel();
+        break;
+      }
+      base = *std::move(whole);
+      callbacks_.on_membership(base);
+    }
     reader->Finish().IgnoreError();
     Untrack(&ctx);
+    if (!deltas) continue;  // at once
     stop_.WaitForNotificationWithTimeout(absl::Milliseconds(300));
   }
 }

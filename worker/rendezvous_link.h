@@ -44,6 +44,9 @@ class RendezvousLink {
     // What a heartbeat carries.
     std::function<v1::WorkerTelemetry()> telemetry;
     std::function<uint64_t()> known_generation;
+    // The newest membership this worker holds: what the Watch stream's
+    // first delta is against.
+    std::function<v1::Membership()> latest;
     // The membership to claim when the rendezvous forgot the job.
     std::function<std::optional<v1::Membership>()> claimable;
   };

@@ -138,6 +138,7 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
   };
   cb.telemetry = [raw] { return raw->CollectTelemetry(); };
   cb.known_generation = [raw] { return raw->book_->latest_generation(); };
+  cb.latest = [raw] { return raw->book_->Latest(); };
   cb.claimable = [raw] { return raw->book_->Claimable(); };
   node->link_ = std::make_unique<RendezvousLink>(
       node->options_, node->log_, node->address_, node->incarnation_,

@@ -70,11 +70,13 @@ class WatchReader final
   // Like halka-worker, the watcher names the generation its Join returned:
   // the stream's first message is the next change.
   void Start(grpc::GenericStub* stub, const std::string& job_id,
-             const std::string& worker_id, uint64_t known_generation) {
+             const std::string& worker_id, uint64_t known_generation,
+             bool deltas) {
     v1::WatchRequest req;
     req.set_job_id(job_id);
     req.set_worker_id(worker_id);
     req.set_known_generation(known_generation);
+    req.set_deltas(deltas);
     req_ = Bytes(req);
     stub->PrepareBidiStreamingCall(&ctx_, "/halka.v1.Rendezvous/Watch",
                                    grpc::StubOptions(), this);
@@ -88,6 +90,7 @@ class WatchReader final
     {
       absl::MutexLock lock(&mu_);
       seen_.emplace_back(generation, absl::Now());
+      bytes_.emplace_back(generation, static_cast<int64_t>(msg_.Length()));
     }
     StartRead(&msg_);
   }
@@ -105,6 +108,13 @@ class WatchReader final
     absl::MutexLock lock(&mu_);
     return !done_;
   }
+  // Bytes of the messages of generations newer than `after`.
+  int64_t BytesAfter(uint64_t after) {
+    absl::MutexLock lock(&mu_);
+    int64_t n = 0;
+    for (const auto& [g, b] : bytes_) n += g > after ? b : 0;
+    return n;
+  }
   // When the first generation newer than `after` arrived.
   std::optional<absl::Time> SawAfter(uint64_t after) {
     absl::MutexLock lock(&mu_);
@@ -120,6 +130,7 @@ class WatchReader final
   grpc::ByteBuffer msg_;
   absl::Mutex mu_;
   std::vector<std::pair<uint64_t, absl::Time>> seen_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uint64_t, int64_t>> bytes_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -127,6 +138,7 @@ struct Member {
   int index = 0;
   std::string id;
   v1::Rendezvous::Stub* stub = nullptr;
+  v1::Rendezvous::Stub* beat_stub = nullptr;  // heartbeats
   grpc::GenericStub* generic = nullptr;
   // Join
   grpc::ClientContext join_ctx;
@@ -176,6 +188,12 @@ class Sim {
           o_.rendezvous, grpc::InsecureChannelCredentials(), args);
       stubs_.push_back(v1::Rendezvous::NewStub(channel));
       generics_.push_back(std::make_unique<grpc::GenericStub>(channel));
+      if (o_.heartbeat_channels) {
+        grpc::ChannelArguments beat_args;
+        beat_args.SetInt("halka.scale.beat_channel", c);  // a connection each
+        beat_stubs_.push_back(v1::Rendezvous::NewStub(grpc::CreateCustomChannel(
+            o_.rendezvous, grpc::InsecureChannelCredentials(), beat_args)));
+      }
     }
     members_.reserve(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) {
@@ -184,6 +202,9 @@ class Sim {
       m->id = absl::StrCat("sim-", i);
       m->stub = stubs_[static_cast<size_t>(i / per)].get();
       m->generic = generics_[static_cast<size_t>(i / per)].get();
+      m->beat_stub = o_.heartbeat_channels
+                         ? beat_stubs_[static_cast<size_t>(i / per)].get()
+                         : m->stub;
       members_.push_back(std::move(m));
     }
     const double cpu0 = CpuSeconds();
@@ -213,6 +234,7 @@ class Sim {
       r.after_last_join = last_answer_ - last_sent;
       r.min_join_generation = min_gen_;
       r.max_join_generation = max_gen_;
+      r.join_reply_bytes = join_reply_bytes_;
     }
     if (o_.rendezvous_pid > 0) {
       if (auto s = SampleProcess(o_.rendezvous_pid); s.ok()) {
@@ -265,6 +287,9 @@ class Sim {
           }
         }
         r.watchers_saw_change = saw;
+        for (auto& m : members_) {
+          if (m->watch) r.change_watch_bytes += m->watch->BytesAfter(before);
+        }
         const int expected =
             open - (leaver.watch && leaver.watch->open() ? 1 : 0);
         if (saw == expected) r.change_reached_all = latest - t0;
@@ -318,6 +343,7 @@ class Sim {
     req.set_address(absl::StrCat("127.0.0.1:", 20000 + m.index));
     req.set_world_size(o_.members);
     req.set_incarnation(static_cast<uint64_t>(m.index) + 1);
+    req.set_compact_membership(o_.compact);
     m.join_req = Bytes(req);
     m.join_ctx.set_deadline(absl::ToChronoTime(absl::Now() + o_.join_timeout));
     m.generic->UnaryCall(&m.join_ctx, "/halka.v1.Rendezvous/Join",
@@ -339,6 +365,7 @@ class Sim {
         return;
       }
       ++joined_;
+      join_reply_bytes_ += static_cast<int64_t>(m.join_reply.Length());
       const uint64_t g = generation;
       min_gen_ = min_gen_ == 0 ? g : std::min(min_gen_, g);
       max_gen_ = std::max(max_gen_, g);
@@ -347,7 +374,7 @@ class Sim {
     m.beating = true;  // the driver beats at once
     if (m.index < o_.watchers) {
       m.watch = std::make_unique<WatchReader>();
-      m.watch->Start(m.generic, o_.job_id, m.id, generation);
+      m.watch->Start(m.generic, o_.job_id, m.id, generation, o_.compact);
     }
   }
 
@@ -388,7 +415,7 @@ class Sim {
     m.beat_req.set_incarnation(static_cast<uint64_t>(m.index) + 1);
     m.beat_reply.Clear();
     m.beat_sent = absl::Now();
-    m.stub->async()->Heartbeat(
+    m.beat_stub->async()->Heartbeat(
         m.beat_ctx.get(), &m.beat_req, &m.beat_reply, [this, &m](grpc::Status s) {
           const double ms =
               absl::ToDoubleMilliseconds(absl::Now() - m.beat_sent);
@@ -429,6 +456,7 @@ class Sim {
   const SimOptions o_;
   std::vector<std::unique_ptr<v1::Rendezvous::Stub>> stubs_;
   std::vector<std::unique_ptr<grpc::GenericStub>> generics_;
+  std::vector<std::unique_ptr<v1::Rendezvous::Stub>> beat_stubs_;
   std::vector<std::unique_ptr<Member>> members_;
   std::atomic<bool> stop_{false};
   absl::Mutex mu_;
@@ -438,6 +466,7 @@ class Sim {
   absl::Time last_answer_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t min_gen_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t max_gen_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t join_reply_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<double> latencies_ms_ ABSL_GUARDED_BY(mu_);
   std::vector<double> steady_ms_ ABSL_GUARDED_BY(mu_);
   absl::Time start_ = absl::Now();

@@ -35,6 +35,12 @@ struct SimOptions {
   // Members per gRPC connection (the rendezvous admits 8 Watches per
   // connection; real workers have one each).
   int members_per_channel = 8;
+  // Heartbeats on connections of their own (one per `members_per_channel`
+  // members), apart from the Join replies and Watch updates.
+  bool heartbeat_channels = false;
+  // Join replies with the ring deflated and Watch updates as deltas (as
+  // halka-worker asks); false: whole memberships (the wire before).
+  bool compact = true;
   // At the end one member Leaves; measure until every watcher saw it.
   bool change_at_end = true;
   pid_t rendezvous_pid = 0;  // > 0: sample its threads, CPU, RSS
@@ -79,6 +85,10 @@ struct SimResult {
   double joins_cpu_seconds = 0;
   long joins_log_bytes = 0;
   int peak_threads = 0;
+  // Bytes received: all Join replies, and all Watch messages after the
+  // Leave (the change as every watcher got it).
+  int64_t join_reply_bytes = 0;
+  int64_t change_watch_bytes = 0;
   ProcessSample at_end;
   double sim_cpu_seconds = 0;  // this process (the simulated members)
 };

@@ -28,6 +28,11 @@ ABSL_FLAG(std::string, rendezvous_bin, HALKA_RENDEZVOUS_BIN,
 ABSL_FLAG(std::string, rendezvous_flags, "",
           "extra flags for halka-rendezvous, comma-separated");
 ABSL_FLAG(std::string, log_dir, "/tmp", "where the rendezvous logs go");
+ABSL_FLAG(bool, heartbeat_channels, false,
+          "members heartbeat on connections of their own");
+ABSL_FLAG(bool, compact, true,
+          "members ask for the ring deflated in Join replies and for Watch "
+          "deltas (as halka-worker); false: whole memberships");
 
 namespace {
 
@@ -78,6 +83,8 @@ int main(int argc, char** argv) {
                                                    : absl::GetFlag(FLAGS_watchers);
     o.steady = absl::GetFlag(FLAGS_steady);
     o.join_spread = absl::GetFlag(FLAGS_join_spread);
+    o.heartbeat_channels = absl::GetFlag(FLAGS_heartbeat_channels);
+    o.compact = absl::GetFlag(FLAGS_compact);
     o.rendezvous_pid = rv->pid();
     o.rendezvous_log = log;
     const halka::scale::SimResult r = halka::scale::RunSim(o);
@@ -99,6 +106,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "N=%d: CPU used in all: rendezvous %.1f s, simulator %.1f s\n",
                  n, r.at_end.cpu_seconds, r.sim_cpu_seconds);
+    std::fprintf(stderr,
+                 "N=%d: Join replies %.1f MB (%.1f KB each); Watch messages "
+                 "for the change %.2f MB\n",
+                 n, static_cast<double>(r.join_reply_bytes) / 1e6,
+                 r.joined > 0 ? static_cast<double>(r.join_reply_bytes) /
+                                    r.joined / 1e3
+                              : 0.0,
+                 static_cast<double>(r.change_watch_bytes) / 1e6);
     std::string by_second;
     for (double ms : r.p99_by_second_ms) absl::StrAppend(&by_second, " ", ms);
     std::fprintf(stderr, "N=%d: heartbeat p99 (ms) by second:%s\n", n,

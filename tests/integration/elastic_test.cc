@@ -18,6 +18,7 @@
 #include "tests/testing/ring_health.h"
 #include "tests/testing/run_ranks.h"
 #include "tests/testing/wait_for.h"
+#include "wire/membership_codec.h"
 #include "worker/worker_node.h"
 
 namespace halka {
@@ -387,6 +388,104 @@ TEST_F(ElasticTest, HealthExplainsAWaitLiveAndTheDeadlineNamesThePeer) {
   EXPECT_THAT(r.status().message(),
               HasSubstr(absl::StrCat("waiting for rank ", awaited, " (w1, ")));
   EXPECT_THAT(r.status().message(), HasSubstr("fingerprint"));
+}
+
+// The rendezvous wire of issue 18 over real gRPC: a compact Join reply
+// holds the same ring as a plain one; a Watch that takes deltas gets the
+// change as a delta that rebuilds the whole membership a plain watcher
+// gets; a watcher whose generation the rendezvous no longer keeps gets a
+// whole membership.
+TEST(RendezvousWireTest, CompactJoinRepliesAndWatchDeltasWithAWholeFallback) {
+  RendezvousOptions o;
+  o.heartbeat_timeout = absl::Seconds(30);  // no beats in this test
+  auto rdv = RendezvousServer::Start("127.0.0.1:0", o);
+  ASSERT_TRUE(rdv.ok()) << rdv.status();
+  auto stub = v1::Rendezvous::NewStub(grpc::CreateChannel(
+      (*rdv)->address(), grpc::InsecureChannelCredentials()));
+  constexpr int kN = 5;
+  auto replies = RunRanks<v1::JoinReply>(kN, [&](int i) {
+    v1::JoinRequest req;
+    req.set_job_id("wire");
+    req.set_worker_id(absl::StrCat("m", i));
+    req.set_address(absl::StrCat("127.0.0.1:", 30000 + i));
+    req.set_world_size(kN);
+    req.set_compact_membership(i != 0);  // m0 asks for the plain reply
+    v1::JoinReply reply;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    EXPECT_TRUE(stub->Join(&ctx, req, &reply).ok());
+    return reply;
+  });
+  const v1::Membership& plain = replies[0].membership();
+  ASSERT_EQ(plain.members_size(), kN);
+  EXPECT_TRUE(replies[0].membership_deflate().empty());
+  for (int i = 1; i < kN; ++i) {
+    EXPECT_FALSE(replies[i].has_membership());
+    auto ring = InflateMembership(replies[i].membership_deflate());
+    ASSERT_TRUE(ring.ok()) << ring.status();
+    EXPECT_EQ(ring->SerializeAsString(), plain.SerializeAsString());
+    EXPECT_EQ(replies[i].generation(), replies[0].generation());
+  }
+  const uint64_t g1 = replies[0].generation();
+
+  struct Stream {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<v1::Membership>> reader;
+  };
+  auto watch = [&](const std::string& id, uint64_t known, bool deltas) {
+    auto st = std::make_unique<Stream>();
+    st->ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    v1::WatchRequest req;
+    req.set_job_id("wire");
+    req.set_worker_id(id);
+    req.set_known_generation(known);
+    req.set_deltas(deltas);
+    st->reader = stub->Watch(&st->ctx, req);
+    return st;
+  };
+  auto delta_watch = watch("m1", g1, true);
+  auto plain_watch = watch("m2", g1, false);
+  // (A stream that opens after the change gets the same: a Join reply's
+  // generation is kept while the job lives.)
+  absl::SleepFor(absl::Milliseconds(300));
+
+  {
+    v1::LeaveRequest req;
+    req.set_job_id("wire");
+    req.set_worker_id("m3");  // a member in the middle of the ring
+    v1::LeaveReply reply;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Leave(&ctx, req, &reply).ok());
+  }
+  v1::Membership whole, delta;
+  ASSERT_TRUE(plain_watch->reader->Read(&whole));
+  ASSERT_TRUE(delta_watch->reader->Read(&delta));
+  EXPECT_EQ(whole.delta_base(), 0u);
+  EXPECT_GT(whole.generation(), g1);
+  EXPECT_EQ(delta.generation(), whole.generation());
+  EXPECT_EQ(delta.delta_base(), g1);
+  EXPECT_LT(delta.members_size(), whole.members_size());
+  EXPECT_FALSE(delta.delta_runs().empty());
+  auto rebuilt = ApplyMembershipDelta(plain, delta);
+  ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+  v1::Membership want = whole;
+  for (v1::Member& m : *want.mutable_members()) m.clear_last_heartbeat_age_s();
+  for (v1::Member& m : *rebuilt->mutable_members()) m.clear_last_heartbeat_age_s();
+  EXPECT_EQ(rebuilt->SerializeAsString(), want.SerializeAsString());
+  EXPECT_EQ(rebuilt->members_size(), whole.members_size());
+
+  // A watcher that names a generation the rendezvous never had: whole.
+  auto behind = watch("m4", g1 + 100, true);
+  v1::Membership first;
+  ASSERT_TRUE(behind->reader->Read(&first));
+  EXPECT_EQ(first.delta_base(), 0u);
+  EXPECT_EQ(first.generation(), whole.generation());
+  EXPECT_EQ(first.members_size(), whole.members_size());
+  for (auto* st : {delta_watch.get(), plain_watch.get(), behind.get()}) {
+    st->ctx.TryCancel();
+    st->reader->Finish().IgnoreError();
+  }
+  (*rdv)->Shutdown();
 }
 
 }  // namespace

@@ -163,8 +163,10 @@ if command -v curl >/dev/null; then
     || fail "worker /metrics: no ring all-reduces counted: $m"
   grep -q '^halka_edge_bytes_total{halka_job="'"$JOB"'",rank="0",peer="1",direction="sent"} [1-9]' <<<"$m" \
     || fail "worker /metrics: no bytes to rank 1"
-  curl -sf --max-time 5 "http://127.0.0.1:$RDV_METRICS/" | grep -q '<svg id="ring"' \
-    || fail "rendezvous ring page"
+  # The page is read whole first: `curl | grep -q` under pipefail fails when
+  # grep stops reading at the match and curl gets SIGPIPE.
+  page=$(curl -sf --max-time 5 "http://127.0.0.1:$RDV_METRICS/") || fail "rendezvous ring page: curl failed"
+  grep -q '<svg id="ring"' <<<"$page" || fail "rendezvous ring page: no <svg id=\"ring\">"
   summary "b. /metrics (rendezvous, worker 0) and the ring page over HTTP" "ok"
 fi
 
@@ -191,7 +193,7 @@ while (( $(now_ns) - t0 < 60 * 1000000000 )); do
   # every rank past the opening handshake).
   if [[ "$HEALTH_RC" == 0 ]] &&
      { [[ $(health_rows | awk '$5 ~ /^all_reduce/' | wc -l) == "$G" ]] ||
-       health_rows | grep -qE 'all_reduce .* (reduce-scatter|all-gather) '; }; then
+       health_rows | grep -E 'all_reduce .* (reduce-scatter|all-gather) ' >/dev/null; }; then
     inflight=1; break
   fi
   for n in "${kill_names[@]}"; do

@@ -9,8 +9,14 @@
 # of the bridge side (what the host receives).
 # For each world size G it starts G workers (and halka-ps), then for each
 # algorithm and buffer size runs `halkactl allreduce` on every rank at once,
-# checks every result (#wrong 0 on every rank) and times the operation as
-# the worker reports it (worker_ms): max over ranks, median over repeats.
+# checks every result (#wrong 0 on every rank) and times every operation two
+# ways: the span, from the last rank's entry into its worker to the last
+# rank's result (halkactl's end_unix_ms - worker_ms, one clock for all
+# namespaces), and the slowest rank's worker time (max over ranks of
+# worker_ms, which adds how long that rank waited for the others to post);
+# each as the median over repeats, with min and max. Every row also records
+# the daemons' CPU-seconds per operation, how busy the machine's CPUs were
+# and the 1-min load: on a small shared machine those set the times.
 #
 # Theory, S = buffer bytes, R = link rate in bytes/s:
 #   ring   2(G-1)/G · S/R   (every link carries 2(G-1)/G · S each way)
@@ -638,9 +644,11 @@ done
 # ------------------------------------------------------------------ report
 (( HAVE_PS == 0 && WANT_PS == 1 )) && echo "ps: skipped (halka-ps not built)"
 echo
-echo "all-reduce float32 sum, links tbf $RATE both ways; time = max over ranks"
-echo "of worker_ms, median of $REPEATS; theory: ring 2(G-1)/G*S/R, ps G*S/R,"
-echo "naive (G-1)*S/R (S = bytes, R = $RATE_BPS B/s)"
+echo "all-reduce float32 sum, links tbf $RATE both ways (mtu $MTU); max_w_s = max"
+echo "over ranks of worker_ms, span_s = last rank in -> last rank out; median of"
+echo "$REPEATS with min/max; dcpu = daemons' CPU-s per op, cpu = machine busy %;"
+echo "theory: ring 2(G-1)/G*S/R, ps G*S/R, naive (G-1)*S/R (S = bytes,"
+echo "R = $RATE_BPS B/s)"
 printf '%5s %3s %-6s %8s %8s %5s %7s %7s | %7s %5s %7s %7s | %5s %5s %5s  %-7s %s\n' MiB G algo theory_s max_w_s ratio min max span_s ratio min max dcpu cpu load1 status note
 for row in "${TABLE[@]}"; do echo "$row"; done
 echo

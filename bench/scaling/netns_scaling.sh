@@ -9,8 +9,14 @@
 # of the bridge side (what the host receives).
 # For each world size G it starts G workers (and halka-ps), then for each
 # algorithm and buffer size runs `halkactl allreduce` on every rank at once,
-# checks every result (#wrong 0 on every rank) and times the operation as
-# the worker reports it (worker_ms): max over ranks, median over repeats.
+# checks every result (#wrong 0 on every rank) and times every operation two
+# ways: the span, from the last rank's entry into its worker to the last
+# rank's result (halkactl's end_unix_ms - worker_ms, one clock for all
+# namespaces), and the slowest rank's worker time (max over ranks of
+# worker_ms, which adds how long that rank waited for the others to post);
+# each as the median over repeats, with min and max. Every row also records
+# the daemons' CPU-seconds per operation, how busy the machine's CPUs were
+# and the 1-min load: on a small shared machine those set the times.
 #
 # Theory, S = buffer bytes, R = link rate in bytes/s:
 #   ring   2(G-1)/G · S/R   (every link carries 2(G-1)/G · S each way)
@@ -35,6 +41,10 @@
 #                      mbps gbps for bytes/s)
 #   --burst BYTES      tbf burst (default: 2 ms at the rate, at least 64 KiB)
 #   --latency 20ms     tbf latency (queue bound)
+#   --mtu 1500         MTU of every link (9000: jumbo frames; tbf counts
+#                      whole Ethernet frames, so framing is 4.7 % of the
+#                      wire at 1500 and 0.7 % at 9000: the bound S/R counts
+#                      payload only)
 #   --repeats 3        timed operations per (size, G, algo)
 #   --op-timeout 120   seconds: deadline of one operation
 #   --max-seconds 3600 overall bound; every daemon is also wrapped in timeout
@@ -43,6 +53,13 @@
 #                      when missing; auto (default): same as yes when root
 #                      and apt-get exist, otherwise skip the plot)
 #   --keep-logs        keep every process's logs in OUT/logs even on success
+#   --warmup full|1    untimed operation(s) before the timed ones, per
+#                      (G, algo): "full" (default) = one at the timed size
+#                      (the first 64 MiB operation on fresh links and
+#                      buffers is 1.3-4x slower than the next ones), "1" =
+#                      one of 1 MiB (the old behaviour: opens links only)
+#   --worker-args "..." extra flags for every halka-worker (e.g.
+#                      "--chunk_bytes=262144"); --ps-args for halka-ps
 #
 # Outputs in OUT: results.csv (one row per size, G, algo), ops.csv (one row
 # per rank and operation), scaling_<size>MiB.png, logs/ (on failure, or
@@ -67,16 +84,21 @@ ALGOS="ring ps naive"
 RATE="1gbit"
 BURST=""
 LATENCY="20ms"
+MTU=1500
 REPEATS=3
 OP_TIMEOUT=120
 MAX_SECONDS=3600
 OUT=""
 PLOT="auto"
 KEEP_LOGS=0
+WORKER_ARGS=""
+PS_ARGS=""
+WARMUP=full
 
 usage() { sed -n '2,/^$/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 die() { echo "netns_scaling: $*" >&2; exit 2; }
 
+ORIG_ARGS=("$@")
 while (( $# > 0 )); do
   arg=$1; val=""
   case "$arg" in
@@ -92,12 +114,16 @@ while (( $# > 0 )); do
     --rate) RATE=$val ;;
     --burst) BURST=$val ;;
     --latency) LATENCY=$val ;;
+    --mtu) MTU=$val ;;
     --repeats) REPEATS=$val ;;
     --op-timeout) OP_TIMEOUT=$val ;;
     --max-seconds) MAX_SECONDS=$val ;;
     --out) OUT=$val ;;
     --plot) PLOT=$val ;;
     --keep-logs) KEEP_LOGS=1 ;;
+    --worker-args) WORKER_ARGS=$val ;;
+    --warmup) WARMUP=$val ;;
+    --ps-args) PS_ARGS=$val ;;
     --help|-h) usage; exit 0 ;;
     *) die "unknown option $arg (see --help)" ;;
   esac
@@ -118,6 +144,8 @@ for a in $ALGOS; do
   case "$a" in ring|naive|ps) ;; *) die "--algos: ring, naive, ps; got '$a'" ;; esac
 done
 case "$PLOT" in auto|yes|no) ;; *) die "--plot: auto, yes or no" ;; esac
+case "$WARMUP" in full|1) ;; *) die "--warmup: full or 1" ;; esac
+is_uint "$MTU" && (( MTU >= 576 && MTU <= 65535 )) || die "--mtu: 576..65535"
 WORLDS=$(echo $WORLDS); SIZES_MIB=$(echo $SIZES_MIB); ALGOS=$(echo $ALGOS)
 [[ -n "$WORLDS" && -n "$SIZES_MIB" && -n "$ALGOS" ]] || die "empty --worlds/--sizes-mib/--algos"
 
@@ -338,6 +366,10 @@ shape() {  # shape DEV [NS] : tbf on egress of DEV (inside NS when given)
 # The pair is created in place, so no link ever exists in the root namespace.
 add_host() {
   netns_add_host "$1" "$2" || return 1   # tests/system/netns.sh
+  if (( MTU != 1500 )); then
+    ip -n "${P}$1" link set eth0 mtu "$MTU" || return 1
+    ip -n "$SW" link set "h$1" mtu "$MTU" || return 1
+  fi
   shape eth0 "${P}$1" || return 1        # what the host sends
   shape "h$1" "$SW" || return 1          # what the host receives
 }
@@ -353,8 +385,13 @@ WANT_PS=0
 for a in $ALGOS; do [[ $a == ps ]] && WANT_PS=1; done
 
 log "run prefix $P; output $OUT"
+{
+  echo "command: ${BASH_SOURCE[0]} ${ORIG_ARGS[*]}"
+  echo "start: $(date -u +%FT%TZ); $(uptime)"
+  echo "cpus: $(nproc); kernel: $(uname -r); tcp_congestion_control (netns default): $(sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null)"
+} >"$OUT/run.txt"
 (( WANT_PS && ! HAVE_PS )) && echo "ps: skipped (halka-ps not built)"
-log "link: tbf rate $RATE ($RATE_BPS B/s) burst $BURST latency $LATENCY, both directions"
+log "link: tbf rate $RATE ($RATE_BPS B/s) burst $BURST latency $LATENCY, mtu $MTU, both directions"
 # The bridge lives in its own "switch" namespace: the root namespace's
 # firewall (e.g. Docker's FORWARD policy DROP, applied to bridged frames by
 # br_netfilter) never sees this traffic, and nothing is added to the root
@@ -384,10 +421,34 @@ can_reach "${P}w0" "$ADDR_RDV" "$RDV_PORT" ||
   die "w0 cannot reach the rendezvous at $ADDR_RDV:$RDV_PORT over the bridge"
 
 # ------------------------------------------------------------------ runs
+# cpu_ticks: "total idle" jiffies of the whole machine (idle + iowait), to
+# give every row the share of the machine's CPUs that was busy while its
+# operations ran (all processes, ours and everyone else's).
+cpu_ticks() {
+  awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print t, $5 + $6; exit }' /proc/stat
+}
+ROW_CPU=""; ROW_LOAD=""; ROW_DCPU=""
+# daemon_cpu_s: CPU seconds (user + system) used so far by every halka-worker
+# and halka-ps process in this run's namespaces.
+CLK_TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)
+daemon_cpu_s() {
+  local ns pid sum=0 f
+  for ns in "${NETNS_MADE[@]}"; do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do
+      case "$(cat /proc/"$pid"/comm 2>/dev/null)" in
+        halka-worker|halka-ps) ;;
+        *) continue ;;
+      esac
+      f=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' /proc/"$pid"/stat 2>/dev/null) || continue
+      sum=$(( sum + ${f:-0} ))
+    done
+  done
+  awk -v t="$sum" -v h="$CLK_TCK" 'BEGIN { printf "%.2f", t / h }'
+}
 RESULTS="$OUT/results.csv"
 OPS="$OUT/ops.csv"
-echo "size_mib,G,algo,status,measured_s,min_s,max_s,theory_s,ratio,algbw_MBps,busbw_MBps,sent_B_per_rank,received_B_per_rank,repeats,rate,note" >"$RESULTS"
-echo "size_mib,G,algo,rank,op,worker_ms,client_ms,sent_B,received_B,wrong" >"$OPS"
+echo "size_mib,G,algo,status,measured_s,min_s,max_s,theory_s,ratio,algbw_MBps,busbw_MBps,sent_B_per_rank,received_B_per_rank,repeats,rate,note,client_s,span_s,span_min_s,span_max_s,span_ratio,daemon_cpu_s_per_op,cpu_busy_pct,load1" >"$RESULTS"
+echo "size_mib,G,algo,rank,op,worker_ms,client_ms,sent_B,received_B,wrong,end_unix_ms" >"$OPS"
 TABLE=()
 
 theory_s() {  # theory_s ALGO G BYTES
@@ -410,10 +471,15 @@ add_row() {  # add_row SIZE G ALGO STATUS MEAS MIN MAX SENT RECV NOTE
   else
     ratio=""; algbw=""; busbw=""
   fi
+  local cms=${11:-} smed=${12:-} smin=${13:-} smax=${14:-}
+  local cpu=${ROW_CPU:-} load=${ROW_LOAD:-} dcpu=${ROW_DCPU:-} sratio=""
+  [[ -n "$smed" ]] && sratio=$(awk -v m="$smed" -v t="$th" 'BEGIN { printf "%.2f", m / t }')
   note=${note//,/;}
-  echo "$size,$g,$algo,$st,$meas,$mn,$mx,$th,$ratio,$algbw,$busbw,$sent,$recv,$REPEATS,$RATE,$note" >>"$RESULTS"
-  TABLE+=("$(printf '%5s %3s %-6s %10s %10s %7s  %-7s %s' "$size" "$g" "$algo" \
-    "${meas:--}" "$th" "${ratio:--}" "$st" "$note")")
+  echo "$size,$g,$algo,$st,$meas,$mn,$mx,$th,$ratio,$algbw,$busbw,$sent,$recv,$REPEATS,$RATE,$note,$cms,$smed,$smin,$smax,$sratio,$dcpu,$cpu,$load" >>"$RESULTS"
+  TABLE+=("$(printf '%5s %3s %-6s %8s %8s %5s %7s %7s | %7s %5s %7s %7s | %5s %4s%% %5s  %-7s %s' "$size" "$g" "$algo" \
+    "$th" "${meas:--}" "${ratio:--}" "${mn:--}" "${mx:--}" "${smed:--}" "${sratio:--}" "${smin:--}" "${smax:--}" \
+    "${dcpu:--}" "${cpu:--}" "${load:--}" "$st" "$note")")
+  ROW_CPU=""; ROW_LOAD=""; ROW_DCPU=""
   [[ "$st" == OK ]] || ANY_FAILED=1
 }
 
@@ -469,7 +535,7 @@ for G in $WORLDS; do
   if (( WANT_PS && HAVE_PS )); then
     start_in "${P}p" "ps-g$G" "$PS_BIN" --rendezvous="$ADDR_RDV:$RDV_PORT" \
       --job="$JOB" --world_size="$G" --listen="$ADDR_PS:$PSPORT" \
-      --advertise="$ADDR_PS:$PSPORT" --undefok=world_size
+      --advertise="$ADDR_PS:$PSPORT" --undefok=world_size $PS_ARGS
     if wait_listen "${P}p" "ps-g$G" "$PSPORT" 30 &&
        wait_line "ps-g$G" "$LOGS/ps-g$G.err" "registered as parameter server" 30; then
       ps_up=1
@@ -480,7 +546,7 @@ for G in $WORLDS; do
     start_in "${P}w$i" "w$i-g$G" "$WORKER_BIN" --rendezvous="$ADDR_RDV:$RDV_PORT" \
       --job="$JOB" --world_size="$G" --worker_id="w$i" --rank="$i" \
       --listen="$(addr_worker "$i"):$WPORT" --default_algorithm=auto \
-      --op_timeout="${OP_TIMEOUT}s" --join_timeout=60s
+      --op_timeout="${OP_TIMEOUT}s" --join_timeout=60s $WORKER_ARGS
   done
   for (( i = 0; i < G; i++ )); do
     wait_line "w$i-g$G" "$LOGS/w$i-g$G.err" "joined job" 70 || { setup_ok=0; break; }
@@ -506,47 +572,67 @@ for G in $WORLDS; do
         (( CLIENT_FAILS == 0 )) && break
         sleep 2
       done
+      if (( CLIENT_FAILS == 0 )) && [[ $WARMUP == full ]]; then
+        # One untimed operation at the timed size: buffers, shm segments,
+        # TCP and HTTP/2 windows reach their steady state.
+        run_clients "warmfull$SEQ" "$G" "$size" "$algo" 1
+      fi
       if (( CLIENT_FAILS > 0 )); then
         add_row "$size" "$G" "$algo" FAILED "" "" "" "" "" "warm-up failed on $CLIENT_FAILS of $G ranks"
         continue
       fi
       log "G=$G $algo ${size} MiB: $REPEATS timed operation(s)"
       tag="run$SEQ"
+      cpu0=$(cpu_ticks); dcpu0=$(daemon_cpu_s)
       run_clients "$tag" "$G" "$size" "$algo" "$REPEATS"
+      cpu1=$(cpu_ticks); dcpu1=$(daemon_cpu_s)
+      ROW_DCPU=$(awk -v a="$dcpu0" -v b="$dcpu1" -v n="$REPEATS" 'BEGIN { printf "%.2f", (b - a) / n }')
+      ROW_CPU=$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { split(a, x, " "); split(b, y, " ")
+        d = y[1] - x[1]; printf "%.0f", (d > 0 ? 100 * (d - (y[2] - x[2])) / d : 0) }')
+      ROW_LOAD=$(cut -d' ' -f1 /proc/loadavg)
       # ops.csv rows, then per-op max over ranks, median over ops.
       for (( i = 0; i < G; i++ )); do
         awk -v size="$size" -v g="$G" -v algo="$algo" '
           /^rank [0-9]+\/[0-9]+: all_reduce #/ {
             split($2, rk, "/"); op = $4; sub("#", "", op)
-            cms = ""; wms = ""; sent = ""; recv = ""; wrong = ""
+            cms = ""; wms = ""; sent = ""; recv = ""; wrong = ""; ems = ""
             for (k = 1; k <= NF; k++) {
               if ($k == "in" && $(k+2) == "ms") cms = $(k+1)
               if ($k ~ /^\(worker_ms=/) { wms = $k; gsub(/[^0-9.]/, "", wms) }
+              if ($k ~ /^end_unix_ms=/) { ems = $k; gsub(/[^0-9.]/, "", ems) }
               if ($k == "sent") sent = $(k+1)
               if ($k == "received") recv = $(k+1)
               if ($k == "#wrong") wrong = $(k+1)
             }
-            printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", size, g, algo, rk[1], op, wms, cms, sent, recv, wrong
+            printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", size, g, algo, rk[1], op, wms, cms, sent, recv, wrong, ems
           }' "$LOGS/c-$tag-r$i.out" >>"$OPS"
       done
       if (( CLIENT_FAILS > 0 )); then
         add_row "$size" "$G" "$algo" FAILED "" "" "" "" "" "$CLIENT_FAILS of $G ranks failed"
         continue
       fi
-      read -r meas mn mx sent recv < <(awk -F, -v size="$size" -v g="$G" -v algo="$algo" '
+      read -r meas mn mx sent recv cmed smed smin smax < <(awk -F, -v size="$size" -v g="$G" -v algo="$algo" '
         $1 == size && $2 == g && $3 == algo {
           if (!($5 in mx) || $6 > mx[$5]) mx[$5] = $6
+          if (!($5 in cx) || $7 > cx[$5]) cx[$5] = $7
+          # span: the last rank to enter the worker -> the last to leave
+          if (!($5 in le) || $11 > le[$5]) le[$5] = $11
+          if (!($5 in ls) || $11 - $6 > ls[$5]) ls[$5] = $11 - $6
           if ($8 > sent) sent = $8
           if ($9 > recv) recv = $9
         }
+        function median(a, n,   i, j, x) {
+          for (i = 2; i <= n; i++) { x = a[i]; j = i - 1
+            while (j >= 1 && a[j] > x) { a[j+1] = a[j]; j-- } a[j+1] = x }
+          return (n % 2) ? a[(n + 1) / 2] : (a[n/2] + a[n/2 + 1]) / 2
+        }
         END {
-          n = 0; for (o in mx) v[++n] = mx[o] / 1000.0
-          for (i = 2; i <= n; i++) { x = v[i]; j = i - 1
-            while (j >= 1 && v[j] > x) { v[j+1] = v[j]; j-- } v[j+1] = x }
-          med = (n % 2) ? v[(n + 1) / 2] : (v[n/2] + v[n/2 + 1]) / 2
-          printf "%.4f %.4f %.4f %s %s\n", med, v[1], v[n], sent, recv
+          n = 0; for (o in mx) { v[++n] = mx[o] / 1000.0; c[n] = cx[o] / 1000.0
+                                 sp[n] = (le[o] - ls[o]) / 1000.0 }
+          med = median(v, n); cmed = median(c, n); smed = median(sp, n)
+          printf "%.4f %.4f %.4f %s %s %.4f %.4f %.4f %.4f\n", med, v[1], v[n], sent, recv, cmed, smed, sp[1], sp[n]
         }' "$OPS")
-      add_row "$size" "$G" "$algo" OK "$meas" "$mn" "$mx" "$sent" "$recv" ""
+      add_row "$size" "$G" "$algo" OK "$meas" "$mn" "$mx" "$sent" "$recv" "" "$cmed" "$smed" "$smin" "$smax"
       log "  -> ${meas} s (theory $(theory_s "$algo" "$G" $(( size * 1048576 ))) s)"
     done
   done
@@ -558,10 +644,12 @@ done
 # ------------------------------------------------------------------ report
 (( HAVE_PS == 0 && WANT_PS == 1 )) && echo "ps: skipped (halka-ps not built)"
 echo
-echo "all-reduce float32 sum, links tbf $RATE both ways; time = max over ranks"
-echo "of worker_ms, median of $REPEATS; theory: ring 2(G-1)/G*S/R, ps G*S/R,"
-echo "naive (G-1)*S/R (S = bytes, R = $RATE_BPS B/s)"
-printf '%5s %3s %-6s %10s %10s %7s  %-7s %s\n' MiB G algo measured_s theory_s ratio status note
+echo "all-reduce float32 sum, links tbf $RATE both ways (mtu $MTU); max_w_s = max"
+echo "over ranks of worker_ms, span_s = last rank in -> last rank out; median of"
+echo "$REPEATS with min/max; dcpu = daemons' CPU-s per op, cpu = machine busy %;"
+echo "theory: ring 2(G-1)/G*S/R, ps G*S/R, naive (G-1)*S/R (S = bytes,"
+echo "R = $RATE_BPS B/s)"
+printf '%5s %3s %-6s %8s %8s %5s %7s %7s | %7s %5s %7s %7s | %5s %5s %5s  %-7s %s\n' MiB G algo theory_s max_w_s ratio min max span_s ratio min max dcpu cpu load1 status note
 for row in "${TABLE[@]}"; do echo "$row"; done
 echo
 echo "results: $RESULTS"
@@ -643,6 +731,7 @@ if [[ $PLOT != no ]]; then
   fi
 fi
 
+echo "end: $(date -u +%FT%TZ); $(uptime)" >>"$OUT/run.txt"
 log "done in $(( $(date +%s) - RUN_START )) s"
 (( ANY_FAILED )) && exit 1
 exit 0

@@ -558,7 +558,8 @@ int AllReduceCommand() {
       absl::Status s = CudaCopyToHost(buf.data(), device.data(), buf.size());
       if (!s.ok()) return Fail(s);
     }
-    const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+    const absl::Time t1 = absl::Now();
+    const double ms = absl::ToDoubleMilliseconds(t1 - t0);
     if (!res.ok()) {
       std::fprintf(stderr, "halkactl: rank %d: all_reduce failed after %.0f ms: %s\n",
                    rank, ms, res.status().ToString().c_str());
@@ -570,13 +571,19 @@ int AllReduceCommand() {
                              static_cast<size_t>(count)).wrong;
     }
     std::printf("rank %d/%d: all_reduce #%llu %s x %lld %s algo=%s via %s in "
-                "%.2f ms (worker_ms=%.2f), sent %llu B, received %llu B, "
+                "%.2f ms (worker_ms=%.2f end_unix_ms=%.3f), sent %llu B, "
+                "received %llu B, "
                 "#wrong %zu\n",
                 rank, g, static_cast<unsigned long long>(res->op_seq),
                 std::string(DTypeName(*dtype)).c_str(),
                 static_cast<long long>(count),
                 std::string(ReduceOpName(*op)).c_str(), res->algorithm.c_str(),
                 res->transfer.c_str(), ms, res->seconds * 1e3,
+                // Wall clock when the result came back (before the check):
+                // with worker_ms it places every rank's operation on one
+                // time line (netns_scaling.sh: time from the last rank's
+                // start to the last rank's end).
+                static_cast<double>(absl::ToUnixMicros(t1)) / 1e3,
                 static_cast<unsigned long long>(res->bytes_sent),
                 static_cast<unsigned long long>(res->bytes_received), wrong);
     if (wrong > 0) return 1;

@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Start(
         "embedded worker: rank ", options.rank, " is not in [0, ",
         options.world_size, ")"));
   }
-  TuneAllocatorForStreaming();
+  TuneProcessForStreaming();
   WorkerOptions wo;
   wo.job_id = options.job_id;
   wo.worker_id = absl::StrCat(options.job_id, "-rank-", options.rank);

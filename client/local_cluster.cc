@@ -16,7 +16,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   if (options.workers < 1 || options.workers > 64) {
     return absl::InvalidArgumentError("local cluster: workers must be 1..64");
   }
-  TuneAllocatorForStreaming();
+  TuneProcessForStreaming();
   if (!options.tls_cert.empty() || !options.tls_key.empty() ||
       !options.tls_ca.empty() || !options.job_token.empty()) {
     SecurityConfig sec;

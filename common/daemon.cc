@@ -22,7 +22,7 @@ absl::Notification* StartDaemon(int argc, char** argv, absl::string_view usage,
   ApplyEnvToFlags();
   absl::ParseCommandLine(argc, argv);
   SetLogTag(tag);
-  TuneAllocatorForStreaming();
+  TuneProcessForStreaming();
   const std::string job = job_flag != nullptr ? absl::GetFlag(*job_flag) : "";
   if (absl::Status s = InitSecurityFromFlags(job); !s.ok()) {
     LogError(s.ToString());

@@ -129,7 +129,7 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder) {
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxConcurrentStreams);
 }
 
-void TuneAllocatorForStreaming() {
+void TuneProcessForStreaming() {
   const char* detect = std::getenv("HALKA_MUTEX_DEADLOCK_DETECTION");
   if (detect == nullptr || std::string(detect) != "1") {
     absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

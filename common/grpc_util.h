@@ -129,7 +129,7 @@ void ApplyStreamingArgs(const std::function<void(const char*, int)>& set);
 // global lock, which every data-path thread then contends for (about 2 % of
 // a ring's CPU in `perf`, plus the hand-offs it serialises). Set
 // HALKA_MUTEX_DEADLOCK_DETECTION=1 to keep it on while debugging.
-void TuneAllocatorForStreaming();
+void TuneProcessForStreaming();
 
 // Sets a deadline `timeout` from now on a client context.
 void SetTimeout(grpc::ClientContext& ctx, absl::Duration timeout);

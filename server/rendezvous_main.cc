@@ -18,6 +18,10 @@ ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(5),
 ABSL_FLAG(absl::Duration, elastic_settle, absl::Seconds(1),
           "elastic jobs: how long joins must pause before a ring smaller than "
           "its maximum forms or grows (env HALKA_ELASTIC_SETTLE)");
+ABSL_FLAG(int, join_answer_window, 64,
+          "a forming ring's Join answers go out in waves: at most this many "
+          "answered members not yet heard from (their first heartbeat); 0: "
+          "all at once (env HALKA_JOIN_ANSWER_WINDOW)");
 
 ABSL_FLAG(int, metrics_port, 0,
           "serve HTTP on this port: /metrics (Prometheus), / (live ring "
@@ -34,6 +38,7 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
   options.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
   options.elastic_settle = absl::GetFlag(FLAGS_elastic_settle);
+  options.join_answer_window = absl::GetFlag(FLAGS_join_answer_window);
   auto started = halka::RendezvousServer::Start(
       absl::GetFlag(FLAGS_listen), options, absl::GetFlag(FLAGS_metrics_port));
   if (!started.ok()) {

@@ -206,11 +206,37 @@ grpc::Slice RendezvousService::JoinReplyOf(const std::string& job_id,
   return cached.bytes;
 }
 
+void RendezvousService::ReleasePacedLocked(
+    absl::Time now, std::vector<Outbox::Answer>* answers) {
+  const RendezvousOptions& o = state_.options();
+  for (auto it = unacked_.begin(); it != unacked_.end();) {
+    it = now - it->second >= o.join_answer_ack_wait ? unacked_.erase(it)
+                                                     : std::next(it);
+  }
+  while (!paced_.empty() &&
+         (stopping_ || o.join_answer_window <= 0 ||
+          unacked_.size() < static_cast<size_t>(o.join_answer_window))) {
+    Outbox::Answer& a = paced_.front();
+    unacked_[{a.call->args.job_id, a.call->args.worker_id}] = now;
+    answers->push_back(std::move(a));
+    paced_.pop_front();
+  }
+}
+
 void RendezvousService::Deliver() {
   Outbox out;
   {
     absl::MutexLock lock(&mu_);
     std::swap(out, outbox_);
+    // Refusals go at once; rings are handed out in waves.
+    auto rings = std::stable_partition(
+        out.answers.begin(), out.answers.end(),
+        [](const Outbox::Answer& a) { return !a.status.ok(); });
+    for (auto it = rings; it != out.answers.end(); ++it) {
+      paced_.push_back(std::move(*it));
+    }
+    out.answers.erase(rings, out.answers.end());
+    if (!paced_.empty()) ReleasePacedLocked(absl::Now(), &out.answers);
   }
   for (Outbox::Answer& a : out.answers) {
     if (a.status.ok()) {

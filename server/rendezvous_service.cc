@@ -115,7 +115,15 @@ void RendezvousService::SweepLoop() {
   // heartbeat interval.
   const absl::Duration tick = std::min(period, absl::Milliseconds(100));
   absl::Time next_sweep = absl::Now() + period;
-  while (!stop_.WaitForNotificationWithTimeout(tick)) {
+  // Paced Join answers wait for beats, or at most join_answer_ack_wait.
+  auto wait = [&] {
+    absl::MutexLock lock(&mu_);
+    return paced_.empty()
+               ? tick
+               : std::min(tick, std::max(absl::Milliseconds(5),
+                                         state_.options().join_answer_ack_wait / 4));
+  };
+  while (!stop_.WaitForNotificationWithTimeout(wait())) {
     {
       absl::MutexLock lock(&mu_);
       const absl::Time now = absl::Now();
@@ -282,6 +290,10 @@ grpc::ServerUnaryReactor* RendezvousService::Heartbeat(
     {
       absl::MutexLock lock(&mu_);
       s = HeartbeatLocked(req, telemetry, &own);
+      // The member has its ring: its place in the answer window frees.
+      if (s.ok() && !unacked_.empty()) {
+        unacked_.erase({req.job_id(), req.worker_id()});
+      }
       // A member behind the current generation gets the membership: the
       // generation's shared bytes as field 3, not a copy per member. Not
       // when its Watch stream was handed this generation already (half the

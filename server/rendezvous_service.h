@@ -2,6 +2,7 @@
 #ifndef HALKA_SERVER_RENDEZVOUS_SERVICE_H_
 #define HALKA_SERVER_RENDEZVOUS_SERVICE_H_
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -106,6 +107,10 @@ class RendezvousService final : public RendezvousBase {
   // it owes; Deliver() (without the lock) hands them over.
   void Publish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Deliver() ABSL_LOCKS_EXCLUDED(mu_);
+  // Moves the paced Join answers that the window has room for (all when
+  // stopping) into `answers`.
+  void ReleasePacedLocked(absl::Time now, std::vector<Outbox::Answer>* answers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The JoinReply of the job's running ring without a rank (one per
   // generation, cached); `compact`: with membership_deflate instead of
@@ -181,6 +186,12 @@ class RendezvousService final : public RendezvousBase {
   };
   std::map<std::string, History> history_ ABSL_GUARDED_BY(mu_);
   Outbox outbox_ ABSL_GUARDED_BY(mu_);
+  // Join answers waiting for room in the window (options
+  // join_answer_window), and the members answered but not yet heard from,
+  // by (job, worker id), with when they were answered.
+  std::deque<Outbox::Answer> paced_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, absl::Time> unacked_
+      ABSL_GUARDED_BY(mu_);
   absl::Notification stop_;
   std::thread sweeper_;
 };

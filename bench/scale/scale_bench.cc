@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/scale/member_sim.h"
+#include "common/grpc_util.h"
 
 ABSL_FLAG(std::string, sizes, "64,256,1024,4096", "member counts to run");
 ABSL_FLAG(int, watchers, -1, "members that Watch; -1: every member");
@@ -45,6 +46,9 @@ std::string Ms(absl::Duration d) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // As halka-worker: no Abseil deadlock detection on every lock, glibc's
+  // heap kept (the members' calls allocate and free the same sizes).
+  halka::TuneProcessForStreaming();
   std::vector<std::string> flags;
   for (absl::string_view f : absl::StrSplit(absl::GetFlag(FLAGS_rendezvous_flags),
                                             ',', absl::SkipEmpty())) {

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <iostream>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -486,6 +488,130 @@ TEST(RendezvousWireTest, CompactJoinRepliesAndWatchDeltasWithAWholeFallback) {
     st->reader->Finish().IgnoreError();
   }
   (*rdv)->Shutdown();
+}
+
+
+// A forming ring's Join answers go out in waves of join_answer_window
+// members that have not yet heartbeated (issue 18: N answers, N first beats
+// and N Watch opens in one burst held every beat of that second behind it).
+class AnswerWavesTest : public ::testing::Test {
+ protected:
+  // Starts kN Joins of job "waves", each on its own thread; answered_
+  // counts those that returned OK, and records who.
+  void StartJoins(int window, absl::Duration ack_wait) {
+    RendezvousOptions o;
+    o.heartbeat_timeout = absl::Seconds(60);  // the test beats by hand
+    o.join_answer_window = window;
+    o.join_answer_ack_wait = ack_wait;
+    auto rdv = RendezvousServer::Start("127.0.0.1:0", o);
+    ASSERT_TRUE(rdv.ok()) << rdv.status();
+    rdv_ = std::move(*rdv);
+    stub_ = v1::Rendezvous::NewStub(grpc::CreateChannel(
+        rdv_->address(), grpc::InsecureChannelCredentials()));
+    joins_ = std::make_unique<halka::testing::RanksInFlight<grpc::Status>>(
+        StartRanks<grpc::Status>(halka::testing::AllRanks(kN), [this](int i) {
+          v1::JoinRequest req;
+          req.set_job_id("waves");
+          req.set_worker_id(absl::StrCat("m", i));
+          req.set_address(absl::StrCat("127.0.0.1:", 31000 + i));
+          req.set_world_size(kN);
+          v1::JoinReply reply;
+          grpc::ClientContext ctx;
+          ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+          grpc::Status s = stub_->Join(&ctx, req, &reply);
+          absl::MutexLock lock(&mu_);
+          if (s.ok()) {
+            answered_.push_back(i);
+            generation_ = reply.generation();
+          }
+          return s;
+        }));
+  }
+  // Also when a test stops early: the shutdown answers the Joins still
+  // waiting, so their threads end before what they use goes.
+  void TearDown() override {
+    if (rdv_ != nullptr) rdv_->Shutdown();
+    joins_.reset();
+  }
+  void ExpectEveryJoinOk() {
+    for (const grpc::Status& s : joins_->Join()) {
+      EXPECT_TRUE(s.ok()) << s.error_message();
+    }
+  }
+  int Answered() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(answered_.size());
+  }
+  // Heartbeats every member answered so far that has not beaten yet.
+  int BeatAnswered() {
+    std::vector<int> who;
+    uint64_t generation;
+    {
+      absl::MutexLock lock(&mu_);
+      for (int i : answered_) {
+        if (beaten_.insert(i).second) who.push_back(i);
+      }
+      generation = generation_;
+    }
+    for (int i : who) {
+      v1::HeartbeatRequest req;
+      req.set_job_id("waves");
+      req.set_worker_id(absl::StrCat("m", i));
+      req.set_generation(generation);
+      v1::HeartbeatReply reply;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      EXPECT_TRUE(stub_->Heartbeat(&ctx, req, &reply).ok()) << "m" << i;
+    }
+    return static_cast<int>(who.size());
+  }
+
+  static constexpr int kN = 6;
+  std::unique_ptr<RendezvousServer> rdv_;
+  std::unique_ptr<v1::Rendezvous::Stub> stub_;
+  std::unique_ptr<halka::testing::RanksInFlight<grpc::Status>> joins_;
+  absl::Mutex mu_;
+  std::vector<int> answered_ ABSL_GUARDED_BY(mu_);
+  std::set<int> beaten_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST_F(AnswerWavesTest, EachFirstBeatLetsTheNextAnswerGo) {
+  StartJoins(2, absl::Seconds(60));  // only beats release
+  // The Join that completes the ring is answered in its own call, and the
+  // window's 2 of the others.
+  ASSERT_TRUE(WaitFor([&] { return Answered() == 3; }, absl::Seconds(10)))
+      << "the first wave (3 of " << kN << ") to be answered; got " << Answered();
+  // Nobody has beaten: no further answer goes, however long we wait here.
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(Answered(), 3);
+  for (int round = 0; round < kN && Answered() < kN; ++round) {
+    const int before = Answered();
+    ASSERT_GT(BeatAnswered(), 0);
+    ASSERT_TRUE(WaitFor([&] { return Answered() > before; }, absl::Seconds(10)))
+        << "beats freed the window but no further Join was answered ("
+        << before << " of " << kN << ")";
+    EXPECT_LE(Answered(), before + 2);  // never more than the window
+  }
+  EXPECT_EQ(Answered(), kN);
+  ExpectEveryJoinOk();
+}
+
+TEST_F(AnswerWavesTest, MembersThatNeverBeatDoNotStallTheRing) {
+  StartJoins(2, absl::Milliseconds(100));
+  ASSERT_TRUE(WaitFor([&] { return Answered() == kN; }, absl::Seconds(20)))
+      << "every Join answered, a wave per ack wait; got " << Answered();
+  ExpectEveryJoinOk();
+}
+
+TEST_F(AnswerWavesTest, ShutdownAnswersTheJoinsStillWaitingForRoom) {
+  StartJoins(1, absl::Seconds(60));
+  // The ring's last Join (answered in its own call) and the window's one.
+  ASSERT_TRUE(WaitFor([&] { return Answered() == 2; }, absl::Seconds(10)))
+      << Answered();
+  rdv_->Shutdown();  // must not wait on the four paced answers
+  ExpectEveryJoinOk();  // their rings are theirs: answered, not refused
+  EXPECT_EQ(Answered(), kN);
 }
 
 }  // namespace

@@ -217,7 +217,9 @@ void RendezvousService::ReleasePacedLocked(
          (stopping_ || o.join_answer_window <= 0 ||
           unacked_.size() < static_cast<size_t>(o.join_answer_window))) {
     Outbox::Answer& a = paced_.front();
-    unacked_[{a.call->args.job_id, a.call->args.worker_id}] = now;
+    if (o.join_answer_window > 0) {
+      unacked_[{a.call->args.job_id, a.call->args.worker_id}] = now;
+    }
     answers->push_back(std::move(a));
     paced_.pop_front();
   }

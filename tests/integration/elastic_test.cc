@@ -490,7 +490,6 @@ TEST(RendezvousWireTest, CompactJoinRepliesAndWatchDeltasWithAWholeFallback) {
   (*rdv)->Shutdown();
 }
 
-
 // A forming ring's Join answers go out in waves of join_answer_window
 // members that have not yet heartbeated (issue 18: N answers, N first beats
 // and N Watch opens in one burst held every beat of that second behind it).

@@ -38,8 +38,7 @@ absl::Status FromProto(const v1::OpFingerprint& in, Fingerprint* fp) {
 
 }  // namespace
 
-grpc::ByteBuffer EncodeFrame(const FrameMeta& meta,
-                             absl::Span<const uint8_t> payload) {
+std::string EncodeFrameHead(const FrameMeta& meta) {
   v1::FrameHeader h;
   h.set_kind(static_cast<v1::FrameKind>(meta.kind));
   h.set_generation(meta.generation);
@@ -65,7 +64,12 @@ grpc::ByteBuffer EncodeFrame(const FrameMeta& meta,
   const uint32_t le = static_cast<uint32_t>(hlen);  // x86/ARM: little endian
   std::memcpy(head.data(), &le, 4);
   h.SerializeToArray(head.data() + 4, static_cast<int>(hlen));
-  grpc::Slice slices[2] = {grpc::Slice(head), grpc::Slice()};
+  return head;
+}
+
+grpc::ByteBuffer EncodeFrame(const FrameMeta& meta,
+                             absl::Span<const uint8_t> payload) {
+  grpc::Slice slices[2] = {grpc::Slice(EncodeFrameHead(meta)), grpc::Slice()};
   size_t n = 1;
   if (!payload.empty()) {
     slices[1] = grpc::Slice(payload.data(), payload.size(),
@@ -80,7 +84,17 @@ absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer) {
   if (!buffer.Dump(slices.get()).ok()) {
     return absl::DataLossError("frame: unreadable buffer");
   }
-  // Walk the slices as one byte stream without joining them.
+  std::vector<absl::Span<const uint8_t>> spans;
+  spans.reserve(slices->size());
+  for (const grpc::Slice& s : *slices) spans.emplace_back(s.begin(), s.size());
+  return DecodeFrame(spans, std::move(slices));
+}
+
+absl::StatusOr<InFrame> DecodeFrame(
+    absl::Span<const absl::Span<const uint8_t>> bytes,
+    std::shared_ptr<void> keepalive) {
+  const absl::Span<const absl::Span<const uint8_t>>* slices = &bytes;
+  // Walk the pieces as one byte stream without joining them.
   size_t si = 0, pos = 0;
   auto remaining = [&]() {
     size_t n = 0;
@@ -90,9 +104,9 @@ absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer) {
   auto read = [&](void* dst, size_t len) {
     uint8_t* out = static_cast<uint8_t*>(dst);
     while (len > 0) {
-      const grpc::Slice& s = (*slices)[si];
+      const absl::Span<const uint8_t>& s = (*slices)[si];
       const size_t take = std::min(len, s.size() - pos);
-      std::memcpy(out, s.begin() + pos, take);
+      std::memcpy(out, s.data() + pos, take);
       out += take;
       len -= take;
       pos += take;
@@ -170,14 +184,14 @@ absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer) {
         m.count, " of ", DTypeName(m.dtype), " (", expected, " bytes)"));
   }
   while (si < slices->size()) {
-    const grpc::Slice& s = (*slices)[si];
+    const absl::Span<const uint8_t>& s = (*slices)[si];
     if (s.size() > pos) {
-      f.pieces.push_back(absl::MakeConstSpan(s.begin() + pos, s.size() - pos));
+      f.pieces.push_back(absl::MakeConstSpan(s.data() + pos, s.size() - pos));
     }
     ++si;
     pos = 0;
   }
-  f.keepalive = std::move(slices);
+  f.keepalive = std::move(keepalive);
   return f;
 }
 

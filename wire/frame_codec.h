@@ -9,6 +9,8 @@
 #define HALKA_WIRE_FRAME_CODEC_H_
 
 #include <functional>
+#include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -31,6 +33,16 @@ grpc::ByteBuffer EncodeFrame(const FrameMeta& meta,
 
 // Errors: DATA_LOSS naming what is wrong with the frame.
 absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer);
+
+// The same over a frame's bytes in pieces (read back to back) that
+// `keepalive` keeps valid: the InFrame's pieces point into them and it
+// takes `keepalive`. For transports other than gRPC (a shared-memory ring).
+absl::StatusOr<InFrame> DecodeFrame(
+    absl::Span<const absl::Span<const uint8_t>> bytes,
+    std::shared_ptr<void> keepalive);
+
+// [u32 LE header length][FrameHeader]: what precedes the payload.
+std::string EncodeFrameHead(const FrameMeta& meta);
 
 }  // namespace halka
 

@@ -9,6 +9,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "wire/frame_codec.h"
 #include "wire/link_metadata.h"
+#include "worker/shm_link.h"
 
 namespace halka {
 
@@ -30,6 +31,17 @@ class GrpcTransport::OutLink
     AddLinkMetadata(LinkMetadata{owner_->job_id_, owner_->generation_,
                                  owner_->rank_, world},
                     &ctx_);
+    if (owner_->shm_links_ && to_ < world) {
+      // Offer a same-host data path; frames wait for the answer.
+      absl::StatusOr<std::shared_ptr<ShmRing>> ring =
+          ShmRing::Create(ShmRing::kDefaultCapacity);
+      if (ring.ok()) {
+        ctx_.AddMetadata(kLinkShmOfferKey, FormatShmOffer(**ring));
+        absl::MutexLock lock(&mu_);
+        ring_ = *std::move(ring);
+        path_ = Path::kOffered;
+      }
+    }
     self_ = shared_from_this();
     stub_.PrepareBidiStreamingCall(&ctx_, to_ < world ? kLinkMethod : kPsMethod,
                                    grpc::StubOptions(), this);
@@ -43,14 +55,62 @@ class GrpcTransport::OutLink
   // False when the stream is finished: the frame was not taken, and the
   // caller reconnects or releases it.
   bool Enqueue(grpc::ByteBuffer frame, std::function<void()>* on_released) {
-    absl::MutexLock lock(&mu_);
-    if (done_ || failed_ || closing_) return false;
-    queue_.push_back(Pending{std::move(frame), std::move(*on_released)});
-    if (!writing_) {
-      writing_ = true;
-      StartWrite(&queue_.front().frame);
+    std::shared_ptr<ShmSender> shm;
+    ShmSender::Frame copy;
+    {
+      absl::MutexLock lock(&mu_);
+      if (done_ || failed_ || closing_) return false;
+      if (path_ != Path::kShm) {
+        queue_.push_back(Pending{std::move(frame), std::move(*on_released)});
+        if (path_ == Path::kGrpc && !writing_) {
+          writing_ = true;
+          StartWrite(&queue_.front().frame);
+        }
+        return true;
+      }
+      shm = shm_;
+      copy = ToShmFrame(std::move(frame), std::move(*on_released));
     }
+    // Ordered behind earlier frames by the sender's own lock.
+    if (shm->Send(copy)) Release(copy.on_released);
     return true;
+  }
+
+  // The peer's answer to the shared-memory offer (or the stream's end).
+  void OnReadInitialMetadataDone(bool ok) override {
+    std::shared_ptr<ShmRing> ring;
+    {
+      absl::MutexLock lock(&mu_);
+      if (path_ != Path::kOffered) return;
+      ring = std::move(ring_);
+      std::string answer;
+      if (ok) {
+        const auto& md = ctx_.GetServerInitialMetadata();
+        auto it = md.find(kLinkShmAnswerKey);
+        if (it != md.end()) answer.assign(it->second.data(), it->second.size());
+      }
+      if (answer == "ok") {
+        ShmLinkCounters().accepted.fetch_add(1);
+        path_ = Path::kShm;
+        shm_ = std::make_shared<ShmSender>(ring);
+        std::vector<ShmSender::Frame> held;
+        for (Pending& p : queue_) {
+          held.push_back(ToShmFrame(std::move(p.frame), std::move(p.on_released)));
+        }
+        queue_.clear();
+        shm_->Queue(std::move(held));
+      } else {
+        if (ok) ShmLinkCounters().refused.fetch_add(1);
+        path_ = Path::kGrpc;
+        if (!ok) failed_ = true;  // the stream is ending: OnDone releases
+        if (ok && !queue_.empty() && !writing_) {
+          writing_ = true;
+          StartWrite(&queue_.front().frame);
+        }
+      }
+    }
+    // Both ends have it mapped now (or it is not used): drop the name.
+    ring->Unlink();
   }
 
   void Cancel() {
@@ -137,13 +197,18 @@ class GrpcTransport::OutLink
 
   void OnDone(const grpc::Status& status) override {
     std::deque<Pending> dropped;
+    std::shared_ptr<ShmSender> shm;
+    std::shared_ptr<ShmRing> ring;
     bool report;
     {
       absl::MutexLock lock(&mu_);
       dropped.swap(queue_);
       report = !cancelled_;
+      shm = std::move(shm_);
+      ring = std::move(ring_);
     }
     for (Pending& p : dropped) p.Release();
+    if (shm) shm->Close();  // releases what it still holds
     if (report) {
       owner_->inbox_->LinkFailed(
           to_, absl::Status(static_cast<absl::StatusCode>(status.error_code()),
@@ -163,14 +228,29 @@ class GrpcTransport::OutLink
   struct Pending {
     grpc::ByteBuffer frame;
     std::function<void()> on_released;
-    void Release() {
-      if (on_released) {
-        std::function<void()> fn = std::move(on_released);
-        on_released = nullptr;
-        fn();
-      }
-    }
+    void Release() { OutLink::Release(on_released); }
   };
+  static void Release(std::function<void()>& on_released) {
+    if (on_released) {
+      std::function<void()> fn = std::move(on_released);
+      on_released = nullptr;
+      fn();
+    }
+  }
+  // The frame's bytes as the ring copies them; the slices keep them.
+  static ShmSender::Frame ToShmFrame(grpc::ByteBuffer frame,
+                                     std::function<void()> on_released) {
+    auto slices = std::make_shared<std::vector<grpc::Slice>>();
+    (void)frame.Dump(slices.get());  // ours: two plain slices
+    ShmSender::Frame f;
+    for (const grpc::Slice& s : *slices) f.parts.emplace_back(s.begin(), s.size());
+    f.keepalive = std::move(slices);
+    f.on_released = std::move(on_released);
+    return f;
+  }
+  // Where this link's frames go. kOffered: a ring was offered and frames
+  // wait in queue_ for the answer.
+  enum class Path { kGrpc, kOffered, kShm };
   GrpcTransport* const owner_;
   const int to_;
   grpc::GenericStub stub_;
@@ -184,15 +264,20 @@ class GrpcTransport::OutLink
   bool closing_ ABSL_GUARDED_BY(mu_) = false;  // the hold is released
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<OutLink> self_ ABSL_GUARDED_BY(mu_);
+  Path path_ ABSL_GUARDED_BY(mu_) = Path::kGrpc;
+  std::shared_ptr<ShmRing> ring_ ABSL_GUARDED_BY(mu_);  // offered
+  std::shared_ptr<ShmSender> shm_ ABSL_GUARDED_BY(mu_);  // kShm
 };
 
 GrpcTransport::GrpcTransport(std::string job_id, uint64_t generation, int rank,
-                             std::vector<std::string> addresses, Inbox* inbox)
+                             std::vector<std::string> addresses, Inbox* inbox,
+                             bool shm_links)
     : job_id_(std::move(job_id)),
       generation_(generation),
       rank_(rank),
       addresses_(std::move(addresses)),
-      inbox_(inbox) {}
+      inbox_(inbox),
+      shm_links_(shm_links) {}
 
 GrpcTransport::~GrpcTransport() {
   std::vector<std::shared_ptr<OutLink>> all;
@@ -305,19 +390,41 @@ class PeerService::InLink
       : service_(service) {
     absl::Status s = ParseMetadata(ctx);
     if (!s.ok()) {
-      Finish(ToGrpcStatus(s));
+      FinishOnce(ToGrpcStatus(s));
       return;
     }
+    AnswerShmOffer(ctx);
     StartRead(&buffer_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      Finish(grpc::Status::OK);
+      FinishOnce(grpc::Status::OK);
       return;
     }
     absl::StatusOr<InFrame> frame = DecodeFrame(buffer_);
     buffer_.Clear();
+    absl::Status s = Take(std::move(frame));
+    if (!s.ok()) {
+      FinishOnce(ToGrpcStatus(s));
+      return;
+    }
+    StartRead(&buffer_);
+  }
+
+  void OnDone() override {
+    if (shm_) shm_->Stop();  // delivers what was written, then joins
+    {
+      absl::MutexLock lock(&service_->mu_);
+      --service_->open_streams_;
+    }
+    delete this;
+  }
+
+ private:
+  // Checks a received frame against the link and delivers it; an error
+  // (reported to the inbox) ends the link.
+  absl::Status Take(absl::StatusOr<InFrame> frame) {
     if (frame.ok() && frame->meta.sender_rank != from_) {
       frame = absl::DataLossError(absl::StrCat(
           "frame claims sender rank ", frame->meta.sender_rank,
@@ -333,27 +440,59 @@ class PeerService::InLink
                      absl::StrCat("from rank ", from_, ": ",
                                   frame.status().message()));
       inbox_->LinkFailed(from_, s);
-      Finish(ToGrpcStatus(s));
-      return;
+      return s;
     }
     absl::Status delivered = inbox_->Deliver(from_, *std::move(frame));
-    if (!delivered.ok()) {
-      inbox_->LinkFailed(from_, delivered);
-      Finish(ToGrpcStatus(delivered));
-      return;
-    }
-    StartRead(&buffer_);
+    if (!delivered.ok()) inbox_->LinkFailed(from_, delivered);
+    return delivered;
   }
 
-  void OnDone() override {
+  // Ends the stream once, whichever of the reactor and the ring's reader
+  // gets there first.
+  void FinishOnce(const grpc::Status& status) {
     {
-      absl::MutexLock lock(&service_->mu_);
-      --service_->open_streams_;
+      absl::MutexLock lock(&finish_mu_);
+      if (finished_) return;
+      finished_ = true;
     }
-    delete this;
+    Finish(status);
   }
 
- private:
+  // Maps a same-host peer's ring if it offered one, and says whether.
+  void AnswerShmOffer(grpc::CallbackServerContext* ctx) {
+    const auto& md = ctx->client_metadata();
+    auto it = md.find(kLinkShmOfferKey);
+    if (it == md.end()) return;
+    std::string answer = "no: this worker takes no shared-memory links";
+    if (service_->accept_shm_) {
+      absl::StatusOr<std::shared_ptr<ShmRing>> ring =
+          AcceptShmOffer(std::string(it->second.data(), it->second.size()));
+      if (ring.ok()) {
+        shm_ = std::make_unique<ShmReceiver>(
+            *std::move(ring),
+            [this](absl::StatusOr<InFrame> f) {
+              absl::Status s = Take(std::move(f));
+              if (!s.ok()) FinishOnce(ToGrpcStatus(s));
+              return s;
+            },
+            [this](const absl::Status& s) {  // the ring itself is corrupt
+              absl::Status e(s.code(), absl::StrCat("from rank ", from_, ": ",
+                                                    s.message()));
+              inbox_->LinkFailed(from_, e);
+              FinishOnce(ToGrpcStatus(e));
+            });
+        answer = "ok";
+      } else {
+        answer = absl::StrCat("no: ", ring.status().message());
+      }
+    }
+    for (char& c : answer) {  // a header value: printable ASCII
+      if (c < 0x20 || c > 0x7e) c = '?';
+    }
+    ctx->AddInitialMetadata(kLinkShmAnswerKey, answer);
+    StartSendInitialMetadata();
+  }
+
   absl::Status ParseMetadata(grpc::CallbackServerContext* ctx) {
     {
       absl::MutexLock lock(&service_->mu_);
@@ -391,10 +530,16 @@ class PeerService::InLink
   int from_ = -1;
   uint64_t generation_ = 0;
   std::shared_ptr<Inbox> inbox_;
+  std::unique_ptr<ShmReceiver> shm_;  // a same-host peer's frames
+  absl::Mutex finish_mu_;
+  bool finished_ ABSL_GUARDED_BY(finish_mu_) = false;
 };
 
-PeerService::PeerService(std::string job_id, InboxResolver resolver)
-    : job_id_(std::move(job_id)), resolver_(std::move(resolver)) {}
+PeerService::PeerService(std::string job_id, InboxResolver resolver,
+                         bool accept_shm)
+    : job_id_(std::move(job_id)),
+      resolver_(std::move(resolver)),
+      accept_shm_(accept_shm) {}
 
 int PeerService::open_streams() const {
   absl::MutexLock lock(&mu_);

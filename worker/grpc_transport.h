@@ -5,6 +5,11 @@
 // frame at a time (gRPC allows one write in flight per stream) from gRPC's
 // callback threads, and never blocks there. Stream failures reach the Inbox
 // as LinkFailed(rank). Inbound streams are served by PeerService below.
+//
+// Same-host links (shm_links): a link to a peer that runs on this host, in
+// this network namespace, carries its frames through a shared-memory ring
+// instead (worker/shm_link.h); its gRPC stream stays open as the link's
+// liveness and error channel. Parameter-server streams always use gRPC.
 #ifndef HALKA_WORKER_GRPC_TRANSPORT_H_
 #define HALKA_WORKER_GRPC_TRANSPORT_H_
 
@@ -27,7 +32,8 @@ class GrpcTransport : public Transport {
  public:
   // addresses[i] is rank i's peer server.
   GrpcTransport(std::string job_id, uint64_t generation, int rank,
-                std::vector<std::string> addresses, Inbox* inbox);
+                std::vector<std::string> addresses, Inbox* inbox,
+                bool shm_links = false);
   // Cancels every link and waits until their reactors are done.
   ~GrpcTransport() override;
 
@@ -49,6 +55,7 @@ class GrpcTransport : public Transport {
   const int rank_;
   const std::vector<std::string> addresses_;  // ranks 0..G-1
   Inbox* const inbox_;
+  const bool shm_links_;
 
   absl::Mutex mu_;
   std::vector<std::string> servers_ ABSL_GUARDED_BY(mu_);
@@ -70,7 +77,9 @@ class PeerService final
   // stream with it (e.g. ABORTED for a generation that is over).
   using InboxResolver =
       std::function<absl::StatusOr<std::shared_ptr<Inbox>>(uint64_t)>;
-  PeerService(std::string job_id, InboxResolver resolver);
+  // accept_shm: map the shared-memory rings that same-host peers offer.
+  PeerService(std::string job_id, InboxResolver resolver,
+              bool accept_shm = false);
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Link(
       grpc::CallbackServerContext* context) override;
@@ -82,6 +91,7 @@ class PeerService final
   class InLink;
   const std::string job_id_;
   const InboxResolver resolver_;
+  const bool accept_shm_;
   // A ring needs one inbound stream per peer and generation (naive: per
   // peer pair), and old generations' streams close.
   StreamLimiter limiter_{"peer link", 64, 4096};

@@ -164,7 +164,7 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
       });
   ring->transport = std::make_unique<GrpcTransport>(
       options_.job_id, ring->generation, ring->rank, addresses,
-      ring->inbox.get());
+      ring->inbox.get(), options_.shm_links);
   ring->comm = std::make_unique<Communicator>(c, ring->transport.get(),
                                               ring->inbox.get());
   if (!servers_.empty()) {

@@ -35,6 +35,9 @@ ABSL_FLAG(std::string, advertise, "",
 ABSL_FLAG(std::string, unix_socket, "",
           "also serve the API on this Unix socket (env HALKA_UNIX_SOCKET)");
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "bytes per frame on the wire");
+ABSL_FLAG(bool, shm_links, true,
+          "carry peer links to workers on this host (same network "
+          "namespace and /dev/shm) through shared memory; false: gRPC/TCP");
 ABSL_FLAG(absl::Duration, op_timeout, halka::kDefaultOpTimeout,
           "default deadline of one operation (env HALKA_OP_TIMEOUT)");
 ABSL_FLAG(int64_t, max_inline_bytes, int64_t{16} << 30,
@@ -87,6 +90,7 @@ int main(int argc, char** argv) {
   o.advertise = absl::GetFlag(FLAGS_advertise);
   o.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   o.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
+  o.shm_links = absl::GetFlag(FLAGS_shm_links);
   o.op_timeout = absl::GetFlag(FLAGS_op_timeout);
   o.join_timeout = absl::GetFlag(FLAGS_join_timeout);
   o.max_inline_bytes =

@@ -86,7 +86,8 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
   node->peer_service_ = std::make_unique<PeerService>(
       o.job_id, [raw](uint64_t generation) {
         return raw->book_->InboxFor(generation);
-      });
+      },
+      o.shm_links);
   node->api_service_ =
       std::make_unique<WorkerService>(node.get(), o.max_inline_bytes);
   grpc::EnableDefaultHealthCheckService(true);

@@ -27,6 +27,10 @@ struct WorkerOptions {
   std::string advertise;          // host:port peers dial; default from listen
   std::string unix_socket;        // optional extra API endpoint
   size_t chunk_bytes = size_t{1} << 20;
+  // Peer links to workers on this host (same network namespace, same
+  // /dev/shm) carry their frames through shared memory
+  // (worker/shm_link.h); off: every link uses gRPC over TCP.
+  bool shm_links = true;
   absl::Duration op_timeout = kDefaultOpTimeout;
   absl::Duration join_timeout = absl::Seconds(120);
   uint64_t max_op_bytes = uint64_t{16} << 30;

@@ -77,6 +77,9 @@ ABSL_FLAG(bool, check, true, "allreduce: verify the result (every rank runs "
 ABSL_FLAG(absl::Duration, timeout, halka::kDefaultOpTimeout,
           "operation deadline");
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "embedded cluster: bytes per frame");
+ABSL_FLAG(bool, shm_links, true,
+          "embedded cluster: peer links through shared memory (the workers "
+          "share this host); false: gRPC over loopback TCP");
 ABSL_FLAG(int, repeat, 1, "allreduce: operations to run back to back");
 ABSL_FLAG(std::string, algo, "auto",
           "all-reduce algorithm: auto, ring, naive, ps (bench: also all)");
@@ -380,6 +383,7 @@ int Demo() {
   LocalCluster::Options lo;
   lo.workers = absl::GetFlag(FLAGS_workers);
   lo.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
+  lo.shm_links = absl::GetFlag(FLAGS_shm_links);
   // stdout is flushed before each step that logs (to stderr), so that
   // `halkactl demo 2>&1 | ...` reads in order: start, the workers' join
   // lines, the table, the ring health, the shutdown lines, the verdict.
@@ -447,6 +451,7 @@ int BenchCommand() {
     LocalCluster::Options lo;
     lo.workers = absl::GetFlag(FLAGS_workers);
     lo.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
+    lo.shm_links = absl::GetFlag(FLAGS_shm_links);
     for (const BenchCase& bc : *cases) {
       if (bc.algorithm == Algorithm::kParameterServer) {
         lo.ps_shards = absl::GetFlag(FLAGS_ps_shards);

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <optional>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +23,7 @@
 #include "tests/testing/run_ranks.h"
 #include "tests/testing/wait_for.h"
 #include "worker/core/reference.h"
+#include "worker/shm_link.h"
 #include "worker/worker_node.h"
 
 namespace halka {
@@ -34,11 +37,22 @@ using halka::testing::RunRanks;
 using halka::testing::StartRanks;
 using halka::testing::WaitFor;
 
-class RingOverGrpc : public ::testing::TestWithParam<int> {};
+// World size, and whether peer links go through shared memory (the
+// default for workers on one host) or gRPC over TCP: both data paths.
+class RingOverGrpc : public ::testing::TestWithParam<std::tuple<int, bool>> {
+ protected:
+  int World() const { return std::get<0>(GetParam()); }
+  ClusterOptions Options() const {
+    ClusterOptions o;
+    o.workers = World();
+    o.shm_links = std::get<1>(GetParam());
+    return o;
+  }
+};
 
 TEST_P(RingOverGrpc, EveryDtypeOpAndCountAgreesAndMatchesReference) {
-  const int g = GetParam();
-  ClusterHarness h({g});
+  const int g = World();
+  ClusterHarness h(Options());
   ASSERT_TRUE(h.ok()) << h.status();
   uint64_t seed = 1;
   for (DType dtype : kAllDTypes) {
@@ -59,8 +73,8 @@ TEST_P(RingOverGrpc, EveryDtypeOpAndCountAgreesAndMatchesReference) {
 }
 
 TEST_P(RingOverGrpc, BroadcastFromEveryRoot) {
-  const int g = GetParam();
-  ClusterHarness h({g});
+  const int g = World();
+  ClusterHarness h(Options());
   ASSERT_TRUE(h.ok()) << h.status();
   for (int root = 0; root < g; ++root) {
     const size_t count = 10007;
@@ -80,10 +94,58 @@ TEST_P(RingOverGrpc, BroadcastFromEveryRoot) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, RingOverGrpc, ::testing::Range(1, 9),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return absl::StrCat("g", info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    WorldSizes, RingOverGrpc,
+    ::testing::Combine(::testing::Range(1, 9), ::testing::Bool()),
+    [](const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
+      return absl::StrCat("g", std::get<0>(info.param),
+                          std::get<1>(info.param) ? "_shm" : "_tcp");
+    });
+
+// A peer in another network namespace stands for another host (the
+// shaped-link experiments): its offer is refused and the link stays on
+// TCP, so its traffic crosses the links under test.
+TEST(SharedMemoryLinks, OffersAreCheckedBeforeAnythingIsMapped) {
+  auto ring = ShmRing::Create(ShmRing::kDefaultCapacity);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  const std::string offer = FormatShmOffer(**ring);
+  EXPECT_TRUE(AcceptShmOffer(offer).ok());
+  std::optional<ShmOffer> parsed = ParseShmOffer(offer);
+  ASSERT_TRUE(parsed.has_value());
+  const std::string elsewhere =
+      absl::StrCat(parsed->name, " ", parsed->token_hex, " net:[1]");
+  absl::Status s = AcceptShmOffer(elsewhere).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("net:[1]"));
+  EXPECT_EQ(AcceptShmOffer("garbage").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Which path the links took: every link of an embedded cluster (one
+// process, one host) takes shared memory unless it is turned off, and a
+// frame larger than a ring record (chunk_bytes 8 MiB: records of 2 MiB)
+// arrives whole.
+TEST(SharedMemoryLinks, TakenOnOneHostUnlessTurnedOffAndLargeFramesArriveWhole) {
+  for (bool shm : {true, false}) {
+    const uint64_t before = ShmLinkCounters().accepted.load();
+    ClusterOptions o;
+    o.workers = 3;
+    o.shm_links = shm;
+    o.chunk_bytes = size_t{8} << 20;
+    ClusterHarness h(o);
+    ASSERT_TRUE(h.ok()) << h.status();
+    h.AllReduceOnce(DType::kFloat32, ReduceOp::kSum, 3 << 21, Algorithm::kRing, 21);
+    h.AllReduceOnce(DType::kInt32, ReduceOp::kMax, 1000003, Algorithm::kNaive, 22);
+    if (HasFatalFailure()) return;
+    const uint64_t taken = ShmLinkCounters().accepted.load() - before;
+    if (shm) {
+      // Ring: one link per rank; naive: each rank to the two others.
+      EXPECT_GE(taken, 6u);
+    } else {
+      EXPECT_EQ(taken, 0u);
+    }
+  }
+}
 
 TEST(Transfers, InlineSharedAndZeroCopyGiveTheSameBits) {
   const int g = 3;

@@ -45,6 +45,8 @@ struct ClusterOptions {
   size_t chunk_bytes = 4096;
   Client::Transfer transfer = Client::Transfer::kAuto;
   absl::Duration op_timeout = absl::Seconds(30);
+  // Peer links through shared memory (the default) or gRPC over TCP.
+  bool shm_links = true;
 };
 
 class ClusterHarness {
@@ -57,6 +59,7 @@ class ClusterHarness {
     o.ps_shards = options.ps_shards;
     o.chunk_bytes = options.chunk_bytes;
     o.op_timeout = options.op_timeout;
+    o.shm_links = options.shm_links;
     absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
     if (!cluster.ok()) {
       status_ = cluster.status();

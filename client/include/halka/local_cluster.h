@@ -26,6 +26,9 @@ class LocalCluster {
     int workers = 4;
     std::string job_id = "local";
     size_t chunk_bytes = size_t{1} << 20;
+    // Workers' peer links through shared memory (all run in this process,
+    // so on this host); false: gRPC over loopback TCP.
+    bool shm_links = true;
     absl::Duration op_timeout = kDefaultOpTimeout;
     absl::Duration heartbeat_interval = absl::Milliseconds(500);
     absl::Duration heartbeat_timeout = absl::Seconds(5);

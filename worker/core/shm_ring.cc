@@ -1,0 +1,384 @@
+#include "worker/core/shm_ring.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/held_shm.h"
+
+namespace halka {
+namespace {
+
+constexpr uint64_t kMagic = 0x474e5252414b4c48ULL;  // "HLKARRNG"
+constexpr size_t kHeaderBytes = 4096;
+constexpr size_t kMinCapacity = size_t{64} << 10;
+
+size_t Pad(size_t n) { return (n + 63) / 64 * 64; }
+
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected,
+               absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration()) return;
+  const timespec ts = absl::ToTimespec(timeout);
+  // Not FUTEX_PRIVATE: the word is shared with another process.
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected,
+          &ts, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX,
+          nullptr, nullptr, 0);
+}
+
+struct RecordHead {
+  uint32_t bytes;
+  uint32_t flags;
+  uint64_t frame_bytes;
+};
+
+// Copies bytes [from, from + n) of the concatenation of `parts` to dst.
+void Gather(absl::Span<const absl::Span<const uint8_t>> parts, size_t from,
+            size_t n, uint8_t* dst) {
+  for (const auto& p : parts) {
+    if (n == 0) return;
+    if (from >= p.size()) {
+      from -= p.size();
+      continue;
+    }
+    const size_t take = std::min(n, p.size() - from);
+    std::memcpy(dst, p.data() + from, take);
+    dst += take;
+    n -= take;
+    from = 0;
+  }
+}
+
+}  // namespace
+
+struct ShmRing::Header {
+  uint64_t magic;
+  uint64_t capacity;
+  uint8_t token[16];
+  alignas(64) std::atomic<uint64_t> head;  // bytes published
+  std::atomic<uint32_t> head_seq;
+  std::atomic<uint32_t> consumer_sleeping;
+  alignas(64) std::atomic<uint64_t> tail;  // bytes freed
+  std::atomic<uint32_t> tail_seq;
+  std::atomic<uint32_t> producer_sleeping;
+  alignas(64) std::atomic<uint32_t> closed;
+};
+static_assert(sizeof(std::atomic<uint64_t>) == 8 &&
+                  std::atomic<uint64_t>::is_always_lock_free &&
+                  std::atomic<uint32_t>::is_always_lock_free,
+              "the ring's header needs lock-free atomics");
+
+ShmRing::ShmRing(std::string name, void* base, size_t mapped, size_t capacity,
+                 bool owner)
+    : name_(std::move(name)),
+      base_(base),
+      mapped_(mapped),
+      capacity_(capacity),
+      owner_(owner) {
+  static_assert(sizeof(Header) <= kHeaderBytes);
+}
+
+ShmRing::~ShmRing() {
+  if (owner_) Unlink();
+  munmap(base_, mapped_);
+}
+
+ShmRing::Header* ShmRing::header() const {
+  return static_cast<Header*>(base_);
+}
+uint8_t* ShmRing::data() const {
+  return static_cast<uint8_t*>(base_) + kHeaderBytes;
+}
+
+absl::StatusOr<std::shared_ptr<ShmRing>> ShmRing::Create(size_t capacity) {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}();
+  const std::string name =
+      absl::StrCat("/", kHeldShmPrefix, getpid(), "-", salt % 1000000, "-r",
+                   counter.fetch_add(1));
+  capacity = std::max(kMinCapacity, Pad(capacity));
+  const size_t size = kHeaderBytes + capacity;
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot create link ring ", name, ": ", std::strerror(errno)));
+  }
+  auto fail = [&](absl::string_view what, int err) {
+    close(fd);
+    shm_unlink(name.c_str());
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot ", what, " link ring ", name, ": ", std::strerror(err)));
+  };
+  if (flock(fd, LOCK_SH) != 0) return fail("lock", errno);
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) return fail("size", errno);
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) return fail("map", errno);
+  close(fd);  // the mapping keeps the file, and the lock, open
+  auto ring = std::shared_ptr<ShmRing>(new ShmRing(name, p, size, capacity,
+                                                   /*owner=*/true));
+  Header* h = ring->header();
+  h->capacity = capacity;
+  std::random_device rd;
+  for (size_t i = 0; i < sizeof(h->token); i += 4) {
+    const uint32_t v = rd();
+    std::memcpy(h->token + i, &v, 4);
+  }
+  std::atomic_thread_fence(std::memory_order_release);
+  h->magic = kMagic;
+  return ring;
+}
+
+absl::StatusOr<std::shared_ptr<ShmRing>> ShmRing::Open(
+    const std::string& name, const std::string& token_hex) {
+  if (!absl::StartsWith(name, absl::StrCat("/", kHeldShmPrefix)) ||
+      name.find('/', 1) != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", name, "' is not a link ring's name"));
+  }
+  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat("cannot open link ring ", name,
+                                            ": ", std::strerror(errno)));
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 ||
+      static_cast<size_t>(st.st_size) < kHeaderBytes + kMinCapacity) {
+    close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, " is too small for a link ring"));
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  const int err = errno;
+  close(fd);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot map link ring ", name, ": ", std::strerror(err)));
+  }
+  auto ring = std::shared_ptr<ShmRing>(
+      new ShmRing(name, p, size, size - kHeaderBytes, /*owner=*/false));
+  const Header* h = ring->header();
+  if (h->magic != kMagic || h->capacity != size - kHeaderBytes ||
+      h->capacity % 64 != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, " is not a link ring"));
+  }
+  if (ring->token_hex() != token_hex) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, " is another link ring (its token does not match)"));
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return ring;
+}
+
+std::string ShmRing::token_hex() const {
+  return absl::BytesToHexString(absl::string_view(
+      reinterpret_cast<const char*>(header()->token), sizeof(Header::token)));
+}
+
+void ShmRing::Unlink() {
+  if (!unlinked_.exchange(true)) shm_unlink(name_.c_str());
+}
+
+void ShmRing::Close() {
+  Header* h = header();
+  if (h->closed.exchange(1) != 0) return;
+  h->head_seq.fetch_add(1);
+  h->tail_seq.fetch_add(1);
+  FutexWakeAll(&h->head_seq);
+  FutexWakeAll(&h->tail_seq);
+}
+
+bool ShmRing::closed() const { return header()->closed.load() != 0; }
+
+size_t ShmRing::MaxRecordPayload() const { return capacity_ / 4 - 64; }
+
+void ShmRing::PutRecord(uint64_t pos, uint32_t flags, uint64_t frame_bytes,
+                        absl::Span<const absl::Span<const uint8_t>> parts,
+                        size_t from, size_t n) {
+  uint8_t* at = data() + pos % capacity_;
+  const RecordHead rh{static_cast<uint32_t>(n), flags, frame_bytes};
+  std::memcpy(at, &rh, sizeof(rh));
+  if (n > 0) Gather(parts, from, n, at + kRecordHead);
+}
+
+void ShmRing::Publish(uint64_t new_head) {
+  Header* h = header();
+  h->head.store(new_head, std::memory_order_release);
+  h->head_seq.fetch_add(1);
+  if (h->consumer_sleeping.load() != 0) FutexWakeAll(&h->head_seq);
+}
+
+uint64_t ShmRing::PlaceRecord(uint64_t pos,
+                              absl::Span<const absl::Span<const uint8_t>> parts,
+                              size_t total, size_t* done) {
+  const size_t n = std::min(total - *done, MaxRecordPayload());
+  const size_t rec = kRecordHead + Pad(n);
+  const size_t to_end = capacity_ - pos % capacity_;
+  if (to_end < rec) {
+    PutRecord(pos, kWrap, 0, parts, 0, 0);
+    pos += to_end;
+  }
+  const uint32_t flags =
+      (*done == 0 ? kFirst : 0) | (*done + n == total ? kLast : 0);
+  PutRecord(pos, flags, total, parts, *done, n);
+  *done += n;
+  return pos + rec;
+}
+
+size_t ShmRing::FreeBytes() const {
+  const uint64_t tail = header()->tail.load(std::memory_order_acquire);
+  return capacity_ - static_cast<size_t>(head_ - tail);
+}
+
+bool ShmRing::TryWriteRecord(absl::Span<const absl::Span<const uint8_t>> parts,
+                             size_t total, size_t* done) {
+  const size_t rec =
+      kRecordHead + Pad(std::min(total - *done, MaxRecordPayload()));
+  const size_t to_end = capacity_ - head_ % capacity_;
+  if ((to_end < rec ? to_end : 0) + rec > FreeBytes()) return false;
+  head_ = PlaceRecord(head_, parts, total, done);
+  Publish(head_);
+  return true;
+}
+
+bool ShmRing::TryWrite(absl::Span<const absl::Span<const uint8_t>> parts,
+                       size_t total) {
+  // Where the records would end, wrap fillers included.
+  uint64_t pos = head_;
+  size_t left = total;
+  do {
+    const size_t piece = std::min(left, MaxRecordPayload());
+    const size_t rec = kRecordHead + Pad(piece);
+    const size_t to_end = capacity_ - pos % capacity_;
+    pos += (to_end < rec ? to_end : 0) + rec;
+    left -= piece;
+  } while (left > 0);
+  if (pos - head_ > FreeBytes()) return false;
+  size_t done = 0;
+  do {
+    head_ = PlaceRecord(head_, parts, total, &done);
+  } while (done < total);
+  Publish(head_);  // once for the whole frame
+  return true;
+}
+
+uint32_t ShmRing::SpaceSeq() const { return header()->tail_seq.load(); }
+
+void ShmRing::WaitForSpace(uint32_t seq, absl::Duration timeout) {
+  Header* h = header();
+  h->producer_sleeping.store(1);
+  if (h->closed.load() == 0) FutexWait(&h->tail_seq, seq, timeout);
+  h->producer_sleeping.store(0);
+}
+
+absl::StatusOr<std::optional<ShmRing::Record>> ShmRing::Next(
+    absl::Duration timeout) {
+  Header* h = header();
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    const uint32_t seq = h->head_seq.load();
+    const uint64_t head = h->head.load(std::memory_order_acquire);
+    if (head != read_) {
+      if (head < read_ || head - read_ > capacity_) {
+        return absl::DataLossError(absl::StrCat(
+            "link ring ", name_, ": the sender's position ", head,
+            " is out of bounds (read ", read_, ", capacity ", capacity_,
+            ")"));
+      }
+      const size_t off = static_cast<size_t>(read_ % capacity_);
+      const size_t to_end = capacity_ - off;
+      RecordHead rh;
+      std::memcpy(&rh, data() + off, sizeof(rh));  // read once
+      if (rh.flags == kWrap) {
+        if (head - read_ < to_end) {
+          return absl::DataLossError(absl::StrCat(
+              "link ring ", name_, ": a wrap record past the sender's "
+              "position"));
+        }
+        {
+          absl::MutexLock lock(&release_mu_);
+          held_.push_back({read_, Pending{read_ + to_end, true}});
+          read_ += to_end;
+          AdvanceTailLocked();
+        }
+        continue;
+      }
+      const size_t rec = kRecordHead + Pad(rh.bytes);
+      if ((rh.flags & ~(kFirst | kLast)) != 0 || rh.bytes == 0 ||
+          rh.bytes > MaxRecordPayload() || rec > to_end ||
+          rec > head - read_ || rh.frame_bytes < rh.bytes) {
+        return absl::DataLossError(absl::StrCat(
+            "link ring ", name_, ": corrupt record at ", read_, " (",
+            rh.bytes, " bytes, flags ", rh.flags, ")"));
+      }
+      Record r;
+      r.id = read_;
+      r.data = data() + off + kRecordHead;
+      r.bytes = rh.bytes;
+      r.flags = rh.flags;
+      r.frame_bytes = rh.frame_bytes;
+      {
+        absl::MutexLock lock(&release_mu_);
+        held_.push_back({read_, Pending{read_ + rec, false}});
+      }
+      read_ += rec;
+      return std::optional<Record>(r);
+    }
+    if (h->closed.load() != 0) return std::optional<Record>();
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return std::optional<Record>();
+    h->consumer_sleeping.store(1);
+    if (h->head.load() == read_ && h->closed.load() == 0) {
+      FutexWait(&h->head_seq, seq, left);
+    }
+    h->consumer_sleeping.store(0);
+  }
+}
+
+void ShmRing::AdvanceTailLocked() {
+  uint64_t tail = 0;
+  bool moved = false;
+  while (!held_.empty() && held_.front().second.released) {
+    tail = held_.front().second.end;
+    held_.pop_front();
+    moved = true;
+  }
+  if (!moved) return;
+  Header* h = header();
+  h->tail.store(tail, std::memory_order_release);
+  h->tail_seq.fetch_add(1);
+  if (h->producer_sleeping.load() != 0) FutexWakeAll(&h->tail_seq);
+}
+
+void ShmRing::Release(uint64_t id) {
+  absl::MutexLock lock(&release_mu_);
+  // Usually the oldest: search from the front.
+  for (auto& [start, p] : held_) {
+    if (start == id) {
+      p.released = true;
+      break;
+    }
+    if (start > id) break;
+  }
+  AdvanceTailLocked();
+}
+
+}  // namespace halka

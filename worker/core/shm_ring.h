@@ -1,0 +1,165 @@
+// A one-way ring of records in a shared-memory object: the data path of a
+// peer link whose two ends run on the same host (worker/grpc_transport.h
+// negotiates it over the link's gRPC stream, which stays open as the
+// link's liveness and error channel).
+//
+// The sending process creates the object (ShmRing::Create) and names it to
+// the receiver, which maps it (ShmRing::Open) if it can: a receiver that
+// cannot see the sender's /dev/shm (another container, another host) says
+// no and the link stays on gRPC. A random token in the object's header,
+// sent along with the name, proves both ends mapped the same object.
+//
+// Layout: a 4 KiB header (magic, capacity, token, the producer's and the
+// consumer's positions, two futex words, a closed flag), then `capacity`
+// bytes of records. A record is a 64-byte head (payload bytes, flags, the
+// whole frame's bytes) and its payload, padded to 64 bytes, so payloads
+// start 64-byte aligned. A record never wraps: one that does not fit
+// before the end is preceded by a WRAP record that fills the rest. Frames
+// larger than capacity/4 travel as several records (FIRST ... LAST).
+//
+// Positions are byte counts since creation (never wrap in practice: 2^64).
+// The producer publishes a record by storing `head` (release), bumps
+// `head_seq` and wakes the consumer if it sleeps; the consumer frees
+// records by storing `tail` and wakes the producer the same way. Sleepers
+// use FUTEX_WAIT on the seq words with a timeout, so a lost peer never
+// leaves anyone asleep for more than that timeout.
+//
+// Records are handed out zero-copy: the consumer's payload pointers stay
+// valid until Release(id); `tail` advances over the longest released
+// prefix, so records may be released in any order.
+//
+// The consumer never trusts the shared header: a `head` more than
+// `capacity` ahead, a record length past the end, unknown flags: DATA_LOSS.
+//
+// Thread-safety: one producing thread at a time (callers serialise), one
+// consuming thread (Next); Release, Close and the accessors from any
+// thread.
+#ifndef HALKA_WORKER_CORE_SHM_RING_H_
+#define HALKA_WORKER_CORE_SHM_RING_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace halka {
+
+class ShmRing : public std::enable_shared_from_this<ShmRing> {
+ public:
+  static constexpr size_t kRecordHead = 64;
+  static constexpr uint32_t kFirst = 1;  // the frame's first record
+  static constexpr uint32_t kLast = 2;   // the frame's last record
+  static constexpr uint32_t kWrap = 4;   // filler up to the end of the ring
+  static constexpr size_t kDefaultCapacity = size_t{8} << 20;
+
+  // Creates, sizes and maps a new object named like a client's held
+  // object (common/held_shm.h: a shared flock while mapped, so a worker's
+  // sweep removes it if this process dies before Unlink). `capacity` is
+  // rounded up to a multiple of 64, at least 64 KiB.
+  // Errors: RESOURCE_EXHAUSTED naming the failing call.
+  static absl::StatusOr<std::shared_ptr<ShmRing>> Create(size_t capacity);
+  // Maps an object another process created. Errors: NOT_FOUND (no such
+  // object here: another /dev/shm), FAILED_PRECONDITION (not a ring, or
+  // another token).
+  static absl::StatusOr<std::shared_ptr<ShmRing>> Open(
+      const std::string& name, const std::string& token_hex);
+  ~ShmRing();
+  ShmRing(const ShmRing&) = delete;
+  ShmRing& operator=(const ShmRing&) = delete;
+
+  const std::string& name() const { return name_; }
+  std::string token_hex() const;
+  size_t capacity() const { return capacity_; }
+  // Removes the name (both ends keep their mapping). Idempotent.
+  void Unlink();
+
+  // Marks the ring closed and wakes both ends. Idempotent.
+  void Close();
+  bool closed() const;
+
+  // --- producer ---
+  // Writes the whole frame (the concatenation of `parts`, `total` bytes)
+  // if the ring has room for all its records now; false otherwise (nothing
+  // written).
+  bool TryWrite(absl::Span<const absl::Span<const uint8_t>> parts,
+                size_t total);
+  // Writes the next record of a frame (the bytes from `*done` on), if room
+  // for it; advances *done. Returns false when there is no room now.
+  bool TryWriteRecord(absl::Span<const absl::Span<const uint8_t>> parts,
+                      size_t total, size_t* done);
+  // Sleeps until the consumer frees space after `seq` (read with
+  // SpaceSeq() before the TryWrite that found no room), Close, or
+  // `timeout`.
+  uint32_t SpaceSeq() const;
+  void WaitForSpace(uint32_t seq, absl::Duration timeout);
+
+  // --- consumer ---
+  struct Record {
+    uint64_t id = 0;  // pass to Release
+    const uint8_t* data = nullptr;
+    size_t bytes = 0;
+    uint32_t flags = 0;  // kFirst / kLast
+    uint64_t frame_bytes = 0;
+  };
+  // The next record, waiting up to `timeout`; nullopt when none came (or
+  // the ring is closed and drained: see closed()). WRAP records are
+  // skipped. Errors: DATA_LOSS (the shared header or a record is corrupt).
+  absl::StatusOr<std::optional<Record>> Next(absl::Duration timeout);
+  // Frees a record returned by Next. Idempotent per id; any thread.
+  void Release(uint64_t id);
+
+ private:
+  struct Header;
+  ShmRing(std::string name, void* base, size_t mapped, size_t capacity,
+          bool owner);
+  size_t MaxRecordPayload() const;
+  void AdvanceTailLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(release_mu_);
+
+  Header* header() const;
+  uint8_t* data() const;
+  // Writes one record head + payload at position `pos`.
+  void PutRecord(uint64_t pos, uint32_t flags, uint64_t frame_bytes,
+                 absl::Span<const absl::Span<const uint8_t>> parts,
+                 size_t from, size_t n);
+  // Writes the record holding the frame's bytes from *done on (a WRAP
+  // filler first if it does not fit before the end) at `pos`; advances
+  // *done and returns the position after it. Publishes nothing.
+  uint64_t PlaceRecord(uint64_t pos,
+                       absl::Span<const absl::Span<const uint8_t>> parts,
+                       size_t total, size_t* done);
+  size_t FreeBytes() const;
+  void Publish(uint64_t new_head);
+
+  std::string name_;
+  void* base_;
+  size_t mapped_;
+  size_t capacity_;
+  const bool owner_;  // created it: unlinks it at the latest when destroyed
+  std::atomic<bool> unlinked_{false};
+
+  // Producer-local.
+  uint64_t head_ = 0;
+
+  // Consumer-local.
+  uint64_t read_ = 0;
+  absl::Mutex release_mu_;
+  struct Pending {
+    uint64_t end;
+    bool released;
+  };
+  // Records handed out and not yet freed, by id (their start), in order.
+  std::deque<std::pair<uint64_t, Pending>> held_ ABSL_GUARDED_BY(release_mu_);
+};
+
+}  // namespace halka
+
+#endif  // HALKA_WORKER_CORE_SHM_RING_H_

@@ -1,0 +1,253 @@
+#include "worker/shm_link.h"
+
+#include <unistd.h>
+
+#include <climits>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "wire/frame_codec.h"
+
+namespace halka {
+namespace {
+
+// How long a sleeping end waits before it looks at its stop flag again
+// (Close also wakes it at once).
+constexpr absl::Duration kPoll = absl::Milliseconds(50);
+
+size_t TotalBytes(const std::vector<absl::Span<const uint8_t>>& parts) {
+  size_t n = 0;
+  for (const auto& p : parts) n += p.size();
+  return n;
+}
+
+void Release(ShmSender::Frame& f) {
+  if (f.on_released) {
+    std::function<void()> fn = std::move(f.on_released);
+    f.on_released = nullptr;
+    fn();
+  }
+}
+
+// Keeps one record of the ring until the InFrame that points into it is
+// gone.
+class HeldRecord {
+ public:
+  HeldRecord(std::shared_ptr<ShmRing> ring, uint64_t id)
+      : ring_(std::move(ring)), id_(id) {}
+  HeldRecord(const HeldRecord&) = delete;
+  HeldRecord& operator=(const HeldRecord&) = delete;
+  ~HeldRecord() { ring_->Release(id_); }
+
+ private:
+  const std::shared_ptr<ShmRing> ring_;
+  const uint64_t id_;
+};
+
+}  // namespace
+
+ShmLinkCounts& ShmLinkCounters() {
+  static ShmLinkCounts counts;
+  return counts;
+}
+
+std::string NetworkNamespaceId() {
+  char buf[128];
+  const ssize_t n = readlink("/proc/self/ns/net", buf, sizeof(buf) - 1);
+  if (n <= 0) return "";
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+std::string FormatShmOffer(const ShmRing& ring) {
+  return absl::StrCat(ring.name(), " ", ring.token_hex(), " ",
+                      NetworkNamespaceId());
+}
+
+std::optional<ShmOffer> ParseShmOffer(const std::string& value) {
+  std::vector<std::string> f = absl::StrSplit(value, ' ');
+  if (f.size() != 3 || f[0].empty() || f[1].size() != 32) return std::nullopt;
+  return ShmOffer{f[0], f[1], f[2]};
+}
+
+absl::StatusOr<std::shared_ptr<ShmRing>> AcceptShmOffer(
+    const std::string& value) {
+  std::optional<ShmOffer> offer = ParseShmOffer(value);
+  if (!offer.has_value()) {
+    return absl::InvalidArgumentError("malformed shared-memory offer");
+  }
+  const std::string here = NetworkNamespaceId();
+  if (here.empty() || offer->netns != here) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the peer runs in network namespace ", offer->netns,
+                     ", this worker in ", here.empty() ? "?" : here));
+  }
+  return ShmRing::Open(offer->name, offer->token_hex);
+}
+
+ShmSender::ShmSender(std::shared_ptr<ShmRing> ring) : ring_(std::move(ring)) {
+  writer_ = std::thread([this] { WriterLoop(); });
+}
+
+ShmSender::~ShmSender() {
+  Close();
+  if (writer_.joinable()) writer_.join();
+}
+
+bool ShmSender::Send(Frame& frame) {
+  const size_t total = TotalBytes(frame.parts);
+  absl::MutexLock lock(&mu_);
+  if (!stop_ && queue_.empty() && ring_->TryWrite(frame.parts, total)) {
+    return true;
+  }
+  if (stop_) return true;  // dropped: the link is over
+  queue_.push_back(Queued{std::move(frame), total, 0});
+  return false;
+}
+
+void ShmSender::Queue(std::vector<Frame> frames) {
+  std::vector<Frame> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    for (Frame& f : frames) {
+      if (stop_) {
+        dropped.push_back(std::move(f));
+        continue;
+      }
+      const size_t total = TotalBytes(f.parts);
+      queue_.push_back(Queued{std::move(f), total, 0});
+    }
+  }
+  for (Frame& f : dropped) Release(f);
+}
+
+void ShmSender::Close() {
+  std::deque<Queued> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    dropped.swap(queue_);
+  }
+  ring_->Close();
+  for (Queued& q : dropped) Release(q.frame);
+}
+
+void ShmSender::WriterLoop() {
+  for (;;) {
+    Frame finished;
+    bool have_finished = false;
+    bool wait_for_space = false;
+    uint32_t seq = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stop_) return;
+      Queued& q = queue_.front();
+      seq = ring_->SpaceSeq();
+      if (!ring_->TryWriteRecord(q.frame.parts, q.total, &q.done)) {
+        wait_for_space = true;
+      } else if (q.done == q.total) {
+        finished = std::move(q.frame);
+        have_finished = true;
+        queue_.pop_front();
+      }
+    }
+    if (have_finished) Release(finished);
+    if (wait_for_space) ring_->WaitForSpace(seq, kPoll);
+  }
+}
+
+ShmReceiver::ShmReceiver(std::shared_ptr<ShmRing> ring, OnFrame on_frame,
+                         OnError on_error)
+    : ring_(std::move(ring)),
+      on_frame_(std::move(on_frame)),
+      on_error_(std::move(on_error)) {
+  reader_ = std::thread([this] { ReaderLoop(); });
+}
+
+ShmReceiver::~ShmReceiver() { Stop(); }
+
+void ShmReceiver::Stop() {
+  ring_->Close();
+  if (reader_.joinable() && reader_.get_id() != std::this_thread::get_id()) {
+    reader_.join();
+  }
+}
+
+void ShmReceiver::ReaderLoop() {
+  for (;;) {
+    absl::StatusOr<std::optional<ShmRing::Record>> r = ring_->Next(kPoll);
+    absl::Status s = r.status();
+    if (s.ok()) {
+      if (!r->has_value()) {
+        if (ring_->closed()) return;  // closed and drained
+        continue;
+      }
+      bool ring_error = true;
+      s = Take(**r, &ring_error);
+      if (!s.ok() && !ring_error) {
+        ring_->Close();
+        return;
+      }
+    }
+    if (!s.ok()) {
+      ring_->Close();
+      on_error_(s);
+      return;
+    }
+  }
+}
+
+absl::Status ShmReceiver::Take(const ShmRing::Record& r, bool* ring_error) {
+  const bool first = (r.flags & ShmRing::kFirst) != 0;
+  const bool last = (r.flags & ShmRing::kLast) != 0;
+  if (first == in_frame_) {
+    ring_->Release(r.id);
+    return absl::DataLossError(
+        first ? "link ring: a frame starts inside another"
+              : "link ring: a frame continues that never started");
+  }
+  if (first && last) {
+    if (r.bytes != r.frame_bytes) {
+      ring_->Release(r.id);
+      return absl::DataLossError("link ring: a frame's size disagrees");
+    }
+    auto hold = std::make_shared<HeldRecord>(ring_, r.id);
+    const absl::Span<const uint8_t> bytes(r.data, r.bytes);
+    *ring_error = false;
+    return on_frame_(
+        DecodeFrame(absl::MakeConstSpan(&bytes, 1), std::move(hold)));
+  }
+  // A frame in several records: assemble it (bounded by the frame limit).
+  if (first) {
+    if (r.frame_bytes > kMaxFramePayloadBytes + kMaxFrameHeaderBytes + 4) {
+      ring_->Release(r.id);
+      return absl::DataLossError(absl::StrCat(
+          "link ring: a frame of ", r.frame_bytes, " bytes is over the limit"));
+    }
+    assembling_.clear();
+    assembling_.reserve(r.frame_bytes);
+    expect_ = r.frame_bytes;
+    in_frame_ = true;
+  }
+  if (r.frame_bytes != expect_ || assembling_.size() + r.bytes > expect_ ||
+      (last && assembling_.size() + r.bytes != expect_)) {
+    ring_->Release(r.id);
+    return absl::DataLossError("link ring: a frame's records disagree");
+  }
+  assembling_.insert(assembling_.end(), r.data, r.data + r.bytes);
+  ring_->Release(r.id);
+  if (!last) return absl::OkStatus();
+  in_frame_ = false;
+  auto bytes = std::make_shared<std::vector<uint8_t>>(std::move(assembling_));
+  assembling_ = {};
+  const absl::Span<const uint8_t> span(bytes->data(), bytes->size());
+  *ring_error = false;
+  return on_frame_(DecodeFrame(absl::MakeConstSpan(&span, 1), std::move(bytes)));
+}
+
+}  // namespace halka

@@ -1,0 +1,135 @@
+// The two ends of a peer link's shared-memory data path (a ShmRing,
+// worker/core/shm_ring.h), as the gRPC transport uses them when both ends
+// of a link run on the same host.
+//
+// Negotiation (worker/grpc_transport.cc): the dialling side creates a ring
+// and offers it in the link's call metadata as "<name> <token> <netns>".
+// The serving side maps it only if it runs in the same network namespace
+// (workers in separate namespaces stand for separate hosts, e.g. the
+// shaped-link experiments, and their traffic must cross those links) and
+// the object is there with that token; it answers in its initial metadata
+// "ok" or "no: <why>". Until the answer, the dialling side holds its
+// frames; after it, every frame of that link takes one path, so frames
+// stay in order. The gRPC stream stays open either way: its end is the
+// link's end, and a refused or corrupt frame ends it with the error.
+#ifndef HALKA_WORKER_SHM_LINK_H_
+#define HALKA_WORKER_SHM_LINK_H_
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "worker/core/frame.h"
+#include "worker/core/shm_ring.h"
+
+namespace halka {
+
+inline constexpr char kLinkShmOfferKey[] = "halka-shm-offer";
+inline constexpr char kLinkShmAnswerKey[] = "halka-shm";
+
+// Links of this process whose offer the peer took or refused (tests and
+// diagnostics: which path the data took).
+struct ShmLinkCounts {
+  std::atomic<uint64_t> accepted{0};
+  std::atomic<uint64_t> refused{0};
+};
+ShmLinkCounts& ShmLinkCounters();
+
+// This process's network namespace ("net:[4026531840]"), "" if unknown.
+std::string NetworkNamespaceId();
+
+struct ShmOffer {
+  std::string name;
+  std::string token_hex;
+  std::string netns;
+};
+std::string FormatShmOffer(const ShmRing& ring);
+std::optional<ShmOffer> ParseShmOffer(const std::string& value);
+
+// The serving side's decision on an offer: the mapped ring, or why not
+// (the text of the "no: ..." answer).
+absl::StatusOr<std::shared_ptr<ShmRing>> AcceptShmOffer(
+    const std::string& value);
+
+// The sending end: copies frames into the ring on the caller's thread when
+// it has room and nothing is queued, else queues them for its writer
+// thread, which writes them record by record as the receiver frees space.
+// Thread-safe.
+class ShmSender {
+ public:
+  struct Frame {
+    std::vector<absl::Span<const uint8_t>> parts;  // back to back
+    std::shared_ptr<void> keepalive;               // owns what parts don't
+    std::function<void()> on_released;
+  };
+  explicit ShmSender(std::shared_ptr<ShmRing> ring);
+  // Close(), then waits for the writer thread.
+  ~ShmSender();
+
+  // Copies `frame` now (true: the caller runs frame.on_released, outside
+  // its own locks) or queues it (false: the writer releases it when
+  // copied, or Close when dropped).
+  bool Send(Frame& frame);
+  // Queues frames behind anything queued (no copy on this thread).
+  void Queue(std::vector<Frame> frames);
+  // Closes the ring (the receiver drains what was written), stops the
+  // writer and releases every queued frame. Idempotent.
+  void Close();
+
+ private:
+  void WriterLoop();
+
+  const std::shared_ptr<ShmRing> ring_;
+  absl::Mutex mu_;
+  struct Queued {
+    Frame frame;
+    size_t total = 0;
+    size_t done = 0;
+  };
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread writer_;
+};
+
+// The receiving end: a thread that takes records off the ring, turns each
+// frame into an InFrame (zero-copy for frames of one record; frames larger
+// than a record are assembled on the heap), and hands it, or the error
+// DecodeFrame found in it, to `on_frame`. An error from `on_frame` stops
+// the thread; a corrupt ring goes to `on_error` once and stops it. Stop()
+// closes the ring, delivers what was already written, and joins.
+class ShmReceiver {
+ public:
+  using OnFrame = std::function<absl::Status(absl::StatusOr<InFrame>)>;
+  using OnError = std::function<void(const absl::Status&)>;
+  ShmReceiver(std::shared_ptr<ShmRing> ring, OnFrame on_frame,
+              OnError on_error);
+  ~ShmReceiver();  // Stop()
+  void Stop();
+
+ private:
+  void ReaderLoop();
+  // Ring errors (for on_error) or on_frame's (already handled).
+  absl::Status Take(const ShmRing::Record& r, bool* ring_error);
+
+  const std::shared_ptr<ShmRing> ring_;
+  const OnFrame on_frame_;
+  const OnError on_error_;
+  std::vector<uint8_t> assembling_;  // a frame of several records
+  size_t expect_ = 0;  // its bytes
+  bool in_frame_ = false;
+  std::thread reader_;
+};
+
+}  // namespace halka
+
+#endif  // HALKA_WORKER_SHM_LINK_H_

@@ -128,6 +128,12 @@ absl::StatusOr<std::shared_ptr<ShmRing>> ShmRing::Create(size_t capacity) {
   };
   if (flock(fd, LOCK_SH) != 0) return fail("lock", errno);
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) return fail("size", errno);
+  // Reserve the pages now: a full /dev/shm (a container's is 64 MiB by
+  // default) must fail here, cleanly, and not as SIGBUS on a later write.
+  if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(size));
+      err != 0) {
+    return fail("reserve", err);
+  }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) return fail("map", errno);
   close(fd);  // the mapping keeps the file, and the lock, open

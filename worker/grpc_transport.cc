@@ -31,10 +31,11 @@ class GrpcTransport::OutLink
     AddLinkMetadata(LinkMetadata{owner_->job_id_, owner_->generation_,
                                  owner_->rank_, world},
                     &ctx_);
-    if (owner_->shm_links_ && to_ < world) {
+    if (owner_->shm_ring_bytes_ > 0 && to_ < world &&
+        PeerMayShareHost(owner_->addresses_[static_cast<size_t>(to_)])) {
       // Offer a same-host data path; frames wait for the answer.
       absl::StatusOr<std::shared_ptr<ShmRing>> ring =
-          ShmRing::Create(ShmRing::kDefaultCapacity);
+          ShmRing::Create(owner_->shm_ring_bytes_);
       if (ring.ok()) {
         ctx_.AddMetadata(kLinkShmOfferKey, FormatShmOffer(**ring));
         absl::MutexLock lock(&mu_);
@@ -271,13 +272,13 @@ class GrpcTransport::OutLink
 
 GrpcTransport::GrpcTransport(std::string job_id, uint64_t generation, int rank,
                              std::vector<std::string> addresses, Inbox* inbox,
-                             bool shm_links)
+                             size_t shm_ring_bytes)
     : job_id_(std::move(job_id)),
       generation_(generation),
       rank_(rank),
       addresses_(std::move(addresses)),
       inbox_(inbox),
-      shm_links_(shm_links) {}
+      shm_ring_bytes_(shm_ring_bytes) {}
 
 GrpcTransport::~GrpcTransport() {
   std::vector<std::shared_ptr<OutLink>> all;
@@ -408,6 +409,10 @@ class PeerService::InLink
     if (!s.ok()) {
       FinishOnce(ToGrpcStatus(s));
       return;
+    }
+    {
+      absl::MutexLock lock(&finish_mu_);
+      if (finished_) return;  // the ring's reader ended the stream
     }
     StartRead(&buffer_);
   }

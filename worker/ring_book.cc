@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "worker/grpc_transport.h"
+#include "worker/shm_link.h"
 #include "worker/numbering.h"
 
 namespace halka {
@@ -164,7 +165,8 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
       });
   ring->transport = std::make_unique<GrpcTransport>(
       options_.job_id, ring->generation, ring->rank, addresses,
-      ring->inbox.get(), options_.shm_links);
+      ring->inbox.get(),
+      options_.shm_links ? LinkRingBytes(options_.chunk_bytes) : 0);
   ring->comm = std::make_unique<Communicator>(c, ring->transport.get(),
                                               ring->inbox.get());
   if (!servers_.empty()) {

@@ -1,6 +1,11 @@
 #include "worker/shm_link.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <climits>
 #include <cstring>
@@ -8,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/grpc_util.h"
 #include "wire/frame_codec.h"
 
 namespace halka {
@@ -47,6 +53,39 @@ class HeldRecord {
 };
 
 }  // namespace
+
+size_t LinkRingBytes(size_t chunk_bytes) {
+  const size_t want = 4 * (chunk_bytes + (size_t{64} << 10));
+  return std::min(size_t{64} << 20, std::max(size_t{1} << 20, want));
+}
+
+bool PeerMayShareHost(const std::string& address) {
+  if (IsLocalAddress(address)) return true;
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  in6_addr a6{};
+  in_addr a4{};
+  const bool v4 = inet_pton(AF_INET, host.c_str(), &a4) == 1;
+  const bool v6 = !v4 && inet_pton(AF_INET6, host.c_str(), &a6) == 1;
+  if (!v4 && !v6) return true;  // a name: let the peer decide
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return true;
+  bool mine = false;
+  for (ifaddrs* i = list; i != nullptr && !mine; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    if (v4 && i->ifa_addr->sa_family == AF_INET) {
+      mine = std::memcmp(&reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr,
+                         &a4, sizeof(a4)) == 0;
+    } else if (v6 && i->ifa_addr->sa_family == AF_INET6) {
+      mine = std::memcmp(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr,
+                         &a6, sizeof(a6)) == 0;
+    }
+  }
+  freeifaddrs(list);
+  return mine;
+}
 
 ShmLinkCounts& ShmLinkCounters() {
   static ShmLinkCounts counts;
@@ -90,10 +129,7 @@ ShmSender::ShmSender(std::shared_ptr<ShmRing> ring) : ring_(std::move(ring)) {
   writer_ = std::thread([this] { WriterLoop(); });
 }
 
-ShmSender::~ShmSender() {
-  Close();
-  if (writer_.joinable()) writer_.join();
-}
+ShmSender::~ShmSender() { Close(); }
 
 bool ShmSender::Send(Frame& frame) {
   const size_t total = TotalBytes(frame.parts);
@@ -130,6 +166,9 @@ void ShmSender::Close() {
     dropped.swap(queue_);
   }
   ring_->Close();
+  if (writer_.joinable() && writer_.get_id() != std::this_thread::get_id()) {
+    writer_.join();
+  }
   for (Queued& q : dropped) Release(q.frame);
 }
 
@@ -146,6 +185,12 @@ void ShmSender::WriterLoop() {
       };
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
+      if (ring_->closed()) {
+        // The receiver closed it (its link is ending): nothing more can
+        // go through. Close (from OnDone) releases what is queued.
+        mu_.Await(absl::Condition(&stop_));
+        return;
+      }
       Queued& q = queue_.front();
       seq = ring_->SpaceSeq();
       if (!ring_->TryWriteRecord(q.frame.parts, q.total, &q.done)) {
@@ -172,8 +217,14 @@ ShmReceiver::ShmReceiver(std::shared_ptr<ShmRing> ring, OnFrame on_frame,
 ShmReceiver::~ShmReceiver() { Stop(); }
 
 void ShmReceiver::Stop() {
-  ring_->Close();
-  if (reader_.joinable() && reader_.get_id() != std::this_thread::get_id()) {
+  if (!stopping_.exchange(true)) {
+    stop_at_ = ring_->Published();
+    ring_->Close();
+  }
+  if (!reader_.joinable()) return;
+  if (reader_.get_id() == std::this_thread::get_id()) {
+    reader_.detach();  // it returns right after this
+  } else {
     reader_.join();
   }
 }
@@ -193,6 +244,7 @@ void ShmReceiver::ReaderLoop() {
         ring_->Close();
         return;
       }
+      if (s.ok() && stopping_ && ring_->read_position() >= stop_at_) return;
     }
     if (!s.ok()) {
       ring_->Close();

@@ -48,6 +48,17 @@ ShmLinkCounts& ShmLinkCounters();
 // This process's network namespace ("net:[4026531840]"), "" if unknown.
 std::string NetworkNamespaceId();
 
+// The ring a link gets for frames of `chunk_bytes`: room for about four
+// chunks (one record each), 1-64 MiB. 4.25 MiB for the default 1 MiB.
+size_t LinkRingBytes(size_t chunk_bytes);
+
+// False when `address` ("host:port") is an IP literal that is not one of
+// this network namespace's own addresses: that peer cannot share this
+// host's /dev/shm in this namespace, so no ring is offered. True for
+// loopback, for this namespace's addresses, and for host names (the peer
+// then decides).
+bool PeerMayShareHost(const std::string& address);
+
 struct ShmOffer {
   std::string name;
   std::string token_hex;
@@ -83,7 +94,8 @@ class ShmSender {
   // Queues frames behind anything queued (no copy on this thread).
   void Queue(std::vector<Frame> frames);
   // Closes the ring (the receiver drains what was written), stops the
-  // writer and releases every queued frame. Idempotent.
+  // writer, waits for it, and releases every queued frame. Idempotent;
+  // never from the writer's own callbacks (on_released).
   void Close();
 
  private:
@@ -106,7 +118,8 @@ class ShmSender {
 // than a record are assembled on the heap), and hands it, or the error
 // DecodeFrame found in it, to `on_frame`. An error from `on_frame` stops
 // the thread; a corrupt ring goes to `on_error` once and stops it. Stop()
-// closes the ring, delivers what was already written, and joins.
+// closes the ring, delivers what was written before it (no more: a sender
+// that keeps writing cannot hold it), and joins.
 class ShmReceiver {
  public:
   using OnFrame = std::function<absl::Status(absl::StatusOr<InFrame>)>;
@@ -126,6 +139,8 @@ class ShmReceiver {
   const OnError on_error_;
   std::vector<uint8_t> assembling_;  // a frame of several records
   size_t expect_ = 0;  // its bytes
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> stop_at_{0};  // the sender's position at Stop
   bool in_frame_ = false;
   std::thread reader_;
 };

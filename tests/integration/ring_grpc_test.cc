@@ -106,7 +106,7 @@ INSTANTIATE_TEST_SUITE_P(
 // shaped-link experiments): its offer is refused and the link stays on
 // TCP, so its traffic crosses the links under test.
 TEST(SharedMemoryLinks, OffersAreCheckedBeforeAnythingIsMapped) {
-  auto ring = ShmRing::Create(ShmRing::kDefaultCapacity);
+  auto ring = ShmRing::Create(LinkRingBytes(size_t{1} << 20));
   ASSERT_TRUE(ring.ok()) << ring.status();
   const std::string offer = FormatShmOffer(**ring);
   EXPECT_TRUE(AcceptShmOffer(offer).ok());
@@ -119,6 +119,11 @@ TEST(SharedMemoryLinks, OffersAreCheckedBeforeAnythingIsMapped) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("net:[1]"));
   EXPECT_EQ(AcceptShmOffer("garbage").status().code(),
             absl::StatusCode::kInvalidArgument);
+  // Who gets an offer at all: loopback and names yes, a foreign IP no.
+  EXPECT_TRUE(PeerMayShareHost("127.0.0.1:7000"));
+  EXPECT_TRUE(PeerMayShareHost("worker-1:7000"));
+  EXPECT_FALSE(PeerMayShareHost("198.18.255.254:7000"));
+  EXPECT_FALSE(PeerMayShareHost("[2001:db8::1]:7000"));
 }
 
 // Which path the links took: every link of an embedded cluster (one

@@ -26,6 +26,7 @@ namespace {
 constexpr uint64_t kMagic = 0x474e5252414b4c48ULL;  // "HLKARRNG"
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kMinCapacity = size_t{64} << 10;
+constexpr size_t kMaxCapacity = size_t{256} << 20;
 
 size_t Pad(size_t n) { return (n + 63) / 64 * 64; }
 
@@ -113,7 +114,7 @@ absl::StatusOr<std::shared_ptr<ShmRing>> ShmRing::Create(size_t capacity) {
   const std::string name =
       absl::StrCat("/", kHeldShmPrefix, getpid(), "-", salt % 1000000, "-r",
                    counter.fetch_add(1));
-  capacity = std::max(kMinCapacity, Pad(capacity));
+  capacity = std::min(kMaxCapacity, std::max(kMinCapacity, Pad(capacity)));
   const size_t size = kHeaderBytes + capacity;
   const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) {
@@ -134,7 +135,7 @@ absl::StatusOr<std::shared_ptr<ShmRing>> ShmRing::Create(size_t capacity) {
       err != 0) {
     return fail("reserve", err);
   }
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return fail("map", errno);
   close(fd);  // the mapping keeps the file, and the lock, open
   auto ring = std::shared_ptr<ShmRing>(new ShmRing(name, p, size, capacity,
@@ -171,27 +172,43 @@ absl::StatusOr<std::shared_ptr<ShmRing>> ShmRing::Open(
         absl::StrCat(name, " is too small for a link ring"));
   }
   const size_t size = static_cast<size_t>(st.st_size);
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  // Look at the header alone before mapping (and populating) the rest: a
+  // peer may name any object with our prefix, a client's tensors included.
+  void* hp = mmap(nullptr, kHeaderBytes, PROT_READ, MAP_SHARED, fd, 0);
+  if (hp == MAP_FAILED) {
+    const int err = errno;
+    close(fd);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot map link ring ", name, ": ", std::strerror(err)));
+  }
+  const Header* hh = static_cast<const Header*>(hp);
+  const bool is_ring = hh->magic == kMagic &&
+                       hh->capacity == size - kHeaderBytes &&
+                       hh->capacity % 64 == 0 && hh->capacity <= kMaxCapacity;
+  const std::string token = absl::BytesToHexString(absl::string_view(
+      reinterpret_cast<const char*>(hh->token), sizeof(Header::token)));
+  munmap(hp, kHeaderBytes);
+  if (!is_ring) {
+    close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, " is not a link ring"));
+  }
+  if (token != token_hex) {
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, " is another link ring (its token does not match)"));
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_POPULATE, fd, 0);
   const int err = errno;
   close(fd);
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot map link ring ", name, ": ", std::strerror(err)));
   }
-  auto ring = std::shared_ptr<ShmRing>(
-      new ShmRing(name, p, size, size - kHeaderBytes, /*owner=*/false));
-  const Header* h = ring->header();
-  if (h->magic != kMagic || h->capacity != size - kHeaderBytes ||
-      h->capacity % 64 != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(name, " is not a link ring"));
-  }
-  if (ring->token_hex() != token_hex) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        name, " is another link ring (its token does not match)"));
-  }
   std::atomic_thread_fence(std::memory_order_acquire);
-  return ring;
+  return std::shared_ptr<ShmRing>(
+      new ShmRing(name, p, size, size - kHeaderBytes, /*owner=*/false));
 }
 
 std::string ShmRing::token_hex() const {
@@ -213,6 +230,10 @@ void ShmRing::Close() {
 }
 
 bool ShmRing::closed() const { return header()->closed.load() != 0; }
+
+uint64_t ShmRing::Published() const {
+  return header()->head.load(std::memory_order_acquire);
+}
 
 size_t ShmRing::MaxRecordPayload() const { return capacity_ / 4 - 64; }
 
@@ -303,7 +324,8 @@ absl::StatusOr<std::optional<ShmRing::Record>> ShmRing::Next(
     const uint32_t seq = h->head_seq.load();
     const uint64_t head = h->head.load(std::memory_order_acquire);
     if (head != read_) {
-      if (head < read_ || head - read_ > capacity_) {
+      const uint64_t freed = freed_.load(std::memory_order_relaxed);
+      if (head < read_ || head - freed > capacity_) {
         return absl::DataLossError(absl::StrCat(
             "link ring ", name_, ": the sender's position ", head,
             " is out of bounds (read ", read_, ", capacity ", capacity_,
@@ -348,7 +370,11 @@ absl::StatusOr<std::optional<ShmRing::Record>> ShmRing::Next(
       read_ += rec;
       return std::optional<Record>(r);
     }
-    if (h->closed.load() != 0) return std::optional<Record>();
+    if (h->closed.load() != 0) {
+      // A record published just before the close is still delivered.
+      if (h->head.load(std::memory_order_acquire) != read_) continue;
+      return std::optional<Record>();
+    }
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) return std::optional<Record>();
     h->consumer_sleeping.store(1);
@@ -369,6 +395,7 @@ void ShmRing::AdvanceTailLocked() {
   }
   if (!moved) return;
   Header* h = header();
+  freed_.store(tail, std::memory_order_relaxed);
   h->tail.store(tail, std::memory_order_release);
   h->tail_seq.fetch_add(1);
   if (h->producer_sleeping.load() != 0) FutexWakeAll(&h->tail_seq);

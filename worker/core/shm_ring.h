@@ -59,7 +59,7 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
   static constexpr uint32_t kFirst = 1;  // the frame's first record
   static constexpr uint32_t kLast = 2;   // the frame's last record
   static constexpr uint32_t kWrap = 4;   // filler up to the end of the ring
-  static constexpr size_t kDefaultCapacity = size_t{8} << 20;
+  // Rounded up to 64 bytes and clamped to [64 KiB, 256 MiB].
 
   // Creates, sizes and maps a new object named like a client's held
   // object (common/held_shm.h: a shared flock while mapped, so a worker's
@@ -116,6 +116,10 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
   absl::StatusOr<std::optional<Record>> Next(absl::Duration timeout);
   // Frees a record returned by Next. Idempotent per id; any thread.
   void Release(uint64_t id);
+  // The producer's position now, and the consumer's (both in bytes): a
+  // reader that stops drains up to a snapshot of the first, never more.
+  uint64_t Published() const;
+  uint64_t read_position() const { return read_; }
 
  private:
   struct Header;
@@ -151,6 +155,9 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
 
   // Consumer-local.
   uint64_t read_ = 0;
+  // What the consumer has freed: the producer may never be more than a
+  // capacity ahead of it (a record still held would be overwritten).
+  std::atomic<uint64_t> freed_{0};
   absl::Mutex release_mu_;
   struct Pending {
     uint64_t end;

@@ -34,8 +34,11 @@ class GrpcTransport::OutLink
     if (owner_->shm_ring_bytes_ > 0 && to_ < world &&
         PeerMayShareHost(owner_->addresses_[static_cast<size_t>(to_)])) {
       // Offer a same-host data path; frames wait for the answer.
-      absl::StatusOr<std::shared_ptr<ShmRing>> ring =
-          ShmRing::Create(owner_->shm_ring_bytes_);
+      // The ring's data flows to the successor; the other links carry
+      // fingerprints, aborts and small naive operations.
+      const bool successor = to_ == (owner_->rank_ + 1) % world;
+      absl::StatusOr<std::shared_ptr<ShmRing>> ring = ShmRing::Create(
+          successor ? owner_->shm_ring_bytes_ : kSmallLinkRingBytes);
       if (ring.ok()) {
         ctx_.AddMetadata(kLinkShmOfferKey, FormatShmOffer(**ring));
         absl::MutexLock lock(&mu_);

@@ -51,6 +51,10 @@ std::string NetworkNamespaceId();
 // The ring a link gets for frames of `chunk_bytes`: room for about four
 // chunks (one record each), 1-64 MiB. 4.25 MiB for the default 1 MiB.
 size_t LinkRingBytes(size_t chunk_bytes);
+// The ring of a link that is not to the ring successor (fingerprints,
+// aborts, naive operations): records up to 256 KiB, larger frames go in
+// several.
+inline constexpr size_t kSmallLinkRingBytes = size_t{1} << 20;
 
 // False when `address` ("host:port") is an IP literal that is not one of
 // this network namespace's own addresses: that peer cannot share this

@@ -58,41 +58,6 @@ struct Registry {
   }
 };
 
-std::string NewShmName() {
-  static std::atomic<uint64_t> counter{0};
-  static const uint64_t salt = std::random_device{}();
-  return absl::StrCat("/", kHeldShmPrefix, getpid(), "-", salt % 1000000,
-                      "-", counter.fetch_add(1));
-}
-
-// Creates and maps a shared object of `bytes` (at least one page), held
-// under a shared flock for as long as it is mapped (common/held_shm.h).
-absl::StatusOr<std::pair<void*, size_t>> CreateShm(const std::string& name,
-                                                   size_t bytes) {
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t size = std::max(page, (bytes + page - 1) / page * page);
-  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot create shm object ", name, ": ", std::strerror(errno)));
-  }
-  // Closes and removes the half-made object.
-  auto fail = [&](absl::string_view what, int err) {
-    close(fd);
-    shm_unlink(name.c_str());
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot ", what, " shm object ", name, ": ", std::strerror(err)));
-  };
-  if (flock(fd, LOCK_SH) != 0) return fail("lock", errno);
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    return fail(absl::StrCat("size (", size, " bytes)"), errno);
-  }
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return fail("map", errno);
-  close(fd);  // the mapping keeps the file, and the lock, open
-  return std::make_pair(p, size);
-}
-
 }  // namespace
 
 HostBuffer::HostBuffer(HostBuffer&& other) noexcept { *this = std::move(other); }
@@ -252,11 +217,11 @@ absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, const Io& io) {
         }
         size_t want = 1 << 20;
         while (want < io.buffer_bytes) want *= 2;
-        im.staging_name_ = NewShmName();
-        auto made = CreateShm(im.staging_name_, want);
+        im.staging_name_ = NewHeldShmName();
+        auto made = CreateHeldShm(im.staging_name_, want, /*reserve=*/false);
         if (!made.ok()) return made.status();
-        im.staging_ = made->first;
-        im.staging_size_ = made->second;
+        im.staging_ = made->data;
+        im.staging_size_ = made->size;
       }
       // An all-gather's contribution goes to slice 0 (input_slice 0).
       std::memcpy(im.staging_, io.send, io.send_bytes);
@@ -576,11 +541,11 @@ absl::StatusOr<OpInfo> Client::Barrier(OpOptions options) {
 absl::StatusOr<HostBuffer> Client::AllocateHostBuffer(size_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("host buffer of 0 bytes");
   HostBuffer b;
-  b.name_ = NewShmName();
-  auto made = CreateShm(b.name_, bytes);
+  b.name_ = NewHeldShmName();
+  auto made = CreateHeldShm(b.name_, bytes, /*reserve=*/false);
   if (!made.ok()) return made.status();
-  b.data_ = made->first;
-  b.size_ = made->second;
+  b.data_ = made->data;
+  b.size_ = made->size;
   b.registry_ = impl_->registry_;
   {
     absl::MutexLock lock(&impl_->registry_->mu);

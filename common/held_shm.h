@@ -15,10 +15,30 @@
 #ifndef HALKA_COMMON_HELD_SHM_H_
 #define HALKA_COMMON_HELD_SHM_H_
 
+#include <cstddef>
+#include <string>
+
+#include "absl/status/statusor.h"
+
 namespace halka {
 
 // The file name prefix under /dev/shm (shm_open names start with '/').
 inline constexpr char kHeldShmPrefix[] = "halka-held-";
+
+// A new name "/halka-held-<pid>-<salt>-<n>", unique in this process.
+std::string NewHeldShmName();
+
+// Creates `name` (O_EXCL, mode 0600), takes the shared flock, sizes it to
+// `bytes` rounded up to whole pages (at least one) and maps it. reserve:
+// allocate the pages now (posix_fallocate), so that a full /dev/shm fails
+// here and not as SIGBUS on a later write. A failure removes the half-made
+// object. Errors: RESOURCE_EXHAUSTED naming the failing step.
+struct HeldShm {
+  void* data;
+  size_t size;
+};
+absl::StatusOr<HeldShm> CreateHeldShm(const std::string& name, size_t bytes,
+                                      bool reserve);
 
 }  // namespace halka
 

@@ -31,14 +31,14 @@ class GrpcTransport::OutLink
     AddLinkMetadata(LinkMetadata{owner_->job_id_, owner_->generation_,
                                  owner_->rank_, world},
                     &ctx_);
-    if (owner_->shm_ring_bytes_ > 0 && to_ < world &&
+    const size_t ring_bytes =
+        owner_->shm_ring_bytes_ && to_ < world ? owner_->shm_ring_bytes_(to_)
+                                               : 0;
+    if (ring_bytes > 0 &&
         PeerMayShareHost(owner_->addresses_[static_cast<size_t>(to_)])) {
       // Offer a same-host data path; frames wait for the answer.
-      // The ring's data flows to the successor; the other links carry
-      // fingerprints, aborts and small naive operations.
-      const bool successor = to_ == (owner_->rank_ + 1) % world;
-      absl::StatusOr<std::shared_ptr<ShmRing>> ring = ShmRing::Create(
-          successor ? owner_->shm_ring_bytes_ : kSmallLinkRingBytes);
+      absl::StatusOr<std::shared_ptr<ShmRing>> ring =
+          ShmRing::Create(ring_bytes);
       if (ring.ok()) {
         ctx_.AddMetadata(kLinkShmOfferKey, FormatShmOffer(**ring));
         absl::MutexLock lock(&mu_);
@@ -76,7 +76,7 @@ class GrpcTransport::OutLink
       copy = ToShmFrame(std::move(frame), std::move(*on_released));
     }
     // Ordered behind earlier frames by the sender's own lock.
-    if (shm->Send(copy)) Release(copy.on_released);
+    if (shm->Send(copy)) ReleaseOnce(copy.on_released);
     return true;
   }
 
@@ -232,15 +232,8 @@ class GrpcTransport::OutLink
   struct Pending {
     grpc::ByteBuffer frame;
     std::function<void()> on_released;
-    void Release() { OutLink::Release(on_released); }
+    void Release() { ReleaseOnce(on_released); }
   };
-  static void Release(std::function<void()>& on_released) {
-    if (on_released) {
-      std::function<void()> fn = std::move(on_released);
-      on_released = nullptr;
-      fn();
-    }
-  }
   // The frame's bytes as the ring copies them; the slices keep them.
   static ShmSender::Frame ToShmFrame(grpc::ByteBuffer frame,
                                      std::function<void()> on_released) {
@@ -275,13 +268,13 @@ class GrpcTransport::OutLink
 
 GrpcTransport::GrpcTransport(std::string job_id, uint64_t generation, int rank,
                              std::vector<std::string> addresses, Inbox* inbox,
-                             size_t shm_ring_bytes)
+                             std::function<size_t(int)> shm_ring_bytes)
     : job_id_(std::move(job_id)),
       generation_(generation),
       rank_(rank),
       addresses_(std::move(addresses)),
       inbox_(inbox),
-      shm_ring_bytes_(shm_ring_bytes) {}
+      shm_ring_bytes_(std::move(shm_ring_bytes)) {}
 
 GrpcTransport::~GrpcTransport() {
   std::vector<std::shared_ptr<OutLink>> all;

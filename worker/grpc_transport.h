@@ -6,7 +6,7 @@
 // callback threads, and never blocks there. Stream failures reach the Inbox
 // as LinkFailed(rank). Inbound streams are served by PeerService below.
 //
-// Same-host links (shm_ring_bytes > 0, see LinkRingBytes): a link to a peer that runs on this host, in
+// Same-host links (shm_ring_bytes(to) > 0, see LinkRingPolicy): a link to a peer that runs on this host, in
 // this network namespace, carries its frames through a shared-memory ring
 // instead (worker/shm_link.h); its gRPC stream stays open as the link's
 // liveness and error channel. Parameter-server streams always use gRPC.
@@ -33,7 +33,7 @@ class GrpcTransport : public Transport {
   // addresses[i] is rank i's peer server.
   GrpcTransport(std::string job_id, uint64_t generation, int rank,
                 std::vector<std::string> addresses, Inbox* inbox,
-                size_t shm_ring_bytes = 0);
+                std::function<size_t(int to)> shm_ring_bytes = nullptr);
   // Cancels every link and waits until their reactors are done.
   ~GrpcTransport() override;
 
@@ -55,7 +55,8 @@ class GrpcTransport : public Transport {
   const int rank_;
   const std::vector<std::string> addresses_;  // ranks 0..G-1
   Inbox* const inbox_;
-  const size_t shm_ring_bytes_;  // 0: no same-host links
+  // The ring to offer on the link to `to`; null or 0: no same-host link.
+  const std::function<size_t(int)> shm_ring_bytes_;
 
   absl::Mutex mu_;
   std::vector<std::string> servers_ ABSL_GUARDED_BY(mu_);

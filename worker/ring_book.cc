@@ -166,7 +166,8 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
   ring->transport = std::make_unique<GrpcTransport>(
       options_.job_id, ring->generation, ring->rank, addresses,
       ring->inbox.get(),
-      options_.shm_links ? LinkRingBytes(options_.chunk_bytes) : 0);
+      LinkRingPolicy(options_.shm_links, options_.chunk_bytes, ring->rank,
+                     ring->world));
   ring->comm = std::make_unique<Communicator>(c, ring->transport.get(),
                                               ring->inbox.get());
   if (!servers_.empty()) {

@@ -29,13 +29,7 @@ size_t TotalBytes(const std::vector<absl::Span<const uint8_t>>& parts) {
   return n;
 }
 
-void Release(ShmSender::Frame& f) {
-  if (f.on_released) {
-    std::function<void()> fn = std::move(f.on_released);
-    f.on_released = nullptr;
-    fn();
-  }
-}
+void Release(ShmSender::Frame& f) { ReleaseOnce(f.on_released); }
 
 // Keeps one record of the ring until the InFrame that points into it is
 // gone.
@@ -85,6 +79,24 @@ bool PeerMayShareHost(const std::string& address) {
   }
   freeifaddrs(list);
   return mine;
+}
+
+std::function<size_t(int)> LinkRingPolicy(bool enabled, size_t chunk_bytes,
+                                          int rank, int world) {
+  if (!enabled) return nullptr;
+  const size_t data = LinkRingBytes(chunk_bytes);
+  const int successor = world > 0 ? (rank + 1) % world : -1;
+  return [data, successor](int to) {
+    return to == successor ? data : kSmallLinkRingBytes;
+  };
+}
+
+void ReleaseOnce(std::function<void()>& on_released) {
+  if (on_released) {
+    std::function<void()> fn = std::move(on_released);
+    on_released = nullptr;
+    fn();
+  }
 }
 
 ShmLinkCounts& ShmLinkCounters() {

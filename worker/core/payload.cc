@@ -9,7 +9,12 @@ namespace halka {
 
 void CopyPayloadBytes(const InFrame& frame, size_t from, size_t n,
                       uint8_t* dst) {
-  for (const auto& piece : frame.pieces) {
+  CopyPieceBytes(frame.pieces, from, n, dst);
+}
+
+void CopyPieceBytes(absl::Span<const absl::Span<const uint8_t>> pieces,
+                    size_t from, size_t n, uint8_t* dst) {
+  for (const auto& piece : pieces) {
     if (n == 0) return;
     if (from >= piece.size()) {
       from -= piece.size();

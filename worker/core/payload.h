@@ -13,6 +13,9 @@ namespace halka {
 // back) to dst; stops early if the payload is shorter.
 void CopyPayloadBytes(const InFrame& frame, size_t from, size_t n,
                       uint8_t* dst);
+// The same over any bytes in pieces, read back to back.
+void CopyPieceBytes(absl::Span<const absl::Span<const uint8_t>> pieces,
+                    size_t from, size_t n, uint8_t* dst);
 
 // Reduces (reduce=true: dst = dst op payload) or copies the payload of
 // `frame` into `dst`. The payload may be split across pieces at any byte

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -19,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/held_shm.h"
+#include "worker/core/payload.h"
 
 namespace halka {
 namespace {
@@ -49,23 +49,6 @@ struct RecordHead {
   uint32_t flags;
   uint64_t frame_bytes;
 };
-
-// Copies bytes [from, from + n) of the concatenation of `parts` to dst.
-void Gather(absl::Span<const absl::Span<const uint8_t>> parts, size_t from,
-            size_t n, uint8_t* dst) {
-  for (const auto& p : parts) {
-    if (n == 0) return;
-    if (from >= p.size()) {
-      from -= p.size();
-      continue;
-    }
-    const size_t take = std::min(n, p.size() - from);
-    std::memcpy(dst, p.data() + from, take);
-    dst += take;
-    n -= take;
-    from = 0;
-  }
-}
 
 }  // namespace
 
@@ -109,35 +92,21 @@ uint8_t* ShmRing::data() const {
 }
 
 absl::StatusOr<std::shared_ptr<ShmRing>> ShmRing::Create(size_t capacity) {
-  static std::atomic<uint64_t> counter{0};
-  static const uint64_t salt = std::random_device{}();
-  const std::string name =
-      absl::StrCat("/", kHeldShmPrefix, getpid(), "-", salt % 1000000, "-r",
-                   counter.fetch_add(1));
-  capacity = std::min(kMaxCapacity, std::max(kMinCapacity, Pad(capacity)));
-  const size_t size = kHeaderBytes + capacity;
-  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot create link ring ", name, ": ", std::strerror(errno)));
+  const std::string name = NewHeldShmName();
+  // Whole pages, so that the object's size tells the opener the capacity.
+  capacity = std::min(kMaxCapacity, std::max(kMinCapacity, capacity));
+  capacity = (capacity + kHeaderBytes - 1) / kHeaderBytes * kHeaderBytes;
+  // Reserved now: a full /dev/shm (a container's is 64 MiB by default)
+  // must fail here, cleanly, and not as SIGBUS on a later write.
+  absl::StatusOr<HeldShm> made =
+      CreateHeldShm(name, kHeaderBytes + capacity, /*reserve=*/true);
+  if (!made.ok()) {
+    return absl::Status(made.status().code(),
+                        absl::StrCat("link ring: ", made.status().message()));
   }
-  auto fail = [&](absl::string_view what, int err) {
-    close(fd);
-    shm_unlink(name.c_str());
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot ", what, " link ring ", name, ": ", std::strerror(err)));
-  };
-  if (flock(fd, LOCK_SH) != 0) return fail("lock", errno);
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0) return fail("size", errno);
-  // Reserve the pages now: a full /dev/shm (a container's is 64 MiB by
-  // default) must fail here, cleanly, and not as SIGBUS on a later write.
-  if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(size));
-      err != 0) {
-    return fail("reserve", err);
-  }
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return fail("map", errno);
-  close(fd);  // the mapping keeps the file, and the lock, open
+  void* p = made->data;
+  const size_t size = made->size;
+  capacity = size - kHeaderBytes;
   auto ring = std::shared_ptr<ShmRing>(new ShmRing(name, p, size, capacity,
                                                    /*owner=*/true));
   Header* h = ring->header();
@@ -243,7 +212,7 @@ void ShmRing::PutRecord(uint64_t pos, uint32_t flags, uint64_t frame_bytes,
   uint8_t* at = data() + pos % capacity_;
   const RecordHead rh{static_cast<uint32_t>(n), flags, frame_bytes};
   std::memcpy(at, &rh, sizeof(rh));
-  if (n > 0) Gather(parts, from, n, at + kRecordHead);
+  if (n > 0) CopyPieceBytes(parts, from, n, at + kRecordHead);
 }
 
 void ShmRing::Publish(uint64_t new_head) {

@@ -59,12 +59,12 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
   static constexpr uint32_t kFirst = 1;  // the frame's first record
   static constexpr uint32_t kLast = 2;   // the frame's last record
   static constexpr uint32_t kWrap = 4;   // filler up to the end of the ring
-  // Rounded up to 64 bytes and clamped to [64 KiB, 256 MiB].
 
   // Creates, sizes and maps a new object named like a client's held
   // object (common/held_shm.h: a shared flock while mapped, so a worker's
   // sweep removes it if this process dies before Unlink). `capacity` is
-  // rounded up to a multiple of 64, at least 64 KiB.
+  // clamped to [64 KiB, 256 MiB] and rounded up to whole pages; the pages
+  // are reserved now (a full /dev/shm fails here, not as SIGBUS later).
   // Errors: RESOURCE_EXHAUSTED naming the failing call.
   static absl::StatusOr<std::shared_ptr<ShmRing>> Create(size_t capacity);
   // Maps an object another process created. Errors: NOT_FOUND (no such

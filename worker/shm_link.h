@@ -45,9 +45,6 @@ struct ShmLinkCounts {
 };
 ShmLinkCounts& ShmLinkCounters();
 
-// This process's network namespace ("net:[4026531840]"), "" if unknown.
-std::string NetworkNamespaceId();
-
 // The ring a link gets for frames of `chunk_bytes`: room for about four
 // chunks (one record each), 1-64 MiB. 4.25 MiB for the default 1 MiB.
 size_t LinkRingBytes(size_t chunk_bytes);
@@ -71,18 +68,6 @@ void ReleaseOnce(std::function<void()>& on_released);
 // then decides).
 bool PeerMayShareHost(const std::string& address);
 
-struct ShmOffer {
-  std::string name;
-  std::string token_hex;
-  std::string netns;
-};
-std::string FormatShmOffer(const ShmRing& ring);
-std::optional<ShmOffer> ParseShmOffer(const std::string& value);
-
-// The serving side's decision on an offer: the mapped ring, or why not
-// (the text of the "no: ..." answer).
-absl::StatusOr<std::shared_ptr<ShmRing>> AcceptShmOffer(
-    const std::string& value);
 
 // The sending end: copies frames into the ring on the caller's thread when
 // it has room and nothing is queued, else queues them for its writer

@@ -332,6 +332,7 @@ void WorkerNode::Shutdown(bool leave) {
     rings.clear();  // closes the links, outside the book's lock
   }
   const absl::Time t3 = absl::Now();
+  api_service_->StopSessions();  // each ends once its call has answered
   // A clean stop lets in-flight calls finish briefly; a simulated death
   // cancels them at once.
   server_->Shutdown(absl::ToChronoTime(

@@ -1,6 +1,8 @@
 #include "worker/worker_service.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -28,10 +30,15 @@ v1::OpStats ToStats(const OpResult& r) {
 
 grpc::Status WorkerService::Run(grpc::ServerContext*, const v1::RunRequest* req,
                                 v1::RunReply* reply) {
+  return RunOne(*req, reply);
+}
+
+grpc::Status WorkerService::RunOne(const v1::RunRequest& req,
+                                   v1::RunReply* reply) {
   const WorkerNode::Arrival arrival = node_->Arrive();
-  const v1::OpSpec& spec = req->spec();
-  if (req->has_device_tensor()) {
-    auto result = node_->ExecuteOnDevice(spec, req->device_tensor(), arrival);
+  const v1::OpSpec& spec = req.spec();
+  if (req.has_device_tensor()) {
+    auto result = node_->ExecuteOnDevice(spec, req.device_tensor(), arrival);
     if (!result.ok()) return ToGrpcStatus(result.status());
     *reply->mutable_stats() = ToStats(*result);
     return grpc::Status::OK;
@@ -39,23 +46,144 @@ grpc::Status WorkerService::Run(grpc::ServerContext*, const v1::RunRequest* req,
   absl::StatusOr<uint64_t> bytes =
       ValidateOpSpec(spec, node_->options().max_op_bytes);
   if (!bytes.ok()) return ToGrpcStatus(node_->Refuse(arrival, bytes.status()));
-  if (absl::Status s = ValidateShmRegion(*req, *bytes); !s.ok()) {
+  if (absl::Status s = ValidateShmRegion(req, *bytes); !s.ok()) {
     return ToGrpcStatus(node_->Refuse(arrival, s));
   }
   uint8_t* data = nullptr;
   std::shared_ptr<const ShmCache::Mapping> mapping;  // held until the end
   if (*bytes > 0) {
-    auto mapped = shm_.Map(req->shm_name(), req->shm_size());
+    auto mapped = shm_.Map(req.shm_name(), req.shm_size());
     if (!mapped.ok()) {
       return ToGrpcStatus(node_->Refuse(arrival, mapped.status()));
     }
     mapping = std::move(*mapped);
-    data = mapping->base + req->shm_offset();
+    data = mapping->base + req.shm_offset();
   }
   auto result = node_->Execute(spec, data, arrival);
   if (!result.ok()) return ToGrpcStatus(result.status());
   *reply->mutable_stats() = ToStats(*result);
   return grpc::Status::OK;
+}
+
+namespace {
+
+// How long a session's thread sleeps on its requests ring before it looks
+// at the call (cancelled?) again; the client's close and StopSessions wake
+// it at once.
+constexpr absl::Duration kSessionPoll = absl::Milliseconds(50);
+// A request is a RunRequest (a name, a spec, at most a device handle); an
+// error text in a reply is cut to this many bytes.
+constexpr size_t kSessionRequestMax = size_t{8} << 10;
+constexpr size_t kSessionMessageMax = size_t{4} << 10;
+
+}  // namespace
+
+grpc::Status WorkerService::Session(grpc::ServerContext* ctx,
+                                    const v1::SessionOffer* offer,
+                                    grpc::ServerWriter<v1::SessionEvent>* writer) {
+  auto refuse = [&](const absl::Status& s) {
+    return ToGrpcStatus(absl::Status(
+        s.code(), absl::StrCat("session: ", s.message())));
+  };
+  StreamLimiter::Scoped counted(sessions_, ctx->peer());
+  if (!counted.status().ok()) return refuse(counted.status());
+  absl::StatusOr<std::shared_ptr<ShmRing>> requests =
+      AcceptShmOffer(offer->requests());
+  if (!requests.ok()) return refuse(requests.status());
+  absl::StatusOr<std::shared_ptr<ShmRing>> replies =
+      AcceptShmOffer(offer->replies());
+  if (!replies.ok()) return refuse(replies.status());
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    if (sessions_stopped_) {
+      return refuse(absl::UnavailableError("the worker is stopping"));
+    }
+    session_rings_.insert(*requests);
+  }
+  struct Registered {
+    WorkerService& service;
+    const std::shared_ptr<ShmRing>& requests;
+    const std::shared_ptr<ShmRing>& replies;
+    ~Registered() {
+      {
+        absl::MutexLock lock(&service.sessions_mu_);
+        service.session_rings_.erase(requests);
+      }
+      requests->Close();
+      replies->Close();  // wakes a client waiting for an answer
+    }
+  } registered{*this, *requests, *replies};
+  v1::SessionEvent open;
+  open.set_open(true);
+  if (!writer->Write(open)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+  }
+  uint64_t seq = 0;
+  for (;;) {
+    absl::StatusOr<std::optional<ShmRing::Record>> rec =
+        (*requests)->Next(kSessionPoll);
+    absl::Status s = rec.status();
+    if (s.ok() && rec->has_value()) {
+      s = ServeSessionCall(**rec, **requests, **replies, &seq);
+    }
+    if (!s.ok()) {
+      node_->log().Warning(absl::StrCat("session of ", ctx->peer(),
+                                        " ended: ", s.ToString()));
+      return refuse(s);
+    }
+    if (rec->has_value()) continue;
+    if ((*requests)->closed()) {
+      absl::MutexLock lock(&sessions_mu_);
+      if (sessions_stopped_) {
+        return refuse(absl::UnavailableError("the worker is stopping"));
+      }
+      return grpc::Status::OK;  // the client ended it
+    }
+    if (ctx->IsCancelled()) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    }
+  }
+}
+
+absl::Status WorkerService::ServeSessionCall(const ShmRing::Record& rec,
+                                             ShmRing& requests,
+                                             ShmRing& replies, uint64_t* seq) {
+  v1::SessionCall call;
+  const bool whole = rec.flags == (ShmRing::kFirst | ShmRing::kLast) &&
+                     rec.bytes <= kSessionRequestMax;
+  const bool parsed =
+      whole && call.ParseFromArray(rec.data, static_cast<int>(rec.bytes));
+  requests.Release(rec.id);
+  if (!whole) {
+    return absl::DataLossError(absl::StrCat(
+        "a request of ", rec.frame_bytes, " bytes (at most ",
+        kSessionRequestMax, " in one record)"));
+  }
+  if (!parsed) return absl::DataLossError("a request that does not parse");
+  if (call.seq() != *seq + 1) {
+    return absl::DataLossError(absl::StrCat("request ", call.seq(),
+                                            " after request ", *seq));
+  }
+  *seq = call.seq();
+  v1::SessionResult result;
+  result.set_seq(call.seq());
+  const grpc::Status s = RunOne(call.run(), result.mutable_reply());
+  result.set_code(static_cast<int>(s.error_code()));
+  result.set_message(s.error_message().substr(0, kSessionMessageMax));
+  const std::string bytes = result.SerializeAsString();
+  const absl::Span<const uint8_t> part(
+      reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  if (!replies.TryWrite(absl::MakeConstSpan(&part, 1), bytes.size())) {
+    return absl::DataLossError(
+        "no room for the reply: the client left earlier replies unread");
+  }
+  return absl::OkStatus();
+}
+
+void WorkerService::StopSessions() {
+  absl::MutexLock lock(&sessions_mu_);
+  sessions_stopped_ = true;
+  for (const std::shared_ptr<ShmRing>& r : session_rings_) r->Close();
 }
 
 InlineBudget::Charge::~Charge() {

@@ -10,13 +10,17 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
+#include <set>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
 #include "halka/v1/worker.grpc.pb.h"
 #include "worker/call_watchdog.h"
+#include "worker/core/shm_ring.h"
 #include "worker/shm_cache.h"
 
 namespace halka {
@@ -59,6 +63,14 @@ class WorkerService final : public v1::Worker::Service {
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<v1::InlineReply, v1::InlineRequest>* stream)
       override;
+  // Runs a same-host client's session (proto/halka/v1/worker.proto) on
+  // this handler's thread until the client ends it, the stream breaks or
+  // StopSessions.
+  grpc::Status Session(grpc::ServerContext* ctx, const v1::SessionOffer* offer,
+                       grpc::ServerWriter<v1::SessionEvent>* writer) override;
+  // Wakes every session and makes it end once its running operation (if
+  // any) has answered; refuses new ones. Before the server shuts down.
+  void StopSessions();
   grpc::Status GetInfo(grpc::ServerContext* ctx, const v1::InfoRequest* req,
                        v1::InfoReply* reply) override;
   grpc::Status GetRingHealth(grpc::ServerContext* ctx,
@@ -69,6 +81,14 @@ class WorkerService final : public v1::Worker::Service {
                            v1::Timeline* reply) override;
 
  private:
+  // Run's work, for Run and for session calls.
+  grpc::Status RunOne(const v1::RunRequest& req, v1::RunReply* reply);
+  // One session call: parses the record, runs it, answers on `replies`.
+  // Errors (DATA_LOSS) end the session.
+  absl::Status ServeSessionCall(const ShmRing::Record& rec,
+                                ShmRing& requests, ShmRing& replies,
+                                uint64_t* seq);
+
   // Reads an inline tensor: `msg` is the first message (already read).
   // The client half-closes after the last data message; data past
   // `bytes` in any message is INVALID_ARGUMENT; the upload ends by
@@ -86,6 +106,11 @@ class WorkerService final : public v1::Worker::Service {
   // Each inline stream holds a whole tensor: bounded per connection and
   // in all.
   StreamLimiter inline_streams_{"inline operation", 16, 256};
+  // Each session holds a handler thread for its life.
+  StreamLimiter sessions_{"session", 16, 64};
+  absl::Mutex sessions_mu_;
+  bool sessions_stopped_ ABSL_GUARDED_BY(sessions_mu_) = false;
+  std::set<std::shared_ptr<ShmRing>> session_rings_ ABSL_GUARDED_BY(sessions_mu_);
   ShmCache shm_;
 };
 

@@ -80,6 +80,9 @@ ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "embedded cluster: bytes per frame");
 ABSL_FLAG(bool, shm_links, true,
           "embedded cluster: peer links through shared memory (the workers "
           "share this host); false: gRPC over loopback TCP");
+ABSL_FLAG(bool, session, true,
+          "bench/allreduce: operations reach a worker on this host through "
+          "a shared-memory session (false: one gRPC call each)");
 ABSL_FLAG(int, repeat, 1, "allreduce: operations to run back to back");
 ABSL_FLAG(std::string, algo, "auto",
           "all-reduce algorithm: auto, ring, naive, ps (bench: also all)");
@@ -466,14 +469,18 @@ int BenchCommand() {
     auto c = LocalCluster::Start(lo);
     if (!c.ok()) return Fail(c.status());
     cluster = std::move(*c);
+    Client::Options co;
+    co.session = absl::GetFlag(FLAGS_session);
     for (int r = 0; r < cluster->size(); ++r) {
-      auto cl = cluster->Connect(r);
+      auto cl = cluster->Connect(r, co);
       if (!cl.ok()) return Fail(cl.status());
       owned.push_back(std::move(*cl));
     }
   } else {
     for (absl::string_view addr : absl::StrSplit(workers, ',')) {
-      auto cl = Client::Connect(std::string(addr));
+      Client::Options co;
+      co.session = absl::GetFlag(FLAGS_session);
+      auto cl = Client::Connect(std::string(addr), co);
       if (!cl.ok()) return Fail(cl.status());
       owned.push_back(std::move(*cl));
     }
@@ -517,6 +524,7 @@ int AllReduceCommand() {
   auto algo = ParseAlgorithm(absl::GetFlag(FLAGS_algo));
   if (!algo.ok()) return Fail(algo.status());
   Client::Options co;
+  co.session = absl::GetFlag(FLAGS_session);
   const std::string transfer = absl::GetFlag(FLAGS_transfer);
   if (transfer == "shm") {
     co.transfer = Client::Transfer::kSharedMemory;
@@ -583,7 +591,8 @@ int AllReduceCommand() {
                 std::string(DTypeName(*dtype)).c_str(),
                 static_cast<long long>(count),
                 std::string(ReduceOpName(*op)).c_str(), res->algorithm.c_str(),
-                res->transfer.c_str(), ms, res->seconds * 1e3,
+                (res->transfer + (res->session ? "+session" : "")).c_str(),
+                ms, res->seconds * 1e3,
                 // Wall clock when the result came back (before the check):
                 // with worker_ms it places every rank's operation on one
                 // time line (netns_scaling.sh: time from the last rank's

@@ -13,10 +13,12 @@
 #include <climits>
 #include <cstring>
 #include <random>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/held_shm.h"
 #include "worker/core/payload.h"
 
@@ -381,6 +383,39 @@ void ShmRing::Release(uint64_t id) {
     if (start > id) break;
   }
   AdvanceTailLocked();
+}
+
+std::string NetworkNamespaceId() {
+  char buf[128];
+  const ssize_t n = readlink("/proc/self/ns/net", buf, sizeof(buf) - 1);
+  if (n <= 0) return "";
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+std::string FormatShmOffer(const ShmRing& ring) {
+  return absl::StrCat(ring.name(), " ", ring.token_hex(), " ",
+                      NetworkNamespaceId());
+}
+
+std::optional<ShmOffer> ParseShmOffer(const std::string& value) {
+  std::vector<std::string> f = absl::StrSplit(value, ' ');
+  if (f.size() != 3 || f[0].empty() || f[1].size() != 32) return std::nullopt;
+  return ShmOffer{f[0], f[1], f[2]};
+}
+
+absl::StatusOr<std::shared_ptr<ShmRing>> AcceptShmOffer(
+    const std::string& value) {
+  std::optional<ShmOffer> offer = ParseShmOffer(value);
+  if (!offer.has_value()) {
+    return absl::InvalidArgumentError("malformed shared-memory offer");
+  }
+  const std::string here = NetworkNamespaceId();
+  if (here.empty() || offer->netns != here) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the peer runs in network namespace ", offer->netns,
+                     ", this worker in ", here.empty() ? "?" : here));
+  }
+  return ShmRing::Open(offer->name, offer->token_hex);
 }
 
 }  // namespace halka

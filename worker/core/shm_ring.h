@@ -167,6 +167,26 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
   std::deque<std::pair<uint64_t, Pending>> held_ ABSL_GUARDED_BY(release_mu_);
 };
 
+// This process's network namespace ("net:[4026531840]"), "" if unknown.
+// Processes in one namespace on one host may share a ring; separate
+// namespaces stand for separate hosts.
+std::string NetworkNamespaceId();
+
+// How a ring is named to the process that should map it:
+// "<name> <token> <netns>".
+struct ShmOffer {
+  std::string name;
+  std::string token_hex;
+  std::string netns;
+};
+std::string FormatShmOffer(const ShmRing& ring);
+std::optional<ShmOffer> ParseShmOffer(const std::string& value);
+
+// The serving side's decision on an offer: the mapped ring, or why not
+// (the text of the "no: ..." answer).
+absl::StatusOr<std::shared_ptr<ShmRing>> AcceptShmOffer(
+    const std::string& value);
+
 }  // namespace halka
 
 #endif  // HALKA_WORKER_CORE_SHM_RING_H_

@@ -1,0 +1,172 @@
+#include "client/shm_session.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+
+namespace halka {
+namespace {
+
+// A request is a RunRequest: a name, a spec, at most a device handle. The
+// worker refuses larger ones (worker/worker_service.cc).
+constexpr size_t kMaxRequestBytes = size_t{8} << 10;
+
+absl::Status Prefixed(const absl::Status& s, absl::string_view what) {
+  return absl::Status(s.code(), absl::StrCat(what, s.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShmSession>> ShmSession::Open(
+    v1::Worker::Stub& stub, absl::Duration timeout) {
+  std::unique_ptr<ShmSession> s(new ShmSession());
+  absl::StatusOr<std::shared_ptr<ShmRing>> requests =
+      ShmRing::Create(kRingBytes);
+  if (!requests.ok()) return requests.status();
+  absl::StatusOr<std::shared_ptr<ShmRing>> replies =
+      ShmRing::Create(kRingBytes);
+  if (!replies.ok()) return replies.status();
+  s->requests_ = std::move(*requests);
+  s->replies_ = std::move(*replies);
+  v1::SessionOffer offer;
+  offer.set_requests(FormatShmOffer(*s->requests_));
+  offer.set_replies(FormatShmOffer(*s->replies_));
+  // No deadline on the stream (it lasts as long as the session); the
+  // answer is awaited below for `timeout`, and a worker that is not up yet
+  // fails the call at once (the caller then uses Run, which waits).
+  s->ctx_.set_wait_for_ready(false);
+  s->stream_ = stub.Session(&s->ctx_, offer);
+  ShmSession* raw = s.get();
+  s->reader_ = std::thread([raw] { raw->ReadLoop(); });
+  bool opened = false;
+  absl::Status end;
+  {
+    absl::MutexLock lock(&s->mu_);
+    auto answered = [raw]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(raw->mu_) {
+      return raw->opened_ || raw->ended_;
+    };
+    s->mu_.AwaitWithTimeout(absl::Condition(&answered), timeout);
+    opened = s->opened_;
+    end = s->ended_ ? s->end_
+                    : absl::DeadlineExceededError(absl::StrCat(
+                          "no answer within ", absl::FormatDuration(timeout)));
+  }
+  if (!opened) return Prefixed(end, "session: ");  // ~ShmSession joins
+  // Both ends have them mapped: the names are no longer needed.
+  s->requests_->Unlink();
+  s->replies_->Unlink();
+  return s;
+}
+
+ShmSession::~ShmSession() {
+  if (requests_) requests_->Close();  // the worker's thread ends at once
+  if (replies_) replies_->Close();
+  ctx_.TryCancel();
+  if (reader_.joinable()) reader_.join();
+}
+
+void ShmSession::ReadLoop() {
+  v1::SessionEvent event;
+  const bool opened = stream_->Read(&event) && event.open();
+  if (opened) {
+    absl::MutexLock lock(&mu_);
+    opened_ = true;
+  }
+  // The worker writes nothing more: Read returns when the stream ends.
+  if (opened) {
+    while (stream_->Read(&event)) {
+    }
+  }
+  const absl::Status status = FromGrpcStatus(stream_->Finish());
+  {
+    absl::MutexLock lock(&mu_);
+    ended_ = true;
+    end_ = !status.ok() ? status
+           : opened     ? absl::UnavailableError("the worker ended it")
+                        : absl::InternalError("the worker did not open it");
+  }
+  requests_->Close();
+  replies_->Close();  // wakes a call waiting for its answer
+}
+
+absl::Status ShmSession::EndStatus() {
+  absl::MutexLock lock(&mu_);
+  // The rings close before the stream's end is known when the worker
+  // closed them (it stops) or the client did; wait a little for the why.
+  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ended_; };
+  mu_.AwaitWithTimeout(absl::Condition(&ended), absl::Seconds(1));
+  return ended_ ? end_ : absl::UnavailableError("the rings were closed");
+}
+
+absl::StatusOr<v1::RunReply> ShmSession::Run(const v1::RunRequest& req,
+                                             absl::Time deadline,
+                                             bool* sent) {
+  *sent = false;
+  if (broken_) return absl::UnavailableError("session: over");
+  v1::SessionCall call;
+  call.set_seq(seq_ + 1);
+  *call.mutable_run() = req;
+  const std::string bytes = call.SerializeAsString();
+  if (bytes.size() > kMaxRequestBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session: a request of ", bytes.size(), " bytes"));
+  }
+  const absl::Span<const uint8_t> part(
+      reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  if (replies_->closed() ||
+      !requests_->TryWrite(absl::MakeConstSpan(&part, 1), bytes.size())) {
+    // Closed, or the worker still holds an earlier request: not ours to
+    // wait behind.
+    broken_ = true;
+    return absl::UnavailableError("session: the requests ring is not free");
+  }
+  *sent = true;
+  ++seq_;
+  for (;;) {
+    const absl::Duration left = deadline - absl::Now();
+    absl::StatusOr<std::optional<ShmRing::Record>> rec =
+        replies_->Next(std::max(left, absl::ZeroDuration()));
+    if (!rec.ok()) {
+      broken_ = true;
+      return Prefixed(rec.status(), "session: ");
+    }
+    if (!rec->has_value()) {
+      if (replies_->closed()) {
+        broken_ = true;
+        return Prefixed(EndStatus(),
+                        "session with the worker ended before it answered: ");
+      }
+      if (left <= absl::ZeroDuration()) {
+        broken_ = true;
+        return absl::DeadlineExceededError(
+            "session: the worker did not answer by the call's deadline");
+      }
+      continue;
+    }
+    const ShmRing::Record& r = **rec;
+    v1::SessionResult result;
+    const bool parsed =
+        r.flags == (ShmRing::kFirst | ShmRing::kLast) &&
+        result.ParseFromArray(r.data, static_cast<int>(r.bytes));
+    replies_->Release(r.id);
+    if (!parsed || result.seq() != seq_) {
+      broken_ = true;
+      return absl::DataLossError(absl::StrCat(
+          "session: a corrupt reply (", r.bytes, " bytes, answer to ",
+          parsed ? absl::StrCat(result.seq()) : std::string("?"),
+          ", expected ", seq_, ")"));
+    }
+    if (result.code() != 0) {
+      return FromGrpcStatus(
+          grpc::Status(static_cast<grpc::StatusCode>(result.code()),
+                       result.message()));
+    }
+    return std::move(*result.mutable_reply());
+  }
+}
+
+}  // namespace halka

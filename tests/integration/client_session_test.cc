@@ -1,0 +1,293 @@
+// The SDK's shared-memory session with a worker on its host
+// (client/shm_session.h, Worker.Session): used when it can be, off when
+// asked, the same answers as one call each, an operation's own errors
+// passed through unchanged, a worker that stops mid-call failing the call
+// instead of leaving it waiting, and a worker that checks everything a
+// session's client sends it.
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "halka/client.h"
+#include "halka/local_cluster.h"
+#include "halka/v1/worker.grpc.pb.h"
+#include "tests/testing/run_ranks.h"
+#include "worker/core/shm_ring.h"
+
+namespace halka {
+namespace {
+
+using ::testing::HasSubstr;
+using halka::testing::RunRanks;
+using halka::testing::StartRanks;
+
+// rank r, round k: element i holds r * 100 + k + (i % 5), exact in float32.
+std::vector<float> Input(int rank, int round, size_t count) {
+  std::vector<float> v(count);
+  for (size_t i = 0; i < count; ++i) {
+    v[i] = static_cast<float>(rank * 100 + round + static_cast<int>(i % 5));
+  }
+  return v;
+}
+
+float Expected(int world, int round, size_t i) {
+  float s = 0;
+  for (int r = 0; r < world; ++r) s += static_cast<float>(r * 100 + round + static_cast<int>(i % 5));
+  return s;
+}
+
+std::unique_ptr<LocalCluster> StartCluster(int workers,
+                                           absl::Duration op_timeout) {
+  LocalCluster::Options o;
+  o.workers = workers;
+  o.op_timeout = op_timeout;
+  return LocalCluster::Start(o).value();
+}
+
+// Every rank all-reduces `rounds` times (sizes from 4 KiB to 1 MiB, plain
+// vectors: staged; a HostBuffer: zero copy) with the session on for the
+// ranks in `with_session`; checks every element and how each call went.
+void AllReduceRounds(LocalCluster& cluster, const std::vector<bool>& with_session,
+                     int rounds) {
+  const int g = cluster.size();
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int r = 0; r < g; ++r) {
+    Client::Options co;
+    co.session = with_session[static_cast<size_t>(r)];
+    clients.push_back(cluster.Connect(r, co).value());
+  }
+  const size_t kCounts[] = {1024, 65536, 262144};
+  auto results = RunRanks<std::string>(g, [&](int r) -> std::string {
+    Client& cl = *clients[static_cast<size_t>(r)];
+    for (int k = 0; k < rounds; ++k) {
+      for (size_t count : kCounts) {
+        std::vector<float> data = Input(r, k, count);
+        absl::StatusOr<OpInfo> info;
+        HostBuffer shared;
+        if (k % 2 == 1) {
+          shared = cl.AllocateHostBuffer(count * sizeof(float)).value();
+          std::memcpy(shared.data(), data.data(), count * sizeof(float));
+          info = cl.AllReduce(shared.data(), count, DType::kFloat32, ReduceOp::kSum);
+          std::memcpy(data.data(), shared.data(), count * sizeof(float));
+        } else {
+          info = cl.AllReduce(absl::MakeSpan(data), ReduceOp::kSum);
+        }
+        if (!info.ok()) return info.status().ToString();
+        if (info->session != with_session[static_cast<size_t>(r)]) {
+          return absl::StrCat("round ", k, ": session ", info->session);
+        }
+        if (info->zero_copy != (k % 2 == 1)) {
+          return absl::StrCat("round ", k, ": zero_copy ", info->zero_copy);
+        }
+        for (size_t i = 0; i < count; ++i) {
+          if (data[i] != Expected(g, k, i)) {
+            return absl::StrCat("round ", k, " count ", count, " element ", i,
+                                ": ", data[i], " != ", Expected(g, k, i));
+          }
+        }
+      }
+    }
+    return "";
+  });
+  for (int r = 0; r < g; ++r) EXPECT_EQ(results[r], "") << "rank " << r;
+}
+
+TEST(ClientSession, UsedOnTheSameHostAndRightAtEverySize) {
+  auto cluster = StartCluster(4, absl::Seconds(30));
+  AllReduceRounds(*cluster, {true, true, true, true}, 4);
+}
+
+TEST(ClientSession, OffWhenAskedAndMixedRanksAgree) {
+  auto cluster = StartCluster(3, absl::Seconds(30));
+  AllReduceRounds(*cluster, {false, false, false}, 2);
+  AllReduceRounds(*cluster, {true, false, true}, 2);
+}
+
+TEST(ClientSession, AnOperationsOwnErrorComesBackAsFromRun) {
+  auto cluster = StartCluster(2, absl::Seconds(30));
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int r = 0; r < 2; ++r) clients.push_back(cluster->Connect(r).value());
+  // Ranks disagree on the count: both fail naming the pair, through their
+  // sessions, and the sessions stay usable for the next round.
+  auto failed = RunRanks<absl::StatusOr<OpInfo>>(2, [&](int r) {
+    std::vector<float> data = Input(r, 0, r == 0 ? 1000 : 1001);
+    return clients[static_cast<size_t>(r)]->AllReduce(absl::MakeSpan(data),
+                                                      ReduceOp::kSum);
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(failed[r].ok()) << "rank " << r;
+    EXPECT_EQ(failed[r].status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(failed[r].status().message(), HasSubstr("disagree"));
+  }
+  auto next = RunRanks<absl::StatusOr<OpInfo>>(2, [&](int r) {
+    std::vector<float> data = Input(r, 1, 1000);
+    return clients[static_cast<size_t>(r)]->AllReduce(absl::MakeSpan(data),
+                                                      ReduceOp::kSum);
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(next[r].ok()) << next[r].status();
+    EXPECT_TRUE(next[r]->session);
+  }
+}
+
+TEST(ClientSession, AWorkerStoppedMidCallFailsTheCallInsteadOfHanging) {
+  // A long operation deadline: only the worker's stop can end the call.
+  auto cluster = StartCluster(2, absl::Seconds(120));
+  auto client = cluster->Connect(0).value();
+  auto peer = cluster->Connect(1).value();
+  // One round first, so that rank 0's session is open.
+  auto first = RunRanks<absl::StatusOr<OpInfo>>(2, [&](int r) {
+    std::vector<float> data = Input(r, 0, 256);
+    return (r == 0 ? client : peer)->AllReduce(absl::MakeSpan(data), ReduceOp::kSum);
+  });
+  ASSERT_TRUE(first[0].ok()) << first[0].status();
+  ASSERT_TRUE(first[0]->session);
+  // Rank 0 calls alone (rank 1 never does) and waits for its peer; its
+  // worker is stopped under it.
+  auto waiting = StartRanks<absl::StatusOr<OpInfo>>({0}, [&](int) {
+    std::vector<float> data = Input(0, 1, 256);
+    return client->AllReduce(absl::MakeSpan(data), ReduceOp::kSum);
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  cluster->KillWorker(0);
+  std::vector<absl::StatusOr<OpInfo>> got = waiting.Join();
+  ASSERT_FALSE(got[0].ok());
+  EXPECT_EQ(got[0].status().code(), absl::StatusCode::kUnavailable)
+      << got[0].status();
+}
+
+// A raw session, as a hostile or broken client would open it.
+class RawSession : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cluster_ = StartCluster(1, absl::Seconds(10));
+    stub_ = v1::Worker::NewStub(grpc::CreateChannel(
+        cluster_->worker_address(0), grpc::InsecureChannelCredentials()));
+    requests_ = ShmRing::Create(64 << 10).value();
+    replies_ = ShmRing::Create(64 << 10).value();
+  }
+
+  // Opens a session with `offer` and returns how the stream ended after
+  // `then` ran (with the open event read, when there was one).
+  absl::Status Session(const v1::SessionOffer& offer, bool* opened,
+                       const std::function<void()>& then) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto stream = stub_->Session(&ctx, offer);
+    v1::SessionEvent event;
+    *opened = stream->Read(&event) && event.open();
+    if (*opened) then();
+    while (stream->Read(&event)) {
+    }
+    grpc::Status s = stream->Finish();
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        s.error_message());
+  }
+
+  v1::SessionOffer GoodOffer() const {
+    v1::SessionOffer offer;
+    offer.set_requests(FormatShmOffer(*requests_));
+    offer.set_replies(FormatShmOffer(*replies_));
+    return offer;
+  }
+
+  void Write(const std::string& bytes) {
+    const absl::Span<const uint8_t> part(
+        reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    ASSERT_TRUE(requests_->TryWrite(absl::MakeConstSpan(&part, 1), bytes.size()));
+  }
+
+  // The worker's answer to the session's next call.
+  v1::SessionResult ReadReply() {
+    v1::SessionResult result;
+    auto rec = replies_->Next(absl::Seconds(20));
+    EXPECT_TRUE(rec.ok() && rec->has_value());
+    if (rec.ok() && rec->has_value()) {
+      EXPECT_TRUE(result.ParseFromArray((*rec)->data, static_cast<int>((*rec)->bytes)));
+      replies_->Release((*rec)->id);
+    }
+    return result;
+  }
+
+  std::unique_ptr<LocalCluster> cluster_;
+  std::unique_ptr<v1::Worker::Stub> stub_;
+  std::shared_ptr<ShmRing> requests_;
+  std::shared_ptr<ShmRing> replies_;
+};
+
+TEST_F(RawSession, OffersThatCannotBeMappedAreRefusedSayingWhy) {
+  bool opened = true;
+  v1::SessionOffer offer = GoodOffer();
+  offer.set_requests("garbage");
+  absl::Status s = Session(offer, &opened, [] {});
+  EXPECT_FALSE(opened);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("session: malformed"));
+
+  offer = GoodOffer();
+  std::optional<ShmOffer> parsed = ParseShmOffer(offer.replies());
+  ASSERT_TRUE(parsed.has_value());
+  offer.set_replies(absl::StrCat(parsed->name, " ", parsed->token_hex,
+                                 " net:[1]"));
+  s = Session(offer, &opened, [] {});
+  EXPECT_FALSE(opened);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("network namespace"));
+
+  offer = GoodOffer();
+  offer.set_requests(absl::StrCat("/halka-held-none ", parsed->token_hex, " ",
+                                  parsed->netns));
+  s = Session(offer, &opened, [] {});
+  EXPECT_FALSE(opened);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+}
+
+TEST_F(RawSession, ARequestThatDoesNotParseEndsTheSessionWithDataLoss) {
+  bool opened = false;
+  absl::Status s = Session(GoodOffer(), &opened, [&] {
+    Write(std::string("\xff\xff\xff\xff not a SessionCall", 22));
+  });
+  EXPECT_TRUE(opened);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("does not parse"));
+  EXPECT_TRUE(replies_->closed());  // a client waiting on it wakes
+}
+
+TEST_F(RawSession, CallsOutOfSequenceEndTheSessionAfterAnsweringTheGoodOnes) {
+  bool opened = false;
+  v1::SessionResult first;
+  absl::Status s = Session(GoodOffer(), &opened, [&] {
+    // Call 1: a bad dtype, answered as Run answers it; then call 3.
+    v1::SessionCall call;
+    call.set_seq(1);
+    call.mutable_run()->mutable_spec()->set_kind(v1::ALL_REDUCE);
+    call.mutable_run()->mutable_spec()->set_dtype(static_cast<v1::DType>(99));
+    call.mutable_run()->mutable_spec()->set_count(4);
+    Write(call.SerializeAsString());
+    first = ReadReply();
+    call.set_seq(3);
+    Write(call.SerializeAsString());
+  });
+  EXPECT_TRUE(opened);
+  EXPECT_EQ(first.seq(), 1u);
+  EXPECT_EQ(first.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT))
+      << first.message();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("request 3 after request 1"));
+}
+
+TEST_F(RawSession, ClosingTheRingsEndsTheSessionCleanly) {
+  bool opened = false;
+  absl::Status s = Session(GoodOffer(), &opened, [&] { requests_->Close(); });
+  EXPECT_TRUE(opened);
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+}  // namespace
+}  // namespace halka

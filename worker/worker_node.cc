@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "common/prometheus.h"
 #include "common/security.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "worker/core/cuda/device_memory.h"
@@ -226,8 +227,23 @@ std::string WorkerNode::metrics_address() const {
 std::string WorkerNode::MetricsText() {
   std::shared_ptr<Ring> ring = book_->Current();
   if (ring == nullptr) return "";
-  return WorkerMetricsText(options_.job_id, ring->rank, ring->generation,
-                           ring->world, ring->comm->GetTelemetry());
+  std::string text =
+      WorkerMetricsText(options_.job_id, ring->rank, ring->generation,
+                        ring->world, ring->comm->GetTelemetry());
+  // The SDK's same-host sessions (client/shm_session.h).
+  PrometheusWriter w;
+  const PrometheusWriter::Labels base = {{"halka_job", options_.job_id},
+                                         {"rank", absl::StrCat(ring->rank)}};
+  w.Family("halka_worker_sessions", "gauge",
+           "open SDK sessions (same-host clients whose calls come through "
+           "shared memory)");
+  w.Sample("halka_worker_sessions", base, api_service_->open_sessions());
+  w.Family("halka_worker_session_calls_total", "counter",
+           "calls that came through an SDK session (the rest: Worker.Run "
+           "or RunInline, one gRPC call each)");
+  w.Sample("halka_worker_session_calls_total", base,
+           static_cast<double>(api_service_->session_calls()));
+  return text + w.Text();
 }
 
 v1::WorkerTelemetry WorkerNode::CollectTelemetry() {

@@ -165,6 +165,7 @@ absl::Status WorkerService::ServeSessionCall(const ShmRing::Record& rec,
                                             " after request ", *seq));
   }
   *seq = call.seq();
+  session_calls_.fetch_add(1);
   v1::SessionResult result;
   result.set_seq(call.seq());
   const grpc::Status s = RunOne(call.run(), result.mutable_reply());

@@ -71,6 +71,8 @@ class WorkerService final : public v1::Worker::Service {
   // Wakes every session and makes it end once its running operation (if
   // any) has answered; refuses new ones. Before the server shuts down.
   void StopSessions();
+  int open_sessions() const { return sessions_.open(); }
+  uint64_t session_calls() const { return session_calls_.load(); }
   grpc::Status GetInfo(grpc::ServerContext* ctx, const v1::InfoRequest* req,
                        v1::InfoReply* reply) override;
   grpc::Status GetRingHealth(grpc::ServerContext* ctx,
@@ -111,6 +113,7 @@ class WorkerService final : public v1::Worker::Service {
   absl::Mutex sessions_mu_;
   bool sessions_stopped_ ABSL_GUARDED_BY(sessions_mu_) = false;
   std::set<std::shared_ptr<ShmRing>> session_rings_ ABSL_GUARDED_BY(sessions_mu_);
+  std::atomic<uint64_t> session_calls_{0};
   ShmCache shm_;
 };
 

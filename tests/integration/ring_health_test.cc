@@ -192,6 +192,10 @@ TEST(RingHealth, MetricsAndRingPageOverHttp) {
             6.0 * 2 * (g - 1) * (1 << 20));
   EXPECT_GT(s["halka_edge_wait_seconds_total{" + b + ",peer=\"3\"}"], 0);
   EXPECT_EQ(s["halka_worker_generation{" + b + "}"], 1);
+  // The client's calls came through its session with its worker (same
+  // host), which is still open.
+  EXPECT_EQ(s["halka_worker_sessions{" + b + "}"], 1);
+  EXPECT_EQ(s["halka_worker_session_calls_total{" + b + "}"], 6);
   // The slow rank's reduce time per edge shows the delay.
   const std::map<std::string, double> s2 =
       ParseProm(Curl("http://" + c.cluster->metrics_address(2) + "/metrics"));

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <limits>
@@ -91,7 +92,8 @@ class Client::Impl {
   Impl(const std::string& target, Options options)
       : target_(target),
         options_(options),
-        stub_(v1::Worker::NewStub(MakeChannel(target))),
+        channel_(MakeChannel(target)),
+        stub_(v1::Worker::NewStub(channel_)),
         registry_(std::make_shared<Registry>()) {
     use_shm_ = options.transfer == Transfer::kSharedMemory ||
                (options.transfer == Transfer::kAuto && IsLocalAddress(target));
@@ -106,6 +108,7 @@ class Client::Impl {
 
   std::string target_;
   Options options_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Worker::Stub> stub_;
   std::shared_ptr<Registry> registry_;
   std::atomic<bool> use_shm_{false};
@@ -190,8 +193,16 @@ std::optional<absl::StatusOr<v1::RunReply>> Client::Impl::TrySession(
   session_mu_.AssertHeld();
   if (session_ == nullptr) {
     if (absl::Now() < session_retry_at_) return std::nullopt;
+    // Opening starts a call without a deadline (the session's): connect
+    // first, within the time this call allows.
+    const absl::Time open_by =
+        std::min(absl::Now() + kSessionOpenTimeout, deadline);
+    if (!channel_->WaitForConnected(absl::ToChronoTime(open_by))) {
+      session_retry_at_ = absl::Now() + kSessionRetryAfter;
+      return std::nullopt;
+    }
     absl::StatusOr<std::unique_ptr<ShmSession>> opened =
-        ShmSession::Open(*stub_, kSessionOpenTimeout);
+        ShmSession::Open(*stub_, open_by - absl::Now());
     if (!opened.ok()) {
       // A worker without sessions, or one that cannot map our rings, will
       // not change its mind; one that was busy or not up yet may.
@@ -224,8 +235,10 @@ absl::StatusOr<OpInfo> Client::RunShm(const v1::RunRequest& req,
     if (!via->ok()) return via->status();
     reply = std::move(**via);
   } else {
+    // The call's deadline, whatever trying the session took.
     grpc::ClientContext ctx;
-    SetCallDeadline(ctx, req.spec());
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    ctx.set_wait_for_ready(true);
     grpc::Status s = impl_->stub_->Run(&ctx, req, &reply);
     if (!s.ok()) return FromGrpcStatus(s);
   }

@@ -25,10 +25,10 @@ absl::StatusOr<std::unique_ptr<ShmSession>> ShmSession::Open(
     v1::Worker::Stub& stub, absl::Duration timeout) {
   std::unique_ptr<ShmSession> s(new ShmSession());
   absl::StatusOr<std::shared_ptr<ShmRing>> requests =
-      ShmRing::Create(kRingBytes);
+      ShmRing::Create(kSessionRingBytes);
   if (!requests.ok()) return requests.status();
   absl::StatusOr<std::shared_ptr<ShmRing>> replies =
-      ShmRing::Create(kRingBytes);
+      ShmRing::Create(kSessionRingBytes);
   if (!replies.ok()) return replies.status();
   s->requests_ = std::move(*requests);
   s->replies_ = std::move(*replies);
@@ -117,7 +117,7 @@ absl::StatusOr<v1::RunReply> ShmSession::Run(const v1::RunRequest& req,
   }
   const absl::Span<const uint8_t> part(
       reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-  if (replies_->closed() ||
+  if (replies_->closed() || requests_->closed() ||
       !requests_->TryWrite(absl::MakeConstSpan(&part, 1), bytes.size())) {
     // Closed, or the worker still holds an earlier request: not ours to
     // wait behind.

@@ -37,10 +37,6 @@ namespace halka {
 
 class ShmSession {
  public:
-  // Each ring holds one small record at a time (64 KiB, the least a ring
-  // has).
-  static constexpr size_t kRingBytes = size_t{64} << 10;
-
   // Creates the rings, offers them and waits up to `timeout` for the
   // worker's answer. Errors: what the worker said (UNIMPLEMENTED: a worker
   // without sessions; FAILED_PRECONDITION or NOT_FOUND: it cannot map the

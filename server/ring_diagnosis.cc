@@ -243,8 +243,16 @@ RingDiagnosis DiagnoseRing(int g, const std::vector<RankInput>& ranks,
   }
   if (late != nullptr) {
     const double excess = late->arrival_lag_p50_seconds - median_lag;
+    // The next latest caller: a late rank stands out from every other.
+    double next_lag = 0;
+    for (const RankInput* in : by_rank) {
+      if (in != nullptr && in != late && in->arrival_ops > 0) {
+        next_lag = std::max(next_lag, in->arrival_lag_p50_seconds);
+      }
+    }
     if (excess < options.min_lag_s ||
-        excess < options.min_share * median_ring_op) {
+        excess < options.min_share * median_ring_op ||
+        late->arrival_lag_p50_seconds - next_lag < options.min_lag_s) {
       late = nullptr;
     }
   }

@@ -112,7 +112,9 @@ struct RingDiagnosis {
 // Thresholds: a straggler's successor must have waited at least
 // min_added_wait_s for it, and at least min_share of its operation time.
 // A late caller's p50 arrival lag must exceed the ranks' median by
-// min_lag_s and by min_share of the median operation's ring time; a
+// min_lag_s and by min_share of the median operation's ring time, and the
+// next latest rank's p50 lag by min_lag_s (one rank must stand out:
+// callers that share a few busy cores are each late by turns); a
 // stalled rank's stall must exceed the median by min_added_wait_s and
 // min_share of its operation time.
 struct DiagnosisOptions {

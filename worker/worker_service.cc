@@ -88,10 +88,10 @@ grpc::Status WorkerService::Session(grpc::ServerContext* ctx,
   StreamLimiter::Scoped counted(sessions_, ctx->peer());
   if (!counted.status().ok()) return refuse(counted.status());
   absl::StatusOr<std::shared_ptr<ShmRing>> requests =
-      AcceptShmOffer(offer->requests());
+      AcceptShmOffer(offer->requests(), kSessionRingBytes);
   if (!requests.ok()) return refuse(requests.status());
   absl::StatusOr<std::shared_ptr<ShmRing>> replies =
-      AcceptShmOffer(offer->replies());
+      AcceptShmOffer(offer->replies(), kSessionRingBytes);
   if (!replies.ok()) return refuse(replies.status());
   {
     absl::MutexLock lock(&sessions_mu_);
@@ -120,6 +120,15 @@ grpc::Status WorkerService::Session(grpc::ServerContext* ctx,
   }
   uint64_t seq = 0;
   for (;;) {
+    // Looked at before every request, from this process's own state (the
+    // rings' closed word is the client's to write too): a client that
+    // keeps its ring busy cannot hold a stopping worker.
+    if (sessions_stopping_.load()) {
+      return refuse(absl::UnavailableError("the worker is stopping"));
+    }
+    if (ctx->IsCancelled()) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    }
     absl::StatusOr<std::optional<ShmRing::Record>> rec =
         (*requests)->Next(kSessionPoll);
     absl::Status s = rec.status();
@@ -131,16 +140,9 @@ grpc::Status WorkerService::Session(grpc::ServerContext* ctx,
                                         " ended: ", s.ToString()));
       return refuse(s);
     }
-    if (rec->has_value()) continue;
-    if ((*requests)->closed()) {
-      absl::MutexLock lock(&sessions_mu_);
-      if (sessions_stopped_) {
-        return refuse(absl::UnavailableError("the worker is stopping"));
-      }
+    if (!rec->has_value() && (*requests)->closed() &&
+        !sessions_stopping_.load()) {
       return grpc::Status::OK;  // the client ended it
-    }
-    if (ctx->IsCancelled()) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
     }
   }
 }
@@ -184,6 +186,7 @@ absl::Status WorkerService::ServeSessionCall(const ShmRing::Record& rec,
 void WorkerService::StopSessions() {
   absl::MutexLock lock(&sessions_mu_);
   sessions_stopped_ = true;
+  sessions_stopping_.store(true);
   for (const std::shared_ptr<ShmRing>& r : session_rings_) r->Close();
 }
 

@@ -114,6 +114,7 @@ class WorkerService final : public v1::Worker::Service {
   bool sessions_stopped_ ABSL_GUARDED_BY(sessions_mu_) = false;
   std::set<std::shared_ptr<ShmRing>> session_rings_ ABSL_GUARDED_BY(sessions_mu_);
   std::atomic<uint64_t> session_calls_{0};
+  std::atomic<bool> sessions_stopping_{false};  // set with sessions_stopped_
   ShmCache shm_;
 };
 

@@ -246,6 +246,15 @@ TEST_F(RawSession, OffersThatCannotBeMappedAreRefusedSayingWhy) {
   s = Session(offer, &opened, [] {});
   EXPECT_FALSE(opened);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  // A ring larger than a session needs: refused before it is mapped (the
+  // worker would populate it).
+  std::shared_ptr<ShmRing> big = ShmRing::Create(4 * kSessionRingBytes).value();
+  offer = GoodOffer();
+  offer.set_replies(FormatShmOffer(*big));
+  s = Session(offer, &opened, [] {});
+  EXPECT_FALSE(opened);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("allowed here"));
 }
 
 TEST_F(RawSession, ARequestThatDoesNotParseEndsTheSessionWithDataLoss) {
@@ -280,6 +289,43 @@ TEST_F(RawSession, CallsOutOfSequenceEndTheSessionAfterAnsweringTheGoodOnes) {
       << first.message();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_THAT(s.message(), HasSubstr("request 3 after request 1"));
+}
+
+TEST_F(RawSession, AClientThatKeepsItsSessionBusyCannotHoldAStoppingWorker) {
+  grpc::ClientContext ctx;
+  auto stream = stub_->Session(&ctx, GoodOffer());
+  v1::SessionEvent event;
+  ASSERT_TRUE(stream->Read(&event) && event.open());
+  // Requests back to back (each refused at once: a bad dtype), the next
+  // one written as soon as the answer is read; bounded by count.
+  auto busy = StartRanks<int>({0}, [&](int) {
+    int answered = 0;
+    for (uint64_t seq = 1; seq <= 200000; ++seq) {
+      v1::SessionCall call;
+      call.set_seq(seq);
+      call.mutable_run()->mutable_spec()->set_kind(v1::ALL_REDUCE);
+      call.mutable_run()->mutable_spec()->set_dtype(static_cast<v1::DType>(99));
+      call.mutable_run()->mutable_spec()->set_count(4);
+      const std::string bytes = call.SerializeAsString();
+      const absl::Span<const uint8_t> part(
+          reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+      if (!requests_->TryWrite(absl::MakeConstSpan(&part, 1), bytes.size())) break;
+      auto rec = replies_->Next(absl::Seconds(5));
+      if (!rec.ok() || !rec->has_value()) break;
+      replies_->Release((*rec)->id);
+      ++answered;
+    }
+    return answered;
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  cluster_->KillWorker(0);  // returns: the session ends under the load
+  std::vector<int> answered = busy.Join();
+  EXPECT_GT(answered[0], 0);
+  EXPECT_LT(answered[0], 200000);
+  while (stream->Read(&event)) {
+  }
+  grpc::Status end = stream->Finish();
+  EXPECT_FALSE(end.ok());
 }
 
 TEST_F(RawSession, ClosingTheRingsEndsTheSessionCleanly) {

@@ -28,7 +28,6 @@ namespace {
 constexpr uint64_t kMagic = 0x474e5252414b4c48ULL;  // "HLKARRNG"
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kMinCapacity = size_t{64} << 10;
-constexpr size_t kMaxCapacity = size_t{256} << 20;
 
 size_t Pad(size_t n) { return (n + 63) / 64 * 64; }
 
@@ -124,7 +123,8 @@ absl::StatusOr<std::shared_ptr<ShmRing>> ShmRing::Create(size_t capacity) {
 }
 
 absl::StatusOr<std::shared_ptr<ShmRing>> ShmRing::Open(
-    const std::string& name, const std::string& token_hex) {
+    const std::string& name, const std::string& token_hex,
+    size_t max_capacity) {
   if (!absl::StartsWith(name, absl::StrCat("/", kHeldShmPrefix)) ||
       name.find('/', 1) != std::string::npos) {
     return absl::InvalidArgumentError(
@@ -143,6 +143,12 @@ absl::StatusOr<std::shared_ptr<ShmRing>> ShmRing::Open(
         absl::StrCat(name, " is too small for a link ring"));
   }
   const size_t size = static_cast<size_t>(st.st_size);
+  if (size - kHeaderBytes > std::min(max_capacity, kMaxCapacity)) {
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, " holds ", size - kHeaderBytes, " bytes of records, over the ",
+        std::min(max_capacity, kMaxCapacity), " allowed here"));
+  }
   // Look at the header alone before mapping (and populating) the rest: a
   // peer may name any object with our prefix, a client's tensors included.
   void* hp = mmap(nullptr, kHeaderBytes, PROT_READ, MAP_SHARED, fd, 0);
@@ -404,7 +410,7 @@ std::optional<ShmOffer> ParseShmOffer(const std::string& value) {
 }
 
 absl::StatusOr<std::shared_ptr<ShmRing>> AcceptShmOffer(
-    const std::string& value) {
+    const std::string& value, size_t max_capacity) {
   std::optional<ShmOffer> offer = ParseShmOffer(value);
   if (!offer.has_value()) {
     return absl::InvalidArgumentError("malformed shared-memory offer");
@@ -415,7 +421,7 @@ absl::StatusOr<std::shared_ptr<ShmRing>> AcceptShmOffer(
         absl::StrCat("the peer runs in network namespace ", offer->netns,
                      ", this worker in ", here.empty() ? "?" : here));
   }
-  return ShmRing::Open(offer->name, offer->token_hex);
+  return ShmRing::Open(offer->name, offer->token_hex, max_capacity);
 }
 
 }  // namespace halka

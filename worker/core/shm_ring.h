@@ -67,11 +67,16 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
   // are reserved now (a full /dev/shm fails here, not as SIGBUS later).
   // Errors: RESOURCE_EXHAUSTED naming the failing call.
   static absl::StatusOr<std::shared_ptr<ShmRing>> Create(size_t capacity);
-  // Maps an object another process created. Errors: NOT_FOUND (no such
-  // object here: another /dev/shm), FAILED_PRECONDITION (not a ring, or
-  // another token).
+  // The largest ring Open maps (and Create makes).
+  static constexpr size_t kMaxCapacity = size_t{256} << 20;
+  // Maps an object another process created, if its capacity is at most
+  // `max_capacity` (looked at before anything is mapped: the mapping is
+  // populated, so its pages are this process's). Errors: NOT_FOUND (no
+  // such object here: another /dev/shm), FAILED_PRECONDITION (not a ring,
+  // another token, larger than allowed).
   static absl::StatusOr<std::shared_ptr<ShmRing>> Open(
-      const std::string& name, const std::string& token_hex);
+      const std::string& name, const std::string& token_hex,
+      size_t max_capacity = kMaxCapacity);
   ~ShmRing();
   ShmRing(const ShmRing&) = delete;
   ShmRing& operator=(const ShmRing&) = delete;
@@ -183,9 +188,15 @@ std::string FormatShmOffer(const ShmRing& ring);
 std::optional<ShmOffer> ParseShmOffer(const std::string& value);
 
 // The serving side's decision on an offer: the mapped ring, or why not
-// (the text of the "no: ..." answer).
+// (the text of the "no: ..." answer). Rings over `max_capacity` are
+// refused.
 absl::StatusOr<std::shared_ptr<ShmRing>> AcceptShmOffer(
-    const std::string& value);
+    const std::string& value, size_t max_capacity = ShmRing::kMaxCapacity);
+
+// Each ring of an SDK session (client/shm_session.h) holds one small record
+// at a time: the least a ring has. A worker maps no larger one for a
+// session.
+inline constexpr size_t kSessionRingBytes = size_t{64} << 10;
 
 }  // namespace halka
 

@@ -118,18 +118,7 @@ class Client::Impl {
   size_t staging_size_ ABSL_GUARDED_BY(staging_mu_) = 0;
   std::string staging_name_ ABSL_GUARDED_BY(staging_mu_);
 
-  // The session (client/shm_session.h): opened at the first call that
-  // can use it; a broken one is dropped and the next call opens another.
-  absl::Mutex session_mu_;  // held for a whole call through the session
-  std::unique_ptr<ShmSession> session_ ABSL_GUARDED_BY(session_mu_);
-  // No session before this time (the worker refused or was not up).
-  absl::Time session_retry_at_ ABSL_GUARDED_BY(session_mu_) =
-      absl::InfinitePast();
-
-  // Runs `req` through the session when one can take it; nullopt when the
-  // request was not sent (use Run).
-  std::optional<absl::StatusOr<v1::RunReply>> TrySession(
-      const v1::RunRequest& req, absl::Time deadline);
+  SessionSlot session_;  // same-host workers (client/shm_session.h)
 
   absl::Mutex device_mu_;  // held for a whole device reduce-scatter
   void* device_scratch_ ABSL_GUARDED_BY(device_mu_) = nullptr;
@@ -162,9 +151,6 @@ OpInfo FromStats(const v1::OpStats& s) {
   return info;
 }
 
-constexpr absl::Duration kSessionOpenTimeout = absl::Seconds(5);
-constexpr absl::Duration kSessionRetryAfter = absl::Seconds(10);
-
 // The call's own timeout: the operation's plus room for the transfer.
 absl::Duration CallTimeout(const v1::OpSpec& spec) {
   const absl::Duration op = spec.timeout_ms() > 0
@@ -180,56 +166,15 @@ void SetCallDeadline(grpc::ClientContext& ctx, const v1::OpSpec& spec) {
 
 }  // namespace
 
-std::optional<absl::StatusOr<v1::RunReply>> Client::Impl::TrySession(
-    const v1::RunRequest& req, absl::Time deadline) {
-  if (!options_.session || !use_shm_) return std::nullopt;
-  // Another thread's call holds the session: this one takes a call of its
-  // own rather than queue behind it.
-  if (!session_mu_.TryLock()) return std::nullopt;
-  struct Unlock {
-    absl::Mutex& mu;
-    ~Unlock() { mu.Unlock(); }
-  } unlock{session_mu_};
-  session_mu_.AssertHeld();
-  if (session_ == nullptr) {
-    if (absl::Now() < session_retry_at_) return std::nullopt;
-    // Opening starts a call without a deadline (the session's): connect
-    // first, within the time this call allows.
-    const absl::Time open_by =
-        std::min(absl::Now() + kSessionOpenTimeout, deadline);
-    if (!channel_->WaitForConnected(absl::ToChronoTime(open_by))) {
-      session_retry_at_ = absl::Now() + kSessionRetryAfter;
-      return std::nullopt;
-    }
-    absl::StatusOr<std::unique_ptr<ShmSession>> opened =
-        ShmSession::Open(*stub_, open_by - absl::Now());
-    if (!opened.ok()) {
-      // A worker without sessions, or one that cannot map our rings, will
-      // not change its mind; one that was busy or not up yet may.
-      const absl::StatusCode c = opened.status().code();
-      const bool final = c == absl::StatusCode::kUnimplemented ||
-                         c == absl::StatusCode::kFailedPrecondition ||
-                         c == absl::StatusCode::kNotFound ||
-                         c == absl::StatusCode::kInvalidArgument;
-      session_retry_at_ = final ? absl::InfiniteFuture()
-                                : absl::Now() + kSessionRetryAfter;
-      return std::nullopt;
-    }
-    session_ = std::move(*opened);
-  }
-  bool sent = false;
-  absl::StatusOr<v1::RunReply> reply = session_->Run(req, deadline, &sent);
-  if (!session_->usable()) session_.reset();  // the next call opens another
-  if (!sent) return std::nullopt;
-  return reply;
-}
-
 absl::StatusOr<OpInfo> Client::RunShm(const v1::RunRequest& req,
                                       const char* transfer) {
   v1::RunReply reply;
   const absl::Time deadline = absl::Now() + CallTimeout(req.spec());
-  std::optional<absl::StatusOr<v1::RunReply>> via =
-      impl_->TrySession(req, deadline);
+  Impl& im = *impl_;
+  std::optional<absl::StatusOr<v1::RunReply>> via;
+  if (im.options_.session && im.use_shm_) {
+    via = im.session_.TryRun(*im.channel_, *im.stub_, req, deadline);
+  }
   const bool session = via.has_value();
   if (session) {
     if (!via->ok()) return via->status();
@@ -239,7 +184,7 @@ absl::StatusOr<OpInfo> Client::RunShm(const v1::RunRequest& req,
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     ctx.set_wait_for_ready(true);
-    grpc::Status s = impl_->stub_->Run(&ctx, req, &reply);
+    grpc::Status s = im.stub_->Run(&ctx, req, &reply);
     if (!s.ok()) return FromGrpcStatus(s);
   }
   OpInfo info = FromStats(reply.stats());

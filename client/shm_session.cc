@@ -115,10 +115,8 @@ absl::StatusOr<v1::RunReply> ShmSession::Run(const v1::RunRequest& req,
     return absl::InvalidArgumentError(absl::StrCat(
         "session: a request of ", bytes.size(), " bytes"));
   }
-  const absl::Span<const uint8_t> part(
-      reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
   if (replies_->closed() || requests_->closed() ||
-      !requests_->TryWrite(absl::MakeConstSpan(&part, 1), bytes.size())) {
+      !requests_->TryWrite(bytes)) {
     // Closed, or the worker still holds an earlier request: not ours to
     // wait behind.
     broken_ = true;
@@ -167,6 +165,48 @@ absl::StatusOr<v1::RunReply> ShmSession::Run(const v1::RunRequest& req,
     }
     return std::move(*result.mutable_reply());
   }
+}
+
+std::optional<absl::StatusOr<v1::RunReply>> SessionSlot::TryRun(
+    grpc::Channel& channel, v1::Worker::Stub& stub, const v1::RunRequest& req,
+    absl::Time deadline) {
+  // Another thread's call holds the session: this one takes a call of its
+  // own rather than queue behind it.
+  if (!mu_.TryLock()) return std::nullopt;
+  struct Unlock {
+    absl::Mutex& mu;
+    ~Unlock() { mu.Unlock(); }
+  } unlock{mu_};
+  mu_.AssertHeld();
+  if (session_ == nullptr) {
+    if (absl::Now() < retry_at_) return std::nullopt;
+    // Opening starts a call without a deadline (the session's): connect
+    // first, within the time this call allows.
+    const absl::Time open_by = std::min(absl::Now() + kOpenTimeout, deadline);
+    if (!channel.WaitForConnected(absl::ToChronoTime(open_by))) {
+      retry_at_ = absl::Now() + kRetryAfter;
+      return std::nullopt;
+    }
+    absl::StatusOr<std::unique_ptr<ShmSession>> opened =
+        ShmSession::Open(stub, open_by - absl::Now());
+    if (!opened.ok()) {
+      // A worker without sessions, or one that cannot map our rings, will
+      // not change its mind; one that was busy or not up yet may.
+      const absl::StatusCode c = opened.status().code();
+      const bool final = c == absl::StatusCode::kUnimplemented ||
+                         c == absl::StatusCode::kFailedPrecondition ||
+                         c == absl::StatusCode::kNotFound ||
+                         c == absl::StatusCode::kInvalidArgument;
+      retry_at_ = final ? absl::InfiniteFuture() : absl::Now() + kRetryAfter;
+      return std::nullopt;
+    }
+    session_ = std::move(*opened);
+  }
+  bool sent = false;
+  absl::StatusOr<v1::RunReply> reply = session_->Run(req, deadline, &sent);
+  if (!session_->usable()) session_.reset();  // the next call opens another
+  if (!sent) return std::nullopt;
+  return reply;
 }
 
 }  // namespace halka

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -30,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "grpcpp/channel.h"
 #include "halka/v1/worker.grpc.pb.h"
 #include "worker/core/shm_ring.h"
 
@@ -77,6 +79,28 @@ class ShmSession {
   bool opened_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status end_ ABSL_GUARDED_BY(mu_);
+};
+
+// A Client's one session: opened at the first call that can use it; a
+// broken one is dropped and the next call opens another. Thread-safe.
+class SessionSlot {
+ public:
+  // How long opening may take (at most the call's deadline), and how soon
+  // a worker that was not up or was busy is asked again (one that refused
+  // for good, e.g. UNIMPLEMENTED or another /dev/shm, never is).
+  static constexpr absl::Duration kOpenTimeout = absl::Seconds(5);
+  static constexpr absl::Duration kRetryAfter = absl::Seconds(10);
+
+  // Runs `req` through the session when one can take it now; nullopt when
+  // the request was not sent (the caller uses Worker.Run).
+  std::optional<absl::StatusOr<v1::RunReply>> TryRun(
+      grpc::Channel& channel, v1::Worker::Stub& stub,
+      const v1::RunRequest& req, absl::Time deadline);
+
+ private:
+  absl::Mutex mu_;  // held for a whole call through the session
+  std::unique_ptr<ShmSession> session_ ABSL_GUARDED_BY(mu_);
+  absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace halka

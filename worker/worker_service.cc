@@ -95,7 +95,7 @@ grpc::Status WorkerService::Session(grpc::ServerContext* ctx,
   if (!replies.ok()) return refuse(replies.status());
   {
     absl::MutexLock lock(&sessions_mu_);
-    if (sessions_stopped_) {
+    if (sessions_stopping_.load()) {
       return refuse(absl::UnavailableError("the worker is stopping"));
     }
     session_rings_.insert(*requests);
@@ -173,10 +173,7 @@ absl::Status WorkerService::ServeSessionCall(const ShmRing::Record& rec,
   const grpc::Status s = RunOne(call.run(), result.mutable_reply());
   result.set_code(static_cast<int>(s.error_code()));
   result.set_message(s.error_message().substr(0, kSessionMessageMax));
-  const std::string bytes = result.SerializeAsString();
-  const absl::Span<const uint8_t> part(
-      reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-  if (!replies.TryWrite(absl::MakeConstSpan(&part, 1), bytes.size())) {
+  if (!replies.TryWrite(result.SerializeAsString())) {
     return absl::DataLossError(
         "no room for the reply: the client left earlier replies unread");
   }
@@ -185,7 +182,6 @@ absl::Status WorkerService::ServeSessionCall(const ShmRing::Record& rec,
 
 void WorkerService::StopSessions() {
   absl::MutexLock lock(&sessions_mu_);
-  sessions_stopped_ = true;
   sessions_stopping_.store(true);
   for (const std::shared_ptr<ShmRing>& r : session_rings_) r->Close();
 }

@@ -111,10 +111,11 @@ class WorkerService final : public v1::Worker::Service {
   // Each session holds a handler thread for its life.
   StreamLimiter sessions_{"session", 16, 64};
   absl::Mutex sessions_mu_;
-  bool sessions_stopped_ ABSL_GUARDED_BY(sessions_mu_) = false;
   std::set<std::shared_ptr<ShmRing>> session_rings_ ABSL_GUARDED_BY(sessions_mu_);
   std::atomic<uint64_t> session_calls_{0};
-  std::atomic<bool> sessions_stopping_{false};  // set with sessions_stopped_
+  // Set once, under sessions_mu_ (so no session registers after it);
+  // read by every session before each request.
+  std::atomic<bool> sessions_stopping_{false};
   ShmCache shm_;
 };
 

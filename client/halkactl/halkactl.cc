@@ -28,17 +28,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "client/halkactl/bench.h"
+#include "client/halkactl/health_cmd.h"
 #include "common/grpc_util.h"
-#include "common/job_state.h"
 #include "common/security.h"
 #include "halka/client.h"
 #include "halka/local_cluster.h"
-#include "halka/v1/rendezvous.grpc.pb.h"
-#include "server/timeline_trace.h"
 #include "worker/core/cuda/cuda_reduce.h"
 #include "worker/core/dtype.h"
 #include "worker/core/frame.h"
@@ -96,7 +92,8 @@ ABSL_FLAG(bool, device, false,
           "bench/allreduce: CUDA device buffers (needs a GPU and a worker on "
           "this host)");
 ABSL_FLAG(std::string, transfer, "auto",
-          "how the tensor reaches the worker: auto, shm, inline");
+          "allreduce/bench: how the tensor reaches the worker: auto, shm, "
+          "inline");
 ABSL_FLAG(bool, tls, false,
           "bench embedded cluster: mutual TLS and a job token on every "
           "channel (throwaway certificates made with openssl in a temp dir)");
@@ -145,11 +142,6 @@ absl::Status MakeThrowawayCertificates(LocalCluster::Options& lo,
   lo.tls_key = d + "/host.key";
   lo.job_token = absl::StrCat("bench-", getpid(), "-", absl::ToUnixNanos(absl::Now()));
   return absl::OkStatus();
-}
-
-int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "halkactl: %s\n", s.ToString().c_str());
-  return 1;
 }
 
 int Bench(const std::vector<Client*>& clients, const std::vector<BenchCase>& cases,
@@ -220,6 +212,21 @@ absl::StatusOr<std::vector<BenchCase>> SweepCases() {
   return cases;
 }
 
+// --transfer and --session.
+absl::StatusOr<Client::Options> ClientOptionsFromFlags() {
+  Client::Options co;
+  co.session = absl::GetFlag(FLAGS_session);
+  const std::string transfer = absl::GetFlag(FLAGS_transfer);
+  if (transfer == "shm") {
+    co.transfer = Client::Transfer::kSharedMemory;
+  } else if (transfer == "inline") {
+    co.transfer = Client::Transfer::kInline;
+  } else if (transfer != "auto") {
+    return absl::InvalidArgumentError("--transfer must be auto, shm or inline");
+  }
+  return co;
+}
+
 BenchOptions OptionsFromFlags() {
   BenchOptions o;
   o.iterations = absl::GetFlag(FLAGS_n);
@@ -228,158 +235,6 @@ BenchOptions OptionsFromFlags() {
   o.timeout = absl::GetFlag(FLAGS_timeout);
   o.device = absl::GetFlag(FLAGS_device);
   return o;
-}
-
-absl::StatusOr<v1::RingHealth> RendezvousHealth(const std::string& rendezvous,
-                                                const std::string& job) {
-  auto stub = v1::Rendezvous::NewStub(MakeChannel(rendezvous));
-  grpc::ClientContext ctx;
-  SetTimeout(ctx, absl::Seconds(5));
-  v1::RingHealthRequest req;
-  req.set_job_id(job);
-  v1::RingHealth reply;
-  grpc::Status s = stub->GetRingHealth(&ctx, req, &reply);
-  if (!s.ok()) return FromGrpcStatus(s);
-  return reply;
-}
-
-// The live members' timelines of `h`, as one Chrome trace in `out` ("-":
-// standard output).
-int WriteTrace(const v1::RingHealth& h, const std::string& out) {
-  std::vector<v1::Member> members(h.members().begin(), h.members().end());
-  auto timelines = GatherTimelines(members, absl::Seconds(10));
-  if (!timelines.ok()) return Fail(timelines.status());
-  const std::string json = ChromeTraceJson(*timelines);
-  size_t ops = 0;
-  for (const v1::Timeline& t : *timelines) ops += t.ops_size();
-  if (out == "-") {
-    std::fwrite(json.data(), 1, json.size(), stdout);
-    return 0;
-  }
-  FILE* f = std::fopen(out.c_str(), "w");
-  if (f == nullptr ||
-      std::fwrite(json.data(), 1, json.size(), f) != json.size() ||
-      std::fclose(f) != 0) {
-    return Fail(absl::UnavailableError(absl::StrCat(
-        "trace: cannot write ", out, ": ", std::strerror(errno))));
-  }
-  std::fprintf(stderr,
-               "halkactl: wrote %s: %zu ranks, %zu operations (open it in "
-               "chrome://tracing or ui.perfetto.dev)\n",
-               out.c_str(), timelines->size(), ops);
-  return 0;
-}
-
-// `trace`: every live member's timeline, as one Chrome trace in --o.
-int Trace(const std::string& rendezvous, const std::string& job,
-          const std::string& out) {
-  if (rendezvous.empty() || out.empty()) {
-    return Fail(absl::InvalidArgumentError(
-        "trace needs --rendezvous=ADDR --job=ID -o FILE"));
-  }
-  absl::StatusOr<v1::RingHealth> h = RendezvousHealth(rendezvous, job);
-  if (!h.ok()) return Fail(h.status());
-  return WriteTrace(*h, out);
-}
-
-int Health(const std::string& rendezvous, const std::string& job,
-           const std::string& worker, bool json) {
-  absl::StatusOr<v1::RingHealth> h;
-  if (!rendezvous.empty()) {
-    h = RendezvousHealth(rendezvous, job);
-    if (!h.ok()) return Fail(h.status());
-  } else if (!worker.empty()) {
-    auto client = Client::Connect(worker);
-    if (!client.ok()) return Fail(client.status());
-    h = (*client)->RingHealth();
-  } else {
-    return Fail(absl::InvalidArgumentError(
-        "health needs --rendezvous=ADDR --job=ID or --worker=ADDR"));
-  }
-  if (!h.ok()) return Fail(h.status());
-  if (json) {
-    absl::StatusOr<std::string> out = JobJson(*h);
-    if (!out.ok()) return Fail(out.status());
-    std::printf("%s", out->c_str());
-  } else {
-    std::printf("%s", FormatHealth(*h).c_str());
-    if (h->failing()) std::printf("%s\n", h->diagnosis().failure().c_str());
-  }
-  std::fflush(stdout);
-  return h->job_state() == v1::JOB_STATE_HEALTHY && !h->failing() ? 0 : 2;
-}
-
-// `health`, once or (--watch) every --interval, at most --watch_count
-// times; the exit status is the last report's.
-int HealthCommand() {
-  const bool watch = absl::GetFlag(FLAGS_watch);
-  const int64_t count = absl::GetFlag(FLAGS_watch_count);
-  const absl::CommandLineFlag& elements = absl::GetFlagReflectionHandle(FLAGS_count);
-  if (elements.CurrentValue() != elements.DefaultValue()) {
-    return Fail(absl::InvalidArgumentError(
-        "health: --count is allreduce's element count; the number of "
-        "--watch reports is --watch_count=N"));
-  }
-  if (count < 0) {
-    return Fail(absl::InvalidArgumentError("--watch_count must be >= 0"));
-  }
-  if (count > 0 && !watch) {
-    return Fail(absl::InvalidArgumentError("--watch_count needs --watch"));
-  }
-  int rc = 0;
-  for (int i = 0; !watch || count <= 0 || i < count; ++i) {
-    if (i > 0) {
-      absl::SleepFor(absl::GetFlag(FLAGS_interval));
-      std::printf("\n");
-    }
-    if (watch && !absl::GetFlag(FLAGS_json)) {
-      std::printf("# %s\n", absl::FormatTime("%Y-%m-%d %H:%M:%S UTC",
-                                                absl::Now(),
-                                                absl::UTCTimeZone()).c_str());
-    }
-    rc = Health(absl::GetFlag(FLAGS_rendezvous), absl::GetFlag(FLAGS_job),
-                absl::GetFlag(FLAGS_worker), absl::GetFlag(FLAGS_json));
-    if (!watch) break;
-  }
-  return rc;
-}
-
-// grpc.health.v1.Health/Check with hand-encoded messages: the request for
-// the overall server status is empty, and the reply is field 1 (status).
-int HealthCheck(const std::string& target) {
-  if (target.empty()) {
-    return Fail(absl::InvalidArgumentError("healthcheck needs --worker=ADDR "
-                                           "(any halka server address)"));
-  }
-  grpc::GenericStub stub(MakeChannel(target));
-  grpc::ClientContext ctx;
-  SetTimeout(ctx, absl::GetFlag(FLAGS_timeout) < kDefaultOpTimeout
-                      ? absl::GetFlag(FLAGS_timeout)
-                      : absl::Seconds(3));
-  grpc::Slice nothing;
-  grpc::ByteBuffer request(&nothing, 1);  // empty HealthCheckRequest
-  grpc::ByteBuffer response;
-  absl::Notification done;
-  grpc::Status status;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
-                 &request, &response, [&](grpc::Status s) {
-                   status = std::move(s);
-                   done.Notify();
-                 });
-  done.WaitForNotification();
-  if (!status.ok()) {
-    std::printf("%s: %s\n", target.c_str(), status.error_message().c_str());
-    return 1;
-  }
-  std::vector<grpc::Slice> slices;
-  response.Dump(&slices);
-  std::string bytes;
-  for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-  int value = 0;  // UNKNOWN
-  if (bytes.size() >= 2 && bytes[0] == 0x08) value = bytes[1];
-  static const char* kNames[] = {"UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN"};
-  std::printf("%s: %s\n", target.c_str(), value >= 0 && value < 4 ? kNames[value] : "?");
-  return value == 1 ? 0 : 1;
 }
 
 int Demo() {
@@ -445,6 +300,8 @@ int Demo() {
 int BenchCommand() {
   auto cases = SweepCases();
   if (!cases.ok()) return Fail(cases.status());
+  absl::StatusOr<Client::Options> co = ClientOptionsFromFlags();
+  if (!co.ok()) return Fail(co.status());
   RemovedAtExit cert_dir;  // declared first: outlives the cluster using it
   std::unique_ptr<LocalCluster> cluster;
   std::vector<std::unique_ptr<Client>> owned;
@@ -469,18 +326,14 @@ int BenchCommand() {
     auto c = LocalCluster::Start(lo);
     if (!c.ok()) return Fail(c.status());
     cluster = std::move(*c);
-    Client::Options co;
-    co.session = absl::GetFlag(FLAGS_session);
     for (int r = 0; r < cluster->size(); ++r) {
-      auto cl = cluster->Connect(r, co);
+      auto cl = cluster->Connect(r, *co);
       if (!cl.ok()) return Fail(cl.status());
       owned.push_back(std::move(*cl));
     }
   } else {
     for (absl::string_view addr : absl::StrSplit(workers, ',')) {
-      Client::Options co;
-      co.session = absl::GetFlag(FLAGS_session);
-      auto cl = Client::Connect(std::string(addr), co);
+      auto cl = Client::Connect(std::string(addr), *co);
       if (!cl.ok()) return Fail(cl.status());
       owned.push_back(std::move(*cl));
     }
@@ -523,17 +376,9 @@ int AllReduceCommand() {
   if (count < 0) return Fail(absl::InvalidArgumentError("--count must be >= 0"));
   auto algo = ParseAlgorithm(absl::GetFlag(FLAGS_algo));
   if (!algo.ok()) return Fail(algo.status());
-  Client::Options co;
-  co.session = absl::GetFlag(FLAGS_session);
-  const std::string transfer = absl::GetFlag(FLAGS_transfer);
-  if (transfer == "shm") {
-    co.transfer = Client::Transfer::kSharedMemory;
-  } else if (transfer == "inline") {
-    co.transfer = Client::Transfer::kInline;
-  } else if (transfer != "auto") {
-    return Fail(absl::InvalidArgumentError("--transfer must be auto, shm or inline"));
-  }
-  auto client = Client::Connect(worker, co);
+  absl::StatusOr<Client::Options> co = ClientOptionsFromFlags();
+  if (!co.ok()) return Fail(co.status());
+  auto client = Client::Connect(worker, *co);
   if (!client.ok()) return Fail(client.status());
   auto info = (*client)->Info();
   if (!info.ok()) return Fail(info.status());

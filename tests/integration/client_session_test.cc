@@ -198,9 +198,7 @@ class RawSession : public ::testing::Test {
   }
 
   void Write(const std::string& bytes) {
-    const absl::Span<const uint8_t> part(
-        reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-    ASSERT_TRUE(requests_->TryWrite(absl::MakeConstSpan(&part, 1), bytes.size()));
+    ASSERT_TRUE(requests_->TryWrite(bytes));
   }
 
   // The worker's answer to the session's next call.
@@ -306,10 +304,7 @@ TEST_F(RawSession, AClientThatKeepsItsSessionBusyCannotHoldAStoppingWorker) {
       call.mutable_run()->mutable_spec()->set_kind(v1::ALL_REDUCE);
       call.mutable_run()->mutable_spec()->set_dtype(static_cast<v1::DType>(99));
       call.mutable_run()->mutable_spec()->set_count(4);
-      const std::string bytes = call.SerializeAsString();
-      const absl::Span<const uint8_t> part(
-          reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-      if (!requests_->TryWrite(absl::MakeConstSpan(&part, 1), bytes.size())) break;
+      if (!requests_->TryWrite(call.SerializeAsString())) break;
       auto rec = replies_->Next(absl::Seconds(5));
       if (!rec.ok() || !rec->has_value()) break;
       replies_->Release((*rec)->id);

@@ -252,6 +252,12 @@ size_t ShmRing::FreeBytes() const {
   return capacity_ - static_cast<size_t>(head_ - tail);
 }
 
+bool ShmRing::TryWrite(absl::string_view bytes) {
+  const absl::Span<const uint8_t> part(
+      reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  return TryWrite(absl::MakeConstSpan(&part, 1), bytes.size());
+}
+
 bool ShmRing::TryWriteRecord(absl::Span<const absl::Span<const uint8_t>> parts,
                              size_t total, size_t* done) {
   const size_t rec =

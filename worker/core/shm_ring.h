@@ -48,6 +48,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 
@@ -97,6 +98,8 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
   // written).
   bool TryWrite(absl::Span<const absl::Span<const uint8_t>> parts,
                 size_t total);
+  // The same for one contiguous buffer.
+  bool TryWrite(absl::string_view bytes);
   // Writes the next record of a frame (the bytes from `*done` on), if room
   // for it; advances *done. Returns false when there is no room now.
   bool TryWriteRecord(absl::Span<const absl::Span<const uint8_t>> parts,

@@ -434,21 +434,35 @@ void WorkerNode::AwaitTurn(uint64_t ticket) {
 absl::Status WorkerNode::Refuse(const Arrival& arrival, absl::Status status) {
   absl::MutexLock run_lock(&run_mu_);
   AwaitTurn(arrival.ticket);
-  SkipNumber(status, arrival.at + options_.op_timeout);
+  SkipNumber(status, arrival, arrival.at + options_.op_timeout);
   ++turn_;
   return status;
 }
 
-void WorkerNode::SkipNumber(const absl::Status& status, absl::Time deadline) {
+void WorkerNode::SkipNumber(const absl::Status& status,
+                            const Arrival& arrival, absl::Time deadline) {
   // The number the call takes is the communicator's: the ring's next one,
-  // or, on a ring that still adopts, the one its peers run.
-  std::shared_ptr<Ring> ring = book_->Current();
-  if (ring == nullptr) {
-    RecordCall(0, status);
+  // or, on a ring that still adopts, the one its peers run. The ring is the
+  // newest membership's, built here if no call has run on it yet: the
+  // peers run their copies of this call there, and a refusal sent on an
+  // older ring would leave them waiting until their deadline.
+  CatchUp();
+  const CallInfo call =
+      NewCall(std::max<uint64_t>(next_seq_, 1), arrival, absl::InfiniteFuture());
+  absl::StatusOr<std::shared_ptr<Ring>> ring = book_->Acquire(call);
+  if (!ring.ok()) {
+    // As a call that cannot run: numbered where this worker holds a number
+    // (the peers' copies fail too), else not at all.
+    if (call.numbered_generation != 0) {
+      RecordCall(next_seq_, status);
+      ++next_seq_;
+    } else {
+      RecordCall(0, status);
+    }
     return;
   }
   absl::StatusOr<uint64_t> seq =
-      ring->comm->SkipOp(std::max<uint64_t>(next_seq_, 1), status, deadline);
+      (*ring)->comm->SkipOp(call.seq, status, deadline);
   if (!seq.ok()) {
     log_.Warning(absl::StrCat("a call ended before it reached the ring (",
                             status.ToString(), ") and no number could be "
@@ -458,6 +472,19 @@ void WorkerNode::SkipNumber(const absl::Status& status, absl::Time deadline) {
   }
   next_seq_ = *seq + 1;
   RecordCall(*seq, status);
+}
+
+CallInfo WorkerNode::NewCall(uint64_t seq, const Arrival& arrival,
+                             absl::Time issued) {
+  CallInfo call;
+  call.seq = seq;
+  call.epoch = arrival.epoch;
+  call.issued = issued;
+  if (std::shared_ptr<Ring> now = book_->Current();
+      now != nullptr && now->comm->next_op_seq() != 0) {
+    call.numbered_generation = now->generation;
+  }
+  return call;
 }
 
 void WorkerNode::RecordCall(uint64_t seq, const absl::Status& status) {
@@ -541,10 +568,9 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
   if (absl::StatusOr<uint64_t> bytes =
           ValidateOpSpec(spec, options_.max_op_bytes);
       !bytes.ok()) {
-    SkipNumber(bytes.status(), deadline);
+    SkipNumber(bytes.status(), arrival, deadline);
     return bytes.status();
   }
-  const uint64_t epoch = arrival.epoch;
   const absl::Time issued =
       spec.issued_unix_ms() > 0
           ? absl::FromUnixMillis(static_cast<int64_t>(spec.issued_unix_ms()))
@@ -553,16 +579,10 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
   std::string retry_cause;
   for (int attempt = 0;; ++attempt) {
     CatchUp();
-    CallInfo call;
-    call.seq = retry_seq > 0 ? retry_seq : next_seq_;
-    running_seq_ = call.seq;
+    CallInfo call =
+        NewCall(retry_seq > 0 ? retry_seq : next_seq_, arrival, issued);
     call.retry = retry_seq > 0;
-    call.epoch = epoch;
-    call.issued = issued;
-    if (std::shared_ptr<Ring> now = book_->Current();
-        now != nullptr && now->comm->next_op_seq() != 0) {
-      call.numbered_generation = now->generation;
-    }
+    running_seq_ = call.seq;
     absl::StatusOr<std::shared_ptr<Ring>> ring = book_->Acquire(call);
     if (!ring.ok()) {
       // The call is numbered all the same (where this worker holds a

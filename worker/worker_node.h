@@ -126,9 +126,13 @@ class WorkerNode {
   // Waits until `ticket` is the next call to run.
   void AwaitTurn(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   // Takes the next number for a call that does not reach the ring (on a
-  // ring that still adopts, the peers' number, learnt by `deadline`).
-  void SkipNumber(const absl::Status& status, absl::Time deadline)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // ring that still adopts, the peers' number, learnt by `deadline`), on
+  // the ring of the newest membership: the one the peers run that call on.
+  void SkipNumber(const absl::Status& status, const Arrival& arrival,
+                  absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // A call as the ring book sees it: `seq` where this worker keeps the
+  // numbering, and the generation of its ring when that ring holds one.
+  CallInfo NewCall(uint64_t seq, const Arrival& arrival, absl::Time issued);
   void RecordCall(uint64_t seq, const absl::Status& status);
   // Looks up the job's parameter-server shards (waiting for them, bounded
   // by `deadline`) and hands them to the ring.

@@ -317,6 +317,66 @@ TEST_F(ElasticTest, NewcomersRefusedFirstCallTakesTheRingsNumber) {
   }
 }
 
+// A survivor refuses a call after it learnt of a loss but before it ran
+// anything on the smaller ring: the refusal must reach the peers on the
+// ring they run that call on (the new one), so that they fail at once
+// naming it, not at their deadline, and the next round is one number on
+// every rank.
+TEST_F(ElasticTest, CallRefusedBeforeTheNewRingIsBuiltFailsThePeersThere) {
+  StartRendezvous();
+  StartWorkers(4, 2, 4);
+  int seq = 0;
+  for (int i = 0; i < 3; ++i) EventuallyCorrect(Live(), 4, &seq);
+  const uint64_t before = workers_[0]->Describe()->membership_generation();
+  workers_[3]->Shutdown(/*leave=*/false);
+  workers_[3].reset();
+  // Every survivor hears of the loss (no operation runs meanwhile, so none
+  // has built the smaller ring yet).
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (WorkerNode* w : Live()) {
+          absl::StatusOr<v1::InfoReply> info = w->Describe();
+          if (!info.ok() || info->membership_generation() <= before ||
+              info->job_state() != v1::JOB_STATE_DEGRADED) {
+            return false;
+          }
+        }
+        return true;
+      },
+      absl::Seconds(10), absl::Milliseconds(20)))
+      << "the survivors did not hear of w3's loss";
+  std::vector<WorkerNode*> on = Live();
+  ASSERT_EQ(on.size(), 3u);
+  std::vector<std::vector<int64_t>> data(3, std::vector<int64_t>(kCount, 1));
+  const absl::Time t0 = absl::Now();
+  auto round = RunRanks<absl::StatusOr<OpResult>>(3, [&](int j) {
+    v1::OpSpec spec = SumSpec(5000);
+    spec.set_algorithm(v1::RING);
+    if (j == 0) spec.set_dtype(static_cast<v1::DType>(99));
+    return on[static_cast<size_t>(j)]->Execute(
+        spec, data[static_cast<size_t>(j)].data());
+  });
+  const absl::Duration took = absl::Now() - t0;
+  for (size_t j = 0; j < 3; ++j) {
+    ASSERT_FALSE(round[j].ok()) << on[j]->options().worker_id;
+    if (j > 0) {
+      // Named, not timed out.
+      EXPECT_EQ(round[j].status().code(), absl::StatusCode::kFailedPrecondition)
+          << round[j].status();
+      EXPECT_THAT(round[j].status().message(), HasSubstr("w0"))
+          << round[j].status();
+    }
+  }
+  std::cout << "the peers of the refused call failed after "
+            << absl::FormatDuration(took) << "\n";
+  auto results = AllReduce(Live(), ++seq);
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->world_size, 3);
+    EXPECT_EQ(r->op_seq, results[0]->op_seq);
+  }
+}
+
 TEST_F(ElasticTest, BelowMinimumFailsClearlyThenRecovers) {
   StartRendezvous();
   StartWorkers(3, 3, 3);  // a fixed job of 3

@@ -9,7 +9,9 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "wire/frame_codec.h"
 #include "wire/link_metadata.h"
+#include "common/security.h"
 #include "worker/shm_link.h"
+#include "worker/wire_link.h"
 
 namespace halka {
 
@@ -46,6 +48,19 @@ class GrpcTransport::OutLink
         path_ = Path::kOffered;
       }
     }
+    if (owner_->wire_links_ && to_ < world) {
+      // Offer the wire too (a same-host offer, if taken, comes first); the
+      // key travels inside TLS, and only on a TLS channel.
+      absl::StatusOr<std::string> key = std::string();
+      if (GetSecurityConfig().client_tls()) key = WireSeal::NewKey();
+      if (key.ok()) {
+        ctx_.AddMetadata(kLinkWireOfferKey, key->empty() ? "-" : WireHex(*key));
+        absl::MutexLock lock(&mu_);
+        wire_key_ = *std::move(key);
+        wire_offered_ = true;
+        path_ = Path::kOffered;
+      }
+    }
     self_ = shared_from_this();
     stub_.PrepareBidiStreamingCall(&ctx_, to_ < world ? kLinkMethod : kPsMethod,
                                    grpc::StubOptions(), this);
@@ -60,11 +75,12 @@ class GrpcTransport::OutLink
   // caller reconnects or releases it.
   bool Enqueue(grpc::ByteBuffer frame, std::function<void()>* on_released) {
     std::shared_ptr<ShmSender> shm;
+    std::shared_ptr<WireSender> wire;
     ShmSender::Frame copy;
     {
       absl::MutexLock lock(&mu_);
       if (done_ || failed_ || closing_) return false;
-      if (path_ != Path::kShm) {
+      if (path_ != Path::kShm && path_ != Path::kWire) {
         queue_.push_back(Pending{std::move(frame), std::move(*on_released)});
         if (path_ == Path::kGrpc && !writing_) {
           writing_ = true;
@@ -73,14 +89,19 @@ class GrpcTransport::OutLink
         return true;
       }
       shm = shm_;
+      wire = wire_;
       copy = ToShmFrame(std::move(frame), std::move(*on_released));
     }
     // Ordered behind earlier frames by the sender's own lock.
-    if (shm->Send(copy)) ReleaseOnce(copy.on_released);
+    if (wire != nullptr) {
+      wire->Send(std::move(copy));
+    } else if (shm->Send(copy)) {
+      ReleaseOnce(copy.on_released);
+    }
     return true;
   }
 
-  // The peer's answer to the shared-memory offer (or the stream's end).
+  // The peer's answers to the offers (or the stream's end).
   void OnReadInitialMetadataDone(bool ok) override {
     std::shared_ptr<ShmRing> ring;
     {
@@ -88,12 +109,19 @@ class GrpcTransport::OutLink
       if (path_ != Path::kOffered) return;
       ring = std::move(ring_);
       std::string answer;
+      std::string wire_answer;
       if (ok) {
         const auto& md = ctx_.GetServerInitialMetadata();
         auto it = md.find(kLinkShmAnswerKey);
         if (it != md.end()) answer.assign(it->second.data(), it->second.size());
+        it = md.find(kLinkWireAnswerKey);
+        if (it != md.end()) {
+          wire_answer.assign(it->second.data(), it->second.size());
+        }
       }
-      if (answer == "ok") {
+      int port = 0;
+      std::string token;
+      if (ring != nullptr && answer == "ok") {
         ShmLinkCounters().accepted.fetch_add(1);
         path_ = Path::kShm;
         shm_ = std::make_shared<ShmSender>(ring);
@@ -103,8 +131,18 @@ class GrpcTransport::OutLink
         }
         queue_.clear();
         shm_->Queue(std::move(held));
+      } else if (ok && wire_offered_ &&
+                 ParseWireAnswer(wire_answer, &port, &token)) {
+        // Frames keep waiting until the connection is up (OnWireReady).
+        if (ring != nullptr) ShmLinkCounters().refused.fetch_add(1);
+        wire_ = std::make_shared<WireSender>(
+            PeerHost(owner_->addresses_[static_cast<size_t>(to_)]), port,
+            token, wire_key_,
+            [this](const absl::Status& s) { OnWireReady(s); },
+            [this](const absl::Status& s) { OnWireFailed(s); });
       } else {
-        if (ok) ShmLinkCounters().refused.fetch_add(1);
+        if (ok && ring != nullptr) ShmLinkCounters().refused.fetch_add(1);
+        if (ok && wire_offered_) WireLinkCounters().refused.fetch_add(1);
         path_ = Path::kGrpc;
         if (!ok) failed_ = true;  // the stream is ending: OnDone releases
         if (ok && !queue_.empty() && !writing_) {
@@ -114,7 +152,45 @@ class GrpcTransport::OutLink
       }
     }
     // Both ends have it mapped now (or it is not used): drop the name.
-    ring->Unlink();
+    if (ring != nullptr) ring->Unlink();
+  }
+
+  // The wire connection is up (its frames go there from now on), or could
+  // not be made (they take the gRPC stream). On the sender's thread.
+  void OnWireReady(const absl::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (path_ != Path::kOffered || wire_ == nullptr) return;
+    if (status.ok()) {
+      WireLinkCounters().accepted.fetch_add(1);
+      path_ = Path::kWire;
+      std::vector<ShmSender::Frame> held;
+      for (Pending& p : queue_) {
+        held.push_back(ToShmFrame(std::move(p.frame), std::move(p.on_released)));
+      }
+      queue_.clear();
+      wire_->Queue(std::move(held));
+      return;
+    }
+    WireLinkCounters().fell_back.fetch_add(1);
+    NoteWireFallback(owner_->addresses_[static_cast<size_t>(to_)], status);
+    path_ = Path::kGrpc;
+    if (!failed_ && !closing_ && !queue_.empty() && !writing_) {
+      writing_ = true;
+      StartWrite(&queue_.front().frame);
+    }
+  }
+
+  // The wire connection broke: the link's failure, as a broken stream's.
+  void OnWireFailed(const absl::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_ || done_) return;
+      failed_ = true;
+    }
+    owner_->inbox_->LinkFailed(
+        to_, absl::Status(status.code(),
+                          absl::StrCat("wire link: ", status.message())));
+    Cancel();
   }
 
   void Cancel() {
@@ -202,6 +278,7 @@ class GrpcTransport::OutLink
   void OnDone(const grpc::Status& status) override {
     std::deque<Pending> dropped;
     std::shared_ptr<ShmSender> shm;
+    std::shared_ptr<WireSender> wire;
     std::shared_ptr<ShmRing> ring;
     bool report;
     {
@@ -209,10 +286,12 @@ class GrpcTransport::OutLink
       dropped.swap(queue_);
       report = !cancelled_;
       shm = std::move(shm_);
+      wire = std::move(wire_);
       ring = std::move(ring_);
     }
     for (Pending& p : dropped) p.Release();
     if (shm) shm->Close();  // releases what it still holds
+    if (wire) wire->Close();  // waits for its thread (and its callbacks)
     if (report) {
       owner_->inbox_->LinkFailed(
           to_, absl::Status(static_cast<absl::StatusCode>(status.error_code()),
@@ -247,7 +326,7 @@ class GrpcTransport::OutLink
   }
   // Where this link's frames go. kOffered: a ring was offered and frames
   // wait in queue_ for the answer.
-  enum class Path { kGrpc, kOffered, kShm };
+  enum class Path { kGrpc, kOffered, kShm, kWire };
   GrpcTransport* const owner_;
   const int to_;
   grpc::GenericStub stub_;
@@ -264,17 +343,23 @@ class GrpcTransport::OutLink
   Path path_ ABSL_GUARDED_BY(mu_) = Path::kGrpc;
   std::shared_ptr<ShmRing> ring_ ABSL_GUARDED_BY(mu_);  // offered
   std::shared_ptr<ShmSender> shm_ ABSL_GUARDED_BY(mu_);  // kShm
+  bool wire_offered_ ABSL_GUARDED_BY(mu_) = false;
+  std::string wire_key_ ABSL_GUARDED_BY(mu_);  // "" on a plaintext channel
+  // From the answer on: connecting, then (kWire) carrying the frames.
+  std::shared_ptr<WireSender> wire_ ABSL_GUARDED_BY(mu_);
 };
 
 GrpcTransport::GrpcTransport(std::string job_id, uint64_t generation, int rank,
                              std::vector<std::string> addresses, Inbox* inbox,
-                             std::function<size_t(int)> shm_ring_bytes)
+                             std::function<size_t(int)> shm_ring_bytes,
+                             bool wire_links)
     : job_id_(std::move(job_id)),
       generation_(generation),
       rank_(rank),
       addresses_(std::move(addresses)),
       inbox_(inbox),
-      shm_ring_bytes_(std::move(shm_ring_bytes)) {}
+      shm_ring_bytes_(std::move(shm_ring_bytes)),
+      wire_links_(wire_links) {}
 
 GrpcTransport::~GrpcTransport() {
   std::vector<std::shared_ptr<OutLink>> all;
@@ -390,7 +475,7 @@ class PeerService::InLink
       FinishOnce(ToGrpcStatus(s));
       return;
     }
-    AnswerShmOffer(ctx);
+    AnswerOffers(ctx);
     StartRead(&buffer_);
   }
 
@@ -415,6 +500,9 @@ class PeerService::InLink
 
   void OnDone() override {
     if (shm_) shm_->Stop();  // delivers what was written, then joins
+    // After Forget, the listener never hands this link a connection.
+    if (!wire_token_.empty()) service_->wire_->Forget(wire_token_);
+    if (wire_) wire_->Stop();
     {
       absl::MutexLock lock(&service_->mu_);
       --service_->open_streams_;
@@ -459,39 +547,91 @@ class PeerService::InLink
     Finish(status);
   }
 
-  // Maps a same-host peer's ring if it offered one, and says whether.
-  void AnswerShmOffer(grpc::CallbackServerContext* ctx) {
+  // Maps a same-host peer's ring if it offered one, else takes its wire
+  // offer if it made one, and says so in the initial metadata.
+  void AnswerOffers(grpc::CallbackServerContext* ctx) {
     const auto& md = ctx->client_metadata();
     auto it = md.find(kLinkShmOfferKey);
-    if (it == md.end()) return;
-    std::string answer = "no: this worker takes no shared-memory links";
-    if (service_->accept_shm_) {
-      absl::StatusOr<std::shared_ptr<ShmRing>> ring =
-          AcceptShmOffer(std::string(it->second.data(), it->second.size()));
-      if (ring.ok()) {
-        shm_ = std::make_unique<ShmReceiver>(
-            *std::move(ring),
-            [this](absl::StatusOr<InFrame> f) {
-              absl::Status s = Take(std::move(f));
-              if (!s.ok()) FinishOnce(ToGrpcStatus(s));
-              return s;
-            },
-            [this](const absl::Status& s) {  // the ring itself is corrupt
-              absl::Status e(s.code(), absl::StrCat("from rank ", from_, ": ",
-                                                    s.message()));
-              inbox_->LinkFailed(from_, e);
-              FinishOnce(ToGrpcStatus(e));
-            });
-        answer = "ok";
-      } else {
-        answer = absl::StrCat("no: ", ring.status().message());
-      }
+    bool answered = false;
+    if (it != md.end()) {
+      ctx->AddInitialMetadata(
+          kLinkShmAnswerKey,
+          HeaderValue(AnswerShmOffer(
+              std::string(it->second.data(), it->second.size()))));
+      answered = true;
     }
-    for (char& c : answer) {  // a header value: printable ASCII
+    it = md.find(kLinkWireOfferKey);
+    if (it != md.end() && shm_ == nullptr) {
+      ctx->AddInitialMetadata(
+          kLinkWireAnswerKey,
+          HeaderValue(AnswerWireOffer(
+              std::string(it->second.data(), it->second.size()))));
+      answered = true;
+    }
+    if (answered) StartSendInitialMetadata();
+  }
+
+  // A header value: printable ASCII.
+  static std::string HeaderValue(std::string s) {
+    for (char& c : s) {
       if (c < 0x20 || c > 0x7e) c = '?';
     }
-    ctx->AddInitialMetadata(kLinkShmAnswerKey, answer);
-    StartSendInitialMetadata();
+    return s;
+  }
+
+  // Frames from another path than the stream (a ring, a wire connection)
+  // are checked and delivered as the stream's are.
+  absl::Status TakeFromPath(absl::StatusOr<InFrame> f) {
+    absl::Status s = Take(std::move(f));
+    if (!s.ok()) FinishOnce(ToGrpcStatus(s));
+    return s;
+  }
+  // The path itself is corrupt (or, for a wire, cut inside a record).
+  void PathFailed(const absl::Status& s) {
+    absl::Status e(s.code(), absl::StrCat("from rank ", from_, ": ",
+                                          s.message()));
+    inbox_->LinkFailed(from_, e);
+    FinishOnce(ToGrpcStatus(e));
+  }
+
+  std::string AnswerShmOffer(const std::string& offer) {
+    if (!service_->accept_shm_) {
+      return "no: this worker takes no shared-memory links";
+    }
+    absl::StatusOr<std::shared_ptr<ShmRing>> ring = AcceptShmOffer(offer);
+    if (!ring.ok()) return absl::StrCat("no: ", ring.status().message());
+    shm_ = std::make_unique<ShmReceiver>(
+        *std::move(ring),
+        [this](absl::StatusOr<InFrame> f) { return TakeFromPath(std::move(f)); },
+        [this](const absl::Status& s) { PathFailed(s); });
+    return "ok";
+  }
+
+  std::string AnswerWireOffer(const std::string& offer) {
+    WireListener* wire = service_->wire_;
+    if (wire == nullptr) return "no: this worker takes no wire links";
+    std::string key;
+    if (offer != "-") {
+      key = WireUnhex(offer);
+      if (key.size() != WireSeal::kKeyBytes) return "no: malformed key";
+    }
+    if (key.empty() && service_->wire_sealed_) {
+      return "no: this worker serves TLS: a wire link must be sealed";
+    }
+    wire_token_ = wire->Expect([this, key](int fd) {
+      // On the listener's thread, before Forget (OnDone) can return.
+      wire_ = std::make_unique<WireReceiver>(
+          fd, key,
+          [this](absl::StatusOr<InFrame> f) {
+            return TakeFromPath(std::move(f));
+          },
+          [this](const absl::Status& s) {
+            PathFailed(absl::Status(
+                s.code(), absl::StrCat("wire link: ", s.message())));
+          });
+    });
+    if (wire_token_.empty()) return "no: the wire listener is stopped";
+    return FormatWireAnswer(wire->port(), wire_token_);
   }
 
   absl::Status ParseMetadata(grpc::CallbackServerContext* ctx) {
@@ -532,15 +672,19 @@ class PeerService::InLink
   uint64_t generation_ = 0;
   std::shared_ptr<Inbox> inbox_;
   std::unique_ptr<ShmReceiver> shm_;  // a same-host peer's frames
+  std::string wire_token_;  // handed to the listener; "" if none
+  std::unique_ptr<WireReceiver> wire_;  // set once, by the listener
   absl::Mutex finish_mu_;
   bool finished_ ABSL_GUARDED_BY(finish_mu_) = false;
 };
 
 PeerService::PeerService(std::string job_id, InboxResolver resolver,
-                         bool accept_shm)
+                         bool accept_shm, WireListener* wire, bool wire_sealed)
     : job_id_(std::move(job_id)),
       resolver_(std::move(resolver)),
-      accept_shm_(accept_shm) {}
+      accept_shm_(accept_shm),
+      wire_(wire),
+      wire_sealed_(wire_sealed) {}
 
 int PeerService::open_streams() const {
   absl::MutexLock lock(&mu_);

@@ -28,12 +28,15 @@
 
 namespace halka {
 
+class WireListener;
+
 class GrpcTransport : public Transport {
  public:
   // addresses[i] is rank i's peer server.
   GrpcTransport(std::string job_id, uint64_t generation, int rank,
                 std::vector<std::string> addresses, Inbox* inbox,
-                std::function<size_t(int to)> shm_ring_bytes = nullptr);
+                std::function<size_t(int to)> shm_ring_bytes = nullptr,
+                bool wire_links = false);
   // Cancels every link and waits until their reactors are done.
   ~GrpcTransport() override;
 
@@ -57,6 +60,8 @@ class GrpcTransport : public Transport {
   Inbox* const inbox_;
   // The ring to offer on the link to `to`; null or 0: no same-host link.
   const std::function<size_t(int)> shm_ring_bytes_;
+  // Offer peers a wire connection per link (worker/wire_link.h).
+  const bool wire_links_;
 
   absl::Mutex mu_;
   std::vector<std::string> servers_ ABSL_GUARDED_BY(mu_);
@@ -79,8 +84,11 @@ class PeerService final
   using InboxResolver =
       std::function<absl::StatusOr<std::shared_ptr<Inbox>>(uint64_t)>;
   // accept_shm: map the shared-memory rings that same-host peers offer.
+  // wire: take wire offers on this listener (null: none; it outlives the
+  // service's streams); wire_sealed: only sealed ones (the server is TLS).
   PeerService(std::string job_id, InboxResolver resolver,
-              bool accept_shm = false);
+              bool accept_shm = false, WireListener* wire = nullptr,
+              bool wire_sealed = false);
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Link(
       grpc::CallbackServerContext* context) override;
@@ -93,6 +101,8 @@ class PeerService final
   const std::string job_id_;
   const InboxResolver resolver_;
   const bool accept_shm_;
+  WireListener* const wire_;
+  const bool wire_sealed_;
   // A ring needs one inbound stream per peer and generation (naive: per
   // peer pair), and old generations' streams close.
   StreamLimiter limiter_{"peer link", 64, 4096};

@@ -167,7 +167,8 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
       options_.job_id, ring->generation, ring->rank, addresses,
       ring->inbox.get(),
       LinkRingPolicy(options_.shm_links, options_.chunk_bytes, ring->rank,
-                     ring->world));
+                     ring->world),
+      options_.wire_links);
   ring->comm = std::make_unique<Communicator>(c, ring->transport.get(),
                                               ring->inbox.get());
   if (!servers_.empty()) {

@@ -38,6 +38,10 @@ ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "bytes per frame on the wire");
 ABSL_FLAG(bool, shm_links, true,
           "carry peer links to workers on this host (same network "
           "namespace and /dev/shm) through shared memory; false: gRPC/TCP");
+ABSL_FLAG(bool, wire_links, true,
+          "carry peer links to other hosts on a TCP connection of their own "
+          "(an ephemeral port on the listen host; frames sealed with "
+          "AES-GCM under TLS) instead of the gRPC stream; false: gRPC");
 ABSL_FLAG(absl::Duration, op_timeout, halka::kDefaultOpTimeout,
           "default deadline of one operation (env HALKA_OP_TIMEOUT)");
 ABSL_FLAG(int64_t, max_inline_bytes, int64_t{16} << 30,
@@ -91,6 +95,7 @@ int main(int argc, char** argv) {
   o.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   o.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
   o.shm_links = absl::GetFlag(FLAGS_shm_links);
+  o.wire_links = absl::GetFlag(FLAGS_wire_links);
   o.op_timeout = absl::GetFlag(FLAGS_op_timeout);
   o.join_timeout = absl::GetFlag(FLAGS_join_timeout);
   o.max_inline_bytes =

@@ -84,11 +84,22 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
   std::unique_ptr<WorkerNode> node(new WorkerNode(std::move(options)));
   const WorkerOptions& o = node->options_;
   WorkerNode* raw = node.get();
+  if (o.wire_links) {
+    absl::StatusOr<std::unique_ptr<WireListener>> wire =
+        WireListener::Start(PeerHost(o.listen));
+    if (wire.ok()) {
+      node->wire_listener_ = *std::move(wire);
+    } else {
+      node->log_.Warning(absl::StrCat(
+          "no wire links (peer links stay on gRPC): ", wire.status().message()));
+    }
+  }
   node->peer_service_ = std::make_unique<PeerService>(
       o.job_id, [raw](uint64_t generation) {
         return raw->book_->InboxFor(generation);
       },
-      o.shm_links);
+      o.shm_links, node->wire_listener_.get(),
+      GetSecurityConfig().server_tls());
   node->api_service_ =
       std::make_unique<WorkerService>(node.get(), o.max_inline_bytes);
   grpc::EnableDefaultHealthCheckService(true);
@@ -354,6 +365,7 @@ void WorkerNode::Shutdown(bool leave) {
   server_->Shutdown(absl::ToChronoTime(
       absl::Now() + (leave ? absl::Milliseconds(100) : absl::ZeroDuration())));
   server_->Wait();
+  if (wire_listener_) wire_listener_->Stop();
   log_.Info(absl::StrFormat(
       "stopped in %.0f ms (threads %.0f, leave %.0f, links %.0f, server %.0f)",
       absl::ToDoubleMilliseconds(absl::Now() - t0),

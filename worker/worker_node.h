@@ -23,6 +23,7 @@
 #include "worker/rendezvous_link.h"
 #include "worker/ring_book.h"
 #include "worker/shm_reaper.h"
+#include "worker/wire_link.h"
 #include "worker/worker_options.h"
 
 namespace halka {
@@ -143,6 +144,9 @@ class WorkerNode {
   Logger log_;
   const uint64_t incarnation_;
   std::string address_;
+  // Before peer_service_ and server_: destroyed after them (their streams
+  // hold its tokens). Null: no wire links.
+  std::unique_ptr<WireListener> wire_listener_;
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<WorkerService> api_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -31,6 +31,10 @@ struct WorkerOptions {
   // /dev/shm) carry their frames through shared memory
   // (worker/shm_link.h); off: every link uses gRPC over TCP.
   bool shm_links = true;
+  // Peer links to other hosts carry their frames on a TCP connection of
+  // their own (sealed with AES-GCM under TLS), not on the gRPC stream
+  // (worker/wire_link.h); off: on the gRPC stream.
+  bool wire_links = true;
   absl::Duration op_timeout = kDefaultOpTimeout;
   absl::Duration join_timeout = absl::Seconds(120);
   uint64_t max_op_bytes = uint64_t{16} << 30;

@@ -75,7 +75,10 @@ ABSL_FLAG(absl::Duration, timeout, halka::kDefaultOpTimeout,
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "embedded cluster: bytes per frame");
 ABSL_FLAG(bool, shm_links, true,
           "embedded cluster: peer links through shared memory (the workers "
-          "share this host); false: gRPC over loopback TCP");
+          "share this host); false: over loopback TCP (see --wire_links)");
+ABSL_FLAG(bool, wire_links, true,
+          "embedded cluster: links that are not through shared memory take "
+          "a TCP connection of their own; false: the gRPC stream");
 ABSL_FLAG(bool, session, true,
           "bench/allreduce: operations reach a worker on this host through "
           "a shared-memory session (false: one gRPC call each)");
@@ -242,6 +245,7 @@ int Demo() {
   lo.workers = absl::GetFlag(FLAGS_workers);
   lo.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
   lo.shm_links = absl::GetFlag(FLAGS_shm_links);
+  lo.wire_links = absl::GetFlag(FLAGS_wire_links);
   // stdout is flushed before each step that logs (to stderr), so that
   // `halkactl demo 2>&1 | ...` reads in order: start, the workers' join
   // lines, the table, the ring health, the shutdown lines, the verdict.
@@ -312,6 +316,8 @@ int BenchCommand() {
     lo.workers = absl::GetFlag(FLAGS_workers);
     lo.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
     lo.shm_links = absl::GetFlag(FLAGS_shm_links);
+    lo.wire_links = absl::GetFlag(FLAGS_wire_links);
+  lo.wire_links = absl::GetFlag(FLAGS_wire_links);
     for (const BenchCase& bc : *cases) {
       if (bc.algorithm == Algorithm::kParameterServer) {
         lo.ps_shards = absl::GetFlag(FLAGS_ps_shards);

@@ -24,6 +24,7 @@
 #include "tests/testing/wait_for.h"
 #include "worker/core/reference.h"
 #include "worker/shm_link.h"
+#include "worker/wire_link.h"
 #include "worker/worker_node.h"
 
 namespace halka {
@@ -37,15 +38,21 @@ using halka::testing::RunRanks;
 using halka::testing::StartRanks;
 using halka::testing::WaitFor;
 
-// World size, and whether peer links go through shared memory (the
-// default for workers on one host) or gRPC over TCP: both data paths.
-class RingOverGrpc : public ::testing::TestWithParam<std::tuple<int, bool>> {
+// World size, and which path peer links take: shared memory (the default
+// for workers on one host), a wire connection of their own (the default
+// between hosts), or the gRPC stream: every data path.
+enum LinkPath { kShmPath = 0, kWirePath = 1, kGrpcPath = 2 };
+const char* PathName(int path) {
+  return path == kShmPath ? "_shm" : path == kWirePath ? "_wire" : "_grpc";
+}
+class RingOverGrpc : public ::testing::TestWithParam<std::tuple<int, int>> {
  protected:
   int World() const { return std::get<0>(GetParam()); }
   ClusterOptions Options() const {
     ClusterOptions o;
     o.workers = World();
-    o.shm_links = std::get<1>(GetParam());
+    o.shm_links = std::get<1>(GetParam()) == kShmPath;
+    o.wire_links = std::get<1>(GetParam()) == kWirePath;
     return o;
   }
 };
@@ -96,10 +103,11 @@ TEST_P(RingOverGrpc, BroadcastFromEveryRoot) {
 
 INSTANTIATE_TEST_SUITE_P(
     WorldSizes, RingOverGrpc,
-    ::testing::Combine(::testing::Range(1, 9), ::testing::Bool()),
-    [](const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
+    ::testing::Combine(::testing::Range(1, 9),
+                       ::testing::Values(kShmPath, kWirePath, kGrpcPath)),
+    [](const ::testing::TestParamInfo<std::tuple<int, int>>& info) {
       return absl::StrCat("g", std::get<0>(info.param),
-                          std::get<1>(info.param) ? "_shm" : "_tcp");
+                          PathName(std::get<1>(info.param)));
     });
 
 // A peer in another network namespace stands for another host (the
@@ -127,28 +135,32 @@ TEST(SharedMemoryLinks, OffersAreCheckedBeforeAnythingIsMapped) {
 }
 
 // Which path the links took: every link of an embedded cluster (one
-// process, one host) takes shared memory unless it is turned off, and a
-// frame larger than a ring record (chunk_bytes 8 MiB: records of 2 MiB)
-// arrives whole.
+// process, one host) takes shared memory unless it is turned off, then a
+// wire connection unless that is off too; a frame larger than a ring
+// record (chunk_bytes 8 MiB: records of 2 MiB) arrives whole either way.
 TEST(SharedMemoryLinks, TakenOnOneHostUnlessTurnedOffAndLargeFramesArriveWhole) {
-  for (bool shm : {true, false}) {
-    const uint64_t before = ShmLinkCounters().accepted.load();
+  for (int path : {kShmPath, kWirePath, kGrpcPath}) {
+    const uint64_t shm_before = ShmLinkCounters().accepted.load();
+    const uint64_t wire_before = WireLinkCounters().accepted.load();
+    const uint64_t fell_before = WireLinkCounters().fell_back.load();
     ClusterOptions o;
     o.workers = 3;
-    o.shm_links = shm;
+    o.shm_links = path == kShmPath;
+    o.wire_links = path == kWirePath;
     o.chunk_bytes = size_t{8} << 20;
     ClusterHarness h(o);
     ASSERT_TRUE(h.ok()) << h.status();
     h.AllReduceOnce(DType::kFloat32, ReduceOp::kSum, 3 << 21, Algorithm::kRing, 21);
     h.AllReduceOnce(DType::kInt32, ReduceOp::kMax, 1000003, Algorithm::kNaive, 22);
     if (HasFatalFailure()) return;
-    const uint64_t taken = ShmLinkCounters().accepted.load() - before;
-    if (shm) {
-      // Ring: one link per rank; naive: each rank to the two others.
-      EXPECT_GE(taken, 6u);
-    } else {
-      EXPECT_EQ(taken, 0u);
-    }
+    const uint64_t shm = ShmLinkCounters().accepted.load() - shm_before;
+    const uint64_t wire = WireLinkCounters().accepted.load() - wire_before;
+    // Ring: one link per rank; naive: each rank to the two others.
+    EXPECT_GE(path == kShmPath ? shm : wire, path == kGrpcPath ? 0u : 6u)
+        << "path " << path;
+    if (path != kShmPath) EXPECT_EQ(shm, 0u) << "path " << path;
+    if (path != kWirePath) EXPECT_EQ(wire, 0u) << "path " << path;
+    EXPECT_EQ(WireLinkCounters().fell_back.load(), fell_before);
   }
 }
 

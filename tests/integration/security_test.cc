@@ -36,6 +36,8 @@
 #include "server/rendezvous_service.h"
 #include "tests/testing/run_ranks.h"
 #include "wire/frame_codec.h"
+#include "worker/wire_link.h"
+#include "worker/worker_node.h"
 
 namespace halka {
 namespace {
@@ -384,6 +386,78 @@ TEST_F(SecurityTest, MutualTlsRefusesClientsWithoutTheJobsCertificate) {
   // (probes carry none).
   EXPECT_TRUE(GrpcHealthCheck(HandChannel(w0, cert)).ok());
   // The ring is unharmed.
+  EXPECT_TRUE(RingAllReduceCorrect(c, 1, 1 << 14));
+}
+
+// The answer a worker gives to a wire offer on a peer link (initial
+// metadata "halka-wire"); the call is cancelled after it.
+std::string WireAnswer(const std::shared_ptr<grpc::Channel>& ch, Metadata md,
+                       const std::string& offer) {
+  md[kLinkWireOfferKey] = offer;
+  grpc::GenericStub stub(ch);
+  grpc::ClientContext ctx;
+  Prepare(ctx, md);
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(&ctx, kPeerLink, &cq);
+  void* tag;
+  bool ok = false;
+  call->StartCall(reinterpret_cast<void*>(1));
+  cq.Next(&tag, &ok);
+  std::string answer = "(no answer)";
+  if (ok) {
+    call->ReadInitialMetadata(reinterpret_cast<void*>(2));
+    cq.Next(&tag, &ok);
+    const auto& got = ctx.GetServerInitialMetadata();
+    auto it = got.find(kLinkWireAnswerKey);
+    if (ok && it != got.end()) answer.assign(it->second.data(), it->second.size());
+  }
+  ctx.TryCancel();
+  grpc::Status st;
+  call->Finish(&st, reinterpret_cast<void*>(3));
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return answer;
+}
+
+// Between hosts (no shared memory) under mutual TLS, links take wire
+// connections whose records are sealed; a worker that serves TLS refuses
+// a plaintext wire offer, and answers a sealed one with a port and a token.
+TEST_F(SecurityTest, UnderMutualTlsWireLinksAreSealedAndPlaintextOnesRefused) {
+  const std::string d = MakeCerts("wire");
+  LocalCluster::Options o;
+  o.workers = 3;
+  o.shm_links = false;
+  o.tls_cert = d + "/localhost.pem";
+  o.tls_key = d + "/localhost.key";
+  o.tls_ca = d + "/ca.pem";
+  o.job_token = "secret-token-W";
+  const uint64_t accepted = WireLinkCounters().accepted.load();
+  const uint64_t fell_back = WireLinkCounters().fell_back.load();
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const LocalCluster& c = **cluster;
+  EXPECT_TRUE(RingAllReduceCorrect(c, 3, (1 << 18) + 3));
+  EXPECT_GE(WireLinkCounters().accepted.load() - accepted, 3u);
+  EXPECT_EQ(WireLinkCounters().fell_back.load(), fell_back);
+
+  const ClientCreds cert{true, d + "/ca.pem", d + "/localhost.pem",
+                         d + "/localhost.key"};
+  absl::StatusOr<v1::InfoReply> info = c.worker(0)->Describe();
+  ASSERT_TRUE(info.ok()) << info.status();
+  const Metadata peer = PeerMetadata("local", "secret-token-W",
+                                     info->membership_generation());
+  const std::string w0 = c.worker_address(0);
+  EXPECT_EQ(WireAnswer(HandChannel(w0, cert), peer, "-"),
+            "no: this worker serves TLS: a wire link must be sealed");
+  EXPECT_EQ(WireAnswer(HandChannel(w0, cert), peer, "nothex"),
+            "no: malformed key");
+  int port = 0;
+  std::string token;
+  const std::string sealed =
+      WireAnswer(HandChannel(w0, cert), peer, WireHex(std::string(16, 'k')));
+  EXPECT_TRUE(ParseWireAnswer(sealed, &port, &token)) << sealed;
   EXPECT_TRUE(RingAllReduceCorrect(c, 1, 1 << 14));
 }
 

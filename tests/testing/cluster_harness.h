@@ -47,6 +47,7 @@ struct ClusterOptions {
   absl::Duration op_timeout = absl::Seconds(30);
   // Peer links through shared memory (the default) or gRPC over TCP.
   bool shm_links = true;
+  bool wire_links = true;
 };
 
 class ClusterHarness {
@@ -60,6 +61,7 @@ class ClusterHarness {
     o.chunk_bytes = options.chunk_bytes;
     o.op_timeout = options.op_timeout;
     o.shm_links = options.shm_links;
+    o.wire_links = options.wire_links;
     absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
     if (!cluster.ok()) {
       status_ = cluster.status();

@@ -29,6 +29,8 @@ class LocalCluster {
     // Workers' peer links through shared memory (all run in this process,
     // so on this host); false: gRPC over loopback TCP.
     bool shm_links = true;
+    // Links that are not same-host on a TCP connection of their own.
+    bool wire_links = true;
     absl::Duration op_timeout = kDefaultOpTimeout;
     absl::Duration heartbeat_interval = absl::Milliseconds(500);
     absl::Duration heartbeat_timeout = absl::Seconds(5);

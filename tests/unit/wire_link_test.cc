@@ -1,0 +1,463 @@
+// The wire data path (worker/wire_link.h) on loopback: sealing, the
+// listener's one-time tokens, frames end to end plain and sealed, and what
+// a hostile or broken connection gets.
+#include "worker/wire_link.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "gtest/gtest.h"
+#include "wire/frame_codec.h"
+
+namespace halka {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<uint8_t> Bytes(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 7);
+  return v;
+}
+
+TEST(WireSealTest, RoundTripAndEveryAlterationFails) {
+  const std::string key = *WireSeal::NewKey();
+  ASSERT_EQ(key.size(), WireSeal::kKeyBytes);
+  WireSeal tx(key), rx(key);
+  const std::vector<uint8_t> a = Bytes(1000, 1), b = Bytes(77, 9);
+  const uint8_t aad[4] = {1, 2, 3, 4};
+  std::vector<absl::Span<const uint8_t>> parts = {a, b};
+  std::vector<uint8_t> rec1(a.size() + b.size() + WireSeal::kTagBytes);
+  ASSERT_TRUE(tx.Seal(parts, aad, rec1.data()).ok());
+  std::vector<uint8_t> rec2(rec1.size());
+  ASSERT_TRUE(tx.Seal(parts, aad, rec2.data()).ok());
+  EXPECT_NE(rec1, rec2) << "two records under one key share a nonce";
+  EXPECT_NE(0, std::memcmp(rec1.data(), a.data(), 16)) << "not encrypted";
+
+  std::vector<uint8_t> plain = rec1;
+  ASSERT_TRUE(rx.Open(plain.data(), a.size() + b.size(), aad).ok());
+  EXPECT_EQ(0, std::memcmp(plain.data(), a.data(), a.size()));
+  EXPECT_EQ(0, std::memcmp(plain.data() + a.size(), b.data(), b.size()));
+
+  // Record 1 again where record 2 is due: a replay.
+  std::vector<uint8_t> again = rec1;
+  absl::Status s = rx.Open(again.data(), a.size() + b.size(), aad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+
+  // A flipped bit, another length (associated data), another key.
+  for (int variant = 0; variant < 3; ++variant) {
+    WireSeal fresh_tx(key), fresh_rx(variant == 2 ? *WireSeal::NewKey() : key);
+    std::vector<uint8_t> rec(rec1.size());
+    ASSERT_TRUE(fresh_tx.Seal(parts, aad, rec.data()).ok());
+    uint8_t other_aad[4] = {1, 2, 3, 5};
+    if (variant == 0) rec[500] ^= 0x10;
+    s = fresh_rx.Open(rec.data(), a.size() + b.size(),
+                      variant == 1 ? absl::Span<const uint8_t>(other_aad)
+                                   : absl::Span<const uint8_t>(aad));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << "variant " << variant;
+  }
+}
+
+TEST(WireAnswerTest, ParsesOnlyWellFormedAnswers) {
+  int port = 0;
+  std::string token;
+  const std::string good(32, 'a');
+  EXPECT_TRUE(ParseWireAnswer(FormatWireAnswer(4242, good), &port, &token));
+  EXPECT_EQ(port, 4242);
+  EXPECT_EQ(token, good);
+  for (const std::string& bad : std::vector<std::string>{std::string("no: this worker takes no wire links"), "ok 0 " + good,
+        "ok 70000 " + good, "ok 12 abc", "ok 12 " + std::string(32, 'G'),
+        "ok 12", "ok x " + good, "ok 12 " + good + " extra"}) {
+    EXPECT_FALSE(ParseWireAnswer(bad, &port, &token)) << bad;
+  }
+  EXPECT_EQ(PeerHost("10.0.0.1:7000"), "10.0.0.1");
+  EXPECT_EQ(PeerHost("[::1]:7000"), "::1");
+  EXPECT_EQ(PeerHost("worker-3.halka:7000"), "worker-3.halka");
+  EXPECT_EQ(WireUnhex(WireHex(std::string("\x00\xff\x10", 3))),
+            std::string("\x00\xff\x10", 3));
+  EXPECT_EQ(WireUnhex("abc"), "");
+}
+
+// One link, end to end: a listener, an expected token, a sender, the
+// receiver the listener's callback starts; frames collected in order.
+class WireLinkTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    auto l = WireListener::Start("127.0.0.1");
+    ASSERT_TRUE(l.ok()) << l.status();
+    listener_ = *std::move(l);
+    if (GetParam()) key_ = *WireSeal::NewKey();
+  }
+  void TearDown() override {
+    if (sender_) sender_->Close();
+    std::unique_ptr<WireReceiver> r;
+    {
+      absl::MutexLock lock(&mu_);
+      r = std::move(receiver_);
+    }
+    r.reset();  // its callbacks take mu_: stopped outside it
+    listener_->Stop();
+  }
+
+  std::string ExpectLink() {
+    return listener_->Expect([this](int fd) {
+      absl::MutexLock lock(&mu_);
+      receiver_ = std::make_unique<WireReceiver>(
+          fd, key_,
+          [this](absl::StatusOr<InFrame> f) {
+            absl::MutexLock lock(&mu_);
+            if (!f.ok()) {
+              errors_.push_back(f.status());
+              return f.status();
+            }
+            std::string payload;
+            for (const auto& p : f->pieces) {
+              payload.append(reinterpret_cast<const char*>(p.data()), p.size());
+            }
+            frames_.push_back({f->meta.op_seq, payload});
+            return absl::OkStatus();
+          },
+          [this](const absl::Status& s) {
+            absl::MutexLock lock(&mu_);
+            errors_.push_back(s);
+          });
+    });
+  }
+
+  // Starts a sender and waits for its answer.
+  absl::Status Connect(const std::string& token, const std::string& key) {
+    ready_.reset();
+    sender_ = std::make_unique<WireSender>(
+        "127.0.0.1", listener_->port(), token, key,
+        [this](const absl::Status& s) {
+          absl::MutexLock lock(&mu_);
+          ready_ = s;
+        },
+        [this](const absl::Status& s) {
+          absl::MutexLock lock(&mu_);
+          failed_ = s;
+        });
+    absl::MutexLock lock(&mu_);
+    auto answered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return ready_.has_value();
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&answered), absl::Seconds(10))) {
+      return absl::DeadlineExceededError("the sender never answered");
+    }
+    return *ready_;
+  }
+
+  // A valid float32 data frame of `count` elements, as the transport
+  // hands it to a path: its encoded bytes in parts, released when written.
+  WireSender::Frame DataFrame(uint64_t seq, const std::vector<uint8_t>& data,
+                              std::atomic<int>* released) {
+    FrameMeta m;
+    m.kind = FrameKind::kData;
+    m.generation = 3;
+    m.op_seq = seq;
+    m.count = data.size() / 4;
+    m.dtype = DType::kFloat32;
+    m.op = ReduceOp::kSum;
+    m.phase = Phase::kReduceScatter;
+    grpc::ByteBuffer buffer = EncodeFrame(m, data);
+    auto slices = std::make_shared<std::vector<grpc::Slice>>();
+    (void)buffer.Dump(slices.get());
+    WireSender::Frame f;
+    for (const grpc::Slice& s : *slices) f.parts.emplace_back(s.begin(), s.size());
+    f.keepalive = slices;
+    f.on_released = [released] { released->fetch_add(1); };
+    return f;
+  }
+
+  bool WaitFrames(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return frames_.size() >= n || !errors_.empty();
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(20)) &&
+           frames_.size() >= n;
+  }
+
+  std::unique_ptr<WireListener> listener_;
+  std::string key_;
+  std::unique_ptr<WireSender> sender_;
+  absl::Mutex mu_;
+  std::unique_ptr<WireReceiver> receiver_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uint64_t, std::string>> frames_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> ready_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> failed_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_P(WireLinkTest, FramesArriveInOrderAndIntact) {
+  const std::string token = ExpectLink();
+  ASSERT_EQ(token.size(), 32u);
+  ASSERT_TRUE(Connect(token, key_).ok());
+  std::atomic<int> released{0};
+  std::vector<std::vector<uint8_t>> sent;
+  // Sizes across the record boundary cases: empty, odd, 1 MiB + 4.
+  const size_t sizes[] = {0, 4, 4096, 65540, (size_t{1} << 20) + 4, 12};
+  for (size_t i = 0; i < 30; ++i) {
+    sent.push_back(Bytes(sizes[i % 6], static_cast<uint8_t>(i)));
+    sender_->Send(DataFrame(i + 1, sent.back(), &released));
+  }
+  const bool all = WaitFrames(30);
+  absl::MutexLock lock(&mu_);
+  ASSERT_TRUE(errors_.empty()) << errors_.front().ToString();
+  ASSERT_TRUE(all) << frames_.size() << " frames of 30";
+  for (size_t i = 0; i < 30; ++i) {
+    EXPECT_EQ(frames_[i].first, i + 1);
+    EXPECT_EQ(frames_[i].second,
+              std::string(sent[i].begin(), sent[i].end()))
+        << "frame " << i;
+  }
+  EXPECT_EQ(released.load(), 30);
+}
+
+TEST_P(WireLinkTest, ATokenServesOneConnectionAndAForgottenOneNone) {
+  const std::string token = ExpectLink();
+  ASSERT_TRUE(Connect(token, key_).ok());
+  sender_->Close();
+  // The same token a second time: nobody expects it any more.
+  absl::Status again = Connect(token, key_);
+  EXPECT_EQ(again.code(), absl::StatusCode::kUnavailable) << again;
+  EXPECT_THAT(again.message(), HasSubstr("did not take the link token"));
+  sender_->Close();
+  const std::string forgotten = ExpectLink();
+  listener_->Forget(forgotten);
+  absl::Status s = Connect(forgotten, key_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  sender_->Close();
+  // A made-up token.
+  s = Connect(std::string(32, '0'), key_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+}
+
+TEST_P(WireLinkTest, NoListenerMeansAClearConnectError) {
+  const int port = listener_->port();
+  listener_->Stop();
+  sender_ = std::make_unique<WireSender>(
+      "127.0.0.1", port, std::string(32, 'a'), key_,
+      [this](const absl::Status& s) {
+        absl::MutexLock lock(&mu_);
+        ready_ = s;
+      },
+      [](const absl::Status&) {});
+  absl::MutexLock lock(&mu_);
+  auto answered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ready_.has_value();
+  };
+  ASSERT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&answered), absl::Seconds(10)));
+  EXPECT_EQ(ready_->code(), absl::StatusCode::kUnavailable) << *ready_;
+}
+
+TEST_P(WireLinkTest, AReceiverThatGoesAwayFailsTheSender) {
+  const std::string token = ExpectLink();
+  ASSERT_TRUE(Connect(token, key_).ok());
+  {
+    absl::MutexLock lock(&mu_);
+    ASSERT_NE(receiver_, nullptr);
+  }
+  {
+    std::unique_ptr<WireReceiver> gone;
+    {
+      absl::MutexLock lock(&mu_);
+      gone = std::move(receiver_);
+    }
+    gone.reset();  // stops and closes its end
+  }
+  std::atomic<int> released{0};
+  const std::vector<uint8_t> data = Bytes(size_t{1} << 20, 3);
+  // The kernel buffers a few frames; the rest must fail, bounded.
+  for (int i = 0; i < 64; ++i) {
+    sender_->Send(DataFrame(static_cast<uint64_t>(i + 1), data, &released));
+    absl::SleepFor(absl::Milliseconds(5));
+    absl::MutexLock lock(&mu_);
+    if (failed_.has_value()) break;
+  }
+  absl::MutexLock lock(&mu_);
+  auto failed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return failed_.has_value();
+  };
+  ASSERT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&failed), absl::Seconds(10)));
+  EXPECT_EQ(failed_->code(), absl::StatusCode::kUnavailable) << *failed_;
+}
+
+INSTANTIATE_TEST_SUITE_P(PlainAndSealed, WireLinkTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "Sealed" : "Plain";
+                         });
+
+// A raw client that presents a valid token, then sends what it likes.
+class HostileWireTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    listener_ = *WireListener::Start("127.0.0.1");
+    key_ = *WireSeal::NewKey();
+  }
+  void TearDown() override {
+    std::unique_ptr<WireReceiver> r;
+    {
+      absl::MutexLock lock(&mu_);
+      r = std::move(receiver_);
+    }
+    r.reset();
+    listener_->Stop();
+    if (fd_ >= 0) close(fd_);
+  }
+  void Attach(const std::string& key) {
+    token_ = listener_->Expect([this, key](int fd) {
+      absl::MutexLock lock(&mu_);
+      receiver_ = std::make_unique<WireReceiver>(
+          fd, key,
+          [this](absl::StatusOr<InFrame> f) {
+            absl::MutexLock lock(&mu_);
+            if (f.ok()) ++frames_;
+            else errors_.push_back(f.status());
+            return f.status();
+          },
+          [this](const absl::Status& s) {
+            absl::MutexLock lock(&mu_);
+            errors_.push_back(s);
+          });
+    });
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(listener_->port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    const std::string raw = WireUnhex(token_);
+    ASSERT_EQ(write(fd_, raw.data(), raw.size()), 16);
+    char ack = 0;
+    ASSERT_EQ(read(fd_, &ack, 1), 1);
+    ASSERT_EQ(ack, 'k');
+  }
+  absl::Status FirstError() {
+    absl::MutexLock lock(&mu_);
+    auto some = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !errors_.empty();
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&some), absl::Seconds(10))) {
+      return absl::OkStatus();
+    }
+    return errors_.front();
+  }
+
+  std::unique_ptr<WireListener> listener_;
+  std::string key_, token_;
+  int fd_ = -1;
+  absl::Mutex mu_;
+  std::unique_ptr<WireReceiver> receiver_ ABSL_GUARDED_BY(mu_);
+  int frames_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(HostileWireTest, AnUnsealedRecordOnASealedLinkIsRefused) {
+  Attach(key_);
+  // A record whose "ciphertext" is anything and whose tag is zeros.
+  const uint32_t n = 64;
+  std::vector<uint8_t> rec(4 + n + WireSeal::kTagBytes, 0);
+  std::memcpy(rec.data(), &n, 4);  // little-endian host
+  ASSERT_EQ(write(fd_, rec.data(), rec.size()),
+            static_cast<ssize_t>(rec.size()));
+  absl::Status s = FirstError();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("authentication"));
+  absl::MutexLock lock(&mu_);
+  EXPECT_EQ(frames_, 0);
+}
+
+TEST_F(HostileWireTest, AnOversizedRecordIsRefusedBeforeAnyAllocation) {
+  Attach("");
+  const uint32_t n = 0xFFFFFFF0u;
+  ASSERT_EQ(write(fd_, &n, 4), 4);
+  absl::Status s = FirstError();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("at most"));
+}
+
+TEST_F(HostileWireTest, GarbageInAPlainRecordIsAFrameError) {
+  Attach("");
+  const uint32_t n = 10;
+  std::vector<uint8_t> rec(4 + n, 0xAB);
+  std::memcpy(rec.data(), &n, 4);
+  ASSERT_EQ(write(fd_, rec.data(), rec.size()),
+            static_cast<ssize_t>(rec.size()));
+  absl::Status s = FirstError();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+}
+
+TEST_F(HostileWireTest, ACutInsideARecordIsReported) {
+  Attach("");
+  const uint32_t n = 1000;
+  std::vector<uint8_t> rec(4 + 100, 0);
+  std::memcpy(rec.data(), &n, 4);
+  ASSERT_EQ(write(fd_, rec.data(), rec.size()),
+            static_cast<ssize_t>(rec.size()));
+  close(fd_);
+  fd_ = -1;
+  absl::Status s = FirstError();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("inside a record"));
+}
+
+TEST(WireListenerTest, SilentConnectionsAreDroppedAndDoNotBlockOthers) {
+  auto listener = *WireListener::Start("127.0.0.1");
+  // Ten connections that never speak.
+  std::vector<int> silent;
+  for (int i = 0; i < 10; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(listener->port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    silent.push_back(fd);
+  }
+  // A real link still connects at once.
+  std::atomic<bool> got{false};
+  const std::string token = listener->Expect([&](int fd) {
+    got = true;
+    close(fd);
+  });
+  absl::Mutex mu;
+  std::optional<absl::Status> ready;
+  WireSender sender("127.0.0.1", listener->port(), token, "",
+                    [&](const absl::Status& s) {
+                      absl::MutexLock lock(&mu);
+                      ready = s;
+                    },
+                    [](const absl::Status&) {});
+  {
+    absl::MutexLock lock(&mu);
+    auto answered = [&]() { return ready.has_value(); };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&answered), absl::Seconds(10)));
+    EXPECT_TRUE(ready->ok()) << *ready;
+  }
+  EXPECT_TRUE(got.load());
+  // The silent ones are closed by the listener within its handshake time.
+  for (int fd : silent) {
+    char c;
+    timeval tv{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    EXPECT_EQ(read(fd, &c, 1), 0) << "a silent connection was kept";
+    close(fd);
+  }
+  sender.Close();
+  listener->Stop();
+}
+
+}  // namespace
+}  // namespace halka

@@ -1,0 +1,665 @@
+#include "worker/wire_link.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "wire/frame_codec.h"
+
+namespace halka {
+namespace {
+
+constexpr size_t kTokenBytes = 16;
+constexpr size_t kMaxPending = 64;
+constexpr absl::Duration kHandshakeTime = absl::Seconds(2);
+constexpr absl::Duration kTokenLife = absl::Seconds(30);
+// A record holds one frame: its head and the largest payload.
+constexpr size_t kMaxRecordBytes =
+    4 + kMaxFrameHeaderBytes + kMaxFramePayloadBytes;
+
+EVP_CIPHER_CTX* Ctx(void* p) { return static_cast<EVP_CIPHER_CTX*>(p); }
+
+void PutU32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint32_t GetU32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
+  return v;
+}
+
+std::string Errno(absl::string_view what) {
+  return absl::StrCat(what, ": ", std::strerror(errno));
+}
+
+void SetNoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// Reads exactly n bytes. OK; OUT_OF_RANGE at a clean end before any byte
+// (`clean_end`); UNAVAILABLE otherwise.
+absl::Status ReadFull(int fd, uint8_t* p, size_t n, bool* clean_end) {
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::read(fd, p + got, n - got);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0 && got == 0 && clean_end != nullptr) {
+      *clean_end = true;
+      return absl::OutOfRangeError("end");
+    }
+    return absl::UnavailableError(
+        r == 0 ? "the connection ended inside a record" : Errno("read"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+WireLinkCounts& WireLinkCounters() {
+  static WireLinkCounts counts;
+  return counts;
+}
+
+std::string WireHex(absl::string_view bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 15]);
+  }
+  return out;
+}
+
+std::string WireUnhex(absl::string_view hex) {
+  auto value = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  if (hex.size() % 2 != 0) return "";
+  std::string out;
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    const int hi = value(hex[i]);
+    const int lo = value(hex[i + 1]);
+    if (hi < 0 || lo < 0) return "";
+    out.push_back(static_cast<char>(hi * 16 + lo));
+  }
+  return out;
+}
+
+std::string FormatWireAnswer(int port, const std::string& token) {
+  return absl::StrCat("ok ", port, " ", token);
+}
+
+bool ParseWireAnswer(const std::string& answer, int* port,
+                     std::string* token) {
+  std::vector<std::string> parts = absl::StrSplit(answer, ' ');
+  int p = 0;
+  if (parts.size() != 3 || parts[0] != "ok" || !absl::SimpleAtoi(parts[1], &p) ||
+      p <= 0 || p > 65535 || WireUnhex(parts[2]).size() != kTokenBytes) {
+    return false;
+  }
+  *port = p;
+  *token = parts[2];
+  return true;
+}
+
+std::string PeerHost(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+void NoteWireFallback(const std::string& address, const absl::Status& why) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* said = new std::set<std::string>();
+  {
+    absl::MutexLock lock(&mu);
+    if (!said->insert(address).second) return;
+  }
+  LogWarning(absl::StrCat("wire link to ", address,
+                          " not made, its frames take the gRPC stream: ",
+                          why.message()));
+}
+
+// ---- WireSeal
+
+absl::StatusOr<std::string> WireSeal::NewKey() {
+  std::string key(kKeyBytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(key.data()),
+                 static_cast<int>(key.size())) != 1) {
+    return absl::InternalError("RAND_bytes failed: no key for a wire link");
+  }
+  return key;
+}
+
+WireSeal::WireSeal(std::string key)
+    : key_(std::move(key)), ctx_(EVP_CIPHER_CTX_new()) {}
+
+WireSeal::~WireSeal() { EVP_CIPHER_CTX_free(Ctx(ctx_)); }
+
+void WireSeal::NextNonce(uint8_t nonce[12]) {
+  std::memset(nonce, 0, 4);
+  const uint64_t c = counter_++;
+  for (int i = 0; i < 8; ++i) nonce[4 + i] = static_cast<uint8_t>(c >> (8 * i));
+}
+
+absl::Status WireSeal::Seal(absl::Span<const absl::Span<const uint8_t>> parts,
+                            absl::Span<const uint8_t> aad, uint8_t* out) {
+  uint8_t nonce[12];
+  NextNonce(nonce);
+  EVP_CIPHER_CTX* c = Ctx(ctx_);
+  const auto* key = reinterpret_cast<const unsigned char*>(key_.data());
+  int len = 0;
+  bool ok = c != nullptr && key_.size() == kKeyBytes &&
+            EVP_EncryptInit_ex(c, EVP_aes_128_gcm(), nullptr, key, nonce) == 1 &&
+            EVP_EncryptUpdate(c, nullptr, &len, aad.data(),
+                              static_cast<int>(aad.size())) == 1;
+  size_t at = 0;
+  for (const auto& p : parts) {
+    if (!ok) break;
+    // EVP takes int lengths: frames are far below 2 GiB (kMaxRecordBytes).
+    ok = EVP_EncryptUpdate(c, out + at, &len, p.data(),
+                           static_cast<int>(p.size())) == 1;
+    at += static_cast<size_t>(len);
+  }
+  ok = ok && EVP_EncryptFinal_ex(c, out + at, &len) == 1;
+  at += ok ? static_cast<size_t>(len) : 0;
+  ok = ok && EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, kTagBytes,
+                                 out + at) == 1;
+  return ok ? absl::OkStatus()
+            : absl::InternalError("AES-GCM failed to seal a wire record");
+}
+
+absl::Status WireSeal::Open(uint8_t* data, size_t n,
+                            absl::Span<const uint8_t> aad) {
+  uint8_t nonce[12];
+  NextNonce(nonce);
+  EVP_CIPHER_CTX* c = Ctx(ctx_);
+  const auto* key = reinterpret_cast<const unsigned char*>(key_.data());
+  int len = 0;
+  int tail = 0;
+  const bool ok =
+      c != nullptr && key_.size() == kKeyBytes &&
+      EVP_DecryptInit_ex(c, EVP_aes_128_gcm(), nullptr, key, nonce) == 1 &&
+      EVP_DecryptUpdate(c, nullptr, &len, aad.data(),
+                        static_cast<int>(aad.size())) == 1 &&
+      EVP_DecryptUpdate(c, data, &len, data, static_cast<int>(n)) == 1 &&
+      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, kTagBytes, data + n) == 1 &&
+      EVP_DecryptFinal_ex(c, data + len, &tail) == 1;
+  return ok ? absl::OkStatus()
+            : absl::DataLossError(
+                  "a wire record failed authentication (AES-GCM tag): "
+                  "altered, replayed or out of order");
+}
+
+// ---- WireListener
+
+absl::StatusOr<std::unique_ptr<WireListener>> WireListener::Start(
+    const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string h = host == "0.0.0.0" || host == "[::]" ? "" : host;
+  std::string bare = h;
+  if (bare.size() >= 2 && bare.front() == '[' && bare.back() == ']') {
+    bare = bare.substr(1, bare.size() - 2);
+  }
+  const int rc = getaddrinfo(bare.empty() ? nullptr : bare.c_str(), "0",
+                             &hints, &res);
+  if (rc != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "wire links: cannot resolve '", host, "': ", gai_strerror(rc)));
+  }
+  int fd = -1;
+  std::string why = "no address";
+  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                a->ai_protocol);
+    if (fd < 0) {
+      why = Errno("socket");
+      continue;
+    }
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+      why = Errno("bind/listen");
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(res);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("wire links: cannot listen on '", host, "': ", why));
+  }
+  sockaddr_storage ss{};
+  socklen_t sl = sizeof(ss);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl);
+  const int port = ntohs(ss.ss_family == AF_INET6
+                             ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                             : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    close(fd);
+    return absl::UnavailableError(Errno("wire links: eventfd"));
+  }
+  return std::unique_ptr<WireListener>(new WireListener(fd, wake, port));
+}
+
+WireListener::WireListener(int fd, int wake_fd, int port)
+    : fd_(fd), wake_fd_(wake_fd), port_(port) {
+  loop_ = std::thread([this] { Loop(); });
+}
+
+WireListener::~WireListener() {
+  Stop();
+  close(fd_);
+  close(wake_fd_);
+}
+
+void WireListener::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;
+    stop_ = true;
+    expected_.clear();
+  }
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+  if (loop_.joinable()) loop_.join();
+  shutdown(fd_, SHUT_RDWR);  // new connections are refused from now on
+}
+
+std::string WireListener::Expect(OnConnected on_connected) {
+  std::string token(kTokenBytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(token.data()),
+                 static_cast<int>(token.size())) != 1) {
+    return "";
+  }
+  absl::MutexLock lock(&mu_);
+  if (stop_) return "";
+  expected_[token] = Waiting{std::move(on_connected), absl::Now() + kTokenLife};
+  return WireHex(token);
+}
+
+void WireListener::Forget(const std::string& token) {
+  absl::MutexLock lock(&mu_);
+  expected_.erase(WireUnhex(token));
+}
+
+void WireListener::Loop() {
+  struct Pending {
+    int fd;
+    absl::Time deadline;
+    std::string got;
+  };
+  std::vector<Pending> pending;
+  for (;;) {
+    std::vector<pollfd> fds;
+    fds.push_back({wake_fd_, POLLIN, 0});
+    fds.push_back({fd_, POLLIN, 0});
+    for (const Pending& p : pending) fds.push_back({p.fd, POLLIN, 0});
+    poll(fds.data(), fds.size(), 200);
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) break;
+      const absl::Time now = absl::Now();
+      for (auto it = expected_.begin(); it != expected_.end();) {
+        it = it->second.expires < now ? expected_.erase(it) : std::next(it);
+      }
+    }
+    if (fds[1].revents & POLLIN) {
+      for (;;) {
+        const int c = accept4(fd_, nullptr, nullptr,
+                              SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (c < 0) break;
+        if (pending.size() >= kMaxPending) {
+          close(c);
+          continue;
+        }
+        pending.push_back({c, absl::Now() + kHandshakeTime, ""});
+      }
+    }
+    const absl::Time now = absl::Now();
+    std::vector<Pending> still;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Pending& p = pending[i];
+      // fds[2 + i] is p's (pending did not change since the poll, apart
+      // from new connections appended after it).
+      if (i + 2 < fds.size() && (fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) {
+        char buf[kTokenBytes];
+        const ssize_t r = read(p.fd, buf, kTokenBytes - p.got.size());
+        if (r <= 0 && !(r < 0 && (errno == EAGAIN || errno == EINTR))) {
+          close(p.fd);
+          continue;
+        }
+        if (r > 0) p.got.append(buf, static_cast<size_t>(r));
+      }
+      if (p.got.size() == kTokenBytes) {
+        absl::MutexLock lock(&mu_);
+        auto it = expected_.find(p.got);
+        const char ack = 'k';
+        if (it == expected_.end() || send(p.fd, &ack, 1, MSG_NOSIGNAL) != 1) {
+          close(p.fd);
+          continue;
+        }
+        OnConnected done = std::move(it->second.on_connected);
+        expected_.erase(it);
+        const int flags = fcntl(p.fd, F_GETFL);
+        fcntl(p.fd, F_SETFL, flags & ~O_NONBLOCK);
+        SetNoDelay(p.fd);
+        done(p.fd);  // under the lock: Forget cannot pass it
+        continue;
+      }
+      if (now > p.deadline) {
+        close(p.fd);
+        continue;
+      }
+      still.push_back(std::move(p));
+    }
+    pending = std::move(still);
+  }
+  for (const Pending& p : pending) close(p.fd);
+}
+
+// ---- WireSender
+
+WireSender::WireSender(std::string host, int port, std::string token,
+                       std::string key,
+                       std::function<void(const absl::Status&)> on_ready,
+                       std::function<void(const absl::Status&)> on_failed)
+    : host_(std::move(host)),
+      port_(port),
+      token_(WireUnhex(token)),
+      seal_(key.empty() ? nullptr : std::make_unique<WireSeal>(std::move(key))),
+      on_ready_(std::move(on_ready)),
+      on_failed_(std::move(on_failed)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+WireSender::~WireSender() { Close(); }
+
+void WireSender::Queue(std::vector<Frame> frames) {
+  absl::MutexLock lock(&mu_);
+  if (stop_) {
+    for (Frame& f : frames) ReleaseOnce(f.on_released);  // never: Close ran
+    return;
+  }
+  for (Frame& f : frames) queue_.push_back(std::move(f));
+}
+
+void WireSender::Send(Frame frame) {
+  std::vector<Frame> one;
+  one.push_back(std::move(frame));
+  Queue(std::move(one));
+}
+
+void WireSender::Close() {
+  std::deque<Frame> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);  // cuts a blocked write
+  }
+  if (thread_.joinable()) thread_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    dropped.swap(queue_);
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+  for (Frame& f : dropped) ReleaseOnce(f.on_released);
+}
+
+absl::Status WireSender::Connect() {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  std::string bare = host_;
+  if (bare.size() >= 2 && bare.front() == '[' && bare.back() == ']') {
+    bare = bare.substr(1, bare.size() - 2);
+  }
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(bare.c_str(), absl::StrCat(port_).c_str(),
+                             &hints, &res);
+  if (rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve ", host_, ": ", gai_strerror(rc)));
+  }
+  const absl::Time deadline = absl::Now() + kHandshakeTime;
+  std::string why = "no address";
+  int fd = -1;
+  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                a->ai_protocol);
+    if (fd < 0) continue;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) {
+        close(fd);
+        freeaddrinfo(res);
+        return absl::CancelledError("closed");
+      }
+      fd_ = fd;
+    }
+    int r = connect(fd, a->ai_addr, a->ai_addrlen);
+    if (r != 0 && errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      const int ms = static_cast<int>(
+          absl::ToInt64Milliseconds(deadline - absl::Now()));
+      r = ms > 0 && poll(&p, 1, ms) == 1 ? 0 : -1;
+      int err = 0;
+      socklen_t el = sizeof(err);
+      if (r == 0 && (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 ||
+                     err != 0)) {
+        errno = err;
+        r = -1;
+      }
+      if (r != 0 && errno == 0) errno = ETIMEDOUT;
+    }
+    if (r != 0) {
+      why = Errno("connect");
+      absl::MutexLock lock(&mu_);
+      close(fd);
+      fd_ = fd = -1;
+    }
+  }
+  freeaddrinfo(res);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to ", host_,
+                                               ":", port_, ": ", why));
+  }
+  // The token out, the ack back, both within the handshake time.
+  if (send(fd, token_.data(), token_.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(token_.size())) {
+    return absl::UnavailableError(Errno("sending the link token"));
+  }
+  pollfd p{fd, POLLIN, 0};
+  const int ms =
+      static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+  char ack = 0;
+  if (ms <= 0 || poll(&p, 1, ms) != 1 || read(fd, &ack, 1) != 1 ||
+      ack != 'k') {
+    return absl::UnavailableError(absl::StrCat(
+        "the peer did not take the link token on ", host_, ":", port_));
+  }
+  const int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  SetNoDelay(fd);
+  return absl::OkStatus();
+}
+
+absl::Status WireSender::Write(Frame& frame) {
+  size_t total = 0;
+  for (const auto& p : frame.parts) total += p.size();
+  if (total > kMaxRecordBytes) {
+    return absl::InvalidArgumentError("a frame larger than a wire record");
+  }
+  uint8_t head[4];
+  PutU32(head, static_cast<uint32_t>(total));
+  std::vector<iovec> iov;
+  iov.push_back({head, 4});
+  if (seal_ != nullptr) {
+    sealed_.resize(total + WireSeal::kTagBytes);
+    std::vector<absl::Span<const uint8_t>> parts(frame.parts.begin(),
+                                                 frame.parts.end());
+    absl::Status s = seal_->Seal(parts, absl::MakeConstSpan(head, 4),
+                                 sealed_.data());
+    if (!s.ok()) return s;
+    iov.push_back({sealed_.data(), sealed_.size()});
+  } else {
+    for (const auto& p : frame.parts) {
+      if (p.empty()) continue;
+      iov.push_back({const_cast<uint8_t*>(p.data()), p.size()});
+    }
+  }
+  int fd;
+  {
+    absl::MutexLock lock(&mu_);
+    fd = fd_;
+  }
+  size_t first = 0;
+  while (first < iov.size()) {
+    msghdr m{};
+    m.msg_iov = iov.data() + first;
+    m.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
+    const ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return absl::UnavailableError(Errno("wire link write"));
+    }
+    size_t left = static_cast<size_t>(w);
+    while (first < iov.size() && left >= iov[first].iov_len) {
+      left -= iov[first].iov_len;
+      ++first;
+    }
+    if (left > 0) {
+      iov[first].iov_base = static_cast<uint8_t*>(iov[first].iov_base) + left;
+      iov[first].iov_len -= left;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void WireSender::Loop() {
+  absl::Status ready = Connect();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;  // Close: nobody waits for the answer
+  }
+  on_ready_(ready);
+  if (!ready.ok()) return;
+  for (;;) {
+    Frame frame;
+    {
+      absl::MutexLock lock(&mu_);
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&has_work));
+      if (stop_) return;
+      frame = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    absl::Status s = Write(frame);
+    ReleaseOnce(frame.on_released);
+    if (!s.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stop_) return;  // Close cut the write
+      }
+      on_failed_(s);
+      return;
+    }
+  }
+}
+
+// ---- WireReceiver
+
+WireReceiver::WireReceiver(int fd, std::string key, OnFrame on_frame,
+                           OnError on_error)
+    : fd_(fd),
+      seal_(key.empty() ? nullptr : std::make_unique<WireSeal>(std::move(key))),
+      on_frame_(std::move(on_frame)),
+      on_error_(std::move(on_error)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+WireReceiver::~WireReceiver() {
+  Stop();
+  close(fd_);
+}
+
+void WireReceiver::Stop() {
+  if (stopping_.exchange(true)) {
+    if (thread_.joinable()) thread_.join();
+    return;
+  }
+  shutdown(fd_, SHUT_RDWR);
+  if (thread_.joinable()) thread_.join();
+}
+
+void WireReceiver::Loop() {
+  for (;;) {
+    uint8_t head[4];
+    bool clean_end = false;
+    absl::Status s = ReadFull(fd_, head, 4, &clean_end);
+    if (clean_end || stopping_.load()) return;
+    const size_t n = GetU32(head);
+    if (s.ok() && n > kMaxRecordBytes) {
+      s = absl::DataLossError(absl::StrCat("a wire record of ", n,
+                                           " bytes (at most ",
+                                           kMaxRecordBytes, ")"));
+    }
+    const size_t tag = seal_ != nullptr ? WireSeal::kTagBytes : 0;
+    std::shared_ptr<uint8_t[]> buf;
+    if (s.ok()) {
+      buf.reset(new uint8_t[n + tag]);
+      s = ReadFull(fd_, buf.get(), n + tag, nullptr);
+    }
+    if (s.ok() && seal_ != nullptr) {
+      s = seal_->Open(buf.get(), n, absl::MakeConstSpan(head, 4));
+    }
+    if (!s.ok()) {
+      if (!stopping_.load()) on_error_(s);
+      return;
+    }
+    const absl::Span<const uint8_t> bytes(buf.get(), n);
+    absl::StatusOr<InFrame> frame =
+        DecodeFrame(absl::MakeConstSpan(&bytes, 1), std::move(buf));
+    if (!on_frame_(std::move(frame)).ok()) return;
+  }
+}
+
+}  // namespace halka

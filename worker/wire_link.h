@@ -1,0 +1,209 @@
+// The wire data path of a peer link between hosts: a plain TCP connection
+// per link that carries the link's frames instead of its gRPC stream, with
+// each frame sealed (AES-128-GCM) when the job runs TLS.
+//
+// Why: on gRPC's stream every byte crosses HTTP/2 framing and, under TLS,
+// gRPC's secure endpoint, which encrypts in 16 KiB records through two
+// more copies on each side (docs/performance.md: TLS cost 55-73 % of
+// plaintext). On its own connection a frame is one record: sealed in one
+// pass on the link's writer thread, opened in place on its reader thread.
+//
+// Negotiation (worker/grpc_transport.cc), beside the same-host offer:
+//   - the dialling side offers "halka-wire-offer: <key>" in the link's call
+//     metadata, <key> the link's AES key in hex when its channel is TLS
+//     (the metadata travels inside TLS), "-" on a plaintext channel;
+//   - the serving side, if it takes wire links, registers a one-time token
+//     with its WireListener and answers "halka-wire: ok <port> <token>"
+//     (or "no: <why>"). It refuses a plaintext offer when it serves TLS;
+//   - the dialling side connects to <peer host>:<port> from the link's
+//     writer thread, presents the token and waits for a one-byte ack. Its
+//     frames wait until then; after it, they take the wire, and if the
+//     connection cannot be made they take the gRPC stream (logged once per
+//     peer), so frames stay in order on one path either way.
+// The gRPC stream stays open: its end is the link's end, as for same-host
+// links. A frame that fails authentication, a record too large, or a token
+// nobody expects ends that connection; a broken connection is the link's
+// failure, reported to the inbox like a broken stream.
+//
+// On the connection (dialler to server only; the server sends the ack
+// byte and nothing else): 16 token bytes, then records
+//   [u32 LE n][n bytes: the frame as wire/frame_codec.h encodes it]
+// and, sealed, [u32 LE n][n bytes ciphertext][16 bytes GCM tag] with the
+// length as associated data and the nonce a counter of the records on the
+// connection (so a replayed, dropped or reordered record fails).
+#ifndef HALKA_WORKER_WIRE_LINK_H_
+#define HALKA_WORKER_WIRE_LINK_H_
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "worker/core/frame.h"
+#include "worker/shm_link.h"
+
+namespace halka {
+
+inline constexpr char kLinkWireOfferKey[] = "halka-wire-offer";
+inline constexpr char kLinkWireAnswerKey[] = "halka-wire";
+
+// Links of this process that took the wire, were refused it, or could not
+// connect and stayed on gRPC (tests and diagnostics).
+struct WireLinkCounts {
+  std::atomic<uint64_t> accepted{0};
+  std::atomic<uint64_t> refused{0};
+  std::atomic<uint64_t> fell_back{0};
+};
+WireLinkCounts& WireLinkCounters();
+
+// AES-128-GCM over the records of one connection, in one direction.
+class WireSeal {
+ public:
+  static constexpr size_t kKeyBytes = 16;
+  static constexpr size_t kTagBytes = 16;
+  // A fresh random key (OpenSSL's RAND_bytes). Errors: INTERNAL.
+  static absl::StatusOr<std::string> NewKey();
+  explicit WireSeal(std::string key);
+  ~WireSeal();
+  WireSeal(const WireSeal&) = delete;
+  WireSeal& operator=(const WireSeal&) = delete;
+  // Encrypts the parts (back to back) into `out` (their total size plus
+  // kTagBytes), with `aad` authenticated too. Uses the next nonce.
+  absl::Status Seal(absl::Span<const absl::Span<const uint8_t>> parts,
+                    absl::Span<const uint8_t> aad, uint8_t* out);
+  // Decrypts data[0, n) in place and checks the tag at data[n, n + 16).
+  // Errors: DATA_LOSS when the record is not authentic.
+  absl::Status Open(uint8_t* data, size_t n, absl::Span<const uint8_t> aad);
+
+ private:
+  void NextNonce(uint8_t nonce[12]);
+  const std::string key_;
+  uint64_t counter_ = 0;
+  void* ctx_ = nullptr;  // EVP_CIPHER_CTX
+};
+
+// The serving side's answer: "ok <port> <token>" (true) or a refusal.
+std::string FormatWireAnswer(int port, const std::string& token);
+bool ParseWireAnswer(const std::string& answer, int* port, std::string* token);
+// The host part of "host:port" ("[v6]" keeps its brackets off).
+std::string PeerHost(const std::string& address);
+// Logs, once per peer address, that a link to it stays on gRPC and why.
+void NoteWireFallback(const std::string& address, const absl::Status& why);
+
+// Hex of bytes, and back ("" for anything that is not even-length hex).
+std::string WireHex(absl::string_view bytes);
+std::string WireUnhex(absl::string_view hex);
+
+// A worker's listening socket for wire links. Each connection must present,
+// within 2 s, a token that Expect handed out (once); unknown tokens, slow
+// or silent connections are closed. At most 64 connections wait in the
+// handshake at once. Thread-safe.
+class WireListener {
+ public:
+  // Binds `host` (the worker's listen host; "" or "0.0.0.0" for all) on an
+  // ephemeral port and starts the accept thread. Errors: UNAVAILABLE.
+  static absl::StatusOr<std::unique_ptr<WireListener>> Start(
+      const std::string& host);
+  ~WireListener();  // Stop()
+  void Stop();
+  int port() const { return port_; }
+
+  // Takes ownership of the connected socket. Runs on the listener's
+  // thread, under its lock: Forget(token) returning means it never runs.
+  using OnConnected = std::function<void(int fd)>;
+  // A one-time token (hex) for the next connection of one link; it expires
+  // after 30 s unused.
+  std::string Expect(OnConnected on_connected);
+  void Forget(const std::string& token);
+
+ private:
+  WireListener(int fd, int wake_fd, int port);
+  void Loop();
+
+  struct Waiting {
+    OnConnected on_connected;
+    absl::Time expires;
+  };
+  const int fd_;
+  const int wake_fd_;  // an eventfd: Stop wakes the loop
+  const int port_;
+  absl::Mutex mu_;
+  std::map<std::string, Waiting> expected_ ABSL_GUARDED_BY(mu_);  // raw token
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread loop_;
+};
+
+// The dialling end: its thread connects, presents the token, waits for the
+// ack, calls on_ready (OK, or why not: the link then stays on gRPC), and
+// then writes queued frames in order, sealing each when it has a key. A
+// connection that breaks later goes to on_failed once. Frames are released
+// once written (or when Close drops them).
+class WireSender {
+ public:
+  using Frame = ShmSender::Frame;
+  WireSender(std::string host, int port, std::string token, std::string key,
+             std::function<void(const absl::Status&)> on_ready,
+             std::function<void(const absl::Status&)> on_failed);
+  ~WireSender();  // Close()
+  void Queue(std::vector<Frame> frames);
+  void Send(Frame frame);
+  // Stops the thread (a write in progress is cut), waits for it, and
+  // releases what is still queued. Idempotent; never from the callbacks.
+  void Close();
+
+ private:
+  void Loop();
+  absl::Status Connect();
+  absl::Status Write(Frame& frame);
+
+  const std::string host_;
+  const int port_;
+  const std::string token_;  // raw bytes
+  std::unique_ptr<WireSeal> seal_;
+  const std::function<void(const absl::Status&)> on_ready_;
+  const std::function<void(const absl::Status&)> on_failed_;
+  std::vector<uint8_t> sealed_;  // the writer's buffer for a sealed record
+  absl::Mutex mu_;
+  std::deque<Frame> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;
+  std::thread thread_;
+};
+
+// The serving end: a thread that reads records off the connection, opens
+// sealed ones, and hands each frame (or what DecodeFrame found wrong with
+// it) to on_frame; an error from on_frame stops it. A record that is too
+// large or not authentic, or a connection cut inside a record, goes to
+// on_error once. The connection's end between records is the link's
+// normal end (its gRPC stream says more).
+class WireReceiver {
+ public:
+  using OnFrame = ShmReceiver::OnFrame;
+  using OnError = ShmReceiver::OnError;
+  WireReceiver(int fd, std::string key, OnFrame on_frame, OnError on_error);
+  ~WireReceiver();  // Stop()
+  void Stop();
+
+ private:
+  void Loop();
+  const int fd_;
+  std::unique_ptr<WireSeal> seal_;
+  const OnFrame on_frame_;
+  const OnError on_error_;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace halka
+
+#endif  // HALKA_WORKER_WIRE_LINK_H_

@@ -1,11 +1,13 @@
 #include "worker/grpc_transport.h"
 
+#include <chrono>
 #include <deque>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
+#include "grpcpp/alarm.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "wire/frame_codec.h"
 #include "wire/link_metadata.h"
@@ -48,7 +50,8 @@ class GrpcTransport::OutLink
         path_ = Path::kOffered;
       }
     }
-    if (owner_->wire_links_ && to_ < world) {
+    if (owner_->wire_links_ && to_ < world &&
+        !WireRecentlyFailed(owner_->addresses_[static_cast<size_t>(to_)])) {
       // Offer the wire too (a same-host offer, if taken, comes first); the
       // key travels inside TLS, and only on a TLS channel.
       absl::StatusOr<std::string> key = std::string();
@@ -62,6 +65,22 @@ class GrpcTransport::OutLink
       }
     }
     self_ = shared_from_this();
+    bool offered;
+    {
+      absl::MutexLock lock(&mu_);
+      offered = path_ == Path::kOffered;
+    }
+    if (offered) {
+      // A peer too old to know the offers answers nothing until its stream
+      // ends: the frames must not wait for it.
+      answer_alarm_.Set(
+          std::chrono::system_clock::now() + std::chrono::seconds(5),
+          [weak = weak_from_this()](bool fired) {
+            if (auto self = weak.lock(); self != nullptr && fired) {
+              self->OnAnswerLate();
+            }
+          });
+    }
     stub_.PrepareBidiStreamingCall(&ctx_, to_ < world ? kLinkMethod : kPsMethod,
                                    grpc::StubOptions(), this);
     // Writes start from outside reactions (Enqueue): hold the stream open
@@ -155,6 +174,22 @@ class GrpcTransport::OutLink
     if (ring != nullptr) ring->Unlink();
   }
 
+  // No answer to the offers in 5 s: the frames take the gRPC stream.
+  void OnAnswerLate() {
+    std::shared_ptr<ShmRing> ring;
+    {
+      absl::MutexLock lock(&mu_);
+      if (done_ || path_ != Path::kOffered || wire_ != nullptr) return;
+      ring = std::move(ring_);
+      path_ = Path::kGrpc;
+      if (!failed_ && !closing_ && !queue_.empty() && !writing_) {
+        writing_ = true;
+        StartWrite(&queue_.front().frame);
+      }
+    }
+    if (ring != nullptr) ring->Unlink();
+  }
+
   // The wire connection is up (its frames go there from now on), or could
   // not be made (they take the gRPC stream). On the sender's thread.
   void OnWireReady(const absl::Status& status) {
@@ -184,7 +219,8 @@ class GrpcTransport::OutLink
   void OnWireFailed(const absl::Status& status) {
     {
       absl::MutexLock lock(&mu_);
-      if (cancelled_ || done_) return;
+      if (cancelled_ || done_ || reported_) return;
+      reported_ = true;
       failed_ = true;
     }
     owner_->inbox_->LinkFailed(
@@ -284,7 +320,8 @@ class GrpcTransport::OutLink
     {
       absl::MutexLock lock(&mu_);
       dropped.swap(queue_);
-      report = !cancelled_;
+      report = !cancelled_ && !reported_;
+      reported_ = true;
       shm = std::move(shm_);
       wire = std::move(wire_);
       ring = std::move(ring_);
@@ -299,6 +336,7 @@ class GrpcTransport::OutLink
                                         : status.error_message()));
     }
     std::shared_ptr<OutLink> self;
+    answer_alarm_.Cancel();
     {
       absl::MutexLock lock(&mu_);
       done_ = true;
@@ -332,6 +370,7 @@ class GrpcTransport::OutLink
   grpc::GenericStub stub_;
   grpc::ClientContext ctx_;
   grpc::ByteBuffer response_;
+  grpc::Alarm answer_alarm_;  // OnAnswerLate
   absl::Mutex mu_;
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -339,6 +378,7 @@ class GrpcTransport::OutLink
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;  // the hold is released
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool reported_ ABSL_GUARDED_BY(mu_) = false;  // the failure, once
   std::shared_ptr<OutLink> self_ ABSL_GUARDED_BY(mu_);
   Path path_ ABSL_GUARDED_BY(mu_) = Path::kGrpc;
   std::shared_ptr<ShmRing> ring_ ABSL_GUARDED_BY(mu_);  // offered

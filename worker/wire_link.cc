@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -52,30 +53,20 @@ std::string Errno(absl::string_view what) {
   return absl::StrCat(what, ": ", std::strerror(errno));
 }
 
-void SetNoDelay(int fd) {
+// No Nagle; and a connection that stops answering (a black-holed path, a
+// peer host gone) errors out in about 30 s instead of blocking a write or
+// a read until the operation's deadline names nothing better.
+void SetSocketOptions(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-// Reads exactly n bytes. OK; OUT_OF_RANGE at a clean end before any byte
-// (`clean_end`); UNAVAILABLE otherwise.
-absl::Status ReadFull(int fd, uint8_t* p, size_t n, bool* clean_end) {
-  size_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::read(fd, p + got, n - got);
-    if (r > 0) {
-      got += static_cast<size_t>(r);
-      continue;
-    }
-    if (r < 0 && errno == EINTR) continue;
-    if (r == 0 && got == 0 && clean_end != nullptr) {
-      *clean_end = true;
-      return absl::OutOfRangeError("end");
-    }
-    return absl::UnavailableError(
-        r == 0 ? "the connection ended inside a record" : Errno("read"));
-  }
-  return absl::OkStatus();
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  int idle = 10, interval = 5, count = 3;
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+  unsigned int user_timeout_ms = 30000;
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms,
+             sizeof(user_timeout_ms));
 }
 
 }  // namespace
@@ -139,16 +130,34 @@ std::string PeerHost(const std::string& address) {
   return host;
 }
 
+namespace {
+absl::Mutex fallback_mu(absl::kConstInit);
+// Peer address -> when its last wire link could not be made.
+std::map<std::string, absl::Time>& Fallbacks()
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(fallback_mu) {
+  static auto* m = new std::map<std::string, absl::Time>();
+  return *m;
+}
+}  // namespace
+
 void NoteWireFallback(const std::string& address, const absl::Status& why) {
-  static absl::Mutex mu(absl::kConstInit);
-  static auto* said = new std::set<std::string>();
   {
-    absl::MutexLock lock(&mu);
-    if (!said->insert(address).second) return;
+    absl::MutexLock lock(&fallback_mu);
+    auto [it, first] = Fallbacks().emplace(address, absl::Now());
+    it->second = absl::Now();
+    if (!first) return;
   }
   LogWarning(absl::StrCat("wire link to ", address,
-                          " not made, its frames take the gRPC stream: ",
+                          " not made, its frames take the gRPC stream (no "
+                          "wire offered to it for a minute): ",
                           why.message()));
+}
+
+bool WireRecentlyFailed(const std::string& address) {
+  absl::MutexLock lock(&fallback_mu);
+  auto it = Fallbacks().find(address);
+  return it != Fallbacks().end() &&
+         absl::Now() - it->second < absl::Minutes(1);
 }
 
 // ---- WireSeal
@@ -225,19 +234,23 @@ absl::Status WireSeal::Open(uint8_t* data, size_t n,
 // ---- WireListener
 
 absl::StatusOr<std::unique_ptr<WireListener>> WireListener::Start(
-    const std::string& host) {
+    const std::string& host, int port_wanted) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  if (port_wanted < 0 || port_wanted > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("wire links: port ", port_wanted, " is not a TCP port"));
+  }
   addrinfo* res = nullptr;
   const std::string h = host == "0.0.0.0" || host == "[::]" ? "" : host;
   std::string bare = h;
   if (bare.size() >= 2 && bare.front() == '[' && bare.back() == ']') {
     bare = bare.substr(1, bare.size() - 2);
   }
-  const int rc = getaddrinfo(bare.empty() ? nullptr : bare.c_str(), "0",
-                             &hints, &res);
+  const int rc = getaddrinfo(bare.empty() ? nullptr : bare.c_str(),
+                             absl::StrCat(port_wanted).c_str(), &hints, &res);
   if (rc != 0) {
     return absl::UnavailableError(absl::StrCat(
         "wire links: cannot resolve '", host, "': ", gai_strerror(rc)));
@@ -251,6 +264,8 @@ absl::StatusOr<std::unique_ptr<WireListener>> WireListener::Start(
       why = Errno("socket");
       continue;
     }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) {
       why = Errno("bind/listen");
       close(fd);
@@ -342,7 +357,15 @@ void WireListener::Loop() {
       for (;;) {
         const int c = accept4(fd_, nullptr, nullptr,
                               SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (c < 0) break;
+        if (c < 0) {
+          // Out of descriptors: the connection stays in the backlog and
+          // poll would report it at once again; do not spin on it.
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+              errno == ENOMEM) {
+            absl::SleepFor(absl::Milliseconds(100));
+          }
+          break;
+        }
         if (pending.size() >= kMaxPending) {
           close(c);
           continue;
@@ -377,7 +400,7 @@ void WireListener::Loop() {
         expected_.erase(it);
         const int flags = fcntl(p.fd, F_GETFL);
         fcntl(p.fd, F_SETFL, flags & ~O_NONBLOCK);
-        SetNoDelay(p.fd);
+        SetSocketOptions(p.fd);
         done(p.fd);  // under the lock: Forget cannot pass it
         continue;
       }
@@ -458,12 +481,27 @@ absl::Status WireSender::Connect() {
         absl::StrCat("cannot resolve ", host_, ": ", gai_strerror(rc)));
   }
   const absl::Time deadline = absl::Now() + kHandshakeTime;
+  // Waits for `events` on fd until the handshake's deadline: "" when they
+  // came, else why not.
+  auto wait_for = [&](int fd, short events) -> std::string {
+    for (;;) {
+      const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+      if (ms <= 0) return "timed out after 2 s";
+      pollfd p{fd, events, 0};
+      const int r = poll(&p, 1, static_cast<int>(ms));
+      if (r > 0) return "";
+      if (r < 0 && errno != EINTR) return Errno("poll");
+    }
+  };
   std::string why = "no address";
   int fd = -1;
   for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
     fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
                 a->ai_protocol);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      why = Errno("socket");
+      continue;
+    }
     {
       absl::MutexLock lock(&mu_);
       if (stop_) {
@@ -471,25 +509,21 @@ absl::Status WireSender::Connect() {
         freeaddrinfo(res);
         return absl::CancelledError("closed");
       }
-      fd_ = fd;
+      fd_ = fd;  // Close can cut the waits below
     }
-    int r = connect(fd, a->ai_addr, a->ai_addrlen);
-    if (r != 0 && errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      const int ms = static_cast<int>(
-          absl::ToInt64Milliseconds(deadline - absl::Now()));
-      r = ms > 0 && poll(&p, 1, ms) == 1 ? 0 : -1;
-      int err = 0;
-      socklen_t el = sizeof(err);
-      if (r == 0 && (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 ||
-                     err != 0)) {
-        errno = err;
-        r = -1;
+    std::string failed;
+    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      if (errno != EINPROGRESS) {
+        failed = Errno("connect");
+      } else if (failed = wait_for(fd, POLLOUT); failed.empty()) {
+        int err = 0;
+        socklen_t el = sizeof(err);
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
+        if (err != 0) failed = absl::StrCat("connect: ", std::strerror(err));
       }
-      if (r != 0 && errno == 0) errno = ETIMEDOUT;
     }
-    if (r != 0) {
-      why = Errno("connect");
+    if (!failed.empty()) {
+      why = failed;
       absl::MutexLock lock(&mu_);
       close(fd);
       fd_ = fd = -1;
@@ -501,22 +535,29 @@ absl::Status WireSender::Connect() {
                                                ":", port_, ": ", why));
   }
   // The token out, the ack back, both within the handshake time.
+  std::string failed;
+  char ack = 0;
   if (send(fd, token_.data(), token_.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(token_.size())) {
-    return absl::UnavailableError(Errno("sending the link token"));
+    failed = Errno("sending the link token");
+  } else if (failed = wait_for(fd, POLLIN); failed.empty()) {
+    const ssize_t r = read(fd, &ack, 1);
+    failed = r == 1 && ack == 'k' ? ""
+             : r == 0             ? "closed without an ack (token not taken)"
+             : r < 0              ? Errno("reading the ack")
+                                  : "a wrong ack byte";
   }
-  pollfd p{fd, POLLIN, 0};
-  const int ms =
-      static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
-  char ack = 0;
-  if (ms <= 0 || poll(&p, 1, ms) != 1 || read(fd, &ack, 1) != 1 ||
-      ack != 'k') {
+  if (!failed.empty()) {
+    absl::MutexLock lock(&mu_);
+    close(fd);
+    fd_ = -1;
     return absl::UnavailableError(absl::StrCat(
-        "the peer did not take the link token on ", host_, ":", port_));
+        "the peer did not take the link token on ", host_, ":", port_, ": ",
+        failed));
   }
   const int flags = fcntl(fd, F_GETFL);
   fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-  SetNoDelay(fd);
+  SetSocketOptions(fd);
   return absl::OkStatus();
 }
 
@@ -622,20 +663,61 @@ WireReceiver::~WireReceiver() {
 }
 
 void WireReceiver::Stop() {
-  if (stopping_.exchange(true)) {
-    if (thread_.joinable()) thread_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      stopping_ = true;
+      // What the sender wrote before the link ended is still delivered:
+      // the stream's end may overtake the data, which comes on another
+      // connection. Bounded: a sender that keeps writing cannot hold it.
+      drain_until_ = absl::Now() + absl::Milliseconds(250);
+    }
+  }
+  if (!thread_.joinable()) return;
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();  // from its own callback: it returns on its own
     return;
   }
-  shutdown(fd_, SHUT_RDWR);
-  if (thread_.joinable()) thread_.join();
+  thread_.join();
+}
+
+bool WireReceiver::Stopped() {
+  absl::MutexLock lock(&mu_);
+  return stopping_ && absl::Now() >= drain_until_;
+}
+
+absl::Status WireReceiver::ReadFull(uint8_t* p, size_t n, bool* clean_end) {
+  size_t got = 0;
+  while (got < n) {
+    pollfd pf{fd_, POLLIN, 0};
+    const int ready = poll(&pf, 1, 50);
+    if (ready < 0 && errno != EINTR) return absl::UnavailableError(Errno("poll"));
+    if (ready <= 0) {
+      if (Stopped()) return absl::CancelledError("stopped");
+      continue;
+    }
+    const ssize_t r = ::read(fd_, p + got, n - got);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+      continue;
+    }
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (r == 0 && got == 0 && clean_end != nullptr) {
+      *clean_end = true;
+      return absl::OutOfRangeError("end");
+    }
+    return absl::UnavailableError(
+        r == 0 ? "the connection ended inside a record" : Errno("read"));
+  }
+  return absl::OkStatus();
 }
 
 void WireReceiver::Loop() {
   for (;;) {
     uint8_t head[4];
     bool clean_end = false;
-    absl::Status s = ReadFull(fd_, head, 4, &clean_end);
-    if (clean_end || stopping_.load()) return;
+    absl::Status s = ReadFull(head, 4, &clean_end);
+    if (clean_end || absl::IsCancelled(s)) return;
     const size_t n = GetU32(head);
     if (s.ok() && n > kMaxRecordBytes) {
       s = absl::DataLossError(absl::StrCat("a wire record of ", n,
@@ -646,13 +728,19 @@ void WireReceiver::Loop() {
     std::shared_ptr<uint8_t[]> buf;
     if (s.ok()) {
       buf.reset(new uint8_t[n + tag]);
-      s = ReadFull(fd_, buf.get(), n + tag, nullptr);
+      s = ReadFull(buf.get(), n + tag, nullptr);
+      if (absl::IsCancelled(s)) return;
     }
     if (s.ok() && seal_ != nullptr) {
       s = seal_->Open(buf.get(), n, absl::MakeConstSpan(head, 4));
     }
     if (!s.ok()) {
-      if (!stopping_.load()) on_error_(s);
+      bool stopping;
+      {
+        absl::MutexLock lock(&mu_);
+        stopping = stopping_;
+      }
+      if (!stopping) on_error_(s);  // else the link has ended already
       return;
     }
     const absl::Span<const uint8_t> bytes(buf.get(), n);

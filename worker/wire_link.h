@@ -97,8 +97,11 @@ std::string FormatWireAnswer(int port, const std::string& token);
 bool ParseWireAnswer(const std::string& answer, int* port, std::string* token);
 // The host part of "host:port" ("[v6]" keeps its brackets off).
 std::string PeerHost(const std::string& address);
-// Logs, once per peer address, that a link to it stays on gRPC and why.
+// Logs, once per peer address, that a link to it stays on gRPC and why,
+// and remembers it: links to that address offer no wire for a minute (a
+// blocked port costs each new link the 2 s handshake time otherwise).
 void NoteWireFallback(const std::string& address, const absl::Status& why);
+bool WireRecentlyFailed(const std::string& address);
 
 // Hex of bytes, and back ("" for anything that is not even-length hex).
 std::string WireHex(absl::string_view bytes);
@@ -110,10 +113,11 @@ std::string WireUnhex(absl::string_view hex);
 // handshake at once. Thread-safe.
 class WireListener {
  public:
-  // Binds `host` (the worker's listen host; "" or "0.0.0.0" for all) on an
-  // ephemeral port and starts the accept thread. Errors: UNAVAILABLE.
+  // Binds `host` (the worker's listen host; "" or "0.0.0.0" for all) on
+  // `port` (0: an ephemeral one) and starts the accept thread. Errors:
+  // UNAVAILABLE.
   static absl::StatusOr<std::unique_ptr<WireListener>> Start(
-      const std::string& host);
+      const std::string& host, int port = 0);
   ~WireListener();  // Stop()
   void Stop();
   int port() const { return port_; }
@@ -192,15 +196,24 @@ class WireReceiver {
   using OnError = ShmReceiver::OnError;
   WireReceiver(int fd, std::string key, OnFrame on_frame, OnError on_error);
   ~WireReceiver();  // Stop()
+  // Delivers what arrives within 250 ms (the sender's last frames may
+  // trail the stream's end), then stops and joins.
   void Stop();
 
  private:
   void Loop();
+  // Reads exactly n bytes, polling so that Stop is seen: OK; OUT_OF_RANGE
+  // at a clean end before any byte (`clean_end`); CANCELLED once stopped
+  // and drained; UNAVAILABLE otherwise.
+  absl::Status ReadFull(uint8_t* p, size_t n, bool* clean_end);
+  bool Stopped();
   const int fd_;
   std::unique_ptr<WireSeal> seal_;
   const OnFrame on_frame_;
   const OnError on_error_;
-  std::atomic<bool> stopping_{false};
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time drain_until_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

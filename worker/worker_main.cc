@@ -42,6 +42,9 @@ ABSL_FLAG(bool, wire_links, true,
           "carry peer links to other hosts on a TCP connection of their own "
           "(an ephemeral port on the listen host; frames sealed with "
           "AES-GCM under TLS) instead of the gRPC stream; false: gRPC");
+ABSL_FLAG(int32_t, wire_port, 0,
+          "the wire links' TCP port on the listen host (0: an ephemeral "
+          "one); peers learn it on each link");
 ABSL_FLAG(absl::Duration, op_timeout, halka::kDefaultOpTimeout,
           "default deadline of one operation (env HALKA_OP_TIMEOUT)");
 ABSL_FLAG(int64_t, max_inline_bytes, int64_t{16} << 30,
@@ -96,6 +99,7 @@ int main(int argc, char** argv) {
   o.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
   o.shm_links = absl::GetFlag(FLAGS_shm_links);
   o.wire_links = absl::GetFlag(FLAGS_wire_links);
+  o.wire_port = absl::GetFlag(FLAGS_wire_port);
   o.op_timeout = absl::GetFlag(FLAGS_op_timeout);
   o.join_timeout = absl::GetFlag(FLAGS_join_timeout);
   o.max_inline_bytes =

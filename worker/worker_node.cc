@@ -86,9 +86,11 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
   WorkerNode* raw = node.get();
   if (o.wire_links) {
     absl::StatusOr<std::unique_ptr<WireListener>> wire =
-        WireListener::Start(PeerHost(o.listen));
+        WireListener::Start(PeerHost(o.listen), o.wire_port);
     if (wire.ok()) {
       node->wire_listener_ = *std::move(wire);
+    } else if (o.wire_port != 0) {
+      return wire.status();  // a port asked for by name must be had
     } else {
       node->log_.Warning(absl::StrCat(
           "no wire links (peer links stay on gRPC): ", wire.status().message()));

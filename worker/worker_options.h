@@ -35,6 +35,8 @@ struct WorkerOptions {
   // their own (sealed with AES-GCM under TLS), not on the gRPC stream
   // (worker/wire_link.h); off: on the gRPC stream.
   bool wire_links = true;
+  // The wire links' listening port on the listen host (0: ephemeral).
+  int wire_port = 0;
   absl::Duration op_timeout = kDefaultOpTimeout;
   absl::Duration join_timeout = absl::Seconds(120);
   uint64_t max_op_bytes = uint64_t{16} << 30;

@@ -413,6 +413,36 @@ TEST_F(HostileWireTest, ACutInsideARecordIsReported) {
   EXPECT_THAT(s.message(), HasSubstr("inside a record"));
 }
 
+// A port that accepts but never acks (not a halka listener): the sender
+// gives up within the handshake time and says why.
+TEST(WireSenderTest, APeerThatNeverAcksTimesOutNamingWhy) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(fd, 4), 0);
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  absl::Mutex mu;
+  std::optional<absl::Status> ready;
+  WireSender sender("127.0.0.1", ntohs(a.sin_port), std::string(32, 'a'), "",
+                    [&](const absl::Status& s) {
+                      absl::MutexLock lock(&mu);
+                      ready = s;
+                    },
+                    [](const absl::Status&) {});
+  {
+    absl::MutexLock lock(&mu);
+    auto answered = [&]() { return ready.has_value(); };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&answered), absl::Seconds(10)));
+    EXPECT_EQ(ready->code(), absl::StatusCode::kUnavailable) << *ready;
+    EXPECT_THAT(ready->message(), HasSubstr("timed out after 2 s")) << *ready;
+  }
+  sender.Close();
+  close(fd);
+}
+
 TEST(WireListenerTest, SilentConnectionsAreDroppedAndDoNotBlockOthers) {
   auto listener = *WireListener::Start("127.0.0.1");
   // Ten connections that never speak.

@@ -413,6 +413,28 @@ TEST_F(HostileWireTest, ACutInsideARecordIsReported) {
   EXPECT_THAT(s.message(), HasSubstr("inside a record"));
 }
 
+// What a sender answers (on_ready), waited for up to 10 s.
+struct ReadyProbe {
+  absl::Mutex mu;
+  std::optional<absl::Status> ready ABSL_GUARDED_BY(mu);
+  std::function<void(const absl::Status&)> Callback() {
+    return [this](const absl::Status& s) {
+      absl::MutexLock lock(&mu);
+      ready = s;
+    };
+  }
+  absl::Status Await() {
+    absl::MutexLock lock(&mu);
+    auto answered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return ready.has_value();
+    };
+    if (!mu.AwaitWithTimeout(absl::Condition(&answered), absl::Seconds(10))) {
+      return absl::DeadlineExceededError("the sender never answered");
+    }
+    return *ready;
+  }
+};
+
 // A port that accepts but never acks (not a halka listener): the sender
 // gives up within the handshake time and says why.
 TEST(WireSenderTest, APeerThatNeverAcksTimesOutNamingWhy) {
@@ -424,21 +446,12 @@ TEST(WireSenderTest, APeerThatNeverAcksTimesOutNamingWhy) {
   ASSERT_EQ(listen(fd, 4), 0);
   socklen_t len = sizeof(a);
   getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  absl::Mutex mu;
-  std::optional<absl::Status> ready;
+  ReadyProbe probe;
   WireSender sender("127.0.0.1", ntohs(a.sin_port), std::string(32, 'a'), "",
-                    [&](const absl::Status& s) {
-                      absl::MutexLock lock(&mu);
-                      ready = s;
-                    },
-                    [](const absl::Status&) {});
-  {
-    absl::MutexLock lock(&mu);
-    auto answered = [&]() { return ready.has_value(); };
-    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&answered), absl::Seconds(10)));
-    EXPECT_EQ(ready->code(), absl::StatusCode::kUnavailable) << *ready;
-    EXPECT_THAT(ready->message(), HasSubstr("timed out after 2 s")) << *ready;
-  }
+                    probe.Callback(), [](const absl::Status&) {});
+  const absl::Status ready = probe.Await();
+  EXPECT_EQ(ready.code(), absl::StatusCode::kUnavailable) << ready;
+  EXPECT_THAT(ready.message(), HasSubstr("timed out after 2 s")) << ready;
   sender.Close();
   close(fd);
 }
@@ -462,20 +475,11 @@ TEST(WireListenerTest, SilentConnectionsAreDroppedAndDoNotBlockOthers) {
     got = true;
     close(fd);
   });
-  absl::Mutex mu;
-  std::optional<absl::Status> ready;
+  ReadyProbe probe;
   WireSender sender("127.0.0.1", listener->port(), token, "",
-                    [&](const absl::Status& s) {
-                      absl::MutexLock lock(&mu);
-                      ready = s;
-                    },
-                    [](const absl::Status&) {});
-  {
-    absl::MutexLock lock(&mu);
-    auto answered = [&]() { return ready.has_value(); };
-    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&answered), absl::Seconds(10)));
-    EXPECT_TRUE(ready->ok()) << *ready;
-  }
+                    probe.Callback(), [](const absl::Status&) {});
+  const absl::Status ready = probe.Await();
+  EXPECT_TRUE(ready.ok()) << ready;
   EXPECT_TRUE(got.load());
   // The silent ones are closed by the listener within its handshake time.
   for (int fd : silent) {

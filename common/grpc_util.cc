@@ -80,6 +80,14 @@ bool IsLocalAddress(absl::string_view address) {
   return true;
 }
 
+std::string HostOf(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
 std::string DialableAddress(const std::string& listen, int port,
                             const std::string& advertise) {
   if (!advertise.empty()) return advertise;

@@ -50,6 +50,8 @@ class Logger {
 
 // True for "unix:...", "localhost:...", "127.x.x.x:..." and "[::1]:...".
 bool IsLocalAddress(absl::string_view address);
+// The host of "host:port", without the brackets of "[v6]:port".
+std::string HostOf(const std::string& address);
 
 // The address others dial for a server that listens on `listen` and got
 // `port`: `advertise` when given, else the listen host (a wildcard host

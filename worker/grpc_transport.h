@@ -4,12 +4,16 @@
 // Threading: Send enqueues and returns; the stream's reactor writes one
 // frame at a time (gRPC allows one write in flight per stream) from gRPC's
 // callback threads, and never blocks there. Stream failures reach the Inbox
-// as LinkFailed(rank). Inbound streams are served by PeerService below.
+// as LinkFailed(rank). Inbound streams are served by PeerService
+// (worker/peer_service.h).
 //
-// Same-host links (shm_ring_bytes(to) > 0, see LinkRingPolicy): a link to a peer that runs on this host, in
-// this network namespace, carries its frames through a shared-memory ring
-// instead (worker/shm_link.h); its gRPC stream stays open as the link's
-// liveness and error channel. Parameter-server streams always use gRPC.
+// Same-host links (shm_ring_bytes(to) > 0, see LinkRingPolicy): a link to
+// a peer that runs on this host, in this network namespace, carries its
+// frames through a shared-memory ring instead (worker/shm_link.h); other
+// links, with wire_links, on a TCP connection of their own
+// (worker/wire_link.h). Either way the gRPC stream stays open as the
+// link's liveness and error channel. Parameter-server streams always use
+// gRPC.
 #ifndef HALKA_WORKER_GRPC_TRANSPORT_H_
 #define HALKA_WORKER_GRPC_TRANSPORT_H_
 
@@ -27,8 +31,6 @@
 #include "worker/core/transport.h"
 
 namespace halka {
-
-class WireListener;
 
 class GrpcTransport : public Transport {
  public:
@@ -69,45 +71,6 @@ class GrpcTransport : public Transport {
   std::map<int, std::shared_ptr<OutLink>> links_ ABSL_GUARDED_BY(mu_);
   // Links that were replaced or reset but whose reactor is not done yet.
   std::vector<std::shared_ptr<OutLink>> retired_ ABSL_GUARDED_BY(mu_);
-};
-
-// Serves Peer.Link: validates each stream's metadata and each frame, and
-// delivers frames to the Inbox of the stream's generation. Frames that fail
-// validation end the stream with DATA_LOSS and are reported as a link
-// failure.
-class PeerService final
-    : public v1::Peer::WithRawCallbackMethod_Link<v1::Peer::Service> {
- public:
-  // The inbox for a stream of `generation` (a ring's generation, or a
-  // future one this worker has not switched to yet); an error refuses the
-  // stream with it (e.g. ABORTED for a generation that is over).
-  using InboxResolver =
-      std::function<absl::StatusOr<std::shared_ptr<Inbox>>(uint64_t)>;
-  // accept_shm: map the shared-memory rings that same-host peers offer.
-  // wire: take wire offers on this listener (null: none; it outlives the
-  // service's streams); wire_sealed: only sealed ones (the server is TLS).
-  PeerService(std::string job_id, InboxResolver resolver,
-              bool accept_shm = false, WireListener* wire = nullptr,
-              bool wire_sealed = false);
-
-  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Link(
-      grpc::CallbackServerContext* context) override;
-
-  // Number of inbound streams open now (for leak tests).
-  int open_streams() const;
-
- private:
-  class InLink;
-  const std::string job_id_;
-  const InboxResolver resolver_;
-  const bool accept_shm_;
-  WireListener* const wire_;
-  const bool wire_sealed_;
-  // A ring needs one inbound stream per peer and generation (naive: per
-  // peer pair), and old generations' streams close.
-  StreamLimiter limiter_{"peer link", 64, 4096};
-  mutable absl::Mutex mu_;
-  int open_streams_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace halka

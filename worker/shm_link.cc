@@ -54,10 +54,7 @@ size_t LinkRingBytes(size_t chunk_bytes) {
 
 bool PeerMayShareHost(const std::string& address) {
   if (IsLocalAddress(address)) return true;
-  std::string host = address.substr(0, address.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
+  const std::string host = HostOf(address);
   in6_addr a6{};
   in_addr a4{};
   const bool v4 = inet_pton(AF_INET, host.c_str(), &a4) == 1;

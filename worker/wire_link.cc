@@ -10,8 +10,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <openssl/evp.h>
-#include <openssl/rand.h>
 
 #include <cerrno>
 #include <climits>
@@ -37,8 +35,6 @@ constexpr absl::Duration kTokenLife = absl::Seconds(30);
 // A record holds one frame: its head and the largest payload.
 constexpr size_t kMaxRecordBytes =
     4 + kMaxFrameHeaderBytes + kMaxFramePayloadBytes;
-
-EVP_CIPHER_CTX* Ctx(void* p) { return static_cast<EVP_CIPHER_CTX*>(p); }
 
 void PutU32(uint8_t* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
@@ -76,34 +72,6 @@ WireLinkCounts& WireLinkCounters() {
   return counts;
 }
 
-std::string WireHex(absl::string_view bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out.push_back(kDigits[c >> 4]);
-    out.push_back(kDigits[c & 15]);
-  }
-  return out;
-}
-
-std::string WireUnhex(absl::string_view hex) {
-  auto value = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  if (hex.size() % 2 != 0) return "";
-  std::string out;
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    const int hi = value(hex[i]);
-    const int lo = value(hex[i + 1]);
-    if (hi < 0 || lo < 0) return "";
-    out.push_back(static_cast<char>(hi * 16 + lo));
-  }
-  return out;
-}
-
 std::string FormatWireAnswer(int port, const std::string& token) {
   return absl::StrCat("ok ", port, " ", token);
 }
@@ -119,15 +87,6 @@ bool ParseWireAnswer(const std::string& answer, int* port,
   *port = p;
   *token = parts[2];
   return true;
-}
-
-std::string PeerHost(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return host;
 }
 
 namespace {
@@ -160,77 +119,6 @@ bool WireRecentlyFailed(const std::string& address) {
          absl::Now() - it->second < absl::Minutes(1);
 }
 
-// ---- WireSeal
-
-absl::StatusOr<std::string> WireSeal::NewKey() {
-  std::string key(kKeyBytes, '\0');
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(key.data()),
-                 static_cast<int>(key.size())) != 1) {
-    return absl::InternalError("RAND_bytes failed: no key for a wire link");
-  }
-  return key;
-}
-
-WireSeal::WireSeal(std::string key)
-    : key_(std::move(key)), ctx_(EVP_CIPHER_CTX_new()) {}
-
-WireSeal::~WireSeal() { EVP_CIPHER_CTX_free(Ctx(ctx_)); }
-
-void WireSeal::NextNonce(uint8_t nonce[12]) {
-  std::memset(nonce, 0, 4);
-  const uint64_t c = counter_++;
-  for (int i = 0; i < 8; ++i) nonce[4 + i] = static_cast<uint8_t>(c >> (8 * i));
-}
-
-absl::Status WireSeal::Seal(absl::Span<const absl::Span<const uint8_t>> parts,
-                            absl::Span<const uint8_t> aad, uint8_t* out) {
-  uint8_t nonce[12];
-  NextNonce(nonce);
-  EVP_CIPHER_CTX* c = Ctx(ctx_);
-  const auto* key = reinterpret_cast<const unsigned char*>(key_.data());
-  int len = 0;
-  bool ok = c != nullptr && key_.size() == kKeyBytes &&
-            EVP_EncryptInit_ex(c, EVP_aes_128_gcm(), nullptr, key, nonce) == 1 &&
-            EVP_EncryptUpdate(c, nullptr, &len, aad.data(),
-                              static_cast<int>(aad.size())) == 1;
-  size_t at = 0;
-  for (const auto& p : parts) {
-    if (!ok) break;
-    // EVP takes int lengths: frames are far below 2 GiB (kMaxRecordBytes).
-    ok = EVP_EncryptUpdate(c, out + at, &len, p.data(),
-                           static_cast<int>(p.size())) == 1;
-    at += static_cast<size_t>(len);
-  }
-  ok = ok && EVP_EncryptFinal_ex(c, out + at, &len) == 1;
-  at += ok ? static_cast<size_t>(len) : 0;
-  ok = ok && EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, kTagBytes,
-                                 out + at) == 1;
-  return ok ? absl::OkStatus()
-            : absl::InternalError("AES-GCM failed to seal a wire record");
-}
-
-absl::Status WireSeal::Open(uint8_t* data, size_t n,
-                            absl::Span<const uint8_t> aad) {
-  uint8_t nonce[12];
-  NextNonce(nonce);
-  EVP_CIPHER_CTX* c = Ctx(ctx_);
-  const auto* key = reinterpret_cast<const unsigned char*>(key_.data());
-  int len = 0;
-  int tail = 0;
-  const bool ok =
-      c != nullptr && key_.size() == kKeyBytes &&
-      EVP_DecryptInit_ex(c, EVP_aes_128_gcm(), nullptr, key, nonce) == 1 &&
-      EVP_DecryptUpdate(c, nullptr, &len, aad.data(),
-                        static_cast<int>(aad.size())) == 1 &&
-      EVP_DecryptUpdate(c, data, &len, data, static_cast<int>(n)) == 1 &&
-      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, kTagBytes, data + n) == 1 &&
-      EVP_DecryptFinal_ex(c, data + len, &tail) == 1;
-  return ok ? absl::OkStatus()
-            : absl::DataLossError(
-                  "a wire record failed authentication (AES-GCM tag): "
-                  "altered, replayed or out of order");
-}
-
 // ---- WireListener
 
 absl::StatusOr<std::unique_ptr<WireListener>> WireListener::Start(
@@ -244,11 +132,8 @@ absl::StatusOr<std::unique_ptr<WireListener>> WireListener::Start(
         absl::StrCat("wire links: port ", port_wanted, " is not a TCP port"));
   }
   addrinfo* res = nullptr;
-  const std::string h = host == "0.0.0.0" || host == "[::]" ? "" : host;
-  std::string bare = h;
-  if (bare.size() >= 2 && bare.front() == '[' && bare.back() == ']') {
-    bare = bare.substr(1, bare.size() - 2);
-  }
+  std::string bare = host;  // without brackets (HostOf)
+  if (bare == "0.0.0.0" || bare == "::") bare.clear();  // every address
   const int rc = getaddrinfo(bare.empty() ? nullptr : bare.c_str(),
                              absl::StrCat(port_wanted).c_str(), &hints, &res);
   if (rc != 0) {
@@ -316,15 +201,12 @@ void WireListener::Stop() {
 }
 
 std::string WireListener::Expect(OnConnected on_connected) {
-  std::string token(kTokenBytes, '\0');
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(token.data()),
-                 static_cast<int>(token.size())) != 1) {
-    return "";
-  }
+  absl::StatusOr<std::string> token = WireRandomBytes(kTokenBytes);
+  if (!token.ok()) return "";
   absl::MutexLock lock(&mu_);
   if (stop_) return "";
-  expected_[token] = Waiting{std::move(on_connected), absl::Now() + kTokenLife};
-  return WireHex(token);
+  expected_[*token] = Waiting{std::move(on_connected), absl::Now() + kTokenLife};
+  return WireHex(*token);
 }
 
 void WireListener::Forget(const std::string& token) {
@@ -469,10 +351,7 @@ absl::Status WireSender::Connect() {
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
-  std::string bare = host_;
-  if (bare.size() >= 2 && bare.front() == '[' && bare.back() == ']') {
-    bare = bare.substr(1, bare.size() - 2);
-  }
+  const std::string& bare = host_;  // without brackets (HostOf)
   addrinfo* res = nullptr;
   const int rc = getaddrinfo(bare.c_str(), absl::StrCat(port_).c_str(),
                              &hints, &res);

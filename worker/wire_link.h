@@ -51,6 +51,7 @@
 #include "absl/types/span.h"
 #include "worker/core/frame.h"
 #include "worker/shm_link.h"
+#include "worker/wire_seal.h"
 
 namespace halka {
 
@@ -66,46 +67,14 @@ struct WireLinkCounts {
 };
 WireLinkCounts& WireLinkCounters();
 
-// AES-128-GCM over the records of one connection, in one direction.
-class WireSeal {
- public:
-  static constexpr size_t kKeyBytes = 16;
-  static constexpr size_t kTagBytes = 16;
-  // A fresh random key (OpenSSL's RAND_bytes). Errors: INTERNAL.
-  static absl::StatusOr<std::string> NewKey();
-  explicit WireSeal(std::string key);
-  ~WireSeal();
-  WireSeal(const WireSeal&) = delete;
-  WireSeal& operator=(const WireSeal&) = delete;
-  // Encrypts the parts (back to back) into `out` (their total size plus
-  // kTagBytes), with `aad` authenticated too. Uses the next nonce.
-  absl::Status Seal(absl::Span<const absl::Span<const uint8_t>> parts,
-                    absl::Span<const uint8_t> aad, uint8_t* out);
-  // Decrypts data[0, n) in place and checks the tag at data[n, n + 16).
-  // Errors: DATA_LOSS when the record is not authentic.
-  absl::Status Open(uint8_t* data, size_t n, absl::Span<const uint8_t> aad);
-
- private:
-  void NextNonce(uint8_t nonce[12]);
-  const std::string key_;
-  uint64_t counter_ = 0;
-  void* ctx_ = nullptr;  // EVP_CIPHER_CTX
-};
-
 // The serving side's answer: "ok <port> <token>" (true) or a refusal.
 std::string FormatWireAnswer(int port, const std::string& token);
 bool ParseWireAnswer(const std::string& answer, int* port, std::string* token);
-// The host part of "host:port" ("[v6]" keeps its brackets off).
-std::string PeerHost(const std::string& address);
 // Logs, once per peer address, that a link to it stays on gRPC and why,
 // and remembers it: links to that address offer no wire for a minute (a
 // blocked port costs each new link the 2 s handshake time otherwise).
 void NoteWireFallback(const std::string& address, const absl::Status& why);
 bool WireRecentlyFailed(const std::string& address);
-
-// Hex of bytes, and back ("" for anything that is not even-length hex).
-std::string WireHex(absl::string_view bytes);
-std::string WireUnhex(absl::string_view hex);
 
 // A worker's listening socket for wire links. Each connection must present,
 // within 2 s, a token that Expect handed out (once); unknown tokens, slow
@@ -113,7 +82,8 @@ std::string WireUnhex(absl::string_view hex);
 // handshake at once. Thread-safe.
 class WireListener {
  public:
-  // Binds `host` (the worker's listen host; "" or "0.0.0.0" for all) on
+  // Binds `host` (the worker's listen host as HostOf gives it, no
+  // brackets; "", "0.0.0.0" or "::" for all) on
   // `port` (0: an ephemeral one) and starts the accept thread. Errors:
   // UNAVAILABLE.
   static absl::StatusOr<std::unique_ptr<WireListener>> Start(

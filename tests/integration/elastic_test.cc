@@ -154,6 +154,47 @@ class ElasticTest : public ::testing::Test {
     }
   }
 
+  // One round on the live workers in which `refused` calls with a bad
+  // dtype and the others call correctly: every call fails, and the others'
+  // errors name `refused` with FAILED_PRECONDITION (at once, not at their
+  // deadline).
+  void RoundWithARefusal(const std::string& refused) {
+    std::vector<WorkerNode*> on = Live();
+    std::vector<std::vector<int64_t>> data(on.size(),
+                                           std::vector<int64_t>(kCount, 1));
+    const absl::Time t0 = absl::Now();
+    auto round = RunRanks<absl::StatusOr<OpResult>>(
+        static_cast<int>(on.size()), [&](int j) {
+          v1::OpSpec spec = SumSpec(5000);
+          spec.set_algorithm(v1::RING);
+          if (on[static_cast<size_t>(j)]->options().worker_id == refused) {
+            spec.set_dtype(static_cast<v1::DType>(99));
+          }
+          return on[static_cast<size_t>(j)]->Execute(
+              spec, data[static_cast<size_t>(j)].data());
+        });
+    std::cout << "a round with " << refused << "'s call refused ended after "
+              << absl::FormatDuration(absl::Now() - t0) << "\n";
+    for (size_t j = 0; j < on.size(); ++j) {
+      ASSERT_FALSE(round[j].ok()) << on[j]->options().worker_id;
+      if (on[j]->options().worker_id == refused) continue;
+      EXPECT_EQ(round[j].status().code(), absl::StatusCode::kFailedPrecondition)
+          << round[j].status();
+      EXPECT_THAT(round[j].status().message(), HasSubstr(refused))
+          << round[j].status();
+    }
+  }
+
+  // The next round: every rank, one number, a correct sum on `world`.
+  void ExpectOneNumbering(int world, int* seq) {
+    auto results = AllReduce(Live(), ++*seq);
+    for (const auto& r : results) {
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->world_size, world);
+      EXPECT_EQ(r->op_seq, results[0]->op_seq);
+    }
+  }
+
   std::vector<WorkerNode*> Live() {
     std::vector<WorkerNode*> v;
     for (auto& w : workers_) {
@@ -290,31 +331,10 @@ TEST_F(ElasticTest, NewcomersRefusedFirstCallTakesTheRingsNumber) {
   ASSERT_TRUE(back.ok()) << back.status();
   workers_[3] = std::move(*back);
   // One round: w3's call is refused, the others call correctly.
-  std::vector<WorkerNode*> on = Live();
-  ASSERT_EQ(on.size(), 4u);
-  std::vector<std::vector<int64_t>> data(4, std::vector<int64_t>(kCount, 1));
-  auto round = RunRanks<absl::StatusOr<OpResult>>(4, [&](int j) {
-    v1::OpSpec spec = SumSpec(5000);
-    spec.set_algorithm(v1::RING);
-    if (on[static_cast<size_t>(j)]->options().worker_id == "w3") {
-      spec.set_dtype(static_cast<v1::DType>(99));
-    }
-    return on[static_cast<size_t>(j)]->Execute(spec, data[static_cast<size_t>(j)].data());
-  });
-  for (size_t j = 0; j < 4; ++j) {
-    ASSERT_FALSE(round[j].ok()) << on[j]->options().worker_id;
-    if (on[j]->options().worker_id != "w3") {
-      EXPECT_THAT(round[j].status().message(), HasSubstr("w3"))
-          << round[j].status();
-    }
-  }
-  // The next round: every rank, one number, a correct sum.
-  auto results = AllReduce(Live(), ++seq);
-  for (const auto& r : results) {
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->world_size, 4);
-    EXPECT_EQ(r->op_seq, results[0]->op_seq);
-  }
+  ASSERT_EQ(Live().size(), 4u);
+  RoundWithARefusal("w3");
+  if (HasFatalFailure()) return;
+  ExpectOneNumbering(4, &seq);
 }
 
 // A survivor refuses a call after it learnt of a loss but before it ran
@@ -345,36 +365,10 @@ TEST_F(ElasticTest, CallRefusedBeforeTheNewRingIsBuiltFailsThePeersThere) {
       },
       absl::Seconds(10), absl::Milliseconds(20)))
       << "the survivors did not hear of w3's loss";
-  std::vector<WorkerNode*> on = Live();
-  ASSERT_EQ(on.size(), 3u);
-  std::vector<std::vector<int64_t>> data(3, std::vector<int64_t>(kCount, 1));
-  const absl::Time t0 = absl::Now();
-  auto round = RunRanks<absl::StatusOr<OpResult>>(3, [&](int j) {
-    v1::OpSpec spec = SumSpec(5000);
-    spec.set_algorithm(v1::RING);
-    if (j == 0) spec.set_dtype(static_cast<v1::DType>(99));
-    return on[static_cast<size_t>(j)]->Execute(
-        spec, data[static_cast<size_t>(j)].data());
-  });
-  const absl::Duration took = absl::Now() - t0;
-  for (size_t j = 0; j < 3; ++j) {
-    ASSERT_FALSE(round[j].ok()) << on[j]->options().worker_id;
-    if (j > 0) {
-      // Named, not timed out.
-      EXPECT_EQ(round[j].status().code(), absl::StatusCode::kFailedPrecondition)
-          << round[j].status();
-      EXPECT_THAT(round[j].status().message(), HasSubstr("w0"))
-          << round[j].status();
-    }
-  }
-  std::cout << "the peers of the refused call failed after "
-            << absl::FormatDuration(took) << "\n";
-  auto results = AllReduce(Live(), ++seq);
-  for (const auto& r : results) {
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->world_size, 3);
-    EXPECT_EQ(r->op_seq, results[0]->op_seq);
-  }
+  ASSERT_EQ(Live().size(), 3u);
+  RoundWithARefusal("w0");
+  if (HasFatalFailure()) return;
+  ExpectOneNumbering(3, &seq);
 }
 
 TEST_F(ElasticTest, BelowMinimumFailsClearlyThenRecovers) {

@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
+#include "common/grpc_util.h"
 #include "wire/frame_codec.h"
 
 namespace halka {
@@ -81,13 +82,35 @@ TEST(WireAnswerTest, ParsesOnlyWellFormedAnswers) {
         "ok 12", "ok x " + good, "ok 12 " + good + " extra"}) {
     EXPECT_FALSE(ParseWireAnswer(bad, &port, &token)) << bad;
   }
-  EXPECT_EQ(PeerHost("10.0.0.1:7000"), "10.0.0.1");
-  EXPECT_EQ(PeerHost("[::1]:7000"), "::1");
-  EXPECT_EQ(PeerHost("worker-3.halka:7000"), "worker-3.halka");
+  EXPECT_EQ(HostOf("10.0.0.1:7000"), "10.0.0.1");
+  EXPECT_EQ(HostOf("[::1]:7000"), "::1");
+  EXPECT_EQ(HostOf("worker-3.halka:7000"), "worker-3.halka");
   EXPECT_EQ(WireUnhex(WireHex(std::string("\x00\xff\x10", 3))),
             std::string("\x00\xff\x10", 3));
   EXPECT_EQ(WireUnhex("abc"), "");
 }
+
+// What a sender answers (on_ready), waited for up to 10 s.
+struct ReadyProbe {
+  absl::Mutex mu;
+  std::optional<absl::Status> ready ABSL_GUARDED_BY(mu);
+  std::function<void(const absl::Status&)> Callback() {
+    return [this](const absl::Status& s) {
+      absl::MutexLock lock(&mu);
+      ready = s;
+    };
+  }
+  absl::Status Await() {
+    absl::MutexLock lock(&mu);
+    auto answered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return ready.has_value();
+    };
+    if (!mu.AwaitWithTimeout(absl::Condition(&answered), absl::Seconds(10))) {
+      return absl::DeadlineExceededError("the sender never answered");
+    }
+    return *ready;
+  }
+};
 
 // One link, end to end: a listener, an expected token, a sender, the
 // receiver the listener's callback starts; frames collected in order.
@@ -136,26 +159,17 @@ class WireLinkTest : public ::testing::TestWithParam<bool> {
   }
 
   // Starts a sender and waits for its answer.
-  absl::Status Connect(const std::string& token, const std::string& key) {
-    ready_.reset();
+  absl::Status Connect(const std::string& token, const std::string& key,
+                       int port = 0) {
+    if (sender_) sender_->Close();  // before its probe goes
+    probe_ = std::make_unique<ReadyProbe>();
     sender_ = std::make_unique<WireSender>(
-        "127.0.0.1", listener_->port(), token, key,
-        [this](const absl::Status& s) {
-          absl::MutexLock lock(&mu_);
-          ready_ = s;
-        },
-        [this](const absl::Status& s) {
+        "127.0.0.1", port != 0 ? port : listener_->port(), token, key,
+        probe_->Callback(), [this](const absl::Status& s) {
           absl::MutexLock lock(&mu_);
           failed_ = s;
         });
-    absl::MutexLock lock(&mu_);
-    auto answered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return ready_.has_value();
-    };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&answered), absl::Seconds(10))) {
-      return absl::DeadlineExceededError("the sender never answered");
-    }
-    return *ready_;
+    return probe_->Await();
   }
 
   // A valid float32 data frame of `count` elements, as the transport
@@ -196,7 +210,7 @@ class WireLinkTest : public ::testing::TestWithParam<bool> {
   std::unique_ptr<WireReceiver> receiver_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, std::string>> frames_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
-  std::optional<absl::Status> ready_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<ReadyProbe> probe_;
   std::optional<absl::Status> failed_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -247,19 +261,8 @@ TEST_P(WireLinkTest, ATokenServesOneConnectionAndAForgottenOneNone) {
 TEST_P(WireLinkTest, NoListenerMeansAClearConnectError) {
   const int port = listener_->port();
   listener_->Stop();
-  sender_ = std::make_unique<WireSender>(
-      "127.0.0.1", port, std::string(32, 'a'), key_,
-      [this](const absl::Status& s) {
-        absl::MutexLock lock(&mu_);
-        ready_ = s;
-      },
-      [](const absl::Status&) {});
-  absl::MutexLock lock(&mu_);
-  auto answered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return ready_.has_value();
-  };
-  ASSERT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&answered), absl::Seconds(10)));
-  EXPECT_EQ(ready_->code(), absl::StatusCode::kUnavailable) << *ready_;
+  const absl::Status s = Connect(std::string(32, 'a'), key_, port);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
 }
 
 TEST_P(WireLinkTest, AReceiverThatGoesAwayFailsTheSender) {
@@ -412,28 +415,6 @@ TEST_F(HostileWireTest, ACutInsideARecordIsReported) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr("inside a record"));
 }
-
-// What a sender answers (on_ready), waited for up to 10 s.
-struct ReadyProbe {
-  absl::Mutex mu;
-  std::optional<absl::Status> ready ABSL_GUARDED_BY(mu);
-  std::function<void(const absl::Status&)> Callback() {
-    return [this](const absl::Status& s) {
-      absl::MutexLock lock(&mu);
-      ready = s;
-    };
-  }
-  absl::Status Await() {
-    absl::MutexLock lock(&mu);
-    auto answered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-      return ready.has_value();
-    };
-    if (!mu.AwaitWithTimeout(absl::Condition(&answered), absl::Seconds(10))) {
-      return absl::DeadlineExceededError("the sender never answered");
-    }
-    return *ready;
-  }
-};
 
 // A port that accepts but never acks (not a halka listener): the sender
 // gives up within the handshake time and says why.

@@ -1,0 +1,64 @@
+// The serving side of peer links: Peer.Link streams, and the same-host
+// (shared memory) and wire (TCP) paths their dialling side offers. The
+// dialling side is GrpcTransport (worker/grpc_transport.h).
+#ifndef HALKA_WORKER_PEER_SERVICE_H_
+#define HALKA_WORKER_PEER_SERVICE_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/grpc_util.h"
+#include "grpcpp/grpcpp.h"
+#include "halka/v1/peer.grpc.pb.h"
+#include "worker/core/transport.h"
+
+namespace halka {
+
+class WireListener;
+
+// Serves Peer.Link: validates each stream's metadata and each frame, and
+// delivers frames to the Inbox of the stream's generation. Frames that fail
+// validation end the stream with DATA_LOSS and are reported as a link
+// failure.
+class PeerService final
+    : public v1::Peer::WithRawCallbackMethod_Link<v1::Peer::Service> {
+ public:
+  // The inbox for a stream of `generation` (a ring's generation, or a
+  // future one this worker has not switched to yet); an error refuses the
+  // stream with it (e.g. ABORTED for a generation that is over).
+  using InboxResolver =
+      std::function<absl::StatusOr<std::shared_ptr<Inbox>>(uint64_t)>;
+  // accept_shm: map the shared-memory rings that same-host peers offer.
+  // wire: take wire offers on this listener (null: none; it outlives the
+  // service's streams); wire_sealed: only sealed ones (the server is TLS).
+  PeerService(std::string job_id, InboxResolver resolver,
+              bool accept_shm = false, WireListener* wire = nullptr,
+              bool wire_sealed = false);
+
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Link(
+      grpc::CallbackServerContext* context) override;
+
+  // Number of inbound streams open now (for leak tests).
+  int open_streams() const;
+
+ private:
+  class InLink;
+  const std::string job_id_;
+  const InboxResolver resolver_;
+  const bool accept_shm_;
+  WireListener* const wire_;
+  const bool wire_sealed_;
+  // A ring needs one inbound stream per peer and generation (naive: per
+  // peer pair), and old generations' streams close.
+  StreamLimiter limiter_{"peer link", 64, 4096};
+  mutable absl::Mutex mu_;
+  int open_streams_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace halka
+
+#endif  // HALKA_WORKER_PEER_SERVICE_H_

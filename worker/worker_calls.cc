@@ -1,0 +1,299 @@
+// How a worker runs its caller's calls: their order of arrival, their
+// numbers on the ring (worker/numbering.h applied through RingBook), a
+// refused call's number and the peers' news of it, and the re-run of a
+// call the membership changed under. The node's life (start, join,
+// membership, shutdown) is worker_node.cc.
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "worker/core/cuda/device_memory.h"
+#include "worker/op_request.h"
+#include "worker/worker_node.h"
+
+namespace halka {
+
+WorkerNode::Arrival WorkerNode::Arrive() {
+  Arrival a;
+  a.at = absl::Now();
+  a.epoch = book_->epoch();
+  // Not under run_mu_ (held for a whole operation): a call that arrives
+  // while another runs gets its place in line at once.
+  a.ticket = tickets_.fetch_add(1) + 1;
+  absl::MutexLock lock(&calls_mu_);
+  ++calls_received_;
+  return a;
+}
+
+absl::StatusOr<OpResult> WorkerNode::Execute(const v1::OpSpec& spec,
+                                             void* data) {
+  return Execute(spec, data, Arrive());
+}
+
+absl::StatusOr<OpResult> WorkerNode::Execute(const v1::OpSpec& spec,
+                                             void* data,
+                                             const Arrival& arrival) {
+  HostOpBuffer buffer(data);
+  return Run(spec, buffer, arrival);
+}
+
+absl::StatusOr<OpResult> WorkerNode::ExecuteOnDevice(
+    const v1::OpSpec& spec, const v1::DeviceTensor& tensor,
+    const Arrival& arrival) {
+  if (device_ == nullptr) {
+    return Refuse(arrival, absl::FailedPreconditionError(absl::StrCat(
+        "worker ", options_.worker_id,
+        " has no usable GPU: send host tensors, or start it with --device")));
+  }
+  DeviceHandle h;
+  h.device = tensor.device();
+  h.ipc_handle = tensor.ipc_handle();
+  h.offset = tensor.offset();
+  h.pid = tensor.pid();
+  h.pointer = tensor.pointer();
+  absl::StatusOr<void*> ptr = device_->Resolve(h);
+  if (!ptr.ok()) return Refuse(arrival, ptr.status());
+  std::unique_ptr<OpBuffer> buffer = device_->MakeBuffer(*ptr);
+  return Run(spec, *buffer, arrival);
+}
+
+void WorkerNode::AwaitTurn(uint64_t ticket) {
+  auto mine = [this, ticket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_) {
+    return turn_ >= ticket;
+  };
+  run_mu_.Await(absl::Condition(&mine));
+}
+
+absl::Status WorkerNode::Refuse(const Arrival& arrival, absl::Status status) {
+  absl::MutexLock run_lock(&run_mu_);
+  AwaitTurn(arrival.ticket);
+  SkipNumber(status, arrival, arrival.at + options_.op_timeout);
+  ++turn_;
+  return status;
+}
+
+void WorkerNode::SkipNumber(const absl::Status& status,
+                            const Arrival& arrival, absl::Time deadline) {
+  // The number the call takes is the communicator's: the ring's next one,
+  // or, on a ring that still adopts, the one its peers run. The ring is the
+  // newest membership's, built here if no call has run on it yet: the
+  // peers run their copies of this call there, and a refusal sent on an
+  // older ring would leave them waiting until their deadline.
+  CatchUp();
+  const CallInfo call =
+      NewCall(std::max<uint64_t>(next_seq_, 1), arrival, absl::InfiniteFuture());
+  absl::StatusOr<std::shared_ptr<Ring>> ring = book_->Acquire(call);
+  if (!ring.ok()) {
+    // As a call that cannot run: numbered where this worker holds a number
+    // (the peers' copies fail too), else not at all.
+    if (call.numbered_generation != 0) {
+      RecordCall(next_seq_, status);
+      ++next_seq_;
+    } else {
+      RecordCall(0, status);
+    }
+    return;
+  }
+  absl::StatusOr<uint64_t> seq =
+      (*ring)->comm->SkipOp(call.seq, status, deadline);
+  if (!seq.ok()) {
+    log_.Warning(absl::StrCat("a call ended before it reached the ring (",
+                            status.ToString(), ") and no number could be "
+                            "learnt for it: ", seq.status().ToString()));
+    RecordCall(0, status);
+    return;
+  }
+  next_seq_ = *seq + 1;
+  RecordCall(*seq, status);
+}
+
+CallInfo WorkerNode::NewCall(uint64_t seq, const Arrival& arrival,
+                             absl::Time issued) {
+  CallInfo call;
+  call.seq = seq;
+  call.epoch = arrival.epoch;
+  call.issued = issued;
+  if (std::shared_ptr<Ring> now = book_->Current();
+      now != nullptr && now->comm->next_op_seq() != 0) {
+    call.numbered_generation = now->generation;
+  }
+  return call;
+}
+
+void WorkerNode::RecordCall(uint64_t seq, const absl::Status& status) {
+  absl::MutexLock lock(&calls_mu_);
+  last_call_recorded_ = true;
+  last_call_seq_ = seq;
+  last_call_ok_ = status.ok();
+  last_call_error_ = status.ok() ? "" : status.ToString();
+}
+
+absl::StatusOr<OpResult> WorkerNode::RunOn(Ring& ring, const v1::OpSpec& spec,
+                                           OpBuffer& buffer,
+                                           absl::Time deadline) {
+  // `spec` passed ValidateOpSpec (Run).
+  Communicator* comm = ring.comm.get();
+  const absl::Duration timeout =
+      std::max(deadline - absl::Now(), absl::Milliseconds(1));
+  switch (spec.kind()) {
+    case v1::ALL_REDUCE: {
+      Algorithm algorithm = static_cast<Algorithm>(spec.algorithm());
+      if (algorithm == Algorithm::kAuto) algorithm = options_.default_algorithm;
+      if (algorithm == Algorithm::kParameterServer) {
+        absl::Status s = EnsureServers(deadline);
+        if (!s.ok()) return s;
+      }
+      auto result = comm->AllReduce(buffer, spec.count(),
+                                    static_cast<DType>(spec.dtype()),
+                                    static_cast<ReduceOp>(spec.op()), timeout,
+                                    algorithm);
+      if (!result.ok() && algorithm == Algorithm::kParameterServer) {
+        // The server may have moved: look it up again next time.
+        absl::MutexLock lock(&servers_mu_);
+        have_servers_ = false;
+      }
+      return result;
+    }
+    case v1::BROADCAST:
+      return comm->Broadcast(buffer, spec.count(),
+                             static_cast<DType>(spec.dtype()), spec.root(),
+                             timeout);
+    case v1::BARRIER:
+      return comm->Barrier(timeout);
+    // The worker's --algorithm is all-reduce's: these run as asked (auto
+    // is the ring; naive and ps answer UNIMPLEMENTED).
+    case v1::ALL_GATHER:
+      return comm->AllGather(
+          buffer, spec.count(), spec.recv_count(),
+          static_cast<int>(std::min<uint64_t>(spec.input_slice(), INT32_MAX)),
+          static_cast<DType>(spec.dtype()), timeout,
+          static_cast<Algorithm>(spec.algorithm()));
+    case v1::REDUCE_SCATTER:
+      return comm->ReduceScatter(buffer, spec.count(), spec.recv_count(),
+                                 static_cast<DType>(spec.dtype()),
+                                 static_cast<ReduceOp>(spec.op()), timeout,
+                                 static_cast<Algorithm>(spec.algorithm()));
+    default:  // refused by ValidateOpSpec
+      return absl::InternalError(
+          absl::StrCat("unknown operation kind ", spec.kind()));
+  }
+}
+
+absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
+                                         OpBuffer& buffer,
+                                         const Arrival& arrival) {
+  absl::MutexLock run_lock(&run_mu_);
+  AwaitTurn(arrival.ticket);
+  running_seq_ = 0;
+  absl::StatusOr<OpResult> result = RunInTurn(spec, buffer, arrival);
+  if (result.ok() || running_seq_ != 0) {
+    RecordCall(result.ok() ? result->op_seq : running_seq_, result.status());
+  }
+  ++turn_;
+  return result;
+}
+
+absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
+                                               OpBuffer& buffer,
+                                               const Arrival& arrival) {
+  const absl::Time deadline =
+      CallDeadline(spec, arrival.at, options_.op_timeout);
+  if (absl::StatusOr<uint64_t> bytes =
+          ValidateOpSpec(spec, options_.max_op_bytes);
+      !bytes.ok()) {
+    SkipNumber(bytes.status(), arrival, deadline);
+    return bytes.status();
+  }
+  const absl::Time issued =
+      spec.issued_unix_ms() > 0
+          ? absl::FromUnixMillis(static_cast<int64_t>(spec.issued_unix_ms()))
+          : absl::InfiniteFuture();
+  uint64_t retry_seq = 0;
+  std::string retry_cause;
+  for (int attempt = 0;; ++attempt) {
+    CatchUp();
+    CallInfo call =
+        NewCall(retry_seq > 0 ? retry_seq : next_seq_, arrival, issued);
+    call.retry = retry_seq > 0;
+    running_seq_ = call.seq;
+    absl::StatusOr<std::shared_ptr<Ring>> ring = book_->Acquire(call);
+    if (!ring.ok()) {
+      // The call is numbered all the same (where this worker holds a
+      // number): the other ranks' copies of it fail too (or already ran),
+      // and the next call is the next number.
+      if (call.numbered_generation != 0 && retry_seq == 0) ++next_seq_;
+      return ring.status();
+    }
+    Communicator* comm = (*ring)->comm.get();
+    if (comm->next_op_seq() != 0 && call.seq != 0) {
+      comm->set_next_op_seq(call.seq);
+    }
+    absl::StatusOr<OpResult> result = RunOn(**ring, spec, buffer, deadline);
+    next_seq_ = comm->next_op_seq();
+    if (result.ok()) return result;
+    if (retry_seq > 0) {
+      // The re-run failed too: say why it was re-run (that names the lost
+      // peer), not only what it waited for on the new ring.
+      return absl::Status(
+          result.status().code(),
+          absl::StrCat(result.status().message(), " (re-run on generation ",
+                       (*ring)->generation, " after: ", retry_cause, ")"));
+    }
+    // Failed before it sent any data, because the membership changed (a
+    // peer's link broke, the rendezvous pushed a new generation, a peer
+    // already runs the next one): no rank can have completed it, so run it
+    // again on the new ring with the same sequence number. The new
+    // generation may still be on its way (the rendezvous probes a broken
+    // link's peer first): wait for it briefly.
+    auto untouched = result.status().GetPayload(kUntouchedPayload);
+    uint64_t n = 0;
+    const absl::StatusCode code = result.status().code();
+    if (!untouched.has_value() ||
+        !absl::SimpleAtoi(std::string(*untouched), &n) ||
+        (code != absl::StatusCode::kAborted &&
+         code != absl::StatusCode::kUnavailable) ||
+        attempt >= 4 || absl::Now() >= deadline) {
+      return result;
+    }
+    if (!book_->AwaitNewerGeneration(
+            (*ring)->generation,
+            std::min(deadline, absl::Now() + absl::Milliseconds(1500)))) {
+      return result;
+    }
+    log_.Info(absl::StrCat("operation #", n, " had not touched the buffer when "
+                         "the membership changed: running it on the new ring"));
+    retry_seq = n;
+    retry_cause = std::string(result.status().message());
+  }
+}
+
+absl::Status WorkerNode::EnsureServers(absl::Time deadline) {
+  absl::MutexLock lock(&servers_mu_);
+  if (have_servers_) return absl::OkStatus();
+  bool said = false;
+  for (;;) {
+    std::string message;
+    absl::StatusOr<std::vector<PeerInfo>> servers =
+        link_->LookupServers(&message);
+    if (servers.ok()) {
+      book_->SetServers(*servers);
+      have_servers_ = true;
+      if (said) log_.Info("parameter server found");
+      return absl::OkStatus();
+    }
+    if (!said) {
+      log_.Info(message);  // "waiting for parameter server of job X"
+      said = true;
+    }
+    if (absl::Now() + absl::Milliseconds(200) >= deadline || link_->stopped()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "all_reduce (ps): no parameter server before the deadline: ",
+          message));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+}
+
+}  // namespace halka

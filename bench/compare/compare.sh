@@ -29,6 +29,10 @@
 #   --gloo-algo A     ring_chunked (default), ring, halving_doubling
 #   --halka-args "…"  extra flags for halkactl bench (e.g. "--algo=ring")
 #   --out DIR         also keep the raw JSON rows there
+#   --halkactl PATH   this halkactl instead of BUILD/client/halkactl
+#   --gloo-bench PATH a gloo_bench built beforehand (no apt, no g++: a
+#                     machine without them, as bench/compare/run_on_host.sh
+#                     runs it from a bundle)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BUILD="$ROOT/build"
@@ -40,6 +44,8 @@ WARMUP=20
 GLOO_ALGO=ring_chunked
 HALKA_ARGS=""
 OUT=""
+HALKACTL=""
+GLOO_PREBUILT=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) BUILD="$2"; shift 2 ;;
@@ -51,25 +57,33 @@ while [ $# -gt 0 ]; do
     --gloo-algo) GLOO_ALGO="$2"; shift 2 ;;
     --halka-args) HALKA_ARGS="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    --halkactl) HALKACTL="$2"; shift 2 ;;
+    --gloo-bench) GLOO_PREBUILT="$2"; shift 2 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
-HALKACTL="$BUILD/client/halkactl"
+[ -n "$HALKACTL" ] || HALKACTL="$BUILD/client/halkactl"
 [ -x "$HALKACTL" ] || { echo "compare.sh: no $HALKACTL; build halka first (scripts/build.sh)" >&2; exit 2; }
+PYTHON=/usr/bin/python3
+[ -x "$PYTHON" ] || PYTHON=python3
 
-if ! dpkg-query -W -f='${Status}' libgloo-dev 2>/dev/null | grep -q "install ok installed"; then
+WORK="$(mktemp -d /tmp/halka-compare.XXXXXX)"
+trap 'rm -rf "$WORK"' EXIT
+GLOO_BENCH="$WORK/gloo_bench"
+if [ -n "$GLOO_PREBUILT" ]; then
+  [ -x "$GLOO_PREBUILT" ] || { echo "compare.sh: no $GLOO_PREBUILT" >&2; exit 2; }
+  GLOO_BENCH="$GLOO_PREBUILT"
+elif ! dpkg-query -W -f='${Status}' libgloo-dev 2>/dev/null | grep -q "install ok installed"; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   echo "compare.sh: installing libgloo-dev" >&2
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends libgloo-dev >&2
 fi
-
-WORK="$(mktemp -d /tmp/halka-compare.XXXXXX)"
-trap 'rm -rf "$WORK"' EXIT
-GLOO_BENCH="$WORK/gloo_bench"
-g++ -O2 -std=c++20 -pthread "$ROOT/bench/compare/gloo_bench.cc" -o "$GLOO_BENCH" -lgloo
+if [ -z "$GLOO_PREBUILT" ]; then
+  g++ -O2 -std=c++20 -pthread "$ROOT/bench/compare/gloo_bench.cc" -o "$GLOO_BENCH" -lgloo
+fi
 
 echo "# $(date -u +%FT%TZ) on $(nproc) cores, $(uname -r); halka $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -88,7 +102,7 @@ for g in $WORLDS; do
 done
 [ -n "$OUT" ] && { mkdir -p "$OUT"; cp "$WORK"/*.json "$OUT"/; }
 
-/usr/bin/python3 - "$WORK" $WORLDS <<'PY'
+"$PYTHON" - "$WORK" $WORLDS <<'PY'
 import json, os, sys
 work, worlds = sys.argv[1], [int(w) for w in sys.argv[2:]]
 

@@ -99,7 +99,12 @@ ABSL_FLAG(std::string, transfer, "auto",
           "inline");
 ABSL_FLAG(bool, tls, false,
           "bench embedded cluster: mutual TLS and a job token on every "
-          "channel (throwaway certificates made with openssl in a temp dir)");
+          "channel (throwaway certificates made with openssl in a temp dir, "
+          "or those in --tls_dir)");
+ABSL_FLAG(std::string, tls_dir, "",
+          "bench --tls: use DIR/ca.pem and DIR/localhost.pem, "
+          "DIR/localhost.key (scripts/certs.sh DIR) instead of making "
+          "certificates with openssl (for hosts without the openssl tool)");
 
 namespace halka {
 namespace {
@@ -112,6 +117,10 @@ struct RemovedAtExit {
     if (!dir.empty()) std::filesystem::remove_all(dir, ec);
   }
 };
+
+std::string BenchJobToken() {
+  return absl::StrCat("bench-", getpid(), "-", absl::ToUnixNanos(absl::Now()));
+}
 
 // A throwaway CA and a localhost certificate signed by it (openssl), for
 // the embedded cluster's mutual TLS: the certificate is both server and
@@ -143,7 +152,25 @@ absl::Status MakeThrowawayCertificates(LocalCluster::Options& lo,
   lo.tls_ca = d + "/ca.pem";
   lo.tls_cert = d + "/host.pem";
   lo.tls_key = d + "/host.key";
-  lo.job_token = absl::StrCat("bench-", getpid(), "-", absl::ToUnixNanos(absl::Now()));
+  lo.job_token = BenchJobToken();
+  return absl::OkStatus();
+}
+
+// Certificates made beforehand (scripts/certs.sh DIR): the CA and the
+// localhost certificate, which serves as server and client certificate.
+absl::Status UseCertificates(const std::string& dir, LocalCluster::Options& lo) {
+  for (const char* name : {"ca.pem", "localhost.pem", "localhost.key"}) {
+    const std::string path = dir + "/" + name;
+    if (access(path.c_str(), R_OK) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tls_dir: cannot read ", path,
+          " (make the directory with scripts/certs.sh DIR)"));
+    }
+  }
+  lo.tls_ca = dir + "/ca.pem";
+  lo.tls_cert = dir + "/localhost.pem";
+  lo.tls_key = dir + "/localhost.key";
+  lo.job_token = BenchJobToken();
   return absl::OkStatus();
 }
 
@@ -317,16 +344,20 @@ int BenchCommand() {
     lo.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
     lo.shm_links = absl::GetFlag(FLAGS_shm_links);
     lo.wire_links = absl::GetFlag(FLAGS_wire_links);
-  lo.wire_links = absl::GetFlag(FLAGS_wire_links);
     for (const BenchCase& bc : *cases) {
       if (bc.algorithm == Algorithm::kParameterServer) {
         lo.ps_shards = absl::GetFlag(FLAGS_ps_shards);
       }
     }
+    const std::string tls_dir = absl::GetFlag(FLAGS_tls_dir);
+    if (!tls_dir.empty() && !absl::GetFlag(FLAGS_tls)) {
+      return Fail(absl::InvalidArgumentError("--tls_dir needs --tls"));
+    }
     if (absl::GetFlag(FLAGS_tls)) {
-      if (absl::Status s = MakeThrowawayCertificates(lo, cert_dir); !s.ok()) {
-        return Fail(s);
-      }
+      absl::Status s = tls_dir.empty()
+                           ? MakeThrowawayCertificates(lo, cert_dir)
+                           : UseCertificates(tls_dir, lo);
+      if (!s.ok()) return Fail(s);
       std::printf("# mutual TLS and a job token on every channel\n");
     }
     auto c = LocalCluster::Start(lo);

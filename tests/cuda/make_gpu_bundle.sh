@@ -20,6 +20,8 @@
 #   bundle/glibc/  this machine's glibc and loader, used by run_on_gpu.sh
 #                  only if the GPU machine's own glibc is too old to run the
 #                  binaries
+#   bundle/certs/  throwaway TLS certificates (scripts/certs.sh) for
+#                  bench/compare/run_on_host.sh's TLS step
 #   bundle/MANIFEST.txt  what was built, where, and with which compilers
 # If patchelf is installed the binaries also get RPATH $ORIGIN/../lib; the
 # run script sets LD_LIBRARY_PATH either way.
@@ -43,6 +45,16 @@ if [[ -z "$NVCC" ]]; then
   exit 1
 fi
 cmake --build "$BUILD" --target "${TARGETS[@]}" -j"$JOBS"
+# Gloo's side of bench/compare (bench/compare/run_on_host.sh), when
+# libgloo-dev is installed here (the GPU machine has no Gloo of its own).
+GLOO_BENCH=""
+if [[ -e /usr/include/gloo/allreduce_ring_chunked.h ]]; then
+  GLOO_BENCH=$BUILD/gloo_bench
+  g++ -O2 -std=c++20 -pthread "$REPO/bench/compare/gloo_bench.cc" \
+    -o "$GLOO_BENCH" -lgloo
+else
+  echo "note: libgloo-dev is not installed; the bundle has no gloo_bench" >&2
+fi
 
 find_binary() {
   local path
@@ -54,8 +66,12 @@ find_binary() {
   echo "$path"
 }
 
-rm -rf "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/glibc" "$BUNDLE/MANIFEST.txt"
+rm -rf "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/glibc" "$BUNDLE/certs" \
+  "$BUNDLE/MANIFEST.txt"
 mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/glibc"
+# Throwaway TLS certificates for `halkactl bench --tls --tls_dir` there
+# (the GPU machine may lack the openssl tool); valid for 30 days.
+HALKA_CERT_DAYS=30 bash "$REPO/scripts/certs.sh" "$BUNDLE/certs" >/dev/null
 
 # glibc's own libraries: they must come from one glibc, so they are either
 # all the GPU machine's or all ours (bundle/glibc, with our loader).
@@ -74,8 +90,12 @@ is_driver() {
   return 1
 }
 
-for target in "${TARGETS[@]}"; do
-  src=$(find_binary "$target")
+for target in "${TARGETS[@]}" ${GLOO_BENCH:+gloo_bench}; do
+  if [[ $target == gloo_bench ]]; then
+    src=$GLOO_BENCH
+  else
+    src=$(find_binary "$target")
+  fi
   cp "$src" "$BUNDLE/bin/$target"
   if command -v strip >/dev/null; then strip --strip-debug "$BUNDLE/bin/$target"; fi
   # "name => /path (addr)" lines, and the loader's "/path (addr)" line.
@@ -114,7 +134,7 @@ done
   echo "c++: $(grep '^CMAKE_CXX_COMPILER:' "$BUILD/CMakeCache.txt" | cut -d= -f2)"
   echo "build type: $(grep '^CMAKE_BUILD_TYPE:' "$BUILD/CMakeCache.txt" | cut -d= -f2)"
   echo
-  (cd "$BUNDLE" && find bin lib glibc -type f -printf '%10s  %p\n' | sort -k2)
+  (cd "$BUNDLE" && find bin lib glibc certs -type f -printf '%10s  %p\n' | sort -k2)
 } >"$BUNDLE/MANIFEST.txt"
 
 echo "bundle: $BUNDLE ($(du -sh "$BUNDLE" | cut -f1))"

@@ -40,6 +40,8 @@
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=tests/cuda/bundle_loader.sh
+source "$REPO/tests/cuda/bundle_loader.sh"
 BUNDLE=${HALKA_BUNDLE:-$REPO/bundle}
 RESULTS=${OUT:-$BUNDLE/results}
 mkdir -p "$RESULTS"
@@ -112,27 +114,13 @@ fi
 
 # --- 3. how to start the binaries -----------------------------------------
 banner "loader"
-RUN=(env "LD_LIBRARY_PATH=$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
-mode="system glibc"
-if [[ "${HALKA_BUNDLED_GLIBC:-0}" == 1 ]] ||
-   ! timeout "$T_PROBE" "${RUN[@]}" "$TEST_BIN" --gtest_list_tests >/dev/null 2>"$RESULTS/probe.txt"; then
-  echo "the binaries do not start with this machine's glibc (or HALKA_BUNDLED_GLIBC=1):"
-  cat "$RESULTS/probe.txt" 2>/dev/null
-  # The driver's libcuda.so.1, wherever this machine keeps it.
-  cuda_dirs=$( (ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1/ {print $NF}';
-                ls /usr/local/nvidia/lib64/libcuda.so.1 /usr/lib64/libcuda.so.1 \
-                   /usr/lib/x86_64-linux-gnu/libcuda.so.1 2>/dev/null) |
-               xargs -r -n1 dirname | sort -u | paste -sd: -)
-  RUN=("$BUNDLE/glibc/ld-linux-x86-64.so.2" --library-path
-       "$BUNDLE/lib:$BUNDLE/glibc${cuda_dirs:+:$cuda_dirs}")
-  mode="bundled glibc"
-  if ! timeout "$T_PROBE" "${RUN[@]}" "$TEST_BIN" --gtest_list_tests >/dev/null 2>>"$RESULTS/probe.txt"; then
-    cat "$RESULTS/probe.txt"
-    row "start binaries" "FAILED" "neither system nor bundled glibc; see probe.txt"
-    cat "$SUMMARY"
-    exit 2
-  fi
+if ! bundle_loader "$BUNDLE" "$T_PROBE" "$RESULTS/probe.txt" "$TEST_BIN" --gtest_list_tests; then
+  cat "$RESULTS/probe.txt"
+  row "start binaries" "FAILED" "neither system nor bundled glibc; see probe.txt"
+  cat "$SUMMARY"
+  exit 2
 fi
+mode=$LOADER_MODE
 rm -f "$RESULTS/probe.txt"
 echo "running with the $mode"
 row "start binaries" "ok" "$mode"

@@ -1,0 +1,254 @@
+#!/usr/bin/env bash
+# Issue 16's measurements on a machine that has none of halka's libraries,
+# no Gloo and no network (the device tool's 16-core H200 host), from the
+# bundle tests/cuda/make_gpu_bundle.sh builds here (halkactl, gloo_bench,
+# their libraries, throwaway TLS certificates):
+#
+#   here:   bash tests/cuda/make_gpu_bundle.sh
+#   there:  run(command="bash bench/compare/run_on_host.sh", carry=["bundle"],
+#               timeout_s=540)
+#
+# Steps, in order of importance, each under its own timeout, all ending
+# before DEADLINE (450 s; a step whose timeout would not fit is skipped
+# with a line saying so):
+#   1. the machine: cores, memory, kernel, load
+#   2. one loopback TCP stream without halka (python3 sendall/recv_into,
+#      at most 4 GiB or 10 s): the per-edge ceiling there
+#   3. halka against Gloo, TCP against TCP: bench/compare/compare.sh
+#      --worlds "4 8" --min 256K --max 256M, halka with --shm_links=false
+#   4. 4 KiB at G = 4, three runs of 1,000 operations
+#   5. TLS: G = 4, 1-64 MiB over TCP, plaintext then mutual TLS
+#      (--tls --tls_dir bundle/certs)
+#   6. halka as users get it on one host (same-host shared-memory links), the
+#      same sizes, next to step 3's Gloo figures
+# Everything goes to $OUT (the device tool brings it back), else to
+# bundle/results-host: summary.txt and host16.tar.gz (every log and table).
+# Exit status: 0 when every step that ran finished with #wrong 0, 1 when a
+# step failed or a result was wrong, 2 when the bundle cannot run here.
+# Locally, `--quick` runs the same steps on small sizes (a check of the
+# script, not a measurement).
+set -uo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=tests/cuda/bundle_loader.sh
+source "$REPO/tests/cuda/bundle_loader.sh"
+BUNDLE=${HALKA_BUNDLE:-$REPO/bundle}
+RESULTS=${OUT:-$BUNDLE/results-host}
+QUICK=0
+[[ "${1:-}" == --quick ]] && QUICK=1
+mkdir -p "$RESULTS"
+LOGS=$(mktemp -d /tmp/halka-host.XXXXXX)
+trap 'rm -rf "$LOGS"' EXIT
+SUMMARY=$LOGS/summary.txt
+: >"$SUMMARY"
+T0=$SECONDS
+DEADLINE=450
+FAILED=0
+MAX=256M
+SIZES_TLS=(-b 1M -e 64M)
+N_SMALL=1000
+if [[ $QUICK == 1 ]]; then
+  MAX=1M
+  SIZES_TLS=(-b 1M -e 1M)
+  N_SMALL=50
+fi
+
+row() { printf '%-26s %-8s %s\n' "$1" "$2" "$3" | tee -a "$SUMMARY"; }
+fits() {
+  (( SECONDS - T0 + $2 <= DEADLINE )) && return 0
+  row "$1" "skipped" "not enough time left before ${DEADLINE}s"
+  return 1
+}
+# verdict NAME RC OK_TEXT FAIL_TEXT: the step's row, ok when RC is 0.
+verdict() {
+  if [[ $2 -eq 0 ]]; then
+    row "$1" "ok" "$3"
+  else
+    row "$1" "FAILED" "$4"
+    FAILED=1
+  fi
+}
+# Rows of a halkactl bench table whose #wrong column is not 0.
+wrong_rows() { awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $9 != 0' "$@" | wc -l; }
+
+HALKACTL=$BUNDLE/bin/halkactl
+GLOO=$BUNDLE/bin/gloo_bench
+if [[ ! -x "$HALKACTL" ]]; then
+  echo "error: no $HALKACTL; build the bundle with tests/cuda/make_gpu_bundle.sh" \
+       "and carry bundle/ to this machine" >&2
+  exit 2
+fi
+if ! bundle_loader "$BUNDLE" 30 "$LOGS/probe.txt" "$HALKACTL" bench --workers=2 \
+     -b 4K -e 4K -n 1 -w 0; then
+  cat "$LOGS/probe.txt" >&2
+  echo "error: the bundle's halkactl does not run here" >&2
+  exit 2
+fi
+# Wrappers, so that compare.sh runs the bundled binaries through RUN.
+for b in halkactl gloo_bench; do
+  printf '#!/usr/bin/env bash\nexec %s %q "$@"\n' "$(printf '%q ' "${RUN[@]}")" \
+    "$BUNDLE/bin/$b" >"$LOGS/$b"
+  chmod +x "$LOGS/$b"
+done
+PY=python3
+command -v "$PY" >/dev/null || PY=/usr/bin/python3
+
+# --- 1. the machine ----------------------------------------------------------
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "cores: $(nproc); kernel: $(uname -r); load: $(cut -d' ' -f1-3 /proc/loadavg)"
+  grep -E '^(MemTotal|MemAvailable)' /proc/meminfo
+  grep -m1 'model name' /proc/cpuinfo
+  command -v nvidia-smi >/dev/null && nvidia-smi -L
+  echo "loader: $LOADER_MODE"
+  [[ -f "$BUNDLE/MANIFEST.txt" ]] && head -7 "$BUNDLE/MANIFEST.txt"
+} >"$LOGS/machine.txt" 2>&1
+cat "$LOGS/machine.txt"
+row "machine" "ok" "$(nproc) cores, $(uname -r), $LOADER_MODE"
+
+# --- 2. one loopback TCP stream ---------------------------------------------
+if fits "tcp stream" 30; then
+  timeout 30 "$PY" - >"$LOGS/tcp-stream.txt" 2>&1 <<'PY'
+import socket, threading, time
+LIMIT, SECONDS, CHUNK = 4 << 30, 10.0, 4 << 20
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+got = [0]
+def sink():
+    c, _ = srv.accept()
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    while True:
+        n = c.recv_into(view)
+        if n == 0:
+            break
+        got[0] += n
+t = threading.Thread(target=sink)
+t.start()
+s = socket.create_connection(srv.getsockname())
+data = b"\x5a" * CHUNK
+sent, t0 = 0, time.monotonic()
+while sent < LIMIT and time.monotonic() - t0 < SECONDS:
+    s.sendall(data)
+    sent += CHUNK
+s.close()
+t.join()
+dt = time.monotonic() - t0
+print(f"one loopback TCP stream: {got[0] / dt / 1e9:.2f} GB/s "
+      f"({got[0] >> 20} MiB in {dt:.2f} s, python sendall/recv_into, 4 MiB writes)")
+PY
+  if [[ $? -eq 0 ]]; then
+    row "tcp stream" "ok" "$(cut -d: -f2- "$LOGS/tcp-stream.txt")"
+  else
+    row "tcp stream" "FAILED" "$(tail -1 "$LOGS/tcp-stream.txt")"
+  fi
+fi
+
+# --- 3. halka against Gloo, TCP against TCP ---------------------------------
+if [[ ! -x "$GLOO" ]]; then
+  row "vs gloo (tcp)" "skipped" "the bundle has no gloo_bench (libgloo-dev was not installed where it was built)"
+elif fits "vs gloo (tcp)" 240; then
+  timeout 240 bash "$REPO/bench/compare/compare.sh" --halkactl "$LOGS/halkactl" \
+    --gloo-bench "$LOGS/gloo_bench" --worlds "4 8" --min 256K --max "$MAX" \
+    --iters 10 --warmup 5 --halka-args "--shm_links=false" --out "$LOGS/compare-tcp" \
+    >"$LOGS/compare-tcp.txt" 2>&1
+  rc=$?
+  verdict "vs gloo (tcp)" "$rc" "256K-$MAX, G = 4, 8; table in compare-tcp.txt" \
+    "rc=$rc; see compare-tcp.txt"
+fi
+
+# --- 4. 4 KiB at G = 4 ------------------------------------------------------
+if fits "4 KiB G=4" 60; then
+  times=""
+  rc=0
+  for i in 1 2 3; do
+    timeout 20 "$LOGS/halkactl" bench --workers=4 -b 4K -e 4K -n "$N_SMALL" -w 100 \
+      >"$LOGS/small-$i.txt" 2>&1 || rc=1
+    times+="$(awk '$1 == 4096 {print $6}' "$LOGS/small-$i.txt") "
+    (( $(wrong_rows "$LOGS/small-$i.txt") == 0 )) || rc=1
+  done
+  verdict "4 KiB G=4" "$rc" "µs per operation, three runs: $times" \
+    "see small-*.txt"
+fi
+
+# --- 5. TLS ------------------------------------------------------------------
+if [[ ! -f "$BUNDLE/certs/localhost.pem" ]]; then
+  row "tls" "skipped" "the bundle has no certs/"
+elif fits "tls" 90; then
+  rc=0
+  timeout 45 "$LOGS/halkactl" bench --workers=4 "${SIZES_TLS[@]}" -f 4 -n 10 -w 5 \
+    --shm_links=false >"$LOGS/tls-plain.txt" 2>&1 || rc=1
+  timeout 45 "$LOGS/halkactl" bench --workers=4 "${SIZES_TLS[@]}" -f 4 -n 10 -w 5 \
+    --shm_links=false --tls --tls_dir="$BUNDLE/certs" >"$LOGS/tls-mtls.txt" 2>&1 || rc=1
+  (( $(wrong_rows "$LOGS/tls-plain.txt" "$LOGS/tls-mtls.txt") == 0 )) || rc=1
+  if [[ $rc -eq 0 ]]; then
+    awk 'FNR == 1 { f++ } $1 ~ /^[0-9]+$/ && NF >= 9 { b[f, $1] = $8; s[$1] = 1 }
+         END { printf "size plaintext mtls cost\n";
+               for (k in s) printf "%d %s %s %.0f%%\n", k, b[1, k], b[2, k],
+                 (b[1, k] > 0 ? 100 * (1 - b[2, k] / b[1, k]) : 0) }' \
+      "$LOGS/tls-plain.txt" "$LOGS/tls-mtls.txt" | sort -n >"$LOGS/tls.txt"
+  fi
+  verdict "tls" "$rc" "busbw plaintext / mutual TLS by size in tls.txt" \
+    "see tls-plain.txt, tls-mtls.txt"
+fi
+
+# --- 6. halka as users get it on one host -----------------------------------
+if fits "halka same-host" 120; then
+  rc=0
+  for g in 4 8; do
+    timeout 55 "$LOGS/halkactl" bench --workers=$g -b 256K -e "$MAX" -f 4 -n 10 -w 5 \
+      --json >"$LOGS/halka-shm-$g.json" 2>"$LOGS/halka-shm-$g.log" || rc=1
+  done
+  if [[ $rc -eq 0 ]]; then
+    "$PY" - "$LOGS" >"$LOGS/shm-vs-gloo.txt" 2>&1 <<'PY'
+import json, os, sys
+logs = sys.argv[1]
+def rows(path):
+    out = {}
+    if os.path.exists(path):
+        for line in open(path):
+            if line.startswith("{"):
+                r = json.loads(line)
+                out[r["size"]] = r
+    return out
+bad = 0
+print("busbw GB/s: halka with same-host links / Gloo over TCP (step 3's run)")
+for g in (4, 8):
+    h = rows(os.path.join(logs, f"halka-shm-{g}.json"))
+    o = rows(os.path.join(logs, "compare-tcp", f"gloo-{g}.json"))
+    cells = []
+    for s in sorted(h):
+        bad += 1 if h[s].get("wrong") or h[s].get("error") else 0
+        b = h[s]["busbw_gbs"]
+        if s in o and o[s]["busbw_gbs"] > 0:
+            cells.append(f"{s >> 10}K {b:.2f}/{o[s]['busbw_gbs']:.2f} ({b / o[s]['busbw_gbs']:.2f}x)")
+        else:
+            cells.append(f"{s >> 10}K {b:.2f}")
+    print(f"G={g}: " + " | ".join(cells))
+sys.exit(1 if bad else 0)
+PY
+    rc=$?
+  fi
+  verdict "halka same-host" "$rc" "table in shm-vs-gloo.txt" \
+    "see halka-shm-*.log, shm-vs-gloo.txt"
+fi
+
+# --- summary -----------------------------------------------------------------
+{
+  echo
+  echo "total $((SECONDS - T0)) s"
+  for f in tcp-stream.txt; do [[ -s "$LOGS/$f" ]] && cat "$LOGS/$f"; done
+  if [[ -s "$LOGS/compare-tcp.txt" ]]; then
+    echo
+    echo "TCP against TCP (halka --shm_links=false):"
+    sed -n '/^busbw GB\/s, halka/,$p' "$LOGS/compare-tcp.txt"
+  fi
+  [[ -s "$LOGS/shm-vs-gloo.txt" ]] && { echo; cat "$LOGS/shm-vs-gloo.txt"; }
+  [[ -s "$LOGS/tls.txt" ]] && { echo; echo "TLS, G = 4, busbw GB/s:"; cat "$LOGS/tls.txt"; }
+} >>"$SUMMARY"
+cp "$SUMMARY" "$RESULTS/summary.txt"
+tar -czf "$RESULTS/host16.tar.gz" -C "$LOGS" .
+cat "$SUMMARY"
+echo "results in $RESULTS"
+exit $FAILED

@@ -2,8 +2,9 @@
 # halkactl bench --tls --tls_dir DIR: the embedded cluster runs under mutual
 # TLS with certificates made beforehand (scripts/certs.sh DIR), as on a host
 # without the openssl tool (bench/compare/run_on_host.sh), and every result
-# is right (security_test checks what the links carry under TLS). --tls_dir without --tls, and a
-# directory without the certificates, are refused with a clear error.
+# is right (security_test checks what the links carry under TLS).
+# --tls_dir without --tls, and a directory without the certificates, are
+# refused with a clear error.
 set -euo pipefail
 halkactl=$1
 repo=$(cd "$(dirname "$0")/../.." && pwd)

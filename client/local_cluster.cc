@@ -56,6 +56,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     wo.listen = "127.0.0.1:0";
     wo.chunk_bytes = options.chunk_bytes;
     wo.shm_links = options.shm_links;
+    wo.shm_spin = options.shm_spin;
     wo.wire_links = options.wire_links;
     wo.op_timeout = options.op_timeout;
     wo.join_timeout = absl::Seconds(30);

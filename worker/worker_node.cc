@@ -15,6 +15,7 @@
 #include "common/security.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "worker/core/cuda/device_memory.h"
+#include "worker/core/shm_ring.h"
 #include "worker/grpc_transport.h"
 #include "worker/peer_service.h"
 #include "worker/op_request.h"
@@ -42,6 +43,12 @@ absl::Status CheckOptions(const WorkerOptions& options) {
   }
   if (options.world_size < 1) {
     return absl::InvalidArgumentError("worker: --world_size must be >= 1");
+  }
+  if (options.shm_spin < absl::ZeroDuration() ||
+      options.shm_spin > absl::Milliseconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker: --shm_spin_us must be 0-1000, got ",
+        absl::ToInt64Microseconds(options.shm_spin)));
   }
   if ((options.min_world_size > 0) != (options.max_world_size > 0) ||
       options.min_world_size > options.max_world_size ||
@@ -85,6 +92,7 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
   std::unique_ptr<WorkerNode> node(new WorkerNode(std::move(options)));
   const WorkerOptions& o = node->options_;
   WorkerNode* raw = node.get();
+  if (o.shm_spin > absl::ZeroDuration()) ShmRing::SetSpinBeforeSleep(o.shm_spin);
   if (o.wire_links) {
     absl::StatusOr<std::unique_ptr<WireListener>> wire =
         WireListener::Start(HostOf(o.listen), o.wire_port);

@@ -76,6 +76,10 @@ ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "embedded cluster: bytes per frame");
 ABSL_FLAG(bool, shm_links, true,
           "embedded cluster: peer links through shared memory (the workers "
           "share this host); false: over loopback TCP (see --wire_links)");
+ABSL_FLAG(int64_t, shm_spin_us, 0,
+          "embedded cluster: microseconds a reader of a same-host ring "
+          "(links, sessions) polls it before it sleeps (0-1000; 0: sleeps "
+          "at once)");
 ABSL_FLAG(bool, wire_links, true,
           "embedded cluster: links that are not through shared memory take "
           "a TCP connection of their own; false: the gRPC stream");
@@ -343,6 +347,7 @@ int BenchCommand() {
     lo.workers = absl::GetFlag(FLAGS_workers);
     lo.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
     lo.shm_links = absl::GetFlag(FLAGS_shm_links);
+    lo.shm_spin = absl::Microseconds(absl::GetFlag(FLAGS_shm_spin_us));
     lo.wire_links = absl::GetFlag(FLAGS_wire_links);
     for (const BenchCase& bc : *cases) {
       if (bc.algorithm == Algorithm::kParameterServer) {

@@ -203,6 +203,59 @@ TEST(ShmRing, CloseWakesBothEndsAndTheReaderDrainsFirst) {
   EXPECT_TRUE(p.rx->closed());
 }
 
+// A reader that polls before it sleeps (ShmRing::SetSpinBeforeSleep) still
+// gets every record, in order, whether it comes within the poll or after
+// the reader went to sleep, sees a close, and keeps its timeout; the poll
+// is clamped to 1 ms.
+TEST(ShmRing, PollingBeforeSleepingChangesNothingButTheWait) {
+  struct Reset {
+    ~Reset() { ShmRing::SetSpinBeforeSleep(absl::ZeroDuration()); }
+  } reset;
+  ShmRing::SetSpinBeforeSleep(absl::Seconds(5));
+  EXPECT_EQ(ShmRing::SpinBeforeSleep(), absl::Milliseconds(1));
+  ShmRing::SetSpinBeforeSleep(absl::Microseconds(-3));
+  EXPECT_EQ(ShmRing::SpinBeforeSleep(), absl::ZeroDuration());
+  ShmRing::SetSpinBeforeSleep(absl::Microseconds(500));
+  EXPECT_EQ(ShmRing::SpinBeforeSleep(), absl::Microseconds(500));
+
+  Pair p = MakePair(64 << 10);
+  const absl::Time t0 = absl::Now();
+  auto none = p.rx->Next(absl::Milliseconds(20));
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(20));
+
+  // Records 0..199 written with pauses from none (caught while polling) to
+  // 3 ms (after the reader fell asleep).
+  std::thread writer([&] {
+    for (uint32_t i = 0; i < 200; ++i) {
+      const std::vector<uint8_t> body = Pattern(100 + i, i);
+      while (!p.tx->TryWrite({absl::MakeConstSpan(body)}, body.size())) {
+        absl::SleepFor(absl::Microseconds(50));
+      }
+      if (i % 50 == 49) absl::SleepFor(absl::Milliseconds(3));
+      else if (i % 3 == 0) absl::SleepFor(absl::Microseconds(100));
+    }
+  });
+  for (uint32_t i = 0; i < 200; ++i) {
+    const ShmRing::Record r = MustNext(*p.rx);
+    const std::vector<uint8_t> want = Pattern(100 + i, i);
+    ASSERT_EQ(r.bytes, want.size()) << "record " << i;
+    EXPECT_EQ(std::memcmp(r.data, want.data(), want.size()), 0) << i;
+    p.rx->Release(r.id);
+  }
+  writer.join();
+  std::thread closer([&] {
+    absl::SleepFor(absl::Milliseconds(5));
+    p.tx->Close();
+  });
+  auto closed = p.rx->Next(absl::Seconds(60));
+  closer.join();
+  ASSERT_TRUE(closed.ok());
+  EXPECT_FALSE(closed->has_value());
+  EXPECT_TRUE(p.rx->closed());
+}
+
 // Another process, as in production: 2,000 frames of random sizes, with
 // the child releasing them out of order, arrive bit for bit and in order.
 TEST(ShmRing, AcrossProcessesEveryFrameArrivesInOrder) {

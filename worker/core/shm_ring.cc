@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/time/clock.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -360,11 +361,52 @@ absl::StatusOr<std::optional<ShmRing::Record>> ShmRing::Next(
     }
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) return std::optional<Record>();
+    if (SpinForRecord(left)) continue;
     h->consumer_sleeping.store(1);
     if (h->head.load() == read_ && h->closed.load() == 0) {
       FutexWait(&h->head_seq, seq, left);
     }
     h->consumer_sleeping.store(0);
+  }
+}
+
+namespace {
+
+std::atomic<int64_t> spin_before_sleep_ns{0};
+
+void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+}  // namespace
+
+void ShmRing::SetSpinBeforeSleep(absl::Duration spin) {
+  const absl::Duration clamped =
+      std::clamp(spin, absl::ZeroDuration(), absl::Milliseconds(1));
+  spin_before_sleep_ns.store(absl::ToInt64Nanoseconds(clamped));
+}
+
+absl::Duration ShmRing::SpinBeforeSleep() {
+  return absl::Nanoseconds(spin_before_sleep_ns.load());
+}
+
+bool ShmRing::SpinForRecord(absl::Duration left) const {
+  const int64_t spin = std::min(spin_before_sleep_ns.load(std::memory_order_relaxed),
+                                absl::ToInt64Nanoseconds(left));
+  if (spin <= 0) return false;
+  const Header* h = header();
+  const int64_t until = absl::GetCurrentTimeNanos() + spin;
+  for (uint32_t i = 1;; ++i) {
+    if (h->head.load(std::memory_order_acquire) != read_ ||
+        h->closed.load() != 0) {
+      return true;
+    }
+    CpuRelax();
+    if (i % 64 == 0 && absl::GetCurrentTimeNanos() >= until) return false;
   }
 }
 

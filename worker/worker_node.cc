@@ -92,7 +92,7 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
   std::unique_ptr<WorkerNode> node(new WorkerNode(std::move(options)));
   const WorkerOptions& o = node->options_;
   WorkerNode* raw = node.get();
-  if (o.shm_spin > absl::ZeroDuration()) ShmRing::SetSpinBeforeSleep(o.shm_spin);
+  ShmRing::SetSpinBeforeSleep(o.shm_spin);  // process-wide: the last one set
   if (o.wire_links) {
     absl::StatusOr<std::unique_ptr<WireListener>> wire =
         WireListener::Start(HostOf(o.listen), o.wire_port);

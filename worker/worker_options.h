@@ -32,8 +32,8 @@ struct WorkerOptions {
   // (worker/shm_link.h); off: every link uses gRPC over TCP.
   bool shm_links = true;
   // How long a reader of a same-host ring (links, SDK sessions) polls it
-  // before it sleeps (ShmRing::SetSpinBeforeSleep; process-wide, set by
-  // the worker when not zero). 0: sleeps at once.
+  // before it sleeps (ShmRing::SetSpinBeforeSleep; process-wide: the
+  // worker created last sets it). 0: sleeps at once.
   absl::Duration shm_spin = absl::ZeroDuration();
   // Peer links to other hosts carry their frames on a TCP connection of
   // their own (sealed with AES-GCM under TLS), not on the gRPC stream

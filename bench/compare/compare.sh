@@ -33,6 +33,8 @@
 #   --gloo-bench PATH a gloo_bench built beforehand (no apt, no g++: a
 #                     machine without them, as bench/compare/run_on_host.sh
 #                     runs it from a bundle)
+#   --timeout SECS    limit for each side's run per world size (default
+#                     1800); a run past it is killed and the script fails
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BUILD="$ROOT/build"
@@ -46,6 +48,7 @@ HALKA_ARGS=""
 OUT=""
 HALKACTL=""
 GLOO_PREBUILT=""
+RUN_TIMEOUT=1800
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) BUILD="$2"; shift 2 ;;
@@ -59,7 +62,8 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --halkactl) HALKACTL="$2"; shift 2 ;;
     --gloo-bench) GLOO_PREBUILT="$2"; shift 2 ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    --timeout) RUN_TIMEOUT="$2"; shift 2 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -90,13 +94,13 @@ echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 for g in $WORLDS; do
   echo "## G=$g halka: halkactl bench --workers=$g -b $MIN -e $MAX -f 4 -n $ITERS -w $WARMUP $HALKA_ARGS"
   # shellcheck disable=SC2086
-  timeout 1800 "$HALKACTL" bench --workers="$g" -b "$MIN" -e "$MAX" -f 4 \
+  timeout -k 5 "$RUN_TIMEOUT" "$HALKACTL" bench --workers="$g" -b "$MIN" -e "$MAX" -f 4 \
     -n "$ITERS" -w "$WARMUP" --json $HALKA_ARGS 2>"$WORK/halka-$g.log" \
     | grep '^{' >"$WORK/halka-$g.json" || {
       echo "compare.sh: halkactl bench failed for G=$g:" >&2
       tail -20 "$WORK/halka-$g.log" >&2; exit 1; }
   echo "## G=$g gloo: gloo_bench --world=$g --algo=$GLOO_ALGO"
-  timeout 1800 "$GLOO_BENCH" --world="$g" --min="$MIN" --max="$MAX" \
+  timeout -k 5 "$RUN_TIMEOUT" "$GLOO_BENCH" --world="$g" --min="$MIN" --max="$MAX" \
     --factor=4 --iters="$ITERS" --warmup="$WARMUP" --algo="$GLOO_ALGO" \
     >"$WORK/gloo-$g.json" || { echo "compare.sh: gloo_bench failed for G=$g" >&2; exit 1; }
 done

@@ -6,16 +6,17 @@
 #
 #   here:   bash tests/cuda/make_gpu_bundle.sh
 #   there:  run(command="bash bench/compare/run_on_host.sh", carry=["bundle"],
-#               timeout_s=540)
+#               timeout_s=450)
 #
 # Steps, in order of importance, each under its own timeout, all ending
-# before DEADLINE (450 s; a step whose timeout would not fit is skipped
-# with a line saying so):
+# before DEADLINE (390 s; a step whose timeout would not fit is skipped
+# with a line saying so; every timeout also kills what the step started):
 #   1. the machine: cores, memory, kernel, load
 #   2. one loopback TCP stream without halka (python3 sendall/recv_into,
 #      at most 4 GiB or 10 s): the per-edge ceiling there
 #   3. halka against Gloo, TCP against TCP: bench/compare/compare.sh
-#      --worlds "4 8" --min 256K --max 256M, halka with --shm_links=false
+#      --min 256K --max 256M, halka with --shm_links=false, G = 4 then G = 8
+#      (each its own run, so that one past its time loses only itself)
 #   4. 4 KiB at G = 4, three runs of 1,000 operations, then one each with
 #      the rings polled 20 and 50 µs before sleeping (--shm_spin_us)
 #   5. TLS: G = 4, 1-64 MiB over TCP, plaintext then mutual TLS
@@ -23,7 +24,8 @@
 #   6. halka as users get it on one host (same-host shared-memory links), the
 #      same sizes, next to step 3's Gloo figures
 # Everything goes to $OUT (the device tool brings it back), else to
-# bundle/results-host: summary.txt and host16.tar.gz (every log and table).
+# bundle/results-host: summary.txt, written row by row, and host16.tar.gz
+# (every log and table), written on any exit, a killed one too.
 # Exit status: 0 when every step that ran finished with #wrong 0, 1 when a
 # step failed or a result was wrong, 2 when the bundle cannot run here.
 # Locally, `--quick` runs the same steps on small sizes (a check of the
@@ -39,11 +41,17 @@ QUICK=0
 [[ "${1:-}" == --quick ]] && QUICK=1
 mkdir -p "$RESULTS"
 LOGS=$(mktemp -d /tmp/halka-host.XXXXXX)
-trap 'rm -rf "$LOGS"' EXIT
-SUMMARY=$LOGS/summary.txt
+SUMMARY=$RESULTS/summary.txt
 : >"$SUMMARY"
+pack() {
+  cp "$SUMMARY" "$LOGS/summary.txt" 2>/dev/null
+  tar -czf "$RESULTS/host16.tar.gz" -C "$LOGS" . 2>/dev/null
+  rm -rf "$LOGS"
+}
+trap pack EXIT
+trap 'exit 143' TERM INT
 T0=$SECONDS
-DEADLINE=450
+DEADLINE=390
 FAILED=0
 MAX=256M
 SIZES_TLS=(-b 1M -e 64M)
@@ -75,14 +83,13 @@ wrong_rows() { awk '$1 ~ /^[0-9]+$/ && NF >= 9 && $9 != 0' "$@" | wc -l; }
 HALKACTL=$BUNDLE/bin/halkactl
 GLOO=$BUNDLE/bin/gloo_bench
 if [[ ! -x "$HALKACTL" ]]; then
-  echo "error: no $HALKACTL; build the bundle with tests/cuda/make_gpu_bundle.sh" \
-       "and carry bundle/ to this machine" >&2
+  row "start binaries" "FAILED" "no $HALKACTL: build the bundle with tests/cuda/make_gpu_bundle.sh and carry bundle/"
   exit 2
 fi
 if ! bundle_loader "$BUNDLE" 30 "$LOGS/probe.txt" "$HALKACTL" bench --workers=2 \
      -b 4K -e 4K -n 1 -w 0; then
   cat "$LOGS/probe.txt" >&2
-  echo "error: the bundle's halkactl does not run here" >&2
+  row "start binaries" "FAILED" "the bundle's halkactl does not run here (probe.txt)"
   exit 2
 fi
 # Wrappers, so that compare.sh runs the bundled binaries through RUN.
@@ -100,7 +107,7 @@ command -v "$PY" >/dev/null || PY=/usr/bin/python3
   echo "cores: $(nproc); kernel: $(uname -r); load: $(cut -d' ' -f1-3 /proc/loadavg)"
   grep -E '^(MemTotal|MemAvailable)' /proc/meminfo
   grep -m1 'model name' /proc/cpuinfo
-  command -v nvidia-smi >/dev/null && nvidia-smi -L
+  command -v nvidia-smi >/dev/null && timeout -k 2 20 nvidia-smi -L
   echo "loader: $LOADER_MODE"
   [[ -f "$BUNDLE/MANIFEST.txt" ]] && head -7 "$BUNDLE/MANIFEST.txt"
 } >"$LOGS/machine.txt" 2>&1
@@ -109,7 +116,7 @@ row "machine" "ok" "$(nproc) cores, $(uname -r), $LOADER_MODE"
 
 # --- 2. one loopback TCP stream ---------------------------------------------
 if fits "tcp stream" 30; then
-  timeout 30 "$PY" - >"$LOGS/tcp-stream.txt" 2>&1 <<'PY'
+  timeout -k 5 30 "$PY" - >"$LOGS/tcp-stream.txt" 2>&1 <<'PY'
 import socket, threading, time
 LIMIT, SECONDS, CHUNK = 4 << 30, 10.0, 4 << 20
 srv = socket.socket()
@@ -139,28 +146,28 @@ dt = time.monotonic() - t0
 print(f"one loopback TCP stream: {got[0] / dt / 1e9:.2f} GB/s "
       f"({got[0] >> 20} MiB in {dt:.2f} s, python sendall/recv_into, 4 MiB writes)")
 PY
-  if [[ $? -eq 0 ]]; then
-    row "tcp stream" "ok" "$(cut -d: -f2- "$LOGS/tcp-stream.txt")"
-  else
-    row "tcp stream" "FAILED" "$(tail -1 "$LOGS/tcp-stream.txt")"
-  fi
+  rc=$?
+  verdict "tcp stream" "$rc" "$(cut -d: -f2- "$LOGS/tcp-stream.txt")" \
+    "rc=$rc: $(tail -1 "$LOGS/tcp-stream.txt")"
 fi
 
 # --- 3. halka against Gloo, TCP against TCP ---------------------------------
-if [[ ! -x "$GLOO" ]]; then
-  row "vs gloo (tcp)" "skipped" "the bundle has no gloo_bench (libgloo-dev was not installed where it was built)"
-elif fits "vs gloo (tcp)" 240; then
-  timeout 240 bash "$REPO/bench/compare/compare.sh" --halkactl "$LOGS/halkactl" \
-    --gloo-bench "$LOGS/gloo_bench" --worlds "4 8" --min 256K --max "$MAX" \
-    --iters 10 --warmup 20 --halka-args "--shm_links=false" --out "$LOGS/compare-tcp" \
-    >"$LOGS/compare-tcp.txt" 2>&1
-  rc=$?
-  verdict "vs gloo (tcp)" "$rc" "256K-$MAX, G = 4, 8; table in compare-tcp.txt" \
-    "rc=$rc; see compare-tcp.txt"
-fi
+for g in 4 8; do
+  if [[ ! -x "$GLOO" ]]; then
+    row "vs gloo G=$g (tcp)" "skipped" "the bundle has no gloo_bench (libgloo-dev was not installed where it was built)"
+  elif fits "vs gloo G=$g (tcp)" 215; then
+    timeout -k 5 210 bash "$REPO/bench/compare/compare.sh" --halkactl "$LOGS/halkactl" \
+      --gloo-bench "$LOGS/gloo_bench" --worlds "$g" --min 256K --max "$MAX" \
+      --iters 10 --warmup 20 --timeout 100 --halka-args "--shm_links=false" \
+      --out "$LOGS/compare-tcp" >"$LOGS/compare-tcp-$g.txt" 2>&1
+    rc=$?
+    verdict "vs gloo G=$g (tcp)" "$rc" "256K-$MAX; table in compare-tcp-$g.txt" \
+      "rc=$rc; see compare-tcp-$g.txt"
+  fi
+done
 
 # --- 4. 4 KiB at G = 4 ------------------------------------------------------
-if fits "4 KiB G=4" 90; then
+if fits "4 KiB G=4" 100; then
   # Three runs as users get it, then one each polling the rings 20 and
   # 50 µs before sleeping (--shm_spin_us: pays only with idle cores).
   times=""
@@ -168,7 +175,7 @@ if fits "4 KiB G=4" 90; then
   for run in 1:0 2:0 3:0 4:20 5:50; do
     i=${run%%:*}
     spin=${run#*:}
-    timeout 20 "$LOGS/halkactl" bench --workers=4 -b 4K -e 4K -n "$N_SMALL" -w 100 \
+    timeout -k 2 18 "$LOGS/halkactl" bench --workers=4 -b 4K -e 4K -n "$N_SMALL" -w 100 \
       --shm_spin_us="$spin" >"$LOGS/small-$i.txt" 2>&1 || rc=1
     times+="$(awk '$1 == 4096 {print $6}' "$LOGS/small-$i.txt")"
     [[ $spin != 0 ]] && times+=" (spin ${spin} µs)"
@@ -183,9 +190,9 @@ if [[ ! -f "$BUNDLE/certs/localhost.pem" ]]; then
   row "tls" "skipped" "the bundle has no certs/"
 elif fits "tls" 90; then
   rc=0
-  timeout 45 "$LOGS/halkactl" bench --workers=4 "${SIZES_TLS[@]}" -f 4 -n 10 -w 5 \
+  timeout -k 5 40 "$LOGS/halkactl" bench --workers=4 "${SIZES_TLS[@]}" -f 4 -n 10 -w 5 \
     --shm_links=false >"$LOGS/tls-plain.txt" 2>&1 || rc=1
-  timeout 45 "$LOGS/halkactl" bench --workers=4 "${SIZES_TLS[@]}" -f 4 -n 10 -w 5 \
+  timeout -k 5 40 "$LOGS/halkactl" bench --workers=4 "${SIZES_TLS[@]}" -f 4 -n 10 -w 5 \
     --shm_links=false --tls --tls_dir="$BUNDLE/certs" >"$LOGS/tls-mtls.txt" 2>&1 || rc=1
   (( $(wrong_rows "$LOGS/tls-plain.txt" "$LOGS/tls-mtls.txt") == 0 )) || rc=1
   if [[ $rc -eq 0 ]]; then
@@ -200,16 +207,20 @@ elif fits "tls" 90; then
 fi
 
 # --- 6. halka as users get it on one host -----------------------------------
-if fits "halka same-host" 170; then
-  rc=0
-  for g in 4 8; do
-    timeout 80 "$LOGS/halkactl" bench --workers=$g -b 256K -e "$MAX" -f 4 -n 10 -w 20 \
-      --json >"$LOGS/halka-shm-$g.json" 2>"$LOGS/halka-shm-$g.log" || rc=1
-  done
-  if [[ $rc -eq 0 ]]; then
-    "$PY" - "$LOGS" >"$LOGS/shm-vs-gloo.txt" 2>&1 <<'PY'
+shm_ran=""
+for g in 4 8; do
+  fits "halka same-host G=$g" 85 || continue
+  timeout -k 5 80 "$LOGS/halkactl" bench --workers=$g -b 256K -e "$MAX" -f 4 -n 10 \
+    -w 20 --json >"$LOGS/halka-shm-$g.json" 2>"$LOGS/halka-shm-$g.log"
+  rc=$?
+  (( rc == 0 )) && shm_ran+="$g "
+  verdict "halka same-host G=$g" "$rc" "256K-$MAX; table below" \
+    "rc=$rc; see halka-shm-$g.log"
+done
+if [[ -n "$shm_ran" ]]; then
+  "$PY" - "$LOGS" $shm_ran >"$LOGS/shm-vs-gloo.txt" 2>&1 <<'PY'
 import json, os, sys
-logs = sys.argv[1]
+logs, worlds = sys.argv[1], [int(g) for g in sys.argv[2:]]
 def rows(path):
     out = {}
     if os.path.exists(path):
@@ -219,8 +230,9 @@ def rows(path):
                 out[r["size"]] = r
     return out
 bad = 0
-print("busbw GB/s: halka with same-host links / Gloo over TCP (step 3's run)")
-for g in (4, 8):
+print("busbw GB/s: halka with same-host links / Gloo over TCP (step 3's "
+      "run; halka alone where step 3 has no figure)")
+for g in worlds:
     h = rows(os.path.join(logs, f"halka-shm-{g}.json"))
     o = rows(os.path.join(logs, "compare-tcp", f"gloo-{g}.json"))
     cells = []
@@ -234,27 +246,25 @@ for g in (4, 8):
     print(f"G={g}: " + " | ".join(cells))
 sys.exit(1 if bad else 0)
 PY
-    rc=$?
-  fi
-  verdict "halka same-host" "$rc" "table in shm-vs-gloo.txt" \
-    "see halka-shm-*.log, shm-vs-gloo.txt"
+  rc=$?
+  verdict "halka same-host #wrong" "$rc" "0 in every row" "see shm-vs-gloo.txt"
 fi
 
 # --- summary -----------------------------------------------------------------
 {
   echo
   echo "total $((SECONDS - T0)) s"
-  for f in tcp-stream.txt; do [[ -s "$LOGS/$f" ]] && cat "$LOGS/$f"; done
-  if [[ -s "$LOGS/compare-tcp.txt" ]]; then
-    echo
-    echo "TCP against TCP (halka --shm_links=false):"
-    sed -n '/^busbw GB\/s, halka/,$p' "$LOGS/compare-tcp.txt"
-  fi
+  [[ -s "$LOGS/tcp-stream.txt" ]] && cat "$LOGS/tcp-stream.txt"
+  for g in 4 8; do
+    if [[ -s "$LOGS/compare-tcp-$g.txt" ]]; then
+      echo
+      echo "TCP against TCP (halka --shm_links=false), G = $g:"
+      sed -n '/^busbw GB\/s, halka/,$p' "$LOGS/compare-tcp-$g.txt"
+    fi
+  done
   [[ -s "$LOGS/shm-vs-gloo.txt" ]] && { echo; cat "$LOGS/shm-vs-gloo.txt"; }
   [[ -s "$LOGS/tls.txt" ]] && { echo; echo "TLS, G = 4, busbw GB/s:"; cat "$LOGS/tls.txt"; }
 } >>"$SUMMARY"
-cp "$SUMMARY" "$RESULTS/summary.txt"
-tar -czf "$RESULTS/host16.tar.gz" -C "$LOGS" .
 cat "$SUMMARY"
-echo "results in $RESULTS"
+echo "results in $RESULTS (summary.txt, host16.tar.gz)"
 exit $FAILED

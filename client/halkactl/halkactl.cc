@@ -342,6 +342,13 @@ int BenchCommand() {
   std::vector<std::unique_ptr<Client>> owned;
   std::vector<Client*> clients;
   const std::string workers = absl::GetFlag(FLAGS_worker);
+  if (!workers.empty() && (absl::GetFlag(FLAGS_shm_spin_us) != 0 ||
+                           !absl::GetFlag(FLAGS_tls_dir).empty())) {
+    return Fail(absl::InvalidArgumentError(
+        "--shm_spin_us and --tls_dir set up the embedded cluster; with "
+        "--worker, give them to the workers (halka-worker --shm_spin_us, "
+        "--tls_ca/--tls_cert/--tls_key)"));
+  }
   if (workers.empty()) {
     LocalCluster::Options lo;
     lo.workers = absl::GetFlag(FLAGS_workers);

@@ -71,7 +71,11 @@ rm -rf "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/glibc" "$BUNDLE/certs" \
 mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/glibc"
 # Throwaway TLS certificates for `halkactl bench --tls --tls_dir` there
 # (the GPU machine may lack the openssl tool); valid for 30 days.
-HALKA_CERT_DAYS=30 bash "$REPO/scripts/certs.sh" "$BUNDLE/certs" >/dev/null
+if command -v openssl >/dev/null; then
+  HALKA_CERT_DAYS=30 bash "$REPO/scripts/certs.sh" "$BUNDLE/certs" >/dev/null
+else
+  echo "note: no openssl here; the bundle has no certs/ (run_on_host.sh skips TLS)" >&2
+fi
 
 # glibc's own libraries: they must come from one glibc, so they are either
 # all the GPU machine's or all ours (bundle/glibc, with our loader).
@@ -134,7 +138,8 @@ done
   echo "c++: $(grep '^CMAKE_CXX_COMPILER:' "$BUILD/CMakeCache.txt" | cut -d= -f2)"
   echo "build type: $(grep '^CMAKE_BUILD_TYPE:' "$BUILD/CMakeCache.txt" | cut -d= -f2)"
   echo
-  (cd "$BUNDLE" && find bin lib glibc certs -type f -printf '%10s  %p\n' | sort -k2)
+  (cd "$BUNDLE" && find bin lib glibc $([[ -d certs ]] && echo certs) -type f \
+     -printf '%10s  %p\n' | sort -k2)
 } >"$BUNDLE/MANIFEST.txt"
 
 echo "bundle: $BUNDLE ($(du -sh "$BUNDLE" | cut -f1))"

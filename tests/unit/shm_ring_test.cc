@@ -203,10 +203,10 @@ TEST(ShmRing, CloseWakesBothEndsAndTheReaderDrainsFirst) {
   EXPECT_TRUE(p.rx->closed());
 }
 
-// A reader that polls before it sleeps (ShmRing::SetSpinBeforeSleep) still
-// gets every record, in order, whether it comes within the poll or after
-// the reader went to sleep, sees a close, and keeps its timeout; the poll
-// is clamped to 1 ms.
+// A reader that polls before it sleeps (ShmRing::SetSpinBeforeSleep):
+// polls, then sleeps; never past its timeout; never sleeps when the timeout
+// ends inside the poll; without polling it sleeps at once. And with
+// polling it still gets every record in order, and sees a close.
 TEST(ShmRing, PollingBeforeSleepingChangesNothingButTheWait) {
   struct Reset {
     ~Reset() { ShmRing::SetSpinBeforeSleep(absl::ZeroDuration()); }
@@ -215,15 +215,31 @@ TEST(ShmRing, PollingBeforeSleepingChangesNothingButTheWait) {
   EXPECT_EQ(ShmRing::SpinBeforeSleep(), absl::Milliseconds(1));
   ShmRing::SetSpinBeforeSleep(absl::Microseconds(-3));
   EXPECT_EQ(ShmRing::SpinBeforeSleep(), absl::ZeroDuration());
-  ShmRing::SetSpinBeforeSleep(absl::Microseconds(500));
-  EXPECT_EQ(ShmRing::SpinBeforeSleep(), absl::Microseconds(500));
 
   Pair p = MakePair(64 << 10);
-  const absl::Time t0 = absl::Now();
-  auto none = p.rx->Next(absl::Milliseconds(20));
+  // Without polling: asleep at once.
+  uint64_t sleeps = ShmRing::ConsumerSleeps();
+  auto none = p.rx->Next(absl::Milliseconds(5));
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  EXPECT_GT(ShmRing::ConsumerSleeps(), sleeps) << "no sleep without polling";
+
+  ShmRing::SetSpinBeforeSleep(absl::Milliseconds(1));
+  // A timeout inside the poll: the reader never sleeps.
+  sleeps = ShmRing::ConsumerSleeps();
+  absl::Time t0 = absl::Now();
+  none = p.rx->Next(absl::Microseconds(300));
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  EXPECT_GE(absl::Now() - t0, absl::Microseconds(300));
+  EXPECT_EQ(ShmRing::ConsumerSleeps(), sleeps) << "slept inside the poll";
+  // A timeout past the poll: polls, then sleeps, and keeps the timeout.
+  t0 = absl::Now();
+  none = p.rx->Next(absl::Milliseconds(20));
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->has_value());
   EXPECT_GE(absl::Now() - t0, absl::Milliseconds(20));
+  EXPECT_GT(ShmRing::ConsumerSleeps(), sleeps) << "polled past the poll time";
 
   // Records 0..199 written with pauses from none (caught while polling) to
   // 3 ms (after the reader fell asleep).

@@ -10,16 +10,17 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "absl/strings/escaping.h"
-#include "absl/time/clock.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "common/held_shm.h"
 #include "worker/core/payload.h"
 
@@ -29,6 +30,10 @@ namespace {
 constexpr uint64_t kMagic = 0x474e5252414b4c48ULL;  // "HLKARRNG"
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kMinCapacity = size_t{64} << 10;
+
+// ShmRing::SetSpinBeforeSleep's value, and ConsumerSleeps' count.
+std::atomic<int64_t> spin_before_sleep_ns{0};
+std::atomic<uint64_t> consumer_sleeps{0};
 
 size_t Pad(size_t n) { return (n + 63) / 64 * 64; }
 
@@ -359,11 +364,14 @@ absl::StatusOr<std::optional<ShmRing::Record>> ShmRing::Next(
       if (h->head.load(std::memory_order_acquire) != read_) continue;
       return std::optional<Record>();
     }
-    const absl::Duration left = deadline - absl::Now();
+    absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) return std::optional<Record>();
     if (SpinForRecord(left)) continue;
+    left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return std::optional<Record>();
     h->consumer_sleeping.store(1);
     if (h->head.load() == read_ && h->closed.load() == 0) {
+      consumer_sleeps.fetch_add(1, std::memory_order_relaxed);
       FutexWait(&h->head_seq, seq, left);
     }
     h->consumer_sleeping.store(0);
@@ -371,8 +379,6 @@ absl::StatusOr<std::optional<ShmRing::Record>> ShmRing::Next(
 }
 
 namespace {
-
-std::atomic<int64_t> spin_before_sleep_ns{0};
 
 void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -394,19 +400,22 @@ absl::Duration ShmRing::SpinBeforeSleep() {
   return absl::Nanoseconds(spin_before_sleep_ns.load());
 }
 
+uint64_t ShmRing::ConsumerSleeps() { return consumer_sleeps.load(); }
+
 bool ShmRing::SpinForRecord(absl::Duration left) const {
   const int64_t spin = std::min(spin_before_sleep_ns.load(std::memory_order_relaxed),
                                 absl::ToInt64Nanoseconds(left));
   if (spin <= 0) return false;
   const Header* h = header();
-  const int64_t until = absl::GetCurrentTimeNanos() + spin;
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin);
   for (uint32_t i = 1;; ++i) {
     if (h->head.load(std::memory_order_acquire) != read_ ||
         h->closed.load() != 0) {
       return true;
     }
     CpuRelax();
-    if (i % 64 == 0 && absl::GetCurrentTimeNanos() >= until) return false;
+    if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return false;
   }
 }
 

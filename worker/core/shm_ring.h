@@ -137,6 +137,9 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
   // cost 27 % at 4 KiB, docs/performance.md). Clamped to [0, 1 ms].
   static void SetSpinBeforeSleep(absl::Duration spin);
   static absl::Duration SpinBeforeSleep();
+  // How many times a consumer in this process has gone to sleep on its
+  // ring's futex (tests and diagnostics).
+  static uint64_t ConsumerSleeps();
 
  private:
   struct Header;

@@ -75,17 +75,17 @@ PYTHON=/usr/bin/python3
 
 WORK="$(mktemp -d /tmp/halka-compare.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
-GLOO_BENCH="$WORK/gloo_bench"
 if [ -n "$GLOO_PREBUILT" ]; then
   [ -x "$GLOO_PREBUILT" ] || { echo "compare.sh: no $GLOO_PREBUILT" >&2; exit 2; }
   GLOO_BENCH="$GLOO_PREBUILT"
-elif ! dpkg-query -W -f='${Status}' libgloo-dev 2>/dev/null | grep -q "install ok installed"; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  echo "compare.sh: installing libgloo-dev" >&2
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends libgloo-dev >&2
-fi
-if [ -z "$GLOO_PREBUILT" ]; then
+else
+  if ! dpkg-query -W -f='${Status}' libgloo-dev 2>/dev/null | grep -q "install ok installed"; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    echo "compare.sh: installing libgloo-dev" >&2
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends libgloo-dev >&2
+  fi
+  GLOO_BENCH="$WORK/gloo_bench"
   g++ -O2 -std=c++20 -pthread "$ROOT/bench/compare/gloo_bench.cc" -o "$GLOO_BENCH" -lgloo
 fi
 

@@ -35,6 +35,14 @@ constexpr size_t kMinCapacity = size_t{64} << 10;
 std::atomic<int64_t> spin_before_sleep_ns{0};
 std::atomic<uint64_t> consumer_sleeps{0};
 
+void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 size_t Pad(size_t n) { return (n + 63) / 64 * 64; }
 
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected,
@@ -366,9 +374,11 @@ absl::StatusOr<std::optional<ShmRing::Record>> ShmRing::Next(
     }
     absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) return std::optional<Record>();
-    if (SpinForRecord(left)) continue;
-    left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) return std::optional<Record>();
+    if (spin_before_sleep_ns.load(std::memory_order_relaxed) > 0) {
+      if (SpinForRecord(left)) continue;
+      left = deadline - absl::Now();  // the poll took some of it
+      if (left <= absl::ZeroDuration()) return std::optional<Record>();
+    }
     h->consumer_sleeping.store(1);
     if (h->head.load() == read_ && h->closed.load() == 0) {
       consumer_sleeps.fetch_add(1, std::memory_order_relaxed);
@@ -377,18 +387,6 @@ absl::StatusOr<std::optional<ShmRing::Record>> ShmRing::Next(
     h->consumer_sleeping.store(0);
   }
 }
-
-namespace {
-
-void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-}  // namespace
 
 void ShmRing::SetSpinBeforeSleep(absl::Duration spin) {
   const absl::Duration clamped =

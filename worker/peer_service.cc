@@ -152,6 +152,10 @@ class PeerService::InLink
         *std::move(ring),
         [this](absl::StatusOr<InFrame> f) { return TakeFromPath(std::move(f)); },
         [this](const absl::Status& s) { PathFailed(s); });
+    // The operation's thread takes this ring's frames itself while it
+    // waits (one wake-up per record instead of two, none for a record that
+    // is already there).
+    inbox_->AddTap(shm_->tap());
     return "ok";
   }
 

@@ -181,55 +181,142 @@ void ShmSender::WriterLoop() {
   }
 }
 
+// The consuming side of a link's ring: the reader thread and an
+// operation's thread (through the Inbox) take turns here.
+class ShmReceiver::Tap final : public InboxTap {
+ public:
+  Tap(std::shared_ptr<ShmRing> ring, OnFrame on_frame, OnError on_error)
+      : ring_(std::move(ring)),
+        on_frame_(std::move(on_frame)),
+        on_error_(std::move(on_error)) {}
+
+  uint32_t Seq() override { return ring_->DataSeq(); }
+  bool Drain(bool* took) override {
+    absl::MutexLock lock(&mu_);
+    if (over_) return false;
+    DrainLocked(took);
+    return !over_;
+  }
+  FutexWaiter Waiter(uint32_t seq) override { return ring_->DataWaiter(seq); }
+  void Sleeping(bool sleeping) override { ring_->ConsumerSleeping(sleeping); }
+  void Attach(bool attached) override {
+    attached_.fetch_add(attached ? 1 : -1);
+  }
+
+  bool attached() const { return attached_.load() > 0; }
+  bool stopping() const { return stopping_.load(); }
+
+  // The reader's wait while the tap is attached: Stop wakes it, a detach
+  // does not (the reader looks again within `timeout`).
+  void Park(absl::Duration timeout) {
+    absl::MutexLock lock(&park_mu_);
+    if (!stopping_) park_cv_.WaitWithTimeout(&park_mu_, timeout);
+  }
+
+  // Delivers what was written up to now, no more, from now on.
+  void BeginStop() {
+    absl::MutexLock lock(&park_mu_);
+    if (stopping_) return;
+    stop_at_ = ring_->Published();  // before stopping_: Drain reads both
+    stopping_ = true;
+    ring_->Close();
+    park_cv_.SignalAll();
+  }
+  // After the reader is gone: no callback runs again.
+  void End() {
+    absl::MutexLock lock(&mu_);
+    over_ = true;
+  }
+
+ private:
+  void DrainLocked(bool* took) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (;;) {
+      if (stopping_ && ring_->read_position() >= stop_at_) {
+        over_ = true;
+        return;
+      }
+      absl::StatusOr<std::optional<ShmRing::Record>> r =
+          ring_->Next(absl::ZeroDuration());
+      absl::Status s = r.status();
+      if (s.ok()) {
+        if (!r->has_value()) {
+          if (ring_->closed()) over_ = true;  // closed and drained
+          return;
+        }
+        *took = true;
+        bool ring_error = true;
+        s = Take(**r, &ring_error);
+        if (!s.ok() && !ring_error) {  // on_frame's own (handled there)
+          ring_->Close();
+          over_ = true;
+          return;
+        }
+      }
+      if (!s.ok()) {
+        ring_->Close();
+        over_ = true;
+        on_error_(s);
+        return;
+      }
+    }
+  }
+  // Ring errors (for on_error) or on_frame's (already handled).
+  absl::Status Take(const ShmRing::Record& r, bool* ring_error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::shared_ptr<ShmRing> ring_;
+  const OnFrame on_frame_;
+  const OnError on_error_;
+  absl::Mutex mu_;
+  bool over_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<uint8_t> assembling_ ABSL_GUARDED_BY(mu_);  // a frame of several records
+  size_t expect_ ABSL_GUARDED_BY(mu_) = 0;  // its bytes
+  bool in_frame_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int> attached_{0};
+  absl::Mutex park_mu_;
+  absl::CondVar park_cv_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> stop_at_{0};  // the sender's position at Stop
+};
+
 ShmReceiver::ShmReceiver(std::shared_ptr<ShmRing> ring, OnFrame on_frame,
                          OnError on_error)
-    : ring_(std::move(ring)),
-      on_frame_(std::move(on_frame)),
-      on_error_(std::move(on_error)) {
+    : ring_(ring),
+      tap_(std::make_shared<Tap>(std::move(ring), std::move(on_frame),
+                                 std::move(on_error))) {
   reader_ = std::thread([this] { ReaderLoop(); });
 }
 
 ShmReceiver::~ShmReceiver() { Stop(); }
 
+std::shared_ptr<InboxTap> ShmReceiver::tap() const { return tap_; }
+
 void ShmReceiver::Stop() {
-  if (!stopping_.exchange(true)) {
-    stop_at_ = ring_->Published();
-    ring_->Close();
-  }
+  tap_->BeginStop();
   if (!reader_.joinable()) return;
   if (reader_.get_id() == std::this_thread::get_id()) {
     reader_.detach();  // it returns right after this
-  } else {
-    reader_.join();
+    return;
   }
+  reader_.join();
+  tap_->End();
 }
 
 void ShmReceiver::ReaderLoop() {
   for (;;) {
-    absl::StatusOr<std::optional<ShmRing::Record>> r = ring_->Next(kPoll);
-    absl::Status s = r.status();
-    if (s.ok()) {
-      if (!r->has_value()) {
-        if (ring_->closed()) return;  // closed and drained
-        continue;
-      }
-      bool ring_error = true;
-      s = Take(**r, &ring_error);
-      if (!s.ok() && !ring_error) {
-        ring_->Close();
-        return;
-      }
-      if (s.ok() && stopping_ && ring_->read_position() >= stop_at_) return;
+    if (tap_->attached() && !tap_->stopping()) {
+      tap_->Park(kPoll);
+      continue;
     }
-    if (!s.ok()) {
-      ring_->Close();
-      on_error_(s);
-      return;
-    }
+    const uint32_t seq = ring_->DataSeq();
+    bool took = false;
+    if (!tap_->Drain(&took)) return;
+    if (!took) ring_->WaitForData(seq, kPoll);
   }
 }
 
-absl::Status ShmReceiver::Take(const ShmRing::Record& r, bool* ring_error) {
+absl::Status ShmReceiver::Tap::Take(const ShmRing::Record& r,
+                                    bool* ring_error) {
   const bool first = (r.flags & ShmRing::kFirst) != 0;
   const bool last = (r.flags & ShmRing::kLast) != 0;
   if (first == in_frame_) {

@@ -31,6 +31,7 @@
 #include "absl/types/span.h"
 #include "worker/core/frame.h"
 #include "worker/core/shm_ring.h"
+#include "worker/core/transport.h"
 
 namespace halka {
 
@@ -117,6 +118,11 @@ class ShmSender {
 // the thread; a corrupt ring goes to `on_error` once and stops it. Stop()
 // closes the ring, delivers what was written before it (no more: a sender
 // that keeps writing cannot hold it), and joins.
+//
+// tap() lets an operation's thread take the records itself (Inbox::AddTap):
+// the reader and the tap take turns under one lock, and the reader stands
+// aside while the tap is attached. on_frame and on_error may run on either
+// thread, never after Stop returns.
 class ShmReceiver {
  public:
   using OnFrame = std::function<absl::Status(absl::StatusOr<InFrame>)>;
@@ -125,20 +131,14 @@ class ShmReceiver {
               OnError on_error);
   ~ShmReceiver();  // Stop()
   void Stop();
+  std::shared_ptr<InboxTap> tap() const;
 
  private:
+  class Tap;
   void ReaderLoop();
-  // Ring errors (for on_error) or on_frame's (already handled).
-  absl::Status Take(const ShmRing::Record& r, bool* ring_error);
 
   const std::shared_ptr<ShmRing> ring_;
-  const OnFrame on_frame_;
-  const OnError on_error_;
-  std::vector<uint8_t> assembling_;  // a frame of several records
-  size_t expect_ = 0;  // its bytes
-  std::atomic<bool> stopping_{false};
-  std::atomic<uint64_t> stop_at_{0};  // the sender's position at Stop
-  bool in_frame_ = false;
+  const std::shared_ptr<Tap> tap_;
   std::thread reader_;
 };
 

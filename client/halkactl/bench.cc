@@ -198,6 +198,10 @@ BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
         if (options.device && bytes > 0 && !failed) {
           fail(CudaCopyToDevice(device[r].data(), bufs[r], bytes));
         }
+        // One barrier per operation, before it, as gloo_bench does: every
+        // rank starts together and the operation's time is the slowest
+        // rank's. (None after it: a rank's buffer is its own again once
+        // its call returned, so the next copy needs no wait.)
         barrier.Wait();
         const absl::Time t0 = absl::Now();
         if (!failed) {
@@ -215,7 +219,6 @@ BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
                                     slice_bytes)
                    : CudaCopyToHost(bufs[r], device[r].data(), bytes));
         }
-        barrier.Wait();
       }
     });
   }

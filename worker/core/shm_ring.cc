@@ -45,20 +45,6 @@ void CpuRelax() {
 
 size_t Pad(size_t n) { return (n + 63) / 64 * 64; }
 
-void FutexWait(std::atomic<uint32_t>* word, uint32_t expected,
-               absl::Duration timeout) {
-  if (timeout <= absl::ZeroDuration()) return;
-  const timespec ts = absl::ToTimespec(timeout);
-  // Not FUTEX_PRIVATE: the word is shared with another process.
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected,
-          &ts, nullptr, 0);
-}
-
-void FutexWakeAll(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX,
-          nullptr, nullptr, 0);
-}
-
 struct RecordHead {
   uint32_t bytes;
   uint32_t flags;
@@ -379,12 +365,38 @@ absl::StatusOr<std::optional<ShmRing::Record>> ShmRing::Next(
       left = deadline - absl::Now();  // the poll took some of it
       if (left <= absl::ZeroDuration()) return std::optional<Record>();
     }
-    h->consumer_sleeping.store(1);
+    // A count, not a flag: a reader and an operation's thread may both
+    // sleep on one ring (worker/shm_link.h).
+    h->consumer_sleeping.fetch_add(1);
     if (h->head.load() == read_ && h->closed.load() == 0) {
       consumer_sleeps.fetch_add(1, std::memory_order_relaxed);
       FutexWait(&h->head_seq, seq, left);
     }
-    h->consumer_sleeping.store(0);
+    h->consumer_sleeping.fetch_sub(1);
+  }
+}
+
+uint32_t ShmRing::DataSeq() const { return header()->head_seq.load(); }
+
+void ShmRing::WaitForData(uint32_t seq, absl::Duration timeout) {
+  Header* h = header();
+  h->consumer_sleeping.fetch_add(1);
+  if (h->head_seq.load() == seq && h->closed.load() == 0) {
+    consumer_sleeps.fetch_add(1, std::memory_order_relaxed);
+    FutexWait(&h->head_seq, seq, timeout);
+  }
+  h->consumer_sleeping.fetch_sub(1);
+}
+
+FutexWaiter ShmRing::DataWaiter(uint32_t seq) const {
+  return FutexWaiter{&header()->head_seq, seq, /*shared=*/true};
+}
+
+void ShmRing::ConsumerSleeping(bool sleeping) {
+  if (sleeping) {
+    header()->consumer_sleeping.fetch_add(1);
+  } else {
+    header()->consumer_sleeping.fetch_sub(1);
   }
 }
 

@@ -32,8 +32,9 @@
 // `capacity` ahead, a record length past the end, unknown flags: DATA_LOSS.
 //
 // Thread-safety: one producing thread at a time (callers serialise), one
-// consuming thread (Next); Release, Close and the accessors from any
-// thread.
+// consuming thread at a time (Next: callers serialise, e.g. a link's
+// reader and the operation's thread that drains the ring itself);
+// Release, Close, the waits and the accessors from any thread.
 #ifndef HALKA_WORKER_CORE_SHM_RING_H_
 #define HALKA_WORKER_CORE_SHM_RING_H_
 
@@ -51,6 +52,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "worker/core/futex.h"
 
 namespace halka {
 
@@ -122,6 +124,16 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
   // the ring is closed and drained: see closed()). WRAP records are
   // skipped. Errors: DATA_LOSS (the shared header or a record is corrupt).
   absl::StatusOr<std::optional<Record>> Next(absl::Duration timeout);
+  // For a consumer that sleeps outside the lock that serialises its Next
+  // calls: the data sequence now (read it before the Next that found
+  // nothing), and a sleep until it moves (a record, a Close) or `timeout`.
+  uint32_t DataSeq() const;
+  void WaitForData(uint32_t seq, absl::Duration timeout);
+  // For a thread that sleeps on several rings at once (FutexWaitAny):
+  // the word to wait on, and ConsumerSleeping(true) before it sleeps (so
+  // the producer wakes it), false after.
+  FutexWaiter DataWaiter(uint32_t seq) const;
+  void ConsumerSleeping(bool sleeping);
   // Frees a record returned by Next. Idempotent per id; any thread.
   void Release(uint64_t id);
   // The producer's position now, and the consumer's (both in bytes): a

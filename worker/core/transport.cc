@@ -15,13 +15,43 @@ void Inbox::SetLinkFailureHook(
   hook_ = std::move(hook);
 }
 
+void Inbox::AddTap(std::shared_ptr<InboxTap> tap) {
+  absl::MutexLock lock(&taps_mu_);
+  taps_.push_back(std::move(tap));
+}
+
+size_t Inbox::taps() const {
+  absl::MutexLock lock(&taps_mu_);
+  return taps_.size();
+}
+
+void Inbox::Bump() {
+  events_.fetch_add(1);
+  if (sleepers_.load() != 0) FutexWakeAll(&events_, /*shared=*/false);
+}
+
 absl::Status Inbox::Deliver(int from, InFrame frame) {
+  absl::Status s = Enqueue(from, std::move(frame));
+  if (s.ok()) Bump();
+  return s;
+}
+
+absl::Status Inbox::Enqueue(int from, InFrame frame) {
   absl::MutexLock lock(&mu_);
   if (from < 0 || from >= max_ranks_) {  // validated by the transport
     return absl::InvalidArgumentError(absl::StrCat("no rank ", from));
   }
+  max_seen_ = std::max(max_seen_, frame.meta.op_seq);
+  // A frame of an operation DropBefore already let go of (it arrived, or
+  // was taken off its ring, late): dropped now. Kept, it would hold its
+  // record, and a ring frees its space only over a prefix of released
+  // records: one old frame kept would stop the link.
+  if (frame.meta.op_seq < floor_) return absl::OkStatus();
   if (frame.meta.kind == FrameKind::kAbort) {
-    max_seen_ = std::max(max_seen_, frame.meta.op_seq);
+    // An abort is kept until the operation is over and only its header is
+    // read: it need not hold its ring record either.
+    frame.pieces.clear();
+    frame.keepalive.reset();
     // Keep the first abort per operation: it names the original cause.
     if (aborts_.size() < kMaxQueuedFrames) {
       aborts_.emplace(frame.meta.op_seq, std::move(frame));
@@ -34,7 +64,6 @@ absl::Status Inbox::Deliver(int from, InFrame frame) {
         "rank ", from, " has ", q.size(),
         " frames queued that no operation of this rank has taken: the limit"));
   }
-  max_seen_ = std::max(max_seen_, frame.meta.op_seq);
   q.push_back(std::move(frame));
   return absl::OkStatus();
 }
@@ -46,6 +75,7 @@ void Inbox::LinkFailed(int peer, absl::Status status) {
     link_failures_.emplace(peer, status);
     hook = hook_;
   }
+  Bump();
   if (hook) hook(peer, status);
 }
 
@@ -80,8 +110,11 @@ absl::StatusOr<uint64_t> Inbox::WaitFirstOpSeq(absl::Time deadline) {
 }
 
 void Inbox::Interrupt(absl::Status status) {
-  absl::MutexLock lock(&mu_);
-  interrupt_ = std::move(status);
+  {
+    absl::MutexLock lock(&mu_);
+    interrupt_ = std::move(status);
+  }
+  Bump();
 }
 
 void Inbox::ClearInterrupt() {
@@ -96,6 +129,7 @@ void Inbox::ClearLinkFailures() {
 
 void Inbox::DropBefore(uint64_t op_seq) {
   absl::MutexLock lock(&mu_);
+  floor_ = std::max(floor_, op_seq);
   for (auto& [rank, q] : queues_) {
     while (!q.empty() && q.front().meta.op_seq < op_seq) q.pop_front();
   }
@@ -119,11 +153,107 @@ bool Inbox::Ready(int from, uint64_t op_seq,
 
 Inbox::Event Inbox::Next(int from, uint64_t op_seq,
                          absl::Span<const int> watch, absl::Time deadline) {
+  std::vector<std::shared_ptr<InboxTap>> taps;
+  {
+    absl::MutexLock lock(&taps_mu_);
+    taps = taps_;
+  }
+  if (!taps.empty()) {
+    return NextWithTaps(from, op_seq, watch, deadline, std::move(taps));
+  }
   absl::MutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return Ready(from, op_seq, watch);
   };
   mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  return EventLocked(from, op_seq, watch);
+}
+
+Inbox::Event Inbox::NextWithTaps(int from, uint64_t op_seq,
+                                 absl::Span<const int> watch,
+                                 absl::Time deadline,
+                                 std::vector<std::shared_ptr<InboxTap>> taps) {
+  // Sleeping on the taps' words needs futex_waitv; without it the taps'
+  // readers deliver as before and this thread only takes what is there
+  // before it waits on the inbox.
+  bool own = FutexWaitAnyWorks() && taps.size() < 127;
+  if (own) {
+    for (auto& t : taps) t->Attach(true);
+  }
+  std::vector<uint32_t> seqs(taps.size());
+  std::vector<FutexWaiter> words;
+  std::vector<std::shared_ptr<InboxTap>> over;
+  Event ev;
+  for (;;) {
+    const uint32_t events = events_.load();
+    bool took = false;
+    for (size_t i = 0; i < taps.size(); ++i) {
+      if (taps[i] == nullptr) continue;
+      seqs[i] = taps[i]->Seq();
+      if (!taps[i]->Drain(&took)) {
+        if (own) taps[i]->Attach(false);
+        over.push_back(std::move(taps[i]));
+        taps[i] = nullptr;
+      }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (Ready(from, op_seq, watch) || absl::Now() >= deadline) {
+        ev = EventLocked(from, op_seq, watch);
+        break;
+      }
+      if (!own) {
+        auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return Ready(from, op_seq, watch);
+        };
+        mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+        ev = EventLocked(from, op_seq, watch);
+        break;
+      }
+    }
+    if (took) continue;  // look again before sleeping
+    words.clear();
+    words.push_back(FutexWaiter{&events_, events, /*shared=*/false});
+    for (size_t i = 0; i < taps.size(); ++i) {
+      if (taps[i] != nullptr) words.push_back(taps[i]->Waiter(seqs[i]));
+    }
+    // Announce the sleep before the kernel compares the words: whoever
+    // changes one after that sees a sleeper and wakes it.
+    sleepers_.fetch_add(1);
+    for (auto& t : taps) {
+      if (t != nullptr) t->Sleeping(true);
+    }
+    const bool slept = FutexWaitAny(words, deadline);
+    for (auto& t : taps) {
+      if (t != nullptr) t->Sleeping(false);
+    }
+    sleepers_.fetch_sub(1);
+    if (!slept) {  // cannot sleep on the words: the readers deliver
+      for (auto& t : taps) {
+        if (t != nullptr) t->Attach(false);
+      }
+      own = false;
+    }
+  }
+  if (own) {
+    for (auto& t : taps) {
+      if (t != nullptr) t->Attach(false);
+    }
+  }
+  if (!over.empty()) {
+    absl::MutexLock lock(&taps_mu_);
+    taps_.erase(std::remove_if(taps_.begin(), taps_.end(),
+                               [&](const std::shared_ptr<InboxTap>& t) {
+                                 return std::find(over.begin(), over.end(),
+                                                  t) != over.end();
+                               }),
+                taps_.end());
+  }
+  return ev;
+}
+
+Inbox::Event Inbox::EventLocked(int from, uint64_t op_seq,
+                                absl::Span<const int> watch) {
   Event ev;
   ev.type = Event::kTimeout;
   if (!interrupt_.ok()) {

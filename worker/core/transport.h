@@ -5,7 +5,9 @@
 #ifndef HALKA_WORKER_CORE_TRANSPORT_H_
 #define HALKA_WORKER_CORE_TRANSPORT_H_
 
+#include <atomic>
 #include <deque>
+#include <memory>
 #include <functional>
 #include <map>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "worker/core/frame.h"
+#include "worker/core/futex.h"
 
 namespace halka {
 
@@ -40,6 +43,30 @@ class Transport {
   virtual void Reset(int to) = 0;
 };
 
+// A path whose frames the waiting thread can take itself instead of a
+// thread of the link's handing them over (a same-host link's ring,
+// worker/shm_link.h). Inbox::Next drains its taps before it sleeps and,
+// where the kernel can sleep on several words at once (futex_waitv),
+// sleeps on theirs too, with the taps' own readers standing aside: a
+// record then wakes the operation's thread directly, and a record that
+// is already there costs no wake-up at all.
+class InboxTap {
+ public:
+  virtual ~InboxTap() = default;
+  // The tap's data sequence now: read before the Drain that found nothing.
+  virtual uint32_t Seq() = 0;
+  // Takes every frame there is now and delivers it (Inbox::Deliver, after
+  // the link's own checks), without blocking; sets *took if it took any.
+  // False once the tap is over (stopped, failed, closed and drained).
+  virtual bool Drain(bool* took) = 0;
+  // The word to sleep on, and the calls around the sleep.
+  virtual FutexWaiter Waiter(uint32_t seq) = 0;
+  virtual void Sleeping(bool sleeping) = 0;
+  // While attached, the waiting thread takes the frames: the tap's reader
+  // stands aside (it looks again within its poll interval once detached).
+  virtual void Attach(bool attached) = 0;
+};
+
 // Received frames, per sending rank, and link failures. Filled by the
 // transport (any thread, never blocks), drained by the engine.
 // Thread-safe.
@@ -60,6 +87,11 @@ class Inbox {
   static constexpr size_t kMaxQueuedFrames = size_t{1} << 16;
   absl::Status Deliver(int from, InFrame frame);
   void LinkFailed(int peer, absl::Status status);
+
+  // Adds a path Next drains (and sleeps on) itself. Taps that are over are
+  // forgotten. Any thread.
+  void AddTap(std::shared_ptr<InboxTap> tap);
+  size_t taps() const;
 
   // Sets an error that fails every wait until ClearInterrupt (a membership
   // change, a shutdown).
@@ -88,7 +120,8 @@ class Inbox {
   Event Next(int from, uint64_t op_seq, absl::Span<const int> watch,
              absl::Time deadline);
 
-  // Drops everything queued for operations before `op_seq`.
+  // Drops everything queued for operations before `op_seq`, and every such
+  // frame that arrives later.
   void DropBefore(uint64_t op_seq);
 
   // The highest operation sequence any peer has sent a frame or an abort
@@ -104,6 +137,19 @@ class Inbox {
  private:
   bool Ready(int from, uint64_t op_seq, absl::Span<const int> watch) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a wait for `from`'s frame of `op_seq` returns now (kTimeout when
+  // nothing is ready).
+  Event EventLocked(int from, uint64_t op_seq, absl::Span<const int> watch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deliver without the Bump.
+  absl::Status Enqueue(int from, InFrame frame);
+  // Next with taps: drains them, sleeps on them and on events_.
+  Event NextWithTaps(int from, uint64_t op_seq, absl::Span<const int> watch,
+                     absl::Time deadline,
+                     std::vector<std::shared_ptr<InboxTap>> taps);
+  // After any change a wait looks for (a frame, an abort, a link failure,
+  // an interrupt): wakes a thread sleeping in NextWithTaps.
+  void Bump();
 
   const int max_ranks_;
   mutable absl::Mutex mu_;
@@ -112,7 +158,15 @@ class Inbox {
   std::map<int, absl::Status> link_failures_ ABSL_GUARDED_BY(mu_);
   absl::Status interrupt_ ABSL_GUARDED_BY(mu_);
   uint64_t max_seen_ ABSL_GUARDED_BY(mu_) = 0;
+  // DropBefore's highest operation: older frames are dropped on arrival.
+  uint64_t floor_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void(int, const absl::Status&)> hook_ ABSL_GUARDED_BY(mu_);
+
+  mutable absl::Mutex taps_mu_;
+  std::vector<std::shared_ptr<InboxTap>> taps_ ABSL_GUARDED_BY(taps_mu_);
+  // Counts the changes Bump reports; NextWithTaps sleeps on it.
+  std::atomic<uint32_t> events_{0};
+  std::atomic<uint32_t> sleepers_{0};
 };
 
 }  // namespace halka

@@ -1,0 +1,339 @@
+// Inbox taps: the operation's thread takes a same-host link's records off
+// its ring itself (worker/shm_link.h ShmReceiver::tap, Inbox::AddTap)
+// instead of waiting for the link's reader thread to hand them over.
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "wire/frame_codec.h"
+#include "worker/core/futex.h"
+#include "worker/core/shm_ring.h"
+#include "worker/core/transport.h"
+#include "worker/shm_link.h"
+
+namespace halka {
+namespace {
+
+constexpr int kFrom = 1;
+
+FrameMeta Meta(uint64_t op_seq, int step) {
+  FrameMeta m;
+  m.kind = FrameKind::kData;
+  m.generation = 1;
+  m.op_seq = op_seq;
+  m.phase = Phase::kNaive;
+  m.step = step;
+  m.count = 4;
+  m.sender_rank = kFrom;
+  return m;
+}
+
+// Writes one frame (header and a 16-byte payload holding `value`).
+bool WriteFrame(ShmRing& tx, const FrameMeta& m, uint32_t value) {
+  const std::string head = EncodeFrameHead(m);
+  std::vector<uint32_t> payload(4, value);
+  const std::vector<absl::Span<const uint8_t>> parts = {
+      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(head.data()),
+                          head.size()),
+      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(payload.data()),
+                          payload.size() * sizeof(uint32_t))};
+  return tx.TryWrite(parts, head.size() + payload.size() * sizeof(uint32_t));
+}
+
+uint32_t FirstWord(const InFrame& f) {
+  uint32_t v = 0;
+  if (!f.pieces.empty() && f.pieces[0].size() >= 4) {
+    std::memcpy(&v, f.pieces[0].data(), 4);
+  }
+  return v;
+}
+
+// A link's receiving end as PeerService wires it: frames to the inbox,
+// with the thread that delivered each one recorded.
+struct Link {
+  std::shared_ptr<ShmRing> tx;
+  std::shared_ptr<Inbox> inbox = std::make_shared<Inbox>(4);
+  std::unique_ptr<ShmReceiver> rx;
+  absl::Mutex mu;
+  std::vector<std::thread::id> delivered_on ABSL_GUARDED_BY(mu);
+  std::atomic<int> errors{0};
+  std::atomic<bool> stopped{false};
+  std::atomic<int> after_stop{0};
+
+  Link() {
+    auto t = ShmRing::Create(1 << 20);
+    EXPECT_TRUE(t.ok()) << t.status();
+    tx = *t;
+    auto r = ShmRing::Open(tx->name(), tx->token_hex());
+    EXPECT_TRUE(r.ok()) << r.status();
+    rx = std::make_unique<ShmReceiver>(
+        *r,
+        [this](absl::StatusOr<InFrame> f) -> absl::Status {
+          if (stopped) ++after_stop;
+          {
+            absl::MutexLock lock(&mu);
+            delivered_on.push_back(std::this_thread::get_id());
+          }
+          if (!f.ok()) {
+            inbox->LinkFailed(kFrom, f.status());
+            return f.status();
+          }
+          return inbox->Deliver(kFrom, *std::move(f));
+        },
+        [this](const absl::Status& s) {
+          ++errors;
+          inbox->LinkFailed(kFrom, s);
+        });
+    inbox->AddTap(rx->tap());
+  }
+  ~Link() {
+    stopped = true;
+    rx->Stop();
+  }
+  std::vector<std::thread::id> Delivered() {
+    absl::MutexLock lock(&mu);
+    return delivered_on;
+  }
+};
+
+const std::vector<int> kWatch = {kFrom};
+
+// A thread joined however the test ends (a failed ASSERT returns early).
+class Joined {
+ public:
+  template <typename F>
+  explicit Joined(F f) : t_(std::move(f)) {}
+  ~Joined() { join(); }
+  void join() {
+    if (t_.joinable()) t_.join();
+  }
+
+ private:
+  std::thread t_;
+};
+
+TEST(InboxTap, TheWaitingThreadTakesTheRecordsItself) {
+  if (!FutexWaitAnyWorks()) {
+    GTEST_SKIP() << "futex_waitv is not available here (the kernel lacks "
+                    "it, or HALKA_FUTEX_WAITV=0): the link's reader delivers "
+                    "(covered by the next case)";
+  }
+  Link link;
+  // Let the reader go to sleep on its ring first.
+  absl::SleepFor(absl::Milliseconds(100));
+  Joined writer([&] {
+    for (int i = 0; i < 50; ++i) {
+      absl::SleepFor(absl::Milliseconds(2));
+      ASSERT_TRUE(WriteFrame(*link.tx, Meta(7, i), 1000 + i));
+    }
+  });
+  for (int i = 0; i < 50; ++i) {
+    Inbox::Event ev = link.inbox->Next(kFrom, 7, kWatch,
+                                       absl::Now() + absl::Seconds(10));
+    ASSERT_EQ(ev.type, Inbox::Event::kFrame) << ev.status;
+    EXPECT_EQ(ev.frame.meta.step, i);
+    EXPECT_EQ(FirstWord(ev.frame), 1000u + i);
+  }
+  writer.join();
+  const std::vector<std::thread::id> on = link.Delivered();
+  ASSERT_EQ(on.size(), 50u);
+  int mine = 0;
+  for (const auto& id : on) mine += id == std::this_thread::get_id();
+  // The reader may take a record in the instant before the first wait
+  // attaches; every other one is taken by the waiting thread.
+  EXPECT_GE(mine, 49) << "the waiting thread took only " << mine
+                      << " of 50 records: the reader handed them over";
+}
+
+TEST(InboxTap, WithoutFutexWaitvTheReaderDeliversAndNothingIsLost) {
+  SetFutexWaitAnyEnabled(false);
+  {
+    Link link;
+    Joined writer([&] {
+      for (int i = 0; i < 200; ++i) {
+        if (i % 10 == 0) absl::SleepFor(absl::Milliseconds(1));
+        ASSERT_TRUE(WriteFrame(*link.tx, Meta(3, i), i));
+      }
+    });
+    for (int i = 0; i < 200; ++i) {
+      Inbox::Event ev = link.inbox->Next(kFrom, 3, kWatch,
+                                         absl::Now() + absl::Seconds(10));
+      ASSERT_EQ(ev.type, Inbox::Event::kFrame) << ev.status;
+      ASSERT_EQ(ev.frame.meta.step, i);
+      ASSERT_EQ(FirstWord(ev.frame), static_cast<uint32_t>(i));
+    }
+    writer.join();
+  }
+  SetFutexWaitAnyEnabled(true);
+}
+
+TEST(InboxTap, AWaitOnTheTapWakesForInterruptsLinkFailuresAndOtherPaths) {
+  Link link;
+  // An interrupt from another thread ends a wait long before its deadline.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  Joined t1([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    link.inbox->Interrupt(absl::AbortedError("membership changed"));
+  });
+  Inbox::Event ev = link.inbox->Next(kFrom, 1, kWatch, deadline);
+  t1.join();
+  EXPECT_EQ(ev.type, Inbox::Event::kInterrupted);
+  EXPECT_LT(absl::Now(), deadline - absl::Seconds(10))
+      << "the interrupt did not wake the wait";
+  link.inbox->ClearInterrupt();
+  // A frame through Deliver (another link's path, e.g. gRPC) wakes it too.
+  Joined t2([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    InFrame f;
+    f.meta = Meta(1, 0);
+    f.meta.sender_rank = 2;
+    ASSERT_TRUE(link.inbox->Deliver(2, std::move(f)).ok());
+  });
+  ev = link.inbox->Next(2, 1, kWatch, deadline);
+  t2.join();
+  EXPECT_EQ(ev.type, Inbox::Event::kFrame);
+  EXPECT_LT(absl::Now(), deadline - absl::Seconds(10));
+  // And a failure of a watched link.
+  Joined t3([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    link.inbox->LinkFailed(kFrom, absl::UnavailableError("peer gone"));
+  });
+  ev = link.inbox->Next(kFrom, 1, kWatch, deadline);
+  t3.join();
+  EXPECT_EQ(ev.type, Inbox::Event::kLinkFailed);
+  EXPECT_EQ(ev.peer, kFrom);
+  EXPECT_LT(absl::Now(), deadline - absl::Seconds(10));
+}
+
+TEST(InboxTap, ACorruptRecordTakenByTheWaitingThreadFailsTheLinkOnce) {
+  Link link;
+  // A record whose bytes are no frame: DecodeFrame's error goes to the
+  // link (LinkFailed) and the wait reports it.
+  const std::string junk(40, '\x7f');
+  ASSERT_TRUE(link.tx->TryWrite(junk));
+  Inbox::Event ev = link.inbox->Next(kFrom, 1, kWatch,
+                                     absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(ev.type, Inbox::Event::kLinkFailed);
+  EXPECT_EQ(ev.status.code(), absl::StatusCode::kDataLoss) << ev.status;
+  // The ring is closed after the error: later records are not delivered.
+  EXPECT_TRUE(link.tx->closed());
+  ASSERT_EQ(link.Delivered().size(), 1u);
+  // The tap is over, so the next wait forgets it.
+  link.inbox->ClearLinkFailures();
+  ev = link.inbox->Next(kFrom, 1, kWatch, absl::Now() + absl::Milliseconds(50));
+  EXPECT_EQ(ev.type, Inbox::Event::kTimeout);
+  EXPECT_EQ(link.inbox->taps(), 0u);
+}
+
+TEST(InboxTap, StopDuringAWaitDeliversWhatWasWrittenAndNothingAfter) {
+  auto link = std::make_unique<Link>();
+  ASSERT_TRUE(WriteFrame(*link->tx, Meta(5, 0), 42));
+  std::atomic<bool> done{false};
+  Inbox::Event late;
+  Joined waiter([&] {
+    // Frame 0, then a wait for a frame that never comes.
+    Inbox::Event first = link->inbox->Next(kFrom, 5, kWatch,
+                                           absl::Now() + absl::Seconds(10));
+    EXPECT_EQ(first.type, Inbox::Event::kFrame);
+    EXPECT_EQ(FirstWord(first.frame), 42u);
+    late = link->inbox->Next(kFrom, 5, kWatch,
+                             absl::Now() + absl::Milliseconds(500));
+    done = true;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  std::shared_ptr<Inbox> inbox = link->inbox;
+  std::shared_ptr<ShmRing> tx = link->tx;
+  link->stopped = true;
+  link->rx->Stop();  // as InLink::OnDone does, while the waiter sleeps
+  const int after = link->after_stop.load();
+  // Written after Stop: never delivered, by either thread.
+  WriteFrame(*tx, Meta(5, 1), 43);
+  waiter.join();
+  EXPECT_TRUE(done);
+  EXPECT_EQ(late.type, Inbox::Event::kTimeout);
+  EXPECT_EQ(link->after_stop.load(), after);
+  EXPECT_EQ(link->Delivered().size(), 1u);
+  link.reset();
+  EXPECT_EQ(inbox->taps(), 0u);
+}
+
+TEST(InboxTap, ManyFramesFromAWriterThreadArriveInOrderWhileTheWaiterDrains) {
+  Link link;
+  constexpr int kFrames = 5000;
+  Joined writer([&] {
+    for (int i = 0; i < kFrames;) {
+      if (WriteFrame(*link.tx, Meta(9, i), 7 * i)) {
+        ++i;
+      } else {
+        std::this_thread::yield();  // the ring is full: the waiter frees it
+      }
+    }
+  });
+  for (int i = 0; i < kFrames; ++i) {
+    Inbox::Event ev = link.inbox->Next(kFrom, 9, kWatch,
+                                       absl::Now() + absl::Seconds(20));
+    ASSERT_EQ(ev.type, Inbox::Event::kFrame) << i << ": " << ev.status;
+    ASSERT_EQ(ev.frame.meta.step, i);
+    ASSERT_EQ(FirstWord(ev.frame), static_cast<uint32_t>(7 * i));
+  }
+  writer.join();
+}
+
+// Found by bad_calls_test: an abort of a failed operation taken off the
+// ring after the next operation began was kept (with its ring record)
+// until the one after, and a ring frees space only over a prefix of
+// released records, so the link stopped once the ring wrapped.
+TEST(InboxTap, FramesOfOperationsAlreadyLetGoHoldNoRingSpace) {
+  Link link;  // a 1 MiB ring: 2,000 frames of ~1 KiB wrap it twice
+  link.inbox->DropBefore(10);
+  std::atomic<int> written{0};
+  Joined writer([&] {
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    for (int i = 0; i < 2000 && absl::Now() < until;) {
+      FrameMeta m = Meta(9, i);  // an operation before 10: let go of
+      m.count = 256;
+      const std::string head = EncodeFrameHead(m);
+      std::vector<uint32_t> payload(256, i);
+      const std::vector<absl::Span<const uint8_t>> parts = {
+          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(head.data()),
+                              head.size()),
+          absl::MakeConstSpan(
+              reinterpret_cast<const uint8_t*>(payload.data()), 1024)};
+      if (link.tx->TryWrite(parts, head.size() + 1024)) {
+        ++i;
+        written = i;
+      } else {
+        absl::SleepFor(absl::Microseconds(200));
+      }
+    }
+    // Then an abort of operation 10 and a frame of it from another path.
+    FrameMeta a = Meta(10, 0);
+    a.kind = FrameKind::kAbort;
+    a.origin_rank = kFrom;
+    a.abort_code = absl::StatusCode::kAborted;
+    a.message = "gave up";
+    a.count = 0;
+    const std::string abort_head = EncodeFrameHead(a);
+    EXPECT_TRUE(link.tx->TryWrite(abort_head));
+  });
+  // This rank waits on rank 2 only: rank 1's frames are never asked for.
+  Inbox::Event ev = link.inbox->Next(2, 10, kWatch,
+                                     absl::Now() + absl::Seconds(20));
+  writer.join();
+  EXPECT_EQ(written.load(), 2000)
+      << "the ring stayed full: frames of an old operation kept its space";
+  ASSERT_EQ(ev.type, Inbox::Event::kAbort) << ev.status;
+  EXPECT_EQ(ev.frame.meta.message, "gave up");
+  // The abort is kept by its header alone, not by its ring record.
+  EXPECT_EQ(ev.frame.keepalive, nullptr);
+  EXPECT_TRUE(ev.frame.pieces.empty());
+}
+
+}  // namespace
+}  // namespace halka

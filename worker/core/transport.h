@@ -45,11 +45,12 @@ class Transport {
 
 // A path whose frames the waiting thread can take itself instead of a
 // thread of the link's handing them over (a same-host link's ring,
-// worker/shm_link.h). Inbox::Next drains its taps before it sleeps and,
-// where the kernel can sleep on several words at once (futex_waitv),
-// sleeps on theirs too, with the taps' own readers standing aside: a
-// record then wakes the operation's thread directly, and a record that
-// is already there costs no wake-up at all.
+// worker/shm_link.h). Where the kernel can sleep on several words at once
+// (futex_waitv), Inbox::Next drains its taps before it sleeps and sleeps
+// on their words too, with the taps' own readers standing aside: a record
+// then wakes the operation's thread directly, and a record that is already
+// there costs no wake-up at all. Without futex_waitv the readers deliver
+// as they would without a tap.
 class InboxTap {
  public:
   virtual ~InboxTap() = default;
@@ -143,6 +144,8 @@ class Inbox {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deliver without the Bump.
   absl::Status Enqueue(int from, InFrame frame);
+  // futex_waitv takes at most 128 words: the inbox's and 127 taps'.
+  static constexpr size_t kMaxTapsWaited = 127;
   // Next with taps: drains them, sleeps on them and on events_.
   Event NextWithTaps(int from, uint64_t op_seq, absl::Span<const int> watch,
                      absl::Time deadline,

@@ -47,7 +47,10 @@ class PeerService::InLink
   }
 
   void OnDone() override {
-    if (shm_) shm_->Stop();  // delivers what was written, then joins
+    if (shm_) {
+      shm_->Stop();  // delivers what was written, then joins
+      inbox_->RemoveTap(shm_->tap().get());
+    }
     // After Forget, the listener never hands this link a connection.
     if (!wire_token_.empty()) service_->wire_->Forget(wire_token_);
     if (wire_) wire_->Stop();
@@ -150,7 +153,8 @@ class PeerService::InLink
     if (!ring.ok()) return absl::StrCat("no: ", ring.status().message());
     shm_ = std::make_unique<ShmReceiver>(
         *std::move(ring),
-        [this](absl::StatusOr<InFrame> f) { return TakeFromPath(std::move(f)); },
+        [this](absl::StatusOr<InFrame> f) { return Take(std::move(f)); },
+        [this](const absl::Status& s) { FinishOnce(ToGrpcStatus(s)); },
         [this](const absl::Status& s) { PathFailed(s); });
     // The operation's thread takes this ring's frames itself while it
     // waits (one wake-up per record instead of two, none for a record that

@@ -182,32 +182,50 @@ void ShmSender::WriterLoop() {
 }
 
 // The consuming side of a link's ring: the reader thread and an
-// operation's thread (through the Inbox) take turns here.
+// operation's thread (through the Inbox) take turns here. The callbacks
+// that end the link (on_rejected, on_error) run after the lock is
+// released, so that nothing they start (a gRPC Finish, and whatever it
+// runs) can find it held.
 class ShmReceiver::Tap final : public InboxTap {
  public:
-  Tap(std::shared_ptr<ShmRing> ring, OnFrame on_frame, OnError on_error)
+  Tap(std::shared_ptr<ShmRing> ring, OnFrame on_frame, OnError on_rejected,
+      OnError on_error)
       : ring_(std::move(ring)),
         on_frame_(std::move(on_frame)),
+        on_rejected_(std::move(on_rejected)),
         on_error_(std::move(on_error)) {}
 
   uint32_t Seq() override { return ring_->DataSeq(); }
   bool Drain(bool* took) override {
-    absl::MutexLock lock(&mu_);
-    if (over_) return false;
-    DrainLocked(took);
-    return !over_;
+    absl::Status rejected, failed;
+    bool over;
+    {
+      absl::MutexLock lock(&mu_);
+      if (over_) return false;
+      DrainLocked(took, &rejected, &failed);
+      over = over_;
+    }
+    if (!rejected.ok()) on_rejected_(rejected);
+    if (!failed.ok()) on_error_(failed);
+    return !over;
   }
   FutexWaiter Waiter(uint32_t seq) override { return ring_->DataWaiter(seq); }
   void Sleeping(bool sleeping) override { ring_->ConsumerSleeping(sleeping); }
   void Attach(bool attached) override {
     attached_.fetch_add(attached ? 1 : -1);
   }
+  bool over() override {
+    absl::MutexLock lock(&mu_);
+    return over_;
+  }
 
   bool attached() const { return attached_.load() > 0; }
   bool stopping() const { return stopping_.load(); }
 
   // The reader's wait while the tap is attached: Stop wakes it, a detach
-  // does not (the reader looks again within `timeout`).
+  // does not (the reader looks again within `timeout`; the next operation
+  // drains the ring at its first wait, and Inbox::MaxOpSeqSeen drains it
+  // too).
   void Park(absl::Duration timeout) {
     absl::MutexLock lock(&park_mu_);
     if (!stopping_) park_cv_.WaitWithTimeout(&park_mu_, timeout);
@@ -229,7 +247,8 @@ class ShmReceiver::Tap final : public InboxTap {
   }
 
  private:
-  void DrainLocked(bool* took) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void DrainLocked(bool* took, absl::Status* rejected, absl::Status* failed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (;;) {
       if (stopping_ && ring_->read_position() >= stop_at_) {
         over_ = true;
@@ -240,32 +259,39 @@ class ShmReceiver::Tap final : public InboxTap {
       absl::Status s = r.status();
       if (s.ok()) {
         if (!r->has_value()) {
-          if (ring_->closed()) over_ = true;  // closed and drained
+          // Closed and drained: a record published just before the close
+          // (after Next looked) is taken on the next pass.
+          if (ring_->closed() &&
+              ring_->Published() == ring_->read_position()) {
+            over_ = true;
+          }
           return;
         }
         *took = true;
         bool ring_error = true;
         s = Take(**r, &ring_error);
-        if (!s.ok() && !ring_error) {  // on_frame's own (handled there)
+        if (!s.ok() && !ring_error) {  // on_frame refused it
           ring_->Close();
           over_ = true;
+          *rejected = s;
           return;
         }
       }
       if (!s.ok()) {
         ring_->Close();
         over_ = true;
-        on_error_(s);
+        *failed = s;
         return;
       }
     }
   }
-  // Ring errors (for on_error) or on_frame's (already handled).
+  // Ring errors (for on_error) or on_frame's (for on_rejected).
   absl::Status Take(const ShmRing::Record& r, bool* ring_error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::shared_ptr<ShmRing> ring_;
   const OnFrame on_frame_;
+  const OnError on_rejected_;
   const OnError on_error_;
   absl::Mutex mu_;
   bool over_ ABSL_GUARDED_BY(mu_) = false;
@@ -280,11 +306,15 @@ class ShmReceiver::Tap final : public InboxTap {
 };
 
 ShmReceiver::ShmReceiver(std::shared_ptr<ShmRing> ring, OnFrame on_frame,
-                         OnError on_error)
-    : ring_(ring),
-      tap_(std::make_shared<Tap>(std::move(ring), std::move(on_frame),
+                         OnError on_rejected, OnError on_error)
+    : tap_(std::make_shared<Tap>(ring, std::move(on_frame),
+                                 std::move(on_rejected),
                                  std::move(on_error))) {
-  reader_ = std::thread([this] { ReaderLoop(); });
+  // The thread holds what it uses: should Stop run on it (a callback that
+  // ends the link), it outlives this object.
+  reader_ = std::thread([tap = tap_, ring = std::move(ring)] {
+    ReaderLoop(*tap, *ring);
+  });
 }
 
 ShmReceiver::~ShmReceiver() { Stop(); }
@@ -302,16 +332,16 @@ void ShmReceiver::Stop() {
   tap_->End();
 }
 
-void ShmReceiver::ReaderLoop() {
+void ShmReceiver::ReaderLoop(Tap& tap, ShmRing& ring) {
   for (;;) {
-    if (tap_->attached() && !tap_->stopping()) {
-      tap_->Park(kPoll);
+    if (tap.attached() && !tap.stopping()) {
+      tap.Park(kPoll);
       continue;
     }
-    const uint32_t seq = ring_->DataSeq();
+    const uint32_t seq = ring.DataSeq();
     bool took = false;
-    if (!tap_->Drain(&took)) return;
-    if (!took) ring_->WaitForData(seq, kPoll);
+    if (!tap.Drain(&took)) return;
+    if (!took) ring.WaitForData(seq, kPoll);
   }
 }
 

@@ -115,29 +115,29 @@ class ShmSender {
 // frame into an InFrame (zero-copy for frames of one record; frames larger
 // than a record are assembled on the heap), and hands it, or the error
 // DecodeFrame found in it, to `on_frame`. An error from `on_frame` stops
-// the thread; a corrupt ring goes to `on_error` once and stops it. Stop()
-// closes the ring, delivers what was written before it (no more: a sender
-// that keeps writing cannot hold it), and joins.
+// the ring and goes to `on_rejected`; a corrupt ring goes to `on_error`;
+// either once. Stop() closes the ring, delivers what was written before it
+// (no more: a sender that keeps writing cannot hold it), and joins.
 //
 // tap() lets an operation's thread take the records itself (Inbox::AddTap):
 // the reader and the tap take turns under one lock, and the reader stands
-// aside while the tap is attached. on_frame and on_error may run on either
-// thread, never after Stop returns.
+// aside while the tap is attached. The callbacks may run on either thread
+// (on_rejected and on_error with that lock released), never after Stop
+// returns.
 class ShmReceiver {
  public:
   using OnFrame = std::function<absl::Status(absl::StatusOr<InFrame>)>;
   using OnError = std::function<void(const absl::Status&)>;
   ShmReceiver(std::shared_ptr<ShmRing> ring, OnFrame on_frame,
-              OnError on_error);
+              OnError on_rejected, OnError on_error);
   ~ShmReceiver();  // Stop()
   void Stop();
   std::shared_ptr<InboxTap> tap() const;
 
  private:
   class Tap;
-  void ReaderLoop();
+  static void ReaderLoop(Tap& tap, ShmRing& ring);
 
-  const std::shared_ptr<ShmRing> ring_;
   const std::shared_ptr<Tap> tap_;
   std::thread reader_;
 };

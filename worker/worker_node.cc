@@ -14,6 +14,7 @@
 #include "common/prometheus.h"
 #include "common/security.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
+#include "worker/core/futex.h"
 #include "worker/core/cuda/device_memory.h"
 #include "worker/core/shm_ring.h"
 #include "worker/grpc_transport.h"
@@ -151,6 +152,16 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
       node->log_.Info(absl::StrCat("no usable GPU (", dev.status().message(),
                            "): reducing on the CPU"));
     }
+  }
+  if (o.shm_links && !FutexWaitAnyWorks()) {
+    // Said once, so that a slower same-host path is never a mystery.
+    node->log_.Info(
+        FutexWaitAnyInKernel()
+            ? "same-host links: HALKA_FUTEX_WAITV=0, so each ring's reader "
+              "thread hands its frames to the operation"
+            : "same-host links: this kernel has no futex_waitv (Linux 5.16+), "
+              "so each ring's reader thread hands its frames to the "
+              "operation (one more wake-up per frame)");
   }
   RendezvousLink::Callbacks cb;
   cb.on_membership = [raw](const v1::Membership& m) { raw->OnMembership(m); };

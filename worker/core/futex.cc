@@ -61,12 +61,13 @@ bool FutexWaitAnyWorks() {
 #endif
 bool FutexWaitAnyInKernel() {
   static const bool works = [] {
-    // No words: EINVAL where the call exists, ENOSYS where it does not
-    // (an older kernel, or a sandbox such as gVisor that lacks it).
+    // No words: EINVAL where the call exists; ENOSYS where it does not (an
+    // older kernel, a sandbox such as gVisor that lacks it), EPERM where a
+    // seccomp filter refuses it (Docker's default profile before 23.0).
     errno = 0;
     const long r = syscall(SYS_futex_waitv, nullptr, 0, 0, nullptr,
                            CLOCK_MONOTONIC);
-    return !(r < 0 && errno == ENOSYS);
+    return r < 0 && errno == EINVAL;
   }();
   return works;
 }
@@ -87,9 +88,13 @@ bool FutexWaitAny(absl::Span<const FutexWaiter> words, absl::Time deadline) {
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);
   const timespec at = absl::ToTimespec(absl::DurationFromTimespec(now) + left);
-  syscall(SYS_futex_waitv, waiters, static_cast<unsigned>(words.size()), 0,
-          &at, CLOCK_MONOTONIC);
-  return true;
+  const long r = syscall(SYS_futex_waitv, waiters,
+                         static_cast<unsigned>(words.size()), 0, &at,
+                         CLOCK_MONOTONIC);
+  // Woken (an index), a word already changed, the deadline, a signal: it
+  // did what it was asked. Anything else means it cannot: say so, so that
+  // the caller waits another way instead of spinning.
+  return r >= 0 || errno == EAGAIN || errno == ETIMEDOUT || errno == EINTR;
 }
 #else
 bool FutexWaitAnyInKernel() { return false; }

@@ -27,7 +27,8 @@ struct FutexWaiter {
 };
 // Sleeps until any word differs from its expected value, a wake-up on any
 // of them, or `deadline` (futex_waitv, Linux 5.16+; at most 128 words).
-// False, without sleeping, where the kernel lacks it (FutexWaitAnyWorks).
+// False, without sleeping, where the kernel lacks it (FutexWaitAnyWorks)
+// or the call fails for any other reason than those.
 bool FutexWaitAny(absl::Span<const FutexWaiter> words, absl::Time deadline);
 // Whether FutexWaitAny sleeps: the kernel has futex_waitv (asked once per
 // process) and it is not turned off (HALKA_FUTEX_WAITV=0 in the

@@ -17,7 +17,21 @@ void Inbox::SetLinkFailureHook(
 
 void Inbox::AddTap(std::shared_ptr<InboxTap> tap) {
   absl::MutexLock lock(&taps_mu_);
+  taps_.erase(std::remove_if(taps_.begin(), taps_.end(),
+                             [](const std::shared_ptr<InboxTap>& t) {
+                               return t->over();
+                             }),
+              taps_.end());
   taps_.push_back(std::move(tap));
+}
+
+void Inbox::RemoveTap(const InboxTap* tap) {
+  absl::MutexLock lock(&taps_mu_);
+  taps_.erase(std::remove_if(taps_.begin(), taps_.end(),
+                             [tap](const std::shared_ptr<InboxTap>& t) {
+                               return t.get() == tap;
+                             }),
+              taps_.end());
 }
 
 size_t Inbox::taps() const {
@@ -79,7 +93,16 @@ void Inbox::LinkFailed(int peer, absl::Status status) {
   if (hook) hook(peer, status);
 }
 
-uint64_t Inbox::MaxOpSeqSeen() const {
+uint64_t Inbox::MaxOpSeqSeen() {
+  std::vector<std::shared_ptr<InboxTap>> taps;
+  {
+    absl::MutexLock lock(&taps_mu_);
+    taps = taps_;
+  }
+  for (auto& t : taps) {
+    bool took = false;
+    t->Drain(&took);
+  }
   absl::MutexLock lock(&mu_);
   return max_seen_;
 }

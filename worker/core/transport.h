@@ -66,6 +66,8 @@ class InboxTap {
   // While attached, the waiting thread takes the frames: the tap's reader
   // stands aside (it looks again within its poll interval once detached).
   virtual void Attach(bool attached) = 0;
+  // Over for good (its link stopped or failed): the inbox forgets it.
+  virtual bool over() = 0;
 };
 
 // Received frames, per sending rank, and link failures. Filled by the
@@ -89,9 +91,11 @@ class Inbox {
   absl::Status Deliver(int from, InFrame frame);
   void LinkFailed(int peer, absl::Status status);
 
-  // Adds a path Next drains (and sleeps on) itself. Taps that are over are
-  // forgotten. Any thread.
+  // Adds a path Next drains (and sleeps on) itself; forgets those that are
+  // over (also at every Next with taps). Any thread.
   void AddTap(std::shared_ptr<InboxTap> tap);
+  // Forgets a tap (its link's end). Any thread.
+  void RemoveTap(const InboxTap* tap);
   size_t taps() const;
 
   // Sets an error that fails every wait until ClearInterrupt (a membership
@@ -127,7 +131,8 @@ class Inbox {
 
   // The highest operation sequence any peer has sent a frame or an abort
   // for (0: none). A peer at op s has finished (or failed) every op < s.
-  uint64_t MaxOpSeqSeen() const;
+  // Takes what the taps hold first (their readers may stand aside).
+  uint64_t MaxOpSeqSeen();
 
   // For a rank that enters a running ring: waits until a peer's frame of
   // an operation that nobody aborted arrives and returns the newest such

@@ -111,8 +111,13 @@ command -v "$PY" >/dev/null || PY=/usr/bin/python3
   echo "loader: $LOADER_MODE"
   [[ -f "$BUNDLE/MANIFEST.txt" ]] && head -7 "$BUNDLE/MANIFEST.txt"
 } >"$LOGS/machine.txt" 2>&1
+# Which path same-host frames take here: the workers say so only when the
+# rings' readers hand them over (no futex_waitv: an older kernel, gVisor).
+RINGS=$(grep -ho 'same-host links: [^(]*' "$LOGS/probe.txt" | head -1 | sed 's/ *$//')
+RINGS=${RINGS:-"same-host links: the operation's thread takes its rings' frames (futex_waitv)"}
+echo "$RINGS" >>"$LOGS/machine.txt"
 cat "$LOGS/machine.txt"
-row "machine" "ok" "$(nproc) cores, $(uname -r), $LOADER_MODE"
+row "machine" "ok" "$(nproc) cores, $(uname -r), $LOADER_MODE; ${RINGS#same-host links: }"
 
 # --- 2. one loopback TCP stream ---------------------------------------------
 if fits "tcp stream" 30; then

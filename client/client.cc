@@ -172,18 +172,23 @@ absl::StatusOr<OpInfo> Client::RunShm(const v1::RunRequest& req,
   const absl::Time deadline = absl::Now() + CallTimeout(req.spec());
   Impl& im = *impl_;
   std::optional<absl::StatusOr<v1::RunReply>> via;
+  bool session_ended = false;
   if (im.options_.session && im.use_shm_) {
-    via = im.session_.TryRun(*im.channel_, *im.stub_, req, deadline);
+    via = im.session_.TryRun(*im.channel_, *im.stub_, req, deadline,
+                             &session_ended);
   }
   const bool session = via.has_value();
   if (session) {
     if (!via->ok()) return via->status();
     reply = std::move(**via);
   } else {
-    // The call's deadline, whatever trying the session took.
+    // The call's deadline, whatever trying the session took. After the
+    // session ended (its worker stopped or died since the last call), the
+    // call does not wait for the worker to come back: a dead worker fails
+    // it at once (UNAVAILABLE) instead of at its deadline.
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
-    ctx.set_wait_for_ready(true);
+    ctx.set_wait_for_ready(!session_ended);
     grpc::Status s = im.stub_->Run(&ctx, req, &reply);
     if (!s.ok()) return FromGrpcStatus(s);
   }

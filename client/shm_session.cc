@@ -169,7 +169,8 @@ absl::StatusOr<v1::RunReply> ShmSession::Run(const v1::RunRequest& req,
 
 std::optional<absl::StatusOr<v1::RunReply>> SessionSlot::TryRun(
     grpc::Channel& channel, v1::Worker::Stub& stub, const v1::RunRequest& req,
-    absl::Time deadline) {
+    absl::Time deadline, bool* ended) {
+  if (ended != nullptr) *ended = false;
   // Another thread's call holds the session: this one takes a call of its
   // own rather than queue behind it.
   if (!mu_.TryLock()) return std::nullopt;
@@ -204,8 +205,12 @@ std::optional<absl::StatusOr<v1::RunReply>> SessionSlot::TryRun(
   }
   bool sent = false;
   absl::StatusOr<v1::RunReply> reply = session_->Run(req, deadline, &sent);
-  if (!session_->usable()) session_.reset();  // the next call opens another
-  if (!sent) return std::nullopt;
+  const bool over = !session_->usable();
+  if (over) session_.reset();  // the next call opens another
+  if (!sent) {
+    if (ended != nullptr) *ended = over;
+    return std::nullopt;
+  }
   return reply;
 }
 

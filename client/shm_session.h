@@ -92,10 +92,14 @@ class SessionSlot {
   static constexpr absl::Duration kRetryAfter = absl::Seconds(10);
 
   // Runs `req` through the session when one can take it now; nullopt when
-  // the request was not sent (the caller uses Worker.Run).
+  // the request was not sent (the caller uses Worker.Run). `ended`, if
+  // given, is set when the session had ended before the request went (its
+  // stream closed: the worker stopped or died), so that the caller does
+  // not wait for that worker to come back.
   std::optional<absl::StatusOr<v1::RunReply>> TryRun(
       grpc::Channel& channel, v1::Worker::Stub& stub,
-      const v1::RunRequest& req, absl::Time deadline);
+      const v1::RunRequest& req, absl::Time deadline,
+      bool* ended = nullptr);
 
  private:
   absl::Mutex mu_;  // held for a whole call through the session

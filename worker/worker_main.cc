@@ -39,7 +39,8 @@ ABSL_FLAG(bool, shm_links, true,
           "carry peer links to workers on this host (same network "
           "namespace and /dev/shm) through shared memory; false: gRPC/TCP");
 ABSL_FLAG(int64_t, shm_spin_us, 0,
-          "microseconds a reader of a same-host ring polls it before it "
+          "microseconds a reader of a same-host ring (a link's reader, an "
+          "operation waiting on its rings, a session) polls it before it "
           "sleeps (0-1000; 0: sleeps at once). Pays only with idle cores");
 ABSL_FLAG(bool, wire_links, true,
           "carry peer links to other hosts on a TCP connection of their own "

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/prometheus.h"
+#include "worker/core/transport.h"
 
 namespace halka {
 
@@ -76,6 +77,11 @@ std::string WorkerMetricsText(const std::string& job_id, int rank,
     w.Sample("halka_edge_chunk_wait_p99_seconds", with({peer(p)}),
              e.wait_p99_seconds);
   }
+  w.Family("halka_missed_wakeups_total", "counter",
+           "waits on same-host rings that their 50 ms limit ended although a "
+           "frame had come (this process; a few are chance, a steady rise "
+           "is a lost wake-up)");
+  w.Sample("halka_missed_wakeups_total", base, Inbox::MissedWakeups());
   return w.Text();
 }
 

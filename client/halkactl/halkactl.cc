@@ -78,8 +78,8 @@ ABSL_FLAG(bool, shm_links, true,
           "share this host); false: over loopback TCP (see --wire_links)");
 ABSL_FLAG(int64_t, shm_spin_us, 0,
           "embedded cluster: microseconds a reader of a same-host ring "
-          "(links, sessions) polls it before it sleeps (0-1000; 0: sleeps "
-          "at once)");
+          "(links, an operation waiting on its rings, sessions) polls it "
+          "before it sleeps (0-1000; 0: sleeps at once)");
 ABSL_FLAG(bool, wire_links, true,
           "embedded cluster: links that are not through shared memory take "
           "a TCP connection of their own; false: the gRPC stream");

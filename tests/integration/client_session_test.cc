@@ -162,6 +162,33 @@ TEST(ClientSession, AWorkerStoppedMidCallFailsTheCallInsteadOfHanging) {
       << got[0].status();
 }
 
+// Found by system_ring_processes with back-to-back calls: the worker died
+// between two calls, the next call found the session over and went by
+// Worker.Run, which waited for the dead worker until its deadline (the
+// operation's plus 30 s) before it failed.
+TEST(ClientSession, ACallAfterTheWorkerDiedFailsAtOnce) {
+  auto cluster = StartCluster(2, absl::Seconds(120));
+  auto client = cluster->Connect(0).value();
+  auto peer = cluster->Connect(1).value();
+  auto first = RunRanks<absl::StatusOr<OpInfo>>(2, [&](int r) {
+    std::vector<float> data = Input(r, 0, 256);
+    return (r == 0 ? client : peer)->AllReduce(absl::MakeSpan(data), ReduceOp::kSum);
+  });
+  ASSERT_TRUE(first[0].ok()) << first[0].status();
+  ASSERT_TRUE(first[0]->session);
+  cluster->KillWorker(0);
+  absl::SleepFor(absl::Milliseconds(200));  // the session's end is seen
+  std::vector<float> data = Input(0, 1, 256);
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<OpInfo> got = client->AllReduce(absl::MakeSpan(data),
+                                                 ReduceOp::kSum);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+  // Not a timing benchmark: the deadline is 150 s away; the call must not
+  // wait for a worker that is gone.
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(60)) << got.status();
+}
+
 // A raw session, as a hostile or broken client would open it.
 class RawSession : public ::testing::Test {
  protected:

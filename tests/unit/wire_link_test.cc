@@ -269,8 +269,13 @@ TEST_P(WireLinkTest, AReceiverThatGoesAwayFailsTheSender) {
   const std::string token = ExpectLink();
   ASSERT_TRUE(Connect(token, key_).ok());
   {
+    // The listener acks before it hands the connection over: wait for it.
     absl::MutexLock lock(&mu_);
-    ASSERT_NE(receiver_, nullptr);
+    auto handed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return receiver_ != nullptr;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&handed), absl::Seconds(10));
+    ASSERT_NE(receiver_, nullptr) << "no receiver 10 s after the ack";
   }
   {
     std::unique_ptr<WireReceiver> gone;

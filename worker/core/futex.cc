@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <string>
@@ -27,6 +28,28 @@ void FutexWakeAll(std::atomic<uint32_t>* word, bool shared) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word),
           shared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr,
           0);
+}
+
+void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+bool SpinUntilAnyMoves(absl::Span<const FutexWaiter> words,
+                       absl::Duration spin) {
+  if (spin <= absl::ZeroDuration()) return false;
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::nanoseconds(absl::ToInt64Nanoseconds(spin));
+  for (uint32_t i = 1;; ++i) {
+    for (const FutexWaiter& w : words) {
+      if (w.word->load(std::memory_order_acquire) != w.expected) return true;
+    }
+    CpuRelax();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return false;
+  }
 }
 
 namespace {

@@ -30,6 +30,13 @@ struct FutexWaiter {
 // False, without sleeping, where the kernel lacks it (FutexWaitAnyWorks)
 // or the call fails for any other reason than those.
 bool FutexWaitAny(absl::Span<const FutexWaiter> words, absl::Time deadline);
+// Polls the words (no system call) until one differs from its expected
+// value (true) or `spin` has passed (false).
+bool SpinUntilAnyMoves(absl::Span<const FutexWaiter> words,
+                       absl::Duration spin);
+// The CPU's pause between two polls of a spin.
+void CpuRelax();
+
 // Whether FutexWaitAny sleeps: the kernel has futex_waitv (asked once per
 // process) and it is not turned off (HALKA_FUTEX_WAITV=0 in the
 // environment, or SetFutexWaitAnyEnabled(false): for A/B runs and for

@@ -35,14 +35,6 @@ constexpr size_t kMinCapacity = size_t{64} << 10;
 std::atomic<int64_t> spin_before_sleep_ns{0};
 std::atomic<uint64_t> consumer_sleeps{0};
 
-void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 size_t Pad(size_t n) { return (n + 63) / 64 * 64; }
 
 struct RecordHead {

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/core/shm_ring.h"
 
 namespace halka {
 
@@ -38,6 +39,12 @@ size_t Inbox::taps() const {
   absl::MutexLock lock(&taps_mu_);
   return taps_.size();
 }
+
+namespace {
+std::atomic<uint64_t> missed_wakeups{0};
+}  // namespace
+
+uint64_t Inbox::MissedWakeups() { return missed_wakeups.load(); }
 
 void Inbox::Bump() {
   events_.fetch_add(1);
@@ -241,17 +248,37 @@ Inbox::Event Inbox::NextWithTaps(int from, uint64_t op_seq,
     for (size_t i = 0; i < taps.size(); ++i) {
       if (taps[i] != nullptr) words.push_back(taps[i]->Waiter(seqs[i]));
     }
+    // --shm_spin_us: poll the words before sleeping, as a ring's reader
+    // would (on a host with idle cores, to save the wake-up).
+    if (SpinUntilAnyMoves(words, std::min(ShmRing::SpinBeforeSleep(),
+                                          deadline - absl::Now()))) {
+      continue;
+    }
     // Announce the sleep before the kernel compares the words: whoever
     // changes one after that sees a sleeper and wakes it.
     sleepers_.fetch_add(1);
     for (auto& t : taps) {
       if (t != nullptr) t->Sleeping(true);
     }
-    const bool slept = FutexWaitAny(words, deadline);
+    // Never longer than a reader would sleep: should a wake-up ever be
+    // lost (a kernel's, a sandbox's, or ours), it costs one poll interval,
+    // not the operation's deadline.
+    const absl::Time wake_by = std::min(deadline, absl::Now() + kLongestSleep);
+    const bool slept = FutexWaitAny(words, wake_by);
     for (auto& t : taps) {
       if (t != nullptr) t->Sleeping(false);
     }
     sleepers_.fetch_sub(1);
+    if (slept && wake_by < deadline && absl::Now() >= wake_by) {
+      // Woken by the clock: had a word moved meanwhile, its wake-up was
+      // missed (a diagnostic; a word that moved just as the clock ran out
+      // counts too).
+      bool moved = events_.load() != events;
+      for (size_t i = 0; i < taps.size() && !moved; ++i) {
+        moved = taps[i] != nullptr && taps[i]->Seq() != seqs[i];
+      }
+      if (moved) missed_wakeups.fetch_add(1, std::memory_order_relaxed);
+    }
     if (!slept) {  // cannot sleep on the words: the readers deliver
       for (auto& t : taps) {
         if (t != nullptr) t->Attach(false);

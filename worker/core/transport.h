@@ -91,6 +91,11 @@ class Inbox {
   absl::Status Deliver(int from, InFrame frame);
   void LinkFailed(int peer, absl::Status status);
 
+  // Sleeps on taps that the clock ended although a word had moved: wake-ups
+  // that were missed, or came just as the sleep ran out (process-wide; for
+  // tests and diagnostics).
+  static uint64_t MissedWakeups();
+
   // Adds a path Next drains (and sleeps on) itself; forgets those that are
   // over (also at every Next with taps). Any thread.
   void AddTap(std::shared_ptr<InboxTap> tap);
@@ -151,6 +156,8 @@ class Inbox {
   absl::Status Enqueue(int from, InFrame frame);
   // futex_waitv takes at most 128 words: the inbox's and 127 taps'.
   static constexpr size_t kMaxTapsWaited = 127;
+  // The longest one sleep on the taps' words lasts (as a ring's reader).
+  static constexpr absl::Duration kLongestSleep = absl::Milliseconds(50);
   // Next with taps: drains them, sleeps on them and on events_.
   Event NextWithTaps(int from, uint64_t op_seq, absl::Span<const int> watch,
                      absl::Time deadline,

@@ -136,18 +136,23 @@ TEST(ClientSession, AnOperationsOwnErrorComesBackAsFromRun) {
   }
 }
 
+// One round of rank 0 and rank 1, through rank 0's session.
+void OneRoundOpensTheSession(Client& client, Client& peer) {
+  auto first = RunRanks<absl::StatusOr<OpInfo>>(2, [&](int r) {
+    std::vector<float> data = Input(r, 0, 256);
+    return (r == 0 ? client : peer).AllReduce(absl::MakeSpan(data), ReduceOp::kSum);
+  });
+  ASSERT_TRUE(first[0].ok()) << first[0].status();
+  ASSERT_TRUE(first[0]->session);
+}
+
 TEST(ClientSession, AWorkerStoppedMidCallFailsTheCallInsteadOfHanging) {
   // A long operation deadline: only the worker's stop can end the call.
   auto cluster = StartCluster(2, absl::Seconds(120));
   auto client = cluster->Connect(0).value();
   auto peer = cluster->Connect(1).value();
   // One round first, so that rank 0's session is open.
-  auto first = RunRanks<absl::StatusOr<OpInfo>>(2, [&](int r) {
-    std::vector<float> data = Input(r, 0, 256);
-    return (r == 0 ? client : peer)->AllReduce(absl::MakeSpan(data), ReduceOp::kSum);
-  });
-  ASSERT_TRUE(first[0].ok()) << first[0].status();
-  ASSERT_TRUE(first[0]->session);
+  ASSERT_NO_FATAL_FAILURE(OneRoundOpensTheSession(*client, *peer));
   // Rank 0 calls alone (rank 1 never does) and waits for its peer; its
   // worker is stopped under it.
   auto waiting = StartRanks<absl::StatusOr<OpInfo>>({0}, [&](int) {
@@ -170,12 +175,7 @@ TEST(ClientSession, ACallAfterTheWorkerDiedFailsAtOnce) {
   auto cluster = StartCluster(2, absl::Seconds(120));
   auto client = cluster->Connect(0).value();
   auto peer = cluster->Connect(1).value();
-  auto first = RunRanks<absl::StatusOr<OpInfo>>(2, [&](int r) {
-    std::vector<float> data = Input(r, 0, 256);
-    return (r == 0 ? client : peer)->AllReduce(absl::MakeSpan(data), ReduceOp::kSum);
-  });
-  ASSERT_TRUE(first[0].ok()) << first[0].status();
-  ASSERT_TRUE(first[0]->session);
+  ASSERT_NO_FATAL_FAILURE(OneRoundOpensTheSession(*client, *peer));
   cluster->KillWorker(0);
   absl::SleepFor(absl::Milliseconds(200));  // the session's end is seen
   std::vector<float> data = Input(0, 1, 256);

@@ -275,6 +275,19 @@ RingDiagnosis DiagnoseRing(int g, const std::vector<RankInput>& ranks,
         in.arrival_lag_p50_seconds * 1e3, in.arrival_lag_p99_seconds * 1e3,
         median_lag * 1e3);
   };
+  // A rank that is slow inside the ring holds its predecessor's frames
+  // back, so the ranks upstream of it end later and call later: a late
+  // caller whose lag is less than what the slowest edge adds per operation
+  // is that edge's echo, not the cause.
+  if (late != nullptr && edge_significant && late->rank != s) {
+    const RankInput* succ_in = by_rank[static_cast<size_t>(succ)];
+    const uint64_t ops = succ_in != nullptr ? succ_in->ops : 0;
+    const double added_per_op =
+        ops > 0 ? slowest->added_wait_seconds / static_cast<double>(ops) : 0;
+    if (added_per_op >= late->arrival_lag_p50_seconds - median_lag) {
+      late = nullptr;
+    }
+  }
   if (stalled != nullptr) {
     const int r = stalled->rank;
     d.stalled_rank = r;

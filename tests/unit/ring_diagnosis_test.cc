@@ -286,6 +286,35 @@ TEST(RingDiagnosisTest, SlowEdgeInsideTheRingIsAnEdgeNotACaller) {
   EXPECT_NE(d.summary.find("edge 1->2 writes at 12.5 MB/s"), std::string::npos);
 }
 
+// system_dashboard_chromium once: rank 2 reduces slowly (5 ms a chunk), so
+// rank 3 waits 0.85 s for it over 7 operations (120 ms each), and rank 1,
+// whose frames rank 2 takes late, ends each operation later and calls
+// 35 ms after the others. Rank 2 is the straggler; rank 1's lag is its echo.
+TEST(RingDiagnosisTest, ALateCallerUpstreamOfASlowEdgeIsItsEcho) {
+  std::vector<RankInput> in = TrainingRing(4, {0.0, 0.035, 0.011, 0.0});
+  for (RankInput& x : in) {
+    x.ops = 7;
+    x.arrival_ops = 7;
+    x.ring_seconds = 0.9;
+    x.op_seconds = 1.0;
+  }
+  in[3].edges[0].wait_seconds = 0.856;
+  in[2].edges[0].wait_seconds = 0.003;
+  const RingDiagnosis d = DiagnoseRing(4, in);
+  SCOPED_TRACE(d.summary);
+  EXPECT_EQ(d.straggler_rank, 2);
+  EXPECT_EQ(d.slowest_from, 2);
+  EXPECT_EQ(d.slowest_to, 3);
+  EXPECT_EQ(d.late_rank, -1);
+  // A late caller whose lag is more than the edge adds is still named.
+  for (RankInput& x : in) x.arrival_lag_p50_seconds = 0.0;
+  in[1].arrival_lag_p50_seconds = 0.300;
+  const RingDiagnosis late = DiagnoseRing(4, in);
+  SCOPED_TRACE(late.summary);
+  EXPECT_EQ(late.straggler_rank, 1);
+  EXPECT_EQ(late.late_rank, 1);
+}
+
 TEST(ArrivalLagsTest, LagsFromTheFirstCallerOverOpsEveryRankReported) {
   // Ops every second; each ends 0.5 s after its first caller arrived.
   std::vector<std::vector<ArrivalInput>> by_rank(3);

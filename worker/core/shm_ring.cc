@@ -357,14 +357,7 @@ absl::StatusOr<std::optional<ShmRing::Record>> ShmRing::Next(
       left = deadline - absl::Now();  // the poll took some of it
       if (left <= absl::ZeroDuration()) return std::optional<Record>();
     }
-    // A count, not a flag: a reader and an operation's thread may both
-    // sleep on one ring (worker/shm_link.h).
-    h->consumer_sleeping.fetch_add(1);
-    if (h->head.load() == read_ && h->closed.load() == 0) {
-      consumer_sleeps.fetch_add(1, std::memory_order_relaxed);
-      FutexWait(&h->head_seq, seq, left);
-    }
-    h->consumer_sleeping.fetch_sub(1);
+    WaitForData(seq, left);  // `seq` was read before `head`
   }
 }
 
@@ -372,12 +365,15 @@ uint32_t ShmRing::DataSeq() const { return header()->head_seq.load(); }
 
 void ShmRing::WaitForData(uint32_t seq, absl::Duration timeout) {
   Header* h = header();
-  h->consumer_sleeping.fetch_add(1);
+  // Announced before the word is compared, so that a Publish after the
+  // comparison sees a sleeper and wakes it. A count, not a flag: a reader
+  // and an operation's thread may both sleep on one ring (worker/shm_link.h).
+  ConsumerSleeping(true);
   if (h->head_seq.load() == seq && h->closed.load() == 0) {
     consumer_sleeps.fetch_add(1, std::memory_order_relaxed);
     FutexWait(&h->head_seq, seq, timeout);
   }
-  h->consumer_sleeping.fetch_sub(1);
+  ConsumerSleeping(false);
 }
 
 FutexWaiter ShmRing::DataWaiter(uint32_t seq) const {

@@ -7,6 +7,14 @@
 #include "worker/core/shm_ring.h"
 
 namespace halka {
+namespace {
+
+template <typename T, typename Pred>
+void EraseIf(std::vector<T>& v, Pred pred) {
+  v.erase(std::remove_if(v.begin(), v.end(), pred), v.end());
+}
+
+}  // namespace
 
 Inbox::Inbox(int max_ranks) : max_ranks_(max_ranks) {}
 
@@ -18,21 +26,22 @@ void Inbox::SetLinkFailureHook(
 
 void Inbox::AddTap(std::shared_ptr<InboxTap> tap) {
   absl::MutexLock lock(&taps_mu_);
-  taps_.erase(std::remove_if(taps_.begin(), taps_.end(),
-                             [](const std::shared_ptr<InboxTap>& t) {
-                               return t->over();
-                             }),
-              taps_.end());
+  EraseIf(taps_, [](const std::shared_ptr<InboxTap>& t) {
+    return t->over();
+  });
   taps_.push_back(std::move(tap));
 }
 
 void Inbox::RemoveTap(const InboxTap* tap) {
   absl::MutexLock lock(&taps_mu_);
-  taps_.erase(std::remove_if(taps_.begin(), taps_.end(),
-                             [tap](const std::shared_ptr<InboxTap>& t) {
-                               return t.get() == tap;
-                             }),
-              taps_.end());
+  EraseIf(taps_, [tap](const std::shared_ptr<InboxTap>& t) {
+    return t.get() == tap;
+  });
+}
+
+std::vector<std::shared_ptr<InboxTap>> Inbox::Taps() const {
+  absl::MutexLock lock(&taps_mu_);
+  return taps_;
 }
 
 size_t Inbox::taps() const {
@@ -101,12 +110,7 @@ void Inbox::LinkFailed(int peer, absl::Status status) {
 }
 
 uint64_t Inbox::MaxOpSeqSeen() {
-  std::vector<std::shared_ptr<InboxTap>> taps;
-  {
-    absl::MutexLock lock(&taps_mu_);
-    taps = taps_;
-  }
-  for (auto& t : taps) {
+  for (const auto& t : Taps()) {
     bool took = false;
     t->Drain(&took);
   }
@@ -183,16 +187,14 @@ bool Inbox::Ready(int from, uint64_t op_seq,
 
 Inbox::Event Inbox::Next(int from, uint64_t op_seq,
                          absl::Span<const int> watch, absl::Time deadline) {
-  std::vector<std::shared_ptr<InboxTap>> taps;
-  {
-    absl::MutexLock lock(&taps_mu_);
-    taps = taps_;
-  }
+  std::vector<std::shared_ptr<InboxTap>> taps = Taps();
   // Without futex_waitv this thread could only drain the rings before it
   // waits, beside readers that wake for the same records: measured, that
   // was slower than leaving the rings to their readers (docs/performance.md).
   if (!taps.empty() && taps.size() <= kMaxTapsWaited && FutexWaitAnyWorks()) {
-    return NextWithTaps(from, op_seq, watch, deadline, std::move(taps));
+    std::optional<Event> ev =
+        NextWithTaps(from, op_seq, watch, deadline, std::move(taps));
+    if (ev.has_value()) return *std::move(ev);
   }
   absl::MutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -202,42 +204,33 @@ Inbox::Event Inbox::Next(int from, uint64_t op_seq,
   return EventLocked(from, op_seq, watch);
 }
 
-Inbox::Event Inbox::NextWithTaps(int from, uint64_t op_seq,
-                                 absl::Span<const int> watch,
-                                 absl::Time deadline,
-                                 std::vector<std::shared_ptr<InboxTap>> taps) {
-  // `own`: this thread takes the taps' records and sleeps on their words
-  // (their readers stand aside). Should the sleep on several words fail,
-  // it leaves them to their readers and waits on the inbox alone.
-  bool own = true;
+std::optional<Inbox::Event> Inbox::NextWithTaps(
+    int from, uint64_t op_seq, absl::Span<const int> watch,
+    absl::Time deadline, std::vector<std::shared_ptr<InboxTap>> taps) {
+  // This thread takes the taps' records and sleeps on their words (their
+  // readers stand aside) until it returns. Should the sleep on several
+  // words fail, it leaves them to their readers (nullopt: Next waits on
+  // the inbox alone).
   for (auto& t : taps) t->Attach(true);
   std::vector<uint32_t> seqs(taps.size());
   std::vector<FutexWaiter> words;
-  std::vector<std::shared_ptr<InboxTap>> over;
-  Event ev;
+  bool pruned = false;
+  std::optional<Event> ev;
   for (;;) {
     const uint32_t events = events_.load();
     bool took = false;
     for (size_t i = 0; i < taps.size(); ++i) {
       if (taps[i] == nullptr) continue;
       seqs[i] = taps[i]->Seq();
-      if (!taps[i]->Drain(&took)) {
-        if (own) taps[i]->Attach(false);
-        over.push_back(std::move(taps[i]));
+      if (!taps[i]->Drain(&took)) {  // over: forgotten below
+        taps[i]->Attach(false);
         taps[i] = nullptr;
+        pruned = true;
       }
     }
     {
       absl::MutexLock lock(&mu_);
       if (Ready(from, op_seq, watch) || absl::Now() >= deadline) {
-        ev = EventLocked(from, op_seq, watch);
-        break;
-      }
-      if (!own) {
-        auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return Ready(from, op_seq, watch);
-        };
-        mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
         ev = EventLocked(from, op_seq, watch);
         break;
       }
@@ -279,26 +272,16 @@ Inbox::Event Inbox::NextWithTaps(int from, uint64_t op_seq,
       }
       if (moved) missed_wakeups.fetch_add(1, std::memory_order_relaxed);
     }
-    if (!slept) {  // cannot sleep on the words: the readers deliver
-      for (auto& t : taps) {
-        if (t != nullptr) t->Attach(false);
-      }
-      own = false;
-    }
+    if (!slept) break;  // cannot sleep on the words: the readers deliver
   }
-  if (own) {
-    for (auto& t : taps) {
-      if (t != nullptr) t->Attach(false);
-    }
+  for (auto& t : taps) {
+    if (t != nullptr) t->Attach(false);
   }
-  if (!over.empty()) {
+  if (pruned) {
     absl::MutexLock lock(&taps_mu_);
-    taps_.erase(std::remove_if(taps_.begin(), taps_.end(),
-                               [&](const std::shared_ptr<InboxTap>& t) {
-                                 return std::find(over.begin(), over.end(),
-                                                  t) != over.end();
-                               }),
-                taps_.end());
+    EraseIf(taps_, [](const std::shared_ptr<InboxTap>& t) {
+      return t->over();
+    });
   }
   return ev;
 }

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <functional>
 #include <map>
 #include <vector>
@@ -159,9 +160,12 @@ class Inbox {
   // The longest one sleep on the taps' words lasts (as a ring's reader).
   static constexpr absl::Duration kLongestSleep = absl::Milliseconds(50);
   // Next with taps: drains them, sleeps on them and on events_.
-  Event NextWithTaps(int from, uint64_t op_seq, absl::Span<const int> watch,
-                     absl::Time deadline,
-                     std::vector<std::shared_ptr<InboxTap>> taps);
+  // nullopt when it could not sleep on the taps' words (Next then waits on
+  // the inbox alone).
+  std::optional<Event> NextWithTaps(
+      int from, uint64_t op_seq, absl::Span<const int> watch,
+      absl::Time deadline, std::vector<std::shared_ptr<InboxTap>> taps);
+  std::vector<std::shared_ptr<InboxTap>> Taps() const;
   // After any change a wait looks for (a frame, an abort, a link failure,
   // an interrupt): wakes a thread sleeping in NextWithTaps.
   void Bump();

@@ -87,6 +87,19 @@ HostBuffer::~HostBuffer() {
   data_ = nullptr;
 }
 
+namespace {
+
+// Random and never 0 (0: a call without a caller).
+uint64_t NewCallerId() {
+  std::random_device rd;
+  for (;;) {
+    const uint64_t id = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    if (id != 0) return id;
+  }
+}
+
+}  // namespace
+
 class Client::Impl {
  public:
   Impl(const std::string& target, Options options)
@@ -119,6 +132,10 @@ class Client::Impl {
   std::string staging_name_ ABSL_GUARDED_BY(staging_mu_);
 
   SessionSlot session_;  // same-host workers (client/shm_session.h)
+
+  // This client's order of its calls (StampCall).
+  const uint64_t caller_id_ = NewCallerId();
+  std::atomic<uint64_t> calls_sent_{0};
 
   absl::Mutex device_mu_;  // held for a whole device reduce-scatter
   void* device_scratch_ ABSL_GUARDED_BY(device_mu_) = nullptr;
@@ -166,8 +183,14 @@ void SetCallDeadline(grpc::ClientContext& ctx, const v1::OpSpec& spec) {
 
 }  // namespace
 
-absl::StatusOr<OpInfo> Client::RunShm(const v1::RunRequest& req,
+void Client::StampCall(v1::OpSpec* spec) {
+  spec->set_caller_id(impl_->caller_id_);
+  spec->set_call_index(impl_->calls_sent_.fetch_add(1) + 1);
+}
+
+absl::StatusOr<OpInfo> Client::RunShm(v1::RunRequest req,
                                       const char* transfer) {
+  StampCall(req.mutable_spec());
   v1::RunReply reply;
   const absl::Time deadline = absl::Now() + CallTimeout(req.spec());
   Impl& im = *impl_;
@@ -279,6 +302,7 @@ absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, const Io& io) {
     return RunShm(req, "none");
   }
   // Inline: stream the input in, stream the result back.
+  StampCall(&spec);
   grpc::ClientContext ctx;
   SetCallDeadline(ctx, spec);
   auto stream = im.stub_->RunInline(&ctx);

@@ -44,4 +44,27 @@ bool IsStaleCall(bool adopted, uint64_t ring_epoch, absl::Time admitted,
   return adopted && (call_epoch < ring_epoch || issued < admitted);
 }
 
+CallerOrder PlaceInCallerOrder(const CallerPlace& last, uint64_t caller_id,
+                               uint64_t call_index, uint64_t next_seq,
+                               uint64_t generation) {
+  CallerOrder o;
+  if (caller_id == 0 || call_index == 0 || caller_id != last.caller_id) {
+    return o;
+  }
+  if (call_index <= last.call_index) {
+    o.arrived_late = true;
+    return o;
+  }
+  if (last.seq == 0 || next_seq == 0 || generation != last.generation) {
+    return o;
+  }
+  // The caller's call `call_index` pairs with number `expected` on every
+  // rank that saw each of its calls.
+  const uint64_t expected = last.seq + (call_index - last.call_index);
+  if (expected > next_seq && expected - next_seq <= kMaxLostCalls) {
+    o.lost = expected - next_seq;
+  }
+  return o;
+}
+
 }  // namespace halka

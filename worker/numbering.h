@@ -68,6 +68,44 @@ NumberingDecision DecideNumbering(const NumberingInput& in);
 bool IsStaleCall(bool adopted, uint64_t ring_epoch, absl::Time admitted,
                  uint64_t call_epoch, absl::Time issued);
 
+// The caller's own order of its calls (OpSpec.caller_id, call_index): the
+// last call of a caller that took a number here, on which ring, as which
+// number.
+struct CallerPlace {
+  uint64_t caller_id = 0;   // 0: none yet
+  uint64_t call_index = 0;
+  uint64_t seq = 0;         // 0: the call took no number known here
+  uint64_t generation = 0;  // the ring it was numbered on
+};
+
+// What a call's place in its caller's order asks of the worker, decided
+// in the call's turn, before it is numbered.
+struct CallerOrder {
+  // The call arrived after a later call of the same caller (or is a copy
+  // of one): it is refused, and takes no number (its number was given up
+  // when the later call came first).
+  bool arrived_late = false;
+  // Calls of this caller that never reached this worker (the indices
+  // between the last call and this one) whose numbers the ring has not
+  // passed yet: the worker gives each up, in order, before this call.
+  uint64_t lost = 0;
+};
+// At most this many lost calls are given up at once; a longer gap is not a
+// lost call on a broken connection, and the worker numbers the call as it
+// arrives (and logs it).
+constexpr uint64_t kMaxLostCalls = 64;
+
+// `last`: the caller's place as the worker recorded it; `caller_id`,
+// `call_index`: the arriving call's (0: not given); `next_seq`: the number
+// the call will take on `generation`'s ring, which holds a number. Only a
+// gap on the same ring, behind which the worker's numbering trails the
+// caller's, is filled: calls without an index (a foreign client) and
+// numbers the ring skipped ahead (a peer was further) keep the worker's
+// own count.
+CallerOrder PlaceInCallerOrder(const CallerPlace& last, uint64_t caller_id,
+                               uint64_t call_index, uint64_t next_seq,
+                               uint64_t generation);
+
 }  // namespace halka
 
 #endif  // HALKA_WORKER_NUMBERING_H_

@@ -43,9 +43,12 @@ absl::StatusOr<OpResult> WorkerNode::ExecuteOnDevice(
     const v1::OpSpec& spec, const v1::DeviceTensor& tensor,
     const Arrival& arrival) {
   if (device_ == nullptr) {
-    return Refuse(arrival, absl::FailedPreconditionError(absl::StrCat(
-        "worker ", options_.worker_id,
-        " has no usable GPU: send host tensors, or start it with --device")));
+    return Refuse(arrival,
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "worker ", options_.worker_id,
+                      " has no usable GPU: send host tensors, or start it "
+                      "with --device")),
+                  &spec);
   }
   DeviceHandle h;
   h.device = tensor.device();
@@ -54,7 +57,7 @@ absl::StatusOr<OpResult> WorkerNode::ExecuteOnDevice(
   h.pid = tensor.pid();
   h.pointer = tensor.pointer();
   absl::StatusOr<void*> ptr = device_->Resolve(h);
-  if (!ptr.ok()) return Refuse(arrival, ptr.status());
+  if (!ptr.ok()) return Refuse(arrival, ptr.status(), &spec);
   std::unique_ptr<OpBuffer> buffer = device_->MakeBuffer(*ptr);
   return Run(spec, *buffer, arrival);
 }
@@ -66,15 +69,86 @@ void WorkerNode::AwaitTurn(uint64_t ticket) {
   run_mu_.Await(absl::Condition(&mine));
 }
 
-absl::Status WorkerNode::Refuse(const Arrival& arrival, absl::Status status) {
+absl::Status WorkerNode::Refuse(const Arrival& arrival, absl::Status status,
+                               const v1::OpSpec* spec) {
   absl::MutexLock run_lock(&run_mu_);
   AwaitTurn(arrival.ticket);
-  SkipNumber(status, arrival, arrival.at + options_.op_timeout);
+  const absl::Time deadline = arrival.at + options_.op_timeout;
+  if (absl::Status late = TakeCallerPlace(spec, arrival, deadline);
+      !late.ok()) {
+    // Its number went to the later call's predecessor already: report the
+    // refusal, take nothing.
+    RecordCall(0, late);
+  } else {
+    const uint64_t seq = SkipNumber(status, arrival, deadline);
+    NoteCallerPlace(spec, seq, book_->latest_generation());
+  }
   ++turn_;
   return status;
 }
 
-void WorkerNode::SkipNumber(const absl::Status& status,
+absl::Status WorkerNode::TakeCallerPlace(const v1::OpSpec* spec,
+                                         const Arrival& arrival,
+                                         absl::Time deadline) {
+  if (spec == nullptr || spec->caller_id() == 0 || spec->call_index() == 0) {
+    return absl::OkStatus();
+  }
+  // The number the call would take: on the newest membership's ring, when
+  // it holds one.
+  CatchUp();
+  uint64_t generation = 0, next = 0;
+  if (std::shared_ptr<Ring> ring = book_->Current();
+      ring != nullptr && ring->generation == book_->latest_generation() &&
+      ring->comm->next_op_seq() != 0) {
+    generation = ring->generation;
+    next = next_seq_;
+  }
+  const CallerOrder order = PlaceInCallerOrder(
+      caller_, spec->caller_id(), spec->call_index(), next, generation);
+  if (order.arrived_late) {
+    return absl::AbortedError(absl::StrCat(
+        "call ", spec->call_index(), " of this client reached the worker after "
+        "its call ", caller_.call_index, ": its number was given up when the "
+        "later call came first, so it runs nowhere (call again)"));
+  }
+  const uint64_t gap =
+      caller_.caller_id == spec->caller_id() &&
+              spec->call_index() > caller_.call_index
+          ? spec->call_index() - caller_.call_index - 1
+          : 0;
+  if (gap > kMaxLostCalls) {
+    log_.Warning(absl::StrCat(
+        gap, " calls of a client never reached this worker (its call ",
+        spec->call_index(), " came after call ", caller_.call_index,
+        "): more than ", kMaxLostCalls, " to give up; it is numbered as it "
+        "arrives"));
+  }
+  for (uint64_t k = 0; k < order.lost; ++k) {
+    const uint64_t lost_index = spec->call_index() - order.lost + k;
+    const uint64_t seq = SkipNumber(
+        absl::AbortedError(absl::StrCat(
+            "the client's call ", lost_index,
+            " never reached this worker (its call ", spec->call_index(),
+            " came next: the connection broke on the way?)")),
+        arrival, deadline);
+    log_.Warning(absl::StrCat(
+        "a client's call ", lost_index, " never reached this worker (its call ",
+        spec->call_index(), " came next): gave its number #", seq,
+        " up, so the next call pairs with the peers' again"));
+  }
+  return absl::OkStatus();
+}
+
+void WorkerNode::NoteCallerPlace(const v1::OpSpec* spec, uint64_t seq,
+                                 uint64_t generation) {
+  if (spec == nullptr || spec->caller_id() == 0 || spec->call_index() == 0) {
+    return;
+  }
+  caller_ = CallerPlace{spec->caller_id(), spec->call_index(), seq,
+                        seq == 0 ? 0 : generation};
+}
+
+uint64_t WorkerNode::SkipNumber(const absl::Status& status,
                             const Arrival& arrival, absl::Time deadline) {
   // The number the call takes is the communicator's: the ring's next one,
   // or, on a ring that still adopts, the one its peers run. The ring is the
@@ -90,11 +164,10 @@ void WorkerNode::SkipNumber(const absl::Status& status,
     // (the peers' copies fail too), else not at all.
     if (call.numbered_generation != 0) {
       RecordCall(next_seq_, status);
-      ++next_seq_;
-    } else {
-      RecordCall(0, status);
+      return next_seq_++;
     }
-    return;
+    RecordCall(0, status);
+    return 0;
   }
   absl::StatusOr<uint64_t> seq =
       (*ring)->comm->SkipOp(call.seq, status, deadline);
@@ -103,10 +176,11 @@ void WorkerNode::SkipNumber(const absl::Status& status,
                             status.ToString(), ") and no number could be "
                             "learnt for it: ", seq.status().ToString()));
     RecordCall(0, status);
-    return;
+    return 0;
   }
   next_seq_ = *seq + 1;
   RecordCall(*seq, status);
+  return *seq;
 }
 
 CallInfo WorkerNode::NewCall(uint64_t seq, const Arrival& arrival,
@@ -187,9 +261,23 @@ absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
   absl::MutexLock run_lock(&run_mu_);
   AwaitTurn(arrival.ticket);
   running_seq_ = 0;
+  taken_seq_ = 0;
+  taken_generation_ = 0;
+  if (absl::Status late = TakeCallerPlace(
+          &spec, arrival, CallDeadline(spec, arrival.at, options_.op_timeout));
+      !late.ok()) {
+    RecordCall(0, late);
+    ++turn_;
+    return late;
+  }
   absl::StatusOr<OpResult> result = RunInTurn(spec, buffer, arrival);
   if (result.ok() || running_seq_ != 0) {
     RecordCall(result.ok() ? result->op_seq : running_seq_, result.status());
+  }
+  if (result.ok()) {
+    NoteCallerPlace(&spec, result->op_seq, result->generation);
+  } else {
+    NoteCallerPlace(&spec, taken_seq_, taken_generation_);
   }
   ++turn_;
   return result;
@@ -203,7 +291,8 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
   if (absl::StatusOr<uint64_t> bytes =
           ValidateOpSpec(spec, options_.max_op_bytes);
       !bytes.ok()) {
-    SkipNumber(bytes.status(), arrival, deadline);
+    taken_seq_ = SkipNumber(bytes.status(), arrival, deadline);
+    taken_generation_ = book_->latest_generation();
     return bytes.status();
   }
   const absl::Time issued =
@@ -223,12 +312,19 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
       // The call is numbered all the same (where this worker holds a
       // number): the other ranks' copies of it fail too (or already ran),
       // and the next call is the next number.
-      if (call.numbered_generation != 0 && retry_seq == 0) ++next_seq_;
+      if (call.numbered_generation != 0 && retry_seq == 0) {
+        taken_seq_ = next_seq_++;
+        taken_generation_ = call.numbered_generation;
+      }
       return ring.status();
     }
     Communicator* comm = (*ring)->comm.get();
     if (comm->next_op_seq() != 0 && call.seq != 0) {
       comm->set_next_op_seq(call.seq);
+      taken_seq_ = call.seq;
+      taken_generation_ = (*ring)->generation;
+    } else {
+      taken_seq_ = 0;  // adopted from the peers: not known before it ran
     }
     absl::StatusOr<OpResult> result = RunOn(**ring, spec, buffer, deadline);
     next_seq_ = comm->next_op_seq();

@@ -20,6 +20,7 @@
 #include "halka/v1/worker.pb.h"
 #include "common/http_server.h"
 #include "worker/core/communicator.h"
+#include "worker/numbering.h"
 #include "worker/rendezvous_link.h"
 #include "worker/ring_book.h"
 #include "worker/shm_reaper.h"
@@ -80,7 +81,10 @@ class WorkerNode {
   // upload that failed or was abandoned): in its turn it takes its number
   // and tells the peers, whose copies of the call then fail at once naming
   // this rank and `status`. Returns `status`.
-  absl::Status Refuse(const Arrival& arrival, absl::Status status);
+  // `spec`: the call's request when it was read (its caller's order, see
+  // OpSpec.call_index), else null.
+  absl::Status Refuse(const Arrival& arrival, absl::Status status,
+                      const v1::OpSpec* spec = nullptr);
 
   // What GetTimeline answers. FAILED_PRECONDITION before it joined.
   absl::StatusOr<v1::Timeline> Timeline() const;
@@ -129,8 +133,20 @@ class WorkerNode {
   // Takes the next number for a call that does not reach the ring (on a
   // ring that still adopts, the peers' number, learnt by `deadline`), on
   // the ring of the newest membership: the one the peers run that call on.
-  void SkipNumber(const absl::Status& status, const Arrival& arrival,
-                  absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // Returns the number taken (0: none).
+  uint64_t SkipNumber(const absl::Status& status, const Arrival& arrival,
+                      absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // In the call's turn, before it is numbered: its place in its caller's
+  // order (numbering.h PlaceInCallerOrder). Gives up the numbers of the
+  // caller's calls that never arrived; ABORTED for a call that arrived
+  // after a later one (it must take no number).
+  absl::Status TakeCallerPlace(const v1::OpSpec* spec, const Arrival& arrival,
+                               absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // Records the caller's place once its call took number `seq` (0: none
+  // known) on `generation`'s ring.
+  void NoteCallerPlace(const v1::OpSpec* spec, uint64_t seq,
+                       uint64_t generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   // A call as the ring book sees it: `seq` where this worker keeps the
   // numbering, and the generation of its ring when that ring holds one.
   CallInfo NewCall(uint64_t seq, const Arrival& arrival, absl::Time issued);
@@ -167,6 +183,12 @@ class WorkerNode {
   std::atomic<uint64_t> tickets_{0};
   uint64_t turn_ ABSL_GUARDED_BY(run_mu_) = 1;
   uint64_t running_seq_ ABSL_GUARDED_BY(run_mu_) = 0;  // the running call's
+  // The number the running call took where this worker knew it before the
+  // ring ran (0: none, or adopted from the peers), and that ring's
+  // generation: the caller's place once the call ends.
+  uint64_t taken_seq_ ABSL_GUARDED_BY(run_mu_) = 0;
+  uint64_t taken_generation_ ABSL_GUARDED_BY(run_mu_) = 0;
+  CallerPlace caller_ ABSL_GUARDED_BY(run_mu_);
   // The last call's number and outcome, for telemetry (a leaf lock).
   absl::Mutex calls_mu_ ABSL_ACQUIRED_AFTER(run_mu_);
   uint64_t calls_received_ ABSL_GUARDED_BY(calls_mu_) = 0;

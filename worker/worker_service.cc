@@ -45,16 +45,16 @@ grpc::Status WorkerService::RunOne(const v1::RunRequest& req,
   }
   absl::StatusOr<uint64_t> bytes =
       ValidateOpSpec(spec, node_->options().max_op_bytes);
-  if (!bytes.ok()) return ToGrpcStatus(node_->Refuse(arrival, bytes.status()));
+  if (!bytes.ok()) return ToGrpcStatus(node_->Refuse(arrival, bytes.status(), &spec));
   if (absl::Status s = ValidateShmRegion(req, *bytes); !s.ok()) {
-    return ToGrpcStatus(node_->Refuse(arrival, s));
+    return ToGrpcStatus(node_->Refuse(arrival, s, &spec));
   }
   uint8_t* data = nullptr;
   std::shared_ptr<const ShmCache::Mapping> mapping;  // held until the end
   if (*bytes > 0) {
     auto mapped = shm_.Map(req.shm_name(), req.shm_size());
     if (!mapped.ok()) {
-      return ToGrpcStatus(node_->Refuse(arrival, mapped.status()));
+      return ToGrpcStatus(node_->Refuse(arrival, mapped.status(), &spec));
     }
     mapping = std::move(*mapped);
     data = mapping->base + req.shm_offset();
@@ -253,8 +253,10 @@ grpc::Status WorkerService::RunInline(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<v1::InlineReply, v1::InlineRequest>* stream) {
   const WorkerNode::Arrival arrival = node_->Arrive();
+  v1::OpSpec spec;
+  bool have_spec = false;  // its caller's order is known once it was read
   auto refuse = [&](absl::Status s) {
-    s = node_->Refuse(arrival, std::move(s));
+    s = node_->Refuse(arrival, std::move(s), have_spec ? &spec : nullptr);
     node_->log().Warning(absl::StrCat("inline call from ", ctx->peer(), " refused: ",
                             s.ToString()));
     return ToGrpcStatus(s);
@@ -272,7 +274,8 @@ grpc::Status WorkerService::RunInline(
                         : "run_inline: no request"));
     }
   }
-  v1::OpSpec spec = msg.spec();
+  spec = msg.spec();
+  have_spec = true;
   spec.clear_input_slice();  // an inline all-gather's upload is slice 0
   absl::StatusOr<uint64_t> checked =
       ValidateOpSpec(spec, node_->options().max_op_bytes);

@@ -104,6 +104,12 @@ class BadCalls : public ::testing::Test {
   Outcome CallInner(int rank, int round, Fault fault) {
     Outcome out;
     v1::OpSpec spec = SumSpec();
+    if (stamp_) {
+      // As the SDK marks its calls (OpSpec.caller_id, call_index); a copy
+      // re-sends the index of the rank's last call.
+      spec.set_caller_id(1000 + static_cast<uint64_t>(rank));
+      spec.set_call_index(copy_ ? index_[rank] : ++index_[rank]);
+    }
     grpc::ClientContext ctx;  // no client deadline: the worker must bound it
     if (fault == Fault::kBadShmName || fault == Fault::kRunBadDType) {
       v1::RunRequest req;
@@ -204,6 +210,9 @@ class BadCalls : public ::testing::Test {
 
   std::unique_ptr<LocalCluster> cluster_;
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
+  bool stamp_ = false;  // calls carry their caller's order
+  bool copy_ = false;   // the next call re-sends the last index
+  uint64_t index_[kWorld] = {};
 };
 
 TEST_F(BadCalls, BadDTypeOnOneRank) {
@@ -320,6 +329,64 @@ TEST_F(BadCalls, HealthSaysFailingUntilARoundSucceeds) {
   ExpectCorrect(Round(3, -1, Fault::kNone), 3, "round 3");
   v1::RingHealth healed = wait_failing(false);
   EXPECT_FALSE(healed.failing()) << healed.DebugString();
+}
+
+// A call lost on its way (its connection broke before the worker saw it,
+// as under heavy packet loss): the others wait for it until their deadline.
+// The lost call's index is missing from its caller's order, so the worker
+// gives its number up when the next call arrives, and that next round
+// pairs on every rank again (without the index, that rank stays one call
+// behind and every later round fails: the fault test's loss scenario found
+// it).
+TEST_F(BadCalls, ACallLostOnTheWayCostsOneRound) {
+  stamp_ = true;
+  ExpectCorrect(Round(1, -1, Fault::kNone), 1, "round 1");
+  ++index_[1];  // rank 1's call of round 2 never arrives
+  std::vector<Outcome> failed = RunRanks<Outcome>(kWorld - 1, [&](int i) {
+    const int r = i == 0 ? 0 : i + 1;
+    return Call(r, 2, Fault::kNone);
+  });
+  for (const Outcome& o : failed) {
+    EXPECT_EQ(o.code, absl::StatusCode::kDeadlineExceeded) << o.message;
+    EXPECT_THAT(o.message, HasSubstr("rank 1"));
+    EXPECT_LT(o.took, kOpTimeout + absl::Seconds(5)) << o.message;
+  }
+  ExpectCorrect(Round(3, -1, Fault::kNone), 3, "the round after the loss");
+  ExpectCorrect(Round(4, -1, Fault::kNone), 4, "two rounds after the loss");
+}
+
+// A call that reaches the worker after a later call of its caller (here a
+// copy of the last one) runs nowhere: ABORTED at once, no number taken, and
+// the next round pairs on every rank.
+TEST_F(BadCalls, ACallAfterItsSuccessorRunsNowhere) {
+  stamp_ = true;
+  ExpectCorrect(Round(1, -1, Fault::kNone), 1, "round 1");
+  copy_ = true;
+  Outcome late = Call(2, 1, Fault::kNone);
+  copy_ = false;
+  EXPECT_EQ(late.code, absl::StatusCode::kAborted) << late.message;
+  EXPECT_THAT(late.message, HasSubstr("after its call 1"));
+  EXPECT_LT(late.took, kOpTimeout) << late.message;
+  ExpectCorrect(Round(2, -1, Fault::kNone), 2, "the round after the copy");
+}
+
+// Calls without the caller's order (a foreign client) next to stamped
+// ones: a refused unstamped call on one rank still costs one round only.
+TEST_F(BadCalls, AnUnstampedBadCallBetweenStampedOnesCostsOneRound) {
+  stamp_ = true;
+  ExpectCorrect(Round(1, -1, Fault::kNone), 1, "round 1");
+  stamp_ = false;
+  std::vector<Outcome> failed = Round(2, 3, Fault::kBadDType);
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_NE(failed[r].code, absl::StatusCode::kOk) << "rank " << r;
+  }
+  stamp_ = true;
+  // Ranks 0..2 count their round-2 calls in their callers' order although
+  // those went out unstamped: their round-3 calls show a gap whose number
+  // the ring has already passed (the unstamped call took it), so nothing
+  // may be given up. Rank 3's foreign call left no gap in its order.
+  for (int r = 0; r < 3; ++r) ++index_[r];
+  ExpectCorrect(Round(3, -1, Fault::kNone), 3, "the round after");
 }
 
 }  // namespace

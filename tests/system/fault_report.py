@@ -240,13 +240,22 @@ def main():
         longest = max(runs, key=len)
         parts.append("ops with members numbered apart: %d (longest run %d)" %
                      (len(mm), len(longest)))
+        by_op = {op[0]["op"]: op for op in ops}
         for r in runs:
             if len(r) > 1:
+                # What each slot saw in the op before the split and in its
+                # first op: the call that put a rank out of step.
+                seen = []
+                for n in (r[0][0] - 1, r[0][0]):
+                    for c in sorted(by_op.get(n, []), key=lambda c: c["slot"]):
+                        seen.append("op %d slot %d %s: %s" % (
+                            n, c["slot"], c["outcome"], c["msg"][:160]))
                 bad.append("numbering split outlived a round: ops %d..%d, "
-                           "e.g. op %d: %s" % (
+                           "e.g. op %d: %s\n    %s" % (
                                r[0][0], r[-1][0], r[0][0],
                                ", ".join("slot %d at #%d" % kv
-                                         for kv in sorted(r[0][1].items()))))
+                                         for kv in sorted(r[0][1].items())),
+                               "\n    ".join(seen)))
     driver_split = int(result.get("split", "0") or 0)
     if driver_split > 0:
         bad.append("the driver counted %d numbering split(s)" % driver_split)

@@ -1,5 +1,6 @@
 // The call-numbering rule (worker/numbering.h) without gRPC: which number a
-// worker's first operation on a new ring runs as, and which calls are stale.
+// worker's first operation on a new ring runs as, which calls are stale, and
+// what a call's place in its caller's order asks (lost calls, late ones).
 #include "worker/numbering.h"
 
 #include "gtest/gtest.h"
@@ -123,6 +124,54 @@ TEST(IsStaleCallTest, OnlyCallsOlderThanAnAdoptedRingAreStale) {
   EXPECT_TRUE(IsStaleCall(true, 5, admitted, 5, absl::FromUnixSeconds(999)));
   EXPECT_FALSE(IsStaleCall(true, 5, admitted, 5, absl::FromUnixSeconds(1000)));
   EXPECT_FALSE(IsStaleCall(true, 5, admitted, 6, absl::InfiniteFuture()));
+}
+
+// Caller 7's call 5 took #20 on generation 3's ring.
+constexpr CallerPlace kLast{7, 5, 20, 3};
+
+TEST(PlaceInCallerOrderTest, TheNextCallOfTheCallerNeedsNothing) {
+  const CallerOrder o = PlaceInCallerOrder(kLast, 7, 6, 21, 3);
+  EXPECT_FALSE(o.arrived_late);
+  EXPECT_EQ(o.lost, 0u);
+}
+
+TEST(PlaceInCallerOrderTest, AGapBehindTheRingsNumberGivesTheLostNumbersUp) {
+  // Call 6 never arrived: call 7 pairs with #22, the ring is at #21.
+  EXPECT_EQ(PlaceInCallerOrder(kLast, 7, 7, 21, 3).lost, 1u);
+  EXPECT_EQ(PlaceInCallerOrder(kLast, 7, 9, 21, 3).lost, 3u);
+  // A call without an index (a foreign client's) took #21 in between: the
+  // worker's count is already where the caller's is.
+  EXPECT_EQ(PlaceInCallerOrder(kLast, 7, 7, 22, 3).lost, 0u);
+  // The ring is further still (a peer was ahead): nothing to give up.
+  EXPECT_EQ(PlaceInCallerOrder(kLast, 7, 7, 30, 3).lost, 0u);
+}
+
+TEST(PlaceInCallerOrderTest, ACallAfterItsSuccessorOrACopyArrivesLate) {
+  EXPECT_TRUE(PlaceInCallerOrder(kLast, 7, 5, 21, 3).arrived_late);
+  EXPECT_TRUE(PlaceInCallerOrder(kLast, 7, 4, 21, 3).arrived_late);
+  EXPECT_EQ(PlaceInCallerOrder(kLast, 7, 4, 21, 3).lost, 0u);
+}
+
+TEST(PlaceInCallerOrderTest, NothingIsInferredWithoutTheSameCallerAndRing) {
+  // Another caller, no caller, no index: arrival order only.
+  for (const CallerOrder o :
+       {PlaceInCallerOrder(kLast, 8, 9, 21, 3),
+        PlaceInCallerOrder(kLast, 0, 9, 21, 3),
+        PlaceInCallerOrder(kLast, 7, 0, 21, 3),
+        // Another ring: the numbering rules of a new generation apply.
+        PlaceInCallerOrder(kLast, 7, 7, 21, 4),
+        // The last call took no number known here; the ring adopts one.
+        PlaceInCallerOrder(CallerPlace{7, 5, 0, 3}, 7, 7, 21, 3),
+        PlaceInCallerOrder(kLast, 7, 7, 0, 3)}) {
+    EXPECT_FALSE(o.arrived_late);
+    EXPECT_EQ(o.lost, 0u);
+  }
+}
+
+TEST(PlaceInCallerOrderTest, AGapLongerThanTheBoundIsNotGuessedAt) {
+  EXPECT_EQ(PlaceInCallerOrder(kLast, 7, 6 + kMaxLostCalls, 21, 3).lost,
+            kMaxLostCalls);
+  EXPECT_EQ(PlaceInCallerOrder(kLast, 7, 7 + kMaxLostCalls, 21, 3).lost, 0u);
 }
 
 }  // namespace

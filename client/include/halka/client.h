@@ -269,9 +269,14 @@ class Client {
   // Runs a checked spec (or returns its error) on a device tensor.
   absl::StatusOr<OpInfo> RunDevice(absl::StatusOr<v1::OpSpec> spec,
                                    void* device_data);
-  // One Worker.Run call (shared memory, device tensor, or no data).
-  absl::StatusOr<OpInfo> RunShm(const v1::RunRequest& req,
-                                const char* transfer);
+  // One Worker.Run call (shared memory, device tensor, or no data); it
+  // stamps the request with this client's next call index (StampCall).
+  absl::StatusOr<OpInfo> RunShm(v1::RunRequest req, const char* transfer);
+  // Marks a request about to be sent with this client's id and its next
+  // call index (OpSpec.caller_id, call_index): the worker tells from a gap
+  // that a call was lost on its way. Right before the send, so a call that
+  // fails here first takes no index.
+  void StampCall(v1::OpSpec* spec);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -133,9 +133,11 @@ class Client::Impl {
 
   SessionSlot session_;  // same-host workers (client/shm_session.h)
 
-  // This client's order of its calls (StampCall).
+  // This client's order of its calls (StampCall), and its requests in
+  // flight: only a request sent while no other is in flight is stamped.
   const uint64_t caller_id_ = NewCallerId();
   std::atomic<uint64_t> calls_sent_{0};
+  std::atomic<int> in_flight_{0};
 
   absl::Mutex device_mu_;  // held for a whole device reduce-scatter
   void* device_scratch_ ABSL_GUARDED_BY(device_mu_) = nullptr;
@@ -183,14 +185,26 @@ void SetCallDeadline(grpc::ClientContext& ctx, const v1::OpSpec& spec) {
 
 }  // namespace
 
-void Client::StampCall(v1::OpSpec* spec) {
-  spec->set_caller_id(impl_->caller_id_);
-  spec->set_call_index(impl_->calls_sent_.fetch_add(1) + 1);
+Client::InFlight::InFlight(Client& client, v1::OpSpec* spec)
+    : client_(client) {
+  Impl& im = *client_.impl_;
+  // Calls made at once from several threads reach the worker in an order
+  // the indices cannot foresee: the worker would take the later one's
+  // arrival for a lost call. They go unstamped (numbered as they arrive).
+  if (im.in_flight_.fetch_add(1) == 0) {
+    spec->set_caller_id(im.caller_id_);
+    spec->set_call_index(im.calls_sent_.fetch_add(1) + 1);
+  } else {
+    spec->clear_caller_id();
+    spec->clear_call_index();
+  }
 }
+
+Client::InFlight::~InFlight() { client_.impl_->in_flight_.fetch_sub(1); }
 
 absl::StatusOr<OpInfo> Client::RunShm(v1::RunRequest req,
                                       const char* transfer) {
-  StampCall(req.mutable_spec());
+  const InFlight in_flight(*this, req.mutable_spec());
   v1::RunReply reply;
   const absl::Time deadline = absl::Now() + CallTimeout(req.spec());
   Impl& im = *impl_;
@@ -302,7 +316,7 @@ absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, const Io& io) {
     return RunShm(req, "none");
   }
   // Inline: stream the input in, stream the result back.
-  StampCall(&spec);
+  const InFlight in_flight(*this, &spec);
   grpc::ClientContext ctx;
   SetCallDeadline(ctx, spec);
   auto stream = im.stub_->RunInline(&ctx);

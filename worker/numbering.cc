@@ -61,8 +61,12 @@ CallerOrder PlaceInCallerOrder(const CallerPlace& last, uint64_t caller_id,
   // The caller's call `call_index` pairs with number `expected` on every
   // rank that saw each of its calls.
   const uint64_t expected = last.seq + (call_index - last.call_index);
-  if (expected > next_seq && expected - next_seq <= kMaxLostCalls) {
-    o.lost = expected - next_seq;
+  if (expected > next_seq) {
+    if (expected - next_seq <= kMaxLostCalls) {
+      o.lost = expected - next_seq;
+    } else {
+      o.gap_too_long = true;
+    }
   }
   return o;
 }

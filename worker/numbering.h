@@ -89,6 +89,8 @@ struct CallerOrder {
   // between the last call and this one) whose numbers the ring has not
   // passed yet: the worker gives each up, in order, before this call.
   uint64_t lost = 0;
+  // The gap is longer than kMaxLostCalls: nothing is given up.
+  bool gap_too_long = false;
 };
 // At most this many lost calls are given up at once; a longer gap is not a
 // lost call on a broken connection, and the worker numbers the call as it

@@ -76,12 +76,13 @@ absl::Status WorkerNode::Refuse(const Arrival& arrival, absl::Status status,
   const absl::Time deadline = arrival.at + options_.op_timeout;
   if (absl::Status late = TakeCallerPlace(spec, arrival, deadline);
       !late.ok()) {
-    // Its number went to the later call's predecessor already: report the
-    // refusal, take nothing.
+    // Its number was given up when the later call came first: take
+    // nothing, and say so (a caller that falls back to another transport on
+    // `status` would send a copy).
     RecordCall(0, late);
+    status = std::move(late);
   } else {
-    const uint64_t seq = SkipNumber(status, arrival, deadline);
-    NoteCallerPlace(spec, seq, book_->latest_generation());
+    NoteCallerPlace(spec, SkipNumber(status, arrival, deadline));
   }
   ++turn_;
   return status;
@@ -111,21 +112,23 @@ absl::Status WorkerNode::TakeCallerPlace(const v1::OpSpec* spec,
         "its call ", caller_.call_index, ": its number was given up when the "
         "later call came first, so it runs nowhere (call again)"));
   }
-  const uint64_t gap =
-      caller_.caller_id == spec->caller_id() &&
-              spec->call_index() > caller_.call_index
-          ? spec->call_index() - caller_.call_index - 1
-          : 0;
-  if (gap > kMaxLostCalls) {
+  if (order.gap_too_long) {
     log_.Warning(absl::StrCat(
-        gap, " calls of a client never reached this worker (its call ",
+        "calls of a client never reached this worker (its call ",
         spec->call_index(), " came after call ", caller_.call_index,
-        "): more than ", kMaxLostCalls, " to give up; it is numbered as it "
-        "arrives"));
+        "), more than ", kMaxLostCalls, " of them ahead of this worker's "
+        "count: nothing given up; the call is numbered as it arrives"));
   }
   for (uint64_t k = 0; k < order.lost; ++k) {
+    // Each number on the ring the gap was measured on; a ring that changed
+    // meanwhile numbers by its own rules.
+    if (std::shared_ptr<Ring> now = book_->Current();
+        now == nullptr || now->generation != generation ||
+        book_->latest_generation() != generation) {
+      break;
+    }
     const uint64_t lost_index = spec->call_index() - order.lost + k;
-    const uint64_t seq = SkipNumber(
+    const Taken t = SkipNumber(
         absl::AbortedError(absl::StrCat(
             "the client's call ", lost_index,
             " never reached this worker (its call ", spec->call_index(),
@@ -133,22 +136,21 @@ absl::Status WorkerNode::TakeCallerPlace(const v1::OpSpec* spec,
         arrival, deadline);
     log_.Warning(absl::StrCat(
         "a client's call ", lost_index, " never reached this worker (its call ",
-        spec->call_index(), " came next): gave its number #", seq,
+        spec->call_index(), " came next): gave its number #", t.seq,
         " up, so the next call pairs with the peers' again"));
   }
   return absl::OkStatus();
 }
 
-void WorkerNode::NoteCallerPlace(const v1::OpSpec* spec, uint64_t seq,
-                                 uint64_t generation) {
+void WorkerNode::NoteCallerPlace(const v1::OpSpec* spec, Taken taken) {
   if (spec == nullptr || spec->caller_id() == 0 || spec->call_index() == 0) {
     return;
   }
-  caller_ = CallerPlace{spec->caller_id(), spec->call_index(), seq,
-                        seq == 0 ? 0 : generation};
+  caller_ = CallerPlace{spec->caller_id(), spec->call_index(), taken.seq,
+                        taken.seq == 0 ? 0 : taken.generation};
 }
 
-uint64_t WorkerNode::SkipNumber(const absl::Status& status,
+WorkerNode::Taken WorkerNode::SkipNumber(const absl::Status& status,
                             const Arrival& arrival, absl::Time deadline) {
   // The number the call takes is the communicator's: the ring's next one,
   // or, on a ring that still adopts, the one its peers run. The ring is the
@@ -164,10 +166,10 @@ uint64_t WorkerNode::SkipNumber(const absl::Status& status,
     // (the peers' copies fail too), else not at all.
     if (call.numbered_generation != 0) {
       RecordCall(next_seq_, status);
-      return next_seq_++;
+      return Taken{next_seq_++, call.numbered_generation};
     }
     RecordCall(0, status);
-    return 0;
+    return Taken{};
   }
   absl::StatusOr<uint64_t> seq =
       (*ring)->comm->SkipOp(call.seq, status, deadline);
@@ -176,11 +178,11 @@ uint64_t WorkerNode::SkipNumber(const absl::Status& status,
                             status.ToString(), ") and no number could be "
                             "learnt for it: ", seq.status().ToString()));
     RecordCall(0, status);
-    return 0;
+    return Taken{};
   }
   next_seq_ = *seq + 1;
   RecordCall(*seq, status);
-  return *seq;
+  return Taken{*seq, (*ring)->generation};
 }
 
 CallInfo WorkerNode::NewCall(uint64_t seq, const Arrival& arrival,
@@ -261,8 +263,7 @@ absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
   absl::MutexLock run_lock(&run_mu_);
   AwaitTurn(arrival.ticket);
   running_seq_ = 0;
-  taken_seq_ = 0;
-  taken_generation_ = 0;
+  taken_ = Taken{};
   if (absl::Status late = TakeCallerPlace(
           &spec, arrival, CallDeadline(spec, arrival.at, options_.op_timeout));
       !late.ok()) {
@@ -274,11 +275,9 @@ absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
   if (result.ok() || running_seq_ != 0) {
     RecordCall(result.ok() ? result->op_seq : running_seq_, result.status());
   }
-  if (result.ok()) {
-    NoteCallerPlace(&spec, result->op_seq, result->generation);
-  } else {
-    NoteCallerPlace(&spec, taken_seq_, taken_generation_);
-  }
+  NoteCallerPlace(&spec, result.ok()
+                             ? Taken{result->op_seq, result->generation}
+                             : taken_);
   ++turn_;
   return result;
 }
@@ -291,8 +290,7 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
   if (absl::StatusOr<uint64_t> bytes =
           ValidateOpSpec(spec, options_.max_op_bytes);
       !bytes.ok()) {
-    taken_seq_ = SkipNumber(bytes.status(), arrival, deadline);
-    taken_generation_ = book_->latest_generation();
+    taken_ = SkipNumber(bytes.status(), arrival, deadline);
     return bytes.status();
   }
   const absl::Time issued =
@@ -313,21 +311,23 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
       // number): the other ranks' copies of it fail too (or already ran),
       // and the next call is the next number.
       if (call.numbered_generation != 0 && retry_seq == 0) {
-        taken_seq_ = next_seq_++;
-        taken_generation_ = call.numbered_generation;
+        taken_ = Taken{next_seq_++, call.numbered_generation};
       }
       return ring.status();
     }
     Communicator* comm = (*ring)->comm.get();
     if (comm->next_op_seq() != 0 && call.seq != 0) {
       comm->set_next_op_seq(call.seq);
-      taken_seq_ = call.seq;
-      taken_generation_ = (*ring)->generation;
+      taken_ = Taken{call.seq, (*ring)->generation};
     } else {
-      taken_seq_ = 0;  // adopted from the peers: not known before it ran
+      taken_ = Taken{};  // adopted from the peers: not known before it ran
     }
     absl::StatusOr<OpResult> result = RunOn(**ring, spec, buffer, deadline);
     next_seq_ = comm->next_op_seq();
+    // Refused before it reached the ring's numbering (a broadcast root
+    // outside the world, no parameter server): the number is still free,
+    // and the caller's place is not known from it.
+    if (next_seq_ == call.seq) taken_ = Taken{};
     if (result.ok()) return result;
     if (retry_seq > 0) {
       // The re-run failed too: say why it was re-run (that names the lost

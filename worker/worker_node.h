@@ -133,9 +133,14 @@ class WorkerNode {
   // Takes the next number for a call that does not reach the ring (on a
   // ring that still adopts, the peers' number, learnt by `deadline`), on
   // the ring of the newest membership: the one the peers run that call on.
-  // Returns the number taken (0: none).
-  uint64_t SkipNumber(const absl::Status& status, const Arrival& arrival,
-                      absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // Returns the number taken (seq 0: none) and the generation of the ring
+  // whose numbering it came from.
+  struct Taken {
+    uint64_t seq = 0;
+    uint64_t generation = 0;
+  };
+  Taken SkipNumber(const absl::Status& status, const Arrival& arrival,
+                   absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   // In the call's turn, before it is numbered: its place in its caller's
   // order (numbering.h PlaceInCallerOrder). Gives up the numbers of the
   // caller's calls that never arrived; ABORTED for a call that arrived
@@ -145,8 +150,8 @@ class WorkerNode {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   // Records the caller's place once its call took number `seq` (0: none
   // known) on `generation`'s ring.
-  void NoteCallerPlace(const v1::OpSpec* spec, uint64_t seq,
-                       uint64_t generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  void NoteCallerPlace(const v1::OpSpec* spec, Taken taken)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   // A call as the ring book sees it: `seq` where this worker keeps the
   // numbering, and the generation of its ring when that ring holds one.
   CallInfo NewCall(uint64_t seq, const Arrival& arrival, absl::Time issued);
@@ -186,8 +191,7 @@ class WorkerNode {
   // The number the running call took where this worker knew it before the
   // ring ran (0: none, or adopted from the peers), and that ring's
   // generation: the caller's place once the call ends.
-  uint64_t taken_seq_ ABSL_GUARDED_BY(run_mu_) = 0;
-  uint64_t taken_generation_ ABSL_GUARDED_BY(run_mu_) = 0;
+  Taken taken_ ABSL_GUARDED_BY(run_mu_);
   CallerPlace caller_ ABSL_GUARDED_BY(run_mu_);
   // The last call's number and outcome, for telemetry (a leaf lock).
   absl::Mutex calls_mu_ ABSL_ACQUIRED_AFTER(run_mu_);

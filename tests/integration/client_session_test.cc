@@ -5,11 +5,13 @@
 // instead of leaving it waiting, and a worker that checks everything a
 // session's client sends it.
 #include <cstring>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -355,6 +357,126 @@ TEST_F(RawSession, ClosingTheRingsEndsTheSessionCleanly) {
   absl::Status s = Session(GoodOffer(), &opened, [&] { requests_->Close(); });
   EXPECT_TRUE(opened);
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// The SDK marks each request with its client's id and its index among that
+// client's requests (OpSpec.caller_id, call_index), from which a worker
+// tells a call lost on its way (docs/failures.md). A fake worker records
+// what arrives.
+class SpecRecorder final : public v1::Worker::Service {
+ public:
+  grpc::Status RunInline(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::InlineReply, v1::InlineRequest>* stream)
+      override {
+    v1::InlineRequest msg;
+    bool hold = false;
+    if (stream->Read(&msg)) {
+      absl::MutexLock lock(&mu_);
+      specs_.push_back(msg.spec());
+      hold = hold_first_ && specs_.size() == 1;
+    }
+    while (stream->Read(&msg)) {
+    }
+    if (hold) {
+      // The first call stays in flight until a second one has arrived
+      // (bounded), so the two overlap at the client.
+      absl::MutexLock lock(&mu_);
+      auto two = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return specs_.size() >= 2;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&two), absl::Seconds(10));
+    }
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "recorded");
+  }
+
+  std::vector<v1::OpSpec> specs() {
+    absl::MutexLock lock(&mu_);
+    return specs_;
+  }
+  size_t count() {
+    absl::MutexLock lock(&mu_);
+    return specs_.size();
+  }
+  void HoldFirst() {
+    absl::MutexLock lock(&mu_);
+    hold_first_ = true;
+    specs_.clear();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<v1::OpSpec> specs_ ABSL_GUARDED_BY(mu_);
+  bool hold_first_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class ClientStamps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                       &port_);
+    b.RegisterService(&recorder_);
+    server_ = b.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+  }
+  void TearDown() override { server_->Shutdown(); }
+
+  std::unique_ptr<Client> NewClient() {
+    Client::Options o;
+    o.transfer = Client::Transfer::kInline;
+    return Client::Connect(absl::StrCat("127.0.0.1:", port_), o).value();
+  }
+
+  int port_ = 0;
+  SpecRecorder recorder_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST_F(ClientStamps, OneClientsCallsCountFromOneUnderOneId) {
+  std::unique_ptr<Client> a = NewClient();
+  std::unique_ptr<Client> b = NewClient();
+  std::vector<float> v(16, 1.0f);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(a->AllReduce(absl::MakeSpan(v), ReduceOp::kSum).ok());
+  }
+  EXPECT_FALSE(b->AllReduce(absl::MakeSpan(v), ReduceOp::kSum).ok());
+  const std::vector<v1::OpSpec> got = recorder_.specs();
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_NE(got[0].caller_id(), 0u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(got[i].caller_id(), got[0].caller_id()) << i;
+    EXPECT_EQ(got[i].call_index(), static_cast<uint64_t>(i + 1)) << i;
+  }
+  EXPECT_NE(got[3].caller_id(), 0u);
+  EXPECT_NE(got[3].caller_id(), got[0].caller_id());
+  EXPECT_EQ(got[3].call_index(), 1u);
+}
+
+TEST_F(ClientStamps, ACallMadeWhileAnotherIsInFlightGoesUnmarked) {
+  std::unique_ptr<Client> a = NewClient();
+  recorder_.HoldFirst();
+  std::vector<float> v1(16, 1.0f), v2(16, 2.0f);
+  auto first = std::async(std::launch::async, [&] {
+    return a->AllReduce(absl::MakeSpan(v1), ReduceOp::kSum);
+  });
+  for (absl::Time end = absl::Now() + absl::Seconds(10);
+       recorder_.count() == 0 && absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(5))) {
+  }
+  ASSERT_EQ(recorder_.count(), 1u) << "the first call never arrived";
+  EXPECT_FALSE(a->AllReduce(absl::MakeSpan(v2), ReduceOp::kSum).ok());
+  EXPECT_FALSE(first.get().ok());
+  const std::vector<v1::OpSpec> got = recorder_.specs();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].call_index(), 1u);
+  // Its order against the first cannot be known at the worker: unmarked.
+  EXPECT_EQ(got[1].caller_id(), 0u);
+  EXPECT_EQ(got[1].call_index(), 0u);
+  // The next call alone is marked again, right after the last index.
+  EXPECT_FALSE(a->AllReduce(absl::MakeSpan(v2), ReduceOp::kSum).ok());
+  ASSERT_EQ(recorder_.count(), 3u);
+  EXPECT_EQ(recorder_.specs()[2].call_index(), 2u);
 }
 
 }  // namespace

@@ -171,7 +171,14 @@ TEST(PlaceInCallerOrderTest, NothingIsInferredWithoutTheSameCallerAndRing) {
 TEST(PlaceInCallerOrderTest, AGapLongerThanTheBoundIsNotGuessedAt) {
   EXPECT_EQ(PlaceInCallerOrder(kLast, 7, 6 + kMaxLostCalls, 21, 3).lost,
             kMaxLostCalls);
-  EXPECT_EQ(PlaceInCallerOrder(kLast, 7, 7 + kMaxLostCalls, 21, 3).lost, 0u);
+  EXPECT_FALSE(PlaceInCallerOrder(kLast, 7, 6 + kMaxLostCalls, 21, 3)
+                   .gap_too_long);
+  const CallerOrder far = PlaceInCallerOrder(kLast, 7, 7 + kMaxLostCalls, 21, 3);
+  EXPECT_EQ(far.lost, 0u);
+  EXPECT_TRUE(far.gap_too_long);
+  // A long gap in indices whose numbers the ring mostly passed already is
+  // not too long: only the numbers still ahead count.
+  EXPECT_EQ(PlaceInCallerOrder(kLast, 7, 200, 200 + 20 - 5 - 2, 3).lost, 2u);
 }
 
 }  // namespace

@@ -270,13 +270,22 @@ class Client {
   absl::StatusOr<OpInfo> RunDevice(absl::StatusOr<v1::OpSpec> spec,
                                    void* device_data);
   // One Worker.Run call (shared memory, device tensor, or no data); it
-  // stamps the request with this client's next call index (StampCall).
+  // stamps the request (InFlight).
   absl::StatusOr<OpInfo> RunShm(v1::RunRequest req, const char* transfer);
-  // Marks a request about to be sent with this client's id and its next
-  // call index (OpSpec.caller_id, call_index): the worker tells from a gap
-  // that a call was lost on its way. Right before the send, so a call that
-  // fails here first takes no index.
-  void StampCall(v1::OpSpec* spec);
+  // A request on its way, from right before its send until its answer.
+  // Marks it with this client's id and next call index (OpSpec.caller_id,
+  // call_index), from which the worker tells a call lost on its way, when
+  // no other request of this client is in flight; else leaves it unmarked.
+  class InFlight {
+   public:
+    InFlight(Client& client, v1::OpSpec* spec);
+    ~InFlight();
+    InFlight(const InFlight&) = delete;
+    InFlight& operator=(const InFlight&) = delete;
+
+   private:
+    Client& client_;
+  };
   std::unique_ptr<Impl> impl_;
 };
 

@@ -88,15 +88,22 @@ absl::Status WorkerNode::Refuse(const Arrival& arrival, absl::Status status,
   return status;
 }
 
+namespace {
+
+// The SDK marked the call with its place in its client's order.
+bool Marked(const v1::OpSpec* spec) {
+  return spec != nullptr && spec->caller_id() != 0 && spec->call_index() != 0;
+}
+
+}  // namespace
+
 absl::Status WorkerNode::TakeCallerPlace(const v1::OpSpec* spec,
                                          const Arrival& arrival,
                                          absl::Time deadline) {
-  if (spec == nullptr || spec->caller_id() == 0 || spec->call_index() == 0) {
-    return absl::OkStatus();
-  }
+  if (!Marked(spec)) return absl::OkStatus();
   // The number the call would take: on the newest membership's ring, when
-  // it holds one.
-  CatchUp();
+  // it holds one. (No CatchUp here: numbering does it right after; a newer
+  // generation still on its way only makes this call infer nothing.)
   uint64_t generation = 0, next = 0;
   if (std::shared_ptr<Ring> ring = book_->Current();
       ring != nullptr && ring->generation == book_->latest_generation() &&
@@ -143,9 +150,7 @@ absl::Status WorkerNode::TakeCallerPlace(const v1::OpSpec* spec,
 }
 
 void WorkerNode::NoteCallerPlace(const v1::OpSpec* spec, Taken taken) {
-  if (spec == nullptr || spec->caller_id() == 0 || spec->call_index() == 0) {
-    return;
-  }
+  if (!Marked(spec)) return;
   caller_ = CallerPlace{spec->caller_id(), spec->call_index(), taken.seq,
                         taken.seq == 0 ? 0 : taken.generation};
 }

@@ -530,6 +530,7 @@ void WireSender::Loop() {
 WireReceiver::WireReceiver(int fd, std::string key, OnFrame on_frame,
                            OnError on_error)
     : fd_(fd),
+      wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
       seal_(key.empty() ? nullptr : std::make_unique<WireSeal>(std::move(key))),
       on_frame_(std::move(on_frame)),
       on_error_(std::move(on_error)) {
@@ -539,6 +540,7 @@ WireReceiver::WireReceiver(int fd, std::string key, OnFrame on_frame,
 WireReceiver::~WireReceiver() {
   Stop();
   close(fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
 }
 
 void WireReceiver::Stop() {
@@ -551,6 +553,10 @@ void WireReceiver::Stop() {
       // connection. Bounded: a sender that keeps writing cannot hold it.
       drain_until_ = absl::Now() + absl::Milliseconds(250);
     }
+  }
+  if (wake_fd_ >= 0) {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
   }
   if (!thread_.joinable()) return;
   if (thread_.get_id() == std::this_thread::get_id()) {
@@ -568,10 +574,20 @@ bool WireReceiver::Stopped() {
 absl::Status WireReceiver::ReadFull(uint8_t* p, size_t n, bool* clean_end) {
   size_t got = 0;
   while (got < n) {
-    pollfd pf{fd_, POLLIN, 0};
-    const int ready = poll(&pf, 1, 50);
+    bool stopping;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping = stopping_;
+    }
+    // Until Stop, wait for bytes or Stop's wake-up, with no timeout: an
+    // idle link costs no wake-ups (the socket's keepalive and user
+    // timeout still end a dead connection). While draining (and without
+    // an eventfd), poll in 50 ms slices so that the drain's end is seen.
+    pollfd pf[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    const bool wait_for_stop = !stopping && wake_fd_ >= 0;
+    const int ready = poll(pf, wait_for_stop ? 2 : 1, wait_for_stop ? -1 : 50);
     if (ready < 0 && errno != EINTR) return absl::UnavailableError(Errno("poll"));
-    if (ready <= 0) {
+    if (ready <= 0 || pf[0].revents == 0) {
       if (Stopped()) return absl::CancelledError("stopped");
       continue;
     }

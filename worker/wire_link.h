@@ -178,6 +178,7 @@ class WireReceiver {
   absl::Status ReadFull(uint8_t* p, size_t n, bool* clean_end);
   bool Stopped();
   const int fd_;
+  const int wake_fd_;  // an eventfd Stop writes; -1 if none could be made
   std::unique_ptr<WireSeal> seal_;
   const OnFrame on_frame_;
   const OnError on_error_;

@@ -45,6 +45,12 @@ uint32_t GetU32(const uint8_t* p) {
   return v;
 }
 
+// Makes an eventfd readable (for good: nobody reads it back).
+void Signal(int event_fd) {
+  const uint64_t one = 1;
+  (void)!write(event_fd, &one, sizeof(one));
+}
+
 std::string Errno(absl::string_view what) {
   return absl::StrCat(what, ": ", std::strerror(errno));
 }
@@ -194,8 +200,7 @@ void WireListener::Stop() {
     stop_ = true;
     expected_.clear();
   }
-  const uint64_t one = 1;
-  (void)!write(wake_fd_, &one, sizeof(one));
+  Signal(wake_fd_);
   if (loop_.joinable()) loop_.join();
   shutdown(fd_, SHUT_RDWR);  // new connections are refused from now on
 }
@@ -554,10 +559,7 @@ void WireReceiver::Stop() {
       drain_until_ = absl::Now() + absl::Milliseconds(250);
     }
   }
-  if (wake_fd_ >= 0) {
-    const uint64_t one = 1;
-    (void)!write(wake_fd_, &one, sizeof(one));
-  }
+  if (wake_fd_ >= 0) Signal(wake_fd_);
   if (!thread_.joinable()) return;
   if (thread_.get_id() == std::this_thread::get_id()) {
     thread_.detach();  // from its own callback: it returns on its own
@@ -574,19 +576,15 @@ bool WireReceiver::Stopped() {
 absl::Status WireReceiver::ReadFull(uint8_t* p, size_t n, bool* clean_end) {
   size_t got = 0;
   while (got < n) {
-    bool stopping;
-    {
-      absl::MutexLock lock(&mu_);
-      stopping = stopping_;
-    }
-    // Until Stop, wait for bytes or Stop's wake-up, with no timeout: an
-    // idle link costs no wake-ups (the socket's keepalive and user
-    // timeout still end a dead connection). While draining (and without
-    // an eventfd), poll in 50 ms slices so that the drain's end is seen.
-    pollfd pf[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    const bool wait_for_stop = !stopping && wake_fd_ >= 0;
-    const int ready = poll(pf, wait_for_stop ? 2 : 1, wait_for_stop ? -1 : 50);
+    // Until Stop's wake-up, wait for bytes with no timeout: an idle link
+    // costs no wake-ups (the socket's keepalive and user timeout still end
+    // a dead connection). After it (and without an eventfd), 50 ms slices,
+    // so that the drain's end is seen. poll skips a negative fd.
+    const bool woken = woken_ || wake_fd_ < 0;
+    pollfd pf[2] = {{fd_, POLLIN, 0}, {woken ? -1 : wake_fd_, POLLIN, 0}};
+    const int ready = poll(pf, 2, woken ? 50 : -1);
     if (ready < 0 && errno != EINTR) return absl::UnavailableError(Errno("poll"));
+    if (pf[1].revents != 0) woken_ = true;
     if (ready <= 0 || pf[0].revents == 0) {
       if (Stopped()) return absl::CancelledError("stopped");
       continue;

@@ -179,6 +179,7 @@ class WireReceiver {
   bool Stopped();
   const int fd_;
   const int wake_fd_;  // an eventfd Stop writes; -1 if none could be made
+  bool woken_ = false;  // the reader's own: Stop's wake-up was seen
   std::unique_ptr<WireSeal> seal_;
   const OnFrame on_frame_;
   const OnError on_error_;

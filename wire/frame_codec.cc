@@ -36,6 +36,49 @@ absl::Status FromProto(const v1::OpFingerprint& in, Fingerprint* fp) {
   return absl::OkStatus();
 }
 
+absl::Status ParseHead(absl::string_view head, FrameMeta* m) {
+  v1::FrameHeader h;
+  if (!h.ParseFromArray(head.data(), static_cast<int>(head.size()))) {
+    return absl::DataLossError("frame: header does not parse");
+  }
+  if (!v1::FrameKind_IsValid(h.kind()) || h.kind() == 0) {
+    return absl::DataLossError(absl::StrCat("frame: unknown kind ", h.kind()));
+  }
+  m->kind = static_cast<FrameKind>(h.kind());
+  m->generation = h.generation();
+  m->op_seq = h.op_seq();
+  if (m->kind == FrameKind::kData) {
+    if (h.phase() < 2 || h.phase() > 7 || !IsValidDType(h.dtype()) ||
+        !IsValidReduceOp(h.op())) {
+      return absl::DataLossError("frame: data frame with invalid enums");
+    }
+  }
+  if (!v1::Phase_IsValid(h.phase())) {
+    return absl::DataLossError(absl::StrCat("frame: unknown phase ", h.phase()));
+  }
+  m->phase = static_cast<Phase>(h.phase() == 0 ? 1 : h.phase());
+  m->step = h.step();
+  m->segment = h.segment();
+  m->offset = h.offset();
+  m->count = h.count();
+  m->dtype = IsValidDType(h.dtype()) ? static_cast<DType>(h.dtype())
+                                    : DType::kFloat32;
+  m->op = IsValidReduceOp(h.op()) ? static_cast<ReduceOp>(h.op())
+                                 : ReduceOp::kSum;
+  m->origin_rank = h.origin_rank();
+  m->sender_rank = h.sender_rank();
+  if (m->kind == FrameKind::kFingerprint) {
+    return FromProto(h.fingerprint(), &m->fingerprint);
+  }
+  if (m->kind == FrameKind::kAbort) {
+    m->abort_code = h.abort_code() > 16
+                       ? absl::StatusCode::kUnknown
+                       : static_cast<absl::StatusCode>(h.abort_code());
+    m->message = h.message().substr(0, 4096);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string EncodeFrameHead(const FrameMeta& meta) {
@@ -77,6 +120,16 @@ grpc::ByteBuffer EncodeFrame(const FrameMeta& meta,
     n = 2;
   }
   return grpc::ByteBuffer(slices, n);
+}
+
+absl::StatusOr<FrameMeta> DecodeFrameHead(absl::Span<const uint8_t> header) {
+  FrameMeta m;
+  absl::Status parsed = ParseHead(
+      absl::string_view(reinterpret_cast<const char*>(header.data()),
+                        header.size()),
+      &m);
+  if (!parsed.ok()) return parsed;
+  return m;
 }
 
 absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer) {
@@ -125,48 +178,10 @@ absl::StatusOr<InFrame> DecodeFrame(
   }
   std::string head(hlen, '\0');
   read(head.data(), hlen);
-  v1::FrameHeader h;
-  if (!h.ParseFromString(head)) {
-    return absl::DataLossError("frame: header does not parse");
-  }
   InFrame f;
   FrameMeta& m = f.meta;
-  if (!v1::FrameKind_IsValid(h.kind()) || h.kind() == 0) {
-    return absl::DataLossError(absl::StrCat("frame: unknown kind ", h.kind()));
-  }
-  m.kind = static_cast<FrameKind>(h.kind());
-  m.generation = h.generation();
-  m.op_seq = h.op_seq();
-  if (m.kind == FrameKind::kData) {
-    if (h.phase() < 2 || h.phase() > 7 || !IsValidDType(h.dtype()) ||
-        !IsValidReduceOp(h.op())) {
-      return absl::DataLossError("frame: data frame with invalid enums");
-    }
-  }
-  if (!v1::Phase_IsValid(h.phase())) {
-    return absl::DataLossError(absl::StrCat("frame: unknown phase ", h.phase()));
-  }
-  m.phase = static_cast<Phase>(h.phase() == 0 ? 1 : h.phase());
-  m.step = h.step();
-  m.segment = h.segment();
-  m.offset = h.offset();
-  m.count = h.count();
-  m.dtype = IsValidDType(h.dtype()) ? static_cast<DType>(h.dtype())
-                                    : DType::kFloat32;
-  m.op = IsValidReduceOp(h.op()) ? static_cast<ReduceOp>(h.op())
-                                 : ReduceOp::kSum;
-  m.origin_rank = h.origin_rank();
-  m.sender_rank = h.sender_rank();
-  if (m.kind == FrameKind::kFingerprint) {
-    absl::Status s = FromProto(h.fingerprint(), &m.fingerprint);
-    if (!s.ok()) return s;
-  }
-  if (m.kind == FrameKind::kAbort) {
-    m.abort_code = h.abort_code() > 16
-                       ? absl::StatusCode::kUnknown
-                       : static_cast<absl::StatusCode>(h.abort_code());
-    m.message = h.message().substr(0, 4096);
-  }
+  absl::Status parsed = ParseHead(head, &m);
+  if (!parsed.ok()) return parsed;
   const size_t payload = remaining();
   // Data frames carry count elements; a fingerprint frame may carry the
   // whole (small) buffer of an eager operation.

@@ -41,6 +41,11 @@ absl::StatusOr<InFrame> DecodeFrame(
     absl::Span<const absl::Span<const uint8_t>> bytes,
     std::shared_ptr<void> keepalive);
 
+// The header alone (the FrameHeader bytes after the length), checked as
+// DecodeFrame checks it, for a reader that decides where the payload goes
+// before it reads it (worker/core/landing.h). Errors: DATA_LOSS.
+absl::StatusOr<FrameMeta> DecodeFrameHead(absl::Span<const uint8_t> header);
+
 // [u32 LE header length][FrameHeader]: what precedes the payload.
 std::string EncodeFrameHead(const FrameMeta& meta);
 

@@ -184,7 +184,9 @@ class PeerService::InLink
           [this](const absl::Status& s) {
             PathFailed(absl::Status(
                 s.code(), absl::StrCat("wire link: ", s.message())));
-          });
+          },
+          // All-gather and broadcast chunks land in the operation's buffer.
+          service_->wire_landing_ ? inbox_->landings() : nullptr, from_);
     });
     if (wire_token_.empty()) return "no: the wire listener is stopped";
     return FormatWireAnswer(wire->port(), wire_token_);
@@ -235,12 +237,14 @@ class PeerService::InLink
 };
 
 PeerService::PeerService(std::string job_id, InboxResolver resolver,
-                         bool accept_shm, WireListener* wire, bool wire_sealed)
+                         bool accept_shm, WireListener* wire, bool wire_sealed,
+                         bool wire_landing)
     : job_id_(std::move(job_id)),
       resolver_(std::move(resolver)),
       accept_shm_(accept_shm),
       wire_(wire),
-      wire_sealed_(wire_sealed) {}
+      wire_sealed_(wire_sealed),
+      wire_landing_(wire_landing) {}
 
 int PeerService::open_streams() const {
   absl::MutexLock lock(&mu_);

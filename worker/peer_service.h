@@ -34,10 +34,12 @@ class PeerService final
       std::function<absl::StatusOr<std::shared_ptr<Inbox>>(uint64_t)>;
   // accept_shm: map the shared-memory rings that same-host peers offer.
   // wire: take wire offers on this listener (null: none; it outlives the
-  // service's streams); wire_sealed: only sealed ones (the server is TLS).
+  // service's streams); wire_sealed: only sealed ones (the server is TLS);
+  // wire_landing: their readers may land payloads in operations' buffers
+  // (worker/core/landing.h).
   PeerService(std::string job_id, InboxResolver resolver,
               bool accept_shm = false, WireListener* wire = nullptr,
-              bool wire_sealed = false);
+              bool wire_sealed = false, bool wire_landing = true);
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Link(
       grpc::CallbackServerContext* context) override;
@@ -52,6 +54,7 @@ class PeerService final
   const bool accept_shm_;
   WireListener* const wire_;
   const bool wire_sealed_;
+  const bool wire_landing_;
   // A ring needs one inbound stream per peer and generation (naive: per
   // peer pair), and old generations' streams close.
   StreamLimiter limiter_{"peer link", 64, 4096};

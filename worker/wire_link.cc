@@ -14,7 +14,9 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -35,6 +37,10 @@ constexpr absl::Duration kTokenLife = absl::Seconds(30);
 // A record holds one frame: its head and the largest payload.
 constexpr size_t kMaxRecordBytes =
     4 + kMaxFrameHeaderBytes + kMaxFramePayloadBytes;
+// The most a wire reader reads into a landing at once: what an operation
+// that takes its landings back may wait for (one read and, sealed, its
+// decryption: well under a millisecond).
+constexpr size_t kLandingPiece = 256 << 10;
 
 void PutU32(uint8_t* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
@@ -533,17 +539,22 @@ void WireSender::Loop() {
 // ---- WireReceiver
 
 WireReceiver::WireReceiver(int fd, std::string key, OnFrame on_frame,
-                           OnError on_error)
+                           OnError on_error,
+                           std::shared_ptr<LandingBoard> landings, int from)
     : fd_(fd),
       wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
       seal_(key.empty() ? nullptr : std::make_unique<WireSeal>(std::move(key))),
       on_frame_(std::move(on_frame)),
-      on_error_(std::move(on_error)) {
+      on_error_(std::move(on_error)),
+      landings_(from >= 0 ? std::move(landings) : nullptr),
+      from_(from) {
+  if (landings_ != nullptr) landings_->AddSource(from_);
   thread_ = std::thread([this] { Loop(); });
 }
 
 WireReceiver::~WireReceiver() {
   Stop();
+  if (landings_ != nullptr) landings_->RemoveSource(from_);
   close(fd_);
   if (wake_fd_ >= 0) close(wake_fd_);
 }
@@ -573,7 +584,9 @@ bool WireReceiver::Stopped() {
   return stopping_ && absl::Now() >= drain_until_;
 }
 
-absl::Status WireReceiver::ReadFull(uint8_t* p, size_t n, bool* clean_end) {
+absl::Status WireReceiver::ReadFull(
+    size_t n, bool* clean_end,
+    absl::FunctionRef<ssize_t(size_t got, size_t want)> take) {
   size_t got = 0;
   while (got < n) {
     // Until Stop's wake-up, wait for bytes with no timeout: an idle link
@@ -589,7 +602,7 @@ absl::Status WireReceiver::ReadFull(uint8_t* p, size_t n, bool* clean_end) {
       if (Stopped()) return absl::CancelledError("stopped");
       continue;
     }
-    const ssize_t r = ::read(fd_, p + got, n - got);
+    const ssize_t r = take(got, n - got);
     if (r > 0) {
       got += static_cast<size_t>(r);
       continue;
@@ -605,6 +618,103 @@ absl::Status WireReceiver::ReadFull(uint8_t* p, size_t n, bool* clean_end) {
   return absl::OkStatus();
 }
 
+absl::Status WireReceiver::ReadFull(uint8_t* p, size_t n, bool* clean_end) {
+  return ReadFull(n, clean_end, [this, p](size_t got, size_t want) {
+    return ::read(fd_, p + got, want);
+  });
+}
+
+absl::Status WireReceiver::ReadOpened(uint8_t* p, size_t n) {
+  absl::Status s = ReadFull(p, n, nullptr);
+  if (s.ok() && seal_ != nullptr) s = seal_->OpenPart(p, n);
+  return s;
+}
+
+absl::Status WireReceiver::ReadRecord(
+    size_t n, const uint8_t* head,
+    std::optional<absl::StatusOr<InFrame>>* frame) {
+  const size_t tag = seal_ != nullptr ? WireSeal::kTagBytes : 0;
+  if (seal_ != nullptr) {
+    absl::Status s = seal_->OpenBegin(absl::MakeConstSpan(head, 4));
+    if (!s.ok()) return s;
+  }
+  // The frame's head first when an operation may wait for its payload
+  // (worker/core/landing.h): [u32 header length][header].
+  std::vector<uint8_t> front;
+  std::shared_ptr<Landing> landing;
+  if (landings_ != nullptr && landings_->Armed() && n >= 4) {
+    front.resize(4);
+    absl::Status s = ReadOpened(front.data(), 4);
+    const size_t h = s.ok() ? GetU32(front.data()) : 0;
+    if (s.ok() && h <= kMaxFrameHeaderBytes && 4 + h <= n) {
+      front.resize(4 + h);
+      s = ReadOpened(front.data() + 4, h);
+      if (s.ok()) {
+        absl::StatusOr<FrameMeta> meta =
+            DecodeFrameHead(absl::MakeConstSpan(front).subspan(4));
+        if (meta.ok()) landing = landings_->Claim(from_, *meta, n - 4 - h);
+      }
+    }
+    if (!s.ok()) return s;
+  }
+  if (landing == nullptr) {
+    // The whole record in a buffer of its own, which the frame keeps.
+    std::shared_ptr<uint8_t[]> buf(new uint8_t[n + tag]);
+    std::memcpy(buf.get(), front.data(), front.size());
+    absl::Status s =
+        ReadFull(buf.get() + front.size(), n - front.size() + tag, nullptr);
+    if (s.ok() && seal_ != nullptr) {
+      s = seal_->OpenPart(buf.get() + front.size(), n - front.size());
+      if (s.ok()) s = seal_->OpenEnd(buf.get() + n);
+    }
+    if (!s.ok()) return s;
+    const absl::Span<const uint8_t> bytes(buf.get(), n);
+    *frame = DecodeFrame(absl::MakeConstSpan(&bytes, 1), std::move(buf));
+    return absl::OkStatus();
+  }
+  // The payload straight into its place, in bounded pieces, each under the
+  // landing's lock; once the operation revokes it, the rest goes to scratch
+  // and the frame is dropped.
+  bool revoked = false;
+  absl::Status opened;
+  absl::Status s = ReadFull(
+      landing->bytes(), nullptr, [&](size_t got, size_t want) -> ssize_t {
+        want = std::min(want, kLandingPiece);
+        ssize_t r = -1;
+        int err = 0;
+        auto take = [&](uint8_t* into) {
+          r = recv(fd_, into, want, MSG_DONTWAIT);
+          err = errno;
+          if (r > 0 && seal_ != nullptr) {
+            opened = seal_->OpenPart(into, static_cast<size_t>(r));
+          }
+        };
+        if (revoked || !landing->Write([&](uint8_t* dst) { take(dst + got); })) {
+          revoked = true;
+          scratch_.resize(kLandingPiece);
+          take(scratch_.data());
+        }
+        errno = opened.ok() ? err : EIO;  // a failed OpenPart ends the read
+        return opened.ok() ? r : -1;
+      });
+  if (!opened.ok()) return opened;
+  if (s.ok() && seal_ != nullptr) {
+    uint8_t t[WireSeal::kTagBytes];
+    s = ReadFull(t, sizeof(t), nullptr);
+    if (s.ok()) s = seal_->OpenEnd(t);
+  }
+  if (!s.ok() || revoked) return s;
+  WireLinkCounters().landed.fetch_add(1, std::memory_order_relaxed);
+  const absl::Span<const uint8_t> parts[2] = {
+      absl::MakeConstSpan(front),
+      absl::MakeConstSpan(landing->data(), landing->bytes())};
+  absl::StatusOr<InFrame> f =
+      DecodeFrame(absl::MakeConstSpan(parts), landing);
+  if (f.ok()) f->landed = true;
+  *frame = std::move(f);
+  return absl::OkStatus();
+}
+
 void WireReceiver::Loop() {
   for (;;) {
     uint8_t head[4];
@@ -617,16 +727,9 @@ void WireReceiver::Loop() {
                                            " bytes (at most ",
                                            kMaxRecordBytes, ")"));
     }
-    const size_t tag = seal_ != nullptr ? WireSeal::kTagBytes : 0;
-    std::shared_ptr<uint8_t[]> buf;
-    if (s.ok()) {
-      buf.reset(new uint8_t[n + tag]);
-      s = ReadFull(buf.get(), n + tag, nullptr);
-      if (absl::IsCancelled(s)) return;
-    }
-    if (s.ok() && seal_ != nullptr) {
-      s = seal_->Open(buf.get(), n, absl::MakeConstSpan(head, 4));
-    }
+    std::optional<absl::StatusOr<InFrame>> frame;
+    if (s.ok()) s = ReadRecord(n, head, &frame);
+    if (absl::IsCancelled(s)) return;
     if (!s.ok()) {
       bool stopping;
       {
@@ -636,10 +739,7 @@ void WireReceiver::Loop() {
       if (!stopping) on_error_(s);  // else the link has ended already
       return;
     }
-    const absl::Span<const uint8_t> bytes(buf.get(), n);
-    absl::StatusOr<InFrame> frame =
-        DecodeFrame(absl::MakeConstSpan(&bytes, 1), std::move(buf));
-    if (!on_frame_(std::move(frame)).ok()) return;
+    if (frame.has_value() && !on_frame_(*std::move(frame)).ok()) return;
   }
 }
 

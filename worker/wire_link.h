@@ -39,17 +39,20 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "worker/core/frame.h"
+#include "worker/core/landing.h"
 #include "worker/shm_link.h"
 #include "worker/wire_seal.h"
 
@@ -64,6 +67,9 @@ struct WireLinkCounts {
   std::atomic<uint64_t> accepted{0};
   std::atomic<uint64_t> refused{0};
   std::atomic<uint64_t> fell_back{0};
+  // Frames whose payload a wire reader put straight into an operation's
+  // buffer (worker/core/landing.h).
+  std::atomic<uint64_t> landed{0};
 };
 WireLinkCounts& WireLinkCounters();
 
@@ -164,7 +170,12 @@ class WireReceiver {
  public:
   using OnFrame = ShmReceiver::OnFrame;
   using OnError = ShmReceiver::OnError;
-  WireReceiver(int fd, std::string key, OnFrame on_frame, OnError on_error);
+  // With `landings` and the sending rank `from`, payloads that an
+  // operation offered a landing for go straight into its buffer
+  // (worker/core/landing.h): the frame then says `landed`.
+  WireReceiver(int fd, std::string key, OnFrame on_frame, OnError on_error,
+               std::shared_ptr<LandingBoard> landings = nullptr,
+               int from = -1);
   ~WireReceiver();  // Stop()
   // Delivers what arrives within 250 ms (the sender's last frames may
   // trail the stream's end), then stops and joins.
@@ -176,6 +187,18 @@ class WireReceiver {
   // at a clean end before any byte (`clean_end`); CANCELLED once stopped
   // and drained; UNAVAILABLE otherwise.
   absl::Status ReadFull(uint8_t* p, size_t n, bool* clean_end);
+  // The same through `take`, which reads at most `want` bytes once (after
+  // poll said the socket is readable) and returns what read() would.
+  absl::Status ReadFull(size_t n, bool* clean_end,
+                        absl::FunctionRef<ssize_t(size_t got, size_t want)> take);
+  // ReadFull, then (sealed) OpenPart over what it read.
+  absl::Status ReadOpened(uint8_t* p, size_t n);
+  // The rest of a record of n bytes whose length is `head`: OK with *frame
+  // set to what DecodeFrame made of it, or left empty (the frame's landing
+  // was revoked while it came: its operation has ended, the frame is
+  // dropped); otherwise the error that ends the connection.
+  absl::Status ReadRecord(size_t n, const uint8_t* head,
+                          std::optional<absl::StatusOr<InFrame>>* frame);
   bool Stopped();
   const int fd_;
   const int wake_fd_;  // an eventfd Stop writes; -1 if none could be made
@@ -183,6 +206,9 @@ class WireReceiver {
   std::unique_ptr<WireSeal> seal_;
   const OnFrame on_frame_;
   const OnError on_error_;
+  const std::shared_ptr<LandingBoard> landings_;  // null: nothing lands
+  const int from_;
+  std::vector<uint8_t> scratch_;  // the rest of a revoked landing's payload
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time drain_until_ ABSL_GUARDED_BY(mu_);

@@ -92,26 +92,53 @@ absl::Status WireSeal::Seal(absl::Span<const absl::Span<const uint8_t>> parts,
             : absl::InternalError("AES-GCM failed to seal a wire record");
 }
 
-absl::Status WireSeal::Open(uint8_t* data, size_t n,
-                            absl::Span<const uint8_t> aad) {
+absl::Status WireSeal::OpenBegin(absl::Span<const uint8_t> aad) {
   uint8_t nonce[12];
   NextNonce(nonce);
   EVP_CIPHER_CTX* c = Ctx(ctx_);
   const auto* key = reinterpret_cast<const unsigned char*>(key_.data());
   int len = 0;
-  int tail = 0;
   const bool ok =
       c != nullptr && key_.size() == kKeyBytes &&
       EVP_DecryptInit_ex(c, EVP_aes_128_gcm(), nullptr, key, nonce) == 1 &&
       EVP_DecryptUpdate(c, nullptr, &len, aad.data(),
-                        static_cast<int>(aad.size())) == 1 &&
-      EVP_DecryptUpdate(c, data, &len, data, static_cast<int>(n)) == 1 &&
-      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, kTagBytes, data + n) == 1 &&
-      EVP_DecryptFinal_ex(c, data + len, &tail) == 1;
+                        static_cast<int>(aad.size())) == 1;
+  return ok ? absl::OkStatus()
+            : absl::InternalError("AES-GCM failed to start opening a record");
+}
+
+absl::Status WireSeal::OpenPart(uint8_t* data, size_t n) {
+  if (n == 0) return absl::OkStatus();
+  int len = 0;
+  // GCM is a stream cipher: each part comes out whole and in place.
+  const bool ok = EVP_DecryptUpdate(Ctx(ctx_), data, &len, data,
+                                    static_cast<int>(n)) == 1 &&
+                  static_cast<size_t>(len) == n;
+  return ok ? absl::OkStatus()
+            : absl::InternalError("AES-GCM failed to open part of a record");
+}
+
+absl::Status WireSeal::OpenEnd(const uint8_t* tag) {
+  EVP_CIPHER_CTX* c = Ctx(ctx_);
+  uint8_t tail[16];
+  int len = 0;
+  uint8_t want[kTagBytes];
+  std::memcpy(want, tag, kTagBytes);
+  const bool ok =
+      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, kTagBytes, want) == 1 &&
+      EVP_DecryptFinal_ex(c, tail, &len) == 1;
   return ok ? absl::OkStatus()
             : absl::DataLossError(
                   "a wire record failed authentication (AES-GCM tag): "
                   "altered, replayed or out of order");
+}
+
+absl::Status WireSeal::Open(uint8_t* data, size_t n,
+                            absl::Span<const uint8_t> aad) {
+  absl::Status s = OpenBegin(aad);
+  if (s.ok()) s = OpenPart(data, n);
+  if (!s.ok()) return s;
+  return OpenEnd(data + n);
 }
 
 }  // namespace halka

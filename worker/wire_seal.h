@@ -34,6 +34,14 @@ class WireSeal {
   // Decrypts data[0, n) in place and checks the tag at data[n, n + 16).
   // Errors: DATA_LOSS when the record is not authentic.
   absl::Status Open(uint8_t* data, size_t n, absl::Span<const uint8_t> aad);
+  // The same in parts, for a reader that places a record's pieces as they
+  // come: OpenBegin (takes the next nonce), OpenPart over the ciphertext in
+  // order (in place; a part is plaintext once decrypted but authentic only
+  // after OpenEnd), OpenEnd with the record's tag. Errors: INTERNAL, and
+  // DATA_LOSS from OpenEnd when the record is not authentic.
+  absl::Status OpenBegin(absl::Span<const uint8_t> aad);
+  absl::Status OpenPart(uint8_t* data, size_t n);
+  absl::Status OpenEnd(const uint8_t* tag);
 
  private:
   void NextNonce(uint8_t nonce[12]);

@@ -42,6 +42,10 @@ ABSL_FLAG(int64_t, shm_spin_us, 0,
           "microseconds a reader of a same-host ring (a link's reader, an "
           "operation waiting on its rings, a session) polls it before it "
           "sleeps (0-1000; 0: sleeps at once). Pays only with idle cores");
+ABSL_FLAG(bool, wire_landing, true,
+          "wire links' readers write all-gather and broadcast chunks straight "
+          "into the operation's buffer (no copy on the operation's thread); "
+          "false: every chunk is copied there");
 ABSL_FLAG(bool, wire_links, true,
           "carry peer links to other hosts on a TCP connection of their own "
           "(an ephemeral port on the listen host; frames sealed with "
@@ -104,6 +108,7 @@ int main(int argc, char** argv) {
   o.shm_links = absl::GetFlag(FLAGS_shm_links);
   o.shm_spin = absl::Microseconds(absl::GetFlag(FLAGS_shm_spin_us));
   o.wire_links = absl::GetFlag(FLAGS_wire_links);
+  o.wire_landing = absl::GetFlag(FLAGS_wire_landing);
   o.wire_port = absl::GetFlag(FLAGS_wire_port);
   o.op_timeout = absl::GetFlag(FLAGS_op_timeout);
   o.join_timeout = absl::GetFlag(FLAGS_join_timeout);

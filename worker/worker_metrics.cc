@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/prometheus.h"
 #include "worker/core/transport.h"
+#include "worker/wire_link.h"
 
 namespace halka {
 
@@ -82,6 +83,12 @@ std::string WorkerMetricsText(const std::string& job_id, int rank,
            "frame had come (this process; a few are chance, a steady rise "
            "is a lost wake-up)");
   w.Sample("halka_missed_wakeups_total", base, Inbox::MissedWakeups());
+  w.Family("halka_wire_frames_landed_total", "counter",
+           "frames whose payload a wire link's reader put straight into an "
+           "operation's buffer (this process; all-gather chunks that came "
+           "after their landing was offered)");
+  w.Sample("halka_wire_frames_landed_total", base,
+           WireLinkCounters().landed.load(std::memory_order_relaxed));
   return w.Text();
 }
 

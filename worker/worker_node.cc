@@ -111,7 +111,7 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
         return raw->book_->InboxFor(generation);
       },
       o.shm_links, node->wire_listener_.get(),
-      GetSecurityConfig().server_tls());
+      GetSecurityConfig().server_tls(), o.wire_landing);
   node->api_service_ =
       std::make_unique<WorkerService>(node.get(), o.max_inline_bytes);
   grpc::EnableDefaultHealthCheckService(true);

@@ -39,6 +39,10 @@ struct WorkerOptions {
   // their own (sealed with AES-GCM under TLS), not on the gRPC stream
   // (worker/wire_link.h); off: on the gRPC stream.
   bool wire_links = true;
+  // Wire links' readers put payloads that an operation expects to copy
+  // unchanged (all-gather and broadcast chunks) straight into its buffer
+  // (worker/core/landing.h); off: every payload is copied there.
+  bool wire_landing = true;
   // The wire links' listening port on the listen host (0: ephemeral).
   int wire_port = 0;
   absl::Duration op_timeout = kDefaultOpTimeout;

@@ -83,6 +83,10 @@ ABSL_FLAG(int64_t, shm_spin_us, 0,
 ABSL_FLAG(bool, wire_links, true,
           "embedded cluster: links that are not through shared memory take "
           "a TCP connection of their own; false: the gRPC stream");
+ABSL_FLAG(bool, wire_landing, true,
+          "embedded cluster: wire links' readers write all-gather and "
+          "broadcast chunks straight into the operation's buffer; false: "
+          "every chunk is copied there (to compare)");
 ABSL_FLAG(bool, session, true,
           "bench/allreduce: operations reach a worker on this host through "
           "a shared-memory session (false: one gRPC call each)");
@@ -277,6 +281,7 @@ int Demo() {
   lo.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
   lo.shm_links = absl::GetFlag(FLAGS_shm_links);
   lo.wire_links = absl::GetFlag(FLAGS_wire_links);
+  lo.wire_landing = absl::GetFlag(FLAGS_wire_landing);
   // stdout is flushed before each step that logs (to stderr), so that
   // `halkactl demo 2>&1 | ...` reads in order: start, the workers' join
   // lines, the table, the ring health, the shutdown lines, the verdict.
@@ -356,6 +361,7 @@ int BenchCommand() {
     lo.shm_links = absl::GetFlag(FLAGS_shm_links);
     lo.shm_spin = absl::Microseconds(absl::GetFlag(FLAGS_shm_spin_us));
     lo.wire_links = absl::GetFlag(FLAGS_wire_links);
+    lo.wire_landing = absl::GetFlag(FLAGS_wire_landing);
     for (const BenchCase& bc : *cases) {
       if (bc.algorithm == Algorithm::kParameterServer) {
         lo.ps_shards = absl::GetFlag(FLAGS_ps_shards);

@@ -8,6 +8,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -30,6 +33,31 @@ std::vector<uint8_t> Bytes(size_t n, uint8_t seed) {
   std::vector<uint8_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 7);
   return v;
+}
+
+// A raw TCP connection to 127.0.0.1:port (-1 if it fails).
+int Dial(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Dials, presents the token (hex) and takes the listener's ack.
+void DialWithToken(int port, const std::string& token, int* fd) {
+  *fd = Dial(port);
+  ASSERT_GE(*fd, 0) << std::strerror(errno);
+  const std::string raw = WireUnhex(token);
+  ASSERT_EQ(write(*fd, raw.data(), raw.size()), 16);
+  char ack = 0;
+  ASSERT_EQ(read(*fd, &ack, 1), 1);
+  ASSERT_EQ(ack, 'k');
 }
 
 TEST(WireSealTest, RoundTripAndEveryAlterationFails) {
@@ -307,14 +335,12 @@ INSTANTIATE_TEST_SUITE_P(PlainAndSealed, WireLinkTest, ::testing::Bool(),
                            return i.param ? "Sealed" : "Plain";
                          });
 
-// A raw client that presents a valid token, then sends what it likes.
-class HostileWireTest : public ::testing::Test {
+// A listener and one raw client connection to it (which writes what it
+// likes), and the receiver the listener starts for it.
+class RawWireFixture {
  protected:
-  void SetUp() override {
-    listener_ = *WireListener::Start("127.0.0.1");
-    key_ = *WireSeal::NewKey();
-  }
-  void TearDown() override {
+  // The receiver stops outside mu_ (its callbacks take it).
+  void StopAll() {
     std::unique_ptr<WireReceiver> r;
     {
       absl::MutexLock lock(&mu_);
@@ -324,6 +350,22 @@ class HostileWireTest : public ::testing::Test {
     listener_->Stop();
     if (fd_ >= 0) close(fd_);
   }
+  std::unique_ptr<WireListener> listener_;
+  std::string key_, token_;
+  int fd_ = -1;
+  absl::Mutex mu_;
+  std::unique_ptr<WireReceiver> receiver_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
+};
+
+// A raw client that presents a valid token, then sends what it likes.
+class HostileWireTest : public ::testing::Test, protected RawWireFixture {
+ protected:
+  void SetUp() override {
+    listener_ = *WireListener::Start("127.0.0.1");
+    key_ = *WireSeal::NewKey();
+  }
+  void TearDown() override { StopAll(); }
   void Attach(const std::string& key) {
     token_ = listener_->Expect([this, key](int fd) {
       absl::MutexLock lock(&mu_);
@@ -340,17 +382,7 @@ class HostileWireTest : public ::testing::Test {
             errors_.push_back(s);
           });
     });
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(listener_->port()));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    const std::string raw = WireUnhex(token_);
-    ASSERT_EQ(write(fd_, raw.data(), raw.size()), 16);
-    char ack = 0;
-    ASSERT_EQ(read(fd_, &ack, 1), 1);
-    ASSERT_EQ(ack, 'k');
+    DialWithToken(listener_->port(), token_, &fd_);
   }
   absl::Status FirstError() {
     absl::MutexLock lock(&mu_);
@@ -363,13 +395,7 @@ class HostileWireTest : public ::testing::Test {
     return errors_.front();
   }
 
-  std::unique_ptr<WireListener> listener_;
-  std::string key_, token_;
-  int fd_ = -1;
-  absl::Mutex mu_;
-  std::unique_ptr<WireReceiver> receiver_ ABSL_GUARDED_BY(mu_);
   int frames_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
 };
 
 TEST_F(HostileWireTest, AnUnsealedRecordOnASealedLinkIsRefused) {
@@ -421,6 +447,223 @@ TEST_F(HostileWireTest, ACutInsideARecordIsReported) {
   EXPECT_THAT(s.message(), HasSubstr("inside a record"));
 }
 
+// Landings (worker/core/landing.h) through a wire reader, plain and
+// sealed, from a raw client that writes records itself and so can stop
+// inside one.
+class LandingWireTest : public ::testing::TestWithParam<bool>,
+                        protected RawWireFixture {
+ protected:
+  static constexpr int kFrom = 2;
+  void SetUp() override {
+    listener_ = *WireListener::Start("127.0.0.1");
+    if (GetParam()) {
+      key_ = *WireSeal::NewKey();
+      seal_ = std::make_unique<WireSeal>(key_);
+    }
+    token_ = listener_->Expect([this](int fd) {
+      absl::MutexLock lock(&mu_);
+      receiver_ = std::make_unique<WireReceiver>(
+          fd, key_,
+          [this](absl::StatusOr<InFrame> f) {
+            absl::MutexLock lock(&mu_);
+            if (!f.ok()) {
+              errors_.push_back(f.status());
+              return f.status();
+            }
+            frames_.push_back(*std::move(f));
+            return absl::OkStatus();
+          },
+          [this](const absl::Status& s) {
+            absl::MutexLock lock(&mu_);
+            errors_.push_back(s);
+          },
+          board_, kFrom);
+    });
+    DialWithToken(listener_->port(), token_, &fd_);
+    if (HasFatalFailure()) return;
+    // The listener acks, then hands the connection over.
+    absl::MutexLock lock(&mu_);
+    auto handed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return receiver_ != nullptr;
+    };
+    ASSERT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&handed), absl::Seconds(10)));
+  }
+  void TearDown() override { StopAll(); }
+
+  static FrameMeta Chunk(uint64_t op_seq, int step, uint64_t count) {
+    FrameMeta m;
+    m.kind = FrameKind::kData;
+    m.generation = 3;
+    m.op_seq = op_seq;
+    m.phase = Phase::kAllGather;
+    m.step = step;
+    m.segment = 1;
+    m.offset = 64;
+    m.count = count;
+    m.dtype = DType::kFloat32;
+    m.sender_rank = kFrom;
+    return m;
+  }
+  // The record that carries `meta` and `payload`: [u32 n][frame], or
+  // sealed [u32 n][ciphertext][tag].
+  std::vector<uint8_t> Record(const FrameMeta& meta,
+                              const std::vector<uint8_t>& payload) {
+    const std::string head = EncodeFrameHead(meta);
+    const uint32_t n = static_cast<uint32_t>(head.size() + payload.size());
+    std::vector<uint8_t> rec(4 + n + (seal_ ? WireSeal::kTagBytes : 0));
+    std::memcpy(rec.data(), &n, 4);  // little-endian host
+    if (seal_) {
+      const absl::Span<const uint8_t> parts[2] = {
+          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(head.data()),
+                              head.size()),
+          absl::MakeConstSpan(payload)};
+      EXPECT_TRUE(seal_->Seal(parts, absl::MakeConstSpan(rec.data(), 4),
+                              rec.data() + 4).ok());
+    } else {
+      std::memcpy(rec.data() + 4, head.data(), head.size());
+      std::memcpy(rec.data() + 4 + head.size(), payload.data(), payload.size());
+    }
+    return rec;
+  }
+  void Write(const std::vector<uint8_t>& bytes, size_t from = 0,
+             size_t to = SIZE_MAX) {
+    to = std::min(to, bytes.size());
+    size_t at = from;
+    while (at < to) {
+      const ssize_t w = write(fd_, bytes.data() + at, to - at);
+      ASSERT_GT(w, 0);
+      at += static_cast<size_t>(w);
+    }
+  }
+  bool WaitFrames(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return frames_.size() >= n || !errors_.empty();
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(20)) &&
+           frames_.size() >= n;
+  }
+  static std::string Payload(const InFrame& f) {
+    std::string out;
+    for (const auto& p : f.pieces) {
+      out.append(reinterpret_cast<const char*>(p.data()), p.size());
+    }
+    return out;
+  }
+
+  const std::shared_ptr<LandingBoard> board_ = std::make_shared<LandingBoard>();
+  std::unique_ptr<WireSeal> seal_;  // the raw client's
+  std::vector<InFrame> frames_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_P(LandingWireTest, AnOfferedPayloadLandsInPlaceAndOthersTakeTheUsualPath) {
+  const size_t count = (size_t{1} << 18) + 3;  // 1 MiB + 12 bytes
+  std::vector<uint8_t> dst(count * 4 + 8, 0xEE);
+  const std::vector<uint8_t> data = Bytes(count * 4, 5);
+  const std::vector<uint8_t> other = Bytes(4000, 9);
+  const uint64_t landed_before = WireLinkCounters().landed.load();
+  std::shared_ptr<Landing> offer =
+      board_->Offer(kFrom, Chunk(7, 0, count), dst.data() + 4, count * 4);
+  ASSERT_NE(offer, nullptr);
+  // Offered, but for a payload of another size: not claimed.
+  std::shared_ptr<Landing> wrong_size =
+      board_->Offer(kFrom, Chunk(7, 1, 1000), dst.data(), 4000);
+  ASSERT_NE(wrong_size, nullptr);
+  Write(Record(Chunk(7, 2, 1000), other));   // nobody offered it
+  Write(Record(Chunk(7, 0, count), data));   // lands
+  Write(Record(Chunk(7, 1, 999), Bytes(3996, 1)));  // count differs
+  ASSERT_TRUE(WaitFrames(3));
+  absl::MutexLock lock(&mu_);
+  ASSERT_TRUE(errors_.empty()) << errors_.front();
+  EXPECT_FALSE(frames_[0].landed);
+  EXPECT_EQ(Payload(frames_[0]), std::string(other.begin(), other.end()));
+  ASSERT_TRUE(frames_[1].landed);
+  EXPECT_EQ(frames_[1].meta.step, 0);
+  ASSERT_EQ(frames_[1].pieces.size(), 1u);
+  EXPECT_EQ(frames_[1].pieces[0].data(), dst.data() + 4);
+  EXPECT_EQ(std::vector<uint8_t>(dst.begin() + 4, dst.end() - 4), data);
+  EXPECT_EQ(dst[3], 0xEE);  // nothing outside the landing
+  EXPECT_EQ(dst[dst.size() - 4], 0xEE);
+  EXPECT_FALSE(frames_[2].landed);
+  EXPECT_EQ(frames_[2].meta.count, 999u);
+  EXPECT_EQ(WireLinkCounters().landed.load() - landed_before, 1u);
+  EXPECT_EQ(board_->offered(), 1u);  // the one of the wrong size
+  const std::shared_ptr<Landing> mine[] = {offer, wrong_size};
+  board_->Withdraw(mine);
+}
+
+TEST_P(LandingWireTest, ALandingRevokedInsideItsRecordGetsNoMoreBytes) {
+  const size_t count = size_t{1} << 18;  // 1 MiB
+  std::vector<uint8_t> dst(count * 4, 0xEE);
+  const std::vector<uint8_t> data = Bytes(count * 4, 3);
+  std::shared_ptr<Landing> offer =
+      board_->Offer(kFrom, Chunk(8, 0, count), dst.data(), count * 4);
+  ASSERT_NE(offer, nullptr);
+  const std::vector<uint8_t> rec = Record(Chunk(8, 0, count), data);
+  const size_t cut = rec.size() / 4;
+  Write(rec, 0, cut);  // the head and a quarter of the payload, then a stall
+  {
+    // The reader has read the frame's head and claimed the landing.
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (board_->offered() > 0 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    ASSERT_EQ(board_->offered(), 0u) << "the reader never claimed the landing";
+  }
+  // The operation ends: from here on the reader writes nothing there.
+  const std::shared_ptr<Landing> mine[] = {offer};
+  board_->Withdraw(mine);
+  const std::vector<uint8_t> before = dst;
+  Write(rec, cut);
+  const std::vector<uint8_t> next = Bytes(4096, 1);
+  Write(Record(Chunk(9, 0, 1024), next));
+  ASSERT_TRUE(WaitFrames(1));
+  absl::MutexLock lock(&mu_);
+  ASSERT_TRUE(errors_.empty()) << errors_.front();
+  // The revoked frame was dropped; the next one came whole (sealed: the
+  // connection's cipher stayed in step through the dropped bytes).
+  ASSERT_EQ(frames_.size(), 1u);
+  EXPECT_EQ(frames_[0].meta.op_seq, 9u);
+  EXPECT_FALSE(frames_[0].landed);
+  EXPECT_EQ(Payload(frames_[0]), std::string(next.begin(), next.end()));
+  EXPECT_EQ(dst, before);
+  EXPECT_EQ(dst.back(), 0xEE);  // the record's end never reached it
+}
+
+TEST_P(LandingWireTest, AnAlteredLandedRecordEndsTheLinkAndIsNotDelivered) {
+  const size_t count = 5000;
+  std::vector<uint8_t> dst(count * 4, 0);
+  std::shared_ptr<Landing> offer =
+      board_->Offer(kFrom, Chunk(5, 0, count), dst.data(), count * 4);
+  ASSERT_NE(offer, nullptr);
+  std::vector<uint8_t> rec = Record(Chunk(5, 0, count), Bytes(count * 4, 2));
+  rec[rec.size() - 100] ^= 1;  // in the payload
+  Write(rec);
+  absl::MutexLock lock(&mu_);
+  auto some = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !errors_.empty() || !frames_.empty();
+  };
+  ASSERT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&some), absl::Seconds(10)));
+  if (GetParam()) {
+    // Sealed: the tag fails, the link ends, nothing is delivered.
+    ASSERT_EQ(errors_.size(), 1u);
+    EXPECT_EQ(errors_[0].code(), absl::StatusCode::kDataLoss) << errors_[0];
+    EXPECT_THAT(errors_[0].message(), HasSubstr("authentication"));
+    EXPECT_TRUE(frames_.empty());
+  } else {
+    // Plain: nothing can tell; the bytes arrive as sent.
+    ASSERT_EQ(frames_.size(), 1u);
+    EXPECT_TRUE(frames_[0].landed);
+  }
+  const std::shared_ptr<Landing> mine[] = {offer};
+  board_->Withdraw(mine);
+}
+
+INSTANTIATE_TEST_SUITE_P(PlainAndSealed, LandingWireTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "Sealed" : "Plain";
+                         });
+
 // A port that accepts but never acks (not a halka listener): the sender
 // gives up within the handshake time and says why.
 TEST(WireSenderTest, APeerThatNeverAcksTimesOutNamingWhy) {
@@ -447,12 +690,8 @@ TEST(WireListenerTest, SilentConnectionsAreDroppedAndDoNotBlockOthers) {
   // Ten connections that never speak.
   std::vector<int> silent;
   for (int i = 0; i < 10; ++i) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(listener->port()));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    const int fd = Dial(listener->port());
+    ASSERT_GE(fd, 0) << std::strerror(errno);
     silent.push_back(fd);
   }
   // A real link still connects at once.
@@ -466,7 +705,11 @@ TEST(WireListenerTest, SilentConnectionsAreDroppedAndDoNotBlockOthers) {
                     probe.Callback(), [](const absl::Status&) {});
   const absl::Status ready = probe.Await();
   EXPECT_TRUE(ready.ok()) << ready;
-  EXPECT_TRUE(got.load());
+  // The listener acks, then hands the connection over: wait for that.
+  for (int i = 0; i < 1000 && !got.load(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(got.load()) << "the connection was not handed over in 10 s";
   // The silent ones are closed by the listener within its handshake time.
   for (int fd : silent) {
     char c;

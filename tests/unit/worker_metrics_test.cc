@@ -69,6 +69,7 @@ TEST(WorkerMetricsTest, HistogramIsCumulativeAndEndsAtTheCount) {
       text, "halka_operation_seconds_count{halka_job=\"j\",rank=\"0\"} 7\n"));
   EXPECT_FALSE(absl::StrContains(text, "1e+300"));
   EXPECT_EQ(Count(text, "# TYPE halka_missed_wakeups_total counter\n"), 1);
+  EXPECT_EQ(Count(text, "# TYPE halka_wire_frames_landed_total counter\n"), 1);
 }
 
 TEST(WorkerMetricsTest, TelemetryProtoDatesTheCurrentWait) {

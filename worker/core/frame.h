@@ -79,6 +79,10 @@ struct InFrame {
   FrameMeta meta;
   std::vector<absl::Span<const uint8_t>> pieces;
   std::shared_ptr<void> keepalive;
+  // The payload lies where the operation wants it already: a link's reader
+  // wrote it into the operation's buffer (worker/core/landing.h), and the
+  // one piece points there.
+  bool landed = false;
   size_t PayloadBytes() const {
     size_t n = 0;
     for (const auto& p : pieces) n += p.size();

@@ -18,8 +18,29 @@ absl::StatusOr<const uint8_t*> HostOpBuffer::HostView(size_t offset, size_t) {
   return data_ + offset * es_;
 }
 
-absl::Status HostOpBuffer::Apply(bool reduce, size_t offset, size_t,
+uint8_t* HostOpBuffer::LandingView(size_t offset, size_t) {
+  return data_ + offset * es_;
+}
+
+namespace {
+
+absl::Status LandedInPlace(bool reduce, const uint8_t* dst, size_t bytes,
+                           const InFrame& frame) {
+  if (!reduce && frame.pieces.size() == 1 && frame.pieces[0].data() == dst &&
+      frame.pieces[0].size() == bytes) {
+    return absl::OkStatus();
+  }
+  return absl::InternalError(
+      "a payload landed outside the range it was offered for");
+}
+
+}  // namespace
+
+absl::Status HostOpBuffer::Apply(bool reduce, size_t offset, size_t count,
                                  const InFrame& frame) {
+  if (frame.landed) {
+    return LandedInPlace(reduce, data_ + offset * es_, count * es_, frame);
+  }
   ApplyPayload(dtype_, op_, reduce, data_ + offset * es_, frame);
   return absl::OkStatus();
 }

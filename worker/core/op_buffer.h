@@ -30,7 +30,17 @@ class OpBuffer {
   // WriteBack) or the operation ends.
   virtual absl::StatusOr<const uint8_t*> HostView(size_t offset,
                                                   size_t count) = 0;
-  // dst[range] = dst[range] op payload (reduce) or = payload (copy).
+  // Host memory a link's reader may write elements [offset, offset +
+  // count) into directly (worker/core/landing.h); nullptr where it may not
+  // (a device buffer).
+  virtual uint8_t* LandingView(size_t offset, size_t count) {
+    (void)offset;
+    (void)count;
+    return nullptr;
+  }
+  // dst[range] = dst[range] op payload (reduce) or = payload (copy). A
+  // landed frame (a copy whose payload is in the range already) costs
+  // nothing; one that is not where the range is fails with INTERNAL.
   virtual absl::Status Apply(bool reduce, size_t offset, size_t count,
                              const InFrame& frame) = 0;
   // dst[range] /= divisor (AVG).
@@ -51,6 +61,7 @@ class HostOpBuffer final : public OpBuffer {
   explicit HostOpBuffer(void* data) : data_(static_cast<uint8_t*>(data)) {}
   absl::Status Begin(DType dtype, ReduceOp op, size_t count) override;
   absl::StatusOr<const uint8_t*> HostView(size_t offset, size_t count) override;
+  uint8_t* LandingView(size_t offset, size_t count) override;
   absl::Status Apply(bool reduce, size_t offset, size_t count,
                      const InFrame& frame) override;
   absl::Status FinalizeAvg(size_t offset, size_t count, int divisor) override;

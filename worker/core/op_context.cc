@@ -268,6 +268,28 @@ absl::StatusOr<InFrame> OpContext::AwaitData(int from,
   return in;
 }
 
+OpContext::~OpContext() { WithdrawLandings(); }
+
+bool OpContext::SegmentReleased(int segment) {
+  absl::MutexLock lock(&sends_->mu);
+  return sends_->per_segment[static_cast<size_t>(segment)] == 0;
+}
+
+void OpContext::OfferLanding(int from, const FrameMeta& expect) {
+  const size_t bytes =
+      static_cast<size_t>(expect.count) * DTypeSize(fp_.dtype);
+  uint8_t* dst = buffer_->LandingView(expect.offset, expect.count);
+  if (dst == nullptr || bytes < kMinLandingBytes) return;
+  std::shared_ptr<Landing> landing =
+      inbox_->landings()->Offer(from, expect, dst, bytes);
+  if (landing != nullptr) landings_.push_back(std::move(landing));
+}
+
+void OpContext::WithdrawLandings() {
+  inbox_->landings()->Withdraw(landings_);
+  landings_.clear();
+}
+
 void OpContext::TrackSegments(size_t segments) {
   absl::MutexLock lock(&sends_->mu);
   sends_->per_segment.assign(segments, 0);

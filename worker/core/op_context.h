@@ -95,6 +95,7 @@ class OpContext {
   OpContext(const CommParts& parts, const Fingerprint& fp, OpBuffer* buffer,
             absl::Duration timeout, absl::Time start, Algorithm algorithm,
             std::vector<PeerInfo> servers);
+  ~OpContext();  // WithdrawLandings()
   OpContext(const OpContext&) = delete;
   OpContext& operator=(const OpContext&) = delete;
 
@@ -155,6 +156,16 @@ class OpContext {
   // follow, and returns false. A wait of 10 us or more is a "window" span
   // in the timeline.
   bool WaitForReleases(int segment, absl::Time deadline);
+  // Whether the wire holds no frame of `segment` now (no wait).
+  bool SegmentReleased(int segment);
+  // Offers the landing of the data frame `expect` from `from` into the
+  // buffer's range [expect.offset, + expect.count) (worker/core/landing.h):
+  // only once nothing reads or writes that range until the frame is
+  // taken. Nothing happens where the buffer or `from`'s link cannot land.
+  void OfferLanding(int from, const FrameMeta& expect);
+  // Takes back every landing offered: no reader writes into the buffer
+  // after it returns. Before the operation's buffer is given back.
+  void WithdrawLandings();
   // Best effort: tells the neighbours (or every rank, all-to-all) and the
   // parameter servers that this op failed with `status`, except the rank
   // whose ABORT failed it.
@@ -221,6 +232,7 @@ class OpContext {
   std::vector<int> watch_;  // ranks whose broken link fails a wait
   std::shared_ptr<SendTracker> sends_ = std::make_shared<SendTracker>();
   std::vector<InFrame> eager_;
+  std::vector<std::shared_ptr<Landing>> landings_;  // offered, not withdrawn
   int input_slice_ = 0;
   bool first_step_sent_ = false;
   // Where the op is (mirrors the progress ledger, for error text).
@@ -231,6 +243,19 @@ class OpContext {
   int abort_from_ = -1;  // neighbour whose ABORT frame failed this op
   absl::Time phase_start_;
   absl::Time fingerprint_end_ = absl::InfinitePast();
+};
+
+// Takes an operation's landings back when an algorithm's steps end,
+// however they end.
+class LandingScope {
+ public:
+  explicit LandingScope(OpContext& op) : op_(op) {}
+  ~LandingScope() { op_.WithdrawLandings(); }
+  LandingScope(const LandingScope&) = delete;
+  LandingScope& operator=(const LandingScope&) = delete;
+
+ private:
+  OpContext& op_;
 };
 
 }  // namespace halka

@@ -21,6 +21,7 @@
 #include "absl/types/span.h"
 #include "worker/core/frame.h"
 #include "worker/core/futex.h"
+#include "worker/core/landing.h"
 
 namespace halka {
 
@@ -80,6 +81,10 @@ class Inbox {
   // validates ranks before delivery; this is the last line of defence).
   explicit Inbox(int max_ranks = 1 << 16);
   int max_ranks() const { return max_ranks_; }
+
+  // Where this generation's operations offer landings for their frames,
+  // and its links' readers claim them (worker/core/landing.h).
+  const std::shared_ptr<LandingBoard>& landings() const { return landings_; }
 
   // Called (outside the inbox's lock) for every LinkFailed, e.g. to report
   // the broken link to the rendezvous. Set before frames flow.
@@ -171,6 +176,8 @@ class Inbox {
   void Bump();
 
   const int max_ranks_;
+  const std::shared_ptr<LandingBoard> landings_ =
+      std::make_shared<LandingBoard>();
   mutable absl::Mutex mu_;
   std::map<int, std::deque<InFrame>> queues_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, InFrame> aborts_ ABSL_GUARDED_BY(mu_);  // by op_seq

@@ -34,6 +34,8 @@ class LocalCluster {
     absl::Duration shm_spin = absl::ZeroDuration();
     // Links that are not same-host on a TCP connection of their own.
     bool wire_links = true;
+    // WorkerOptions::wire_landing.
+    bool wire_landing = true;
     absl::Duration op_timeout = kDefaultOpTimeout;
     absl::Duration heartbeat_interval = absl::Milliseconds(500);
     absl::Duration heartbeat_timeout = absl::Seconds(5);

@@ -26,6 +26,15 @@ absl::Status ChainBroadcast(OpContext& op) {
   // Data flows root -> root+1 -> ... -> root-1; step = distance from root.
   const int distance = Mod(r - root, g);
   const bool forward = succ != root;
+  LandingScope landings(op);
+  if (r != root) {
+    // A chunk only moves into place, and nothing touches its range before
+    // it arrives: where the link can, its reader puts it there itself.
+    for (const Range& c : cs) {
+      op.OfferLanding(pred,
+                      op.ChunkMeta(Phase::kBroadcast, distance - 1, 0, c));
+    }
+  }
   for (size_t ci = 0; ci < cs.size(); ++ci) {
     const Range& c = cs[ci];
     op.SetLedger(Phase::kBroadcast, distance, static_cast<int>(ci),

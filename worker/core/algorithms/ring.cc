@@ -81,6 +81,22 @@ absl::Status SendFirst(OpContext& op, const RingPlan& plan, int first,
   return absl::OkStatus();
 }
 
+// Offers the landings of all-gather steps [t, end) (worker/core/landing.h)
+// in order while the wire holds nothing of a step's segment: every send of
+// it left in the reduce-scatter, and this rank does not touch it again
+// until its chunks arrive. Returns the first step not offered.
+int OfferLandings(OpContext& op, const RingPlan& plan, int t, int end) {
+  for (; t < end; ++t) {
+    const int seg = plan.recv_seg(t);
+    if (!op.SegmentReleased(seg)) break;
+    for (const Range& c : plan.chunks_of(seg)) {
+      op.OfferLanding(plan.pred, op.ChunkMeta(Phase::kAllGather,
+                                              plan.step_in_phase(t), seg, c));
+    }
+  }
+  return t;
+}
+
 // Ring steps [first, end) of the 2(G-1) steps of an all-reduce (0..G-2
 // reduce-scatter, G-1..2G-3 all-gather), pipelined by chunk: step t sends
 // the segment received (and reduced) at step t-1, so a chunk moves on as
@@ -98,6 +114,8 @@ absl::Status RingSteps(OpContext& op, int first, int end, int plan_rank) {
     HALKA_RETURN_IF_ERROR(SendFirst(op, plan, first, /*ledger=*/true));
   }
   absl::Duration reduce_time;
+  LandingScope landings(op);
+  int offered = g - 1;  // the first all-gather step not offered yet
   for (int t = first; t < end; ++t) {
     const Phase phase = plan.phase_of(t);
     const int step = plan.step_in_phase(t);
@@ -110,6 +128,11 @@ absl::Status RingSteps(OpContext& op, int first, int end, int plan_rank) {
       return absl::DeadlineExceededError(absl::StrCat(
           op.Where(), ": deadline exceeded waiting for ", op.Who(plan.succ),
           " to take segment ", seg, " before all-gather step ", step));
+    }
+    if (!reduce) {
+      // The all-gather's chunks only move into place: where the link can,
+      // its reader puts them there itself.
+      offered = OfferLandings(op, plan, std::max(offered, t), end);
     }
     for (size_t ci = 0; ci < cs.size(); ++ci) {
       const Range& c = cs[ci];

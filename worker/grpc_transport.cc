@@ -57,7 +57,7 @@ class GrpcTransport::OutLink
       absl::StatusOr<std::string> key = std::string();
       if (GetSecurityConfig().client_tls()) key = WireSeal::NewKey();
       if (key.ok()) {
-        ctx_.AddMetadata(kLinkWireOfferKey, key->empty() ? "-" : WireHex(*key));
+        ctx_.AddMetadata(kLinkWireOfferKey, FormatWireOffer(*key));
         absl::MutexLock lock(&mu_);
         wire_key_ = *std::move(key);
         wire_offered_ = true;

@@ -166,11 +166,9 @@ class PeerService::InLink
   std::string AnswerWireOffer(const std::string& offer) {
     WireListener* wire = service_->wire_;
     if (wire == nullptr) return "no: this worker takes no wire links";
-    std::string key;
-    if (offer != "-") {
-      key = WireUnhex(offer);
-      if (key.size() != WireSeal::kKeyBytes) return "no: malformed key";
-    }
+    absl::StatusOr<std::string> parsed = ParseWireOffer(offer);
+    if (!parsed.ok()) return absl::StrCat("no: ", parsed.status().message());
+    const std::string key = *std::move(parsed);
     if (key.empty() && service_->wire_sealed_) {
       return "no: this worker serves TLS: a wire link must be sealed";
     }

@@ -51,6 +51,32 @@ uint32_t GetU32(const uint8_t* p) {
   return v;
 }
 
+// The bytes of a frame's head ([u32 header length][header]) at the start
+// of its parts, at most `total` (what the frame codec wrote: its first
+// four bytes say).
+size_t FrameHeadBytes(const std::vector<absl::Span<const uint8_t>>& parts,
+                      size_t total) {
+  uint8_t len[4] = {0, 0, 0, 0};
+  size_t got = 0;
+  for (const auto& p : parts) {
+    for (size_t i = 0; i < p.size() && got < 4; ++i) len[got++] = p[i];
+    if (got == 4) break;
+  }
+  return got < 4 ? total : std::min<size_t>(total, 4 + size_t{GetU32(len)});
+}
+
+// The parts cut at byte `at`: what comes before, and the rest.
+void SplitParts(const std::vector<absl::Span<const uint8_t>>& parts, size_t at,
+                std::vector<absl::Span<const uint8_t>>* before,
+                std::vector<absl::Span<const uint8_t>>* after) {
+  for (const auto& p : parts) {
+    const size_t take = std::min(at, p.size());
+    if (take > 0) before->push_back(p.subspan(0, take));
+    if (take < p.size()) after->push_back(p.subspan(take));
+    at -= take;
+  }
+}
+
 // Makes an eventfd readable (for good: nobody reads it back).
 void Signal(int event_fd) {
   const uint64_t one = 1;
@@ -78,6 +104,26 @@ void SetSocketOptions(int fd) {
 }
 
 }  // namespace
+
+std::string FormatWireOffer(const std::string& key) {
+  return key.empty() ? "-" : absl::StrCat(WireSeal::kName, ":", WireHex(key));
+}
+
+absl::StatusOr<std::string> ParseWireOffer(const std::string& offer) {
+  if (offer == "-") return std::string();
+  const size_t colon = offer.find(':');
+  if (colon == std::string::npos ||
+      offer.compare(0, colon, WireSeal::kName) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "this worker seals wire links with ", WireSeal::kName,
+        " and takes no other offer"));
+  }
+  std::string key = WireUnhex(offer.substr(colon + 1));
+  if (key.size() != WireSeal::kKeyBytes) {
+    return absl::InvalidArgumentError("malformed key");
+  }
+  return key;
+}
 
 WireLinkCounts& WireLinkCounters() {
   static WireLinkCounts counts;
@@ -457,19 +503,29 @@ absl::Status WireSender::Write(Frame& frame) {
   if (total > kMaxRecordBytes) {
     return absl::InvalidArgumentError("a frame larger than a wire record");
   }
-  uint8_t head[4];
+  uint8_t head[8];
   PutU32(head, static_cast<uint32_t>(total));
   std::vector<iovec> iov;
-  iov.push_back({head, 4});
   if (seal_ != nullptr) {
-    sealed_.resize(total + WireSeal::kTagBytes);
-    std::vector<absl::Span<const uint8_t>> parts(frame.parts.begin(),
-                                                 frame.parts.end());
-    absl::Status s = seal_->Seal(parts, absl::MakeConstSpan(head, 4),
-                                 sealed_.data());
+    // Two units, each sealed: the frame's head, then its payload, so that
+    // the reader authenticates the head before it decides where the
+    // payload goes (worker/core/landing.h).
+    const size_t head_bytes = FrameHeadBytes(frame.parts, total);
+    PutU32(head + 4, static_cast<uint32_t>(head_bytes));
+    const absl::Span<const uint8_t> aad(head, 8);
+    std::vector<absl::Span<const uint8_t>> front, payload;
+    SplitParts(frame.parts, head_bytes, &front, &payload);
+    sealed_.resize(total + 2 * WireSeal::kTagBytes);
+    absl::Status s = seal_->Seal(front, aad, sealed_.data());
+    if (s.ok()) {
+      s = seal_->Seal(payload, aad,
+                      sealed_.data() + head_bytes + WireSeal::kTagBytes);
+    }
     if (!s.ok()) return s;
+    iov.push_back({head, 8});
     iov.push_back({sealed_.data(), sealed_.size()});
   } else {
+    iov.push_back({head, 4});
     for (const auto& p : frame.parts) {
       if (p.empty()) continue;
       iov.push_back({const_cast<uint8_t*>(p.data()), p.size()});
@@ -624,48 +680,57 @@ absl::Status WireReceiver::ReadFull(uint8_t* p, size_t n, bool* clean_end) {
   });
 }
 
-absl::Status WireReceiver::ReadOpened(uint8_t* p, size_t n) {
-  absl::Status s = ReadFull(p, n, nullptr);
-  if (s.ok() && seal_ != nullptr) s = seal_->OpenPart(p, n);
-  return s;
-}
-
 absl::Status WireReceiver::ReadRecord(
     size_t n, const uint8_t* head,
     std::optional<absl::StatusOr<InFrame>>* frame) {
-  const size_t tag = seal_ != nullptr ? WireSeal::kTagBytes : 0;
-  if (seal_ != nullptr) {
-    absl::Status s = seal_->OpenBegin(absl::MakeConstSpan(head, 4));
-    if (!s.ok()) return s;
-  }
-  // The frame's head first when an operation may wait for its payload
-  // (worker/core/landing.h): [u32 header length][header].
+  const bool sealed = seal_ != nullptr;
+  const size_t tag = sealed ? WireSeal::kTagBytes : 0;
+  // The frame's head ([u32 header length][header]) first where it is a
+  // unit of its own (sealed: authenticated before anything is decided on
+  // it), or where an operation may wait for this payload
+  // (worker/core/landing.h).
+  uint8_t aad[8];
+  std::memcpy(aad, head, 4);
   std::vector<uint8_t> front;
-  std::shared_ptr<Landing> landing;
-  if (landings_ != nullptr && landings_->Armed() && n >= 4) {
+  if (sealed) {
+    absl::Status s = ReadFull(aad + 4, 4, nullptr);
+    const size_t h = GetU32(aad + 4);
+    if (s.ok() && (h < 4 || h > n || h > 4 + kMaxFrameHeaderBytes)) {
+      s = absl::DataLossError(absl::StrCat(
+          "a sealed wire record whose frame head is ", h, " of ", n, " bytes"));
+    }
+    if (s.ok()) {
+      front.resize(h + tag);
+      s = ReadFull(front.data(), front.size(), nullptr);
+    }
+    if (s.ok()) s = seal_->Open(front.data(), h, absl::MakeConstSpan(aad));
+    if (!s.ok()) return s;
+    front.resize(h);
+  } else if (landings_ != nullptr && landings_->Armed() && n >= 4) {
     front.resize(4);
-    absl::Status s = ReadOpened(front.data(), 4);
+    absl::Status s = ReadFull(front.data(), 4, nullptr);
     const size_t h = s.ok() ? GetU32(front.data()) : 0;
     if (s.ok() && h <= kMaxFrameHeaderBytes && 4 + h <= n) {
       front.resize(4 + h);
-      s = ReadOpened(front.data() + 4, h);
-      if (s.ok()) {
-        absl::StatusOr<FrameMeta> meta =
-            DecodeFrameHead(absl::MakeConstSpan(front).subspan(4));
-        if (meta.ok()) landing = landings_->Claim(from_, *meta, n - 4 - h);
-      }
+      s = ReadFull(front.data() + 4, h, nullptr);
     }
     if (!s.ok()) return s;
   }
+  std::shared_ptr<Landing> landing;
+  if (landings_ != nullptr && landings_->Armed() && front.size() >= 4 &&
+      front.size() == 4 + size_t{GetU32(front.data())}) {
+    absl::StatusOr<FrameMeta> meta =
+        DecodeFrameHead(absl::MakeConstSpan(front).subspan(4));
+    if (meta.ok()) landing = landings_->Claim(from_, *meta, n - front.size());
+  }
   if (landing == nullptr) {
-    // The whole record in a buffer of its own, which the frame keeps.
+    // The whole frame in a buffer of its own, which the frame keeps.
     std::shared_ptr<uint8_t[]> buf(new uint8_t[n + tag]);
-    std::memcpy(buf.get(), front.data(), front.size());
-    absl::Status s =
-        ReadFull(buf.get() + front.size(), n - front.size() + tag, nullptr);
-    if (s.ok() && seal_ != nullptr) {
-      s = seal_->OpenPart(buf.get() + front.size(), n - front.size());
-      if (s.ok()) s = seal_->OpenEnd(buf.get() + n);
+    const size_t at = front.size();
+    std::memcpy(buf.get(), front.data(), at);
+    absl::Status s = ReadFull(buf.get() + at, n - at + tag, nullptr);
+    if (s.ok() && sealed) {
+      s = seal_->Open(buf.get() + at, n - at, absl::MakeConstSpan(aad));
     }
     if (!s.ok()) return s;
     const absl::Span<const uint8_t> bytes(buf.get(), n);
@@ -673,35 +738,42 @@ absl::Status WireReceiver::ReadRecord(
     return absl::OkStatus();
   }
   // The payload straight into its place, in bounded pieces, each under the
-  // landing's lock; once the operation revokes it, the rest goes to scratch
-  // and the frame is dropped.
+  // landing's lock (sealed: opened there in one pass once it is all in);
+  // once the operation revokes it, the rest goes to scratch and the frame
+  // is dropped unopened.
+  const size_t payload = landing->bytes();
   bool revoked = false;
-  absl::Status opened;
   absl::Status s = ReadFull(
-      landing->bytes(), nullptr, [&](size_t got, size_t want) -> ssize_t {
+      payload, nullptr, [&](size_t got, size_t want) -> ssize_t {
         want = std::min(want, kLandingPiece);
         ssize_t r = -1;
         int err = 0;
         auto take = [&](uint8_t* into) {
           r = recv(fd_, into, want, MSG_DONTWAIT);
           err = errno;
-          if (r > 0 && seal_ != nullptr) {
-            opened = seal_->OpenPart(into, static_cast<size_t>(r));
-          }
         };
         if (revoked || !landing->Write([&](uint8_t* dst) { take(dst + got); })) {
           revoked = true;
           scratch_.resize(kLandingPiece);
           take(scratch_.data());
         }
-        errno = opened.ok() ? err : EIO;  // a failed OpenPart ends the read
-        return opened.ok() ? r : -1;
+        errno = err;
+        return r;
       });
-  if (!opened.ok()) return opened;
-  if (s.ok() && seal_ != nullptr) {
-    uint8_t t[WireSeal::kTagBytes];
-    s = ReadFull(t, sizeof(t), nullptr);
-    if (s.ok()) s = seal_->OpenEnd(t);
+  uint8_t t[WireSeal::kTagBytes];
+  if (s.ok() && sealed) s = ReadFull(t, sizeof(t), nullptr);
+  if (s.ok() && sealed) {
+    absl::Status opened = absl::CancelledError("revoked");
+    if (!revoked) {
+      revoked = !landing->Write([&](uint8_t* dst) {
+        opened = seal_->Open(dst, payload, absl::MakeConstSpan(aad), t);
+      });
+    }
+    if (revoked) {
+      seal_->Skip();  // dropped unread: its nonce is used up all the same
+    } else {
+      s = opened;
+    }
   }
   if (!s.ok() || revoked) return s;
   WireLinkCounters().landed.fetch_add(1, std::memory_order_relaxed);

@@ -1,6 +1,6 @@
 // The wire data path of a peer link between hosts: a plain TCP connection
 // per link that carries the link's frames instead of its gRPC stream, with
-// each frame sealed (AES-128-GCM) when the job runs TLS.
+// each frame sealed (AES-128-OCB) when the job runs TLS.
 //
 // Why: on gRPC's stream every byte crosses HTTP/2 framing and, under TLS,
 // gRPC's secure endpoint, which encrypts in 16 KiB records through two
@@ -9,9 +9,10 @@
 // pass on the link's writer thread, opened in place on its reader thread.
 //
 // Negotiation (worker/grpc_transport.cc), beside the same-host offer:
-//   - the dialling side offers "halka-wire-offer: <key>" in the link's call
-//     metadata, <key> the link's AES key in hex when its channel is TLS
-//     (the metadata travels inside TLS), "-" on a plaintext channel;
+//   - the dialling side offers "halka-wire-offer: <offer>" in the link's
+//     call metadata, <offer> "aes-128-ocb:<key>" with the link's AES key in
+//     hex when its channel is TLS (the metadata travels inside TLS), "-" on
+//     a plaintext channel (FormatWireOffer, ParseWireOffer);
 //   - the serving side, if it takes wire links, registers a one-time token
 //     with its WireListener and answers "halka-wire: ok <port> <token>"
 //     (or "no: <why>"). It refuses a plaintext offer when it serves TLS;
@@ -28,9 +29,13 @@
 // On the connection (dialler to server only; the server sends the ack
 // byte and nothing else): 16 token bytes, then records
 //   [u32 LE n][n bytes: the frame as wire/frame_codec.h encodes it]
-// and, sealed, [u32 LE n][n bytes ciphertext][16 bytes GCM tag] with the
-// length as associated data and the nonce a counter of the records on the
-// connection (so a replayed, dropped or reordered record fails).
+// and, sealed, [u32 LE n][u32 LE h][h bytes][16-byte tag][n - h bytes]
+// [16-byte tag]: the frame's head (its first h bytes: [u32 header
+// length][header]) and its payload sealed as two units (AES-128-OCB,
+// worker/wire_seal.h), both with the 8 length bytes as associated data and
+// the nonce a counter of the units on the connection (so a replayed,
+// dropped or reordered unit fails). The reader authenticates the head
+// before it decides where the payload goes (worker/core/landing.h).
 #ifndef HALKA_WORKER_WIRE_LINK_H_
 #define HALKA_WORKER_WIRE_LINK_H_
 
@@ -72,6 +77,14 @@ struct WireLinkCounts {
   std::atomic<uint64_t> landed{0};
 };
 WireLinkCounts& WireLinkCounters();
+
+// The dialling side's offer for a link sealed with `key` ("" on a
+// plaintext channel: "-").
+std::string FormatWireOffer(const std::string& key);
+// The key an offer carries ("" for "-"), or why it is refused: a malformed
+// key, or a sealing this worker does not speak (an older halka's
+// AES-GCM offer; the link then stays on its gRPC stream).
+absl::StatusOr<std::string> ParseWireOffer(const std::string& offer);
 
 // The serving side's answer: "ok <port> <token>" (true) or a refusal.
 std::string FormatWireAnswer(int port, const std::string& token);
@@ -191,8 +204,6 @@ class WireReceiver {
   // poll said the socket is readable) and returns what read() would.
   absl::Status ReadFull(size_t n, bool* clean_end,
                         absl::FunctionRef<ssize_t(size_t got, size_t want)> take);
-  // ReadFull, then (sealed) OpenPart over what it read.
-  absl::Status ReadOpened(uint8_t* p, size_t n);
   // The rest of a record of n bytes whose length is `head`: OK with *frame
   // set to what DecodeFrame made of it, or left empty (the frame's landing
   // was revoked while it came: its operation has ended, the frame is

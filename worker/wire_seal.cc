@@ -7,11 +7,6 @@
 #include <utility>
 
 namespace halka {
-namespace {
-
-EVP_CIPHER_CTX* Ctx(void* p) { return static_cast<EVP_CIPHER_CTX*>(p); }
-
-}  // namespace
 
 std::string WireHex(absl::string_view bytes) {
   static constexpr char kDigits[] = "0123456789abcdef";
@@ -54,10 +49,31 @@ absl::StatusOr<std::string> WireSeal::NewKey() {
   return WireRandomBytes(kKeyBytes);
 }
 
-WireSeal::WireSeal(std::string key)
-    : key_(std::move(key)), ctx_(EVP_CIPHER_CTX_new()) {}
+WireSeal::WireSeal(std::string key) : key_(std::move(key)) {}
 
-WireSeal::~WireSeal() { EVP_CIPHER_CTX_free(Ctx(ctx_)); }
+WireSeal::~WireSeal() {
+  EVP_CIPHER_CTX_free(static_cast<EVP_CIPHER_CTX*>(seal_ctx_));
+  EVP_CIPHER_CTX_free(static_cast<EVP_CIPHER_CTX*>(open_ctx_));
+}
+
+void* WireSeal::Ctx(bool seal) {
+  void*& slot = seal ? seal_ctx_ : open_ctx_;
+  if (slot != nullptr || key_.size() != kKeyBytes) return slot;
+  EVP_CIPHER_CTX* c = EVP_CIPHER_CTX_new();
+  const auto* key = reinterpret_cast<const unsigned char*>(key_.data());
+  // The key once; each unit sets only its nonce (12 bytes, OCB's default).
+  const bool ok =
+      c != nullptr &&
+      (seal ? EVP_EncryptInit_ex(c, EVP_aes_128_ocb(), nullptr, key, nullptr)
+            : EVP_DecryptInit_ex(c, EVP_aes_128_ocb(), nullptr, key, nullptr)) ==
+          1;
+  if (!ok) {
+    EVP_CIPHER_CTX_free(c);
+    return nullptr;
+  }
+  slot = c;
+  return slot;
+}
 
 void WireSeal::NextNonce(uint8_t nonce[12]) {
   std::memset(nonce, 0, 4);
@@ -69,16 +85,18 @@ absl::Status WireSeal::Seal(absl::Span<const absl::Span<const uint8_t>> parts,
                             absl::Span<const uint8_t> aad, uint8_t* out) {
   uint8_t nonce[12];
   NextNonce(nonce);
-  EVP_CIPHER_CTX* c = Ctx(ctx_);
-  const auto* key = reinterpret_cast<const unsigned char*>(key_.data());
+  auto* c = static_cast<EVP_CIPHER_CTX*>(Ctx(true));
   int len = 0;
-  bool ok = c != nullptr && key_.size() == kKeyBytes &&
-            EVP_EncryptInit_ex(c, EVP_aes_128_gcm(), nullptr, key, nonce) == 1 &&
+  bool ok = c != nullptr &&
+            EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr, nonce) == 1 &&
             EVP_EncryptUpdate(c, nullptr, &len, aad.data(),
                               static_cast<int>(aad.size())) == 1;
+  // OCB holds back a partial block until the next part or Final: `at`
+  // counts what came out.
   size_t at = 0;
   for (const auto& p : parts) {
     if (!ok) break;
+    if (p.empty()) continue;
     // EVP takes int lengths: frames are far below 2 GiB (kMaxRecordBytes).
     ok = EVP_EncryptUpdate(c, out + at, &len, p.data(),
                            static_cast<int>(p.size())) == 1;
@@ -86,59 +104,37 @@ absl::Status WireSeal::Seal(absl::Span<const absl::Span<const uint8_t>> parts,
   }
   ok = ok && EVP_EncryptFinal_ex(c, out + at, &len) == 1;
   at += ok ? static_cast<size_t>(len) : 0;
-  ok = ok && EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, kTagBytes,
+  ok = ok && EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, kTagBytes,
                                  out + at) == 1;
   return ok ? absl::OkStatus()
-            : absl::InternalError("AES-GCM failed to seal a wire record");
-}
-
-absl::Status WireSeal::OpenBegin(absl::Span<const uint8_t> aad) {
-  uint8_t nonce[12];
-  NextNonce(nonce);
-  EVP_CIPHER_CTX* c = Ctx(ctx_);
-  const auto* key = reinterpret_cast<const unsigned char*>(key_.data());
-  int len = 0;
-  const bool ok =
-      c != nullptr && key_.size() == kKeyBytes &&
-      EVP_DecryptInit_ex(c, EVP_aes_128_gcm(), nullptr, key, nonce) == 1 &&
-      EVP_DecryptUpdate(c, nullptr, &len, aad.data(),
-                        static_cast<int>(aad.size())) == 1;
-  return ok ? absl::OkStatus()
-            : absl::InternalError("AES-GCM failed to start opening a record");
-}
-
-absl::Status WireSeal::OpenPart(uint8_t* data, size_t n) {
-  if (n == 0) return absl::OkStatus();
-  int len = 0;
-  // GCM is a stream cipher: each part comes out whole and in place.
-  const bool ok = EVP_DecryptUpdate(Ctx(ctx_), data, &len, data,
-                                    static_cast<int>(n)) == 1 &&
-                  static_cast<size_t>(len) == n;
-  return ok ? absl::OkStatus()
-            : absl::InternalError("AES-GCM failed to open part of a record");
-}
-
-absl::Status WireSeal::OpenEnd(const uint8_t* tag) {
-  EVP_CIPHER_CTX* c = Ctx(ctx_);
-  uint8_t tail[16];
-  int len = 0;
-  uint8_t want[kTagBytes];
-  std::memcpy(want, tag, kTagBytes);
-  const bool ok =
-      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, kTagBytes, want) == 1 &&
-      EVP_DecryptFinal_ex(c, tail, &len) == 1;
-  return ok ? absl::OkStatus()
-            : absl::DataLossError(
-                  "a wire record failed authentication (AES-GCM tag): "
-                  "altered, replayed or out of order");
+            : absl::InternalError("AES-OCB failed to seal a wire record");
 }
 
 absl::Status WireSeal::Open(uint8_t* data, size_t n,
-                            absl::Span<const uint8_t> aad) {
-  absl::Status s = OpenBegin(aad);
-  if (s.ok()) s = OpenPart(data, n);
-  if (!s.ok()) return s;
-  return OpenEnd(data + n);
+                            absl::Span<const uint8_t> aad,
+                            const uint8_t* tag) {
+  uint8_t nonce[12];
+  NextNonce(nonce);
+  auto* c = static_cast<EVP_CIPHER_CTX*>(Ctx(false));
+  uint8_t want[kTagBytes];
+  std::memcpy(want, tag != nullptr ? tag : data + n, kTagBytes);
+  int len = 0;
+  int tail = 0;
+  // In place: OCB holds back a trailing partial block, which Final writes
+  // where it belongs.
+  const bool ok =
+      c != nullptr &&
+      EVP_DecryptInit_ex(c, nullptr, nullptr, nullptr, nonce) == 1 &&
+      EVP_DecryptUpdate(c, nullptr, &len, aad.data(),
+                        static_cast<int>(aad.size())) == 1 &&
+      (n == 0 ||
+       EVP_DecryptUpdate(c, data, &len, data, static_cast<int>(n)) == 1) &&
+      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, kTagBytes, want) == 1 &&
+      EVP_DecryptFinal_ex(c, data + (n == 0 ? 0 : len), &tail) == 1;
+  return ok ? absl::OkStatus()
+            : absl::DataLossError(
+                  "a wire record failed authentication (AES-OCB tag): "
+                  "altered, replayed or out of order");
 }
 
 }  // namespace halka

@@ -451,12 +451,18 @@ TEST_F(SecurityTest, UnderMutualTlsWireLinksAreSealedAndPlaintextOnesRefused) {
   const std::string w0 = c.worker_address(0);
   EXPECT_EQ(WireAnswer(HandChannel(w0, cert), peer, "-"),
             "no: this worker serves TLS: a wire link must be sealed");
-  EXPECT_EQ(WireAnswer(HandChannel(w0, cert), peer, "nothex"),
+  EXPECT_EQ(WireAnswer(HandChannel(w0, cert), peer, "aes-128-ocb:nothex"),
             "no: malformed key");
+  // An older halka's offer (an AES-GCM key, bare hex): refused, and that
+  // link stays on its gRPC stream.
+  EXPECT_EQ(WireAnswer(HandChannel(w0, cert), peer,
+                       WireHex(std::string(16, 'k'))),
+            "no: this worker seals wire links with aes-128-ocb and takes no "
+            "other offer");
   int port = 0;
   std::string token;
-  const std::string sealed =
-      WireAnswer(HandChannel(w0, cert), peer, WireHex(std::string(16, 'k')));
+  const std::string sealed = WireAnswer(HandChannel(w0, cert), peer,
+                                        FormatWireOffer(std::string(16, 'k')));
   EXPECT_TRUE(ParseWireAnswer(sealed, &port, &token)) << sealed;
   EXPECT_TRUE(RingAllReduceCorrect(c, 1, 1 << 14));
 }

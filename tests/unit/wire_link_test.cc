@@ -400,10 +400,12 @@ class HostileWireTest : public ::testing::Test, protected RawWireFixture {
 
 TEST_F(HostileWireTest, AnUnsealedRecordOnASealedLinkIsRefused) {
   Attach(key_);
-  // A record whose "ciphertext" is anything and whose tag is zeros.
-  const uint32_t n = 64;
-  std::vector<uint8_t> rec(4 + n + WireSeal::kTagBytes, 0);
+  // A record whose "ciphertext" is anything and whose tags are zeros:
+  // [n][h][h bytes][tag][n - h bytes][tag].
+  const uint32_t n = 64, h = 20;
+  std::vector<uint8_t> rec(8 + n + 2 * WireSeal::kTagBytes, 0);
   std::memcpy(rec.data(), &n, 4);  // little-endian host
+  std::memcpy(rec.data() + 4, &h, 4);
   ASSERT_EQ(write(fd_, rec.data(), rec.size()),
             static_cast<ssize_t>(rec.size()));
   absl::Status s = FirstError();
@@ -411,6 +413,19 @@ TEST_F(HostileWireTest, AnUnsealedRecordOnASealedLinkIsRefused) {
   EXPECT_THAT(s.message(), HasSubstr("authentication"));
   absl::MutexLock lock(&mu_);
   EXPECT_EQ(frames_, 0);
+}
+
+TEST_F(HostileWireTest, ASealedRecordWithAnImpossibleHeadIsRefused) {
+  Attach(key_);
+  const uint32_t n = 64, h = 65;  // a head longer than the frame
+  std::vector<uint8_t> rec(8, 0);
+  std::memcpy(rec.data(), &n, 4);
+  std::memcpy(rec.data() + 4, &h, 4);
+  ASSERT_EQ(write(fd_, rec.data(), rec.size()),
+            static_cast<ssize_t>(rec.size()));
+  absl::Status s = FirstError();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("frame head is 65 of 64 bytes"));
 }
 
 TEST_F(HostileWireTest, AnOversizedRecordIsRefusedBeforeAnyAllocation) {
@@ -505,24 +520,30 @@ class LandingWireTest : public ::testing::TestWithParam<bool>,
     return m;
   }
   // The record that carries `meta` and `payload`: [u32 n][frame], or
-  // sealed [u32 n][ciphertext][tag].
+  // sealed [u32 n][u32 h][head][tag][payload][tag].
   std::vector<uint8_t> Record(const FrameMeta& meta,
                               const std::vector<uint8_t>& payload) {
     const std::string head = EncodeFrameHead(meta);
     const uint32_t n = static_cast<uint32_t>(head.size() + payload.size());
-    std::vector<uint8_t> rec(4 + n + (seal_ ? WireSeal::kTagBytes : 0));
-    std::memcpy(rec.data(), &n, 4);  // little-endian host
-    if (seal_) {
-      const absl::Span<const uint8_t> parts[2] = {
-          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(head.data()),
-                              head.size()),
-          absl::MakeConstSpan(payload)};
-      EXPECT_TRUE(seal_->Seal(parts, absl::MakeConstSpan(rec.data(), 4),
-                              rec.data() + 4).ok());
-    } else {
+    const absl::Span<const uint8_t> head_bytes(
+        reinterpret_cast<const uint8_t*>(head.data()), head.size());
+    if (!seal_) {
+      std::vector<uint8_t> rec(4 + n);
+      std::memcpy(rec.data(), &n, 4);  // little-endian host
       std::memcpy(rec.data() + 4, head.data(), head.size());
       std::memcpy(rec.data() + 4 + head.size(), payload.data(), payload.size());
+      return rec;
     }
+    const uint32_t h = static_cast<uint32_t>(head.size());
+    std::vector<uint8_t> rec(8 + n + 2 * WireSeal::kTagBytes);
+    std::memcpy(rec.data(), &n, 4);
+    std::memcpy(rec.data() + 4, &h, 4);
+    const absl::Span<const uint8_t> aad(rec.data(), 8);
+    const absl::Span<const uint8_t> first[1] = {head_bytes};
+    const absl::Span<const uint8_t> second[1] = {absl::MakeConstSpan(payload)};
+    EXPECT_TRUE(seal_->Seal(first, aad, rec.data() + 8).ok());
+    EXPECT_TRUE(seal_->Seal(second, aad,
+                            rec.data() + 8 + h + WireSeal::kTagBytes).ok());
     return rec;
   }
   void Write(const std::vector<uint8_t>& bytes, size_t from = 0,

@@ -6,7 +6,7 @@ PKGS=(build-essential cmake ninja-build pkg-config
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
       libcpp-httplib-dev zlib1g-dev  # zlib: the deflated Join ring
-      libssl-dev  # libcrypto: AES-GCM of sealed wire links
+      libssl-dev  # libcrypto: AES-OCB of sealed wire links
       iproute2 procps python3
       openssl clang libclang-rt-14-dev  # TLS test certificates; libFuzzer
       # The Python package and its torch.distributed backend (client/python)

@@ -727,7 +727,7 @@ absl::Status WireReceiver::ReadRecord(
     // The whole frame in a buffer of its own, which the frame keeps.
     std::shared_ptr<uint8_t[]> buf(new uint8_t[n + tag]);
     const size_t at = front.size();
-    std::memcpy(buf.get(), front.data(), at);
+    if (at > 0) std::memcpy(buf.get(), front.data(), at);
     absl::Status s = ReadFull(buf.get() + at, n - at + tag, nullptr);
     if (s.ok() && sealed) {
       s = seal_->Open(buf.get() + at, n - at, absl::MakeConstSpan(aad));

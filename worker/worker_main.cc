@@ -49,7 +49,7 @@ ABSL_FLAG(bool, wire_landing, true,
 ABSL_FLAG(bool, wire_links, true,
           "carry peer links to other hosts on a TCP connection of their own "
           "(an ephemeral port on the listen host; frames sealed with "
-          "AES-GCM under TLS) instead of the gRPC stream; false: gRPC");
+          "AES-OCB under TLS) instead of the gRPC stream; false: gRPC");
 ABSL_FLAG(int32_t, wire_port, 0,
           "the wire links' TCP port on the listen host (0: an ephemeral "
           "one); peers learn it on each link");

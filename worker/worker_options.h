@@ -36,7 +36,7 @@ struct WorkerOptions {
   // worker created last sets it). 0: sleeps at once.
   absl::Duration shm_spin = absl::ZeroDuration();
   // Peer links to other hosts carry their frames on a TCP connection of
-  // their own (sealed with AES-GCM under TLS), not on the gRPC stream
+  // their own (sealed with AES-OCB under TLS), not on the gRPC stream
   // (worker/wire_link.h); off: on the gRPC stream.
   bool wire_links = true;
   // Wire links' readers put payloads that an operation expects to copy

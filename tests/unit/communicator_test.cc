@@ -551,7 +551,10 @@ TEST(Mismatch, RingFingerprintsAroundTheRingSendNoDataEarly) {
     ASSERT_EQ(results[r].status().code(), absl::StatusCode::kFailedPrecondition)
         << results[r].status();
     EXPECT_EQ(bufs[r], std::vector<float>(300, 1.0f));
-    for (const TraceSpan& s : ring.comms[r]->GetTrace().back().spans) {
+    // GetTrace returns a copy: keep it alive while its spans are read.
+    const std::vector<TraceOp> trace = ring.comms[r]->GetTrace();
+    ASSERT_FALSE(trace.empty());
+    for (const TraceSpan& s : trace.back().spans) {
       EXPECT_FALSE(s.kind == TraceSpan::Kind::kSend && s.bytes > 0)
           << "rank " << r << " sent data in a failed op";
     }

@@ -25,6 +25,13 @@
 namespace halka {
 namespace {
 
+// memcpy and memcmp take no null pointer, even for 0 bytes: an empty
+// vector's data() may be one.
+const unsigned char* P(const std::vector<unsigned char>& v) {
+  static const unsigned char kNone = 0;
+  return v.empty() ? &kNone : v.data();
+}
+
 using cuda_elements::BytewiseBody;
 using cuda_elements::ByteOf;
 using cuda_elements::DivideByConstant;
@@ -166,23 +173,23 @@ void CheckLaunches(DType dtype) {
           auto* src = reinterpret_cast<unsigned char*>(src_mem.data()) + src_off;
           const auto a = RandomBytes(bytes, count * 31 + dst_off);
           const auto b = RandomBytes(bytes, count * 37 + src_off + 1);
-          std::memcpy(dst, a.data(), bytes);
-          std::memcpy(src, b.data(), bytes);
+          std::memcpy(dst, P(a), bytes);
+          std::memcpy(src, P(b), bytes);
           std::vector<unsigned char> expected = a;
           ReduceInto(dtype, ReduceOp::kSum, expected.data(), b.data(), count);
           RunLaunch(dst, src, count, CpuFn<S, false>{dtype, ReduceOp::kSum, 0},
                     threads);
-          EXPECT_EQ(std::memcmp(dst, expected.data(), bytes), 0);
+          EXPECT_EQ(std::memcmp(dst, P(expected), bytes), 0);
           // src untouched, and the byte past dst too.
-          EXPECT_EQ(std::memcmp(src, b.data(), bytes), 0);
+          EXPECT_EQ(std::memcmp(src, P(b), bytes), 0);
           EXPECT_EQ(dst[bytes], 0);
 
           // FinalizeAvg's launch shape (no src).
-          std::memcpy(dst, a.data(), bytes);
+          std::memcpy(dst, P(a), bytes);
           expected = a;
           FinalizeAvg(dtype, expected.data(), count, 3);
           RunLaunch(dst, dst, count, CpuFn<S, true>{dtype, ReduceOp::kSum, 3}, threads);
-          EXPECT_EQ(std::memcmp(dst, expected.data(), bytes), 0);
+          EXPECT_EQ(std::memcmp(dst, P(expected), bytes), 0);
         }
       }
     }

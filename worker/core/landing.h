@@ -17,9 +17,11 @@
 // Never writes into a buffer handed back: the operation withdraws every
 // landing it offered before it ends (success or failure). A reader writes
 // only while it holds the landing's lock and the landing is not revoked,
-// one bounded read() at a time, so a withdrawal waits for at most one such
-// read, never for a peer that stalls inside a record. The reader reads the
-// rest of a revoked frame elsewhere and drops it: its operation has ended.
+// one bounded non-blocking recv() at a time (and, sealed, the payload's one
+// decryption once it is all in), so a withdrawal waits for at most one
+// such step, never for a peer that stalls inside a record. The reader
+// reads the rest of a revoked frame elsewhere and drops it unopened: its
+// operation has ended.
 //
 // Only sources that can land (a wire link's reader, worker/wire_link.h)
 // take offers, so links through shared memory or gRPC cost nothing here;

@@ -15,7 +15,7 @@
 // that arrived before its landing was offered, takes the usual path.
 //
 // Never writes into a buffer handed back: the operation withdraws every
-// landing it offered before it ends (success or failure). A reader writes
+// landing it offered before it ends, success or failure (~OpContext). A reader writes
 // only while it holds the landing's lock and the landing is not revoked,
 // one bounded non-blocking recv() at a time (and, sealed, the payload's one
 // decryption once it is all in), so a withdrawal waits for at most one

@@ -164,7 +164,8 @@ class OpContext {
   // taken. Nothing happens where the buffer or `from`'s link cannot land.
   void OfferLanding(int from, const FrameMeta& expect);
   // Takes back every landing offered: no reader writes into the buffer
-  // after it returns. Before the operation's buffer is given back.
+  // after it returns. The destructor calls it, on every path, before the
+  // communicator hands the buffer back.
   void WithdrawLandings();
   // Best effort: tells the neighbours (or every rank, all-to-all) and the
   // parameter servers that this op failed with `status`, except the rank
@@ -243,19 +244,6 @@ class OpContext {
   int abort_from_ = -1;  // neighbour whose ABORT frame failed this op
   absl::Time phase_start_;
   absl::Time fingerprint_end_ = absl::InfinitePast();
-};
-
-// Takes an operation's landings back when an algorithm's steps end,
-// however they end.
-class LandingScope {
- public:
-  explicit LandingScope(OpContext& op) : op_(op) {}
-  ~LandingScope() { op_.WithdrawLandings(); }
-  LandingScope(const LandingScope&) = delete;
-  LandingScope& operator=(const LandingScope&) = delete;
-
- private:
-  OpContext& op_;
 };
 
 }  // namespace halka

@@ -26,7 +26,6 @@ absl::Status ChainBroadcast(OpContext& op) {
   // Data flows root -> root+1 -> ... -> root-1; step = distance from root.
   const int distance = Mod(r - root, g);
   const bool forward = succ != root;
-  LandingScope landings(op);
   if (r != root) {
     // A chunk only moves into place, and nothing touches its range before
     // it arrives: where the link can, its reader puts it there itself.

@@ -114,7 +114,6 @@ absl::Status RingSteps(OpContext& op, int first, int end, int plan_rank) {
     HALKA_RETURN_IF_ERROR(SendFirst(op, plan, first, /*ledger=*/true));
   }
   absl::Duration reduce_time;
-  LandingScope landings(op);
   int offered = g - 1;  // the first all-gather step not offered yet
   for (int t = first; t < end; ++t) {
     const Phase phase = plan.phase_of(t);

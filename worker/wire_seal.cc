@@ -3,8 +3,11 @@
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <utility>
+
+#include "worker/wire_ocb.h"
 
 namespace halka {
 
@@ -45,11 +48,35 @@ absl::StatusOr<std::string> WireRandomBytes(size_t n) {
   return bytes;
 }
 
+namespace {
+
+absl::Status NotAuthentic() {
+  return absl::DataLossError(
+      "a wire record failed authentication (AES-OCB tag): "
+      "altered, replayed or out of order");
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> WireSeal::NewKey() {
   return WireRandomBytes(kKeyBytes);
 }
 
-WireSeal::WireSeal(std::string key) : key_(std::move(key)) {}
+const char* WireSeal::Engine() {
+  static const char* const engine = [] {
+    const char* pick = std::getenv("HALKA_WIRE_OCB");
+    const bool openssl = pick != nullptr && std::strcmp(pick, "openssl") == 0;
+    return !openssl && WireOcb::Supported() ? "vaes-512" : "openssl";
+  }();
+  return engine;
+}
+
+WireSeal::WireSeal(std::string key) : key_(std::move(key)) {
+  if (key_.size() == kKeyBytes && std::strcmp(Engine(), "vaes-512") == 0) {
+    fast_ = std::make_unique<WireOcb>(
+        reinterpret_cast<const uint8_t*>(key_.data()));
+  }
+}
 
 WireSeal::~WireSeal() {
   EVP_CIPHER_CTX_free(static_cast<EVP_CIPHER_CTX*>(seal_ctx_));
@@ -85,6 +112,12 @@ absl::Status WireSeal::Seal(absl::Span<const absl::Span<const uint8_t>> parts,
                             absl::Span<const uint8_t> aad, uint8_t* out) {
   uint8_t nonce[12];
   NextNonce(nonce);
+  if (fast_ != nullptr) {
+    fast_->Begin(nonce, aad.data(), aad.size(), out);
+    for (const auto& p : parts) fast_->Update(p.data(), p.size());
+    fast_->Finish();
+    return absl::OkStatus();
+  }
   auto* c = static_cast<EVP_CIPHER_CTX*>(Ctx(true));
   int len = 0;
   bool ok = c != nullptr &&
@@ -118,6 +151,11 @@ absl::Status WireSeal::Open(uint8_t* data, size_t n,
   auto* c = static_cast<EVP_CIPHER_CTX*>(Ctx(false));
   uint8_t want[kTagBytes];
   std::memcpy(want, tag != nullptr ? tag : data + n, kTagBytes);
+  if (fast_ != nullptr) {
+    return fast_->Open(nonce, aad.data(), aad.size(), data, n, want)
+               ? absl::OkStatus()
+               : NotAuthentic();
+  }
   int len = 0;
   int tail = 0;
   // In place: OCB holds back a trailing partial block, which Final writes
@@ -131,10 +169,7 @@ absl::Status WireSeal::Open(uint8_t* data, size_t n,
        EVP_DecryptUpdate(c, data, &len, data, static_cast<int>(n)) == 1) &&
       EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, kTagBytes, want) == 1 &&
       EVP_DecryptFinal_ex(c, data + (n == 0 ? 0 : len), &tail) == 1;
-  return ok ? absl::OkStatus()
-            : absl::DataLossError(
-                  "a wire record failed authentication (AES-OCB tag): "
-                  "altered, replayed or out of order");
+  return ok ? absl::OkStatus() : NotAuthentic();
 }
 
 }  // namespace halka

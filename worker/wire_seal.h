@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -22,6 +23,8 @@
 
 namespace halka {
 
+class WireOcb;
+
 // AES-128-OCB over the units of one connection, in one direction (one
 // instance seals, another opens). The key schedule is made once.
 class WireSeal {
@@ -30,6 +33,11 @@ class WireSeal {
   static constexpr size_t kTagBytes = 16;
   // What a wire offer names the sealing by (worker/wire_link.h).
   static constexpr char kName[] = "aes-128-ocb";
+  // Which code seals: "vaes-512" (worker/wire_ocb.h) on CPUs with VAES
+  // and AVX-512, else "openssl" (libcrypto's AES-NI OCB). Both write the
+  // same bytes. HALKA_WIRE_OCB=openssl in the environment picks OpenSSL
+  // everywhere (for comparisons).
+  static const char* Engine();
   // A fresh random key (OpenSSL's RAND_bytes). Errors: INTERNAL.
   static absl::StatusOr<std::string> NewKey();
   explicit WireSeal(std::string key);
@@ -58,6 +66,7 @@ class WireSeal {
   uint64_t counter_ = 0;
   void* seal_ctx_ = nullptr;  // EVP_CIPHER_CTX
   void* open_ctx_ = nullptr;
+  std::unique_ptr<WireOcb> fast_;  // where Engine() is "vaes-512"
 };
 
 // n bytes from a cryptographic random source (keys, tokens). INTERNAL

@@ -39,6 +39,7 @@
 #include "worker/core/dtype.h"
 #include "worker/core/frame.h"
 #include "worker/core/reference.h"
+#include "worker/wire_seal.h"
 
 ABSL_FLAG(int, workers, 4, "embedded cluster size (demo, bench)");
 ABSL_FLAG(std::string, worker, "",
@@ -376,7 +377,10 @@ int BenchCommand() {
                            ? MakeThrowawayCertificates(lo, cert_dir)
                            : UseCertificates(tls_dir, lo);
       if (!s.ok()) return Fail(s);
-      std::printf("# mutual TLS and a job token on every channel\n");
+      std::printf(
+          "# mutual TLS and a job token on every channel; wire links sealed "
+          "with %s by %s\n",
+          WireSeal::kName, WireSeal::Engine());
     }
     auto c = LocalCluster::Start(lo);
     if (!c.ok()) return Fail(c.status());

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -23,6 +24,8 @@
 #include "gtest/gtest.h"
 #include "common/grpc_util.h"
 #include "wire/frame_codec.h"
+#include "worker/wire_ocb.h"
+#include "worker/wire_seal.h"
 
 namespace halka {
 namespace {
@@ -58,6 +61,15 @@ void DialWithToken(int port, const std::string& token, int* fd) {
   char ack = 0;
   ASSERT_EQ(read(*fd, &ack, 1), 1);
   ASSERT_EQ(ack, 'k');
+}
+
+// Which code seals follows the CPU and HALKA_WIRE_OCB (this test runs
+// once with each engine: tests/CMakeLists.txt, wire_link_test_openssl).
+TEST(WireSealEngine, FollowsTheCpuAndTheEnvironment) {
+  const char* pick = std::getenv("HALKA_WIRE_OCB");
+  const bool openssl = pick != nullptr && std::string(pick) == "openssl";
+  EXPECT_STREQ(WireSeal::Engine(),
+               !openssl && WireOcb::Supported() ? "vaes-512" : "openssl");
 }
 
 TEST(WireSealTest, RoundTripAndEveryAlterationFails) {

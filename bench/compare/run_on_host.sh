@@ -19,7 +19,8 @@
 #      (each its own run, so that one past its time loses only itself)
 #   4. 4 KiB at G = 4, three runs of 1,000 operations, then one each with
 #      the rings polled 20 and 50 µs before sleeping (--shm_spin_us)
-#   5. TLS: G = 4, 1-64 MiB over TCP, plaintext then mutual TLS
+#   5. TLS: the sealing's own rate (halka-seal-bench, VAES-512 against
+#      OpenSSL), then G = 4, 1-64 MiB over TCP, plaintext then mutual TLS
 #      (--tls --tls_dir bundle/certs)
 #   6. halka as users get it on one host (same-host shared-memory links), the
 #      same sizes, next to step 3's Gloo figures
@@ -93,7 +94,8 @@ if ! bundle_loader "$BUNDLE" 30 "$LOGS/probe.txt" "$HALKACTL" bench --workers=2 
   exit 2
 fi
 # Wrappers, so that compare.sh runs the bundled binaries through RUN.
-for b in halkactl gloo_bench; do
+for b in halkactl gloo_bench halka-seal-bench; do
+  [[ $b == halka-seal-bench && ! -x "$BUNDLE/bin/$b" ]] && continue
   printf '#!/usr/bin/env bash\nexec %s %q "$@"\n' "$(printf '%q ' "${RUN[@]}")" \
     "$BUNDLE/bin/$b" >"$LOGS/$b"
   chmod +x "$LOGS/$b"
@@ -195,6 +197,9 @@ if [[ ! -f "$BUNDLE/certs/localhost.pem" ]]; then
   row "tls" "skipped" "the bundle has no certs/"
 elif fits "tls" 90; then
   rc=0
+  if [[ -x "$BUNDLE/bin/halka-seal-bench" ]]; then
+    timeout -k 5 20 "$LOGS/halka-seal-bench" 0.03 >"$LOGS/seal.txt" 2>&1 || rc=1
+  fi
   timeout -k 5 40 "$LOGS/halkactl" bench --workers=4 "${SIZES_TLS[@]}" -f 4 -n 10 -w 5 \
     --shm_links=false >"$LOGS/tls-plain.txt" 2>&1 || rc=1
   timeout -k 5 40 "$LOGS/halkactl" bench --workers=4 "${SIZES_TLS[@]}" -f 4 -n 10 -w 5 \
@@ -268,6 +273,7 @@ fi
     fi
   done
   [[ -s "$LOGS/shm-vs-gloo.txt" ]] && { echo; cat "$LOGS/shm-vs-gloo.txt"; }
+  [[ -s "$LOGS/seal.txt" ]] && { echo; echo "Sealing, GB/s:"; cat "$LOGS/seal.txt"; }
   [[ -s "$LOGS/tls.txt" ]] && { echo; echo "TLS, G = 4, busbw GB/s:"; cat "$LOGS/tls.txt"; }
 } >>"$SUMMARY"
 cat "$SUMMARY"

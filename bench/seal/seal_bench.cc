@@ -1,14 +1,16 @@
 // Seal and open throughput of one wire unit, in place, by engine and size:
 // halka's VAES-512 OCB (worker/wire_ocb.h) where this CPU has it, OpenSSL's
 // AES-128-OCB and AES-128-GCM. GB/s of payload, best of five rounds of
-// about 0.2 s each; every opened unit is checked against its plaintext.
+// about 0.2 s each (or the seconds given); every opened unit is checked
+// against its plaintext.
 //
-//   build/bench/seal/halka-seal-bench
+//   build/bench/seal/halka-seal-bench [seconds per round]
 #include <openssl/evp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -70,16 +72,19 @@ Engine Vaes(const uint8_t* key) {
   return e;
 }
 
-// Best GB/s over five rounds of `op` on n-byte units.
+double g_round_seconds = 0.2;
+
+// Best GB/s over five rounds of `op` (which returns the bytes it did).
 template <typename Op>
-double Rate(size_t n, Op op) {
+double Rate(Op op) {
   double best = 0;
   for (int round = 0; round < 5; ++round) {
     const auto start = Clock::now();
     size_t bytes = 0;
     do {
       for (int k = 0; k < 8; ++k) bytes += op();
-    } while (Clock::now() - start < std::chrono::milliseconds(200));
+    } while (std::chrono::duration<double>(Clock::now() - start).count() <
+             g_round_seconds);
     const double s = std::chrono::duration<double>(Clock::now() - start).count();
     best = std::max(best, static_cast<double>(bytes) / s / 1e9);
   }
@@ -88,7 +93,16 @@ double Rate(size_t n, Op op) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {
+    char* end = nullptr;
+    g_round_seconds = std::strtod(argv[1], &end);
+    if (end == argv[1] || *end != '\0' || !(g_round_seconds > 0) ||
+        g_round_seconds > 10) {
+      std::fprintf(stderr, "usage: %s [seconds per round, (0, 10]]\n", argv[0]);
+      return 2;
+    }
+  }
   uint8_t key[16];
   for (int i = 0; i < 16; ++i) key[i] = static_cast<uint8_t>(i * 37 + 1);
   std::vector<Engine> engines;
@@ -114,7 +128,7 @@ int main() {
         uint64_t counter = 0;
         double rate;
         if (sealing) {
-          rate = Rate(n, [&] {
+          rate = Rate([&] {
             std::memcpy(nonce + 4, &++counter, 8);
             e.seal(buf.data(), n, nonce);
             return n;
@@ -127,11 +141,11 @@ int main() {
           std::memcpy(buf.data(), plain.data(), n);
           e.seal(buf.data(), n, nonce);
           const std::vector<uint8_t> sealed = buf;
-          const double copy = Rate(n, [&] {
+          const double copy = Rate([&] {
             std::memcpy(buf.data(), sealed.data(), n + 16);
             return n;
           });
-          const double both = Rate(n, [&] {
+          const double both = Rate([&] {
             std::memcpy(buf.data(), sealed.data(), n + 16);
             if (!e.open(buf.data(), n, nonce)) ++failures;
             return n;

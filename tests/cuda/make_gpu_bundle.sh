@@ -32,7 +32,7 @@ BUILD=${1:-$REPO/build-cuda}
 BUNDLE=${2:-$REPO/bundle}
 JOBS=${JOBS:-1}
 TARGETS=(cuda_reduce_test halka_cuda_reduce_bench device_tensor_test
-         halka-rendezvous halka-worker halkactl)
+         halka-rendezvous halka-worker halkactl halka-seal-bench)
 
 if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
   cmake -S "$REPO" -B "$BUILD" -G Ninja -DHALKA_CUDA=ON

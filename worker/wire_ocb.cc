@@ -1,5 +1,7 @@
 #include "worker/wire_ocb.h"
 
+#include <openssl/crypto.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -278,6 +280,19 @@ WireOcb::WireOcb(const uint8_t key[16]) {
   std::memcpy(prefix_[15], acc, 16);
 }
 
+WireOcb::~WireOcb() {
+  OPENSSL_cleanse(enc_, sizeof(enc_));
+  OPENSSL_cleanse(dec_, sizeof(dec_));
+  OPENSSL_cleanse(l_star_, sizeof(l_star_));
+  OPENSSL_cleanse(l_dollar_, sizeof(l_dollar_));
+  OPENSSL_cleanse(l_, sizeof(l_));
+  OPENSSL_cleanse(prefix_, sizeof(prefix_));
+  OPENSSL_cleanse(offset_, sizeof(offset_));
+  OPENSSL_cleanse(checksum_, sizeof(checksum_));
+  OPENSSL_cleanse(hash_, sizeof(hash_));
+  OPENSSL_cleanse(carry_, sizeof(carry_));
+}
+
 void WireOcb::Begin(const uint8_t nonce[kNonceBytes], const uint8_t* aad,
                     size_t aad_n, uint8_t* out) {
   WireOcbKernels::Start(this, nonce, aad, aad_n);
@@ -327,6 +342,8 @@ bool WireOcb::Open(const uint8_t nonce[kNonceBytes], const uint8_t* aad,
 }
 
 #else  // not x86-64: never Supported(), so never constructed.
+
+WireOcb::~WireOcb() = default;
 
 bool WireOcb::Supported() { return false; }
 WireOcb::WireOcb(const uint8_t*) { std::abort(); }

@@ -31,6 +31,10 @@ class WireOcb {
   static bool Supported();
 
   explicit WireOcb(const uint8_t key[16]);
+  // Wipes the key schedule and the unit's state (OPENSSL_cleanse).
+  ~WireOcb();
+  WireOcb(const WireOcb&) = delete;
+  WireOcb& operator=(const WireOcb&) = delete;
 
   // Sealing one unit in pieces: Begin, Update as often as needed (the
   // ciphertext goes to `out` given at Begin, back to back), Finish (the

@@ -148,7 +148,6 @@ absl::Status WireSeal::Open(uint8_t* data, size_t n,
                             const uint8_t* tag) {
   uint8_t nonce[12];
   NextNonce(nonce);
-  auto* c = static_cast<EVP_CIPHER_CTX*>(Ctx(false));
   uint8_t want[kTagBytes];
   std::memcpy(want, tag != nullptr ? tag : data + n, kTagBytes);
   if (fast_ != nullptr) {
@@ -156,6 +155,7 @@ absl::Status WireSeal::Open(uint8_t* data, size_t n,
                ? absl::OkStatus()
                : NotAuthentic();
   }
+  auto* c = static_cast<EVP_CIPHER_CTX*>(Ctx(false));
   int len = 0;
   int tail = 0;
   // In place: OCB holds back a trailing partial block, which Final writes

@@ -1,7 +1,8 @@
 // The sealing of wire links (worker/wire_link.h) under TLS: AES-128-OCB
 // (RFC 7253) over each unit of a connection, a counter of the units as the
 // nonce, so an altered, replayed, dropped or reordered unit fails.
-// OpenSSL's libcrypto; no sockets here.
+// Our own OCB on VAES-512 where the CPU has it (worker/wire_ocb.h), else
+// OpenSSL's libcrypto: the same bytes either way. No sockets here.
 //
 // Why OCB and not GCM: on the CPUs at hand OpenSSL 3.0's GCM is held back
 // by GHASH (3.6 GB/s on 1 MiB records in place on this machine's AMD EPYC,

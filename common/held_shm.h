@@ -2,8 +2,11 @@
 // tensors and its staging buffer), and how a worker tells whether their
 // creator is still alive.
 //
-// The creator names an object "/halka-held-<pid>-<salt>-<n>" and takes a
-// shared flock(2) on it right after creating it. The lock belongs to the
+// The creator makes an object under a name the sweep never looks at
+// ("/halka-new-..."), takes a shared flock(2) on it, and only then renames
+// it to "/halka-held-<pid>-<salt>-<n>": an object is never visible under
+// its swept name without its creator's lock, however long the creator
+// stalls. The lock belongs to the
 // open file, which the creator's mapping keeps open, so it lasts until the
 // creator unmaps the object or its process ends, however it ends (SIGKILL
 // included: the kernel drops the lock). A worker's sweep (worker/
@@ -39,6 +42,29 @@ struct HeldShm {
 };
 absl::StatusOr<HeldShm> CreateHeldShm(const std::string& name, size_t bytes,
                                       bool reserve);
+
+// Objects a client hands a worker its tensors in carry an owner page after
+// their data: a magic and a capability (kShmCapabilityBytes random bytes)
+// that only the creator and whoever it tells know. A worker maps such an
+// object only for a request that names its capability (Worker.Run's
+// shm_capability), so a caller cannot make a worker map another client's or
+// another job's object by its name, which anyone on the host can list.
+inline constexpr size_t kShmCapabilityBytes = 32;
+inline constexpr size_t kShmOwnerPageBytes = 4096;
+inline constexpr char kShmOwnerMagic[16] = "halka-owner-v1";
+
+struct OwnedShm {
+  void* data;
+  size_t size;             // the data's size (whole pages); the owner page follows
+  std::string capability;  // kShmCapabilityBytes raw bytes
+};
+// Creates `name` as CreateHeldShm does, with `bytes` of data (rounded up to
+// whole pages) and the owner page after them, holding a fresh capability.
+// Errors: RESOURCE_EXHAUSTED (as CreateHeldShm), INTERNAL (no randomness).
+absl::StatusOr<OwnedShm> CreateOwnedShm(const std::string& name, size_t bytes);
+
+// Unmaps what CreateOwnedShm mapped (data and owner page).
+void UnmapOwnedShm(void* data, size_t size);
 
 }  // namespace halka
 

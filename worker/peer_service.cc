@@ -46,6 +46,21 @@ class PeerService::InLink
     StartRead(&buffer_);
   }
 
+  // The stream ended abruptly: the peer cancelled it (it dropped the link:
+  // its operation failed, its ring moved on) or its connection broke (the
+  // peer died, the network or a third party cut it). An operation waiting
+  // for this peer's frames fails at once, naming the link, instead of at
+  // its deadline; inboxes are per generation, so a ring that moved on is
+  // not disturbed.
+  void OnCancel() override {
+    if (inbox_ == nullptr || from_ < 0) return;
+    inbox_->LinkFailed(
+        from_, absl::UnavailableError(absl::StrCat(
+                   "the link from rank ", from_,
+                   " ended: its gRPC stream was cancelled or its "
+                   "connection closed")));
+  }
+
   void OnDone() override {
     if (shm_) {
       shm_->Stop();  // delivers what was written, then joins

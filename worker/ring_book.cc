@@ -154,7 +154,7 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
   c.test_reduce_delay = options_.test_reduce_delay;
   c.first_op_seq = numbering.first_op_seq;
   auto early = early_.find(ring->generation);
-  ring->inbox = early != early_.end() ? early->second : std::make_shared<Inbox>();
+  ring->inbox = early != early_.end() ? early->second : NewInbox();
   early_.erase(early_.begin(), early_.upper_bound(ring->generation));
   reported_.erase(reported_.begin(),
                   reported_.lower_bound({ring->generation, -1}));
@@ -220,7 +220,7 @@ absl::StatusOr<std::shared_ptr<Inbox>> RingBook::InboxFor(uint64_t generation) {
   }
   std::shared_ptr<Inbox>& inbox = early_[generation];
   if (inbox == nullptr) {
-    inbox = std::make_shared<Inbox>();
+    inbox = NewInbox();
     // A peer runs a newer generation: an operation of this one that is
     // still comparing fingerprints waits for that peer in vain. Stop it
     // (it re-runs on the new ring); one past that point finishes here.
@@ -230,6 +230,13 @@ absl::StatusOr<std::shared_ptr<Inbox>> RingBook::InboxFor(uint64_t generation) {
           options_.job_id)));
     }
   }
+  return inbox;
+}
+
+std::shared_ptr<Inbox> RingBook::NewInbox() const {
+  auto inbox = std::make_shared<Inbox>();
+  inbox->SetByteBudget(Inbox::ByteBudget{options_.max_queued_bytes_per_peer,
+                                         options_.max_queued_bytes});
   return inbox;
 }
 

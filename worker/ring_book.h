@@ -145,6 +145,8 @@ class RingBook {
   std::vector<std::shared_ptr<Ring>> Stop();
 
  private:
+  // A new inbox with the byte budget of the options (Inbox::ByteBudget).
+  std::shared_ptr<Inbox> NewInbox() const;
   absl::StatusOr<std::shared_ptr<Ring>> Build(const CallInfo& call,
                                               std::vector<std::shared_ptr<Ring>>* drop)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -258,6 +258,7 @@ void WireListener::Loop() {
     std::string got;
   };
   std::vector<Pending> pending;
+  size_t live = 0;  // pending entries still open
   for (;;) {
     std::vector<pollfd> fds;
     fds.push_back({wake_fd_, POLLIN, 0});
@@ -285,17 +286,30 @@ void WireListener::Loop() {
           }
           break;
         }
-        if (pending.size() >= kMaxPending) {
-          close(c);
-          continue;
+        // Full: the oldest connection that has not shown a token goes,
+        // never the new one. A peer presents its token right after it
+        // connects, so connections that sit silent (a flood of them, or
+        // a scanner) cannot keep links off the wire: each one only
+        // pushes the silent ones out.
+        if (live >= kMaxPending) {
+          for (Pending& old : pending) {
+            if (old.fd < 0) continue;
+            close(old.fd);
+            old.fd = -1;
+            --live;
+            WireLinkCounters().evicted.fetch_add(1, std::memory_order_relaxed);
+            break;
+          }
         }
         pending.push_back({c, absl::Now() + kHandshakeTime, ""});
+        ++live;
       }
     }
     const absl::Time now = absl::Now();
     std::vector<Pending> still;
     for (size_t i = 0; i < pending.size(); ++i) {
       Pending& p = pending[i];
+      if (p.fd < 0) continue;  // evicted
       // fds[2 + i] is p's (pending did not change since the poll, apart
       // from new connections appended after it).
       if (i + 2 < fds.size() && (fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) {
@@ -330,8 +344,11 @@ void WireListener::Loop() {
       still.push_back(std::move(p));
     }
     pending = std::move(still);
+    live = pending.size();
   }
-  for (const Pending& p : pending) close(p.fd);
+  for (const Pending& p : pending) {
+    if (p.fd >= 0) close(p.fd);
+  }
 }
 
 // ---- WireSender
@@ -371,6 +388,7 @@ void WireSender::Close() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
+    if (fd_ >= 0 && idle_) WriteCloseRecord();
     if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);  // cuts a blocked write
   }
   if (thread_.joinable()) thread_.join();
@@ -477,6 +495,18 @@ absl::Status WireSender::Connect() {
   return absl::OkStatus();
 }
 
+void WireSender::WriteCloseRecord() {
+  // Best effort and never blocking: a full socket buffer means the reader
+  // is behind, and it then sees the cut instead.
+  uint8_t rec[4 + WireSeal::kTagBytes] = {0, 0, 0, 0};
+  size_t n = 4;
+  if (seal_ != nullptr) {
+    if (!seal_->Seal({}, absl::MakeConstSpan(rec, 4), rec + 4).ok()) return;
+    n += WireSeal::kTagBytes;
+  }
+  (void)!send(fd_, rec, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
 absl::Status WireSender::Write(Frame& frame) {
   size_t total = 0;
   for (const auto& p : frame.parts) total += p.size();
@@ -551,11 +581,13 @@ void WireSender::Loop() {
     Frame frame;
     {
       absl::MutexLock lock(&mu_);
+      idle_ = true;
       auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stop_ || !queue_.empty();
       };
       mu_.Await(absl::Condition(&has_work));
       if (stop_) return;
+      idle_ = false;
       frame = std::move(queue_.front());
       queue_.pop_front();
     }

@@ -75,6 +75,9 @@ struct WireLinkCounts {
   // Frames whose payload a wire reader put straight into an operation's
   // buffer (worker/core/landing.h).
   std::atomic<uint64_t> landed{0};
+  // Connections to a wire listener that sat silent (no token) and were
+  // closed to make room for a newer one.
+  std::atomic<uint64_t> evicted{0};
 };
 WireLinkCounts& WireLinkCounters();
 
@@ -170,6 +173,11 @@ class WireSender {
   std::deque<Frame> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int fd_ ABSL_GUARDED_BY(mu_) = -1;
+  // The link is up and no record is being written: Close may end it with
+  // a close record (a record of 0 bytes; sealed, with its tag), so that
+  // the reader tells a link that ended from one that was cut.
+  bool idle_ ABSL_GUARDED_BY(mu_) = false;
+  void WriteCloseRecord() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::thread thread_;
 };
 
@@ -177,8 +185,11 @@ class WireSender {
 // sealed ones, and hands each frame (or what DecodeFrame found wrong with
 // it) to on_frame; an error from on_frame stops it. A record that is too
 // large or not authentic, or a connection cut inside a record, goes to
-// on_error once. The connection's end between records is the link's
-// normal end (its gRPC stream says more).
+// on_error once. The link's normal end is a close record (0 bytes; sealed,
+// authenticated) before the connection's end; a connection that ends
+// between records without one (cut by the network or a third party, or
+// the peer died) also goes to on_error, so that an operation waiting for
+// this link fails at once, naming it, instead of at its deadline.
 class WireReceiver {
  public:
   using OnFrame = ShmReceiver::OnFrame;
@@ -219,9 +230,19 @@ class WireReceiver {
   const OnError on_error_;
   const std::shared_ptr<LandingBoard> landings_;  // null: nothing lands
   const int from_;
-  std::vector<uint8_t> scratch_;  // the rest of a revoked landing's payload
+  // Reads a landed payload into its place (plain) or into scratch_, opens
+  // it there and copies it into place once authentic (sealed).
+  absl::Status LandPlain(Landing& landing, bool* revoked);
+  // The link's close record (its 0-byte head read); sealed, its tag.
+  absl::Status ReadCloseRecord(const uint8_t head[4]);
+  absl::Status LandSealed(Landing& landing, absl::Span<const uint8_t> aad,
+                          bool* revoked);
+  // A revoked landing's bytes; sealed, the staging of a landed payload.
+  std::vector<uint8_t> scratch_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // A close record came: what follows is the connection's end.
+  bool closed_ = false;
   absl::Time drain_until_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };

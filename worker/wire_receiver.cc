@@ -30,6 +30,8 @@ using wire_record::Signal;
 // that takes its landings back may wait for (one read, or, sealed, the
 // payload's one decryption: well under a millisecond).
 constexpr size_t kLandingPiece = 256 << 10;
+// The staging buffer of sealed landings a link keeps between records.
+constexpr size_t kKeptStaging = 4 << 20;
 
 }  // namespace
 
@@ -119,6 +121,52 @@ absl::Status WireReceiver::ReadFull(uint8_t* p, size_t n, bool* clean_end) {
   });
 }
 
+// The payload straight into its place, in bounded pieces, each under the
+// landing's lock; once the operation revokes it, the rest goes to scratch
+// and the frame is dropped.
+absl::Status WireReceiver::LandPlain(Landing& landing, bool* revoked) {
+  const size_t payload = landing.bytes();
+  return ReadFull(payload, nullptr, [&](size_t got, size_t want) -> ssize_t {
+    want = std::min(want, kLandingPiece);
+    ssize_t r = -1;
+    int err = 0;
+    auto take = [&](uint8_t* into) {
+      r = recv(fd_, into, want, MSG_DONTWAIT);
+      err = errno;
+    };
+    if (*revoked || !landing.Write([&](uint8_t* dst) { take(dst + got); })) {
+      *revoked = true;
+      scratch_.resize(kLandingPiece);
+      take(scratch_.data());
+    }
+    errno = err;
+    return r;
+  });
+}
+
+// Sealed: the payload and its tag into this link's staging buffer, opened
+// there, and only once its tag verified copied into its place (in bounded
+// pieces, each under the landing's lock). No byte that failed
+// authentication, and no ciphertext, ever reaches the operation's buffer.
+absl::Status WireReceiver::LandSealed(Landing& landing,
+                                      absl::Span<const uint8_t> aad,
+                                      bool* revoked) {
+  const size_t payload = landing.bytes();
+  scratch_.resize(payload + WireSeal::kTagBytes);
+  absl::Status s = ReadFull(scratch_.data(), scratch_.size(), nullptr);
+  if (s.ok()) s = seal_->Open(scratch_.data(), payload, aad);
+  if (!s.ok()) return s;
+  for (size_t at = 0; at < payload && !*revoked; at += kLandingPiece) {
+    const size_t piece = std::min(kLandingPiece, payload - at);
+    *revoked = !landing.Write([&](uint8_t* dst) {
+      std::memcpy(dst + at, scratch_.data() + at, piece);
+    });
+  }
+  // A large staging buffer goes back: at most one record's worth stays.
+  if (scratch_.capacity() > kKeptStaging) std::vector<uint8_t>().swap(scratch_);
+  return absl::OkStatus();
+}
+
 absl::Status WireReceiver::ReadRecord(
     size_t n, const uint8_t* head,
     std::optional<absl::StatusOr<InFrame>>* frame) {
@@ -176,44 +224,9 @@ absl::Status WireReceiver::ReadRecord(
     *frame = DecodeFrame(absl::MakeConstSpan(&bytes, 1), std::move(buf));
     return absl::OkStatus();
   }
-  // The payload straight into its place, in bounded pieces, each under the
-  // landing's lock (sealed: opened there in one pass once it is all in);
-  // once the operation revokes it, the rest goes to scratch and the frame
-  // is dropped unopened.
-  const size_t payload = landing->bytes();
   bool revoked = false;
-  absl::Status s = ReadFull(
-      payload, nullptr, [&](size_t got, size_t want) -> ssize_t {
-        want = std::min(want, kLandingPiece);
-        ssize_t r = -1;
-        int err = 0;
-        auto take = [&](uint8_t* into) {
-          r = recv(fd_, into, want, MSG_DONTWAIT);
-          err = errno;
-        };
-        if (revoked || !landing->Write([&](uint8_t* dst) { take(dst + got); })) {
-          revoked = true;
-          scratch_.resize(kLandingPiece);
-          take(scratch_.data());
-        }
-        errno = err;
-        return r;
-      });
-  uint8_t t[WireSeal::kTagBytes];
-  if (s.ok() && sealed) s = ReadFull(t, sizeof(t), nullptr);
-  if (s.ok() && sealed) {
-    absl::Status opened = absl::CancelledError("revoked");
-    if (!revoked) {
-      revoked = !landing->Write([&](uint8_t* dst) {
-        opened = seal_->Open(dst, payload, absl::MakeConstSpan(aad), t);
-      });
-    }
-    if (revoked) {
-      seal_->Skip();  // dropped unread: its nonce is used up all the same
-    } else {
-      s = opened;
-    }
-  }
+  absl::Status s = sealed ? LandSealed(*landing, absl::MakeConstSpan(aad), &revoked)
+                          : LandPlain(*landing, &revoked);
   if (!s.ok() || revoked) return s;
   WireLinkCounters().landed.fetch_add(1, std::memory_order_relaxed);
   const absl::Span<const uint8_t> parts[2] = {
@@ -226,13 +239,38 @@ absl::Status WireReceiver::ReadRecord(
   return absl::OkStatus();
 }
 
+absl::Status WireReceiver::ReadCloseRecord(const uint8_t head[4]) {
+  if (closed_) return absl::DataLossError("a second close record");
+  if (seal_ != nullptr) {
+    uint8_t tag[WireSeal::kTagBytes];
+    absl::Status s = ReadFull(tag, sizeof(tag), nullptr);
+    if (s.ok()) s = seal_->Open(tag, 0, absl::MakeConstSpan(head, 4));
+    if (!s.ok()) return s;
+  }
+  closed_ = true;
+  return absl::OkStatus();
+}
+
 void WireReceiver::Loop() {
   for (;;) {
     uint8_t head[4];
     bool clean_end = false;
     absl::Status s = ReadFull(head, 4, &clean_end);
-    if (clean_end || absl::IsCancelled(s)) return;
+    if (absl::IsCancelled(s)) return;
+    if (clean_end) {
+      if (closed_) return;  // the close record came first: the normal end
+      s = absl::UnavailableError(
+          "the connection ended between records without the link's close "
+          "record (cut by the network or a third party, or the peer died)");
+    }
     const size_t n = GetU32(head);
+    if (s.ok() && closed_) {
+      s = absl::DataLossError("a record after the link's close record");
+    }
+    if (s.ok() && n == 0) {
+      s = ReadCloseRecord(head);
+      if (s.ok()) continue;  // then the connection's end
+    }
     if (s.ok() && n > kMaxRecordBytes) {
       s = absl::DataLossError(absl::StrCat("a wire record of ", n,
                                            " bytes (at most ",

@@ -55,6 +55,12 @@ ABSL_FLAG(int32_t, wire_port, 0,
           "one); peers learn it on each link");
 ABSL_FLAG(absl::Duration, op_timeout, halka::kDefaultOpTimeout,
           "default deadline of one operation (env HALKA_OP_TIMEOUT)");
+ABSL_FLAG(int64_t, max_queued_bytes_per_peer, int64_t{1} << 30,
+          "payload bytes one peer may have queued here that no operation has "
+          "taken yet; past it the peer's link is closed and the operation "
+          "fails RESOURCE_EXHAUSTED naming the peer (0: no bound)");
+ABSL_FLAG(int64_t, max_queued_bytes, int64_t{4} << 30,
+          "the same bound for all peers together (0: no bound)");
 ABSL_FLAG(int64_t, max_inline_bytes, int64_t{16} << 30,
           "bytes that inline uploads in flight may hold in all; past it a "
           "call is RESOURCE_EXHAUSTED (env HALKA_MAX_INLINE_BYTES)");
@@ -112,6 +118,10 @@ int main(int argc, char** argv) {
   o.wire_port = absl::GetFlag(FLAGS_wire_port);
   o.op_timeout = absl::GetFlag(FLAGS_op_timeout);
   o.join_timeout = absl::GetFlag(FLAGS_join_timeout);
+  o.max_queued_bytes_per_peer = static_cast<uint64_t>(
+      std::max<int64_t>(absl::GetFlag(FLAGS_max_queued_bytes_per_peer), 0));
+  o.max_queued_bytes = static_cast<uint64_t>(
+      std::max<int64_t>(absl::GetFlag(FLAGS_max_queued_bytes), 0));
   o.max_inline_bytes =
       static_cast<uint64_t>(std::max<int64_t>(absl::GetFlag(FLAGS_max_inline_bytes), 0));
   o.cuda_device = absl::GetFlag(FLAGS_device);

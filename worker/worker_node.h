@@ -97,6 +97,8 @@ class WorkerNode {
   grpc::Status GetRingHealth(v1::RingHealthRequest req, v1::RingHealth* reply);
 
   const std::string& address() const { return address_; }
+  // The wire listener's port (0: no wire links).
+  int wire_port() const { return wire_listener_ ? wire_listener_->port() : 0; }
   int rank() const;
   int world_size() const;
   Communicator* communicator();

@@ -52,6 +52,12 @@ struct WorkerOptions {
   // all; a call whose data would pass it is RESOURCE_EXHAUSTED. Buffers
   // grow as data arrives, never from the request's count up front.
   uint64_t max_inline_bytes = uint64_t{16} << 30;
+  // Payload bytes received from peers and not yet taken by an operation,
+  // at most per peer and in all (Inbox::ByteBudget): past either, the
+  // peer's link is closed and the operation fails RESOURCE_EXHAUSTED
+  // naming it. 0: no bound.
+  uint64_t max_queued_bytes_per_peer = uint64_t{1} << 30;
+  uint64_t max_queued_bytes = uint64_t{4} << 30;
   std::string device = "cpu";   // reported to the rendezvous
   // CUDA device for device tensors: -1 picks device 0 when one is usable
   // (and falls back to the CPU with one log line when not); >= 0 demands it.

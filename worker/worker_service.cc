@@ -52,7 +52,8 @@ grpc::Status WorkerService::RunOne(const v1::RunRequest& req,
   uint8_t* data = nullptr;
   std::shared_ptr<const ShmCache::Mapping> mapping;  // held until the end
   if (*bytes > 0) {
-    auto mapped = shm_.Map(req.shm_name(), req.shm_size());
+    auto mapped =
+        shm_.Map(req.shm_name(), req.shm_size(), req.shm_capability());
     if (!mapped.ok()) {
       return ToGrpcStatus(node_->Refuse(arrival, mapped.status(), &spec));
     }
@@ -60,6 +61,13 @@ grpc::Status WorkerService::RunOne(const v1::RunRequest& req,
     data = mapping->base + req.shm_offset();
   }
   auto result = node_->Execute(spec, data, arrival);
+  if (result.ok() && mapping != nullptr && mapping->broken()) {
+    // The client shrank its object while the operation ran: what the
+    // worker read from it (and so the result) is not the client's data.
+    result = absl::DataLossError(absl::StrCat(
+        "shm object ", req.shm_name(), " shrank while the operation ran "
+        "(truncated by another process): the result is not valid"));
+  }
   if (!result.ok()) return ToGrpcStatus(result.status());
   *reply->mutable_stats() = ToStats(*result);
   return grpc::Status::OK;

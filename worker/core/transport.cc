@@ -94,8 +94,45 @@ absl::Status Inbox::Enqueue(int from, InFrame frame) {
         "rank ", from, " has ", q.size(),
         " frames queued that no operation of this rank has taken: the limit"));
   }
+  const uint64_t bytes = frame.landed ? 0 : frame.PayloadBytes();
+  uint64_t& mine = queued_bytes_[from];
+  if (budget_.per_peer != 0 && mine + bytes > budget_.per_peer) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rank ", from, " has ", mine, " bytes queued that no operation of "
+        "this rank has taken, and a frame of ", bytes, " more would pass the "
+        "limit of ", budget_.per_peer, " bytes per peer (--max_queued_bytes_per_peer)"));
+  }
+  if (budget_.total != 0 && total_queued_bytes_ + bytes > budget_.total) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a frame of ", bytes, " bytes from rank ", from, " would pass this "
+        "worker's limit of ", budget_.total, " bytes queued from all peers "
+        "(--max_queued_bytes; ", total_queued_bytes_, " queued, ", mine,
+        " of them from rank ", from, ")"));
+  }
+  mine += bytes;
+  total_queued_bytes_ += bytes;
   q.push_back(std::move(frame));
   return absl::OkStatus();
+}
+
+InFrame Inbox::PopFront(int from, std::deque<InFrame>& q) {
+  InFrame f = std::move(q.front());
+  q.pop_front();
+  const uint64_t bytes = f.landed ? 0 : f.PayloadBytes();
+  uint64_t& mine = queued_bytes_[from];
+  mine -= std::min(mine, bytes);
+  total_queued_bytes_ -= std::min(total_queued_bytes_, bytes);
+  return f;
+}
+
+void Inbox::SetByteBudget(ByteBudget budget) {
+  absl::MutexLock lock(&mu_);
+  budget_ = budget;
+}
+
+uint64_t Inbox::queued_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return total_queued_bytes_;
 }
 
 void Inbox::LinkFailed(int peer, absl::Status status) {
@@ -165,7 +202,7 @@ void Inbox::DropBefore(uint64_t op_seq) {
   absl::MutexLock lock(&mu_);
   floor_ = std::max(floor_, op_seq);
   for (auto& [rank, q] : queues_) {
-    while (!q.empty() && q.front().meta.op_seq < op_seq) q.pop_front();
+    while (!q.empty() && q.front().meta.op_seq < op_seq) PopFront(rank, q);
   }
   aborts_.erase(aborts_.begin(), aborts_.lower_bound(op_seq));
 }
@@ -301,14 +338,13 @@ Inbox::Event Inbox::EventLocked(int from, uint64_t op_seq,
   // call it gave up on (perhaps long ago, with no peer there), and must
   // never be combined with this rank's call.
   auto& q = queues_[from];
-  while (!q.empty() && q.front().meta.op_seq < op_seq) q.pop_front();
+  while (!q.empty() && q.front().meta.op_seq < op_seq) PopFront(from, q);
   auto own = aborts_.find(op_seq);
   const bool sender_aborted =
       own != aborts_.end() && own->second.meta.origin_rank == from;
   if (!sender_aborted && !q.empty() && q.front().meta.op_seq == op_seq) {
     ev.type = Event::kFrame;
-    ev.frame = std::move(q.front());
-    q.pop_front();
+    ev.frame = PopFront(from, q);
     return ev;
   }
   auto it = aborts_.lower_bound(op_seq);

@@ -82,6 +82,21 @@ class Inbox {
   explicit Inbox(int max_ranks = 1 << 16);
   int max_ranks() const { return max_ranks_; }
 
+  // Bytes of payload queued and not yet taken by an operation, at most per
+  // sending rank and for the whole inbox: a peer past either (a buggy or
+  // hostile one streaming frames for a far-future operation) gets
+  // RESOURCE_EXHAUSTED naming it, and its link is closed. Landed frames
+  // cost nothing (their bytes are in the operation's buffer). What a link
+  // holds beyond this is its one record being read (wire: at most
+  // wire_record::kMaxRecordBytes; gRPC: one message). Set before frames
+  // flow; 0 leaves a bound off.
+  struct ByteBudget {
+    uint64_t per_peer = uint64_t{1} << 30;  // 1 GiB
+    uint64_t total = uint64_t{4} << 30;     // 4 GiB
+  };
+  void SetByteBudget(ByteBudget budget);
+  uint64_t queued_bytes() const;
+
   // Where this generation's operations offer landings for their frames,
   // and its links' readers claim them (worker/core/landing.h).
   const std::shared_ptr<LandingBoard>& landings() const { return landings_; }
@@ -180,6 +195,13 @@ class Inbox {
       std::make_shared<LandingBoard>();
   mutable absl::Mutex mu_;
   std::map<int, std::deque<InFrame>> queues_ ABSL_GUARDED_BY(mu_);
+  // Payload bytes queued, per sending rank and in all (ByteBudget).
+  std::map<int, uint64_t> queued_bytes_ ABSL_GUARDED_BY(mu_);
+  uint64_t total_queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  ByteBudget budget_ ABSL_GUARDED_BY(mu_);
+  // Takes the front frame off `from`'s queue, out of the byte count.
+  InFrame PopFront(int from, std::deque<InFrame>& q)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<uint64_t, InFrame> aborts_ ABSL_GUARDED_BY(mu_);  // by op_seq
   std::map<int, absl::Status> link_failures_ ABSL_GUARDED_BY(mu_);
   absl::Status interrupt_ ABSL_GUARDED_BY(mu_);

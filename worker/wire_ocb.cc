@@ -1,9 +1,16 @@
 #include "worker/wire_ocb.h"
 
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/wire_seal.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -336,9 +343,7 @@ bool WireOcb::Open(const uint8_t nonce[kNonceBytes], const uint8_t* aad,
   uint8_t want[16];
   WireOcbKernels::End(this, data + n / 16 * 16, n % 16, /*seal=*/false, want);
   // In constant time: a forger learns nothing from how long this takes.
-  uint8_t diff = 0;
-  for (int i = 0; i < 16; ++i) diff |= want[i] ^ tag[i];
-  return diff == 0;
+  return CRYPTO_memcmp(want, tag, kTagBytes) == 0;
 }
 
 #else  // not x86-64: never Supported(), so never constructed.
@@ -358,5 +363,212 @@ bool WireOcb::Open(const uint8_t*, const uint8_t*, size_t, uint8_t*, size_t,
 }
 
 #endif
+
+// ---- Known answers
+
+absl::Span<const WireOcbVector> WireOcbRfc7253Vectors() {
+  static constexpr char kKey[] = "000102030405060708090a0b0c0d0e0f";
+  static constexpr char k8[] = "0001020304050607";
+  static constexpr char k16[] = "000102030405060708090a0b0c0d0e0f";
+  static constexpr char k24[] =
+      "000102030405060708090a0b0c0d0e0f1011121314151617";
+  static constexpr char k32[] =
+      "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+  static constexpr char k40[] =
+      "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+      "2021222324252627";
+  static constexpr WireOcbVector kVectors[] = {
+      {kKey, "bbaa99887766554433221100", "", "",
+       "785407bfffc8ad9edcc5520ac9111ee6"},
+      {kKey, "bbaa99887766554433221101", k8, k8,
+       "6820b3657b6f615a5725bda0d3b4eb3a257c9af1f8f03009"},
+      {kKey, "bbaa99887766554433221102", k8, "",
+       "81017f8203f081277152fade694a0a00"},
+      {kKey, "bbaa99887766554433221103", "", k8,
+       "45dd69f8f5aae72414054cd1f35d82760b2cd00d2f99bfa9"},
+      {kKey, "bbaa99887766554433221104", k16, k16,
+       "571d535b60b277188be5147170a9a22c3ad7a4ff3835b8c5701c1ccec8fc3358"},
+      {kKey, "bbaa99887766554433221105", k16, "",
+       "8cf761b6902ef764462ad86498ca6b97"},
+      {kKey, "bbaa99887766554433221106", "", k16,
+       "5ce88ec2e0692706a915c00aeb8b2396f40e1c743f52436bdf06d8fa1eca343d"},
+      {kKey, "bbaa99887766554433221107", k24, k24,
+       "1ca2207308c87c010756104d8840ce1952f09673a448a122"
+       "c92c62241051f57356d7f3c90bb0e07f"},
+      {kKey, "bbaa99887766554433221108", k24, "",
+       "6dc225a071fc1b9f7c69f93b0f1e10de"},
+      {kKey, "bbaa99887766554433221109", "", k24,
+       "221bd0de7fa6fe993eccd769460a0af2d6cded0c395b1c3c"
+       "e725f32494b9f914d85c0b1eb38357ff"},
+      {kKey, "bbaa9988776655443322110a", k32, k32,
+       "bd6f6c496201c69296c11efd138a467abd3c707924b964deaffc40319af5a485"
+       "40fbba186c5553c68ad9f592a79a4240"},
+      {kKey, "bbaa9988776655443322110b", k32, "",
+       "fe80690bee8a485d11f32965bc9d2a32"},
+      {kKey, "bbaa9988776655443322110c", "", k32,
+       "2942bfc773bda23cabc6acfd9bfd5835bd300f0973792ef46040c53f1432bcdf"
+       "b5e1dde3bc18a5f840b52e653444d5df"},
+      {kKey, "bbaa9988776655443322110d", k40, k40,
+       "d5ca91748410c1751ff8a2f618255b68a0a12e093ff454606e59f9c1d0ddc54b"
+       "65e8628e568bad7aed07ba06a4a69483a7035490c5769e60"},
+      {kKey, "bbaa9988776655443322110e", k40, "",
+       "c5cd9d1850c141e358649994ee701b68"},
+      {kKey, "bbaa9988776655443322110f", "", k40,
+       "4412923493c57d5de0d700f753cce0d1d2d95060122e9f15a5ddbfc5787e50b5"
+       "cc55ee507bcb084e479ad363ac366b95a98ca5f3000b1479"},
+  };
+  return kVectors;
+}
+
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+
+Bytes FromHex(const char* hex) {
+  const std::string raw = WireUnhex(hex);
+  return Bytes(raw.begin(), raw.end());
+}
+
+// WireOcb's sealing of one unit (ciphertext, then the tag), the plaintext
+// given in two pieces cut at `cut`.
+Bytes OcbSeal(WireOcb& ocb, const Bytes& nonce, const Bytes& aad,
+              const Bytes& plain, size_t cut) {
+  Bytes out(plain.size() + WireOcb::kTagBytes);
+  ocb.Begin(nonce.data(), aad.data(), aad.size(), out.data());
+  ocb.Update(plain.data(), cut);
+  ocb.Update(plain.data() + cut, plain.size() - cut);
+  ocb.Finish();
+  return out;
+}
+
+// Opens `sealed` (with its tag's last bit flipped when `alter`); the
+// plaintext in `*plain` when it is authentic.
+bool OcbOpen(WireOcb& ocb, const Bytes& nonce, const Bytes& aad,
+             const Bytes& sealed, bool alter, Bytes* plain) {
+  const size_t n = sealed.size() - WireOcb::kTagBytes;
+  Bytes data = sealed;
+  if (alter) data.back() ^= 1;
+  if (!ocb.Open(nonce.data(), aad.data(), aad.size(), data.data(), n,
+                data.data() + n)) {
+    return false;
+  }
+  data.resize(n);
+  *plain = std::move(data);
+  return true;
+}
+
+// OpenSSL's EVP AES-128-OCB sealing of one unit (empty when it fails).
+Bytes EvpSeal(const Bytes& key, const Bytes& nonce, const Bytes& aad,
+              const Bytes& plain) {
+  EVP_CIPHER_CTX* c = EVP_CIPHER_CTX_new();
+  Bytes out(plain.size() + WireOcb::kTagBytes);
+  int len = 0;
+  int at = 0;
+  bool ok = c != nullptr &&
+            EVP_EncryptInit_ex(c, EVP_aes_128_ocb(), nullptr, key.data(),
+                               nonce.data()) == 1 &&
+            EVP_EncryptUpdate(c, nullptr, &len, aad.data(),
+                              static_cast<int>(aad.size())) == 1 &&
+            EVP_EncryptUpdate(c, out.data(), &at, plain.data(),
+                              static_cast<int>(plain.size())) == 1 &&
+            EVP_EncryptFinal_ex(c, out.data() + at, &len) == 1 &&
+            static_cast<size_t>(at + len) == plain.size() &&
+            EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, WireOcb::kTagBytes,
+                                out.data() + plain.size()) == 1;
+  EVP_CIPHER_CTX_free(c);
+  return ok ? out : Bytes();
+}
+
+absl::Status SelfTestFailed(absl::string_view what) {
+  return absl::InternalError(
+      absl::StrCat("WireOcb (vaes-512) failed its known-answer self-test: ",
+                   what));
+}
+
+}  // namespace
+
+absl::Status WireOcbSelfTest(absl::Span<const WireOcbVector> vectors) {
+  if (!WireOcb::Supported()) {
+    return absl::FailedPreconditionError(
+        "WireOcb (vaes-512) needs a CPU with AES-NI, VAES, AVX-512F and "
+        "AVX-512VL; this one lacks them");
+  }
+  for (size_t i = 0; i < vectors.size(); ++i) {
+    const WireOcbVector& v = vectors[i];
+    const Bytes key = FromHex(v.key), nonce = FromHex(v.nonce);
+    const Bytes aad = FromHex(v.aad), plain = FromHex(v.plain);
+    const Bytes sealed = FromHex(v.sealed);
+    const std::string name = absl::StrCat("vector ", i, " (nonce ", v.nonce, ")");
+    if (key.size() != 16 || nonce.size() != WireOcb::kNonceBytes ||
+        sealed.size() != plain.size() + WireOcb::kTagBytes) {
+      return SelfTestFailed(absl::StrCat(name, ": malformed"));
+    }
+    WireOcb ocb(key.data());
+    for (size_t cut : {plain.size(), plain.size() / 2}) {
+      if (OcbSeal(ocb, nonce, aad, plain, cut) != sealed) {
+        return SelfTestFailed(absl::StrCat(name, ": sealed wrong (cut at ",
+                                           cut, ")"));
+      }
+    }
+    Bytes opened;
+    if (!OcbOpen(ocb, nonce, aad, sealed, false, &opened) || opened != plain) {
+      return SelfTestFailed(absl::StrCat(name, ": did not open"));
+    }
+    if (OcbOpen(ocb, nonce, aad, sealed, true, &opened)) {
+      return SelfTestFailed(absl::StrCat(name, ": opened an altered tag"));
+    }
+  }
+
+  // RFC 7253, Appendix A: K = zeros(15) || num2str(TAGLEN, 8); for i in
+  // 0..127, S = zeros(i), C ||= OCB(K, 3i+1, A = S, P = S) ||
+  // OCB(K, 3i+2, A = "", P = S) || OCB(K, 3i+3, A = S, P = ""); then
+  // OCB(K, 385, A = C, P = "").
+  {
+    uint8_t key[16] = {};
+    key[15] = 128;
+    WireOcb ocb(key);
+    auto nonce = [](uint64_t n) {
+      Bytes b(WireOcb::kNonceBytes, 0);
+      for (int j = 0; j < 8; ++j) b[11 - j] = static_cast<uint8_t>(n >> (8 * j));
+      return b;
+    };
+    Bytes c;
+    const Bytes none;
+    for (uint64_t i = 0; i < 128; ++i) {
+      const Bytes s(i, 0);
+      for (const Bytes& part :
+           {OcbSeal(ocb, nonce(3 * i + 1), s, s, s.size()),
+            OcbSeal(ocb, nonce(3 * i + 2), none, s, s.size()),
+            OcbSeal(ocb, nonce(3 * i + 3), s, none, 0)}) {
+        c.insert(c.end(), part.begin(), part.end());
+      }
+    }
+    if (OcbSeal(ocb, nonce(385), c, none, 0) !=
+        FromHex("67e944d23256c5e0b6c61fa22fdf1ea2")) {
+      return SelfTestFailed("RFC 7253's iterated test");
+    }
+  }
+
+  // A unit long enough for the sixteen-block groups, against OpenSSL.
+  {
+    Bytes key(16), nonce(WireOcb::kNonceBytes), aad(13), plain(16 * 1024 + 7);
+    for (size_t i = 0; i < key.size(); ++i) key[i] = static_cast<uint8_t>(0xa5 ^ i);
+    for (size_t i = 0; i < nonce.size(); ++i) nonce[i] = static_cast<uint8_t>(3 * i + 1);
+    for (size_t i = 0; i < aad.size(); ++i) aad[i] = static_cast<uint8_t>(7 * i);
+    for (size_t i = 0; i < plain.size(); ++i) {
+      plain[i] = static_cast<uint8_t>(i * 131 + (i >> 8));
+    }
+    const Bytes want = EvpSeal(key, nonce, aad, plain);
+    WireOcb ocb(key.data());
+    Bytes opened;
+    if (want.empty() || OcbSeal(ocb, nonce, aad, plain, 4096 + 5) != want) {
+      return SelfTestFailed("a 16 KiB unit is not what OpenSSL seals");
+    }
+    if (!OcbOpen(ocb, nonce, aad, want, false, &opened) || opened != plain) {
+      return SelfTestFailed("a 16 KiB unit OpenSSL sealed did not open");
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace halka

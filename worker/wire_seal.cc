@@ -1,12 +1,16 @@
 #include "worker/wire_seal.h"
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "worker/wire_ocb.h"
 
 namespace halka {
@@ -62,17 +66,92 @@ absl::StatusOr<std::string> WireSeal::NewKey() {
   return WireRandomBytes(kKeyBytes);
 }
 
-const char* WireSeal::Engine() {
-  static const char* const engine = [] {
-    const char* pick = std::getenv("HALKA_WIRE_OCB");
-    const bool openssl = pick != nullptr && std::strcmp(pick, "openssl") == 0;
-    return !openssl && WireOcb::Supported() ? "vaes-512" : "openssl";
-  }();
-  return engine;
+const char* WireSealEngineName(WireSealEngine engine) {
+  return engine == WireSealEngine::kVaes512 ? "vaes-512" : "openssl";
 }
 
-WireSeal::WireSeal(std::string key) : key_(std::move(key)) {
-  if (key_.size() == kKeyBytes && std::strcmp(Engine(), "vaes-512") == 0) {
+absl::StatusOr<WireSealEngine> ParseWireSealEngine(absl::string_view name) {
+  if (name == "openssl") return WireSealEngine::kOpenSsl;
+  if (name == "vaes-512") return WireSealEngine::kVaes512;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown wire sealing engine '", name, "' (openssl or vaes-512)"));
+}
+
+void WipeKey(std::string* key) {
+  // The whole buffer, not just size(): a moved-from or shortened string
+  // may still hold key bytes past its end.
+  key->resize(key->capacity());
+  OPENSSL_cleanse(key->data(), key->size());
+  key->clear();
+}
+
+namespace {
+
+// The process's engine (WireSealEngine's value); -1 until picked.
+std::atomic<int> g_default_engine{-1};
+
+WireSealEngine EngineFromEnvironment() {
+  const char* pick = std::getenv("HALKA_WIRE_OCB");
+  if (pick == nullptr || *pick == '\0') return WireSealEngine::kOpenSsl;
+  absl::StatusOr<WireSealEngine> engine = ParseWireSealEngine(pick);
+  const absl::Status usable =
+      engine.ok() ? WireSeal::CheckEngine(*engine) : engine.status();
+  if (!usable.ok()) {
+    // Refused, not replaced: the environment asked for this engine.
+    std::fprintf(stderr, "HALKA_WIRE_OCB=%s: %s\n", pick,
+                 std::string(usable.message()).c_str());
+    std::exit(2);
+  }
+  return *engine;
+}
+
+}  // namespace
+
+WireSealEngine WireSeal::DefaultEngine() {
+  int engine = g_default_engine.load(std::memory_order_acquire);
+  if (engine < 0) {
+    static const WireSealEngine from_environment = EngineFromEnvironment();
+    int unset = -1;
+    g_default_engine.compare_exchange_strong(
+        unset, static_cast<int>(from_environment), std::memory_order_acq_rel);
+    engine = g_default_engine.load(std::memory_order_acquire);
+  }
+  return static_cast<WireSealEngine>(engine);
+}
+
+absl::Status WireSeal::CheckEngine(WireSealEngine engine) {
+  if (engine == WireSealEngine::kOpenSsl) return absl::OkStatus();
+  if (!WireOcb::Supported()) {
+    return absl::FailedPreconditionError(
+        "the vaes-512 wire sealing engine needs a CPU with AES-NI, VAES, "
+        "AVX-512F and AVX-512VL, and this one lacks them (use openssl)");
+  }
+  static const absl::Status* const self_test =
+      new absl::Status(WireOcbSelfTest());
+  if (!self_test->ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the vaes-512 wire sealing engine is refused: ",
+        self_test->message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WireSeal::SetDefaultEngine(WireSealEngine engine) {
+  absl::Status usable = CheckEngine(engine);
+  if (!usable.ok()) return usable;
+  g_default_engine.store(static_cast<int>(engine), std::memory_order_release);
+  return absl::OkStatus();
+}
+
+WireSeal::WireSeal(std::string key, WireSealEngine engine)
+    : key_(std::move(key)) {
+  if (engine == WireSealEngine::kVaes512 && key_.size() == kKeyBytes) {
+    const absl::Status usable = CheckEngine(engine);
+    if (!usable.ok()) {  // a caller's bug: CheckEngine first
+      std::fprintf(stderr, "WireSeal: %s\n",
+                   std::string(usable.message()).c_str());
+      std::abort();
+    }
     fast_ = std::make_unique<WireOcb>(
         reinterpret_cast<const uint8_t*>(key_.data()));
   }
@@ -81,6 +160,7 @@ WireSeal::WireSeal(std::string key) : key_(std::move(key)) {
 WireSeal::~WireSeal() {
   EVP_CIPHER_CTX_free(static_cast<EVP_CIPHER_CTX*>(seal_ctx_));
   EVP_CIPHER_CTX_free(static_cast<EVP_CIPHER_CTX*>(open_ctx_));
+  WipeKey(&key_);
 }
 
 void* WireSeal::Ctx(bool seal) {

@@ -1,13 +1,17 @@
-// WireOcb (worker/wire_ocb.h) against RFC 7253's vectors and OpenSSL's
-// AES-128-OCB over lengths, splits, associated data and nonces: the two
-// must write the same bytes, open each other's units, and refuse any
-// altered one.
+// RFC 7253's AES-128-OCB known answers through OpenSSL's EVP (always) and
+// WireOcb (worker/wire_ocb.h, where the CPU has VAES-512), WireOcb against
+// OpenSSL over lengths, every cut of a unit in two, associated data and
+// nonces (the two must write the same bytes, open each other's units, and
+// refuse any altered one), and WireOcb's start-up self-test.
 #include "worker/wire_ocb.h"
 
 #include <gtest/gtest.h>
 #include <openssl/evp.h>
 
+#include "absl/status/status.h"
+
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <string>
@@ -54,6 +58,87 @@ Bytes OpenSslSeal(const Bytes& key, const Bytes& nonce, const Bytes& aad,
   return out;
 }
 
+// OpenSSL's opening of one unit (ciphertext, then the tag); false when it
+// is not authentic.
+bool OpenSslOpen(const Bytes& key, const Bytes& nonce, const Bytes& aad,
+                 const Bytes& sealed, Bytes* plain) {
+  const size_t n = sealed.size() - 16;
+  Bytes tag(sealed.begin() + static_cast<std::ptrdiff_t>(n), sealed.end());
+  EVP_CIPHER_CTX* c = EVP_CIPHER_CTX_new();
+  plain->assign(n + 16, 0);
+  int len = 0, at = 0;
+  bool ok = EVP_DecryptInit_ex(c, EVP_aes_128_ocb(), nullptr, key.data(),
+                               nonce.data()) == 1;
+  if (ok && !aad.empty()) {
+    ok = EVP_DecryptUpdate(c, nullptr, &len, aad.data(),
+                           static_cast<int>(aad.size())) == 1;
+  }
+  if (ok && n > 0) {
+    ok = EVP_DecryptUpdate(c, plain->data(), &len, sealed.data(),
+                           static_cast<int>(n)) == 1;
+    at = len;
+  }
+  ok = ok && EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, 16, tag.data()) == 1 &&
+       EVP_DecryptFinal_ex(c, plain->data() + at, &len) == 1;
+  EVP_CIPHER_CTX_free(c);
+  plain->resize(n);
+  return ok;
+}
+
+// RFC 7253's iterated test (Appendix A) with `seal` as OCB-ENCRYPT(K, N, A,
+// P): the tag it ends with.
+template <typename Seal>
+Bytes Rfc7253Iterated(Seal seal) {
+  Bytes key(16, 0);
+  key[15] = 128;  // TAGLEN
+  auto nonce = [](uint64_t n) {
+    Bytes b(12, 0);
+    for (int j = 0; j < 8; ++j) b[11 - j] = static_cast<uint8_t>(n >> (8 * j));
+    return b;
+  };
+  Bytes c;
+  const Bytes none;
+  for (uint64_t i = 0; i < 128; ++i) {
+    const Bytes s(i, 0);
+    for (const Bytes& part : {seal(key, nonce(3 * i + 1), s, s),
+                              seal(key, nonce(3 * i + 2), none, s),
+                              seal(key, nonce(3 * i + 3), s, none)}) {
+      c.insert(c.end(), part.begin(), part.end());
+    }
+  }
+  return seal(key, nonce(385), c, none);
+}
+
+// RFC 7253, Appendix A: "the result of the iterated test for AES-128, TAGLEN 128".
+constexpr char kIteratedTag[] = "67e944d23256c5e0b6c61fa22fdf1ea2";
+
+TEST(Rfc7253, EverySampleThroughOpenSsl) {
+  const auto vectors = WireOcbRfc7253Vectors();
+  // Appendix A's sixteen: associated data and plaintext of 0-40 bytes.
+  ASSERT_EQ(vectors.size(), 16u);
+  for (const WireOcbVector& v : vectors) {
+    const Bytes key = Hex(v.key), nonce = Hex(v.nonce), aad = Hex(v.aad);
+    const Bytes plain = Hex(v.plain), want = Hex(v.sealed);
+    ASSERT_EQ(want.size(), plain.size() + 16) << v.nonce;
+    EXPECT_EQ(OpenSslSeal(key, nonce, aad, plain), want) << v.nonce;
+    Bytes opened;
+    EXPECT_TRUE(OpenSslOpen(key, nonce, aad, want, &opened)) << v.nonce;
+    EXPECT_EQ(opened, plain) << v.nonce;
+    Bytes altered = want;
+    altered.back() ^= 1;
+    EXPECT_FALSE(OpenSslOpen(key, nonce, aad, altered, &opened)) << v.nonce;
+  }
+}
+
+TEST(Rfc7253, IteratedTestThroughOpenSsl) {
+  EXPECT_EQ(Rfc7253Iterated(OpenSslSeal), Hex(kIteratedTag));
+}
+
+TEST(WireOcbSelfTest, RefusesWhereTheCpuLacksVaes512) {
+  if (WireOcb::Supported()) GTEST_SKIP() << "this CPU has VAES-512";
+  EXPECT_EQ(WireOcbSelfTest().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 // Seals with WireOcb, the plaintext given in the pieces `cuts` make.
 Bytes OursSeal(WireOcb& ocb, const Bytes& nonce, const Bytes& aad,
                const Bytes& plain, const std::vector<size_t>& cuts = {}) {
@@ -73,37 +158,77 @@ class WireOcbTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!WireOcb::Supported()) {
-      GTEST_SKIP() << "this CPU lacks VAES or AVX-512, so wire links seal "
-                      "with OpenSSL's OCB and WireOcb is not used";
+      GTEST_SKIP() << "this CPU lacks VAES or AVX-512F/VL: WireOcb (the "
+                      "opt-in vaes-512 engine) cannot run here";
     }
   }
 };
 
-TEST_F(WireOcbTest, MatchesTheRfc7253Vectors) {
-  const Bytes key = Hex("000102030405060708090a0b0c0d0e0f");
-  WireOcb ocb(key.data());
-  struct Vector {
-    const char* nonce;
-    const char* aad;
-    const char* plain;
-    const char* sealed;
-  };
-  const Vector vectors[] = {
-      {"bbaa99887766554433221100", "", "", "785407bfffc8ad9edcc5520ac9111ee6"},
-      {"bbaa99887766554433221101", "0001020304050607", "0001020304050607",
-       "6820b3657b6f615a5725bda0d3b4eb3a257c9af1f8f03009"},
-  };
-  for (const Vector& v : vectors) {
+TEST_F(WireOcbTest, MatchesEveryRfc7253Sample) {
+  for (const WireOcbVector& v : WireOcbRfc7253Vectors()) {
+    const Bytes key = Hex(v.key);
+    WireOcb ocb(key.data());
     const Bytes nonce = Hex(v.nonce), aad = Hex(v.aad), plain = Hex(v.plain);
     const Bytes want = Hex(v.sealed);
     EXPECT_EQ(OursSeal(ocb, nonce, aad, plain), want) << v.nonce;
-    EXPECT_EQ(OpenSslSeal(key, nonce, aad, plain), want) << v.nonce;
     Bytes data = want;
     ASSERT_TRUE(ocb.Open(nonce.data(), aad.data(), aad.size(), data.data(),
-                         plain.size(), want.data() + plain.size()));
+                         plain.size(), want.data() + plain.size()))
+        << v.nonce;
     data.resize(plain.size());
     EXPECT_EQ(data, plain);
   }
+}
+
+TEST_F(WireOcbTest, PassesRfc7253sIteratedTest) {
+  auto seal = [](const Bytes& key, const Bytes& nonce, const Bytes& aad,
+                 const Bytes& plain) {
+    WireOcb ocb(key.data());
+    return OursSeal(ocb, nonce, aad, plain);
+  };
+  EXPECT_EQ(Rfc7253Iterated(seal), Hex(kIteratedTag));
+}
+
+TEST_F(WireOcbTest, SelfTestPassesAndCatchesAWrongAnswer) {
+  EXPECT_TRUE(WireOcbSelfTest().ok()) << WireOcbSelfTest();
+  // Each sample in turn with one hex digit of its expected bytes changed
+  // (the first: ciphertext, or the tag where there is none; then the
+  // tag's last): the self-test fails and names it.
+  const auto rfc = WireOcbRfc7253Vectors();
+  for (size_t i = 0; i < 2 * rfc.size(); ++i) {
+    std::vector<WireOcbVector> vectors(rfc.begin(), rfc.end());
+    std::string sealed = vectors[i / 2].sealed;
+    char& digit = i % 2 == 0 ? sealed.front() : sealed.back();
+    digit = digit == '0' ? '1' : '0';
+    vectors[i / 2].sealed = sealed.c_str();
+    const absl::Status s = WireOcbSelfTest(vectors);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << i;
+    EXPECT_NE(s.message().find("vector " + std::to_string(i / 2) + " "),
+              absl::string_view::npos)
+        << s;
+  }
+}
+
+// Every cut of a 4109-byte unit in two (0..4096), and in three, gives the
+// one-piece bytes (OpenSSL's), which open back.
+TEST_F(WireOcbTest, EveryCutGivesTheSameUnit) {
+  Bytes key(16), nonce(12, 7), aad(21), plain(4096 + 13);
+  for (size_t i = 0; i < key.size(); ++i) key[i] = static_cast<uint8_t>(i * 29);
+  for (size_t i = 0; i < aad.size(); ++i) aad[i] = static_cast<uint8_t>(i);
+  for (size_t i = 0; i < plain.size(); ++i) plain[i] = static_cast<uint8_t>(i * 131 + 5);
+  const Bytes want = OpenSslSeal(key, nonce, aad, plain);
+  WireOcb ocb(key.data());
+  for (size_t k = 0; k <= 4096; ++k) {
+    ASSERT_EQ(OursSeal(ocb, nonce, aad, plain, {k}), want) << "cut at " << k;
+    const size_t m = std::min(plain.size(), k + 1 + (k * 7) % 61);
+    ASSERT_EQ(OursSeal(ocb, nonce, aad, plain, {k, m}), want)
+        << "cuts at " << k << ", " << m;
+  }
+  Bytes data = want;
+  ASSERT_TRUE(ocb.Open(nonce.data(), aad.data(), aad.size(), data.data(),
+                       plain.size(), want.data() + plain.size()));
+  data.resize(plain.size());
+  EXPECT_EQ(data, plain);
 }
 
 TEST_F(WireOcbTest, WritesWhatOpenSslWritesAndOpensIt) {

@@ -57,9 +57,11 @@ class GrpcTransport::OutLink
       absl::StatusOr<std::string> key = std::string();
       if (GetSecurityConfig().client_tls()) key = WireSeal::NewKey();
       if (key.ok()) {
-        ctx_.AddMetadata(kLinkWireOfferKey, FormatWireOffer(*key));
+        std::string offer = FormatWireOffer(*key);  // the key in hex
+        ctx_.AddMetadata(kLinkWireOfferKey, offer);
+        WipeKey(&offer);  // gRPC's own copy goes with the call
         absl::MutexLock lock(&mu_);
-        wire_key_ = *std::move(key);
+        wire_key_ = WipedKey(*std::move(key));
         wire_offered_ = true;
         path_ = Path::kOffered;
       }
@@ -156,7 +158,7 @@ class GrpcTransport::OutLink
         if (ring != nullptr) ShmLinkCounters().refused.fetch_add(1);
         wire_ = std::make_shared<WireSender>(
             HostOf(owner_->addresses_[static_cast<size_t>(to_)]), port,
-            token, wire_key_,
+            token, wire_key_.str(),
             [this](const absl::Status& s) { OnWireReady(s); },
             [this](const absl::Status& s) { OnWireFailed(s); });
       } else {
@@ -384,7 +386,8 @@ class GrpcTransport::OutLink
   std::shared_ptr<ShmRing> ring_ ABSL_GUARDED_BY(mu_);  // offered
   std::shared_ptr<ShmSender> shm_ ABSL_GUARDED_BY(mu_);  // kShm
   bool wire_offered_ ABSL_GUARDED_BY(mu_) = false;
-  std::string wire_key_ ABSL_GUARDED_BY(mu_);  // "" on a plaintext channel
+  // "" on a plaintext channel; wiped (WipeKey) when the link goes.
+  WipedKey wire_key_ ABSL_GUARDED_BY(mu_);
   // From the answer on: connecting, then (kWire) carrying the frames.
   std::shared_ptr<WireSender> wire_ ABSL_GUARDED_BY(mu_);
 };

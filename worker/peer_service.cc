@@ -178,19 +178,22 @@ class PeerService::InLink
     return "ok";
   }
 
-  std::string AnswerWireOffer(const std::string& offer) {
+  std::string AnswerWireOffer(std::string offer_hex) {
+    // The offer carries the key in hex: both are wiped (WipedKey) when they
+    // go, the key's copy in the listener's callback too.
+    const WipedKey offer(std::move(offer_hex));
     WireListener* wire = service_->wire_;
     if (wire == nullptr) return "no: this worker takes no wire links";
-    absl::StatusOr<std::string> parsed = ParseWireOffer(offer);
+    absl::StatusOr<std::string> parsed = ParseWireOffer(offer.str());
     if (!parsed.ok()) return absl::StrCat("no: ", parsed.status().message());
-    const std::string key = *std::move(parsed);
+    const WipedKey key(*std::move(parsed));
     if (key.empty() && service_->wire_sealed_) {
       return "no: this worker serves TLS: a wire link must be sealed";
     }
     wire_token_ = wire->Expect([this, key](int fd) {
       // On the listener's thread, before Forget (OnDone) can return.
       wire_ = std::make_unique<WireReceiver>(
-          fd, key,
+          fd, key.str(),
           [this](absl::StatusOr<InFrame> f) {
             return TakeFromPath(std::move(f));
           },

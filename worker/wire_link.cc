@@ -86,7 +86,11 @@ void SetSocketOptions(int fd) {
 }  // namespace
 
 std::string FormatWireOffer(const std::string& key) {
-  return key.empty() ? "-" : absl::StrCat(WireSeal::kName, ":", WireHex(key));
+  if (key.empty()) return "-";
+  std::string hex = WireHex(key);
+  std::string offer = absl::StrCat(WireSeal::kName, ":", hex);
+  WipeKey(&hex);
+  return offer;
 }
 
 absl::StatusOr<std::string> ParseWireOffer(const std::string& offer) {
@@ -98,8 +102,11 @@ absl::StatusOr<std::string> ParseWireOffer(const std::string& offer) {
         "this worker seals wire links with ", WireSeal::kName,
         " and takes no other offer"));
   }
-  std::string key = WireUnhex(offer.substr(colon + 1));
+  std::string hex = offer.substr(colon + 1);
+  std::string key = WireUnhex(hex);
+  WipeKey(&hex);
   if (key.size() != WireSeal::kKeyBytes) {
+    WipeKey(&key);
     return absl::InvalidArgumentError("malformed key");
   }
   return key;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
 #include "common/daemon.h"
+#include "worker/wire_seal.h"
 #include "worker/worker_node.h"
 
 ABSL_FLAG(std::string, rendezvous, "127.0.0.1:7100",
@@ -53,6 +54,12 @@ ABSL_FLAG(bool, wire_links, true,
 ABSL_FLAG(int32_t, wire_port, 0,
           "the wire links' TCP port on the listen host (0: an ephemeral "
           "one); peers learn it on each link");
+ABSL_FLAG(std::string, wire_ocb, "openssl",
+          "which AES-128-OCB seals wire links under TLS: openssl (libcrypto's "
+          "EVP) or vaes-512 (halka's own, opt-in: the worker refuses to "
+          "start unless the CPU has VAES and AVX-512 and its known-answer "
+          "self-test passes); both write the same bytes (env "
+          "HALKA_WIRE_OCB)");
 ABSL_FLAG(absl::Duration, op_timeout, halka::kDefaultOpTimeout,
           "default deadline of one operation (env HALKA_OP_TIMEOUT)");
 ABSL_FLAG(int64_t, max_queued_bytes_per_peer, int64_t{1} << 30,
@@ -99,6 +106,18 @@ int main(int argc, char** argv) {
         if (!joined.load()) std::_Exit(0);
       });
   if (stop == nullptr) return 2;
+  // Process-wide and before any link (worker/wire_seal.h, DefaultEngine).
+  absl::StatusOr<halka::WireSealEngine> engine =
+      halka::ParseWireSealEngine(absl::GetFlag(FLAGS_wire_ocb));
+  const absl::Status engine_ok =
+      engine.ok() ? halka::WireSeal::SetDefaultEngine(*engine) : engine.status();
+  if (!engine_ok.ok()) {
+    halka::LogError(absl::StrCat("--wire_ocb: ", engine_ok.ToString()));
+    return 2;
+  }
+  if (*engine == halka::WireSealEngine::kVaes512) {
+    halka::LogInfo("wire links are sealed by vaes-512 (its self-test passed)");
+  }
   halka::WorkerOptions o;
   o.rendezvous = absl::GetFlag(FLAGS_rendezvous);
   o.job_id = absl::GetFlag(FLAGS_job);

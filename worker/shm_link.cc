@@ -363,8 +363,11 @@ absl::Status ShmReceiver::Tap::Take(const ShmRing::Record& r,
     auto hold = std::make_shared<HeldRecord>(ring_, r.id);
     const absl::Span<const uint8_t> bytes(r.data, r.bytes);
     *ring_error = false;
-    return on_frame_(
-        DecodeFrame(absl::MakeConstSpan(&bytes, 1), std::move(hold)));
+    absl::StatusOr<InFrame> f =
+        DecodeFrame(absl::MakeConstSpan(&bytes, 1), std::move(hold));
+    // Read in place: the ring (held by the frame) may shrink under it.
+    if (f.ok()) f->intact = [ring = ring_.get()] { return !ring->broken(); };
+    return on_frame_(std::move(f));
   }
   // A frame in several records: assemble it (bounded by the frame limit).
   if (first) {
@@ -385,6 +388,11 @@ absl::Status ShmReceiver::Tap::Take(const ShmRing::Record& r,
   }
   assembling_.insert(assembling_.end(), r.data, r.data + r.bytes);
   ring_->Release(r.id);
+  if (ring_->broken()) {
+    return absl::DataLossError(absl::StrCat(
+        "link ring ", ring_->name(), " shrank under its mapping while a frame "
+        "was read from it (truncated by another process)"));
+  }
   if (!last) return absl::OkStatus();
   in_frame_ = false;
   auto bytes = std::make_shared<std::vector<uint8_t>>(std::move(assembling_));

@@ -21,10 +21,12 @@
 #include "common/grpc_util.h"
 #include "common/held_shm.h"
 #include "common/shm_guard.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "halka/client.h"
 #include "halka/local_cluster.h"
 #include "halka/v1/worker.grpc.pb.h"
+#include "worker/core/shm_ring.h"
 #include "worker/shm_cache.h"
 
 namespace halka {
@@ -133,7 +135,7 @@ TEST_F(ShmOwnershipTest, TheSdksOwnObjectsStillRunZeroCopy) {
   for (int r = 0; r < 2; ++r) {
     auto b = clients[r]->AllocateHostBuffer(4096 * sizeof(float));
     ASSERT_TRUE(b.ok()) << b.status();
-    for (float& f : b->span<float>()) f = static_cast<float>(r + 1);
+    for (float& f : b->as<float>()) f = static_cast<float>(r + 1);
     bufs.push_back(std::move(*b));
   }
   std::vector<absl::StatusOr<OpInfo>> out(2, absl::UnknownError("not run"));
@@ -148,7 +150,7 @@ TEST_F(ShmOwnershipTest, TheSdksOwnObjectsStillRunZeroCopy) {
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(out[r].ok()) << out[r].status();
     EXPECT_TRUE(out[r]->zero_copy) << "rank " << r << ": " << out[r]->transfer;
-    for (float f : bufs[r].span<float>()) ASSERT_EQ(f, 3.0f);
+    for (float f : bufs[r].as<float>()) ASSERT_EQ(f, 3.0f);
   }
 }
 
@@ -175,6 +177,26 @@ TEST(ShmGuardTest, TruncatedObjectIsABrokenMappingNotSigbus) {
   EXPECT_GT(ShmGuard::Absorbed(), absorbed);
   UnmapOwnedShm(made->data, made->size);
   shm_unlink(name.c_str());
+}
+
+// A link ring truncated by a same-user process: the reader gets DATA_LOSS
+// naming the ring (before the guard: SIGBUS killed the worker).
+TEST(ShmGuardTest, ATruncatedLinkRingIsDataLossNotSigbus) {
+  auto tx = ShmRing::Create(64 << 10);
+  ASSERT_TRUE(tx.ok()) << tx.status();
+  auto rx = ShmRing::Open((*tx)->name(), (*tx)->token_hex());
+  ASSERT_TRUE(rx.ok()) << rx.status();
+  const std::string body(100, 'a');
+  ASSERT_TRUE((*tx)->TryWrite(body));
+  const int fd = shm_open((*tx)->name().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 0), 0);
+  close(fd);
+  auto r = (*rx)->Next(absl::Seconds(1));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_THAT(std::string(r.status().message()),
+              ::testing::HasSubstr((*tx)->name()));
+  EXPECT_TRUE((*rx)->broken());
 }
 
 // A SIGBUS outside every guarded range still ends the process.

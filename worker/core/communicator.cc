@@ -268,6 +268,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
                                : buffer->Begin(fp.dtype, fp.op, fp.count);
   }
   if (status.ok()) status = RunAlgorithm(op);
+  if (status.ok()) status = op.CheckIntact();
   absl::Status ended = buffer->End();
   if (status.ok()) status = ended;
   if (!status.ok() && config_.world_size > 1) op.SendAbort(status);

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,6 +84,12 @@ struct InFrame {
   // wrote it into the operation's buffer (worker/core/landing.h), and the
   // one piece points there.
   bool landed = false;
+  // Where the payload lies in memory that another process can take away
+  // under it (a same-host link's ring, which a same-user process may
+  // truncate): whether it still held the sender's bytes. Asked once the
+  // operation is done with its frames (OpContext::CheckIntact); empty:
+  // always intact.
+  std::function<bool()> intact;
   size_t PayloadBytes() const {
     size_t n = 0;
     for (const auto& p : pieces) n += p.size();

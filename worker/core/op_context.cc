@@ -206,7 +206,15 @@ absl::StatusOr<InFrame> OpContext::Await(int from, const std::string& detail) {
   if (stalled > absl::ZeroDuration()) {
     Trace(TraceSpan::Kind::kStall, -1, 0, t1 - stalled, t1);
   }
-  if (ev.type == Inbox::Event::kFrame) return std::move(ev.frame);
+  if (ev.type == Inbox::Event::kFrame) {
+    if (ev.frame.intact) {
+      const bool known =
+          std::any_of(intact_.begin(), intact_.end(),
+                      [&](const auto& i) { return i.first == from; });
+      if (!known) intact_.emplace_back(from, ev.frame.intact);
+    }
+    return std::move(ev.frame);
+  }
   const std::string where =
       absl::StrFormat("%s step %d, chunk %d of %d", PhaseName(phase_), step_,
                       chunk_ + 1, std::max(chunks_, 1));
@@ -235,6 +243,18 @@ absl::StatusOr<InFrame> OpContext::Await(int from, const std::string& detail) {
       Where(), ": deadline of ", absl::FormatDuration(timeout_),
       " exceeded waiting for ", Who(from), " in ", where,
       detail.empty() ? "" : " (", detail, detail.empty() ? "" : ")"));
+}
+
+absl::Status OpContext::CheckIntact() const {
+  for (const auto& [from, intact] : intact_) {
+    if (!intact()) {
+      return absl::DataLossError(absl::StrCat(
+          Where(), ": the link from ", Who(from), " lost its shared memory "
+          "while this operation read from it (the ring was truncated by "
+          "another process): the result is not valid"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status OpContext::CheckData(const InFrame& frame, int from,

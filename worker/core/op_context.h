@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -117,6 +118,10 @@ class OpContext {
   // An eager naive all-reduce's payloads, by rank, taken off the
   // fingerprint frames; empty otherwise.
   std::vector<InFrame>& eager() { return eager_; }
+  // DATA_LOSS naming the link when a frame this operation read in place
+  // came from memory that was taken away under it (InFrame::intact): the
+  // result is then not valid. Call once the algorithm is done.
+  absl::Status CheckIntact() const;
   // All-gather: the slice of the buffer that holds this rank's contribution.
   int input_slice() const { return input_slice_; }
   void set_input_slice(int slice) { input_slice_ = slice; }
@@ -234,6 +239,8 @@ class OpContext {
   std::shared_ptr<SendTracker> sends_ = std::make_shared<SendTracker>();
   std::vector<InFrame> eager_;
   std::vector<std::shared_ptr<Landing>> landings_;  // offered, not withdrawn
+  // One InFrame::intact per sending rank whose frames were read in place.
+  std::vector<std::pair<int, std::function<bool()>>> intact_;
   int input_slice_ = 0;
   bool first_step_sent_ = false;
   // Where the op is (mirrors the progress ledger, for error text).

@@ -67,6 +67,7 @@ ShmRing::ShmRing(std::string name, void* base, size_t mapped, size_t capacity,
     : name_(std::move(name)),
       base_(base),
       mapped_(mapped),
+      guard_(ShmGuard::Guard(base, mapped)),
       capacity_(capacity),
       owner_(owner) {
   static_assert(sizeof(Header) <= kHeaderBytes);
@@ -74,6 +75,7 @@ ShmRing::ShmRing(std::string name, void* base, size_t mapped, size_t capacity,
 
 ShmRing::~ShmRing() {
   if (owner_) Unlink();
+  guard_.reset();  // before the range goes
   munmap(base_, mapped_);
 }
 
@@ -298,6 +300,11 @@ absl::StatusOr<std::optional<ShmRing::Record>> ShmRing::Next(
   for (;;) {
     const uint32_t seq = h->head_seq.load();
     const uint64_t head = h->head.load(std::memory_order_acquire);
+    if (broken()) {
+      return absl::DataLossError(absl::StrCat(
+          "link ring ", name_, " shrank under its mapping (truncated or "
+          "resized by another process): the link cannot be trusted"));
+    }
     if (head != read_) {
       const uint64_t freed = freed_.load(std::memory_order_relaxed);
       if (head < read_ || head - freed > capacity_) {

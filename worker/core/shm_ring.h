@@ -46,6 +46,7 @@
 #include <optional>
 #include <string>
 
+#include "common/shm_guard.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -93,6 +94,9 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
   // Marks the ring closed and wakes both ends. Idempotent.
   void Close();
   bool closed() const;
+  // The object shrank under this mapping (truncated or resized by another
+  // process): nothing read from it since is the peer's. Next fails.
+  bool broken() const { return guard_ != nullptr && guard_->broken(); }
 
   // --- producer ---
   // Writes the whole frame (the concatenation of `parts`, `total` bytes)
@@ -181,6 +185,9 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
   std::string name_;
   void* base_;
   size_t mapped_;
+  // Another process may shrink the object under the mapping: the guard
+  // turns the SIGBUS into zero pages and broken() (common/shm_guard.h).
+  std::unique_ptr<ShmGuard> guard_;
   size_t capacity_;
   const bool owner_;  // created it: unlinks it at the latest when destroyed
   std::atomic<bool> unlinked_{false};

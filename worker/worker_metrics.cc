@@ -89,6 +89,12 @@ std::string WorkerMetricsText(const std::string& job_id, int rank,
            "after their landing was offered)");
   w.Sample("halka_wire_frames_landed_total", base,
            WireLinkCounters().landed.load(std::memory_order_relaxed));
+  w.Family("halka_wire_silent_connections_evicted_total", "counter",
+           "connections to the wire listener that showed no token and were "
+           "closed to make room for a newer one (this process; a steady "
+           "rise is a scanner or a flood)");
+  w.Sample("halka_wire_silent_connections_evicted_total", base,
+           WireLinkCounters().evicted.load(std::memory_order_relaxed));
   return w.Text();
 }
 

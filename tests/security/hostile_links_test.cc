@@ -195,5 +195,77 @@ TEST(WireListenerFloodTest, ARingFormsAndRunsOnItsWiresThroughTheFlood) {
   for (int fd : silent) close(fd);
 }
 
+// A peer whose links end while an operation waits for its frames (here:
+// it stops without leaving the job; a cut connection or a dead process
+// looks the same from here) fails the waiting ranks at once, naming it, on
+// every path. Before, the gRPC stream's end and the wire's were quiet: the
+// ranks waited for the heartbeat deadline's new generation (5 s here).
+class LinkEndTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(LinkEndTest, AnOperationWaitingOnALinkThatEndsFailsAtOnceNamingIt) {
+  LocalCluster::Options o;
+  o.workers = 3;
+  o.shm_links = GetParam() == 0;
+  o.wire_links = GetParam() == 1;
+  o.heartbeat_timeout = absl::Seconds(8);
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int r = 0; r < 3; ++r) {
+    auto c = (*cluster)->Connect(r);
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(std::move(*c));
+  }
+  std::vector<std::vector<float>> data(3, std::vector<float>(1 << 16, 1.0f));
+  auto run = [&](int r) {
+    OpOptions oo;
+    oo.algorithm = Algorithm::kRing;
+    oo.timeout = absl::Seconds(30);
+    return clients[r]->AllReduce(data[r].data(), data[r].size(),
+                                 DType::kFloat32, ReduceOp::kSum, oo);
+  };
+  {  // every link up
+    std::vector<std::thread> threads;
+    std::vector<absl::Status> ok(3);
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] { ok[r] = run(r).status(); });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < 3; ++r) ASSERT_TRUE(ok[r].ok()) << ok[r];
+  }
+  // Ranks 0 and 1 call again; rank 2 never does, and its worker stops.
+  std::vector<absl::Status> out(2);
+  std::vector<absl::Time> ended(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      out[r] = run(r).status();
+      ended[r] = absl::Now();
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time killed = absl::Now();
+  (*cluster)->KillWorker(2);
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(out[r].ok()) << "rank " << r;
+    EXPECT_LT(ended[r] - killed, absl::Seconds(3))
+        << "rank " << r << " failed " << ended[r] - killed
+        << " after the peer went: " << out[r];
+  }
+  // The rank next to the one that went names it and its link.
+  const absl::Status& s = out[0];
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("rank 2")) << s;
+  EXPECT_THAT(s.message(), HasSubstr("ended")) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryPath, LinkEndTest, ::testing::Values(0, 1, 2),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return std::string(i.param == 0   ? "Shm"
+                                              : i.param == 1 ? "Wire"
+                                                             : "Grpc");
+                         });
+
 }  // namespace
 }  // namespace halka

@@ -17,11 +17,12 @@
 // Never writes into a buffer handed back: the operation withdraws every
 // landing it offered before it ends, success or failure (~OpContext). A reader writes
 // only while it holds the landing's lock and the landing is not revoked,
-// one bounded non-blocking recv() at a time (and, sealed, the payload's one
-// decryption once it is all in), so a withdrawal waits for at most one
-// such step, never for a peer that stalls inside a record. The reader
-// reads the rest of a revoked frame elsewhere and drops it unopened: its
-// operation has ended.
+// one bounded non-blocking recv() (plain) or one bounded copy of a sealed
+// payload that was opened and authenticated in the link's own staging
+// buffer at a time, so a withdrawal waits for at most one such step, never
+// for a peer that stalls inside a record, and no byte that failed
+// authentication ever lands. The reader reads the rest of a revoked frame
+// elsewhere and drops it: its operation has ended.
 //
 // Only sources that can land (a wire link's reader, worker/wire_link.h)
 // take offers, so links through shared memory or gRPC cost nothing here;

@@ -42,7 +42,7 @@ absl::StatusOr<HeldShm> MakeLocked(const std::string& name, size_t bytes,
     return absl::InvalidArgumentError(
         absl::StrCat("'", name, "' is not a shared-memory object name"));
   }
-  const std::string temp = absl::StrCat("/halka-new-", getpid(), "-",
+  const std::string temp = absl::StrCat("/", kNewShmPrefix, getpid(), "-",
                                         counter.fetch_add(1), "-", name.substr(1));
   const int fd = shm_open(temp.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) {

@@ -27,6 +27,10 @@ namespace halka {
 
 // The file name prefix under /dev/shm (shm_open names start with '/').
 inline constexpr char kHeldShmPrefix[] = "halka-held-";
+// The name an object has until its creator holds its lock: the sweep takes
+// one only once it is old and unlocked (a creator that died between
+// creating and locking it).
+inline constexpr char kNewShmPrefix[] = "halka-new-";
 
 // A new name "/halka-held-<pid>-<salt>-<n>", unique in this process.
 std::string NewHeldShmName();

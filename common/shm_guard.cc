@@ -24,7 +24,9 @@ struct sigaction g_previous;
 
 void OnSigbus(int sig, siginfo_t* info, void* uctx) {
   const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  // Only a fault has an address (a signal sent by kill or raise does not).
   for (Slot& s : g_slots) {
+    if (info->si_code <= 0) break;
     const uintptr_t b = s.begin.load(std::memory_order_acquire);
     const uintptr_t e = s.end.load(std::memory_order_acquire);
     if (b == 0 || e == 0 || addr < b || addr >= e) continue;

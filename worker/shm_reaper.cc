@@ -1,5 +1,6 @@
 #include "worker/shm_reaper.h"
 
+#include <algorithm>
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
@@ -18,6 +19,9 @@ namespace {
 
 // Minimum age of an object before a sweep may take it for abandoned.
 constexpr absl::Duration kMinAge = absl::Seconds(5);
+// ... and of an object under its first name (common/held_shm.h), which
+// its creator locks a moment after making it.
+constexpr absl::Duration kNewMinAge = absl::Minutes(10);
 
 enum class Verdict { kHeld, kRemoved, kSkipped };
 
@@ -56,10 +60,18 @@ ShmSweep SweepHeldShm(const std::string& dir, absl::Duration min_age,
   if (d == nullptr) return sweep;
   std::vector<std::string> names;
   while (const dirent* e = readdir(d.get())) {
-    if (absl::StartsWith(e->d_name, kHeldShmPrefix)) names.emplace_back(e->d_name);
+    if (absl::StartsWith(e->d_name, kHeldShmPrefix) ||
+        absl::StartsWith(e->d_name, kNewShmPrefix)) {
+      names.emplace_back(e->d_name);
+    }
   }
   for (const std::string& name : names) {
-    switch (Reap(dir, name, min_age, now)) {
+    // A creator locks its object right after making it; one still unlocked
+    // under its first name after kNewMinAge died before it could.
+    const absl::Duration age = absl::StartsWith(name, kNewShmPrefix)
+                                   ? std::max(min_age, kNewMinAge)
+                                   : min_age;
+    switch (Reap(dir, name, age, now)) {
       case Verdict::kHeld: ++sweep.held; break;
       case Verdict::kRemoved: sweep.removed.push_back(name); break;
       case Verdict::kSkipped: break;

@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -28,6 +29,7 @@
 #include "halka/v1/worker.grpc.pb.h"
 #include "worker/core/shm_ring.h"
 #include "worker/shm_cache.h"
+#include "worker/shm_reaper.h"
 
 namespace halka {
 namespace {
@@ -199,10 +201,63 @@ TEST(ShmGuardTest, ATruncatedLinkRingIsDataLossNotSigbus) {
   EXPECT_TRUE((*rx)->broken());
 }
 
+// The sweep takes objects nobody holds a lock on. Before, a creator made
+// its object under the swept name and locked it a moment later: a sweep in
+// between (or a creator stalled there past the sweep's minimum age) took a
+// live creator's object. Now an object has its swept name only once its
+// creator holds the lock: a sweep that runs flat out beside 2,000 creations
+// (minimum age 0) takes none of them.
+TEST(ShmReaperRaceTest, ASweepNeverTakesAnObjectItsCreatorIsMaking) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> sweeps{0};
+  std::thread sweeper([&] {
+    while (!stop.load()) {
+      SweepHeldShm("/dev/shm", absl::ZeroDuration(),
+                   absl::Now() + absl::Seconds(10));
+      sweeps.fetch_add(1);
+    }
+  });
+  int lost = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const std::string name = NewHeldShmName();
+    auto made = CreateOwnedShm(name, 4096);
+    EXPECT_TRUE(made.ok()) << made.status();
+    if (!made.ok()) break;
+    const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+    if (fd < 0) {
+      ++lost;
+    } else {
+      close(fd);
+    }
+    UnmapOwnedShm(made->data, made->size);
+    shm_unlink(name.c_str());
+  }
+  stop.store(true);
+  sweeper.join();
+  EXPECT_GT(sweeps.load(), 10);
+  EXPECT_EQ(lost, 0) << "the sweep took objects their creators were making";
+}
+
 // A SIGBUS outside every guarded range still ends the process.
 TEST(ShmGuardDeathTest, UnguardedSigbusStillKills) {
-  auto guard_something = ShmGuard::Guard(reinterpret_cast<void*>(4096), 4096);
+  // The handler is in place (another guard exists), but this mapping is
+  // not guarded: its fault must end the process as it always did.
+  auto other = CreateOwnedShm(NewHeldShmName(), 4096);
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto guard = ShmGuard::Guard(other->data, other->size);
+  ASSERT_NE(guard, nullptr);
+  const std::string name = NewHeldShmName();
+  auto made = CreateHeldShm(name, 1 << 16, false);
+  ASSERT_TRUE(made.ok()) << made.status();
+  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 0), 0);
+  close(fd);
+  shm_unlink(name.c_str());
+  volatile uint8_t* p = static_cast<uint8_t*>(made->data);
+  EXPECT_DEATH(p[100] = 1, "");
   EXPECT_DEATH(raise(SIGBUS), "");
+  EXPECT_FALSE(guard->broken());
 }
 
 }  // namespace

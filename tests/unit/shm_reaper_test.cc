@@ -98,6 +98,17 @@ TEST_F(ShmReaperTest, LeavesYoungObjectsAndOtherNames) {
   EXPECT_TRUE(Exists("halka-held-dir"));
 }
 
+// An object under its first name (common/held_shm.h) is its creator's
+// until it locks it; only one left unlocked for ten minutes is taken.
+TEST_F(ShmReaperTest, ObjectsUnderTheirFirstNameGetTenMinutes) {
+  Make("halka-new-500-0-halka-held-500-1-0", /*hold=*/false);
+  Make("halka-new-500-1-halka-held-500-1-1", /*hold=*/true);
+  EXPECT_THAT(SweepAfter(absl::Minutes(9)).removed, IsEmpty());
+  EXPECT_THAT(SweepAfter(absl::Minutes(11)).removed,
+              ElementsAre("halka-new-500-0-halka-held-500-1-0"));
+  EXPECT_TRUE(Exists("halka-new-500-1-halka-held-500-1-1"));
+}
+
 TEST_F(ShmReaperTest, MissingDirectoryIsAnEmptySweep) {
   const ShmSweep s = SweepHeldShm(dir_ + "/nonexistent", absl::ZeroDuration(),
                                   absl::Now());

@@ -8,13 +8,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <limits>
 #include <optional>
 #include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/client_proto.h"
+#include "client/op_spec.h"
 #include "client/shm_session.h"
 #include "common/grpc_util.h"
 #include "common/held_shm.h"
@@ -119,6 +120,31 @@ class Client::Impl {
     }
   }
 
+  using Io = OpIo;  // what a call moves (client/op_spec.h)
+  absl::StatusOr<OpInfo> Run(v1::OpSpec spec, const Io& io);
+  // Streams the input in and the result back (Worker.RunInline).
+  absl::StatusOr<OpInfo> RunInline(v1::OpSpec spec, const Io& io);
+  // Runs a checked spec (or returns its error) on a device tensor.
+  absl::StatusOr<OpInfo> RunDevice(absl::StatusOr<v1::OpSpec> spec,
+                                   void* device_data);
+  // One Worker.Run call (shared memory, device tensor, or no data); it
+  // stamps the request (InFlight).
+  absl::StatusOr<OpInfo> RunShm(v1::RunRequest req, const char* transfer);
+  // A request on its way, from right before its send until its answer.
+  // Marks it with this client's id and next call index (OpSpec.caller_id,
+  // call_index), from which the worker tells a call lost on its way, when
+  // no other request of this client is in flight; else leaves it unmarked.
+  class InFlight {
+   public:
+    InFlight(Impl& im, v1::OpSpec* spec);
+    ~InFlight();
+    InFlight(const InFlight&) = delete;
+    InFlight& operator=(const InFlight&) = delete;
+
+   private:
+    Impl& im_;
+  };
+
   std::string target_;
   Options options_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -157,19 +183,6 @@ Client::~Client() = default;
 
 namespace {
 
-OpInfo FromStats(const v1::OpStats& s) {
-  OpInfo info;
-  info.op_seq = s.op_seq();
-  info.algorithm = s.algorithm();
-  info.bytes_sent = s.bytes_sent();
-  info.bytes_received = s.bytes_received();
-  info.seconds = s.seconds();
-  info.rank = s.rank();
-  info.world_size = s.world_size();
-  info.generation = s.generation();
-  return info;
-}
-
 // The call's own timeout: the operation's plus room for the transfer.
 absl::Duration CallTimeout(const v1::OpSpec& spec) {
   const absl::Duration op = spec.timeout_ms() > 0
@@ -185,9 +198,7 @@ void SetCallDeadline(grpc::ClientContext& ctx, const v1::OpSpec& spec) {
 
 }  // namespace
 
-Client::InFlight::InFlight(Client& client, v1::OpSpec* spec)
-    : client_(client) {
-  Impl& im = *client_.impl_;
+Client::Impl::InFlight::InFlight(Impl& im, v1::OpSpec* spec) : im_(im) {
   // Calls made at once from several threads reach the worker in an order
   // the indices cannot foresee: the worker would take the later one's
   // arrival for a lost call. They go unstamped (numbered as they arrive).
@@ -200,14 +211,14 @@ Client::InFlight::InFlight(Client& client, v1::OpSpec* spec)
   }
 }
 
-Client::InFlight::~InFlight() { client_.impl_->in_flight_.fetch_sub(1); }
+Client::Impl::InFlight::~InFlight() { im_.in_flight_.fetch_sub(1); }
 
-absl::StatusOr<OpInfo> Client::RunShm(v1::RunRequest req,
-                                      const char* transfer) {
+absl::StatusOr<OpInfo> Client::Impl::RunShm(v1::RunRequest req,
+                                            const char* transfer) {
   const InFlight in_flight(*this, req.mutable_spec());
   v1::RunReply reply;
   const absl::Time deadline = absl::Now() + CallTimeout(req.spec());
-  Impl& im = *impl_;
+  Impl& im = *this;
   std::optional<absl::StatusOr<v1::RunReply>> via;
   bool session_ended = false;
   if (im.options_.session && im.use_shm_) {
@@ -229,14 +240,14 @@ absl::StatusOr<OpInfo> Client::RunShm(v1::RunRequest req,
     grpc::Status s = im.stub_->Run(&ctx, req, &reply);
     if (!s.ok()) return FromGrpcStatus(s);
   }
-  OpInfo info = FromStats(reply.stats());
+  OpInfo info = ToOpInfo(reply.stats());
   info.transfer = transfer;
   info.session = session;
   return info;
 }
 
-absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, const Io& io) {
-  Impl& im = *impl_;
+absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
+  Impl& im = *this;
   spec.set_issued_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
   const bool reduce_scatter = spec.kind() == v1::REDUCE_SCATTER;
   // Where the result lies in the worker's buffer once it ran as `rank`.
@@ -315,11 +326,15 @@ absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, const Io& io) {
     *req.mutable_spec() = spec;
     return RunShm(req, "none");
   }
-  // Inline: stream the input in, stream the result back.
+  return RunInline(std::move(spec), io);
+}
+
+absl::StatusOr<OpInfo> Client::Impl::RunInline(v1::OpSpec spec,
+                                               const Io& io) {
   const InFlight in_flight(*this, &spec);
   grpc::ClientContext ctx;
   SetCallDeadline(ctx, spec);
-  auto stream = im.stub_->RunInline(&ctx);
+  auto stream = stub_->RunInline(&ctx);
   const uint8_t* p = static_cast<const uint8_t*>(io.send);
   for (size_t off = 0; off < io.send_bytes || off == 0;
        off += kInlineChunkBytes) {
@@ -348,7 +363,7 @@ absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, const Io& io) {
                 reply.data().size());
     got += reply.data().size();
     if (reply.done()) {
-      info = FromStats(reply.stats());
+      info = ToOpInfo(reply.stats());
       done = true;
     }
   }
@@ -362,119 +377,19 @@ absl::StatusOr<OpInfo> Client::Run(v1::OpSpec spec, const Io& io) {
   return info;
 }
 
-bool Client::InPlaceSlice(const Io& io, v1::OpSpec* spec) {
-  const uintptr_t send = reinterpret_cast<uintptr_t>(io.send);
-  const uintptr_t recv = reinterpret_cast<uintptr_t>(io.recv);
-  if (io.send_bytes > 0 && io.send_bytes <= io.recv_bytes && send >= recv &&
-      send - recv <= io.recv_bytes - io.send_bytes &&
-      (send - recv) % io.send_bytes == 0) {
-    spec->set_input_slice((send - recv) / io.send_bytes);
-    return true;
-  }
-  // Otherwise the caller copies it to slice 0, which the result overwrites.
-  spec->set_input_slice(0);
-  return false;
-}
-
-void Client::PlaceContribution(const Io& io, v1::OpSpec* spec) {
-  if (!InPlaceSlice(io, spec)) std::memmove(io.recv, io.send, io.send_bytes);
-}
-
-namespace {
-
-// The validated spec of an all-reduce or a broadcast.
-absl::StatusOr<v1::OpSpec> AllReduceSpec(size_t count, DType dtype,
-                                         ReduceOp op,
-                                         const OpOptions& options) {
-  if (!IsValidDType(static_cast<int>(dtype)) ||
-      !IsValidReduceOp(static_cast<int>(op))) {
-    return absl::InvalidArgumentError("all_reduce: invalid dtype or op");
-  }
-  v1::OpSpec spec;
-  spec.set_kind(v1::ALL_REDUCE);
-  spec.set_dtype(static_cast<v1::DType>(dtype));
-  spec.set_count(count);
-  spec.set_op(static_cast<v1::ReduceOp>(op));
-  spec.set_algorithm(static_cast<v1::Algorithm>(options.algorithm));
-  spec.set_timeout_ms(static_cast<uint32_t>(
-      absl::ToInt64Milliseconds(options.timeout)));
-  return spec;
-}
-
-// The validated spec of an all-gather or a reduce-scatter. Whether the
-// counts fit the ring's world is the worker's to say (it names the world).
-absl::StatusOr<v1::OpSpec> SliceSpec(v1::OpKind kind, const void* send,
-                                     size_t send_count, const void* recv,
-                                     size_t recv_count, DType dtype,
-                                     ReduceOp op, const OpOptions& options) {
-  const char* name =
-      kind == v1::ALL_GATHER ? "all_gather" : "reduce_scatter";
-  if (!IsValidDType(static_cast<int>(dtype))) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": invalid dtype"));
-  }
-  if (kind == v1::REDUCE_SCATTER && !IsValidReduceOp(static_cast<int>(op))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": invalid reduce op"));
-  }
-  if ((send == nullptr && send_count > 0) ||
-      (recv == nullptr && recv_count > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": null send or recv buffer"));
-  }
-  const size_t limit = std::numeric_limits<size_t>::max() / DTypeSize(dtype);
-  if (send_count > limit || recv_count > limit) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": element counts overflow the address space"));
-  }
-  v1::OpSpec spec;
-  spec.set_kind(kind);
-  spec.set_dtype(static_cast<v1::DType>(dtype));
-  spec.set_count(send_count);
-  spec.set_recv_count(recv_count);
-  if (kind == v1::REDUCE_SCATTER) spec.set_op(static_cast<v1::ReduceOp>(op));
-  spec.set_algorithm(static_cast<v1::Algorithm>(options.algorithm));
-  spec.set_timeout_ms(static_cast<uint32_t>(
-      absl::ToInt64Milliseconds(options.timeout)));
-  return spec;
-}
-
-absl::StatusOr<v1::OpSpec> BroadcastSpec(size_t count, DType dtype, int root,
-                                         const OpOptions& options) {
-  if (!IsValidDType(static_cast<int>(dtype))) {
-    return absl::InvalidArgumentError("broadcast: invalid dtype");
-  }
-  v1::OpSpec spec;
-  spec.set_kind(v1::BROADCAST);
-  spec.set_dtype(static_cast<v1::DType>(dtype));
-  spec.set_count(count);
-  spec.set_root(root);
-  spec.set_timeout_ms(static_cast<uint32_t>(
-      absl::ToInt64Milliseconds(options.timeout)));
-  return spec;
-}
-
-}  // namespace
-
 absl::StatusOr<OpInfo> Client::AllReduce(void* data, size_t count,
                                          DType dtype, ReduceOp op,
                                          OpOptions options) {
   absl::StatusOr<v1::OpSpec> spec = AllReduceSpec(count, dtype, op, options);
   if (!spec.ok()) return spec.status();
-  return Run(*spec, Io::InPlace(data, count * DTypeSize(dtype)));
+  return impl_->Run(*spec, OpIo::InPlace(data, count * DTypeSize(dtype)));
 }
 
 absl::StatusOr<OpInfo> Client::Broadcast(void* data, size_t count, DType dtype,
                                          int root, OpOptions options) {
   absl::StatusOr<v1::OpSpec> spec = BroadcastSpec(count, dtype, root, options);
   if (!spec.ok()) return spec.status();
-  return Run(*spec, Io::InPlace(data, count * DTypeSize(dtype)));
-}
-
-Client::Io Client::SliceIo(const void* send, size_t send_count, void* recv,
-                           size_t recv_count, DType dtype) {
-  const size_t es = DTypeSize(dtype);
-  return Io{send, send_count * es, recv, recv_count * es,
-            std::max(send_count, recv_count) * es};
+  return impl_->Run(*spec, OpIo::InPlace(data, count * DTypeSize(dtype)));
 }
 
 absl::StatusOr<OpInfo> Client::AllGather(const void* send, size_t send_count,
@@ -484,7 +399,8 @@ absl::StatusOr<OpInfo> Client::AllGather(const void* send, size_t send_count,
       SliceSpec(v1::ALL_GATHER, send, send_count, recv, recv_count, dtype,
                 ReduceOp::kSum, options);
   if (!spec.ok()) return spec.status();
-  return Run(*spec, SliceIo(send, send_count, recv, recv_count, dtype));
+  return impl_->Run(*spec,
+                    SliceIo(send, send_count, recv, recv_count, dtype));
 }
 
 absl::StatusOr<OpInfo> Client::ReduceScatter(const void* send,
@@ -495,18 +411,19 @@ absl::StatusOr<OpInfo> Client::ReduceScatter(const void* send,
       SliceSpec(v1::REDUCE_SCATTER, send, send_count, recv, recv_count, dtype,
                 op, options);
   if (!spec.ok()) return spec.status();
-  return Run(*spec, SliceIo(send, send_count, recv, recv_count, dtype));
+  return impl_->Run(*spec,
+                    SliceIo(send, send_count, recv, recv_count, dtype));
 }
 
-absl::StatusOr<OpInfo> Client::RunDevice(absl::StatusOr<v1::OpSpec> checked,
-                                         void* device_data) {
+absl::StatusOr<OpInfo> Client::Impl::RunDevice(
+    absl::StatusOr<v1::OpSpec> checked, void* device_data) {
   if (!checked.ok()) return checked.status();
   v1::OpSpec& spec = *checked;
   spec.set_issued_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
-  if (!IsLocalAddress(impl_->target_) &&
-      impl_->options_.transfer != Transfer::kSharedMemory) {
+  if (!IsLocalAddress(target_) &&
+      options_.transfer != Transfer::kSharedMemory) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "device tensors need a worker on this host; ", impl_->target_,
+        "device tensors need a worker on this host; ", target_,
         " is not a local address"));
   }
   v1::RunRequest req;
@@ -529,13 +446,15 @@ absl::StatusOr<OpInfo> Client::RunDevice(absl::StatusOr<v1::OpSpec> checked,
 absl::StatusOr<OpInfo> Client::AllReduceDevice(void* device_data, size_t count,
                                                DType dtype, ReduceOp op,
                                                OpOptions options) {
-  return RunDevice(AllReduceSpec(count, dtype, op, options), device_data);
+  return impl_->RunDevice(AllReduceSpec(count, dtype, op, options),
+                          device_data);
 }
 
 absl::StatusOr<OpInfo> Client::BroadcastDevice(void* device_data, size_t count,
                                                DType dtype, int root,
                                                OpOptions options) {
-  return RunDevice(BroadcastSpec(count, dtype, root, options), device_data);
+  return impl_->RunDevice(BroadcastSpec(count, dtype, root, options),
+                          device_data);
 }
 
 absl::StatusOr<OpInfo> Client::AllGatherDevice(const void* send,
@@ -546,13 +465,13 @@ absl::StatusOr<OpInfo> Client::AllGatherDevice(const void* send,
       SliceSpec(v1::ALL_GATHER, send, send_count, recv, recv_count, dtype,
                 ReduceOp::kSum, options);
   if (!spec.ok()) return spec.status();
-  const Io io = SliceIo(send, send_count, recv, recv_count, dtype);
+  const OpIo io = SliceIo(send, send_count, recv, recv_count, dtype);
   if (!InPlaceSlice(io, &*spec) && io.send_bytes <= io.recv_bytes) {
     if (absl::Status s = CopyDeviceMemory(recv, send, io.send_bytes); !s.ok()) {
       return s;
     }
   }
-  return RunDevice(std::move(spec), recv);
+  return impl_->RunDevice(std::move(spec), recv);
 }
 
 absl::StatusOr<OpInfo> Client::ReduceScatterDevice(
@@ -562,8 +481,8 @@ absl::StatusOr<OpInfo> Client::ReduceScatterDevice(
       SliceSpec(v1::REDUCE_SCATTER, send, send_count, recv, recv_count, dtype,
                 op, options);
   if (!spec.ok()) return spec.status();
-  const Io io = SliceIo(send, send_count, recv, recv_count, dtype);
-  if (io.buffer_bytes == 0) return RunDevice(std::move(spec), nullptr);
+  const OpIo io = SliceIo(send, send_count, recv, recv_count, dtype);
+  if (io.buffer_bytes == 0) return impl_->RunDevice(std::move(spec), nullptr);
   // The worker reduces in place: a scratch copy keeps `send` unchanged.
   Impl& im = *impl_;
   absl::MutexLock lock(&im.device_mu_);
@@ -581,7 +500,8 @@ absl::StatusOr<OpInfo> Client::ReduceScatterDevice(
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<OpInfo> info = RunDevice(std::move(spec), im.device_scratch_);
+  absl::StatusOr<OpInfo> info =
+      im.RunDevice(std::move(spec), im.device_scratch_);
   if (!info.ok()) return info;
   const size_t off = static_cast<size_t>(info->rank) * io.recv_bytes;
   if (info->rank < 0 || off > io.buffer_bytes ||
@@ -600,11 +520,7 @@ absl::StatusOr<OpInfo> Client::ReduceScatterDevice(
 }
 
 absl::StatusOr<OpInfo> Client::Barrier(OpOptions options) {
-  v1::OpSpec spec;
-  spec.set_kind(v1::BARRIER);
-  spec.set_timeout_ms(static_cast<uint32_t>(
-      absl::ToInt64Milliseconds(options.timeout)));
-  return Run(spec, Io::InPlace(nullptr, 0));
+  return impl_->Run(BarrierSpec(options), OpIo::InPlace(nullptr, 0));
 }
 
 absl::StatusOr<HostBuffer> Client::AllocateHostBuffer(size_t bytes) {
@@ -624,24 +540,38 @@ absl::StatusOr<HostBuffer> Client::AllocateHostBuffer(size_t bytes) {
   return b;
 }
 
-absl::StatusOr<v1::InfoReply> Client::Info() {
+// Client::Info and Client::RingHealth convert these (client_proto.cc).
+absl::StatusOr<v1::InfoReply> ClientProto::Info(Client& client) {
   grpc::ClientContext ctx;
   SetTimeout(ctx, absl::Seconds(10));
   ctx.set_wait_for_ready(true);
   v1::InfoReply reply;
-  grpc::Status s = impl_->stub_->GetInfo(&ctx, v1::InfoRequest(), &reply);
+  grpc::Status s =
+      client.impl_->stub_->GetInfo(&ctx, v1::InfoRequest(), &reply);
   if (!s.ok()) return FromGrpcStatus(s);
   return reply;
 }
 
-absl::StatusOr<v1::RingHealth> Client::RingHealth() {
+absl::StatusOr<v1::RingHealth> ClientProto::RingHealth(Client& client) {
   grpc::ClientContext ctx;
   SetTimeout(ctx, absl::Seconds(10));
   v1::RingHealth reply;
-  grpc::Status s =
-      impl_->stub_->GetRingHealth(&ctx, v1::RingHealthRequest(), &reply);
+  grpc::Status s = client.impl_->stub_->GetRingHealth(
+      &ctx, v1::RingHealthRequest(), &reply);
   if (!s.ok()) return FromGrpcStatus(s);
   return reply;
+}
+
+absl::StatusOr<WorkerInfo> Client::Info() {
+  absl::StatusOr<v1::InfoReply> r = ClientProto::Info(*this);
+  if (!r.ok()) return r.status();
+  return ToWorkerInfo(*r);
+}
+
+absl::StatusOr<RingHealth> Client::RingHealth() {
+  absl::StatusOr<v1::RingHealth> r = ClientProto::RingHealth(*this);
+  if (!r.ok()) return r.status();
+  return ToRingHealth(*r);
 }
 
 }  // namespace halka

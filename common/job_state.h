@@ -1,6 +1,8 @@
-// The one mapping from a job's membership state to the word people read
-// (halkactl health, logs, the ring page's JSON, Prometheus labels).
-// Header-only: every target that includes it links halka::proto already.
+// A job's membership state (the wire's v1::JobState) as the word people
+// read (halkactl health, logs, the ring page's JSON, Prometheus labels);
+// the words themselves are halka::JobStateName's (halka/types.h).
+// Header-only: every target that includes it links halka::proto and
+// halka::types already.
 #ifndef HALKA_COMMON_JOB_STATE_H_
 #define HALKA_COMMON_JOB_STATE_H_
 
@@ -10,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
 #include "google/protobuf/util/json_util.h"
+#include "halka/types.h"
 #include "halka/v1/common.pb.h"
 
 namespace halka {
@@ -17,18 +20,7 @@ namespace halka {
 // "forming", "healthy", "degraded", "waiting"; "unspecified" for 0 or a
 // value this build does not know. Thread-safe (pure).
 inline absl::string_view JobStateName(v1::JobState state) {
-  switch (state) {
-    case v1::JOB_STATE_FORMING:
-      return "forming";
-    case v1::JOB_STATE_HEALTHY:
-      return "healthy";
-    case v1::JOB_STATE_DEGRADED:
-      return "degraded";
-    case v1::JOB_STATE_WAITING:
-      return "waiting";
-    default:
-      return "unspecified";
-  }
+  return JobStateName(static_cast<JobState>(state));
 }
 
 // JSON for people and scripts keeps the word: inserts `"state":"<word>"`

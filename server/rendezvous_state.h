@@ -42,6 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "halka/types.h"
 
 namespace halka {
 
@@ -77,15 +78,9 @@ struct JoinArgs {
   uint64_t incarnation = 0; // 0: unknown (a retried join is idempotent)
 };
 
-// A job's membership state. Values match halka.v1.JobState (the service
-// converts by value); people read it through JobStateName().
-enum class JobState {
-  kUnspecified = 0,
-  kForming = 1,   // never formed
-  kHealthy = 2,   // running with max members
-  kDegraded = 3,  // running with fewer than max, at least min
-  kWaiting = 4,   // below min: the lost members stay as placeholders
-};
+// A job's membership state: halka::JobState (halka/types.h; values match
+// halka.v1.JobState, the service converts by value). While kWaiting the
+// lost members stay as placeholders.
 
 // What a worker learns when its job forms, and what health reports.
 struct MemberView {

@@ -11,7 +11,6 @@
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "common/job_state.h"
 #include "worker/core/cuda/cuda_reduce.h"
 #include "worker/core/dtype.h"
 #include "worker/core/frame.h"
@@ -347,128 +346,142 @@ absl::StatusOr<size_t> ParseBytes(const std::string& text) {
   return static_cast<size_t>(n * mult);
 }
 
-std::string FormatHealth(const v1::RingHealth& h) {
+namespace {
+
+// What a member does now: idle, its operation and where it waits, or lost.
+std::string MemberNow(const Member& m, const WorkerTelemetry& t) {
+  if (!m.alive) {
+    return absl::StrFormat("lost (last heard %.1f s ago)",
+                           m.last_heartbeat_age_s);
+  }
+  if (t.current_op.empty()) return "idle";
+  std::string now = absl::StrCat(t.current_op, " ", t.phase, " step ", t.step);
+  if (t.awaited_rank >= 0) {
+    absl::StrAppend(&now, absl::StrFormat(", waits for rank %d for %.1f s",
+                                          t.awaited_rank, t.waiting_for_s));
+  }
+  return now;
+}
+
+// One row per member, then the hang explainer: who waits for whom, where,
+// for how long.
+std::string FormatMembers(const RingHealth& h) {
   std::string out = absl::StrFormat(
-      "job %s: %s, generation %d, %d members\n", h.job_id(),
-      JobStateName(h.job_state()),
-      h.generation(), h.world_size());
-  absl::StrAppend(&out,
-                  absl::StrFormat("%4s  %-14s %-22s %-5s %7s %6s %6s %10s %10s "
-                                  "%8s  %s\n",
-                                  "rank", "worker", "address", "alive",
-                                  "hb_age", "ok", "failed", "sent_MB",
-                                  "recv_MB", "wait_s", "now"));
-  for (int i = 0; i < h.members_size(); ++i) {
-    const v1::Member& m = h.members(i);
-    const v1::WorkerTelemetry t =
-        i < h.telemetry_size() ? h.telemetry(i) : v1::WorkerTelemetry();
-    std::string now = t.current_op().empty() ? "idle" : t.current_op();
-    if (!m.alive()) {
-      now = absl::StrCat("lost (last heard ",
-                         absl::StrFormat("%.1f", m.last_heartbeat_age_s()),
-                         " s ago)");
-    } else if (!t.current_op().empty()) {
-      absl::StrAppend(&now, " ", t.phase(), " step ", t.step());
-      if (t.awaited_rank() >= 0) {
-        absl::StrAppend(&now, absl::StrFormat(", waits for rank %d for %.1f s",
-                                              t.awaited_rank(),
-                                              t.waiting_for_s()));
-      }
-    }
+      "%4s  %-14s %-22s %-5s %7s %6s %6s %10s %10s %8s  %s\n", "rank",
+      "worker", "address", "alive", "hb_age", "ok", "failed", "sent_MB",
+      "recv_MB", "wait_s", "now");
+  const WorkerTelemetry none;
+  for (size_t i = 0; i < h.members.size(); ++i) {
+    const Member& m = h.members[i];
+    const WorkerTelemetry& t = i < h.telemetry.size() ? h.telemetry[i] : none;
     absl::StrAppend(
         &out,
         absl::StrFormat("%4d  %-14s %-22s %-5s %6.1fs %6d %6d %10.1f %10.1f "
                         "%8.3f  %s\n",
-                        m.rank(), m.worker_id(), m.address(),
-                        m.alive() ? "yes" : "NO", m.last_heartbeat_age_s(),
-                        t.ops_completed(), t.ops_failed(),
-                        t.bytes_sent() / 1e6, t.bytes_received() / 1e6,
-                        t.wait_seconds(), now));
+                        m.rank, m.worker_id, m.address, m.alive ? "yes" : "NO",
+                        m.last_heartbeat_age_s, t.ops_completed, t.ops_failed,
+                        t.bytes_sent / 1e6, t.bytes_received / 1e6,
+                        t.wait_seconds, MemberNow(m, t)));
   }
-  // The hang explainer: who waits for whom, where, for how long.
-  for (int i = 0; i < h.members_size() && i < h.telemetry_size(); ++i) {
-    const v1::WorkerTelemetry& t = h.telemetry(i);
-    if (!h.members(i).alive() || t.current_op().empty() ||
-        t.awaited_rank() < 0) {
+  for (size_t i = 0; i < h.members.size() && i < h.telemetry.size(); ++i) {
+    const WorkerTelemetry& t = h.telemetry[i];
+    if (!h.members[i].alive || t.current_op.empty() || t.awaited_rank < 0) {
       continue;
     }
     absl::StrAppend(&out, absl::StrFormat(
                               "rank %d waits for rank %d: %s, %s step %d, "
                               "chunk %d of %d, for %.1f s\n",
-                              h.members(i).rank(), t.awaited_rank(),
-                              t.current_op(), t.phase(), t.step(), t.chunk(),
-                              t.chunks(), t.waiting_for_s()));
-  }
-  if (!h.change().empty()) {
-    absl::StrAppend(&out, "last membership change: ", h.change(), "\n");
-  }
-  if (h.max_world_size() > h.min_world_size()) {
-    absl::StrAppend(&out, absl::StrFormat("elastic: %d..%d members\n",
-                                          h.min_world_size(),
-                                          h.max_world_size()));
-  }
-  std::string links;
-  for (int i = 0; i < h.telemetry_size(); ++i) {
-    for (const v1::LinkTelemetry& l : h.telemetry(i).links()) {
-      const std::string peer =
-          l.peer() < h.world_size() ? absl::StrCat("rank ", l.peer())
-                                    : absl::StrCat("ps ", l.peer() - h.world_size());
-      absl::StrAppend(&links, absl::StrFormat("  rank %d <-> %-8s sent %10.1f MB  "
-                                              "received %10.1f MB\n",
-                                              h.members(i).rank(), peer,
-                                              l.bytes_sent() / 1e6,
-                                              l.bytes_received() / 1e6));
-    }
-  }
-  if (!links.empty()) absl::StrAppend(&out, "links (payload bytes):\n", links);
-  if (!h.last_algorithm().empty()) {
-    absl::StrAppend(&out, absl::StrFormat(
-                              "last operations: algorithm %s, chunk %d bytes\n",
-                              h.last_algorithm(), h.last_chunk_bytes()));
-  }
-  if (h.edges_size() > 0) {
-    absl::StrAppend(
-        &out, "edges (last minute; * = ring edge, wait = receiver blocked "
-              "on sender in the data phases, wire = sender's link writing, "
-              "MB/s = MB / wire):\n",
-        absl::StrFormat("  %-9s %10s %8s %10s %9s %9s %8s %8s %6s\n", "edge",
-                        "MB", "wire_s", "MB/s", "wait_s", "added_s", "p50_ms",
-                        "p99_ms", "errors"));
-    for (const v1::EdgeHealth& e : h.edges()) {
-      const std::string name =
-          absl::StrCat(e.ring() ? "*" : " ", e.from(), "->", e.to());
-      const bool slowest = e.from() == h.diagnosis().slowest_from() &&
-                           e.to() == h.diagnosis().slowest_to();
-      absl::StrAppend(
-          &out, absl::StrFormat(
-                    "  %-9s %10.1f %8.3f %10.1f %9.3f %9.3f %8.2f %8.2f "
-                    "%6d%s\n",
-                    name, e.bytes() / 1e6, e.wire_seconds(),
-                    e.throughput_bps() / 1e6,
-                    e.wait_seconds(), e.added_wait_seconds(),
-                    e.wait_p50_seconds() * 1e3, e.wait_p99_seconds() * 1e3,
-                    e.errors(), slowest ? "  <- slowest" : ""));
-    }
-  }
-  if (h.ranks_size() > 0) {
-    absl::StrAppend(&out, "ranks (last minute; lag = how long after the "
-                          "first rank its calls reached the ring):\n",
-                    absl::StrFormat("  %4s %10s %10s %6s %9s %9s\n", "rank",
-                                    "lag_p50_ms", "lag_p99_ms", "ops",
-                                    "stall_s", "ring_s"));
-    for (const v1::RankHealth& r : h.ranks()) {
-      absl::StrAppend(&out, absl::StrFormat(
-                                "  %4d %10.1f %10.1f %6d %9.3f %9.3f\n",
-                                r.rank(), r.arrival_lag_p50_seconds() * 1e3,
-                                r.arrival_lag_p99_seconds() * 1e3,
-                                r.arrival_ops(), r.stall_seconds(),
-                                r.ring_seconds()));
-    }
-  }
-  if (!h.diagnosis().summary().empty()) {
-    absl::StrAppend(&out, "diagnosis: ", h.diagnosis().summary(), "\n");
+                              h.members[i].rank, t.awaited_rank, t.current_op,
+                              t.phase, t.step, t.chunk, t.chunks,
+                              t.waiting_for_s));
   }
   return out;
 }
 
+// Payload bytes per link, as each worker counts them.
+std::string FormatLinks(const RingHealth& h) {
+  std::string links;
+  for (size_t i = 0; i < h.telemetry.size() && i < h.members.size(); ++i) {
+    for (const LinkTelemetry& l : h.telemetry[i].links) {
+      const std::string peer =
+          l.peer < h.world_size ? absl::StrCat("rank ", l.peer)
+                                : absl::StrCat("ps ", l.peer - h.world_size);
+      absl::StrAppend(&links, absl::StrFormat("  rank %d <-> %-8s sent %10.1f "
+                                              "MB  received %10.1f MB\n",
+                                              h.members[i].rank, peer,
+                                              l.bytes_sent / 1e6,
+                                              l.bytes_received / 1e6));
+    }
+  }
+  return links.empty() ? "" : absl::StrCat("links (payload bytes):\n", links);
+}
+
+std::string FormatEdges(const RingHealth& h) {
+  if (h.edges.empty()) return "";
+  std::string out = absl::StrCat(
+      "edges (last minute; * = ring edge, wait = receiver blocked on sender "
+      "in the data phases, wire = sender's link writing, MB/s = MB / "
+      "wire):\n",
+      absl::StrFormat("  %-9s %10s %8s %10s %9s %9s %8s %8s %6s\n", "edge",
+                      "MB", "wire_s", "MB/s", "wait_s", "added_s", "p50_ms",
+                      "p99_ms", "errors"));
+  for (const EdgeHealth& e : h.edges) {
+    const std::string name =
+        absl::StrCat(e.ring ? "*" : " ", e.from, "->", e.to);
+    const bool slowest = e.from == h.diagnosis.slowest_from &&
+                         e.to == h.diagnosis.slowest_to;
+    absl::StrAppend(
+        &out, absl::StrFormat(
+                  "  %-9s %10.1f %8.3f %10.1f %9.3f %9.3f %8.2f %8.2f %6d%s\n",
+                  name, e.bytes / 1e6, e.wire_seconds, e.throughput_bps / 1e6,
+                  e.wait_seconds, e.added_wait_seconds,
+                  e.wait_p50_seconds * 1e3, e.wait_p99_seconds * 1e3,
+                  e.errors, slowest ? "  <- slowest" : ""));
+  }
+  return out;
+}
+
+std::string FormatRanks(const RingHealth& h) {
+  if (h.ranks.empty()) return "";
+  std::string out = absl::StrCat(
+      "ranks (last minute; lag = how long after the first rank its calls "
+      "reached the ring):\n",
+      absl::StrFormat("  %4s %10s %10s %6s %9s %9s\n", "rank", "lag_p50_ms",
+                      "lag_p99_ms", "ops", "stall_s", "ring_s"));
+  for (const RankHealth& r : h.ranks) {
+    absl::StrAppend(&out, absl::StrFormat(
+                              "  %4d %10.1f %10.1f %6d %9.3f %9.3f\n", r.rank,
+                              r.arrival_lag_p50_seconds * 1e3,
+                              r.arrival_lag_p99_seconds * 1e3, r.arrival_ops,
+                              r.stall_seconds, r.ring_seconds));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string FormatHealth(const RingHealth& h) {
+  std::string out = absl::StrFormat(
+      "job %s: %s, generation %d, %d members\n", h.job_id,
+      JobStateName(h.job_state), h.generation, h.world_size);
+  absl::StrAppend(&out, FormatMembers(h));
+  if (!h.change.empty()) {
+    absl::StrAppend(&out, "last membership change: ", h.change, "\n");
+  }
+  if (h.max_world_size > h.min_world_size) {
+    absl::StrAppend(&out, absl::StrFormat("elastic: %d..%d members\n",
+                                          h.min_world_size, h.max_world_size));
+  }
+  absl::StrAppend(&out, FormatLinks(h));
+  if (!h.last_algorithm.empty()) {
+    absl::StrAppend(&out, absl::StrFormat(
+                              "last operations: algorithm %s, chunk %d bytes\n",
+                              h.last_algorithm, h.last_chunk_bytes));
+  }
+  absl::StrAppend(&out, FormatEdges(h), FormatRanks(h));
+  if (!h.diagnosis.summary.empty()) {
+    absl::StrAppend(&out, "diagnosis: ", h.diagnosis.summary, "\n");
+  }
+  return out;
+}
 }  // namespace halka

@@ -68,8 +68,9 @@ std::string BenchRowJson(const BenchRow& row, int world_size);
 // "8", "1K", "64M", "1G" -> bytes. INVALID_ARGUMENT otherwise.
 absl::StatusOr<size_t> ParseBytes(const std::string& text);
 
-// Table of a RingHealth reply.
-std::string FormatHealth(const v1::RingHealth& health);
+// Table of a job's health (Client::RingHealth; from the wire's reply:
+// ToRingHealth in client/client_proto.h).
+std::string FormatHealth(const RingHealth& health);
 
 }  // namespace halka
 

@@ -29,6 +29,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/client_proto.h"
 #include "client/halkactl/bench.h"
 #include "client/halkactl/health_cmd.h"
 #include "common/grpc_util.h"
@@ -401,13 +402,13 @@ int BenchCommand() {
     for (auto& cl : owned) {
       auto info = cl->Info();
       if (!info.ok()) return Fail(info.status());
-      if (info->world_size() != static_cast<int>(owned.size()) ||
-          by_rank[info->rank()]) {
+      if (info->world_size != static_cast<int>(owned.size()) ||
+          by_rank[info->rank]) {
         return Fail(absl::InvalidArgumentError(absl::StrCat(
             "--worker must list every worker of the job once (world size ",
-            info->world_size(), ")")));
+            info->world_size, ")")));
       }
-      by_rank[info->rank()] = std::move(cl);
+      by_rank[info->rank] = std::move(cl);
     }
     owned = std::move(by_rank);
   }
@@ -415,7 +416,7 @@ int BenchCommand() {
   int rc = Bench(clients, *cases, OptionsFromFlags(), absl::GetFlag(FLAGS_json));
   const std::string trace = absl::GetFlag(FLAGS_trace);
   if (!trace.empty()) {
-    absl::StatusOr<v1::RingHealth> h = clients[0]->RingHealth();
+    absl::StatusOr<v1::RingHealth> h = ClientProto::RingHealth(*clients[0]);
     if (!h.ok()) return Fail(h.status());
     if (int t = WriteTrace(*h, trace); t != 0) rc = t;
   }
@@ -441,8 +442,8 @@ int AllReduceCommand() {
   if (!client.ok()) return Fail(client.status());
   auto info = (*client)->Info();
   if (!info.ok()) return Fail(info.status());
-  const int g = info->world_size();
-  const int rank = info->rank();
+  const int g = info->world_size;
+  const int rank = info->rank;
   // Every rank generates every rank's input, so each can check the result
   // on its own.
   std::vector<std::vector<uint8_t>> inputs;

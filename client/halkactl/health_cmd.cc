@@ -11,6 +11,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "client/client_proto.h"
 #include "client/halkactl/bench.h"
 #include "common/grpc_util.h"
 #include "common/job_state.h"
@@ -99,7 +100,7 @@ static int Health(const std::string& rendezvous, const std::string& job,
   } else if (!worker.empty()) {
     auto client = Client::Connect(worker);
     if (!client.ok()) return Fail(client.status());
-    h = (*client)->RingHealth();
+    h = ClientProto::RingHealth(**client);
   } else {
     return Fail(absl::InvalidArgumentError(
         "health needs --rendezvous=ADDR --job=ID or --worker=ADDR"));
@@ -110,7 +111,7 @@ static int Health(const std::string& rendezvous, const std::string& job,
     if (!out.ok()) return Fail(out.status());
     std::printf("%s", out->c_str());
   } else {
-    std::printf("%s", FormatHealth(*h).c_str());
+    std::printf("%s", FormatHealth(ToRingHealth(*h)).c_str());
     if (h->failing()) std::printf("%s\n", h->diagnosis().failure().c_str());
   }
   std::fflush(stdout);

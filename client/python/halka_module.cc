@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "client/client_proto.h"
 #include "common/job_state.h"
 #include "halka/client.h"
 #include "halka/local_cluster.h"
@@ -129,7 +130,7 @@ class PyClient {
     absl::StatusOr<v1::InfoReply> r;
     {
       py::gil_scoped_release release;
-      r = c_->Info();
+      r = ClientProto::Info(*c_);
     }
     return Check(JobJson(Check(std::move(r))));
   }
@@ -137,7 +138,7 @@ class PyClient {
     absl::StatusOr<v1::RingHealth> h;
     {
       py::gil_scoped_release release;
-      h = c_->RingHealth();
+      h = ClientProto::RingHealth(*c_);
     }
     return Check(JobJson(Check(std::move(h))));
   }

@@ -170,11 +170,11 @@ class ProcessGroupHalka : public c10d::ProcessGroup {
     int halka_rank = rank;
     if (daemon != nullptr && *daemon != '\0') {
       client_ = Must(Client::Connect(daemon), "connect to HALKA_WORKER");
-      v1::InfoReply info = Must(client_->Info(), "ask the worker");
-      TORCH_CHECK(info.world_size() == size, "ProcessGroup halka: the worker ",
-                  daemon, " is in a job of ", info.world_size(),
+      const WorkerInfo info = Must(client_->Info(), "ask the worker");
+      TORCH_CHECK(info.world_size == size, "ProcessGroup halka: the worker ",
+                  daemon, " is in a job of ", info.world_size,
                   " ranks, the process group has ", size);
-      halka_rank = info.rank();
+      halka_rank = info.rank;
     } else {
       StartEmbedded(store, rank, size);
     }

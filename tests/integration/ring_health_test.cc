@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "client/client_proto.h"
 #include "client/halkactl/bench.h"
 #include "halka/client.h"
 #include "halka/local_cluster.h"
@@ -123,7 +124,7 @@ TEST(RingHealth, ThrottledRankIsNamedAsTheStraggler) {
   // 4 MiB: 1 MiB segments of 4 chunks; 24 delayed chunks (120 ms) per op.
   c.RunOps(10, 1 << 20);
   const v1::RingHealth h = GetHealth(*c.cluster);
-  std::printf("%s", FormatHealth(h).c_str());
+  std::printf("%s", FormatHealth(ToRingHealth(h)).c_str());
   EXPECT_EQ(h.job_state(), v1::JOB_STATE_HEALTHY);
   EXPECT_EQ(h.last_algorithm(), "ring");
   EXPECT_EQ(h.last_chunk_bytes(), 256u << 10);
@@ -152,7 +153,25 @@ TEST(RingHealth, ThrottledRankIsNamedAsTheStraggler) {
   EXPECT_GE(reduce, 10 * 24 * 0.005 * 0.9);
   EXPECT_EQ(t2.last_op().ops(), 1u);
   EXPECT_EQ(t2.window().ops(), 10u);
-  const std::string table = FormatHealth(h);
+  // The SDK's plain struct (through a worker) says the same, and is what
+  // halkactl prints.
+  absl::StatusOr<halka::RingHealth> sdk = c.clients[1]->RingHealth();
+  ASSERT_TRUE(sdk.ok()) << sdk.status();
+  EXPECT_EQ(sdk->job_id, "local");
+  EXPECT_EQ(sdk->job_state, JobState::kHealthy);
+  EXPECT_EQ(sdk->world_size, g);
+  ASSERT_EQ(sdk->members.size(), static_cast<size_t>(g));
+  ASSERT_EQ(sdk->telemetry.size(), static_cast<size_t>(g));
+  EXPECT_EQ(sdk->members[3].worker_id, h.members(3).worker_id());
+  EXPECT_EQ(sdk->members[3].address, h.members(3).address());
+  EXPECT_GE(sdk->telemetry[2].ops_completed, 10u);
+  EXPECT_EQ(sdk->last_algorithm, "ring");
+  EXPECT_EQ(sdk->diagnosis.straggler_rank, 2);
+  EXPECT_EQ(sdk->diagnosis.slowest_from, 2);
+  EXPECT_EQ(sdk->diagnosis.slowest_to, 3);
+  EXPECT_EQ(sdk->edges.size(), static_cast<size_t>(h.edges_size()));
+  EXPECT_EQ(sdk->ranks.size(), static_cast<size_t>(h.ranks_size()));
+  const std::string table = FormatHealth(*sdk);
   EXPECT_THAT(table, HasSubstr("*2->3"));
   EXPECT_THAT(table, HasSubstr("<- slowest"));
   EXPECT_THAT(table, HasSubstr("diagnosis: rank 2 is the straggler"));
@@ -237,6 +256,19 @@ TEST(RingHealth, IdleRingReportsNoTraffic) {
   EXPECT_EQ(h.diagnosis().straggler_rank(), -1);
   EXPECT_EQ(h.diagnosis().summary(), "no ring traffic in the window");
   EXPECT_EQ(h.last_algorithm(), "");
+  // Client::Info: the worker's own view, in the SDK's plain struct.
+  absl::StatusOr<WorkerInfo> info = c.clients[2]->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->job_id, "local");
+  EXPECT_EQ(info->rank, 2);
+  EXPECT_EQ(info->world_size, 3);
+  EXPECT_EQ(info->generation, h.generation());
+  EXPECT_TRUE(info->in_ring);
+  EXPECT_EQ(info->job_state, JobState::kHealthy);
+  ASSERT_EQ(info->members.size(), 3u);
+  EXPECT_EQ(info->members[2].rank, 2);
+  EXPECT_EQ(info->members[2].worker_id, info->worker_id);
+  EXPECT_TRUE(info->members[0].alive);
 }
 
 }  // namespace

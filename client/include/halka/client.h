@@ -30,9 +30,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "halka/ring.h"
 #include "halka/types.h"
-#include "halka/v1/rendezvous.pb.h"
-#include "halka/v1/worker.pb.h"
 
 namespace halka {
 
@@ -237,55 +236,19 @@ class Client {
   // Shared memory for zero-copy collectives (same host only).
   absl::StatusOr<HostBuffer> AllocateHostBuffer(size_t bytes);
 
-  // This worker's rank, world and members.
-  absl::StatusOr<v1::InfoReply> Info();
-  // The job's health, as the rendezvous sees it.
-  absl::StatusOr<v1::RingHealth> RingHealth();
+  // This worker's rank, world and members (halka/ring.h).
+  absl::StatusOr<WorkerInfo> Info();
+  // The job's health, as the rendezvous sees it (halka/ring.h).
+  absl::StatusOr<halka::RingHealth> RingHealth();
 
  private:
+  // Everything that speaks the wire (the worker's stub, the requests being
+  // built, the shared regions) lives in Impl (client.cc).
   class Impl;
+  // halka's own tools' access to the wire replies (client/client_proto.h;
+  // not part of the SDK).
+  friend struct ClientProto;
   explicit Client(std::unique_ptr<Impl> impl);
-  // What a call moves: the worker's buffer of buffer_bytes starts with
-  // `send` (send_bytes); the result (recv_bytes) goes to `recv`: from the
-  // start of the buffer, or a reduce-scatter's slice of this rank.
-  struct Io {
-    const void* send;
-    size_t send_bytes;
-    void* recv;
-    size_t recv_bytes;
-    size_t buffer_bytes;
-    static Io InPlace(void* data, size_t bytes) {
-      return Io{data, bytes, data, bytes, bytes};
-    }
-  };
-  static Io SliceIo(const void* send, size_t send_count, void* recv,
-                    size_t recv_count, DType dtype);
-  absl::StatusOr<OpInfo> Run(v1::OpSpec spec, const Io& io);
-  // An all-gather: sets spec's input_slice to where the contribution is in
-  // recv (in place: true), else to 0 (false: the caller copies it there).
-  static bool InPlaceSlice(const Io& io, v1::OpSpec* spec);
-  // The same on host memory, copying the contribution when needed.
-  static void PlaceContribution(const Io& io, v1::OpSpec* spec);
-  // Runs a checked spec (or returns its error) on a device tensor.
-  absl::StatusOr<OpInfo> RunDevice(absl::StatusOr<v1::OpSpec> spec,
-                                   void* device_data);
-  // One Worker.Run call (shared memory, device tensor, or no data); it
-  // stamps the request (InFlight).
-  absl::StatusOr<OpInfo> RunShm(v1::RunRequest req, const char* transfer);
-  // A request on its way, from right before its send until its answer.
-  // Marks it with this client's id and next call index (OpSpec.caller_id,
-  // call_index), from which the worker tells a call lost on its way, when
-  // no other request of this client is in flight; else leaves it unmarked.
-  class InFlight {
-   public:
-    InFlight(Client& client, v1::OpSpec* spec);
-    ~InFlight();
-    InFlight(const InFlight&) = delete;
-    InFlight& operator=(const InFlight&) = delete;
-
-   private:
-    Client& client_;
-  };
   std::unique_ptr<Impl> impl_;
 };
 

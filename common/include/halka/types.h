@@ -1,6 +1,6 @@
 // halka's public vocabulary: element types, reduction operators, collective
-// kinds and algorithms, the 16-bit float element types of the SDK's spans,
-// and the default deadline of one operation.
+// kinds and algorithms, job states, the 16-bit float element types of the
+// SDK's spans, and the default deadline of one operation.
 //
 // Shared by the SDK (client/include/halka/client.h) and the engine
 // (worker/core/dtype.h, worker/core/frame.h), which adds names, parsing and
@@ -59,6 +59,33 @@ enum class Algorithm : uint8_t {
   kNaive = 2,
   kParameterServer = 3,
 };
+
+// A job's membership state. Values match halka.v1.JobState (the
+// rendezvous's state and the SDK's RingHealth use it).
+enum class JobState {
+  kUnspecified = 0,
+  kForming = 1,   // never formed
+  kHealthy = 2,   // running with max members
+  kDegraded = 3,  // running with fewer than max, at least min
+  kWaiting = 4,   // below min: operations fail until enough members (re)join
+};
+
+// "forming", "healthy", "degraded", "waiting"; "unspecified" for 0 or a
+// value this build does not know.
+constexpr const char* JobStateName(JobState state) {
+  switch (state) {
+    case JobState::kForming:
+      return "forming";
+    case JobState::kHealthy:
+      return "healthy";
+    case JobState::kDegraded:
+      return "degraded";
+    case JobState::kWaiting:
+      return "waiting";
+    default:
+      return "unspecified";
+  }
+}
 
 // 16-bit float element types for spans (bit patterns; no arithmetic).
 struct Half {

@@ -19,9 +19,10 @@
 #      (each its own run, so that one past its time loses only itself)
 #   4. 4 KiB at G = 4, three runs of 1,000 operations, then one each with
 #      the rings polled 20 and 50 µs before sleeping (--shm_spin_us)
-#   5. TLS: the sealing's own rate (halka-seal-bench, VAES-512 against
-#      OpenSSL), then G = 4, 1-64 MiB over TCP, plaintext then mutual TLS
-#      (--tls --tls_dir bundle/certs)
+#   5. TLS: the sealing's own rate (halka-seal-bench: OpenSSL's OCB, the
+#      default engine, and the opt-in VAES-512 where the host takes it),
+#      then G = 4, 1-64 MiB over TCP, plaintext then mutual TLS
+#      (--tls --tls_dir bundle/certs; the default engine)
 #   6. halka as users get it on one host (same-host shared-memory links), the
 #      same sizes, next to step 3's Gloo figures
 # Everything goes to $OUT (the device tool brings it back), else to

@@ -33,12 +33,13 @@ struct Registry {
     const uint8_t* base;
     size_t size;
     std::string name;
+    std::string capability;  // its owner page's (common/held_shm.h)
   };
   absl::Mutex mu;
   std::vector<Region> regions ABSL_GUARDED_BY(mu);
 
   bool Find(const void* p, size_t bytes, std::string* name, uint64_t* offset,
-            uint64_t* size) {
+            uint64_t* size, std::string* capability) {
     const uint8_t* q = static_cast<const uint8_t*>(p);
     absl::MutexLock lock(&mu);
     for (const Region& r : regions) {
@@ -46,6 +47,7 @@ struct Registry {
         *name = r.name;
         *offset = static_cast<uint64_t>(q - r.base);
         *size = r.size;
+        *capability = r.capability;
         return true;
       }
     }
@@ -83,12 +85,19 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
 HostBuffer::~HostBuffer() {
   if (data_ == nullptr) return;
   if (registry_) static_cast<Registry*>(registry_.get())->Remove(name_);
-  munmap(data_, size_);
+  UnmapOwnedShm(data_, size_);
   shm_unlink(name_.c_str());
   data_ = nullptr;
 }
 
 namespace {
+
+// The worker cannot map our shared memory (another host, container or
+// /dev/shm: it cannot open the object, so it cannot see that it is ours).
+bool CannotShare(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kNotFound ||
+         s.code() == absl::StatusCode::kPermissionDenied;
+}
 
 // Random and never 0 (0: a call without a caller).
 uint64_t NewCallerId() {
@@ -115,7 +124,7 @@ class Client::Impl {
   ~Impl() {
     FreeDeviceMemory(device_scratch_);
     if (staging_ != nullptr) {
-      munmap(staging_, staging_size_);
+      UnmapOwnedShm(staging_, staging_size_);
       shm_unlink(staging_name_.c_str());
     }
   }
@@ -156,6 +165,7 @@ class Client::Impl {
   void* staging_ ABSL_GUARDED_BY(staging_mu_) = nullptr;
   size_t staging_size_ ABSL_GUARDED_BY(staging_mu_) = 0;
   std::string staging_name_ ABSL_GUARDED_BY(staging_mu_);
+  std::string staging_capability_ ABSL_GUARDED_BY(staging_mu_);
 
   SessionSlot session_;  // same-host workers (client/shm_session.h)
 
@@ -264,21 +274,23 @@ absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
   if (im.use_shm_ && io.buffer_bytes > 0) {
     v1::RunRequest req;
     *req.mutable_spec() = spec;
-    std::string name;
+    std::string name, capability;
     uint64_t offset = 0, size = 0;
     // Zero copy when the worker may write the result where the caller
     // wants it and read the input from there: all-reduce and broadcast in
     // place, all-gather into a shared recv buffer. A reduce-scatter always
     // stages: reduced in place, the caller's (const) input would change.
     if (!reduce_scatter && io.recv_bytes == io.buffer_bytes &&
-        im.registry_->Find(io.recv, io.buffer_bytes, &name, &offset, &size)) {
+        im.registry_->Find(io.recv, io.buffer_bytes, &name, &offset, &size,
+                           &capability)) {
       if (spec.kind() == v1::ALL_GATHER) PlaceContribution(io, req.mutable_spec());
       req.set_shm_name(name);
       req.set_shm_offset(offset);
       req.set_shm_size(size);
+      req.set_shm_capability(capability);
       absl::StatusOr<OpInfo> info = RunShm(req, "shm");
       if (info.ok()) info->zero_copy = true;
-      if (info.ok() || info.status().code() != absl::StatusCode::kNotFound ||
+      if (info.ok() || !CannotShare(info.status()) ||
           im.options_.transfer == Transfer::kSharedMemory) {
         return info;
       }
@@ -289,7 +301,7 @@ absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
       absl::MutexLock lock(&im.staging_mu_);
       if (im.staging_size_ < io.buffer_bytes) {
         if (im.staging_ != nullptr) {
-          munmap(im.staging_, im.staging_size_);
+          UnmapOwnedShm(im.staging_, im.staging_size_);
           shm_unlink(im.staging_name_.c_str());
           im.staging_ = nullptr;
           im.staging_size_ = 0;
@@ -297,16 +309,18 @@ absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
         size_t want = 1 << 20;
         while (want < io.buffer_bytes) want *= 2;
         im.staging_name_ = NewHeldShmName();
-        auto made = CreateHeldShm(im.staging_name_, want, /*reserve=*/false);
+        auto made = CreateOwnedShm(im.staging_name_, want);
         if (!made.ok()) return made.status();
         im.staging_ = made->data;
         im.staging_size_ = made->size;
+        im.staging_capability_ = std::move(made->capability);
       }
       // An all-gather's contribution goes to slice 0 (input_slice 0).
       std::memcpy(im.staging_, io.send, io.send_bytes);
       req.set_shm_name(im.staging_name_);
       req.set_shm_offset(0);
       req.set_shm_size(im.staging_size_);
+      req.set_shm_capability(im.staging_capability_);
       absl::StatusOr<OpInfo> info = RunShm(req, "shm-staged");
       if (info.ok()) {
         absl::StatusOr<size_t> off = result_offset(info->rank);
@@ -314,7 +328,7 @@ absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
         std::memcpy(io.recv, static_cast<uint8_t*>(im.staging_) + *off,
                     io.recv_bytes);
       }
-      if (info.ok() || info.status().code() != absl::StatusCode::kNotFound ||
+      if (info.ok() || !CannotShare(info.status()) ||
           im.options_.transfer == Transfer::kSharedMemory) {
         return info;
       }
@@ -527,7 +541,7 @@ absl::StatusOr<HostBuffer> Client::AllocateHostBuffer(size_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("host buffer of 0 bytes");
   HostBuffer b;
   b.name_ = NewHeldShmName();
-  auto made = CreateHeldShm(b.name_, bytes, /*reserve=*/false);
+  auto made = CreateOwnedShm(b.name_, bytes);
   if (!made.ok()) return made.status();
   b.data_ = made->data;
   b.size_ = made->size;
@@ -535,7 +549,8 @@ absl::StatusOr<HostBuffer> Client::AllocateHostBuffer(size_t bytes) {
   {
     absl::MutexLock lock(&impl_->registry_->mu);
     impl_->registry_->regions.push_back(
-        Registry::Region{static_cast<const uint8_t*>(b.data_), b.size_, b.name_});
+        Registry::Region{static_cast<const uint8_t*>(b.data_), b.size_, b.name_,
+                         std::move(made->capability)});
   }
   return b;
 }

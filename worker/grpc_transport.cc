@@ -12,6 +12,7 @@
 #include "wire/frame_codec.h"
 #include "wire/link_metadata.h"
 #include "common/security.h"
+#include "worker/link_path.h"
 #include "worker/shm_link.h"
 #include "worker/wire_link.h"
 
@@ -95,13 +96,12 @@ class GrpcTransport::OutLink
   // False when the stream is finished: the frame was not taken, and the
   // caller reconnects or releases it.
   bool Enqueue(grpc::ByteBuffer frame, std::function<void()>* on_released) {
-    std::shared_ptr<ShmSender> shm;
-    std::shared_ptr<WireSender> wire;
-    ShmSender::Frame copy;
+    std::shared_ptr<LinkPath> path;
+    OutFrame copy;
     {
       absl::MutexLock lock(&mu_);
       if (done_ || failed_ || closing_) return false;
-      if (path_ != Path::kShm && path_ != Path::kWire) {
+      if (taken_ == nullptr) {  // the gRPC stream, or still choosing
         queue_.push_back(Pending{std::move(frame), std::move(*on_released)});
         if (path_ == Path::kGrpc && !writing_) {
           writing_ = true;
@@ -109,16 +109,11 @@ class GrpcTransport::OutLink
         }
         return true;
       }
-      shm = shm_;
-      wire = wire_;
-      copy = ToShmFrame(std::move(frame), std::move(*on_released));
+      path = taken_;
+      copy = ToOutFrame(std::move(frame), std::move(*on_released));
     }
-    // Ordered behind earlier frames by the sender's own lock.
-    if (wire != nullptr) {
-      wire->Send(std::move(copy));
-    } else if (shm->Send(copy)) {
-      ReleaseOnce(copy.on_released);
-    }
+    // Ordered behind earlier frames by the path's own lock.
+    path->SendOne(std::move(copy));
     return true;
   }
 
@@ -142,18 +137,14 @@ class GrpcTransport::OutLink
       }
       int port = 0;
       std::string token;
-      if (ring != nullptr && answer == "ok") {
+      const PathKind chosen = ChoosePath(
+          ok && ring != nullptr && answer == "ok",
+          ok && wire_offered_ && ParseWireAnswer(wire_answer, &port, &token));
+      if (chosen == PathKind::kShm) {
         ShmLinkCounters().accepted.fetch_add(1);
         path_ = Path::kShm;
-        shm_ = std::make_shared<ShmSender>(ring);
-        std::vector<ShmSender::Frame> held;
-        for (Pending& p : queue_) {
-          held.push_back(ToShmFrame(std::move(p.frame), std::move(p.on_released)));
-        }
-        queue_.clear();
-        shm_->Queue(std::move(held));
-      } else if (ok && wire_offered_ &&
-                 ParseWireAnswer(wire_answer, &port, &token)) {
+        TakePath(std::make_shared<ShmSender>(ring));
+      } else if (chosen == PathKind::kWire) {
         // Frames keep waiting until the connection is up (OnWireReady).
         if (ring != nullptr) ShmLinkCounters().refused.fetch_add(1);
         wire_ = std::make_shared<WireSender>(
@@ -200,12 +191,7 @@ class GrpcTransport::OutLink
     if (status.ok()) {
       WireLinkCounters().accepted.fetch_add(1);
       path_ = Path::kWire;
-      std::vector<ShmSender::Frame> held;
-      for (Pending& p : queue_) {
-        held.push_back(ToShmFrame(std::move(p.frame), std::move(p.on_released)));
-      }
-      queue_.clear();
-      wire_->Queue(std::move(held));
+      TakePath(wire_);
       return;
     }
     WireLinkCounters().fell_back.fetch_add(1);
@@ -315,7 +301,7 @@ class GrpcTransport::OutLink
 
   void OnDone(const grpc::Status& status) override {
     std::deque<Pending> dropped;
-    std::shared_ptr<ShmSender> shm;
+    std::shared_ptr<LinkPath> taken;
     std::shared_ptr<WireSender> wire;
     std::shared_ptr<ShmRing> ring;
     bool report;
@@ -324,13 +310,15 @@ class GrpcTransport::OutLink
       dropped.swap(queue_);
       report = !cancelled_ && !reported_;
       reported_ = true;
-      shm = std::move(shm_);
+      taken = std::move(taken_);
       wire = std::move(wire_);
       ring = std::move(ring_);
     }
     for (Pending& p : dropped) p.Release();
-    if (shm) shm->Close();  // releases what it still holds
-    if (wire) wire->Close();  // waits for its thread (and its callbacks)
+    // Releases what it still holds; a wire waits for its thread (and its
+    // callbacks), also while it is still connecting (not yet taken).
+    if (taken) taken->Close();
+    if (wire) wire->Close();
     if (report) {
       owner_->inbox_->LinkFailed(
           to_, absl::Status(static_cast<absl::StatusCode>(status.error_code()),
@@ -353,12 +341,23 @@ class GrpcTransport::OutLink
     std::function<void()> on_released;
     void Release() { ReleaseOnce(on_released); }
   };
-  // The frame's bytes as the ring copies them; the slices keep them.
-  static ShmSender::Frame ToShmFrame(grpc::ByteBuffer frame,
-                                     std::function<void()> on_released) {
+  // From now on the link's frames take `path`, those held first.
+  void TakePath(std::shared_ptr<LinkPath> path)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    taken_ = std::move(path);
+    std::vector<OutFrame> held;
+    for (Pending& p : queue_) {
+      held.push_back(ToOutFrame(std::move(p.frame), std::move(p.on_released)));
+    }
+    queue_.clear();
+    taken_->Send(std::move(held));
+  }
+  // The frame's bytes as a path takes them; the slices keep them.
+  static OutFrame ToOutFrame(grpc::ByteBuffer frame,
+                             std::function<void()> on_released) {
     auto slices = std::make_shared<std::vector<grpc::Slice>>();
     (void)frame.Dump(slices.get());  // ours: two plain slices
-    ShmSender::Frame f;
+    OutFrame f;
     for (const grpc::Slice& s : *slices) f.parts.emplace_back(s.begin(), s.size());
     f.keepalive = std::move(slices);
     f.on_released = std::move(on_released);
@@ -384,11 +383,12 @@ class GrpcTransport::OutLink
   std::shared_ptr<OutLink> self_ ABSL_GUARDED_BY(mu_);
   Path path_ ABSL_GUARDED_BY(mu_) = Path::kGrpc;
   std::shared_ptr<ShmRing> ring_ ABSL_GUARDED_BY(mu_);  // offered
-  std::shared_ptr<ShmSender> shm_ ABSL_GUARDED_BY(mu_);  // kShm
+  // The path the frames take (kShm, kWire); null: the gRPC stream's queue_.
+  std::shared_ptr<LinkPath> taken_ ABSL_GUARDED_BY(mu_);
   bool wire_offered_ ABSL_GUARDED_BY(mu_) = false;
   // "" on a plaintext channel; wiped (WipeKey) when the link goes.
   WipedKey wire_key_ ABSL_GUARDED_BY(mu_);
-  // From the answer on: connecting, then (kWire) carrying the frames.
+  // From the answer on: connecting, then (kWire, as taken_) carrying them.
   std::shared_ptr<WireSender> wire_ ABSL_GUARDED_BY(mu_);
 };
 

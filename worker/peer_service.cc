@@ -7,6 +7,7 @@
 #include "common/grpc_util.h"
 #include "wire/frame_codec.h"
 #include "wire/link_metadata.h"
+#include "worker/link_path.h"
 #include "worker/shm_link.h"
 #include "worker/wire_link.h"
 
@@ -126,8 +127,11 @@ class PeerService::InLink
               std::string(it->second.data(), it->second.size()))));
       answered = true;
     }
+    // The wire is answered only where it would be chosen (worker/link_path.h):
+    // a link that took shared memory does not hold a wire token too.
     it = md.find(kLinkWireOfferKey);
-    if (it != md.end() && shm_ == nullptr) {
+    if (it != md.end() &&
+        ChoosePath(shm_ != nullptr, /*wire_usable=*/true) == PathKind::kWire) {
       ctx->AddInitialMetadata(
           kLinkWireAnswerKey,
           HeaderValue(AnswerWireOffer(

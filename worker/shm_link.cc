@@ -106,31 +106,23 @@ ShmSender::ShmSender(std::shared_ptr<ShmRing> ring) : ring_(std::move(ring)) {
 
 ShmSender::~ShmSender() { Close(); }
 
-bool ShmSender::Send(Frame& frame) {
-  const size_t total = TotalBytes(frame.parts);
-  absl::MutexLock lock(&mu_);
-  if (!stop_ && queue_.empty() && ring_->TryWrite(frame.parts, total)) {
-    return true;
-  }
-  if (stop_) return true;  // dropped: the link is over
-  queue_.push_back(Queued{std::move(frame), total, 0});
-  return false;
-}
-
-void ShmSender::Queue(std::vector<Frame> frames) {
-  std::vector<Frame> dropped;
+void ShmSender::Send(std::vector<OutFrame> frames) {
+  std::vector<OutFrame> released;
   {
     absl::MutexLock lock(&mu_);
-    for (Frame& f : frames) {
-      if (stop_) {
-        dropped.push_back(std::move(f));
+    for (OutFrame& f : frames) {
+      const size_t total = TotalBytes(f.parts);
+      // Copied now (one frame, nothing ahead of it, room in the ring), or
+      // dropped (the link is over): released below, outside the lock.
+      if (stop_ || (frames.size() == 1 && queue_.empty() &&
+                    ring_->TryWrite(f.parts, total))) {
+        released.push_back(std::move(f));
         continue;
       }
-      const size_t total = TotalBytes(f.parts);
       queue_.push_back(Queued{std::move(f), total, 0});
     }
   }
-  for (Frame& f : dropped) Release(f);
+  for (OutFrame& f : released) Release(f);
 }
 
 void ShmSender::Close() {

@@ -32,6 +32,7 @@
 #include "worker/core/frame.h"
 #include "worker/core/shm_ring.h"
 #include "worker/core/transport.h"
+#include "worker/link_path.h"
 
 namespace halka {
 
@@ -59,9 +60,6 @@ inline constexpr size_t kSmallLinkRingBytes = size_t{1} << 20;
 std::function<size_t(int to)> LinkRingPolicy(bool enabled, size_t chunk_bytes,
                                              int rank, int world);
 
-// Runs a frame's release callback once (and forgets it).
-void ReleaseOnce(std::function<void()>& on_released);
-
 // False when `address` ("host:port") is an IP literal that is not one of
 // this network namespace's own addresses: that peer cannot share this
 // host's /dev/shm in this namespace, so no ring is offered. True for
@@ -74,27 +72,20 @@ bool PeerMayShareHost(const std::string& address);
 // it has room and nothing is queued, else queues them for its writer
 // thread, which writes them record by record as the receiver frees space.
 // Thread-safe.
-class ShmSender {
+class ShmSender : public LinkPath {
  public:
-  struct Frame {
-    std::vector<absl::Span<const uint8_t>> parts;  // back to back
-    std::shared_ptr<void> keepalive;               // owns what parts don't
-    std::function<void()> on_released;
-  };
+  using Frame = OutFrame;
   explicit ShmSender(std::shared_ptr<ShmRing> ring);
   // Close(), then waits for the writer thread.
-  ~ShmSender();
+  ~ShmSender() override;
 
-  // Copies `frame` now (true: the caller runs frame.on_released, outside
-  // its own locks) or queues it (false: the writer releases it when
-  // copied, or Close when dropped).
-  bool Send(Frame& frame);
-  // Queues frames behind anything queued (no copy on this thread).
-  void Queue(std::vector<Frame> frames);
+  // LinkPath: one frame with nothing queued is copied into the ring on
+  // this thread when it has room (and released at once); anything else is
+  // queued for the writer, which releases each frame once copied.
+  void Send(std::vector<OutFrame> frames) override;
   // Closes the ring (the receiver drains what was written), stops the
-  // writer, waits for it, and releases every queued frame. Idempotent;
-  // never from the writer's own callbacks (on_released).
-  void Close();
+  // writer, waits for it, and releases every queued frame.
+  void Close() override;
 
  private:
   void WriterLoop();

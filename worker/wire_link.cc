@@ -375,19 +375,15 @@ WireSender::WireSender(std::string host, int port, std::string token,
 
 WireSender::~WireSender() { Close(); }
 
-void WireSender::Queue(std::vector<Frame> frames) {
-  absl::MutexLock lock(&mu_);
-  if (stop_) {
-    for (Frame& f : frames) ReleaseOnce(f.on_released);  // never: Close ran
-    return;
+void WireSender::Send(std::vector<OutFrame> frames) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stop_) {
+      for (OutFrame& f : frames) queue_.push_back(std::move(f));
+      return;
+    }
   }
-  for (Frame& f : frames) queue_.push_back(std::move(f));
-}
-
-void WireSender::Send(Frame frame) {
-  std::vector<Frame> one;
-  one.push_back(std::move(frame));
-  Queue(std::move(one));
+  for (OutFrame& f : frames) ReleaseOnce(f.on_released);  // Close ran
 }
 
 void WireSender::Close() {

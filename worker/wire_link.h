@@ -58,6 +58,7 @@
 #include "absl/types/span.h"
 #include "worker/core/frame.h"
 #include "worker/core/landing.h"
+#include "worker/link_path.h"
 #include "worker/shm_link.h"
 #include "worker/wire_seal.h"
 
@@ -144,18 +145,20 @@ class WireListener {
 // then writes queued frames in order, sealing each when it has a key. A
 // connection that breaks later goes to on_failed once. Frames are released
 // once written (or when Close drops them).
-class WireSender {
+class WireSender : public LinkPath {
  public:
-  using Frame = ShmSender::Frame;
+  using Frame = OutFrame;
   WireSender(std::string host, int port, std::string token, std::string key,
              std::function<void(const absl::Status&)> on_ready,
              std::function<void(const absl::Status&)> on_failed);
-  ~WireSender();  // Close()
-  void Queue(std::vector<Frame> frames);
-  void Send(Frame frame);
-  // Stops the thread (a write in progress is cut), waits for it, and
-  // releases what is still queued. Idempotent; never from the callbacks.
-  void Close();
+  ~WireSender() override;  // Close()
+  // LinkPath: queued for the writer thread, which releases each frame
+  // once written (frames sent before on_ready wait for the connection).
+  void Send(std::vector<OutFrame> frames) override;
+  // Stops the thread (a write in progress is cut; an idle link ends with
+  // its close record), waits for it, and releases what is still queued.
+  // Never from the callbacks.
+  void Close() override;
 
  private:
   void Loop();

@@ -280,7 +280,7 @@ TEST_P(WireLinkTest, FramesArriveInOrderAndIntact) {
   const size_t sizes[] = {0, 4, 4096, 65540, (size_t{1} << 20) + 4, 12};
   for (size_t i = 0; i < 30; ++i) {
     sent.push_back(Bytes(sizes[i % 6], static_cast<uint8_t>(i)));
-    sender_->Send(DataFrame(i + 1, sent.back(), &released));
+    sender_->SendOne(DataFrame(i + 1, sent.back(), &released));
   }
   const bool all = WaitFrames(30);
   absl::MutexLock lock(&mu_);
@@ -345,7 +345,7 @@ TEST_P(WireLinkTest, AReceiverThatGoesAwayFailsTheSender) {
   const std::vector<uint8_t> data = Bytes(size_t{1} << 20, 3);
   // The kernel buffers a few frames; the rest must fail, bounded.
   for (int i = 0; i < 64; ++i) {
-    sender_->Send(DataFrame(static_cast<uint64_t>(i + 1), data, &released));
+    sender_->SendOne(DataFrame(static_cast<uint64_t>(i + 1), data, &released));
     absl::SleepFor(absl::Milliseconds(5));
     absl::MutexLock lock(&mu_);
     if (failed_.has_value()) break;

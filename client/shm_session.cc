@@ -197,6 +197,7 @@ std::optional<absl::StatusOr<v1::RunReply>> SessionSlot::TryRun(
       const bool final = c == absl::StatusCode::kUnimplemented ||
                          c == absl::StatusCode::kFailedPrecondition ||
                          c == absl::StatusCode::kNotFound ||
+                         c == absl::StatusCode::kPermissionDenied ||
                          c == absl::StatusCode::kInvalidArgument;
       retry_at_ = final ? absl::InfiniteFuture() : absl::Now() + kRetryAfter;
       return std::nullopt;

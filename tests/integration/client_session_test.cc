@@ -272,7 +272,7 @@ TEST_F(RawSession, OffersThatCannotBeMappedAreRefusedSayingWhy) {
                                   parsed->netns));
   s = Session(offer, &opened, [] {});
   EXPECT_FALSE(opened);
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   // A ring larger than a session needs: refused before it is mapped (the
   // worker would populate it).
   std::shared_ptr<ShmRing> big = ShmRing::Create(4 * kSessionRingBytes).value();

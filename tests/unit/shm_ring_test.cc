@@ -138,17 +138,27 @@ TEST(ShmRing, OpenRefusesWhatIsNotThisRing) {
   ASSERT_TRUE(tx.ok());
   std::string other = (*tx)->token_hex();
   other[0] = other[0] == '0' ? '1' : '0';
+  // Another token, no such object, an object that is no ring: the same
+  // PERMISSION_DENIED in the same words (nothing about an object the
+  // offer cannot open is revealed).
   auto wrong = ShmRing::Open((*tx)->name(), other);
-  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition)
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kPermissionDenied)
       << wrong.status();
-  EXPECT_EQ(ShmRing::Open("/halka-held-0-0-none", other).status().code(),
-            absl::StatusCode::kNotFound);
+  auto none = ShmRing::Open("/halka-held-0-0-none", other);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kPermissionDenied);
+  auto words = [](const absl::Status& st, const std::string& name) {
+    std::string m(st.message());
+    m.erase(m.find(name), name.size());
+    return m;
+  };
+  EXPECT_EQ(words(wrong.status(), (*tx)->name()),
+            words(none.status(), "/halka-held-0-0-none"));
   EXPECT_EQ(ShmRing::Open("/etc/passwd", other).status().code(),
             absl::StatusCode::kInvalidArgument);
   // Gone once unlinked: the peer must map it before the sender drops it.
   (*tx)->Unlink();
   EXPECT_EQ(ShmRing::Open((*tx)->name(), (*tx)->token_hex()).status().code(),
-            absl::StatusCode::kNotFound);
+            absl::StatusCode::kPermissionDenied);
 }
 
 // A sender that writes nonsense into the shared header or a record is

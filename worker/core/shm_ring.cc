@@ -19,6 +19,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "openssl/crypto.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/held_shm.h"
@@ -124,50 +125,42 @@ absl::StatusOr<std::shared_ptr<ShmRing>> ShmRing::Open(
     return absl::InvalidArgumentError(
         absl::StrCat("'", name, "' is not a link ring's name"));
   }
-  const int fd = shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat("cannot open link ring ", name,
-                                            ": ", std::strerror(errno)));
-  }
+  // Whatever is wrong (no such object, another kind of object, another
+  // ring, the wrong size), the same words: an offer names any object it
+  // likes, and the answer must say nothing about one it does not own.
+  const absl::Status not_yours = absl::PermissionDeniedError(absl::StrCat(
+      "link ring ", name, " is not one this offer's token opens (or this "
+      "worker cannot see it); nothing was mapped"));
+  const int fd = shm_open(name.c_str(), O_RDWR | O_NOFOLLOW, 0);
+  if (fd < 0) return not_yours;
   struct stat st {};
-  if (fstat(fd, &st) != 0 ||
-      static_cast<size_t>(st.st_size) < kHeaderBytes + kMinCapacity) {
+  Header hh{};
+  // The header read with pread, not mapped: an object that shrinks under
+  // us cannot raise SIGBUS here.
+  const bool readable =
+      fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+      static_cast<size_t>(st.st_size) >= kHeaderBytes + kMinCapacity &&
+      pread(fd, &hh, sizeof(hh), 0) == static_cast<ssize_t>(sizeof(hh));
+  const size_t size = readable ? static_cast<size_t>(st.st_size) : 0;
+  const bool is_ring = readable && hh.magic == kMagic &&
+                       hh.capacity == size - kHeaderBytes &&
+                       hh.capacity % 64 == 0 && hh.capacity <= kMaxCapacity;
+  const std::string token =
+      is_ring ? absl::BytesToHexString(absl::string_view(
+                    reinterpret_cast<const char*>(hh.token), sizeof(hh.token)))
+              : std::string();
+  if (!is_ring || token.size() != token_hex.size() ||
+      CRYPTO_memcmp(token.data(), token_hex.data(), token.size()) != 0) {
     close(fd);
-    return absl::FailedPreconditionError(
-        absl::StrCat(name, " is too small for a link ring"));
+    return not_yours;
   }
-  const size_t size = static_cast<size_t>(st.st_size);
+  // Only now, for the ring the caller proved it knows: its size against
+  // what this worker allows.
   if (size - kHeaderBytes > std::min(max_capacity, kMaxCapacity)) {
     close(fd);
     return absl::FailedPreconditionError(absl::StrCat(
         name, " holds ", size - kHeaderBytes, " bytes of records, over the ",
         std::min(max_capacity, kMaxCapacity), " allowed here"));
-  }
-  // Look at the header alone before mapping (and populating) the rest: a
-  // peer may name any object with our prefix, a client's tensors included.
-  void* hp = mmap(nullptr, kHeaderBytes, PROT_READ, MAP_SHARED, fd, 0);
-  if (hp == MAP_FAILED) {
-    const int err = errno;
-    close(fd);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot map link ring ", name, ": ", std::strerror(err)));
-  }
-  const Header* hh = static_cast<const Header*>(hp);
-  const bool is_ring = hh->magic == kMagic &&
-                       hh->capacity == size - kHeaderBytes &&
-                       hh->capacity % 64 == 0 && hh->capacity <= kMaxCapacity;
-  const std::string token = absl::BytesToHexString(absl::string_view(
-      reinterpret_cast<const char*>(hh->token), sizeof(Header::token)));
-  munmap(hp, kHeaderBytes);
-  if (!is_ring) {
-    close(fd);
-    return absl::FailedPreconditionError(
-        absl::StrCat(name, " is not a link ring"));
-  }
-  if (token != token_hex) {
-    close(fd);
-    return absl::FailedPreconditionError(absl::StrCat(
-        name, " is another link ring (its token does not match)"));
   }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE,
                  MAP_SHARED | MAP_POPULATE, fd, 0);

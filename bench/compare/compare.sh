@@ -1,23 +1,39 @@
 #!/usr/bin/env bash
-# compare.sh — halka vs Gloo, same sizes, same world sizes, one invocation.
+# compare.sh — halka vs Gloo vs Open MPI, same sizes, same world sizes, one
+# invocation.
 #
-# For every world size G: `halkactl bench --workers=G` (an embedded cluster,
-# G workers in one process on loopback, float32 sum, every result checked)
-# and gloo_bench (G threads of one process, each with its own Gloo context
-# and TCP device on loopback; Gloo's ring_chunked all-reduce by default,
-# every result checked), the two run one after the other, never at once.
-# Prints each side's table, then one table of busbw (GB/s, nccl-tests'
-# definition: algbw · 2(G-1)/G) with the ratio halka/Gloo per cell.
+# For every world size G, one after the other, never at once:
+#   halka      `halkactl bench --workers=G` (an embedded cluster, G workers
+#              in one process on loopback, float32 sum, every result
+#              checked; --halka-args "--shm_links=false" for TCP links,
+#              else same-host shared memory, halka's default)
+#   gloo       gloo_bench (G threads of one process, each with its own Gloo
+#              context and TCP device on loopback; Gloo's ring_chunked
+#              all-reduce by default, every result checked)
+#   mpi-tcp    mpi_bench under `mpirun -np G --mca pml ob1 --mca btl
+#              tcp,self --mca btl_tcp_if_include lo` (G processes, Open
+#              MPI's TCP transport on loopback; MPI_Allreduce with Open
+#              MPI's own default algorithm choice, every result checked)
+#   mpi-vader  the same with `--mca btl vader,self` (Open MPI's same-host
+#              shared-memory transport)
+# Prints each side's table, then one side-by-side table: per G and size the
+# busbw (GB/s, nccl-tests' definition: algbw · 2(G-1)/G) of every side, the
+# ratios halka/Gloo, halka/MPI-tcp, halka/MPI-vader, and every side's
+# #wrong.
 #
-# Both sides get the same untimed warm-up (default 20 operations per size):
+# Every side gets the same untimed warm-up (default 20 operations per size):
 # the tables are steady state, what a training loop that repeats its buckets
-# sees. With 1 warm-up and 5 timed operations both sides measure mostly
+# sees. With 1 warm-up and 5 timed operations the sides measure mostly
 # their start-up, halka's more than Gloo's (its first ~20 operations of a
 # new size fault in gRPC's receive buffers; docs/performance.md, "The data
 # path on loopback").
 #
-# Gloo comes from Debian's libgloo-dev; this script installs it when it is
-# missing (as root, or with sudo) and builds gloo_bench.cc with g++.
+# Gloo comes from Debian's libgloo-dev, Open MPI from Debian's openmpi-bin
+# and libopenmpi-dev; this script installs them when they are missing (as
+# root, or with sudo) and builds gloo_bench.cc with g++ and mpi_bench.cc
+# with mpicxx. mpirun runs with --allow-run-as-root --oversubscribe
+# --bind-to none (G ranks may exceed the cores; Open MPI then yields when
+# idle instead of spinning) and its runtime on loopback only.
 #
 # Usage: bench/compare/compare.sh [options]
 #   --build DIR       halka build directory (default <repo>/build)
@@ -27,14 +43,26 @@
 #   --iters N         timed iterations per size (default 30)
 #   --warmup N        warm-up iterations per size (default 20)
 #   --gloo-algo A     ring_chunked (default), ring, halving_doubling
-#   --halka-args "…"  extra flags for halkactl bench (e.g. "--algo=ring")
+#   --halka-args "…"  extra flags for halkactl bench (e.g. "--algo=ring",
+#                     "--shm_links=false": TCP against TCP)
 #   --out DIR         also keep the raw JSON rows there
 #   --halkactl PATH   this halkactl instead of BUILD/client/halkactl
 #   --gloo-bench PATH a gloo_bench built beforehand (no apt, no g++: a
 #                     machine without them, as bench/compare/run_on_host.sh
 #                     runs it from a bundle)
+#   --no-gloo         no Gloo side
+#   --no-mpi          no Open MPI side
+#   --mpi-transports "tcp vader"
+#                     which Open MPI transports, in order (default both)
+#   --mpi-bench PATH  an mpi_bench built beforehand (no apt, no mpicxx; the
+#                     machine still needs Open MPI's mpirun)
+#   --mpirun PATH     this mpirun (default: mpirun on PATH)
+#   --mpi-args "…"    extra mpirun flags for every MPI run (e.g. "--mca
+#                     btl_vader_single_copy_mechanism none" where the
+#                     kernel refuses cross-memory attach)
 #   --timeout SECS    limit for each side's run per world size (default
-#                     1800); a run past it is killed and the script fails
+#                     1800); a run past it is killed, the other runs go
+#                     on, and the script fails at the end
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BUILD="$ROOT/build"
@@ -49,6 +77,12 @@ OUT=""
 HALKACTL=""
 GLOO_PREBUILT=""
 RUN_TIMEOUT=1800
+GLOO=1
+MPI=1
+MPI_TRANSPORTS="tcp vader"
+MPI_PREBUILT=""
+MPIRUN=mpirun
+MPI_ARGS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) BUILD="$2"; shift 2 ;;
@@ -62,60 +96,129 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --halkactl) HALKACTL="$2"; shift 2 ;;
     --gloo-bench) GLOO_PREBUILT="$2"; shift 2 ;;
+    --no-gloo) GLOO=0; shift ;;
+    --no-mpi) MPI=0; shift ;;
+    --mpi-transports) MPI_TRANSPORTS="$2"; shift 2 ;;
+    --mpi-bench) MPI_PREBUILT="$2"; shift 2 ;;
+    --mpirun) MPIRUN="$2"; shift 2 ;;
+    --mpi-args) MPI_ARGS="$2"; shift 2 ;;
     --timeout) RUN_TIMEOUT="$2"; shift 2 ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "compare.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+for t in $MPI_TRANSPORTS; do
+  case "$t" in
+    tcp|vader) ;;
+    *) echo "compare.sh: unknown MPI transport $t (tcp, vader)" >&2; exit 2 ;;
+  esac
+done
+[ -n "$MPI_TRANSPORTS" ] || MPI=0
 
 [ -n "$HALKACTL" ] || HALKACTL="$BUILD/client/halkactl"
 [ -x "$HALKACTL" ] || { echo "compare.sh: no $HALKACTL; build halka first (scripts/build.sh)" >&2; exit 2; }
 PYTHON=/usr/bin/python3
 [ -x "$PYTHON" ] || PYTHON=python3
 
+# apt_install PACKAGE...: the Debian packages not yet installed, as root or
+# with sudo.
+apt_install() {
+  local missing=() p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+      || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  echo "compare.sh: installing ${missing[*]}" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >&2
+}
+
 WORK="$(mktemp -d /tmp/halka-compare.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
-if [ -n "$GLOO_PREBUILT" ]; then
-  [ -x "$GLOO_PREBUILT" ] || { echo "compare.sh: no $GLOO_PREBUILT" >&2; exit 2; }
-  GLOO_BENCH="$GLOO_PREBUILT"
-else
-  if ! dpkg-query -W -f='${Status}' libgloo-dev 2>/dev/null | grep -q "install ok installed"; then
-    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-    echo "compare.sh: installing libgloo-dev" >&2
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends libgloo-dev >&2
+SIDES="halka"
+if [ "$GLOO" = 1 ]; then
+  SIDES+=" gloo"
+  if [ -n "$GLOO_PREBUILT" ]; then
+    [ -x "$GLOO_PREBUILT" ] || { echo "compare.sh: no $GLOO_PREBUILT" >&2; exit 2; }
+    GLOO_BENCH="$GLOO_PREBUILT"
+  else
+    apt_install libgloo-dev
+    GLOO_BENCH="$WORK/gloo_bench"
+    g++ -O2 -std=c++20 -pthread "$ROOT/bench/compare/gloo_bench.cc" -o "$GLOO_BENCH" -lgloo
   fi
-  GLOO_BENCH="$WORK/gloo_bench"
-  g++ -O2 -std=c++20 -pthread "$ROOT/bench/compare/gloo_bench.cc" -o "$GLOO_BENCH" -lgloo
+fi
+if [ "$MPI" = 1 ]; then
+  for t in $MPI_TRANSPORTS; do SIDES+=" mpi-$t"; done
+  if [ -n "$MPI_PREBUILT" ]; then
+    [ -x "$MPI_PREBUILT" ] || { echo "compare.sh: no $MPI_PREBUILT" >&2; exit 2; }
+    MPI_BENCH="$MPI_PREBUILT"
+  else
+    apt_install openmpi-bin libopenmpi-dev
+    MPI_BENCH="$WORK/mpi_bench"
+    mpicxx -O2 -std=c++20 "$ROOT/bench/compare/mpi_bench.cc" -o "$MPI_BENCH"
+  fi
+  command -v "$MPIRUN" >/dev/null || {
+    echo "compare.sh: no $MPIRUN (Open MPI's openmpi-bin); --no-mpi to go without" >&2; exit 2; }
 fi
 
 echo "# $(date -u +%FT%TZ) on $(nproc) cores, $(uname -r); halka $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
+[ "$MPI" = 1 ] && echo "# $("$MPIRUN" --version 2>/dev/null | head -1)"
 echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+FAILED=0
+# fail SIDE G: the side's run failed; its log's tail, then on to the next.
+fail() {
+  echo "compare.sh: $1 failed for G=$2:" >&2
+  tail -20 "$WORK/$1-$2.log" >&2
+  FAILED=1
+}
 for g in $WORLDS; do
   echo "## G=$g halka: halkactl bench --workers=$g -b $MIN -e $MAX -f 4 -n $ITERS -w $WARMUP $HALKA_ARGS"
   # shellcheck disable=SC2086
   timeout -k 5 "$RUN_TIMEOUT" "$HALKACTL" bench --workers="$g" -b "$MIN" -e "$MAX" -f 4 \
     -n "$ITERS" -w "$WARMUP" --json $HALKA_ARGS 2>"$WORK/halka-$g.log" \
-    | grep '^{' >"$WORK/halka-$g.json" || {
-      echo "compare.sh: halkactl bench failed for G=$g:" >&2
-      tail -20 "$WORK/halka-$g.log" >&2; exit 1; }
-  echo "## G=$g gloo: gloo_bench --world=$g --algo=$GLOO_ALGO"
-  timeout -k 5 "$RUN_TIMEOUT" "$GLOO_BENCH" --world="$g" --min="$MIN" --max="$MAX" \
-    --factor=4 --iters="$ITERS" --warmup="$WARMUP" --algo="$GLOO_ALGO" \
-    >"$WORK/gloo-$g.json" || { echo "compare.sh: gloo_bench failed for G=$g" >&2; exit 1; }
+    | grep '^{' >"$WORK/halka-$g.json" || fail halka "$g"
+  if [ "$GLOO" = 1 ]; then
+    echo "## G=$g gloo: gloo_bench --world=$g --algo=$GLOO_ALGO"
+    timeout -k 5 "$RUN_TIMEOUT" "$GLOO_BENCH" --world="$g" --min="$MIN" --max="$MAX" \
+      --factor=4 --iters="$ITERS" --warmup="$WARMUP" --algo="$GLOO_ALGO" \
+      >"$WORK/gloo-$g.json" 2>"$WORK/gloo-$g.log" || fail gloo "$g"
+  fi
+  [ "$MPI" = 1 ] || continue
+  for t in $MPI_TRANSPORTS; do
+    case "$t" in
+      tcp) btl=(--mca btl "tcp,self" --mca btl_tcp_if_include lo) ;;
+      vader) btl=(--mca btl "vader,self") ;;
+    esac
+    cmd=("$MPIRUN" --allow-run-as-root --oversubscribe -np "$g" --bind-to none
+         --mca pml ob1 "${btl[@]}" --mca oob_tcp_if_include lo)
+    echo "## G=$g mpi-$t: ${cmd[*]} $MPI_ARGS mpi_bench"
+    # shellcheck disable=SC2086
+    timeout -k 5 "$RUN_TIMEOUT" "${cmd[@]}" $MPI_ARGS "$MPI_BENCH" --world="$g" \
+      --min="$MIN" --max="$MAX" --factor=4 --iters="$ITERS" --warmup="$WARMUP" \
+      --label="$t" 2>"$WORK/mpi-$t-$g.log" </dev/null \
+      | grep '^{' >"$WORK/mpi-$t-$g.json" || fail "mpi-$t" "$g"
+  done
 done
 [ -n "$OUT" ] && { mkdir -p "$OUT"; cp "$WORK"/*.json "$OUT"/; }
 
-"$PYTHON" - "$WORK" $WORLDS <<'PY'
+# shellcheck disable=SC2086
+"$PYTHON" - "$WORK" "$SIDES" $WORLDS <<'PY' || FAILED=1
 import json, os, sys
-work, worlds = sys.argv[1], [int(w) for w in sys.argv[2:]]
+work, sides, worlds = sys.argv[1], sys.argv[2].split(), [int(w) for w in sys.argv[3:]]
 
 def load(name):
     rows = {}
-    with open(os.path.join(work, name)) as f:
-        for line in f:
-            r = json.loads(line)
-            rows[r["size"]] = r
+    path = os.path.join(work, name)
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                if line.startswith("{"):
+                    r = json.loads(line)
+                    rows[r["size"]] = r
     return rows
 
 def human(n):
@@ -124,11 +227,16 @@ def human(n):
             return f"{n // div}{unit}"
     return str(n)
 
+data = {s: {g: load(f"{s}-{g}.json") for g in worlds} for s in sides}
 failed = False
-for side in ("halka", "gloo"):
+for side in sides:
     print(f"\n{side}: busbw GB/s (time µs, #wrong)")
     for g in worlds:
-        rows = load(f"{side}-{g}.json")
+        rows = data[side][g]
+        if not rows:
+            failed = True
+            print(f"  G={g}: no rows (the run failed; see above)")
+            continue
         cells = []
         for size in sorted(rows):
             r = rows[size]
@@ -138,22 +246,30 @@ for side in ("halka", "gloo"):
                          + (f" ERROR {r['error']}" if r.get("error") else ""))
         print(f"  G={g}: " + " | ".join(cells))
 
-halka_all = {g: load(f"halka-{g}.json") for g in worlds}
-gloo_all = {g: load(f"gloo-{g}.json") for g in worlds}
-sizes = sorted(set().union(*[set(v) for v in halka_all.values()]))
-print("\nbusbw GB/s, halka / gloo (ratio)")
-print("| G | " + " | ".join(human(s) for s in sizes) + " |")
-print("|---|" + "---|" * len(sizes))
+others = [s for s in sides if s != "halka"]
+names = {"halka": "halka", "gloo": "Gloo", "mpi-tcp": "MPI tcp", "mpi-vader": "MPI vader"}
+print("\nbusbw GB/s, halka / " + " / ".join(names[s] for s in others)
+      + "; ratios halka / each; #wrong per side")
+head = (["G", "size"] + [names[s] for s in sides]
+        + [f"halka/{names[s]}" for s in others] + ["#wrong " + "/".join(names[s] for s in sides)])
+print("| " + " | ".join(head) + " |")
+print("|" + "---|" * len(head))
 for g in worlds:
-    cells = []
-    for s in sizes:
-        h, o = halka_all[g].get(s), gloo_all[g].get(s)
-        if not h or not o or o["busbw_gbs"] <= 0:
-            cells.append("n/a")
-            continue
-        cells.append(f"{h['busbw_gbs']:.2f} / {o['busbw_gbs']:.2f} ({h['busbw_gbs'] / o['busbw_gbs']:.2f}x)")
-    print(f"| {g} | " + " | ".join(cells) + " |")
+    sizes = sorted(set().union(*[set(data[s][g]) for s in sides]))
+    for size in sizes:
+        rows = [data[s][g].get(size) for s in sides]
+        bw = [f"{r['busbw_gbs']:.3f}" if r and not r.get("error") else "n/a" for r in rows]
+        h = rows[0]
+        ratios = []
+        for r in rows[1:]:
+            if h and r and not h.get("error") and not r.get("error") and r["busbw_gbs"] > 0:
+                ratios.append(f"{h['busbw_gbs'] / r['busbw_gbs']:.2f}x")
+            else:
+                ratios.append("n/a")
+        wrong = "/".join(str(r["wrong"]) if r else "-" for r in rows)
+        print(f"| {g} | {human(size)} | " + " | ".join(bw + ratios + [wrong]) + " |")
 if failed:
     print("\ncompare.sh: some rows are wrong or failed (see the tables)", file=sys.stderr)
     sys.exit(1)
 PY
+exit "$FAILED"

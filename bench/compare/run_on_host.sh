@@ -16,7 +16,11 @@
 #      at most 4 GiB or 10 s): the per-edge ceiling there
 #   3. halka against Gloo, TCP against TCP: bench/compare/compare.sh
 #      --min 256K --max 256M, halka with --shm_links=false, G = 4 then G = 8
-#      (each its own run, so that one past its time loses only itself)
+#      (each its own run, so that one past its time loses only itself);
+#      Open MPI (tcp, then vader) in the same run only where the bundle has
+#      a prebuilt bin/mpi_bench and this machine has Open MPI's mpirun (the
+#      bundle cannot carry Open MPI's runtime), else a row saying it is
+#      skipped
 #   4. 4 KiB at G = 4, three runs of 1,000 operations, then one each with
 #      the rings polled 20 and 50 µs before sleeping (--shm_spin_us)
 #   5. TLS: the sealing's own rate (halka-seal-bench: OpenSSL's OCB, the
@@ -160,12 +164,26 @@ PY
 fi
 
 # --- 3. halka against Gloo, TCP against TCP ---------------------------------
+# Open MPI: a bundled mpi_bench runs with this machine's own Open MPI (its
+# mpirun, orted and libmpi; not through the bundle's loader), so only where
+# there is one.
+MPI_SIDE=(--no-mpi)
+STEP3=215
+if [[ ! -x "$BUNDLE/bin/mpi_bench" ]]; then
+  row "open mpi" "skipped" "the bundle has no bin/mpi_bench (bench/compare/mpi_bench.cc, built with mpicxx); halka vs Gloo only"
+elif ! command -v mpirun >/dev/null; then
+  row "open mpi" "skipped" "no mpirun on this machine (Open MPI is not installed here); halka vs Gloo only"
+else
+  MPI_SIDE=(--mpi-bench "$BUNDLE/bin/mpi_bench" --mpirun "$(command -v mpirun)")
+  STEP3=300
+  row "open mpi" "ok" "$(mpirun --version 2>/dev/null | head -1); tcp and vader in step 3's runs"
+fi
 for g in 4 8; do
   if [[ ! -x "$GLOO" ]]; then
     row "vs gloo G=$g (tcp)" "skipped" "the bundle has no gloo_bench (libgloo-dev was not installed where it was built)"
-  elif fits "vs gloo G=$g (tcp)" 215; then
-    timeout -k 5 210 bash "$REPO/bench/compare/compare.sh" --halkactl "$LOGS/halkactl" \
-      --gloo-bench "$LOGS/gloo_bench" --worlds "$g" --min 256K --max "$MAX" \
+  elif fits "vs gloo G=$g (tcp)" "$STEP3"; then
+    timeout -k 5 $((STEP3 - 5)) bash "$REPO/bench/compare/compare.sh" --halkactl "$LOGS/halkactl" \
+      --gloo-bench "$LOGS/gloo_bench" "${MPI_SIDE[@]}" --worlds "$g" --min 256K --max "$MAX" \
       --iters 10 --warmup 20 --timeout 100 --halka-args "--shm_links=false" \
       --out "$LOGS/compare-tcp" >"$LOGS/compare-tcp-$g.txt" 2>&1
     rc=$?

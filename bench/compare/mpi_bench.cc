@@ -1,0 +1,199 @@
+// Open MPI's MPI_Allreduce, measured the way gloo_bench.cc measures Gloo's
+// and `halkactl bench` measures halka's, so that bench/compare/compare.sh
+// can print the three side by side.
+//
+// G ranks are G processes started by mpirun (on one host; the transport is
+// mpirun's choice: compare.sh runs it once with `--mca btl tcp,self` over
+// loopback and once with `--mca btl vader,self`, shared memory). The
+// all-reduce is MPI_Allreduce(MPI_IN_PLACE, ..., MPI_FLOAT, MPI_SUM) with
+// Open MPI's own default algorithm choice (coll/tuned's decision rules; no
+// tuning flags). Per size: warm-up iterations, then timed iterations; each
+// iteration refills the input, starts together on every rank (MPI_Barrier),
+// and its time is the slowest rank's. Output (rank 0): one JSON object per
+// size with the fields gloo_bench and halkactl bench --json print (time_us,
+// algbw_gbs, busbw_gbs = algbw · 2(G-1)/G, wrong); --table prints halkactl
+// bench's table instead.
+//
+//   mpirun -np 4 mpi_bench --min=1M --max=64M --factor=4 --iters=5 --warmup=1
+//              [--label=tcp] [--world=4] [--table]
+//
+// --label names the run in the algo field ("mpi-tcp"); --world, when given,
+// must equal the number of ranks mpirun started (a check, not a setting).
+// Each rank's float32 input is (i % 97) + rank (small integers, so every
+// sum is exact and the reference is exact too); `wrong` counts elements of
+// any rank that differ from the reference.
+// The C API only (Open MPI's C++ bindings warn under -Wextra).
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Flags {
+  int world = 0;  // 0: whatever mpirun started
+  size_t min_bytes = size_t{1} << 20;
+  size_t max_bytes = size_t{64} << 20;
+  int factor = 4;
+  int iters = 5;
+  int warmup = 1;
+  std::string label = "default";
+  bool table = false;
+};
+
+[[noreturn]] void Usage(const char* why) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    std::fprintf(stderr,
+                 "mpi_bench: %s\nusage: mpirun -np G mpi_bench [--world=G] "
+                 "[--min=BYTES] [--max=BYTES] [--factor=F] [--iters=N] "
+                 "[--warmup=N] [--label=NAME] [--table]\n",
+                 why);
+  }
+  MPI_Abort(MPI_COMM_WORLD, 2);
+  std::exit(2);
+}
+
+size_t ParseBytes(const std::string& text) {
+  if (text.empty()) Usage("empty size");
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  size_t mult = 1;
+  std::string suffix(end);
+  if (suffix == "K" || suffix == "k") mult = size_t{1} << 10;
+  else if (suffix == "M" || suffix == "m") mult = size_t{1} << 20;
+  else if (suffix == "G" || suffix == "g") mult = size_t{1} << 30;
+  else if (!suffix.empty()) Usage(("bad size: " + text).c_str());
+  return static_cast<size_t>(v) * mult;
+}
+
+int ParseInt(const std::string& text, int lo) {
+  char* end = nullptr;
+  long v = std::strtol(text.c_str(), &end, 10);
+  if (*end != '\0' || v < lo) Usage(("bad number: " + text).c_str());
+  return static_cast<int>(v);
+}
+
+Flags ParseFlags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--table") {
+      f.table = true;
+      continue;
+    }
+    auto eq = arg.find('=');
+    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
+      Usage(("unknown argument: " + arg).c_str());
+    }
+    std::string key = arg.substr(2, eq - 2), value = arg.substr(eq + 1);
+    if (key == "world") f.world = ParseInt(value, 1);
+    else if (key == "min") f.min_bytes = ParseBytes(value);
+    else if (key == "max") f.max_bytes = ParseBytes(value);
+    else if (key == "factor") f.factor = ParseInt(value, 2);
+    else if (key == "iters") f.iters = ParseInt(value, 1);
+    else if (key == "warmup") f.warmup = ParseInt(value, 0);
+    else if (key == "label") f.label = value;
+    else Usage(("unknown flag: --" + key).c_str());
+  }
+  if (f.min_bytes < 4 || f.min_bytes > f.max_bytes) Usage("bad size range");
+  // One MPI_Allreduce call takes an int count.
+  if (f.max_bytes / sizeof(float) > static_cast<size_t>(2147483647)) {
+    Usage("--max is past 2^31 floats");
+  }
+  return f;
+}
+
+float Input(size_t i, int rank) {
+  return static_cast<float>(i % 97) + static_cast<float>(rank);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, g = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g);
+  const Flags flags = ParseFlags(argc, argv);
+  if (flags.world != 0 && flags.world != g) {
+    Usage(("--world=" + std::to_string(flags.world) + " but mpirun started " +
+           std::to_string(g) + " ranks")
+              .c_str());
+  }
+  const std::string algo = "mpi-" + flags.label;
+  if (rank == 0 && flags.table) {
+    std::printf("%12s %12s %9s %6s %6s %12s %9s %9s %7s\n", "size", "count",
+                "type", "redop", "algo", "time(us)", "algbw", "busbw",
+                "#wrong");
+    std::fflush(stdout);
+  }
+
+  for (size_t bytes = flags.min_bytes; bytes <= flags.max_bytes;
+       bytes *= static_cast<size_t>(flags.factor)) {
+    const size_t count = bytes / sizeof(float);
+    std::vector<float> buf(count);
+    const int total = flags.warmup + flags.iters;
+    std::vector<double> secs(total), slowest(total);
+    std::string error;
+    for (int it = 0; it < total; ++it) {
+      for (size_t i = 0; i < count; ++i) buf[i] = Input(i, rank);
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double t0 = MPI_Wtime();
+      const int rc = MPI_Allreduce(MPI_IN_PLACE, buf.data(),
+                                   static_cast<int>(count), MPI_FLOAT,
+                                   MPI_SUM, MPI_COMM_WORLD);
+      secs[it] = MPI_Wtime() - t0;
+      if (rc != MPI_SUCCESS && error.empty()) {
+        char text[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        MPI_Error_string(rc, text, &len);
+        error.assign(text, static_cast<size_t>(len));
+      }
+    }
+    // Check the last iteration's result against the exact reference.
+    const float rank_sum = static_cast<float>(g * (g - 1) / 2);
+    unsigned long long wrong = 0, nwrong = 0;
+    for (size_t i = 0; i < count; ++i) {
+      float want = static_cast<float>(i % 97) * g + rank_sum;
+      if (buf[i] != want) ++wrong;
+    }
+    MPI_Reduce(secs.data(), slowest.data(), total, MPI_DOUBLE, MPI_MAX, 0,
+               MPI_COMM_WORLD);
+    MPI_Reduce(&wrong, &nwrong, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0,
+               MPI_COMM_WORLD);
+    if (rank != 0) continue;
+    double sum = 0;
+    for (int it = flags.warmup; it < total; ++it) sum += slowest[it];
+    const double t = sum / flags.iters;
+    const double algbw = static_cast<double>(bytes) / t / 1e9;
+    const double busbw = algbw * 2.0 * (g - 1) / g;
+    if (flags.table) {
+      std::printf("%12zu %12zu %9s %6s %6s %12.1f %9.3f %9.3f %7llu%s%s\n",
+                  bytes, count, "float32", "sum", algo.c_str(), t * 1e6,
+                  algbw, busbw, nwrong, error.empty() ? "" : "  FAILED: ",
+                  error.c_str());
+    } else {
+      for (char& c : error) {
+        if (c == '"' || c == '\\') c = '\'';
+      }
+      std::printf(
+          "{\"size\":%zu,\"count\":%zu,\"type\":\"float32\",\"redop\":\"sum\","
+          "\"algo\":\"%s\",\"world_size\":%d,\"time_us\":%.3f,"
+          "\"algbw_gbs\":%.6f,\"busbw_gbs\":%.6f,\"wrong\":%llu,"
+          "\"error\":\"%s\"}\n",
+          bytes, count, algo.c_str(), g, t * 1e6, algbw, busbw, nwrong,
+          error.c_str());
+    }
+    std::fflush(stdout);
+  }
+  MPI_Finalize();
+  return 0;
+}

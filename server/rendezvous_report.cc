@@ -16,6 +16,18 @@ void FillMember(const MemberView& m, v1::Member* out) {
   out->set_device(m.device);
   out->set_last_heartbeat_age_s(absl::ToDoubleSeconds(m.heartbeat_age));
   out->set_since_generation(m.since_generation);
+  out->set_host(m.host);
+}
+
+void FillHostRing(const MembershipView& v,
+                  google::protobuf::RepeatedField<int32_t>* order,
+                  google::protobuf::RepeatedPtrField<v1::HostGroup>* hosts) {
+  order->Add(v.ring_order.begin(), v.ring_order.end());
+  for (const HostGroup& h : v.hosts) {
+    v1::HostGroup* g = hosts->Add();
+    g->set_host(h.host);
+    g->mutable_ranks()->Add(h.ranks.begin(), h.ranks.end());
+  }
 }
 
 v1::JobState ToProto(JobState s) {
@@ -38,6 +50,7 @@ void FillMembership(const std::string& job_id, const MembershipView& v,
   for (const MemberView& m : v.members) FillMember(m, out->add_members());
   out->set_change(v.change);
   for (const MemberView& m : v.lost) FillMember(m, out->add_lost());
+  FillHostRing(v, out->mutable_ring_order(), out->mutable_hosts());
 }
 
 void FillRingHealth(const std::string& job_id, const MembershipView& h,
@@ -50,6 +63,13 @@ void FillRingHealth(const std::string& job_id, const MembershipView& h,
   reply->set_max_world_size(h.max_world_size);
   reply->set_change(h.change);
   for (const MemberView& m : h.lost) FillMember(m, reply->add_lost());
+  FillHostRing(h, reply->mutable_ring_order(), reply->mutable_hosts());
+  if (reply->ring_order_size() == 0 && h.state != JobState::kForming) {
+    // Health always says the order (rank order when the view leaves it out).
+    for (int r = 0; r < static_cast<int>(h.members.size()); ++r) {
+      reply->add_ring_order(r);
+    }
+  }
   std::vector<RankInput> inputs;
   std::vector<LastOpInput> last_ops;
   std::vector<std::vector<ArrivalInput>> arrivals(
@@ -120,7 +140,10 @@ void FillRingHealth(const std::string& job_id, const MembershipView& h,
     rh->set_ring_seconds(in.ring_seconds);
     rh->set_op_seconds(in.op_seconds);
   }
-  const RingDiagnosis d = DiagnoseRing(h.world_size, inputs);
+  const std::vector<int> order(reply->ring_order().begin(),
+                               reply->ring_order().end());
+  const RingDiagnosis d =
+      DiagnoseRing(h.world_size, inputs, DiagnosisOptions(), order);
   for (const EdgeReport& e : d.edges) {
     v1::EdgeHealth* out = reply->add_edges();
     out->set_from(e.from);

@@ -14,6 +14,10 @@ namespace halka {
 
 v1::JobState ToProto(JobState s);
 void FillMember(const MemberView& m, v1::Member* out);
+// The view's ring order and hosts (rendezvous.proto: Membership.ring_order).
+void FillHostRing(const MembershipView& v,
+                  google::protobuf::RepeatedField<int32_t>* order,
+                  google::protobuf::RepeatedPtrField<v1::HostGroup>* hosts);
 void FillMembership(const std::string& job_id, const MembershipView& v,
                     v1::Membership* out);
 // The RingHealth of job `job_id` from its view `h` at `now`: members,

@@ -32,6 +32,7 @@ RingClaim ClaimFrom(const v1::Membership& m) {
     v.address = x.address();
     v.device = x.device();
     v.since_generation = x.since_generation();
+    v.host = x.host();
     c.members.push_back(std::move(v));
   }
   return c;
@@ -228,6 +229,7 @@ grpc::ServerUnaryReactor* RendezvousService::Join(
   args.max_world_size = req.max_world_size();
   args.requested_rank = req.has_requested_rank() ? req.requested_rank() : -1;
   args.incarnation = req.incarnation();
+  args.host = req.host();
   call->compact = req.compact_membership();
   const absl::Time now = absl::Now();
   call->deadline = absl::FromChrono(ctx->deadline());

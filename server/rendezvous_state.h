@@ -6,7 +6,9 @@
 // forms when max workers have joined, or, for an elastic job, when at least
 // min have joined and nobody else joined for `elastic_settle`. Ranks asked
 // for by workers (StatefulSet ordinals) are honoured, the rest are filled
-// in join order, and the generation becomes 1.
+// in join order, and the generation becomes 1. Ranks are the users'; the
+// ring's path is the host order (host_ring.h): each host's ranks adjacent,
+// published with every view (MembershipView::ring_order).
 //
 // Every membership change bumps the generation by one:
 //  - a member is lost (missed heartbeat deadline, Leave, a restart under
@@ -43,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "halka/types.h"
+#include "server/host_ring.h"
 
 namespace halka {
 
@@ -76,6 +79,7 @@ struct JoinArgs {
   int max_world_size = 0;
   int requested_rank = -1;  // -1: any
   uint64_t incarnation = 0; // 0: unknown (a retried join is idempotent)
+  std::string host;         // the host it runs on; "": unknown
 };
 
 // A job's membership state: halka::JobState (halka/types.h; values match
@@ -92,6 +96,7 @@ struct MemberView {
   absl::Duration heartbeat_age;
   std::string telemetry;  // opaque to the state (serialised by the service)
   uint64_t since_generation = 0;
+  std::string host;       // "": unknown
 };
 
 // One generation of a job.
@@ -104,6 +109,11 @@ struct MembershipView {
   std::vector<MemberView> members;  // ring order; kWaiting: placeholders
   std::string change;               // why the generation last changed
   std::vector<MemberView> lost;     // lost in the last change
+  // The ring's path (host_ring.h): ring_order[p] is the rank at ring
+  // position p (empty: rank order); the hosts in ring order (empty: no
+  // member named one). Empty while forming.
+  std::vector<int> ring_order;
+  std::vector<HostGroup> hosts;
 };
 
 struct Assignment {
@@ -129,7 +139,8 @@ class RendezvousState {
   explicit RendezvousState(RendezvousOptions options = {});
 
   // Registers a worker. Errors: INVALID_ARGUMENT (empty ids/address,
-  // sizes out of range, requested rank outside the world),
+  // sizes out of range, requested rank outside the world, a host over 256
+  // bytes),
   // FAILED_PRECONDITION (sizes disagree with the job's, rank taken before
   // the job formed, job full), ALREADY_EXISTS (the same worker id is alive
   // at another address), RESOURCE_EXHAUSTED (too many jobs). Joining again
@@ -257,6 +268,7 @@ class RendezvousState {
     std::string telemetry;
     uint64_t incarnation = 0;
     uint64_t since_generation = 0;
+    std::string host;
   };
   struct Job {
     int min = 0;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "server/host_ring.h"
 
 namespace halka {
 namespace {
@@ -20,8 +21,6 @@ double Median(std::vector<double> v) {
   const size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
-
-int Mod(int a, int n) { return ((a % n) + n) % n; }
 
 // "rank 3", "ranks 0-2", "ranks 0-1, 3" for sorted distinct ranks.
 std::string RankSet(const std::vector<int>& ranks) {
@@ -102,12 +101,16 @@ std::string FormatRate(double bps) {
 }
 
 RingDiagnosis DiagnoseRing(int g, const std::vector<RankInput>& ranks,
-                           DiagnosisOptions options) {
+                           DiagnosisOptions options,
+                           const std::vector<int>& ring_order) {
   RingDiagnosis d;
   if (g < 1) {
     d.summary = "no members";
     return d;
   }
+  const std::vector<int> succ_of = RingNeighbours(g, ring_order, 1);
+  const std::vector<int> pred_of = RingNeighbours(g, ring_order, -1);
+  auto pred = [&](int r) { return pred_of[static_cast<size_t>(r)]; };
   // view[r][peer]: rank r's figures for its edge with `peer`.
   std::vector<std::map<int, EdgeInput>> view(static_cast<size_t>(g));
   std::vector<const RankInput*> by_rank(static_cast<size_t>(g), nullptr);
@@ -145,7 +148,7 @@ RingDiagnosis DiagnoseRing(int g, const std::vector<RankInput>& ranks,
       EdgeReport e;
       e.from = from;
       e.to = to;
-      e.ring = g > 1 && to == Mod(from + 1, g);
+      e.ring = g > 1 && to == succ_of[static_cast<size_t>(from)];
       e.bytes = rx != nullptr ? rx->bytes_received : tx->bytes_sent;
       e.wait_seconds = rx != nullptr ? rx->wait_seconds : 0;
       e.wait_p50_seconds = rx != nullptr ? rx->wait_p50_seconds : 0;
@@ -156,7 +159,7 @@ RingDiagnosis DiagnoseRing(int g, const std::vector<RankInput>& ranks,
       // about what it added.
       if (e.ring && by_rank[static_cast<size_t>(from)] != nullptr) {
         e.added_wait_seconds = std::max(
-            0.0, e.wait_seconds - wait_on(from, Mod(from - 1, g)));
+            0.0, e.wait_seconds - wait_on(from, pred(from)));
       }
       e.wire_seconds = tx != nullptr ? tx->wire_seconds : 0;
       e.throughput_bps = e.wire_seconds > 0
@@ -266,8 +269,8 @@ RingDiagnosis DiagnoseRing(int g, const std::vector<RankInput>& ranks,
   const std::string edge_sentence = absl::StrFormat(
       "its successor rank %d waited %.2f s of %.2f s in the ring for it, "
       "while rank %d waited %.2f s for rank %d",
-      succ, slowest->wait_seconds, succ_ring, s, wait_on(s, Mod(s - 1, g)),
-      Mod(s - 1, g));
+      succ, slowest->wait_seconds, succ_ring, s, wait_on(s, pred(s)),
+      pred(s));
   auto lag_sentence = [&](const RankInput& in) {
     return absl::StrFormat(
         "its calls arrive %.0f ms after the others' (p50 over the last "

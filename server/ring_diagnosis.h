@@ -11,8 +11,8 @@
 //   - inside the ring (data phases), the edge it sends on adds wait:
 // A ring is a pipeline: when one rank is slow, every rank downstream of it
 // waits, transitively. So the raw wait on an edge does not locate the
-// culprit; the wait an edge ADDS does: for ring edge s -> s+1,
-//   added_wait = max(0, wait(s+1 on s) - wait(s on s-1)),
+// culprit; the wait an edge ADDS does: for ring edge s -> succ(s),
+//   added_wait = max(0, wait(succ(s) on s) - wait(s on pred(s))),
 // the time the successor blocked on s that s did not itself spend blocked
 // on its own predecessor. The straggler is the sender of the ring edge with
 // the largest added wait, if that wait is a noticeable share of the
@@ -124,8 +124,11 @@ struct DiagnosisOptions {
   uint64_t min_arrival_ops = 5;
 };
 
+// `ring_order`: the ranks in ring order (Membership.ring_order; empty:
+// rank order): ring edges go from each rank to its ring successor.
 RingDiagnosis DiagnoseRing(int world_size, const std::vector<RankInput>& ranks,
-                           DiagnosisOptions options = DiagnosisOptions());
+                           DiagnosisOptions options = DiagnosisOptions(),
+                           const std::vector<int>& ring_order = {});
 
 // One rank's last operation that ended, from its telemetry.
 struct LastOpInput {

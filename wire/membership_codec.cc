@@ -16,7 +16,7 @@ constexpr size_t kMaxInflatedBytes = 64u << 20;
 std::string Key(const v1::Member& m) {
   return absl::StrCat(m.worker_id(), std::string(1, '\0'), m.address(),
                       std::string(1, '\0'), m.device(), std::string(1, '\0'),
-                      m.since_generation());
+                      m.since_generation(), std::string(1, '\0'), m.host());
 }
 
 }  // namespace
@@ -170,6 +170,7 @@ absl::StatusOr<v1::Membership> ApplyMembershipDelta(
       m->set_address(b.address());
       m->set_device(b.device());
       m->set_since_generation(b.since_generation());
+      m->set_host(b.host());
       m->set_alive(true);
     }
   }

@@ -27,8 +27,8 @@ absl::StatusOr<v1::Membership> InflateMembership(const std::string& bytes);
 // The members of `next` as a delta against `base` (same job): every
 // field of `next` but its members, and delta_base, delta_runs, delta_down,
 // `members` holding only the entries `base` does not have (by worker_id,
-// address, device and since_generation). Each member of `base` is used at
-// most once.
+// address, device, since_generation and host). Each member of `base` is
+// used at most once. ring_order and hosts travel whole.
 v1::Membership MakeMembershipDelta(const v1::Membership& base,
                                    const v1::Membership& next);
 

@@ -122,6 +122,32 @@ TEST(MembershipCodecTest, LeaveInTheMiddleIsTwoRunsAndNoMembers) {
   EXPECT_EQ(got->members(40).rank(), 40);
 }
 
+TEST(MembershipCodecTest, HostsAndTheRingOrderSurviveADelta) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(absl::StrCat("w", i));
+  v1::Membership base = Ring(4, ids);
+  for (int i = 0; i < 6; ++i) {
+    base.mutable_members(i)->set_host(i % 2 == 0 ? "A" : "B");
+  }
+  v1::Membership next = base;
+  next.set_generation(5);
+  next.set_change("generation 4->5: nothing but the order");
+  for (int r : {0, 2, 4, 1, 3, 5}) next.add_ring_order(r);
+  v1::HostGroup* a = next.add_hosts();
+  a->set_host("A");
+  for (int r : {0, 2, 4}) a->add_ranks(r);
+  // Every member is copied: the hosts ride on the base, the order whole.
+  const v1::Membership d = MakeMembershipDelta(base, next);
+  EXPECT_EQ(d.members_size(), 0);
+  absl::StatusOr<v1::Membership> got = ApplyMembershipDelta(base, d);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(Same(NoAges(*got), NoAges(next)));
+  EXPECT_EQ(got->members(3).host(), "B");
+  // A member whose host changed is not a copy.
+  next.mutable_members(3)->set_host("C");
+  EXPECT_EQ(MakeMembershipDelta(base, next).members_size(), 1);
+}
+
 TEST(MembershipCodecTest, NewcomersReorderingAndDownMembers) {
   const v1::Membership base = Ring(7, {"a", "b", "c", "d", "e"});
   // Generation 8: c is gone, x and y are new (since 8), e moved to the

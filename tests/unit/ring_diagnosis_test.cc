@@ -63,6 +63,31 @@ TEST(RingDiagnosisTest, NamesTheSlowRankAndItsOutgoingEdge) {
   }
 }
 
+TEST(RingDiagnosisTest, RingEdgesFollowTheRingOrder) {
+  // A host-ordered ring, 0 -> 2 -> 1 -> 3 -> 0: the figures of Ring() by
+  // position, renamed to the ranks at those positions.
+  const std::vector<int> order = {0, 2, 1, 3};
+  std::vector<RankInput> in = Ring(4, /*slow=*/1, 2.0, 1.8, 24000000);
+  for (RankInput& r : in) {
+    r.rank = order[static_cast<size_t>(r.rank)];
+    for (EdgeInput& e : r.edges) e.peer = order[static_cast<size_t>(e.peer)];
+  }
+  const RingDiagnosis d = DiagnoseRing(4, in, DiagnosisOptions(), order);
+  SCOPED_TRACE(d.summary);
+  EXPECT_EQ(d.straggler_rank, 2);
+  EXPECT_EQ(d.slowest_from, 2);
+  EXPECT_EQ(d.slowest_to, 1);
+  ASSERT_EQ(d.edges.size(), 4u);
+  for (const EdgeReport& e : d.edges) EXPECT_TRUE(e.ring) << e.from << "->" << e.to;
+  // In rank order the same figures have no ring edge 0->1.
+  const RingDiagnosis plain = DiagnoseRing(4, in);
+  for (const EdgeReport& e : plain.edges) {
+    if (e.from == 0 && e.to == 2) {
+      EXPECT_FALSE(e.ring);
+    }
+  }
+}
+
 TEST(RingDiagnosisTest, EvidenceInNumbers) {
   const RingDiagnosis d = DiagnoseRing(4, Ring(4, 2, 2.0, 1.8, 24000000));
   EXPECT_EQ(d.summary,

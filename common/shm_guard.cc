@@ -20,6 +20,7 @@ struct Slot {
 };
 Slot g_slots[ShmGuard::kMaxGuarded];
 std::atomic<uint64_t> g_absorbed{0};
+uintptr_t g_page = 4096;  // set before the handler is installed
 struct sigaction g_previous;
 
 void OnSigbus(int sig, siginfo_t* info, void* uctx) {
@@ -32,8 +33,7 @@ void OnSigbus(int sig, siginfo_t* info, void* uctx) {
     if (b == 0 || e == 0 || addr < b || addr >= e) continue;
     // Zero pages over the whole range: the faulting access, and every
     // later one, completes; broken() tells the user not to trust it.
-    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t from = b & ~(page - 1);
+    const uintptr_t from = b & ~(g_page - 1);
     if (mmap(reinterpret_cast<void*>(from), e - from, PROT_READ | PROT_WRITE,
              MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == MAP_FAILED) {
       break;  // cannot absorb it: as if unguarded
@@ -60,6 +60,7 @@ void OnSigbus(int sig, siginfo_t* info, void* uctx) {
 void InstallOnce() {
   static std::once_flag once;
   std::call_once(once, [] {
+    g_page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     struct sigaction sa {};
     sa.sa_sigaction = OnSigbus;
     sa.sa_flags = SA_SIGINFO | SA_NODEFER;

@@ -79,6 +79,7 @@ OpContext::OpContext(const CommParts& parts, const Fingerprint& fp,
                      absl::Time start, Algorithm algorithm,
                      std::vector<PeerInfo> servers)
     : config_(*parts.config),
+      path_(config_.world_size, config_.ring_order),
       transport_(parts.transport),
       inbox_(parts.inbox),
       telemetry_(parts.telemetry),
@@ -101,7 +102,7 @@ OpContext::OpContext(const CommParts& parts, const Fingerprint& fp,
       if (k != r) watch_.push_back(k);
     }
   } else if (g > 1) {
-    watch_ = {Mod(r + 1, g), Mod(r - 1, g)};
+    watch_ = {succ(), pred()};
   }
   for (int k = 0; k < this->servers(); ++k) watch_.push_back(g + k);
   TrackSegments(static_cast<size_t>(g));
@@ -288,14 +289,14 @@ absl::StatusOr<InFrame> OpContext::AwaitData(int from,
   return in;
 }
 
-OpContext::~OpContext() { WithdrawLandings(); }
+OpContext::~OpContext() { WithdrawRecvs(); }
 
 bool OpContext::SegmentReleased(int segment) {
   absl::MutexLock lock(&sends_->mu);
   return sends_->per_segment[static_cast<size_t>(segment)] == 0;
 }
 
-void OpContext::OfferLanding(int from, const FrameMeta& expect) {
+void OpContext::PostRecv(int from, const FrameMeta& expect) {
   const size_t bytes =
       static_cast<size_t>(expect.count) * DTypeSize(fp_.dtype);
   uint8_t* dst = buffer_->LandingView(expect.offset, expect.count);
@@ -305,7 +306,7 @@ void OpContext::OfferLanding(int from, const FrameMeta& expect) {
   if (landing != nullptr) landings_.push_back(std::move(landing));
 }
 
-void OpContext::WithdrawLandings() {
+void OpContext::WithdrawRecvs() {
   inbox_->landings()->Withdraw(landings_);
   landings_.clear();
 }
@@ -376,8 +377,8 @@ void OpContext::SendAbort(const absl::Status& status) {
   if (all_to_all_) {
     targets = watch_;
   } else {
-    targets = {Mod(config_.rank + 1, g)};
-    if (g > 2) targets.push_back(Mod(config_.rank - 1, g));
+    targets = {succ()};
+    if (g > 2) targets.push_back(pred());
   }
   for (int k = 0; k < servers(); ++k) targets.push_back(g + k);
   for (int to : targets) {

@@ -96,7 +96,7 @@ class OpContext {
   OpContext(const CommParts& parts, const Fingerprint& fp, OpBuffer* buffer,
             absl::Duration timeout, absl::Time start, Algorithm algorithm,
             std::vector<PeerInfo> servers);
-  ~OpContext();  // WithdrawLandings()
+  ~OpContext();  // WithdrawRecvs()
   OpContext(const OpContext&) = delete;
   OpContext& operator=(const OpContext&) = delete;
 
@@ -104,6 +104,12 @@ class OpContext {
   const CommConfig& config() const { return config_; }
   int rank() const { return config_.rank; }
   int world() const { return config_.world_size; }
+  // The ring's path (config().ring_order), this rank's ring position and
+  // its ring neighbours.
+  const RingPath& path() const { return path_; }
+  int position() const { return path_.position(config_.rank); }
+  int succ() const { return path_.succ(config_.rank); }
+  int pred() const { return path_.pred(config_.rank); }
   const Fingerprint& fp() const { return fp_; }
   void set_op_seq(uint64_t seq) { fp_.op_seq = seq; }
   OpBuffer& buffer() { return *buffer_; }
@@ -163,15 +169,18 @@ class OpContext {
   bool WaitForReleases(int segment, absl::Time deadline);
   // Whether the wire holds no frame of `segment` now (no wait).
   bool SegmentReleased(int segment);
-  // Offers the landing of the data frame `expect` from `from` into the
-  // buffer's range [expect.offset, + expect.count) (worker/core/landing.h):
-  // only once nothing reads or writes that range until the frame is
-  // taken. Nothing happens where the buffer or `from`'s link cannot land.
-  void OfferLanding(int from, const FrameMeta& expect);
-  // Takes back every landing offered: no reader writes into the buffer
-  // after it returns. The destructor calls it, on every path, before the
+  // Posts a receive: the data frame `expect` from `from` may be written
+  // straight into the buffer's range [expect.offset, + expect.count) by
+  // the link that carries it (worker/core/landing.h). Post only once
+  // nothing reads or writes that range until the frame is taken. Every
+  // path accepts the post and may ignore it (the frame then arrives as any
+  // other and is copied into place); nothing happens where the buffer
+  // cannot take it.
+  void PostRecv(int from, const FrameMeta& expect);
+  // Takes back every receive posted: no link writes into the buffer after
+  // it returns. The destructor calls it, on every path, before the
   // communicator hands the buffer back.
-  void WithdrawLandings();
+  void WithdrawRecvs();
   // Best effort: tells the neighbours (or every rank, all-to-all) and the
   // parameter servers that this op failed with `status`, except the rank
   // whose ABORT failed it.
@@ -222,6 +231,7 @@ class OpContext {
              absl::Time to);
 
   const CommConfig& config_;
+  const RingPath path_;
   Transport* const transport_;
   Inbox* const inbox_;
   OpTelemetry* const telemetry_;

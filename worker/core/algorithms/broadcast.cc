@@ -16,22 +16,23 @@ absl::Status ChainBroadcast(OpContext& op) {
   const int root = fp.root;
   if (g == 1 || fp.count == 0) return absl::OkStatus();
   const size_t es = DTypeSize(fp.dtype);
-  const int succ = Mod(r + 1, g);
-  const int pred = Mod(r - 1, g);
+  const int succ = op.succ();
+  const int pred = op.pred();
   OpBuffer& buf = op.buffer();
   const size_t chunk_elems =
       std::max<size_t>(1, op.config().chunk_bytes / es);
   const std::vector<Range> cs =
       PlanChunks(Range{0, static_cast<size_t>(fp.count)}, chunk_elems);
-  // Data flows root -> root+1 -> ... -> root-1; step = distance from root.
-  const int distance = Mod(r - root, g);
+  // Data flows from the root around the ring (its successor, theirs, ...,
+  // its predecessor); step = distance from the root in ring positions.
+  const int distance = Mod(op.position() - op.path().position(root), g);
   const bool forward = succ != root;
   if (r != root) {
     // A chunk only moves into place, and nothing touches its range before
-    // it arrives: where the link can, its reader puts it there itself.
+    // it arrives: its receive is posted (where the link can, its reader
+    // puts it there itself).
     for (const Range& c : cs) {
-      op.OfferLanding(pred,
-                      op.ChunkMeta(Phase::kBroadcast, distance - 1, 0, c));
+      op.PostRecv(pred, op.ChunkMeta(Phase::kBroadcast, distance - 1, 0, c));
     }
   }
   for (size_t ci = 0; ci < cs.size(); ++ci) {

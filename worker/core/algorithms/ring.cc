@@ -12,16 +12,19 @@ namespace halka {
 
 namespace {
 
-// The segments and chunks of one ring operation, planned as for rank
-// `plan_rank`: rank r finishes reducing segment plan_rank+1 and starts the
-// all-gather with it.
+// The segments and chunks of one ring operation, planned as for ring
+// position `plan_position`: this rank finishes reducing the segment of
+// position plan_position+1 and starts the all-gather with it. Steps count
+// in positions; a step's segment is the rank at that position
+// (RingPath::rank_at), so that segment r is rank r's slice in any order.
 struct RingPlan {
-  RingPlan(OpContext& op, int plan_rank)
+  RingPlan(OpContext& op, int plan_position)
       : g(op.world()),
-        r(plan_rank),
+        r(plan_position),
         es(DTypeSize(op.fp().dtype)),
-        succ(Mod(op.rank() + 1, g)),
-        pred(Mod(op.rank() - 1, g)) {
+        succ(op.succ()),
+        pred(op.pred()),
+        path(op.path()) {
     const size_t chunk_elems =
         std::max<size_t>(1, op.config().chunk_bytes / es);
     const std::vector<Range> segments = PlanSegments(op.fp().count, g);
@@ -38,12 +41,12 @@ struct RingPlan {
   }
   int step_in_phase(int t) const { return t < g - 1 ? t : t - (g - 1); }
   int send_seg(int t) const {
-    return t < g - 1 ? RsSendSegment(r, g, t)
-                     : AgSendSegment(r, g, t - (g - 1));
+    return path.rank_at(t < g - 1 ? RsSendSegment(r, g, t)
+                                  : AgSendSegment(r, g, t - (g - 1)));
   }
   int recv_seg(int t) const {
-    return t < g - 1 ? RsRecvSegment(r, g, t)
-                     : AgRecvSegment(r, g, t - (g - 1));
+    return path.rank_at(t < g - 1 ? RsRecvSegment(r, g, t)
+                                  : AgRecvSegment(r, g, t - (g - 1)));
   }
   const std::vector<Range>& chunks_of(int seg) const {
     return chunks[static_cast<size_t>(seg)];
@@ -54,6 +57,7 @@ struct RingPlan {
   const size_t es;
   const int succ;
   const int pred;
+  const RingPath& path;
   std::vector<std::vector<Range>> chunks;
 };
 
@@ -81,17 +85,17 @@ absl::Status SendFirst(OpContext& op, const RingPlan& plan, int first,
   return absl::OkStatus();
 }
 
-// Offers the landings of all-gather steps [t, end) (worker/core/landing.h)
-// in order while the wire holds nothing of a step's segment: every send of
-// it left in the reduce-scatter, and this rank does not touch it again
-// until its chunks arrive. Returns the first step not offered.
-int OfferLandings(OpContext& op, const RingPlan& plan, int t, int end) {
+// Posts the receives of all-gather steps [t, end) in order while the wire
+// holds nothing of a step's segment: every send of it left in the
+// reduce-scatter, and this rank does not touch it again until its chunks
+// arrive. Returns the first step not posted.
+int PostRecvs(OpContext& op, const RingPlan& plan, int t, int end) {
   for (; t < end; ++t) {
     const int seg = plan.recv_seg(t);
     if (!op.SegmentReleased(seg)) break;
     for (const Range& c : plan.chunks_of(seg)) {
-      op.OfferLanding(plan.pred, op.ChunkMeta(Phase::kAllGather,
-                                              plan.step_in_phase(t), seg, c));
+      op.PostRecv(plan.pred, op.ChunkMeta(Phase::kAllGather,
+                                          plan.step_in_phase(t), seg, c));
     }
   }
   return t;
@@ -102,12 +106,12 @@ int OfferLandings(OpContext& op, const RingPlan& plan, int t, int end) {
 // the segment received (and reduced) at step t-1, so a chunk moves on as
 // soon as it is ready; step `first` sends this rank's own data (unless it
 // already left while the fingerprints were in flight).
-absl::Status RingSteps(OpContext& op, int first, int end, int plan_rank) {
+absl::Status RingSteps(OpContext& op, int first, int end, int plan_position) {
   const Fingerprint& fp = op.fp();
   if (op.world() == 1 || fp.count == 0 || first >= end) {
     return absl::OkStatus();
   }
-  const RingPlan plan(op, plan_rank);
+  const RingPlan plan(op, plan_position);
   const int g = plan.g;
   OpBuffer& buf = op.buffer();
   if (!op.first_step_sent()) {
@@ -131,7 +135,7 @@ absl::Status RingSteps(OpContext& op, int first, int end, int plan_rank) {
     if (!reduce) {
       // The all-gather's chunks only move into place: where the link can,
       // its reader puts them there itself.
-      offered = OfferLandings(op, plan, std::max(offered, t), end);
+      offered = PostRecvs(op, plan, std::max(offered, t), end);
     }
     for (size_t ci = 0; ci < cs.size(); ++ci) {
       const Range& c = cs[ci];
@@ -157,22 +161,24 @@ absl::Status RingSteps(OpContext& op, int first, int end, int plan_rank) {
   return absl::OkStatus();
 }
 
-// The rank whose all-reduce plan an operation follows (see below).
-int PlanRank(const OpContext& op) {
-  return op.fp().kind == OpKind::kAllReduce ? op.rank()
-                                            : Mod(op.rank() - 1, op.world());
+// The ring position whose all-reduce plan an operation follows (see below).
+int PlanPosition(const OpContext& op) {
+  return op.fp().kind == OpKind::kAllReduce
+             ? op.position()
+             : Mod(op.position() - 1, op.world());
 }
 
 }  // namespace
 
 absl::Status RingAllReduce(OpContext& op) {
-  return RingSteps(op, 0, 2 * (op.world() - 1), op.rank());
+  return RingSteps(op, 0, 2 * (op.world() - 1), op.position());
 }
 
-// The two halves plan segments as rank r-1 would in an all-reduce, so that
-// rank r owns segment r: the all-reduce's rank r-1 finishes segment r.
+// The two halves plan segments as the rank before this one in the ring
+// (position p-1) would in an all-reduce, so that rank r owns segment r:
+// the all-reduce's position p-1 finishes the segment of position p, r's.
 absl::Status RingReduceScatter(OpContext& op) {
-  return RingSteps(op, 0, op.world() - 1, PlanRank(op));
+  return RingSteps(op, 0, op.world() - 1, PlanPosition(op));
 }
 
 bool RingCanSendEarly(const OpContext& op) {
@@ -184,7 +190,7 @@ bool RingCanSendEarly(const OpContext& op) {
 }
 
 absl::Status RingSendFirstStep(OpContext& op) {
-  const RingPlan plan(op, PlanRank(op));
+  const RingPlan plan(op, PlanPosition(op));
   // The ledger stays in the fingerprint phase: this send happens while the
   // fingerprints are compared, and the wait that follows is theirs.
   HALKA_RETURN_IF_ERROR(SendFirst(op, plan, 0, /*ledger=*/false));
@@ -206,7 +212,7 @@ absl::Status RingAllGather(OpContext& op) {
     HALKA_RETURN_IF_ERROR(
         op.buffer().WriteBack(in, static_cast<size_t>(r) * slice, slice));
   }
-  return RingSteps(op, g - 1, 2 * (g - 1), Mod(r - 1, g));
+  return RingSteps(op, g - 1, 2 * (g - 1), Mod(op.position() - 1, g));
 }
 
 }  // namespace halka

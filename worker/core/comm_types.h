@@ -27,6 +27,10 @@ struct CommConfig {
   int world_size = 1;
   uint64_t generation = 1;
   std::vector<PeerInfo> members;  // members[i].rank == i
+  // The ranks in ring order (Membership.ring_order; RingPath): each rank
+  // sends to the rank after it. Empty: rank order. Every rank of a ring
+  // must hold the same order.
+  std::vector<int> ring_order;
   size_t chunk_bytes = size_t{1} << 20;
   absl::Duration default_timeout = kDefaultOpTimeout;
   // Largest buffer one operation may carry (RESOURCE_EXHAUSTED above it).

@@ -1,6 +1,25 @@
 #include "worker/core/ring_plan.h"
 
+#include <algorithm>
+
 namespace halka {
+
+RingPath::RingPath(int world, const std::vector<int>& order) {
+  const size_t g = static_cast<size_t>(std::max(world, 1));
+  rank_at_.resize(g);
+  position_of_.assign(g, -1);
+  bool valid = order.size() == g;
+  for (size_t p = 0; valid && p < g; ++p) {
+    const int r = order[p];
+    valid = r >= 0 && static_cast<size_t>(r) < g &&
+            position_of_[static_cast<size_t>(r)] < 0;
+    if (valid) position_of_[static_cast<size_t>(r)] = static_cast<int>(p);
+  }
+  for (size_t p = 0; p < g; ++p) {
+    rank_at_[p] = valid ? order[p] : static_cast<int>(p);
+    position_of_[static_cast<size_t>(rank_at_[p])] = static_cast<int>(p);
+  }
+}
 
 std::vector<Range> PlanSegments(size_t count, int world_size) {
   std::vector<Range> segments(static_cast<size_t>(world_size));

@@ -30,13 +30,14 @@ absl::Status CheckFingerprints(OpContext& op,
 }
 
 // G-1 hops: each rank forwards the fingerprint it received to its
-// successor, so after step s it holds the fingerprint of rank r-1-s.
+// successor, so after step s it holds the fingerprint of the rank s+1
+// places before it in the ring.
 absl::Status ExchangeAroundRing(OpContext& op) {
   const int g = op.world();
   const int r = op.rank();
   if (g == 1) return absl::OkStatus();
-  const int succ = Mod(r + 1, g);
-  const int pred = Mod(r - 1, g);
+  const int succ = op.succ();
+  const int pred = op.pred();
   std::vector<Fingerprint> all(static_cast<size_t>(g));
   all[static_cast<size_t>(r)] = op.fp();
   FrameMeta meta = op.FingerprintMeta();
@@ -44,7 +45,7 @@ absl::Status ExchangeAroundRing(OpContext& op) {
   HALKA_RETURN_IF_ERROR(op.Send(succ, meta, nullptr, 0, -1));
   for (int s = 0; s < g - 1; ++s) {
     op.SetLedger(Phase::kFingerprint, s, 0, 1, pred);
-    const int origin = Mod(r - 1 - s, g);
+    const int origin = op.path().rank_at(op.position() - 1 - s);
     HALKA_ASSIGN_OR_RETURN(
         InFrame in,
         op.Await(pred, s == 0 ? std::string()
@@ -95,7 +96,7 @@ absl::Status SendAllToAll(OpContext& op) {
   // Start with the successor, so the ring's first link is warm first.
   for (int i = 1; i < op.world(); ++i) {
     HALKA_RETURN_IF_ERROR(
-        op.Send(Mod(op.rank() + i, op.world()), meta, payload, bytes, -1));
+        op.Send(op.path().rank_at(op.position() + i), meta, payload, bytes, -1));
   }
   return absl::OkStatus();
 }
@@ -111,7 +112,7 @@ absl::Status AwaitAllToAll(OpContext& op) {
   std::vector<InFrame>& kept = op.eager();
   if (eager) kept.resize(static_cast<size_t>(g));
   for (int i = 1; i < g; ++i) {
-    const int from = Mod(r - i, g);
+    const int from = op.path().rank_at(op.position() - i);
     HALKA_ASSIGN_OR_RETURN(InFrame in, op.Await(from, "its fingerprint"));
     if (in.meta.kind != FrameKind::kFingerprint ||
         in.meta.origin_rank != from) {

@@ -34,7 +34,8 @@ absl::Status NaiveAllReduce(OpContext& op) {
     for (const Range& c : cs) {
       const FrameMeta m = op.ChunkMeta(Phase::kNaive, 0, 0, c);
       for (int i = 1; i < g; ++i) {
-        HALKA_RETURN_IF_ERROR(op.Send(Mod(r + i, g), m, own + c.offset * es,
+        HALKA_RETURN_IF_ERROR(op.Send(op.path().rank_at(op.position() + i), m,
+                                      own + c.offset * es,
                                       c.count * es, -1));
       }
     }

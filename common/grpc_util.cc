@@ -96,7 +96,8 @@ std::string DialableAddress(const std::string& listen, int port,
   return absl::StrCat(host, ":", port);
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+namespace {
+grpc::ChannelArguments ChannelArgs() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -113,7 +114,17 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   ApplyStreamingArgs([&](const char* key, int value) { args.SetInt(key, value); });
-  return CreateSecureChannel(target, std::move(args));
+  return args;
+}
+}  // namespace
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+  return CreateSecureChannel(target, ChannelArgs());
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const SecurityConfig& security) {
+  return CreateSecureChannel(target, ChannelArgs(), security);
 }
 
 void ApplyStreamingArgs(const std::function<void(const char*, int)>& set) {

@@ -63,6 +63,11 @@ std::string DialableAddress(const std::string& listen, int port,
 // keepalive) and the process's security (common/security.h): TLS when
 // configured, the job id and token on every call.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);
+// The same under `security` instead of the process's configuration (a
+// worker's own, WorkerOptions::security).
+struct SecurityConfig;
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const SecurityConfig& security);
 
 // Applies halka's server arguments (message sizes, keepalive policy).
 void ConfigureServerBuilder(grpc::ServerBuilder& builder);

@@ -181,7 +181,13 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
 absl::StatusOr<std::unique_ptr<HttpServer>> StartDaemonHttp(
     const std::string& what, const std::string& host, int port,
     std::map<std::string, HttpHandler> handlers) {
-  const SecurityConfig sec = GetSecurityConfig();
+  return StartDaemonHttp(what, host, port, std::move(handlers),
+                         GetSecurityConfig());
+}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> StartDaemonHttp(
+    const std::string& what, const std::string& host, int port,
+    std::map<std::string, HttpHandler> handlers, const SecurityConfig& sec) {
   HttpTls tls;
   if (!sec.tls_cert.empty()) tls = HttpTls{sec.tls_cert, sec.tls_key, sec.tls_ca};
   auto http = HttpServer::Start(host, port, std::move(handlers), tls);

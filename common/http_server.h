@@ -71,6 +71,13 @@ class HttpServer {
 absl::StatusOr<std::unique_ptr<HttpServer>> StartDaemonHttp(
     const std::string& what, const std::string& host, int port,
     std::map<std::string, HttpHandler> handlers);
+// The same with the TLS files of `security` (a worker's own,
+// WorkerOptions::security) instead of the process's.
+struct SecurityConfig;
+absl::StatusOr<std::unique_ptr<HttpServer>> StartDaemonHttp(
+    const std::string& what, const std::string& host, int port,
+    std::map<std::string, HttpHandler> handlers,
+    const SecurityConfig& security);
 
 // Prometheus label value escaping (\\, \", \n).
 std::string PromEscape(const std::string& s);

@@ -393,7 +393,11 @@ absl::Status InitSecurityFromFlags(absl::string_view job_id) {
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
     const std::string& listen, ServerRole role) {
-  const SecurityConfig c = GetSecurityConfig();
+  return ServerCredentialsFor(listen, role, GetSecurityConfig());
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
+    const std::string& listen, ServerRole role, const SecurityConfig& c) {
   std::shared_ptr<grpc::ServerCredentials> creds;
   const bool unix_socket = IsUnixTarget(listen);
   if (c.server_tls() && !unix_socket) {
@@ -462,7 +466,11 @@ grpc::Status CheckCallJobGrpc(const grpc::ServerContextBase& ctx,
 
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(
     const std::string& target) {
-  const SecurityConfig c = GetSecurityConfig();
+  return ChannelCredentialsFor(target, GetSecurityConfig());
+}
+
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(
+    const std::string& target, const SecurityConfig& c) {
   if (!c.client_tls() || IsUnixTarget(target)) {
     return grpc::InsecureChannelCredentials();
   }
@@ -477,7 +485,12 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(
 
 void ApplySecurityChannelArgs(const std::string& target,
                               grpc::ChannelArguments& args) {
-  const SecurityConfig c = GetSecurityConfig();
+  ApplySecurityChannelArgs(target, args, GetSecurityConfig());
+}
+
+void ApplySecurityChannelArgs(const std::string& target,
+                              grpc::ChannelArguments& args,
+                              const SecurityConfig& c) {
   if (c.client_tls() && !IsUnixTarget(target) && !c.tls_server_name.empty()) {
     args.SetSslTargetNameOverride(c.tls_server_name);
   }
@@ -485,9 +498,15 @@ void ApplySecurityChannelArgs(const std::string& target,
 
 std::shared_ptr<grpc::Channel> CreateSecureChannel(const std::string& target,
                                                    grpc::ChannelArguments args) {
-  const SecurityConfig c = GetSecurityConfig();
-  ApplySecurityChannelArgs(target, args);
-  std::shared_ptr<grpc::ChannelCredentials> creds = ChannelCredentialsFor(target);
+  return CreateSecureChannel(target, std::move(args), GetSecurityConfig());
+}
+
+std::shared_ptr<grpc::Channel> CreateSecureChannel(const std::string& target,
+                                                   grpc::ChannelArguments args,
+                                                   const SecurityConfig& c) {
+  ApplySecurityChannelArgs(target, args, c);
+  std::shared_ptr<grpc::ChannelCredentials> creds =
+      ChannelCredentialsFor(target, c);
   if (c.job_id.empty() && c.job_token.empty()) {
     return grpc::CreateCustomChannel(target, creds, args);
   }

@@ -1,7 +1,11 @@
 // Transport security and job tokens for every halka channel and server.
 //
 // One process-wide SecurityConfig, set once by each main from the shared
-// flags below (or by LocalCluster / tests), decides:
+// flags below (or by LocalCluster / tests), decides (each function below
+// also takes a configuration of its own instead: a worker captures the
+// process's when it is created, WorkerOptions::security, and uses that copy
+// for its servers, channels and wire links from then on, so that workers
+// sharing a process keep theirs):
 //   - channels (MakeChannel): TLS to TCP targets when a CA or a client
 //     certificate is configured, plaintext otherwise and always to "unix:"
 //     targets; every call carries the job id ("halka-job") and the job token
@@ -108,6 +112,9 @@ enum class ServerRole {
 // --insecure; INVALID_ARGUMENT for a certificate without a key.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
     const std::string& listen, ServerRole role = ServerRole::kSingleJob);
+// The same under `config` (whatever the process's configuration is).
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
+    const std::string& listen, ServerRole role, const SecurityConfig& config);
 
 // Rendezvous handlers: OK when the call is entitled to act for
 // `request_job` (its metadata names that job, or none, and its token is the
@@ -117,16 +124,25 @@ absl::Status CheckCallJob(const grpc::ServerContextBase& ctx,
 grpc::Status CheckCallJobGrpc(const grpc::ServerContextBase& ctx,
                               absl::string_view request_job);
 
-// Channel credentials for `target` per the configuration, and the channel
-// arguments TLS needs (server name override); used by MakeChannel.
+// Channel credentials for `target` per the configuration (the process's,
+// or `config`), and the channel arguments TLS needs (server name
+// override); used by MakeChannel.
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(
     const std::string& target);
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(
+    const std::string& target, const SecurityConfig& config);
 void ApplySecurityChannelArgs(const std::string& target,
                               grpc::ChannelArguments& args);
+void ApplySecurityChannelArgs(const std::string& target,
+                              grpc::ChannelArguments& args,
+                              const SecurityConfig& config);
 // Creates the channel with the token-carrying interceptor when the
 // configuration has a job or a token.
 std::shared_ptr<grpc::Channel> CreateSecureChannel(
     const std::string& target, grpc::ChannelArguments args);
+std::shared_ptr<grpc::Channel> CreateSecureChannel(
+    const std::string& target, grpc::ChannelArguments args,
+    const SecurityConfig& config);
 
 // Equal strings in time that depends only on their lengths.
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b);

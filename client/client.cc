@@ -117,7 +117,8 @@ class Client::Impl {
         options_(options),
         channel_(MakeChannel(target)),
         stub_(v1::Worker::NewStub(channel_)),
-        registry_(std::make_shared<Registry>()) {
+        registry_(std::make_shared<Registry>()),
+        session_(options.shm_spin) {
     use_shm_ = options.transfer == Transfer::kSharedMemory ||
                (options.transfer == Transfer::kAuto && IsLocalAddress(target));
   }

@@ -1,5 +1,6 @@
 #include "halka/local_cluster.h"
 
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     return absl::InvalidArgumentError("local cluster: workers must be 1..64");
   }
   TuneProcessForStreaming();
+  // The workers get this cluster's configuration as their own
+  // (WorkerOptions::security); the rendezvous and shards, the process's.
+  std::optional<SecurityConfig> security;
   if (!options.tls_cert.empty() || !options.tls_key.empty() ||
       !options.tls_ca.empty() || !options.job_token.empty()) {
     SecurityConfig sec;
@@ -25,6 +29,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     sec.tls_ca = options.tls_ca;
     sec.job_id = options.job_id;
     sec.job_token = options.job_token;
+    security = sec;
     SetSecurityConfig(std::move(sec));
   }
   std::unique_ptr<LocalCluster> c(new LocalCluster());
@@ -63,6 +68,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     wo.join_timeout = absl::Seconds(30);
     if (i == options.slow_rank) wo.test_reduce_delay = options.test_reduce_delay;
     if (options.metrics) wo.metrics_port = -1;
+    wo.security = security;  // unset: the process's, captured by Create
     auto node = WorkerNode::Create(wo);
     if (!node.ok()) return node.status();
     nodes.push_back(std::move(*node));

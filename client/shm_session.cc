@@ -22,7 +22,7 @@ absl::Status Prefixed(const absl::Status& s, absl::string_view what) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShmSession>> ShmSession::Open(
-    v1::Worker::Stub& stub, absl::Duration timeout) {
+    v1::Worker::Stub& stub, absl::Duration timeout, absl::Duration spin) {
   std::unique_ptr<ShmSession> s(new ShmSession());
   absl::StatusOr<std::shared_ptr<ShmRing>> requests =
       ShmRing::Create(kSessionRingBytes);
@@ -32,6 +32,7 @@ absl::StatusOr<std::unique_ptr<ShmSession>> ShmSession::Open(
   if (!replies.ok()) return replies.status();
   s->requests_ = std::move(*requests);
   s->replies_ = std::move(*replies);
+  s->replies_->set_spin_before_sleep(spin);  // this client reads it
   v1::SessionOffer offer;
   offer.set_requests(FormatShmOffer(*s->requests_));
   offer.set_replies(FormatShmOffer(*s->replies_));
@@ -189,7 +190,7 @@ std::optional<absl::StatusOr<v1::RunReply>> SessionSlot::TryRun(
       return std::nullopt;
     }
     absl::StatusOr<std::unique_ptr<ShmSession>> opened =
-        ShmSession::Open(stub, open_by - absl::Now());
+        ShmSession::Open(stub, open_by - absl::Now(), spin_);
     if (!opened.ok()) {
       // A worker without sessions, or one that cannot map our rings, will
       // not change its mind; one that was busy or not up yet may.

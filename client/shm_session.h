@@ -44,9 +44,11 @@ class ShmSession {
   // without sessions; FAILED_PRECONDITION or NOT_FOUND: it cannot map the
   // rings; RESOURCE_EXHAUSTED: too many sessions), UNAVAILABLE (not
   // reachable now), DEADLINE_EXCEEDED (no answer in time), or the ring's
-  // creation error.
+  // creation error. `spin`: how long Run polls the replies ring before it
+  // sleeps (ShmRing::set_spin_before_sleep).
   static absl::StatusOr<std::unique_ptr<ShmSession>> Open(
-      v1::Worker::Stub& stub, absl::Duration timeout);
+      v1::Worker::Stub& stub, absl::Duration timeout,
+      absl::Duration spin = absl::ZeroDuration());
   // Ends the session: closes the rings, cancels the stream, joins.
   ~ShmSession();
   ShmSession(const ShmSession&) = delete;
@@ -91,6 +93,10 @@ class SessionSlot {
   static constexpr absl::Duration kOpenTimeout = absl::Seconds(5);
   static constexpr absl::Duration kRetryAfter = absl::Seconds(10);
 
+  // `spin`: the client's Options::shm_spin, for every session it opens.
+  explicit SessionSlot(absl::Duration spin = absl::ZeroDuration())
+      : spin_(spin) {}
+
   // Runs `req` through the session when one can take it now; nullopt when
   // the request was not sent (the caller uses Worker.Run). `ended`, if
   // given, is set when the session had ended before the request went (its
@@ -102,6 +108,7 @@ class SessionSlot {
       bool* ended = nullptr);
 
  private:
+  const absl::Duration spin_;
   absl::Mutex mu_;  // held for a whole call through the session
   std::unique_ptr<ShmSession> session_ ABSL_GUARDED_BY(mu_);
   absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

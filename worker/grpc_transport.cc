@@ -37,8 +37,9 @@ class GrpcTransport::OutLink
                                  owner_->rank_, world},
                     &ctx_);
     const size_t ring_bytes =
-        owner_->shm_ring_bytes_ && to_ < world ? owner_->shm_ring_bytes_(to_)
-                                               : 0;
+        owner_->setup_.shm_ring_bytes && to_ < world
+            ? owner_->setup_.shm_ring_bytes(to_)
+            : 0;
     if (ring_bytes > 0 &&
         PeerMayShareHost(owner_->addresses_[static_cast<size_t>(to_)])) {
       // Offer a same-host data path; frames wait for the answer.
@@ -51,12 +52,13 @@ class GrpcTransport::OutLink
         path_ = Path::kOffered;
       }
     }
-    if (owner_->wire_links_ && to_ < world &&
-        !WireRecentlyFailed(owner_->addresses_[static_cast<size_t>(to_)])) {
+    if (owner_->setup_.wire_links && to_ < world &&
+        !owner_->setup_.wire_fallbacks->RecentlyFailed(
+            owner_->addresses_[static_cast<size_t>(to_)])) {
       // Offer the wire too (a same-host offer, if taken, comes first); the
       // key travels inside TLS, and only on a TLS channel.
       absl::StatusOr<std::string> key = std::string();
-      if (GetSecurityConfig().client_tls()) key = WireSeal::NewKey();
+      if (owner_->setup_.security.client_tls()) key = WireSeal::NewKey();
       if (key.ok()) {
         std::string offer = FormatWireOffer(*key);  // the key in hex
         ctx_.AddMetadata(kLinkWireOfferKey, offer);
@@ -141,20 +143,20 @@ class GrpcTransport::OutLink
           ok && ring != nullptr && answer == "ok",
           ok && wire_offered_ && ParseWireAnswer(wire_answer, &port, &token));
       if (chosen == PathKind::kShm) {
-        ShmLinkCounters().accepted.fetch_add(1);
+        counts().shm.accepted.fetch_add(1);
         path_ = Path::kShm;
         TakePath(std::make_shared<ShmSender>(ring));
       } else if (chosen == PathKind::kWire) {
         // Frames keep waiting until the connection is up (OnWireReady).
-        if (ring != nullptr) ShmLinkCounters().refused.fetch_add(1);
+        if (ring != nullptr) counts().shm.refused.fetch_add(1);
         wire_ = std::make_shared<WireSender>(
             HostOf(owner_->addresses_[static_cast<size_t>(to_)]), port,
             token, wire_key_.str(),
             [this](const absl::Status& s) { OnWireReady(s); },
             [this](const absl::Status& s) { OnWireFailed(s); });
       } else {
-        if (ok && ring != nullptr) ShmLinkCounters().refused.fetch_add(1);
-        if (ok && wire_offered_) WireLinkCounters().refused.fetch_add(1);
+        if (ok && ring != nullptr) counts().shm.refused.fetch_add(1);
+        if (ok && wire_offered_) counts().wire.refused.fetch_add(1);
         path_ = Path::kGrpc;
         if (!ok) failed_ = true;  // the stream is ending: OnDone releases
         if (ok && !queue_.empty() && !writing_) {
@@ -189,13 +191,14 @@ class GrpcTransport::OutLink
     absl::MutexLock lock(&mu_);
     if (path_ != Path::kOffered || wire_ == nullptr) return;
     if (status.ok()) {
-      WireLinkCounters().accepted.fetch_add(1);
+      counts().wire.accepted.fetch_add(1);
       path_ = Path::kWire;
       TakePath(wire_);
       return;
     }
-    WireLinkCounters().fell_back.fetch_add(1);
-    NoteWireFallback(owner_->addresses_[static_cast<size_t>(to_)], status);
+    counts().wire.fell_back.fetch_add(1);
+    owner_->setup_.wire_fallbacks->Note(
+        owner_->addresses_[static_cast<size_t>(to_)], status);
     path_ = Path::kGrpc;
     if (!failed_ && !closing_ && !queue_.empty() && !writing_) {
       writing_ = true;
@@ -363,6 +366,7 @@ class GrpcTransport::OutLink
     f.on_released = std::move(on_released);
     return f;
   }
+  LinkCounters& counts() const { return *owner_->setup_.counters; }
   // Where this link's frames go. kOffered: a ring was offered and frames
   // wait in queue_ for the answer.
   enum class Path { kGrpc, kOffered, kShm, kWire };
@@ -392,17 +396,29 @@ class GrpcTransport::OutLink
   std::shared_ptr<WireSender> wire_ ABSL_GUARDED_BY(mu_);
 };
 
+namespace {
+// The setup with counters and fallbacks of the transport's own where the
+// worker gave none.
+GrpcTransport::LinkSetup Completed(GrpcTransport::LinkSetup links) {
+  if (links.counters == nullptr) {
+    links.counters = std::make_shared<LinkCounters>();
+  }
+  if (links.wire_fallbacks == nullptr) {
+    links.wire_fallbacks = std::make_shared<WireFallbacks>();
+  }
+  return links;
+}
+}  // namespace
+
 GrpcTransport::GrpcTransport(std::string job_id, uint64_t generation, int rank,
                              std::vector<std::string> addresses, Inbox* inbox,
-                             std::function<size_t(int)> shm_ring_bytes,
-                             bool wire_links)
+                             LinkSetup links)
     : job_id_(std::move(job_id)),
       generation_(generation),
       rank_(rank),
       addresses_(std::move(addresses)),
       inbox_(inbox),
-      shm_ring_bytes_(std::move(shm_ring_bytes)),
-      wire_links_(wire_links) {}
+      setup_(Completed(std::move(links))) {}
 
 GrpcTransport::~GrpcTransport() {
   std::vector<std::shared_ptr<OutLink>> all;
@@ -435,7 +451,8 @@ std::shared_ptr<GrpcTransport::OutLink> GrpcTransport::LinkTo(int to) {
   if (!channel) {
     const int g = static_cast<int>(addresses_.size());
     channel = MakeChannel(to < g ? addresses_[static_cast<size_t>(to)]
-                                 : servers_[static_cast<size_t>(to - g)]);
+                                 : servers_[static_cast<size_t>(to - g)],
+                          setup_.security);
   }
   auto link = std::make_shared<OutLink>(this, to, channel);
   link->Start();

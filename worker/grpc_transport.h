@@ -26,19 +26,37 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_util.h"
+#include "common/security.h"
 #include "grpcpp/grpcpp.h"
 #include "halka/v1/peer.grpc.pb.h"
+#include "worker/core/link_counters.h"
 #include "worker/core/transport.h"
 
 namespace halka {
 
+class WireFallbacks;
+
 class GrpcTransport : public Transport {
  public:
+  // What the links take from their worker (RingBook::Build fills it from
+  // the node's options and state; nothing here is read from the process).
+  struct LinkSetup {
+    // The ring to offer on the link to `to`; null or 0: no same-host link.
+    std::function<size_t(int to)> shm_ring_bytes;
+    // Offer peers a wire connection per link (worker/wire_link.h).
+    bool wire_links = false;
+    // The channels' TLS and job token (MakeChannel); a wire link is sealed
+    // where it is client_tls() (its key then travels inside TLS).
+    SecurityConfig security;
+    // The worker's link counters and wire fallbacks (null: the transport's
+    // own, as in tests).
+    std::shared_ptr<LinkCounters> counters;
+    std::shared_ptr<WireFallbacks> wire_fallbacks;
+  };
   // addresses[i] is rank i's peer server.
   GrpcTransport(std::string job_id, uint64_t generation, int rank,
                 std::vector<std::string> addresses, Inbox* inbox,
-                std::function<size_t(int to)> shm_ring_bytes = nullptr,
-                bool wire_links = false);
+                LinkSetup links);
   // Cancels every link and waits until their reactors are done.
   ~GrpcTransport() override;
 
@@ -60,10 +78,7 @@ class GrpcTransport : public Transport {
   const int rank_;
   const std::vector<std::string> addresses_;  // ranks 0..G-1
   Inbox* const inbox_;
-  // The ring to offer on the link to `to`; null or 0: no same-host link.
-  const std::function<size_t(int)> shm_ring_bytes_;
-  // Offer peers a wire connection per link (worker/wire_link.h).
-  const bool wire_links_;
+  const LinkSetup setup_;  // its counters and wire_fallbacks never null
 
   absl::Mutex mu_;
   std::vector<std::string> servers_ ABSL_GUARDED_BY(mu_);

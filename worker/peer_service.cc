@@ -68,7 +68,7 @@ class PeerService::InLink
       inbox_->RemoveTap(shm_->tap().get());
     }
     // After Forget, the listener never hands this link a connection.
-    if (!wire_token_.empty()) service_->wire_->Forget(wire_token_);
+    if (!wire_token_.empty()) service_->options_.wire->Forget(wire_token_);
     if (wire_) wire_->Stop();
     {
       absl::MutexLock lock(&service_->mu_);
@@ -165,11 +165,12 @@ class PeerService::InLink
   }
 
   std::string AnswerShmOffer(const std::string& offer) {
-    if (!service_->accept_shm_) {
+    if (!service_->options_.accept_shm) {
       return "no: this worker takes no shared-memory links";
     }
     absl::StatusOr<std::shared_ptr<ShmRing>> ring = AcceptShmOffer(offer);
     if (!ring.ok()) return absl::StrCat("no: ", ring.status().message());
+    (*ring)->set_spin_before_sleep(service_->options_.shm_spin);
     shm_ = std::make_unique<ShmReceiver>(
         *std::move(ring),
         [this](absl::StatusOr<InFrame> f) { return Take(std::move(f)); },
@@ -186,12 +187,12 @@ class PeerService::InLink
     // The offer carries the key in hex: both are wiped (WipedKey) when they
     // go, the key's copy in the listener's callback too.
     const WipedKey offer(std::move(offer_hex));
-    WireListener* wire = service_->wire_;
+    WireListener* wire = service_->options_.wire;
     if (wire == nullptr) return "no: this worker takes no wire links";
     absl::StatusOr<std::string> parsed = ParseWireOffer(offer.str());
     if (!parsed.ok()) return absl::StrCat("no: ", parsed.status().message());
     const WipedKey key(*std::move(parsed));
-    if (key.empty() && service_->wire_sealed_) {
+    if (key.empty() && service_->options_.wire_sealed) {
       return "no: this worker serves TLS: a wire link must be sealed";
     }
     wire_token_ = wire->Expect([this, key](int fd) {
@@ -206,7 +207,8 @@ class PeerService::InLink
                 s.code(), absl::StrCat("wire link: ", s.message())));
           },
           // All-gather and broadcast chunks land in the operation's buffer.
-          service_->wire_landing_ ? inbox_->landings() : nullptr, from_);
+          service_->options_.wire_landing ? inbox_->landings() : nullptr,
+          from_, service_->options_.counters);
     });
     if (wire_token_.empty()) return "no: the wire listener is stopped";
     return FormatWireAnswer(wire->port(), wire_token_);
@@ -257,14 +259,10 @@ class PeerService::InLink
 };
 
 PeerService::PeerService(std::string job_id, InboxResolver resolver,
-                         bool accept_shm, WireListener* wire, bool wire_sealed,
-                         bool wire_landing)
+                         Options options)
     : job_id_(std::move(job_id)),
       resolver_(std::move(resolver)),
-      accept_shm_(accept_shm),
-      wire_(wire),
-      wire_sealed_(wire_sealed),
-      wire_landing_(wire_landing) {}
+      options_(std::move(options)) {}
 
 int PeerService::open_streams() const {
   absl::MutexLock lock(&mu_);

@@ -11,9 +11,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/grpc_util.h"
 #include "grpcpp/grpcpp.h"
 #include "halka/v1/peer.grpc.pb.h"
+#include "worker/core/link_counters.h"
 #include "worker/core/transport.h"
 
 namespace halka {
@@ -32,14 +34,27 @@ class PeerService final
   // stream with it (e.g. ABORTED for a generation that is over).
   using InboxResolver =
       std::function<absl::StatusOr<std::shared_ptr<Inbox>>(uint64_t)>;
-  // accept_shm: map the shared-memory rings that same-host peers offer.
-  // wire: take wire offers on this listener (null: none; it outlives the
-  // service's streams); wire_sealed: only sealed ones (the server is TLS);
-  // wire_landing: their readers may land payloads in operations' buffers
-  // (worker/core/landing.h).
-  PeerService(std::string job_id, InboxResolver resolver,
-              bool accept_shm = false, WireListener* wire = nullptr,
-              bool wire_sealed = false, bool wire_landing = true);
+  // What the service takes from its worker (its options and state; nothing
+  // here is read from the process).
+  struct Options {
+    // Map the shared-memory rings that same-host peers offer.
+    bool accept_shm = false;
+    // How long a mapped ring's consumer polls it before it sleeps
+    // (ShmRing::set_spin_before_sleep; the worker's shm_spin).
+    absl::Duration shm_spin = absl::ZeroDuration();
+    // Take wire offers on this listener (null: none; it outlives the
+    // service's streams).
+    WireListener* wire = nullptr;
+    // Only sealed wire offers (the worker serves TLS: its
+    // SecurityConfig::server_tls()).
+    bool wire_sealed = false;
+    // The wire readers may land payloads in operations' buffers
+    // (worker/core/landing.h).
+    bool wire_landing = true;
+    // The worker's counters (wire.landed); null: not counted.
+    std::shared_ptr<LinkCounters> counters;
+  };
+  PeerService(std::string job_id, InboxResolver resolver, Options options);
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Link(
       grpc::CallbackServerContext* context) override;
@@ -51,10 +66,7 @@ class PeerService final
   class InLink;
   const std::string job_id_;
   const InboxResolver resolver_;
-  const bool accept_shm_;
-  WireListener* const wire_;
-  const bool wire_sealed_;
-  const bool wire_landing_;
+  const Options options_;
   // A ring needs one inbound stream per peer and generation (naive: per
   // peer pair), and old generations' streams close.
   StreamLimiter limiter_{"peer link", 64, 4096};

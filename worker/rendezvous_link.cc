@@ -18,7 +18,10 @@ RendezvousLink::RendezvousLink(const WorkerOptions& options, const Logger& log,
       address_(std::move(address)),
       incarnation_(incarnation),
       callbacks_(std::move(callbacks)),
-      stub_(v1::Rendezvous::NewStub(MakeChannel(options.rendezvous))) {}
+      stub_(v1::Rendezvous::NewStub(
+          options.security.has_value()
+              ? MakeChannel(options.rendezvous, *options.security)
+              : MakeChannel(options.rendezvous))) {}
 
 RendezvousLink::~RendezvousLink() { Stop(); }
 

@@ -6,11 +6,31 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "common/security.h"
 #include "worker/grpc_transport.h"
 #include "worker/shm_link.h"
 #include "worker/numbering.h"
 
 namespace halka {
+namespace {
+
+// The engine's configuration for `ring` under the worker's options.
+CommConfig CommConfigFor(const WorkerOptions& o, const Ring& ring,
+                         uint64_t first_op_seq) {
+  CommConfig c;
+  c.rank = ring.rank;
+  c.world_size = ring.world;
+  c.generation = ring.generation;
+  c.members = ring.members;
+  c.chunk_bytes = o.chunk_bytes;
+  c.default_timeout = o.op_timeout;
+  c.max_op_bytes = o.max_op_bytes;
+  c.test_reduce_delay = o.test_reduce_delay;
+  c.first_op_seq = first_op_seq;
+  return c;
+}
+
+}  // namespace
 
 Ring::~Ring() {
   comm.reset();
@@ -18,8 +38,14 @@ Ring::~Ring() {
 }
 
 RingBook::RingBook(const WorkerOptions& options, Logger* log,
-                   LinkFailedFn on_link_failed)
-    : options_(options), log_(log), on_link_failed_(std::move(on_link_failed)) {}
+                   LinkFailedFn on_link_failed,
+                   std::shared_ptr<LinkCounters> counters,
+                   std::shared_ptr<WireFallbacks> wire_fallbacks)
+    : options_(options),
+      log_(log),
+      on_link_failed_(std::move(on_link_failed)),
+      counters_(std::move(counters)),
+      wire_fallbacks_(std::move(wire_fallbacks)) {}
 
 RingBook::~RingBook() = default;
 
@@ -138,21 +164,10 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
   ring->adopted = numbering.adopted;
   ring->epoch = epoch_;
   ring->built = admitted_at_;
-  std::vector<std::string> addresses;
   for (const v1::Member& x : m.members()) {
     ring->members.push_back(PeerInfo{x.rank(), x.worker_id(), x.address()});
-    addresses.push_back(x.address());
   }
-  CommConfig c;
-  c.rank = ring->rank;
-  c.world_size = ring->world;
-  c.generation = ring->generation;
-  c.members = ring->members;
-  c.chunk_bytes = options_.chunk_bytes;
-  c.default_timeout = options_.op_timeout;
-  c.max_op_bytes = options_.max_op_bytes;
-  c.test_reduce_delay = options_.test_reduce_delay;
-  c.first_op_seq = numbering.first_op_seq;
+  const CommConfig c = CommConfigFor(options_, *ring, numbering.first_op_seq);
   auto early = early_.find(ring->generation);
   ring->inbox = early != early_.end() ? early->second : NewInbox();
   early_.erase(early_.begin(), early_.upper_bound(ring->generation));
@@ -163,12 +178,7 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
       [this, generation](int peer, const absl::Status& status) {
         on_link_failed_(generation, peer, status);
       });
-  ring->transport = std::make_unique<GrpcTransport>(
-      options_.job_id, ring->generation, ring->rank, addresses,
-      ring->inbox.get(),
-      LinkRingPolicy(options_.shm_links, options_.chunk_bytes, ring->rank,
-                     ring->world),
-      options_.wire_links);
+  ring->transport = NewTransport(*ring);
   ring->comm = std::make_unique<Communicator>(c, ring->transport.get(),
                                               ring->inbox.get());
   if (!servers_.empty()) {
@@ -233,8 +243,26 @@ absl::StatusOr<std::shared_ptr<Inbox>> RingBook::InboxFor(uint64_t generation) {
   return inbox;
 }
 
+std::unique_ptr<GrpcTransport> RingBook::NewTransport(const Ring& ring) const {
+  std::vector<std::string> addresses;
+  for (const PeerInfo& p : ring.members) addresses.push_back(p.address);
+  GrpcTransport::LinkSetup links;
+  links.shm_ring_bytes = LinkRingPolicy(options_.shm_links, options_.chunk_bytes,
+                                        ring.rank, ring.world);
+  links.wire_links = options_.wire_links;
+  // Captured by WorkerNode::Create: this worker's, not the process's now.
+  links.security = options_.security.has_value() ? *options_.security
+                                                 : GetSecurityConfig();
+  links.counters = counters_;
+  links.wire_fallbacks = wire_fallbacks_;
+  return std::make_unique<GrpcTransport>(options_.job_id, ring.generation,
+                                         ring.rank, std::move(addresses),
+                                         ring.inbox.get(), std::move(links));
+}
+
 std::shared_ptr<Inbox> RingBook::NewInbox() const {
-  auto inbox = std::make_shared<Inbox>();
+  auto inbox = std::make_shared<Inbox>(1 << 16, counters_);
+  inbox->SetSpinBeforeSleep(options_.shm_spin);
   inbox->SetByteBudget(Inbox::ByteBudget{options_.max_queued_bytes_per_peer,
                                          options_.max_queued_bytes});
   return inbox;

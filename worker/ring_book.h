@@ -37,6 +37,7 @@
 namespace halka {
 
 class GrpcTransport;
+class WireFallbacks;
 
 // One generation of the ring: its members, inbox, links and engine.
 struct Ring {
@@ -90,8 +91,13 @@ class RingBook {
   // `on_link_failed` runs on a transport thread for every broken link of
   // a ring (never under the book's lock).
   // `log` (the worker's, outlives the book) gets the rank when it changes.
+  // `counters` and `wire_fallbacks`: the worker's, shared with every ring's
+  // transport and inbox (counters null: each inbox and transport counts
+  // on its own; fallbacks null: each transport remembers its own).
   RingBook(const WorkerOptions& options, Logger* log,
-           LinkFailedFn on_link_failed);
+           LinkFailedFn on_link_failed,
+           std::shared_ptr<LinkCounters> counters = nullptr,
+           std::shared_ptr<WireFallbacks> wire_fallbacks = nullptr);
   ~RingBook();
   // This worker's dialable address (how it finds itself in a membership),
   // known once its server listens; set before it joins.
@@ -145,8 +151,12 @@ class RingBook {
   std::vector<std::shared_ptr<Ring>> Stop();
 
  private:
-  // A new inbox with the byte budget of the options (Inbox::ByteBudget).
+  // A new inbox with the byte budget (Inbox::ByteBudget) and the shm_spin
+  // of the options, counting in the worker's counters.
   std::shared_ptr<Inbox> NewInbox() const;
+  // The ring's transport: its links with the worker's options, security,
+  // counters and wire fallbacks.
+  std::unique_ptr<GrpcTransport> NewTransport(const Ring& ring) const;
   absl::StatusOr<std::shared_ptr<Ring>> Build(const CallInfo& call,
                                               std::vector<std::shared_ptr<Ring>>* drop)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -155,6 +165,8 @@ class RingBook {
   const WorkerOptions& options_;
   Logger* const log_;
   const LinkFailedFn on_link_failed_;
+  const std::shared_ptr<LinkCounters> counters_;
+  const std::shared_ptr<WireFallbacks> wire_fallbacks_;
 
   mutable absl::Mutex mu_;
   std::string address_ ABSL_GUARDED_BY(mu_);

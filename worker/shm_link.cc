@@ -95,11 +95,6 @@ void ReleaseOnce(std::function<void()>& on_released) {
   }
 }
 
-ShmLinkCounts& ShmLinkCounters() {
-  static ShmLinkCounts counts;
-  return counts;
-}
-
 ShmSender::ShmSender(std::shared_ptr<ShmRing> ring) : ring_(std::move(ring)) {
   writer_ = std::thread([this] { WriterLoop(); });
 }

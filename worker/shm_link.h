@@ -30,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "worker/core/frame.h"
+#include "worker/core/link_counters.h"
 #include "worker/core/shm_ring.h"
 #include "worker/core/transport.h"
 #include "worker/link_path.h"
@@ -38,14 +39,6 @@ namespace halka {
 
 inline constexpr char kLinkShmOfferKey[] = "halka-shm-offer";
 inline constexpr char kLinkShmAnswerKey[] = "halka-shm";
-
-// Links of this process whose offer the peer took or refused (tests and
-// diagnostics: which path the data took).
-struct ShmLinkCounts {
-  std::atomic<uint64_t> accepted{0};
-  std::atomic<uint64_t> refused{0};
-};
-ShmLinkCounts& ShmLinkCounters();
 
 // The ring a link gets for frames of `chunk_bytes`: room for about four
 // chunks (one record each), 1-64 MiB. 4.25 MiB for the default 1 MiB.

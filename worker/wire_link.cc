@@ -112,11 +112,6 @@ absl::StatusOr<std::string> ParseWireOffer(const std::string& offer) {
   return key;
 }
 
-WireLinkCounts& WireLinkCounters() {
-  static WireLinkCounts counts;
-  return counts;
-}
-
 std::string FormatWireAnswer(int port, const std::string& token) {
   return absl::StrCat("ok ", port, " ", token);
 }
@@ -134,40 +129,36 @@ bool ParseWireAnswer(const std::string& answer, int* port,
   return true;
 }
 
-namespace {
-absl::Mutex fallback_mu(absl::kConstInit);
-// Peer address -> when its last wire link could not be made.
-std::map<std::string, absl::Time>& Fallbacks()
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(fallback_mu) {
-  static auto* m = new std::map<std::string, absl::Time>();
-  return *m;
-}
-}  // namespace
-
-void NoteWireFallback(const std::string& address, const absl::Status& why) {
+void WireFallbacks::Note(const std::string& address, const absl::Status& why) {
   {
-    absl::MutexLock lock(&fallback_mu);
-    auto [it, first] = Fallbacks().emplace(address, absl::Now());
+    absl::MutexLock lock(&mu_);
+    auto [it, first] = last_.emplace(address, absl::Now());
     it->second = absl::Now();
     if (!first) return;
   }
-  LogWarning(absl::StrCat("wire link to ", address,
-                          " not made, its frames take the gRPC stream (no "
-                          "wire offered to it for a minute): ",
-                          why.message()));
+  const std::string line = absl::StrCat(
+      "wire link to ", address,
+      " not made, its frames take the gRPC stream (no wire offered to it "
+      "for a minute): ",
+      why.message());
+  if (log_ != nullptr) {
+    log_->Warning(line);
+  } else {
+    LogWarning(line);
+  }
 }
 
-bool WireRecentlyFailed(const std::string& address) {
-  absl::MutexLock lock(&fallback_mu);
-  auto it = Fallbacks().find(address);
-  return it != Fallbacks().end() &&
-         absl::Now() - it->second < absl::Minutes(1);
+bool WireFallbacks::RecentlyFailed(const std::string& address) const {
+  absl::MutexLock lock(&mu_);
+  auto it = last_.find(address);
+  return it != last_.end() && absl::Now() - it->second < absl::Minutes(1);
 }
 
 // ---- WireListener
 
 absl::StatusOr<std::unique_ptr<WireListener>> WireListener::Start(
-    const std::string& host, int port_wanted) {
+    const std::string& host, int port_wanted,
+    std::shared_ptr<LinkCounters> counters) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -218,11 +209,14 @@ absl::StatusOr<std::unique_ptr<WireListener>> WireListener::Start(
     close(fd);
     return absl::UnavailableError(Errno("wire links: eventfd"));
   }
-  return std::unique_ptr<WireListener>(new WireListener(fd, wake, port));
+  if (counters == nullptr) counters = std::make_shared<LinkCounters>();
+  return std::unique_ptr<WireListener>(
+      new WireListener(fd, wake, port, std::move(counters)));
 }
 
-WireListener::WireListener(int fd, int wake_fd, int port)
-    : fd_(fd), wake_fd_(wake_fd), port_(port) {
+WireListener::WireListener(int fd, int wake_fd, int port,
+                           std::shared_ptr<LinkCounters> counters)
+    : fd_(fd), wake_fd_(wake_fd), port_(port), counters_(std::move(counters)) {
   loop_ = std::thread([this] { Loop(); });
 }
 
@@ -304,7 +298,7 @@ void WireListener::Loop() {
             close(old.fd);
             old.fd = -1;
             --live;
-            WireLinkCounters().evicted.fetch_add(1, std::memory_order_relaxed);
+            counters_->wire.evicted.fetch_add(1, std::memory_order_relaxed);
             break;
           }
         }

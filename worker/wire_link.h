@@ -4,7 +4,7 @@
 //
 // Why: on gRPC's stream every byte crosses HTTP/2 framing and, under TLS,
 // gRPC's secure endpoint, which encrypts in 16 KiB records through two
-// more copies on each side (docs/performance.md: TLS cost 55-73 % of
+// more copies on each side (docs/performance.md: TLS cost 49-63 % of
 // plaintext). On its own connection a frame is one record: sealed in one
 // pass on the link's writer thread, opened in place on its reader thread.
 //
@@ -56,8 +56,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/grpc_util.h"
 #include "worker/core/frame.h"
 #include "worker/core/landing.h"
+#include "worker/core/link_counters.h"
 #include "worker/link_path.h"
 #include "worker/shm_link.h"
 #include "worker/wire_seal.h"
@@ -66,21 +68,6 @@ namespace halka {
 
 inline constexpr char kLinkWireOfferKey[] = "halka-wire-offer";
 inline constexpr char kLinkWireAnswerKey[] = "halka-wire";
-
-// Links of this process that took the wire, were refused it, or could not
-// connect and stayed on gRPC (tests and diagnostics).
-struct WireLinkCounts {
-  std::atomic<uint64_t> accepted{0};
-  std::atomic<uint64_t> refused{0};
-  std::atomic<uint64_t> fell_back{0};
-  // Frames whose payload a wire reader put straight into an operation's
-  // buffer (worker/core/landing.h).
-  std::atomic<uint64_t> landed{0};
-  // Connections to a wire listener that sat silent (no token) and were
-  // closed to make room for a newer one.
-  std::atomic<uint64_t> evicted{0};
-};
-WireLinkCounts& WireLinkCounters();
 
 // The dialling side's offer for a link sealed with `key` ("" on a
 // plaintext channel: "-").
@@ -93,11 +80,26 @@ absl::StatusOr<std::string> ParseWireOffer(const std::string& offer);
 // The serving side's answer: "ok <port> <token>" (true) or a refusal.
 std::string FormatWireAnswer(int port, const std::string& token);
 bool ParseWireAnswer(const std::string& answer, int* port, std::string* token);
-// Logs, once per peer address, that a link to it stays on gRPC and why,
-// and remembers it: links to that address offer no wire for a minute (a
-// blocked port costs each new link the 2 s handshake time otherwise).
-void NoteWireFallback(const std::string& address, const absl::Status& why);
-bool WireRecentlyFailed(const std::string& address);
+// One worker's memory of the peers its wire links could not reach: peer
+// address -> when its last wire link could not be made. Owned by the
+// WorkerNode and shared by its rings' transports, so that one worker's
+// failed connection never keeps another worker of the same process from
+// offering the wire. Thread-safe.
+class WireFallbacks {
+ public:
+  // `log`: the worker's (it must outlive this object); null: the process's.
+  explicit WireFallbacks(const Logger* log = nullptr) : log_(log) {}
+  // Logs, once per peer address, that a link to it stays on gRPC and why,
+  // and remembers it: links to that address offer no wire for a minute (a
+  // blocked port costs each new link the 2 s handshake time otherwise).
+  void Note(const std::string& address, const absl::Status& why);
+  bool RecentlyFailed(const std::string& address) const;
+
+ private:
+  const Logger* const log_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, absl::Time> last_ ABSL_GUARDED_BY(mu_);
+};
 
 // A worker's listening socket for wire links. Each connection must present,
 // within 2 s, a token that Expect handed out (once); unknown tokens, slow
@@ -107,10 +109,12 @@ class WireListener {
  public:
   // Binds `host` (the worker's listen host as HostOf gives it, no
   // brackets; "", "0.0.0.0" or "::" for all) on
-  // `port` (0: an ephemeral one) and starts the accept thread. Errors:
+  // `port` (0: an ephemeral one) and starts the accept thread. Evictions
+  // count in `counters` (its worker's; null: counters of its own). Errors:
   // UNAVAILABLE.
   static absl::StatusOr<std::unique_ptr<WireListener>> Start(
-      const std::string& host, int port = 0);
+      const std::string& host, int port = 0,
+      std::shared_ptr<LinkCounters> counters = nullptr);
   ~WireListener();  // Stop()
   void Stop();
   int port() const { return port_; }
@@ -124,7 +128,8 @@ class WireListener {
   void Forget(const std::string& token);
 
  private:
-  WireListener(int fd, int wake_fd, int port);
+  WireListener(int fd, int wake_fd, int port,
+               std::shared_ptr<LinkCounters> counters);
   void Loop();
 
   struct Waiting {
@@ -134,6 +139,7 @@ class WireListener {
   const int fd_;
   const int wake_fd_;  // an eventfd: Stop wakes the loop
   const int port_;
+  const std::shared_ptr<LinkCounters> counters_;  // wire.evicted
   absl::Mutex mu_;
   std::map<std::string, Waiting> expected_ ABSL_GUARDED_BY(mu_);  // raw token
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -199,10 +205,12 @@ class WireReceiver {
   using OnError = ShmReceiver::OnError;
   // With `landings` and the sending rank `from`, payloads that an
   // operation offered a landing for go straight into its buffer
-  // (worker/core/landing.h): the frame then says `landed`.
+  // (worker/core/landing.h): the frame then says `landed`, and counts in
+  // `counters` (its worker's wire.landed; null: not counted).
   WireReceiver(int fd, std::string key, OnFrame on_frame, OnError on_error,
                std::shared_ptr<LandingBoard> landings = nullptr,
-               int from = -1);
+               int from = -1,
+               std::shared_ptr<LinkCounters> counters = nullptr);
   ~WireReceiver();  // Stop()
   // Delivers what arrives within 250 ms (the sender's last frames may
   // trail the stream's end), then stops and joins.
@@ -233,6 +241,7 @@ class WireReceiver {
   const OnError on_error_;
   const std::shared_ptr<LandingBoard> landings_;  // null: nothing lands
   const int from_;
+  const std::shared_ptr<LinkCounters> counters_;  // may be null
   // Reads a landed payload into its place (plain) or into scratch_, opens
   // it there and copies it into place once authentic (sealed).
   absl::Status LandPlain(Landing& landing, bool* revoked);

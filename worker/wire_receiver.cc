@@ -37,14 +37,16 @@ constexpr size_t kKeptStaging = 4 << 20;
 
 WireReceiver::WireReceiver(int fd, std::string key, OnFrame on_frame,
                            OnError on_error,
-                           std::shared_ptr<LandingBoard> landings, int from)
+                           std::shared_ptr<LandingBoard> landings, int from,
+                           std::shared_ptr<LinkCounters> counters)
     : fd_(fd),
       wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
       seal_(key.empty() ? nullptr : std::make_unique<WireSeal>(std::move(key))),
       on_frame_(std::move(on_frame)),
       on_error_(std::move(on_error)),
       landings_(from >= 0 ? std::move(landings) : nullptr),
-      from_(from) {
+      from_(from),
+      counters_(std::move(counters)) {
   if (landings_ != nullptr) landings_->AddSource(from_);
   thread_ = std::thread([this] { Loop(); });
 }
@@ -228,7 +230,9 @@ absl::Status WireReceiver::ReadRecord(
   absl::Status s = sealed ? LandSealed(*landing, absl::MakeConstSpan(aad), &revoked)
                           : LandPlain(*landing, &revoked);
   if (!s.ok() || revoked) return s;
-  WireLinkCounters().landed.fetch_add(1, std::memory_order_relaxed);
+  if (counters_ != nullptr) {
+    counters_->wire.landed.fetch_add(1, std::memory_order_relaxed);
+  }
   const absl::Span<const uint8_t> parts[2] = {
       absl::MakeConstSpan(front),
       absl::MakeConstSpan(landing->data(), landing->bytes())};

@@ -1,17 +1,75 @@
 #include "worker/worker_metrics.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "common/prometheus.h"
-#include "worker/core/transport.h"
-#include "worker/wire_link.h"
+#include "worker/core/link_counters.h"
 
 namespace halka {
 
+namespace {
+
+// This worker's own link counters (worker/core/link_counters.h).
+void WriteLinkCounters(const PrometheusWriter::Labels& base,
+                       const LinkCounters& links, PrometheusWriter& w) {
+  auto load = [](const std::atomic<uint64_t>& n) {
+    return n.load(std::memory_order_relaxed);
+  };
+  struct PathSample {
+    const char* path;
+    const char* outcome;
+    uint64_t value;  // exact: never in floating point
+  };
+  w.Family("halka_peer_links_total", "counter",
+           "outbound peer links by the path offered (shm: shared memory, "
+           "wire: a TCP connection of its own) and what came of it "
+           "(accepted; refused: the peer said no; fell_back: the wire "
+           "connection could not be made, the link stayed on gRPC)");
+  for (const PathSample& p :
+       {PathSample{"shm", "accepted", load(links.shm.accepted)},
+        PathSample{"shm", "refused", load(links.shm.refused)},
+        PathSample{"wire", "accepted", load(links.wire.accepted)},
+        PathSample{"wire", "refused", load(links.wire.refused)},
+        PathSample{"wire", "fell_back", load(links.wire.fell_back)}}) {
+    PrometheusWriter::Labels l = base;
+    l.push_back({"path", p.path});
+    l.push_back({"outcome", p.outcome});
+    w.Sample("halka_peer_links_total", l, p.value);
+  }
+  struct Total {
+    const char* name;
+    const char* help;
+    uint64_t value;  // exact: never in floating point
+  };
+  for (const Total& t :
+       {Total{"halka_missed_wakeups_total",
+              "waits on same-host rings that their 50 ms limit ended "
+              "although a frame had come (a few are chance, a steady rise "
+              "is a lost wake-up)",
+              load(links.missed_wakeups)},
+        Total{"halka_wire_frames_landed_total",
+              "frames whose payload a wire link's reader put straight into "
+              "an operation's buffer (all-gather chunks that came after "
+              "their landing was offered)",
+              load(links.wire.landed)},
+        Total{"halka_wire_silent_connections_evicted_total",
+              "connections to the wire listener that showed no token and "
+              "were closed to make room for a newer one (a steady rise is a "
+              "scanner or a flood)",
+              load(links.wire.evicted)}}) {
+    w.Family(t.name, "counter", t.help);
+    w.Sample(t.name, base, t.value);
+  }
+}
+
+}  // namespace
+
 std::string WorkerMetricsText(const std::string& job_id, int rank,
                               uint64_t generation, int world,
-                              const Telemetry& t) {
+                              const Telemetry& t, const LinkCounters& links) {
   using Labels = PrometheusWriter::Labels;
   const Labels base = {{"halka_job", job_id}, {"rank", absl::StrCat(rank)}};
   auto with = [&base](Labels more) {
@@ -78,23 +136,7 @@ std::string WorkerMetricsText(const std::string& job_id, int rank,
     w.Sample("halka_edge_chunk_wait_p99_seconds", with({peer(p)}),
              e.wait_p99_seconds);
   }
-  w.Family("halka_missed_wakeups_total", "counter",
-           "waits on same-host rings that their 50 ms limit ended although a "
-           "frame had come (this process; a few are chance, a steady rise "
-           "is a lost wake-up)");
-  w.Sample("halka_missed_wakeups_total", base, Inbox::MissedWakeups());
-  w.Family("halka_wire_frames_landed_total", "counter",
-           "frames whose payload a wire link's reader put straight into an "
-           "operation's buffer (this process; all-gather chunks that came "
-           "after their landing was offered)");
-  w.Sample("halka_wire_frames_landed_total", base,
-           WireLinkCounters().landed.load(std::memory_order_relaxed));
-  w.Family("halka_wire_silent_connections_evicted_total", "counter",
-           "connections to the wire listener that showed no token and were "
-           "closed to make room for a newer one (this process; a steady "
-           "rise is a scanner or a flood)");
-  w.Sample("halka_wire_silent_connections_evicted_total", base,
-           WireLinkCounters().evicted.load(std::memory_order_relaxed));
+  WriteLinkCounters(base, links, w);
   return w.Text();
 }
 

@@ -11,14 +11,16 @@
 #include "halka/v1/rendezvous.pb.h"
 #include "halka/v1/worker.pb.h"
 #include "worker/core/communicator.h"
+#include "worker/core/link_counters.h"
 
 namespace halka {
 
 // The /metrics text of rank `rank` of a ring of `world` ranks (peers at or
-// above `world` are parameter-server shards, labelled "ps<k>").
+// above `world` are parameter-server shards, labelled "ps<k>"), with the
+// worker's own link counters.
 std::string WorkerMetricsText(const std::string& job_id, int rank,
                               uint64_t generation, int world,
-                              const Telemetry& t);
+                              const Telemetry& t, const LinkCounters& links);
 
 // The telemetry a heartbeat carries; `now` dates the current wait.
 v1::WorkerTelemetry TelemetryProto(const Telemetry& tel, const Progress& p,

@@ -70,7 +70,9 @@ absl::Status CheckOptions(const WorkerOptions& options) {
 WorkerNode::WorkerNode(WorkerOptions options)
     : options_(std::move(options)),
       log_(absl::StrCat("worker ", options_.worker_id)),
-      incarnation_(NewIncarnation()) {}
+      incarnation_(NewIncarnation()),
+      counters_(std::make_shared<LinkCounters>()),
+      wire_fallbacks_(std::make_shared<WireFallbacks>(&log_)) {}
 
 absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Start(
     WorkerOptions options) {
@@ -85,33 +87,19 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
     WorkerOptions options) {
   if (options.worker_id.empty()) options.worker_id = DefaultWorkerId();
   if (absl::Status s = CheckOptions(options); !s.ok()) return s;
-  auto creds = ServerCredentialsFor(options.listen);
+  // This worker's from now on: another's SetSecurityConfig (a second
+  // LocalCluster in this process) changes nothing of it.
+  if (!options.security.has_value()) options.security = GetSecurityConfig();
+  const SecurityConfig& sec = *options.security;
+  auto creds = ServerCredentialsFor(options.listen, ServerRole::kSingleJob, sec);
   if (!creds.ok()) return creds.status();
   const std::string uds = absl::StrCat("unix:", options.unix_socket);
-  auto uds_creds = ServerCredentialsFor(uds);
+  auto uds_creds = ServerCredentialsFor(uds, ServerRole::kSingleJob, sec);
   if (!uds_creds.ok()) return uds_creds.status();
   std::unique_ptr<WorkerNode> node(new WorkerNode(std::move(options)));
   const WorkerOptions& o = node->options_;
   WorkerNode* raw = node.get();
-  ShmRing::SetSpinBeforeSleep(o.shm_spin);  // process-wide: the last one set
-  if (o.wire_links) {
-    absl::StatusOr<std::unique_ptr<WireListener>> wire =
-        WireListener::Start(HostOf(o.listen), o.wire_port);
-    if (wire.ok()) {
-      node->wire_listener_ = *std::move(wire);
-    } else if (o.wire_port != 0) {
-      return wire.status();  // a port asked for by name must be had
-    } else {
-      node->log_.Warning(absl::StrCat(
-          "no wire links (peer links stay on gRPC): ", wire.status().message()));
-    }
-  }
-  node->peer_service_ = std::make_unique<PeerService>(
-      o.job_id, [raw](uint64_t generation) {
-        return raw->book_->InboxFor(generation);
-      },
-      o.shm_links, node->wire_listener_.get(),
-      GetSecurityConfig().server_tls(), o.wire_landing);
+  if (absl::Status s = node->ServePeerLinks(); !s.ok()) return s;
   node->api_service_ =
       std::make_unique<WorkerService>(node.get(), o.max_inline_bytes);
   grpc::EnableDefaultHealthCheckService(true);
@@ -127,9 +115,11 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
   builder.RegisterService(node->api_service_.get());
   // The book exists before the server starts: peers may dial at once.
   node->book_ = std::make_unique<RingBook>(
-      o, &node->log_, [raw](uint64_t generation, int peer, const absl::Status& status) {
+      o, &node->log_,
+      [raw](uint64_t generation, int peer, const absl::Status& status) {
         raw->OnLinkFailed(generation, peer, status);
-      });
+      },
+      node->counters_, node->wire_fallbacks_);
   node->server_ = builder.BuildAndStart();
   if (!node->server_ || port == 0) {
     return absl::UnavailableError(
@@ -138,21 +128,7 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
   node->address_ = DialableAddress(o.listen, port, o.advertise);
   node->book_->set_address(node->address_);
   node->server_->GetHealthCheckService()->SetServingStatus(false);
-  if (o.cuda_device >= 0 || DeviceTensorsCompiled()) {
-    auto dev = DeviceContext::Open(std::max(o.cuda_device, 0));
-    if (dev.ok()) {
-      node->device_ = std::move(*dev);
-      node->options_.device = absl::StrCat("cuda:", node->device_->device());
-      node->log_.Info(absl::StrCat("device tensors reduce on ", node->options_.device));
-    } else if (o.cuda_device >= 0) {
-      return absl::Status(dev.status().code(),
-                          absl::StrCat("worker: --device=", o.cuda_device,
-                                       " is unusable: ", dev.status().message()));
-    } else {
-      node->log_.Info(absl::StrCat("no usable GPU (", dev.status().message(),
-                           "): reducing on the CPU"));
-    }
-  }
+  if (absl::Status s = node->OpenDevice(); !s.ok()) return s;
   if (o.shm_links && !FutexWaitAnyWorks()) {
     // Said once, so that a slower same-host path is never a mystery.
     node->log_.Info(
@@ -181,6 +157,53 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
   return node;
 }
 
+absl::Status WorkerNode::ServePeerLinks() {
+  const WorkerOptions& o = options_;
+  if (o.wire_links) {
+    absl::StatusOr<std::unique_ptr<WireListener>> wire =
+        WireListener::Start(HostOf(o.listen), o.wire_port, counters_);
+    if (wire.ok()) {
+      wire_listener_ = *std::move(wire);
+    } else if (o.wire_port != 0) {
+      return wire.status();  // a port asked for by name must be had
+    } else {
+      log_.Warning(absl::StrCat("no wire links (peer links stay on gRPC): ",
+                                wire.status().message()));
+    }
+  }
+  PeerService::Options peer;
+  peer.accept_shm = o.shm_links;
+  peer.shm_spin = o.shm_spin;
+  peer.wire = wire_listener_.get();
+  peer.wire_sealed = o.security->server_tls();
+  peer.wire_landing = o.wire_landing;
+  peer.counters = counters_;
+  peer_service_ = std::make_unique<PeerService>(
+      o.job_id,
+      [this](uint64_t generation) { return book_->InboxFor(generation); },
+      std::move(peer));
+  return absl::OkStatus();
+}
+
+absl::Status WorkerNode::OpenDevice() {
+  const WorkerOptions& o = options_;
+  if (o.cuda_device < 0 && !DeviceTensorsCompiled()) return absl::OkStatus();
+  auto dev = DeviceContext::Open(std::max(o.cuda_device, 0));
+  if (dev.ok()) {
+    device_ = std::move(*dev);
+    options_.device = absl::StrCat("cuda:", device_->device());
+    log_.Info(absl::StrCat("device tensors reduce on ", options_.device));
+  } else if (o.cuda_device >= 0) {
+    return absl::Status(dev.status().code(),
+                        absl::StrCat("worker: --device=", o.cuda_device,
+                                     " is unusable: ", dev.status().message()));
+  } else {
+    log_.Info(absl::StrCat("no usable GPU (", dev.status().message(),
+                           "): reducing on the CPU"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WorkerNode::Join() {
   const WorkerOptions& o = options_;
   // Served before joining (empty until then), so a port that cannot be
@@ -196,7 +219,8 @@ absl::Status WorkerNode::Join() {
     };
     auto http = StartDaemonHttp(absl::StrCat("worker ", o.worker_id),
                                 host.empty() ? "0.0.0.0" : host,
-                                o.metrics_port, std::move(handlers));
+                                o.metrics_port, std::move(handlers),
+                                *o.security);
     if (!http.ok()) return http.status();
     http_ = std::move(*http);
   }
@@ -262,7 +286,7 @@ std::string WorkerNode::MetricsText() {
   if (ring == nullptr) return "";
   std::string text =
       WorkerMetricsText(options_.job_id, ring->rank, ring->generation,
-                        ring->world, ring->comm->GetTelemetry());
+                        ring->world, ring->comm->GetTelemetry(), *counters_);
   // The SDK's same-host sessions (client/shm_session.h).
   PrometheusWriter w;
   const PrometheusWriter::Labels base = {{"halka_job", options_.job_id},

@@ -102,7 +102,15 @@ class WorkerNode {
   int rank() const;
   int world_size() const;
   Communicator* communicator();
+  // Its options; options().security is set (captured by Create).
   const WorkerOptions& options() const { return options_; }
+  // What this worker's peer links did (its own, also when workers share a
+  // process): the paths they took, landed frames, evicted connections,
+  // missed wake-ups. /metrics exports them.
+  const LinkCounters& link_counters() const { return *counters_; }
+  // The peers this worker's wire links could not reach lately (links to
+  // them stay on gRPC for a minute).
+  WireFallbacks& wire_fallbacks() { return *wire_fallbacks_; }
   // This worker's log lines: "[worker ID rank R]" (its own, also when
   // workers share a process).
   const Logger& log() const { return log_; }
@@ -114,6 +122,10 @@ class WorkerNode {
 
  private:
   explicit WorkerNode(WorkerOptions options);
+  // Create's parts: the wire listener (with wire_links) and the peer
+  // service; the CUDA device, when one is asked for or compiled in.
+  absl::Status ServePeerLinks();
+  absl::Status OpenDevice();
 
   // A newer membership (from Join, Watch or a heartbeat): records it and
   // aborts the running operation when it cannot finish (a member was lost)
@@ -166,6 +178,10 @@ class WorkerNode {
   WorkerOptions options_;
   Logger log_;
   const uint64_t incarnation_;
+  // Shared with the book's transports and inboxes, the peer service and
+  // the wire listener; declared after log_, which the fallbacks log to.
+  const std::shared_ptr<LinkCounters> counters_;
+  const std::shared_ptr<WireFallbacks> wire_fallbacks_;
   std::string address_;
   // Before peer_service_ and server_: destroyed after them (their streams
   // hold its tokens). Null: no wire links.

@@ -5,9 +5,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "halka/types.h"
 #include "worker/core/frame.h"
 
@@ -31,9 +33,11 @@ struct WorkerOptions {
   // /dev/shm) carry their frames through shared memory
   // (worker/shm_link.h); off: every link uses gRPC over TCP.
   bool shm_links = true;
-  // How long a reader of a same-host ring (links, SDK sessions) polls it
-  // before it sleeps (ShmRing::SetSpinBeforeSleep; process-wide: the
-  // worker created last sets it). 0: sleeps at once.
+  // How long this worker's readers of same-host rings (its links' rings,
+  // its operations waiting on them, its SDK sessions' requests rings) poll
+  // a ring before they sleep (ShmRing::set_spin_before_sleep,
+  // Inbox::SetSpinBeforeSleep): this worker's own, also when workers share
+  // a process. 0: they sleep at once.
   absl::Duration shm_spin = absl::ZeroDuration();
   // Peer links to other hosts carry their frames on a TCP connection of
   // their own (sealed with AES-OCB under TLS), not on the gRPC stream
@@ -70,6 +74,12 @@ struct WorkerOptions {
   // > 0: serve Prometheus /metrics over HTTP on this port (on the listen
   // host) once joined; -1 picks a free port; 0: off.
   int metrics_port = 0;
+  // TLS and the job token of this worker's servers, channels and wire
+  // links (common/security.h). Unset: the process's configuration
+  // (GetSecurityConfig) when the worker is created; WorkerNode::Create
+  // captures it here, so a later SetSecurityConfig (another worker's
+  // LocalCluster in this process) changes nothing of this worker's.
+  std::optional<SecurityConfig> security;
   // Sweeps /dev/shm at start and then this often for the objects of client
   // processes that are gone (worker/shm_reaper.h); zero: never.
   absl::Duration shm_sweep_interval = absl::Minutes(1);

@@ -98,6 +98,8 @@ grpc::Status WorkerService::Session(grpc::ServerContext* ctx,
   absl::StatusOr<std::shared_ptr<ShmRing>> requests =
       AcceptShmOffer(offer->requests(), kSessionRingBytes);
   if (!requests.ok()) return refuse(requests.status());
+  // This worker reads it: with its own --shm_spin_us.
+  (*requests)->set_spin_before_sleep(node_->options().shm_spin);
   absl::StatusOr<std::shared_ptr<ShmRing>> replies =
       AcceptShmOffer(offer->replies(), kSessionRingBytes);
   if (!replies.ok()) return refuse(replies.status());

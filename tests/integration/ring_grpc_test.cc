@@ -19,6 +19,7 @@
 #include "halka/local_cluster.h"
 #include "server/rendezvous_service.h"
 #include "tests/testing/cluster_harness.h"
+#include "tests/testing/link_counts.h"
 #include "tests/testing/ring_health.h"
 #include "tests/testing/run_ranks.h"
 #include "tests/testing/wait_for.h"
@@ -33,6 +34,8 @@ namespace {
 using ::testing::HasSubstr;
 using halka::testing::ClusterHarness;
 using halka::testing::ClusterOptions;
+using halka::testing::CountsOf;
+using halka::testing::LinkCounts;
 using halka::testing::FetchRingHealth;
 using halka::testing::RunRanks;
 using halka::testing::StartRanks;
@@ -145,22 +148,21 @@ TEST(SharedMemoryLinks, OffersAreCheckedBeforeAnythingIsMapped) {
 // record (chunk_bytes 8 MiB: records of 2 MiB) arrives whole either way.
 TEST(SharedMemoryLinks, TakenOnOneHostUnlessTurnedOffAndLargeFramesArriveWhole) {
   for (int path : {kShmPath, kWirePath, kGrpcPath}) {
-    const uint64_t shm_before = ShmLinkCounters().accepted.load();
-    const uint64_t wire_before = WireLinkCounters().accepted.load();
-    const uint64_t fell_before = WireLinkCounters().fell_back.load();
     ClusterHarness h(OnPath(3, path, size_t{8} << 20));
     ASSERT_TRUE(h.ok()) << h.status();
     h.AllReduceOnce(DType::kFloat32, ReduceOp::kSum, 3 << 21, Algorithm::kRing, 21);
     h.AllReduceOnce(DType::kInt32, ReduceOp::kMax, 1000003, Algorithm::kNaive, 22);
     if (HasFatalFailure()) return;
-    const uint64_t shm = ShmLinkCounters().accepted.load() - shm_before;
-    const uint64_t wire = WireLinkCounters().accepted.load() - wire_before;
+    // This cluster's workers' own counters: from its start, nothing else's.
+    const LinkCounts n = CountsOf(h.cluster());
+    const uint64_t shm = n.shm_accepted;
+    const uint64_t wire = n.wire_accepted;
     // Ring: one link per rank; naive: each rank to the two others.
     EXPECT_GE(path == kShmPath ? shm : wire, path == kGrpcPath ? 0u : 6u)
         << "path " << path;
     if (path != kShmPath) EXPECT_EQ(shm, 0u) << "path " << path;
     if (path != kWirePath) EXPECT_EQ(wire, 0u) << "path " << path;
-    EXPECT_EQ(WireLinkCounters().fell_back.load(), fell_before);
+    EXPECT_EQ(n.wire_fell_back, 0u);
   }
 }
 
@@ -173,7 +175,7 @@ TEST(WireLinks, AllGatherChunksLandInTheBufferAndTheBitsAgree) {
   for (int path : {kWirePath, kShmPath, kGrpcPath}) {
     ClusterHarness h(OnPath(4, path, size_t{256} << 10));
     ASSERT_TRUE(h.ok()) << h.status();
-    const uint64_t before = WireLinkCounters().landed.load();
+    const uint64_t before = CountsOf(h.cluster()).wire_landed;
     for (uint64_t seed = 1; seed <= 3; ++seed) {
       h.AllReduceOnce(DType::kFloat32, ReduceOp::kSum, (size_t{1} << 20) + 7,
                       Algorithm::kRing, seed);
@@ -201,7 +203,7 @@ TEST(WireLinks, AllGatherChunksLandInTheBufferAndTheBitsAgree) {
             << "root " << root << " rank " << r;
       }
     }
-    const uint64_t landed = WireLinkCounters().landed.load() - before;
+    const uint64_t landed = CountsOf(h.cluster()).wire_landed - before;
     if (path == kWirePath) {
       EXPECT_GT(landed, 0u) << "no all-gather chunk landed in place";
       // At most: 3 all-gather steps on each of 4 ranks, of 4 full chunks

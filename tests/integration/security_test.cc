@@ -34,6 +34,7 @@
 #include "halka/v1/worker.grpc.pb.h"
 #include "server/parameter_server.h"
 #include "server/rendezvous_service.h"
+#include "tests/testing/link_counts.h"
 #include "tests/testing/run_ranks.h"
 #include "wire/frame_codec.h"
 #include "worker/wire_link.h"
@@ -433,14 +434,13 @@ TEST_F(SecurityTest, UnderMutualTlsWireLinksAreSealedAndPlaintextOnesRefused) {
   o.tls_key = d + "/localhost.key";
   o.tls_ca = d + "/ca.pem";
   o.job_token = "secret-token-W";
-  const uint64_t accepted = WireLinkCounters().accepted.load();
-  const uint64_t fell_back = WireLinkCounters().fell_back.load();
   auto cluster = LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const LocalCluster& c = **cluster;
   EXPECT_TRUE(RingAllReduceCorrect(c, 3, (1 << 18) + 3));
-  EXPECT_GE(WireLinkCounters().accepted.load() - accepted, 3u);
-  EXPECT_EQ(WireLinkCounters().fell_back.load(), fell_back);
+  const halka::testing::LinkCounts links = halka::testing::CountsOf(c);
+  EXPECT_GE(links.wire_accepted, 3u);
+  EXPECT_EQ(links.wire_fell_back, 0u);
 
   const ClientCreds cert{true, d + "/ca.pem", d + "/localhost.pem",
                          d + "/localhost.key"};

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "halka/client.h"
 #include "halka/local_cluster.h"
+#include "tests/testing/link_counts.h"
 #include "worker/core/transport.h"
 #include "worker/wire_link.h"
 #include "worker/wire_seal.h"
@@ -26,6 +27,8 @@ namespace halka {
 namespace {
 
 using ::testing::HasSubstr;
+using halka::testing::CountsOf;
+using halka::testing::LinkCounts;
 
 // A data frame of `bytes` payload for `op_seq` from rank `from`, pointing
 // into one shared buffer (no memory per frame: the inbox counts bytes it
@@ -157,8 +160,7 @@ TEST(WireListenerFloodTest, ARingFormsAndRunsOnItsWiresThroughTheFlood) {
     }
   }
   absl::SleepFor(absl::Milliseconds(300));
-  const uint64_t accepted = WireLinkCounters().accepted.load();
-  const uint64_t fell_back = WireLinkCounters().fell_back.load();
+  const LinkCounts before = CountsOf(**cluster);
   std::vector<std::unique_ptr<Client>> clients;
   for (int r = 0; r < 3; ++r) {
     auto c = (*cluster)->Connect(r);
@@ -187,11 +189,13 @@ TEST(WireListenerFloodTest, ARingFormsAndRunsOnItsWiresThroughTheFlood) {
       ASSERT_EQ(data[r][i], static_cast<float>(3 + 3 * (i % 7))) << i;
     }
   }
-  EXPECT_GE(WireLinkCounters().accepted.load() - accepted, 3u)
+  // The cluster's own workers' counters (nothing else in this process).
+  const LinkCounts after = CountsOf(**cluster);
+  EXPECT_GE(after.wire_accepted - before.wire_accepted, 3u)
       << "the ring's links did not take the wire";
-  EXPECT_EQ(WireLinkCounters().fell_back.load(), fell_back)
+  EXPECT_EQ(after.wire_fell_back, before.wire_fell_back)
       << "a link fell back to gRPC";
-  EXPECT_GT(WireLinkCounters().evicted.load(), 0u);
+  EXPECT_GT(after.wire_evicted, 0u);
   for (int fd : silent) close(fd);
 }
 

@@ -329,14 +329,15 @@ TEST(InboxTap, ManyFramesFromAWriterThreadArriveInOrderWhileTheWaiterDrains) {
 // deadline. (Missed wake-ups cost one 50 ms sleep each, not a hang; the
 // count is printed, not asserted: a record that lands just as a sleep runs
 // out counts as one.)
-void RaceThreePeers() {
+// `spin`: how long the waiter polls the words before it sleeps.
+void RaceThreePeers(absl::Duration spin = absl::ZeroDuration()) {
   auto inbox = std::make_shared<Inbox>(4);
+  inbox->SetSpinBeforeSleep(spin);
   std::vector<std::unique_ptr<Link>> links;
   for (int from = 1; from <= 3; ++from) {
     links.push_back(std::make_unique<Link>(inbox, from));
   }
   constexpr int kFrames = 3000;
-  const uint64_t missed_before = Inbox::MissedWakeups();
   std::vector<std::unique_ptr<Joined>> writers;
   for (int k = 0; k < 3; ++k) {
     writers.push_back(std::make_unique<Joined>([&, k] {
@@ -370,17 +371,33 @@ void RaceThreePeers() {
   writers.clear();
   EXPECT_EQ(next[1] + next[2] + next[3], 3 * kFrames);
   std::printf("sleeps the clock ended with a word moved: %llu\n",
-              static_cast<unsigned long long>(Inbox::MissedWakeups() -
-                                              missed_before));
+              static_cast<unsigned long long>(
+                  inbox->counters()->missed_wakeups.load()));
 }
 
 TEST(InboxTap, ThreePeersRacingOneWaiterLoseNothing) { RaceThreePeers(); }
 
 // --shm_spin_us: the waiting thread polls the words before it sleeps.
 TEST(InboxTap, ThreePeersRacingAWaiterThatPollsFirstLoseNothing) {
-  ShmRing::SetSpinBeforeSleep(absl::Microseconds(100));
-  RaceThreePeers();
-  ShmRing::SetSpinBeforeSleep(absl::ZeroDuration());
+  RaceThreePeers(absl::Microseconds(100));
+}
+
+// The setting and the counters are the inbox's own (its worker's): another
+// inbox of this process, set otherwise, changes neither.
+TEST(InboxTap, SpinAndCountersBelongToTheInbox) {
+  auto shared = std::make_shared<LinkCounters>();
+  Inbox a(4, shared);
+  Inbox b(4);
+  a.SetSpinBeforeSleep(absl::Microseconds(100));
+  b.SetSpinBeforeSleep(absl::Seconds(5));  // clamped to 1 ms
+  EXPECT_EQ(a.spin_before_sleep(), absl::Microseconds(100));
+  EXPECT_EQ(b.spin_before_sleep(), absl::Milliseconds(1));
+  b.SetSpinBeforeSleep(absl::Microseconds(-3));
+  EXPECT_EQ(b.spin_before_sleep(), absl::ZeroDuration());
+  EXPECT_EQ(a.spin_before_sleep(), absl::Microseconds(100));
+  EXPECT_EQ(a.counters(), shared);
+  ASSERT_NE(b.counters(), nullptr);
+  EXPECT_NE(b.counters(), shared);
 }
 
 // Found by bad_calls_test: an abort of a failed operation taken off the

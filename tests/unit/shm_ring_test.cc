@@ -213,43 +213,51 @@ TEST(ShmRing, CloseWakesBothEndsAndTheReaderDrainsFirst) {
   EXPECT_TRUE(p.rx->closed());
 }
 
-// A reader that polls before it sleeps (ShmRing::SetSpinBeforeSleep):
+// A reader that polls before it sleeps (ShmRing::set_spin_before_sleep):
 // polls, then sleeps; never past its timeout; never sleeps when the timeout
-// ends inside the poll; without polling it sleeps at once. And with
-// polling it still gets every record in order, and sees a close.
+// ends inside the poll; without polling it sleeps at once. The setting is
+// the ring's own: another ring of this process, set otherwise, keeps its
+// own. And with polling it still gets every record in order, and sees a
+// close.
 TEST(ShmRing, PollingBeforeSleepingChangesNothingButTheWait) {
-  struct Reset {
-    ~Reset() { ShmRing::SetSpinBeforeSleep(absl::ZeroDuration()); }
-  } reset;
-  ShmRing::SetSpinBeforeSleep(absl::Seconds(5));
-  EXPECT_EQ(ShmRing::SpinBeforeSleep(), absl::Milliseconds(1));
-  ShmRing::SetSpinBeforeSleep(absl::Microseconds(-3));
-  EXPECT_EQ(ShmRing::SpinBeforeSleep(), absl::ZeroDuration());
-
   Pair p = MakePair(64 << 10);
+  Pair other = MakePair(64 << 10);
+  EXPECT_EQ(p.rx->spin_before_sleep(), absl::ZeroDuration());  // the default
+  p.rx->set_spin_before_sleep(absl::Seconds(5));
+  EXPECT_EQ(p.rx->spin_before_sleep(), absl::Milliseconds(1));
+  p.rx->set_spin_before_sleep(absl::Microseconds(-3));
+  EXPECT_EQ(p.rx->spin_before_sleep(), absl::ZeroDuration());
+
   // Without polling: asleep at once.
-  uint64_t sleeps = ShmRing::ConsumerSleeps();
+  uint64_t sleeps = p.rx->consumer_sleeps();
   auto none = p.rx->Next(absl::Milliseconds(5));
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->has_value());
-  EXPECT_GT(ShmRing::ConsumerSleeps(), sleeps) << "no sleep without polling";
+  EXPECT_GT(p.rx->consumer_sleeps(), sleeps) << "no sleep without polling";
 
-  ShmRing::SetSpinBeforeSleep(absl::Milliseconds(1));
-  // A timeout inside the poll: the reader never sleeps.
-  sleeps = ShmRing::ConsumerSleeps();
+  p.rx->set_spin_before_sleep(absl::Milliseconds(1));
+  EXPECT_EQ(other.rx->spin_before_sleep(), absl::ZeroDuration());
+  // A timeout inside the poll: the reader never sleeps; the other ring's,
+  // which does not poll, sleeps at once.
+  sleeps = p.rx->consumer_sleeps();
+  const uint64_t other_sleeps = other.rx->consumer_sleeps();
   absl::Time t0 = absl::Now();
   none = p.rx->Next(absl::Microseconds(300));
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->has_value());
   EXPECT_GE(absl::Now() - t0, absl::Microseconds(300));
-  EXPECT_EQ(ShmRing::ConsumerSleeps(), sleeps) << "slept inside the poll";
+  EXPECT_EQ(p.rx->consumer_sleeps(), sleeps) << "slept inside the poll";
+  none = other.rx->Next(absl::Microseconds(300));
+  ASSERT_TRUE(none.ok());
+  EXPECT_GT(other.rx->consumer_sleeps(), other_sleeps)
+      << "the other ring polled with this one's setting";
   // A timeout past the poll: polls, then sleeps, and keeps the timeout.
   t0 = absl::Now();
   none = p.rx->Next(absl::Milliseconds(20));
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->has_value());
   EXPECT_GE(absl::Now() - t0, absl::Milliseconds(20));
-  EXPECT_GT(ShmRing::ConsumerSleeps(), sleeps) << "polled past the poll time";
+  EXPECT_GT(p.rx->consumer_sleeps(), sleeps) << "polled past the poll time";
 
   // Records 0..199 written with pauses from none (caught while polling) to
   // 3 ms (after the reader fell asleep).

@@ -581,7 +581,7 @@ class LandingWireTest : public ::testing::TestWithParam<bool>,
             absl::MutexLock lock(&mu_);
             errors_.push_back(s);
           },
-          board_, kFrom);
+          board_, kFrom, counters_);
     });
     DialWithToken(listener_->port(), token_, &fd_);
     if (HasFatalFailure()) return;
@@ -662,6 +662,8 @@ class LandingWireTest : public ::testing::TestWithParam<bool>,
   }
 
   const std::shared_ptr<LandingBoard> board_ = std::make_shared<LandingBoard>();
+  // The receiver's (a worker's, worker/core/link_counters.h).
+  const std::shared_ptr<LinkCounters> counters_ = std::make_shared<LinkCounters>();
   std::unique_ptr<WireSeal> seal_;  // the raw client's
   std::vector<InFrame> frames_ ABSL_GUARDED_BY(mu_);
 };
@@ -671,7 +673,6 @@ TEST_P(LandingWireTest, AnOfferedPayloadLandsInPlaceAndOthersTakeTheUsualPath) {
   std::vector<uint8_t> dst(count * 4 + 8, 0xEE);
   const std::vector<uint8_t> data = Bytes(count * 4, 5);
   const std::vector<uint8_t> other = Bytes(4000, 9);
-  const uint64_t landed_before = WireLinkCounters().landed.load();
   std::shared_ptr<Landing> offer =
       board_->Offer(kFrom, Chunk(7, 0, count), dst.data() + 4, count * 4);
   ASSERT_NE(offer, nullptr);
@@ -696,7 +697,7 @@ TEST_P(LandingWireTest, AnOfferedPayloadLandsInPlaceAndOthersTakeTheUsualPath) {
   EXPECT_EQ(dst[dst.size() - 4], 0xEE);
   EXPECT_FALSE(frames_[2].landed);
   EXPECT_EQ(frames_[2].meta.count, 999u);
-  EXPECT_EQ(WireLinkCounters().landed.load() - landed_before, 1u);
+  EXPECT_EQ(counters_->wire.landed.load(), 1u);
   EXPECT_EQ(board_->offered(), 1u);  // the one of the wrong size
   const std::shared_ptr<Landing> mine[] = {offer, wrong_size};
   board_->Withdraw(mine);

@@ -39,7 +39,7 @@ Telemetry Sample() {
 
 TEST(WorkerMetricsTest, EveryFamilyOnceWithLabelsEscaped) {
   const std::string text =
-      WorkerMetricsText("j\"1", 2, 9, 4, Sample());
+      WorkerMetricsText("j\"1", 2, 9, 4, Sample(), LinkCounters());
   EXPECT_EQ(Count(text, "# TYPE halka_operation_seconds histogram\n"), 1);
   EXPECT_EQ(Count(text, "# HELP halka_edge_bytes_total "), 1);
   EXPECT_TRUE(absl::StrContains(
@@ -57,7 +57,8 @@ TEST(WorkerMetricsTest, EveryFamilyOnceWithLabelsEscaped) {
 }
 
 TEST(WorkerMetricsTest, HistogramIsCumulativeAndEndsAtTheCount) {
-  const std::string text = WorkerMetricsText("j", 0, 1, 2, Sample());
+  const std::string text =
+      WorkerMetricsText("j", 0, 1, 2, Sample(), LinkCounters());
   EXPECT_TRUE(absl::StrContains(
       text, "halka_operation_seconds_bucket{halka_job=\"j\",rank=\"0\",le=\"0.0025\"} 5\n"))
       << text;
@@ -70,6 +71,35 @@ TEST(WorkerMetricsTest, HistogramIsCumulativeAndEndsAtTheCount) {
   EXPECT_FALSE(absl::StrContains(text, "1e+300"));
   EXPECT_EQ(Count(text, "# TYPE halka_missed_wakeups_total counter\n"), 1);
   EXPECT_EQ(Count(text, "# TYPE halka_wire_frames_landed_total counter\n"), 1);
+}
+
+// The link counters are the worker's own (WorkerNode::link_counters):
+// what it is given is what it exports.
+TEST(WorkerMetricsTest, LinkCountersAreTheOnesGiven) {
+  LinkCounters links;
+  links.shm.refused = 2;
+  links.wire.accepted = 3;
+  links.wire.fell_back = 1;
+  links.wire.landed = 5;
+  links.wire.evicted = 4;
+  links.missed_wakeups = 6;
+  const std::string text = WorkerMetricsText("j", 1, 1, 2, Sample(), links);
+  const std::string base = "{halka_job=\"j\",rank=\"1\"";
+  for (const std::string& line :
+       {base + ",path=\"shm\",outcome=\"accepted\"} 0\n",
+        base + ",path=\"shm\",outcome=\"refused\"} 2\n",
+        base + ",path=\"wire\",outcome=\"accepted\"} 3\n",
+        base + ",path=\"wire\",outcome=\"refused\"} 0\n",
+        base + ",path=\"wire\",outcome=\"fell_back\"} 1\n"}) {
+    EXPECT_TRUE(absl::StrContains(text, "halka_peer_links_total" + line))
+        << line << text;
+  }
+  EXPECT_TRUE(absl::StrContains(text, "halka_wire_frames_landed_total" + base +
+                                          "} 5\n"));
+  EXPECT_TRUE(absl::StrContains(
+      text, "halka_wire_silent_connections_evicted_total" + base + "} 4\n"));
+  EXPECT_TRUE(
+      absl::StrContains(text, "halka_missed_wakeups_total" + base + "} 6\n"));
 }
 
 TEST(WorkerMetricsTest, TelemetryProtoDatesTheCurrentWait) {

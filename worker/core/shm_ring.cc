@@ -32,10 +32,6 @@ constexpr uint64_t kMagic = 0x474e5252414b4c48ULL;  // "HLKARRNG"
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kMinCapacity = size_t{64} << 10;
 
-// ShmRing::SetSpinBeforeSleep's value, and ConsumerSleeps' count.
-std::atomic<int64_t> spin_before_sleep_ns{0};
-std::atomic<uint64_t> consumer_sleeps{0};
-
 size_t Pad(size_t n) { return (n + 63) / 64 * 64; }
 
 struct RecordHead {
@@ -352,7 +348,7 @@ absl::StatusOr<std::optional<ShmRing::Record>> ShmRing::Next(
     }
     absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) return std::optional<Record>();
-    if (spin_before_sleep_ns.load(std::memory_order_relaxed) > 0) {
+    if (spin_ns_.load(std::memory_order_relaxed) > 0) {
       if (SpinForRecord(left)) continue;
       left = deadline - absl::Now();  // the poll took some of it
       if (left <= absl::ZeroDuration()) return std::optional<Record>();
@@ -370,7 +366,7 @@ void ShmRing::WaitForData(uint32_t seq, absl::Duration timeout) {
   // and an operation's thread may both sleep on one ring (worker/shm_link.h).
   ConsumerSleeping(true);
   if (h->head_seq.load() == seq && h->closed.load() == 0) {
-    consumer_sleeps.fetch_add(1, std::memory_order_relaxed);
+    consumer_sleeps_.fetch_add(1, std::memory_order_relaxed);
     FutexWait(&h->head_seq, seq, timeout);
   }
   ConsumerSleeping(false);
@@ -388,20 +384,20 @@ void ShmRing::ConsumerSleeping(bool sleeping) {
   }
 }
 
-void ShmRing::SetSpinBeforeSleep(absl::Duration spin) {
+void ShmRing::set_spin_before_sleep(absl::Duration spin) {
   const absl::Duration clamped =
       std::clamp(spin, absl::ZeroDuration(), absl::Milliseconds(1));
-  spin_before_sleep_ns.store(absl::ToInt64Nanoseconds(clamped));
+  spin_ns_.store(absl::ToInt64Nanoseconds(clamped));
 }
 
-absl::Duration ShmRing::SpinBeforeSleep() {
-  return absl::Nanoseconds(spin_before_sleep_ns.load());
+absl::Duration ShmRing::spin_before_sleep() const {
+  return absl::Nanoseconds(spin_ns_.load());
 }
 
-uint64_t ShmRing::ConsumerSleeps() { return consumer_sleeps.load(); }
+uint64_t ShmRing::consumer_sleeps() const { return consumer_sleeps_.load(); }
 
 bool ShmRing::SpinForRecord(absl::Duration left) const {
-  const int64_t spin = std::min(spin_before_sleep_ns.load(std::memory_order_relaxed),
+  const int64_t spin = std::min(spin_ns_.load(std::memory_order_relaxed),
                                 absl::ToInt64Nanoseconds(left));
   if (spin <= 0) return false;
   const Header* h = header();

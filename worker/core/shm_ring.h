@@ -145,17 +145,21 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
   uint64_t Published() const;
   uint64_t read_position() const { return read_; }
 
-  // How long a consumer in this process polls its ring for a record before
-  // it sleeps on the futex (process-wide; 0, the default: it sleeps at
-  // once). Polling saves the wake-up (a futex call each side, a context
-  // switch) when the record comes within that time, and burns a core
-  // meanwhile: it can only pay on a host with idle cores (on 2 cores it
-  // cost 27 % at 4 KiB, docs/performance.md). Clamped to [0, 1 ms].
-  static void SetSpinBeforeSleep(absl::Duration spin);
-  static absl::Duration SpinBeforeSleep();
-  // How many times a consumer in this process has gone to sleep on its
-  // ring's futex (tests and diagnostics).
-  static uint64_t ConsumerSleeps();
+  // How long this ring's consumer polls it for a record before it sleeps
+  // on the futex (0, the default: it sleeps at once). Each reader sets its
+  // own ring's, from its own setting: a worker's --shm_spin_us for the
+  // rings of its links and SDK sessions, Client::Options::shm_spin for a
+  // client's; so workers sharing a process keep theirs. Polling saves the
+  // wake-up (a futex call each side, a context switch) when the record
+  // comes within that time, and burns a core meanwhile: it can only pay on
+  // a host with idle cores (on 2 cores 20 us of it took 4 KiB at G = 4
+  // from 511 to 742 us,
+  // docs/performance.md). Clamped to [0, 1 ms]. Any thread.
+  void set_spin_before_sleep(absl::Duration spin);
+  absl::Duration spin_before_sleep() const;
+  // How many times this ring's consumer has gone to sleep on its futex
+  // (tests and diagnostics).
+  uint64_t consumer_sleeps() const;
 
  private:
   struct Header;
@@ -178,7 +182,7 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
                        size_t total, size_t* done);
   size_t FreeBytes() const;
   void Publish(uint64_t new_head);
-  // Polls for a record or a close for up to SpinBeforeSleep() (at most
+  // Polls for a record or a close for up to spin_before_sleep() (at most
   // `left`); true when one came.
   bool SpinForRecord(absl::Duration left) const;
 
@@ -191,6 +195,8 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
   size_t capacity_;
   const bool owner_;  // created it: unlinks it at the latest when destroyed
   std::atomic<bool> unlinked_{false};
+  std::atomic<int64_t> spin_ns_{0};  // set_spin_before_sleep
+  std::atomic<uint64_t> consumer_sleeps_{0};
 
   // Producer-local.
   uint64_t head_ = 0;

@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "worker/core/shm_ring.h"
 
 namespace halka {
 namespace {
@@ -16,7 +15,19 @@ void EraseIf(std::vector<T>& v, Pred pred) {
 
 }  // namespace
 
-Inbox::Inbox(int max_ranks) : max_ranks_(max_ranks) {}
+Inbox::Inbox(int max_ranks, std::shared_ptr<LinkCounters> counters)
+    : max_ranks_(max_ranks),
+      counters_(counters != nullptr ? std::move(counters)
+                                    : std::make_shared<LinkCounters>()) {}
+
+void Inbox::SetSpinBeforeSleep(absl::Duration spin) {
+  spin_ns_.store(absl::ToInt64Nanoseconds(
+      std::clamp(spin, absl::ZeroDuration(), absl::Milliseconds(1))));
+}
+
+absl::Duration Inbox::spin_before_sleep() const {
+  return absl::Nanoseconds(spin_ns_.load(std::memory_order_relaxed));
+}
 
 void Inbox::SetLinkFailureHook(
     std::function<void(int, const absl::Status&)> hook) {
@@ -48,12 +59,6 @@ size_t Inbox::taps() const {
   absl::MutexLock lock(&taps_mu_);
   return taps_.size();
 }
-
-namespace {
-std::atomic<uint64_t> missed_wakeups{0};
-}  // namespace
-
-uint64_t Inbox::MissedWakeups() { return missed_wakeups.load(); }
 
 void Inbox::Bump() {
   events_.fetch_add(1);
@@ -280,7 +285,7 @@ std::optional<Inbox::Event> Inbox::NextWithTaps(
     }
     // --shm_spin_us: poll the words before sleeping, as a ring's reader
     // would (on a host with idle cores, to save the wake-up).
-    if (SpinUntilAnyMoves(words, std::min(ShmRing::SpinBeforeSleep(),
+    if (SpinUntilAnyMoves(words, std::min(spin_before_sleep(),
                                           deadline - absl::Now()))) {
       continue;
     }
@@ -307,7 +312,7 @@ std::optional<Inbox::Event> Inbox::NextWithTaps(
       for (size_t i = 0; i < taps.size() && !moved; ++i) {
         moved = taps[i] != nullptr && taps[i]->Seq() != seqs[i];
       }
-      if (moved) missed_wakeups.fetch_add(1, std::memory_order_relaxed);
+      if (moved) counters_->missed_wakeups.fetch_add(1);
     }
     if (!slept) break;  // cannot sleep on the words: the readers deliver
   }

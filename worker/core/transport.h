@@ -22,6 +22,7 @@
 #include "worker/core/frame.h"
 #include "worker/core/futex.h"
 #include "worker/core/landing.h"
+#include "worker/core/link_counters.h"
 
 namespace halka {
 
@@ -79,8 +80,18 @@ class Inbox {
  public:
   // Frames from ranks outside [0, max_ranks) are dropped (the transport
   // validates ranks before delivery; this is the last line of defence).
-  explicit Inbox(int max_ranks = 1 << 16);
+  // `counters`: where it counts its missed wake-ups (its worker's,
+  // worker/core/link_counters.h); null: counters of its own.
+  explicit Inbox(int max_ranks = 1 << 16,
+                 std::shared_ptr<LinkCounters> counters = nullptr);
   int max_ranks() const { return max_ranks_; }
+  const std::shared_ptr<LinkCounters>& counters() const { return counters_; }
+
+  // How long Next polls its taps' words before it sleeps on them (its
+  // worker's --shm_spin_us; 0, the default: it sleeps at once). Clamped
+  // to [0, 1 ms] as ShmRing::set_spin_before_sleep. Any thread.
+  void SetSpinBeforeSleep(absl::Duration spin);
+  absl::Duration spin_before_sleep() const;
 
   // Bytes of payload queued and not yet taken by an operation, at most per
   // sending rank and for the whole inbox: a peer past either (a buggy or
@@ -111,11 +122,6 @@ class Inbox {
   static constexpr size_t kMaxQueuedFrames = size_t{1} << 16;
   absl::Status Deliver(int from, InFrame frame);
   void LinkFailed(int peer, absl::Status status);
-
-  // Sleeps on taps that the clock ended although a word had moved: wake-ups
-  // that were missed, or came just as the sleep ran out (process-wide; for
-  // tests and diagnostics).
-  static uint64_t MissedWakeups();
 
   // Adds a path Next drains (and sleeps on) itself; forgets those that are
   // over (also at every Next with taps). Any thread.
@@ -191,6 +197,10 @@ class Inbox {
   void Bump();
 
   const int max_ranks_;
+  // Sleeps on taps that the clock ended although a word had moved go to
+  // missed_wakeups (tests and diagnostics).
+  const std::shared_ptr<LinkCounters> counters_;
+  std::atomic<int64_t> spin_ns_{0};  // SetSpinBeforeSleep
   const std::shared_ptr<LandingBoard> landings_ =
       std::make_shared<LandingBoard>();
   mutable absl::Mutex mu_;

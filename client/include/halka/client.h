@@ -105,6 +105,10 @@ class Client {
     // lacks sessions, and for calls made while another thread's call
     // holds the session.
     bool session = true;
+    // How long a call through the session polls the replies ring before it
+    // sleeps on it (0-1 ms; 0: it sleeps at once). Pays only on a host
+    // with idle cores; the worker's --shm_spin_us is the worker side's.
+    absl::Duration shm_spin = absl::ZeroDuration();
   };
 
   // `target`: "host:port" or "unix:/path" of the local worker. Connecting

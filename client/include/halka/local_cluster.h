@@ -29,8 +29,9 @@ class LocalCluster {
     // Workers' peer links through shared memory (all run in this process,
     // so on this host); false: gRPC over loopback TCP.
     bool shm_links = true;
-    // WorkerOptions::shm_spin (process-wide: the clients' session rings in
-    // this process poll as long).
+    // Each worker's WorkerOptions::shm_spin (its own: the rings of its
+    // links and SDK sessions; a client's replies ring polls as long as its
+    // Client::Options::shm_spin says).
     absl::Duration shm_spin = absl::ZeroDuration();
     // Links that are not same-host on a TCP connection of their own.
     bool wire_links = true;

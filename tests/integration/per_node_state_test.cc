@@ -1,0 +1,207 @@
+// Workers sharing one process keep their own state: each counts its own
+// links (WorkerNode::link_counters, its /metrics), remembers its own wire
+// fallbacks, keeps the shm_spin and the security configuration it was
+// created with. Several embedded clusters (each a rendezvous and its
+// workers) run side by side in this one process, configured differently.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "halka/client.h"
+#include "halka/local_cluster.h"
+#include "tests/testing/link_counts.h"
+#include "tests/testing/run_ranks.h"
+#include "worker/wire_link.h"
+#include "worker/worker_node.h"
+
+namespace halka {
+namespace {
+
+using halka::testing::CountsOf;
+using halka::testing::LinkCounts;
+using halka::testing::RunRanks;
+
+// One all-reduce of `count` floats on every rank of `cluster`, through
+// `clients` (one per rank), with `algorithm`; true when every rank got the
+// sum.
+bool AllReduceCorrect(const LocalCluster& cluster,
+                      const std::vector<std::unique_ptr<Client>>& clients,
+                      Algorithm algorithm, size_t count = 1 << 15) {
+  const int g = cluster.size();
+  auto ok = RunRanks<bool>(g, [&](int r) {
+    std::vector<float> v(count);
+    for (size_t i = 0; i < count; ++i) {
+      v[i] = static_cast<float>(r + 1) + static_cast<float>(i % 7);
+    }
+    OpOptions o;
+    o.algorithm = algorithm;
+    auto info = clients[static_cast<size_t>(r)]->AllReduce(
+        absl::MakeSpan(v), ReduceOp::kSum, o);
+    if (!info.ok()) {
+      ADD_FAILURE() << "rank " << r << ": " << info.status();
+      return false;
+    }
+    for (size_t i = 0; i < count; ++i) {
+      const float want = static_cast<float>(g * (g + 1) / 2) +
+                         static_cast<float>(g) * static_cast<float>(i % 7);
+      if (v[i] != want) {
+        ADD_FAILURE() << "rank " << r << " element " << i << ": " << v[i];
+        return false;
+      }
+    }
+    return true;
+  });
+  for (bool b : ok) {
+    if (!b) return false;
+  }
+  return true;
+}
+
+// A started cluster and a client per rank (connected at once: a client
+// takes the process's security configuration when it connects).
+struct Running {
+  std::unique_ptr<LocalCluster> cluster;
+  std::vector<std::unique_ptr<Client>> clients;
+};
+
+absl::StatusOr<Running> Start(const LocalCluster::Options& o) {
+  Running run;
+  auto cluster = LocalCluster::Start(o);
+  if (!cluster.ok()) return cluster.status();
+  run.cluster = std::move(*cluster);
+  for (int r = 0; r < run.cluster->size(); ++r) {
+    auto client = run.cluster->Connect(r);
+    if (!client.ok()) return client.status();
+    run.clients.push_back(std::move(*client));
+  }
+  return run;
+}
+
+LocalCluster::Options Cluster(const std::string& job, int workers,
+                              bool shm_links, bool wire_links,
+                              absl::Duration shm_spin) {
+  LocalCluster::Options o;
+  o.job_id = job;
+  o.workers = workers;
+  o.chunk_bytes = 4096;
+  o.shm_links = shm_links;
+  o.wire_links = wire_links;
+  o.shm_spin = shm_spin;
+  return o;
+}
+
+// The value of one of `worker`'s halka_peer_links_total series, as its
+// /metrics serves it ("" when the line is missing).
+std::string PeerLinksSample(WorkerNode& worker, const std::string& path,
+                            const std::string& outcome) {
+  const std::string text = worker.MetricsText();
+  const std::string head = absl::StrCat(
+      "halka_peer_links_total{halka_job=\"", worker.options().job_id,
+      "\",rank=\"", worker.rank(), "\",path=\"", path, "\",outcome=\"",
+      outcome, "\"} ");
+  const size_t at = text.find(head);
+  if (at == std::string::npos) return "";
+  const size_t from = at + head.size();
+  return text.substr(from, text.find('\n', from) - from);
+}
+
+// Three clusters in one process: links on the wire, on gRPC only, and
+// through shared memory (each with its own shm_spin). Each worker counts
+// its own links, and its /metrics says so: the gRPC-only cluster's count
+// nothing although the other clusters' links took the wire and the rings.
+TEST(PerNodeState, ClustersInOneProcessCountOnlyTheirOwnLinks) {
+  auto wire = Start(Cluster("wire-job", 3, false, true, absl::ZeroDuration()));
+  ASSERT_TRUE(wire.ok()) << wire.status();
+  auto grpc = Start(Cluster("grpc-job", 3, false, false, absl::Microseconds(50)));
+  ASSERT_TRUE(grpc.ok()) << grpc.status();
+  auto shm = Start(Cluster("shm-job", 2, true, true, absl::Microseconds(20)));
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  for (Running* run : {&*wire, &*grpc, &*shm}) {
+    ASSERT_TRUE(AllReduceCorrect(*run->cluster, run->clients, Algorithm::kRing));
+  }
+  for (int r = 0; r < 3; ++r) {
+    WorkerNode& w = *wire->cluster->worker(r);
+    const LinkCounts n = CountsOf(w);
+    EXPECT_GE(n.wire_accepted, 1u) << "wire rank " << r;  // to its successor
+    EXPECT_EQ(n.shm_accepted + n.shm_refused, 0u) << "wire rank " << r;
+    EXPECT_EQ(n.wire_fell_back + n.wire_refused, 0u) << "wire rank " << r;
+    EXPECT_EQ(PeerLinksSample(w, "wire", "accepted"),
+              absl::StrCat(n.wire_accepted));
+    EXPECT_EQ(w.options().shm_spin, absl::ZeroDuration());
+
+    WorkerNode& g = *grpc->cluster->worker(r);
+    const LinkCounts m = CountsOf(g);
+    EXPECT_EQ(m.wire_accepted + m.wire_refused + m.wire_fell_back, 0u)
+        << "grpc rank " << r << " counted another cluster's wire links";
+    EXPECT_EQ(m.shm_accepted + m.shm_refused, 0u) << "grpc rank " << r;
+    EXPECT_EQ(m.wire_landed + m.wire_evicted, 0u) << "grpc rank " << r;
+    EXPECT_EQ(PeerLinksSample(g, "wire", "accepted"), "0");
+    EXPECT_EQ(PeerLinksSample(g, "shm", "accepted"), "0");
+    EXPECT_EQ(g.wire_port(), 0);  // no listener: wire_links is off
+    EXPECT_EQ(g.options().shm_spin, absl::Microseconds(50));
+  }
+  for (int r = 0; r < 2; ++r) {
+    WorkerNode& s = *shm->cluster->worker(r);
+    const LinkCounts n = CountsOf(s);
+    EXPECT_GE(n.shm_accepted, 1u) << "shm rank " << r;
+    EXPECT_EQ(n.wire_accepted + n.wire_fell_back, 0u) << "shm rank " << r;
+    EXPECT_EQ(PeerLinksSample(s, "shm", "accepted"),
+              absl::StrCat(n.shm_accepted));
+    EXPECT_EQ(s.options().shm_spin, absl::Microseconds(20));
+  }
+}
+
+// A wire fallback is the noting worker's: worker 0 remembers that worker
+// 1's wire could not be reached (as its link would after a failed
+// connection) and offers it no wire; worker 2, in the same process, still
+// does, and its link to worker 1 takes the wire.
+TEST(PerNodeState, AFallbackOneWorkerNotedKeepsNoOtherOffTheWire) {
+  auto run = Start(Cluster("fallback-job", 3, false, true, absl::ZeroDuration()));
+  ASSERT_TRUE(run.ok()) << run.status();
+  LocalCluster& c = *run->cluster;
+  const std::string peer = c.worker_address(1);
+  c.worker(0)->wire_fallbacks().Note(
+      peer, absl::UnavailableError("test: the peer's wire port is blocked"));
+  EXPECT_TRUE(c.worker(0)->wire_fallbacks().RecentlyFailed(peer));
+  EXPECT_FALSE(c.worker(2)->wire_fallbacks().RecentlyFailed(peer));
+  EXPECT_FALSE(c.worker(0)->wire_fallbacks().RecentlyFailed(c.worker_address(2)));
+  // Naive: every rank links to both others.
+  ASSERT_TRUE(AllReduceCorrect(c, run->clients, Algorithm::kNaive));
+  const LinkCounts w0 = CountsOf(*c.worker(0));
+  const LinkCounts w2 = CountsOf(*c.worker(2));
+  EXPECT_EQ(w0.wire_accepted, 1u) << "worker 0 offered the wire to worker 1";
+  EXPECT_EQ(w0.wire_refused + w0.wire_fell_back, 0u);
+  EXPECT_EQ(w2.wire_accepted, 2u) << "worker 0's fallback kept worker 2 off";
+  EXPECT_EQ(w2.wire_refused + w2.wire_fell_back, 0u);
+}
+
+// A worker keeps the security configuration it was created with: a second
+// cluster with another job token, set as the process's configuration
+// after the first started, changes nothing of the first's workers, whose
+// peer links (opened at their first operation, after that change) still
+// carry their own job's token.
+TEST(PerNodeState, AWorkerKeepsTheSecurityItWasCreatedWith) {
+  LocalCluster::Options a = Cluster("job-a", 3, false, true, absl::ZeroDuration());
+  a.job_token = "token-of-a";
+  auto first = Start(a);
+  ASSERT_TRUE(first.ok()) << first.status();
+  LocalCluster::Options b = Cluster("job-b", 2, false, true, absl::ZeroDuration());
+  b.job_token = "token-of-b";
+  auto second = Start(b);  // the process's configuration is job b's now
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(first->cluster->worker(0)->options().security->job_token,
+            "token-of-a");
+  EXPECT_EQ(second->cluster->worker(0)->options().security->job_token,
+            "token-of-b");
+  EXPECT_TRUE(AllReduceCorrect(*first->cluster, first->clients, Algorithm::kRing));
+  EXPECT_TRUE(AllReduceCorrect(*second->cluster, second->clients, Algorithm::kRing));
+  EXPECT_GE(CountsOf(*first->cluster).wire_accepted, 3u);
+  SetSecurityConfig(SecurityConfig());  // as the process had it
+}
+
+}  // namespace
+}  // namespace halka

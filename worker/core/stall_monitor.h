@@ -7,6 +7,12 @@
 // overlap (OpContext::Await), so a rank's own stall is never booked as its
 // predecessor's wait, and the telemetry reports the stall as the rank's own.
 //
+// Process-wide on purpose (Get), unlike a worker's link counters, wire
+// fallbacks, shm spin and security (each WorkerNode's own): it measures
+// whether the process was scheduled, which every worker the process holds
+// (LocalCluster, a trainer embedding one) shares alike, and it holds no
+// setting a worker could change for another.
+//
 // Thread-safety: thread-safe. The thread starts on first use and runs for
 // the life of the process (it holds no resources but itself).
 #ifndef HALKA_WORKER_CORE_STALL_MONITOR_H_

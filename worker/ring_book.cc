@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/security.h"
+#include "worker/core/ring_plan.h"
 #include "worker/grpc_transport.h"
 #include "worker/shm_link.h"
 #include "worker/numbering.h"
@@ -22,6 +23,7 @@ CommConfig CommConfigFor(const WorkerOptions& o, const Ring& ring,
   c.world_size = ring.world;
   c.generation = ring.generation;
   c.members = ring.members;
+  c.ring_order = ring.ring_order;
   c.chunk_bytes = o.chunk_bytes;
   c.default_timeout = o.op_timeout;
   c.max_op_bytes = o.max_op_bytes;
@@ -167,6 +169,7 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
   for (const v1::Member& x : m.members()) {
     ring->members.push_back(PeerInfo{x.rank(), x.worker_id(), x.address()});
   }
+  ring->ring_order.assign(m.ring_order().begin(), m.ring_order().end());
   const CommConfig c = CommConfigFor(options_, *ring, numbering.first_op_seq);
   auto early = early_.find(ring->generation);
   ring->inbox = early != early_.end() ? early->second : NewInbox();
@@ -247,8 +250,9 @@ std::unique_ptr<GrpcTransport> RingBook::NewTransport(const Ring& ring) const {
   std::vector<std::string> addresses;
   for (const PeerInfo& p : ring.members) addresses.push_back(p.address);
   GrpcTransport::LinkSetup links;
-  links.shm_ring_bytes = LinkRingPolicy(options_.shm_links, options_.chunk_bytes,
-                                        ring.rank, ring.world);
+  links.shm_ring_bytes =
+      LinkRingPolicy(options_.shm_links, options_.chunk_bytes,
+                     RingPath(ring.world, ring.ring_order).succ(ring.rank));
   links.wire_links = options_.wire_links;
   // Captured by WorkerNode::Create: this worker's, not the process's now.
   links.security = options_.security.has_value() ? *options_.security

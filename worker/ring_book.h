@@ -45,6 +45,10 @@ struct Ring {
   int rank = 0;
   int world = 1;
   std::vector<PeerInfo> members;
+  // The ranks in ring order (Membership.ring_order; empty: rank order):
+  // the engine's path (CommConfig::ring_order) and the link that gets the
+  // big same-host ring (the successor's).
+  std::vector<int> ring_order;
   std::shared_ptr<Inbox> inbox;
   std::unique_ptr<GrpcTransport> transport;
   std::unique_ptr<Communicator> comm;

@@ -78,10 +78,9 @@ bool PeerMayShareHost(const std::string& address) {
 }
 
 std::function<size_t(int)> LinkRingPolicy(bool enabled, size_t chunk_bytes,
-                                          int rank, int world) {
+                                          int successor) {
   if (!enabled) return nullptr;
   const size_t data = LinkRingBytes(chunk_bytes);
-  const int successor = world > 0 ? (rank + 1) % world : -1;
   return [data, successor](int to) {
     return to == successor ? data : kSmallLinkRingBytes;
   };

@@ -47,11 +47,12 @@ size_t LinkRingBytes(size_t chunk_bytes);
 // aborts, naive operations): records up to 256 KiB, larger frames go in
 // several.
 inline constexpr size_t kSmallLinkRingBytes = size_t{1} << 20;
-// What rank `rank` of `world` offers on its link to each peer: the ring's
-// data flows to the successor (LinkRingBytes), every other link gets a
-// small ring; null when same-host links are off.
+// What a rank offers on its link to each peer: the ring's data flows to
+// its ring `successor` (LinkRingBytes; the rank after it in the ring's
+// order, RingPath), every other link gets a small ring; null when
+// same-host links are off.
 std::function<size_t(int to)> LinkRingPolicy(bool enabled, size_t chunk_bytes,
-                                             int rank, int world);
+                                             int successor);
 
 // False when `address` ("host:port") is an IP literal that is not one of
 // this network namespace's own addresses: that peer cannot share this

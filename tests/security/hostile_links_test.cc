@@ -15,6 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/loopback.h"
 #include "halka/client.h"
 #include "halka/local_cluster.h"
 #include "tests/testing/link_counts.h"
@@ -93,19 +94,7 @@ TEST(InboxByteBudgetTest, TheTotalBoundsAllPeersTogetherAndTakingFreesIt) {
   EXPECT_EQ(inbox.queued_bytes(), 0u);
 }
 
-// A raw TCP connection to 127.0.0.1:port that says nothing.
-int DialSilent(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
+int DialSilent(int port) { return testing::DialLoopback(port); }
 
 // 64 silent connections filled the listener's handshake slots: every new
 // connection, a peer's included, was closed at once, and each link fell

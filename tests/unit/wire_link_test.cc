@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
+#include "tests/testing/loopback.h"
 #include "common/grpc_util.h"
 #include "wire/frame_codec.h"
 #include "worker/wire_ocb.h"
@@ -39,19 +40,7 @@ std::vector<uint8_t> Bytes(size_t n, uint8_t seed) {
   return v;
 }
 
-// A raw TCP connection to 127.0.0.1:port (-1 if it fails).
-int Dial(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
+int Dial(int port) { return testing::DialLoopback(port); }
 
 // Dials, presents the token (hex) and takes the listener's ack.
 void DialWithToken(int port, const std::string& token, int* fd) {

@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "wire/membership_codec.h"
+#include "worker/host_identity.h"
 
 namespace halka {
 
@@ -17,6 +18,7 @@ RendezvousLink::RendezvousLink(const WorkerOptions& options, const Logger& log,
       log_(log),
       address_(std::move(address)),
       incarnation_(incarnation),
+      host_(ResolveHostId(options.host_id)),
       callbacks_(std::move(callbacks)),
       stub_(v1::Rendezvous::NewStub(
           options.security.has_value()
@@ -48,6 +50,7 @@ absl::Status RendezvousLink::Join(absl::Time deadline, v1::JoinReply* reply) {
   req.set_max_world_size(o.max_world_size);
   req.set_incarnation(incarnation_);
   req.set_device(o.device);
+  req.set_host(host_);
   // The ring comes deflated (a 1,024-member ring is ~6 KB, not ~45 KB):
   // every member's Join reply of a formation carries it.
   req.set_compact_membership(true);
@@ -104,6 +107,11 @@ absl::Status RendezvousLink::Join(absl::Time deadline, v1::JoinReply* reply) {
 }
 
 void RendezvousLink::Start(absl::Duration interval) {
+  {
+    absl::MutexLock lock(&mu_);
+    started_ = true;
+    interval_ = interval;
+  }
   heartbeat_ = std::thread([this, interval] { HeartbeatLoop(interval); });
   watch_ = std::thread([this] { WatchLoop(); });
   background_ = std::thread([this] { BackgroundLoop(); });
@@ -187,71 +195,111 @@ grpc::Status RendezvousLink::GetRingHealth(const v1::RingHealthRequest& req,
   return stub_->GetRingHealth(&ctx, req, reply);
 }
 
+void RendezvousLink::BeatNow() {
+  absl::MutexLock lock(&mu_);
+  if (!started_ || stopping_) return;
+  const uint64_t ticket = ++beats_wanted_;
+  auto carried = [this, ticket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || beats_done_ >= ticket;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&carried),
+                       std::min(interval_, absl::Seconds(1)));
+}
+
+bool RendezvousLink::AwaitBeat(absl::Duration interval) {
+  absl::MutexLock lock(&mu_);
+  auto due = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || beats_wanted_ > beats_done_;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&due), interval);
+  return !stopping_;
+}
+
 void RendezvousLink::HeartbeatLoop(absl::Duration interval) {
   // The first beat goes at once: the rendezvous counts a member alive from
   // its last beat, and the world may have taken long to form.
   bool now_again = true;
-  while (now_again || !stop_.WaitForNotificationWithTimeout(interval)) {
+  while (now_again || AwaitBeat(interval)) {
     now_again = false;
     if (stop_.HasBeenNotified()) break;
-    v1::HeartbeatRequest req = HeartbeatAt(callbacks_.known_generation());
-    bool claiming;
+    const Next next = Beat(interval);
+    if (next == Next::kStop) break;
+    now_again = next == Next::kAgain;
+  }
+}
+
+RendezvousLink::Next RendezvousLink::Beat(absl::Duration interval) {
+  v1::HeartbeatRequest req = HeartbeatAt(callbacks_.known_generation());
+  bool claiming;
+  uint64_t carries;  // read before the telemetry: it carries these changes
+  {
+    absl::MutexLock lock(&mu_);
+    claiming = claim_;
+    carries = beats_wanted_;
+  }
+  if (claiming) {
+    std::optional<v1::Membership> claim = callbacks_.claimable();
+    claiming = claim.has_value();
+    if (claiming) *req.mutable_claim() = *claim;
+  }
+  *req.mutable_telemetry() = callbacks_.telemetry();
+  v1::HeartbeatReply reply;
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, std::max(interval, absl::Seconds(1)));
+  if (!Track(&ctx)) return Next::kStop;  // Stop cancels a beat in flight
+  grpc::Status s = stub_->Heartbeat(&ctx, req, &reply);
+  Untrack(&ctx);
+  {
+    absl::MutexLock lock(&mu_);
+    beats_done_ = std::max(beats_done_, carries);
+  }
+  if (s.ok()) {
     {
       absl::MutexLock lock(&mu_);
-      claiming = claim_;
+      if (claim_) log_.Info("the rendezvous knows this ring again");
+      claim_ = false;
     }
-    if (claiming) {
-      std::optional<v1::Membership> claim = callbacks_.claimable();
-      claiming = claim.has_value();
-      if (claiming) *req.mutable_claim() = *claim;
-    }
-    *req.mutable_telemetry() = callbacks_.telemetry();
-    v1::HeartbeatReply reply;
-    grpc::ClientContext ctx;
-    SetTimeout(ctx, std::max(interval, absl::Seconds(1)));
-    if (!Track(&ctx)) break;  // Stop cancels a beat in flight
-    grpc::Status s = stub_->Heartbeat(&ctx, req, &reply);
-    Untrack(&ctx);
-    if (s.ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        if (claim_) log_.Info("the rendezvous knows this ring again");
-        claim_ = false;
-      }
-      if (reply.has_membership()) callbacks_.on_membership(reply.membership());
-      continue;
-    }
-    if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
-      absl::MutexLock lock(&mu_);
-      if (!claiming) {
-        // The rendezvous restarted (or dropped the job during a partition):
-        // tell it what the ring is, right away.
-        log_.Warning(absl::StrCat("the rendezvous does not know this worker (",
-                                s.error_message(), "): re-registering with "
-                                "generation ", req.generation()));
-        claim_ = true;
-        now_again = true;
-      } else {
-        rejoin_ = true;  // the claim was refused: join as a new member
-      }
-    } else if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-      {
-        absl::MutexLock lock(&mu_);
-        if (!rejoin_) log_.Warning(s.error_message());
-        rejoin_ = true;
-      }
-      callbacks_.on_declared_lost(s.error_message());
-    } else {
-      // The rendezvous is down or partitioned away: operations go on, and
-      // the next beat goes soon, so that a healed partition hears from
-      // every member well within one heartbeat timeout.
-      if (stop_.WaitForNotificationWithTimeout(
-              std::min(interval, absl::Milliseconds(200)))) {
-        break;
-      }
-      now_again = true;
-    }
+    if (reply.has_membership()) callbacks_.on_membership(reply.membership());
+    return Next::kWait;
   }
+  return OnBeatError(s, claiming, req.generation(), interval);
+}
+
+RendezvousLink::Next RendezvousLink::OnBeatError(const grpc::Status& s,
+                                                 bool claiming,
+                                                 uint64_t generation,
+                                                 absl::Duration interval) {
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+    absl::MutexLock lock(&mu_);
+    if (claiming) {
+      rejoin_ = true;  // the claim was refused: join as a new member
+      return Next::kWait;
+    }
+    // The rendezvous restarted (or dropped the job during a partition):
+    // tell it what the ring is, right away.
+    log_.Warning(absl::StrCat("the rendezvous does not know this worker (",
+                              s.error_message(), "): re-registering with "
+                              "generation ", generation));
+    claim_ = true;
+    return Next::kAgain;
+  }
+  if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!rejoin_) log_.Warning(s.error_message());
+      rejoin_ = true;
+    }
+    callbacks_.on_declared_lost(s.error_message());
+    return Next::kWait;
+  }
+  // The rendezvous is down or partitioned away: operations go on, and the
+  // next beat goes soon, so that a healed partition hears from every
+  // member well within one heartbeat timeout.
+  if (stop_.WaitForNotificationWithTimeout(
+          std::min(interval, absl::Milliseconds(200)))) {
+    return Next::kStop;
+  }
+  return Next::kAgain;
 }
 
 void RendezvousLink::WatchLoop() {

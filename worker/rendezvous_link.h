@@ -83,9 +83,29 @@ class RendezvousLink {
   grpc::Status GetRingHealth(const v1::RingHealthRequest& req,
                              v1::RingHealth* reply);
   bool stopped() const { return stop_.HasBeenNotified(); }
+  // The host this worker names (worker/host_identity.h).
+  const std::string& host() const { return host_; }
+
+  // The outcome of this worker's last operation changed (a success after a
+  // failure, or the reverse): a heartbeat goes now, not at the next
+  // interval, so that the rendezvous's verdict (RingHealth.failing) is
+  // current when the caller gets the result. Bounded: requests coalesce
+  // into one beat, and a beat already in flight (its telemetry read
+  // before the change) is followed by exactly one more. Waits until a beat
+  // that carries the change was answered, at most one heartbeat interval
+  // (and 1 s); returns at once before Start and after Stop.
+  void BeatNow();
 
  private:
   void HeartbeatLoop(absl::Duration interval);
+  // Waits up to `interval` (less when BeatNow asks); false when stopping.
+  bool AwaitBeat(absl::Duration interval);
+  // One heartbeat; what the loop does next.
+  enum class Next { kWait, kAgain, kStop };
+  Next Beat(absl::Duration interval);
+  // After a failed beat: claims, rejoins, or retries soon.
+  Next OnBeatError(const grpc::Status& s, bool claiming, uint64_t generation,
+                   absl::Duration interval);
   void WatchLoop();
   void BackgroundLoop();
   void SendReport(const LinkReport& report);
@@ -99,6 +119,7 @@ class RendezvousLink {
   const Logger& log_;
   const std::string address_;
   const uint64_t incarnation_;
+  const std::string host_;
   const Callbacks callbacks_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
 
@@ -108,6 +129,12 @@ class RendezvousLink {
   bool claim_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<LinkReport> reports_ ABSL_GUARDED_BY(mu_);
   std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
+  // BeatNow: the heartbeat thread runs (Start), the interval, the prompt
+  // beats asked for so far and the newest of them a completed beat carried.
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration interval_ ABSL_GUARDED_BY(mu_);
+  uint64_t beats_wanted_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t beats_done_ ABSL_GUARDED_BY(mu_) = 0;
 
   absl::Notification stop_;
   std::thread heartbeat_;

@@ -204,11 +204,19 @@ CallInfo WorkerNode::NewCall(uint64_t seq, const Arrival& arrival,
 }
 
 void WorkerNode::RecordCall(uint64_t seq, const absl::Status& status) {
-  absl::MutexLock lock(&calls_mu_);
-  last_call_recorded_ = true;
-  last_call_seq_ = seq;
-  last_call_ok_ = status.ok();
-  last_call_error_ = status.ok() ? "" : status.ToString();
+  bool changed;
+  {
+    absl::MutexLock lock(&calls_mu_);
+    const bool was_failing = last_call_recorded_ && !last_call_ok_;
+    last_call_recorded_ = true;
+    last_call_seq_ = seq;
+    last_call_ok_ = status.ok();
+    last_call_error_ = status.ok() ? "" : status.ToString();
+    changed = was_failing != !status.ok();
+  }
+  // The rendezvous's verdict (failing or not) follows this outcome: tell
+  // it before the caller hears of it, so that health asked next is current.
+  if (changed) link_->BeatNow();
 }
 
 absl::StatusOr<OpResult> WorkerNode::RunOn(Ring& ring, const v1::OpSpec& spec,

@@ -33,6 +33,11 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0",
 ABSL_FLAG(std::string, advertise, "",
           "host:port that peers dial; default: the listen address "
           "(env HALKA_ADVERTISE)");
+ABSL_FLAG(std::string, host_id, "",
+          "the host this worker runs on, as the rendezvous groups ranks: one "
+          "host's ranks are adjacent in the ring. Default: the Kubernetes "
+          "node ($NODE_NAME, downward API spec.nodeName), else "
+          "hostname/network-namespace (env HALKA_HOST_ID)");
 ABSL_FLAG(std::string, unix_socket, "",
           "also serve the API on this Unix socket (env HALKA_UNIX_SOCKET)");
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "bytes per frame on the wire");
@@ -129,6 +134,7 @@ int main(int argc, char** argv) {
   o.listen = absl::GetFlag(FLAGS_listen);
   o.advertise = absl::GetFlag(FLAGS_advertise);
   o.unix_socket = absl::GetFlag(FLAGS_unix_socket);
+  o.host_id = absl::GetFlag(FLAGS_host_id);
   o.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
   o.shm_links = absl::GetFlag(FLAGS_shm_links);
   o.shm_spin = absl::Microseconds(absl::GetFlag(FLAGS_shm_spin_us));

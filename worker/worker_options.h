@@ -28,6 +28,10 @@ struct WorkerOptions {
   std::string listen = "127.0.0.1:0";  // peer links and TCP API
   std::string advertise;          // host:port peers dial; default from listen
   std::string unix_socket;        // optional extra API endpoint
+  // The host it names when it joins (JoinRequest.host; one host's ranks
+  // are adjacent in the ring). "": $NODE_NAME, else hostname/network
+  // namespace (worker/host_identity.h).
+  std::string host_id;
   size_t chunk_bytes = size_t{1} << 20;
   // Peer links to workers on this host (same network namespace, same
   // /dev/shm) carry their frames through shared memory

@@ -122,6 +122,7 @@ Member ToMember(const v1::Member& m) {
   out.last_heartbeat_age_s = m.last_heartbeat_age_s();
   out.device = m.device();
   out.since_generation = m.since_generation();
+  out.host = m.host();
   return out;
 }
 
@@ -161,6 +162,10 @@ RingHealth ToRingHealth(const v1::RingHealth& r) {
   h.diagnosis = ToDiagnosis(r.diagnosis());
   h.last_algorithm = r.last_algorithm();
   h.last_chunk_bytes = r.last_chunk_bytes();
+  h.ring_order.assign(r.ring_order().begin(), r.ring_order().end());
+  for (const v1::HostGroup& g : r.hosts()) {
+    h.hosts.push_back(HostGroup{g.host(), {g.ranks().begin(), g.ranks().end()}});
+  }
   return h;
 }
 

@@ -67,6 +67,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     wo.op_timeout = options.op_timeout;
     wo.join_timeout = absl::Seconds(30);
     if (i == options.slow_rank) wo.test_reduce_delay = options.test_reduce_delay;
+    if (static_cast<size_t>(i) < options.hosts.size()) {
+      wo.host_id = options.hosts[static_cast<size_t>(i)];
+    }
     if (options.metrics) wo.metrics_port = -1;
     wo.security = security;  // unset: the process's, captured by Create
     auto node = WorkerNode::Create(wo);

@@ -18,13 +18,9 @@
 #include <string>
 #include <vector>
 
-namespace halka {
+#include "halka/types.h"  // HostGroup
 
-// One host and its ranks (ascending).
-struct HostGroup {
-  std::string host;
-  std::vector<int> ranks;
-};
+namespace halka {
 
 struct HostRing {
   // order[p]: the rank at ring position p; empty when that is rank order

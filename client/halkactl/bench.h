@@ -69,7 +69,9 @@ std::string BenchRowJson(const BenchRow& row, int world_size);
 absl::StatusOr<size_t> ParseBytes(const std::string& text);
 
 // Table of a job's health (Client::RingHealth; from the wire's reply:
-// ToRingHealth in client/client_proto.h).
+// ToRingHealth in client/client_proto.h), in health_format.cc. The first
+// line carries the whole verdict: "job J: healthy, generation 7, 8 members
+// on 2 hosts", or "job J: FAILING, generation 7: <the failure>".
 std::string FormatHealth(const RingHealth& health);
 
 }  // namespace halka

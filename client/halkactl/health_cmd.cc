@@ -111,8 +111,8 @@ static int Health(const std::string& rendezvous, const std::string& job,
     if (!out.ok()) return Fail(out.status());
     std::printf("%s", out->c_str());
   } else {
+    // The first line says the verdict, a failure included.
     std::printf("%s", FormatHealth(ToRingHealth(*h)).c_str());
-    if (h->failing()) std::printf("%s\n", h->diagnosis().failure().c_str());
   }
   std::fflush(stdout);
   return h->job_state() == v1::JOB_STATE_HEALTHY && !h->failing() ? 0 : 2;

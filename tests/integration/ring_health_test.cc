@@ -271,5 +271,141 @@ TEST(RingHealth, IdleRingReportsNoTraffic) {
   EXPECT_TRUE(info->members[0].alive);
 }
 
+// The verdict is current: asked right after a successful round on every
+// rank that follows a failed one, health says healthy, and right after the
+// failed round it says failing. Each worker reports a change of its last
+// operation's outcome with a heartbeat before the call returns, not at its
+// next beat (2 s away here, so a late report would show every time).
+TEST(RingHealth, VerdictIsCurrentRightAfterARecovery) {
+  const int g = 4;
+  LocalCluster::Options o;
+  o.workers = g;
+  o.heartbeat_interval = absl::Seconds(2);
+  o.heartbeat_timeout = absl::Seconds(10);
+  auto cluster = LocalCluster::Start(o).value();
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int r = 0; r < g; ++r) clients.push_back(cluster->Connect(r).value());
+  std::vector<std::vector<float>> bufs(g, std::vector<float>(1000, 1.0f));
+  auto round = [&](bool mismatched) {
+    return RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+      // Mismatched: ranks 1 and 2 call with another count than 0 and 3.
+      const size_t count = mismatched && (r == 1 || r == 2) ? 999 : 1000;
+      return clients[r]->AllReduce(absl::MakeSpan(bufs[r].data(), count),
+                                   ReduceOp::kSum);
+    });
+  };
+  for (int rep = 0; rep < 10; ++rep) {
+    SCOPED_TRACE(absl::StrCat("repetition ", rep));
+    for (const auto& res : round(/*mismatched=*/true)) {
+      ASSERT_EQ(res.status().code(), absl::StatusCode::kFailedPrecondition)
+          << res.status();
+    }
+    v1::RingHealth h = GetHealth(*cluster);
+    EXPECT_TRUE(h.failing()) << h.DebugString();
+    std::string table = FormatHealth(ToRingHealth(h));
+    EXPECT_EQ(table.rfind("job local: FAILING, generation 1: operations are "
+                          "failing", 0),
+              0u)
+        << table;
+    for (const auto& res : round(/*mismatched=*/false)) {
+      ASSERT_TRUE(res.ok()) << res.status();
+    }
+    h = GetHealth(*cluster);
+    EXPECT_FALSE(h.failing()) << h.diagnosis().failure();
+    table = FormatHealth(ToRingHealth(h));
+    EXPECT_EQ(table.rfind("job local: healthy, generation 1, 4 members", 0), 0u)
+        << table;
+  }
+}
+
+// Ranks interleaved over two hosts (A, B, A, B): the ring passes A's
+// ranks, then B's (0 -> 2 -> 1 -> 3 -> 0), every collective still gives
+// the rank-order result, and health says the hosts and ring positions.
+TEST(RingHealth, InterleavedHostsRunInHostOrder) {
+  const int g = 4;
+  LocalCluster::Options o;
+  o.workers = g;
+  o.chunk_bytes = 64 << 10;
+  o.heartbeat_interval = absl::Milliseconds(200);
+  o.hosts = {"A", "B", "A", "B"};
+  auto cluster = LocalCluster::Start(o).value();
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int r = 0; r < g; ++r) clients.push_back(cluster->Connect(r).value());
+  const size_t n = 1 << 18;  // 1 MiB of floats: the ring, 4 chunks a segment
+  OpOptions ring;
+  ring.algorithm = Algorithm::kRing;
+  std::vector<std::vector<float>> bufs(g);
+  for (int r = 0; r < g; ++r) bufs[r].assign(n, static_cast<float>(r + 1));
+  auto ar = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+    return clients[r]->AllReduce(absl::MakeSpan(bufs[r]), ReduceOp::kSum, ring);
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_TRUE(ar[r].ok()) << ar[r].status();
+    EXPECT_EQ(ar[r]->rank, r);
+    EXPECT_EQ(bufs[r], std::vector<float>(n, 10.0f)) << "rank " << r;
+  }
+  // Reduce-scatter: rank r gets slice r; all-gather: slice i is rank i's;
+  // broadcast from rank 1.
+  const size_t slice = 1000;
+  std::vector<std::vector<float>> out(g, std::vector<float>(g * slice));
+  auto rs = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+    std::vector<float> send(g * slice);
+    for (size_t i = 0; i < send.size(); ++i) send[i] = static_cast<float>(i / slice * 10 + r);
+    return clients[r]->ReduceScatter(absl::MakeConstSpan(send),
+                                     absl::MakeSpan(out[r].data(), slice),
+                                     ReduceOp::kSum);
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_TRUE(rs[r].ok()) << rs[r].status();
+    EXPECT_EQ(out[r][0], static_cast<float>(g * r * 10 + 0 + 1 + 2 + 3)) << r;
+  }
+  auto ag = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+    std::vector<float> mine(slice, static_cast<float>(100 + r));
+    return clients[r]->AllGather(absl::MakeConstSpan(mine),
+                                 absl::MakeSpan(out[r]));
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_TRUE(ag[r].ok()) << ag[r].status();
+    for (int i = 0; i < g; ++i) {
+      EXPECT_EQ(out[r][i * slice], static_cast<float>(100 + i)) << r << " " << i;
+    }
+  }
+  auto bc = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+    bufs[r].assign(n, static_cast<float>(r));
+    return clients[r]->Broadcast(absl::MakeSpan(bufs[r]), /*root=*/1);
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_TRUE(bc[r].ok()) << bc[r].status();
+    EXPECT_EQ(bufs[r], std::vector<float>(n, 1.0f)) << r;
+  }
+  absl::SleepFor(absl::Milliseconds(700));  // a few heartbeats
+  const v1::RingHealth h = GetHealth(*cluster);
+  EXPECT_THAT(h.ring_order(), ::testing::ElementsAre(0, 2, 1, 3));
+  ASSERT_EQ(h.hosts_size(), 2);
+  EXPECT_EQ(h.hosts(0).host(), "A");
+  EXPECT_THAT(h.hosts(0).ranks(), ::testing::ElementsAre(0, 2));
+  EXPECT_THAT(h.hosts(1).ranks(), ::testing::ElementsAre(1, 3));
+  for (int r = 0; r < g; ++r) EXPECT_EQ(h.members(r).host(), r % 2 == 0 ? "A" : "B");
+  // The ring edges the data took follow the hosts: one crossing each way.
+  std::set<std::pair<int, int>> ring_edges;
+  for (const v1::EdgeHealth& e : h.edges()) {
+    if (e.ring() && e.bytes() > 0) ring_edges.insert({e.from(), e.to()});
+  }
+  EXPECT_EQ(ring_edges, (std::set<std::pair<int, int>>{{0, 2}, {2, 1}, {1, 3}, {3, 0}}));
+  const std::string table = FormatHealth(ToRingHealth(h));
+  std::printf("%s", table.c_str());
+  EXPECT_EQ(table.rfind("job local: healthy, generation 1, 4 members on 2 hosts\n", 0), 0u)
+      << table;
+  EXPECT_THAT(table, HasSubstr("ring over 2 hosts: A [0 2] -> B [1 3] -> A"));
+  EXPECT_THAT(table, HasSubstr("rank  pos  worker         host"));
+  // The SDK's struct says the same.
+  absl::StatusOr<halka::RingHealth> sdk = clients[3]->RingHealth();
+  ASSERT_TRUE(sdk.ok()) << sdk.status();
+  EXPECT_EQ(sdk->ring_order, (std::vector<int>{0, 2, 1, 3}));
+  ASSERT_EQ(sdk->hosts.size(), 2u);
+  EXPECT_EQ(sdk->hosts[1].host, "B");
+  EXPECT_EQ(sdk->members[3].host, "B");
+}
+
 }  // namespace
 }  // namespace halka

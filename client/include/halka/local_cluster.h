@@ -46,6 +46,10 @@ class LocalCluster {
     // received data chunk while reducing (a straggler on purpose).
     int slow_rank = -1;
     absl::Duration test_reduce_delay = absl::ZeroDuration();
+    // The host each rank's worker names (WorkerOptions::host_id), e.g.
+    // {"A", "B", "A", "B"} for ranks interleaved over two hosts: the ring
+    // then passes A's ranks, then B's. Empty: this host, for every rank.
+    std::vector<std::string> hosts;
     // Serve HTTP (/metrics; on the rendezvous also the ring page) on free
     // ports; see metrics_address().
     bool metrics = false;

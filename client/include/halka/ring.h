@@ -22,6 +22,7 @@ struct Member {
   double last_heartbeat_age_s = 0;
   std::string device;              // "cpu" or "cuda:N"
   uint64_t since_generation = 0;   // the generation it entered the ring
+  std::string host;                // the host it runs on; "": unknown
 };
 
 // This worker's rank, world and members (Client::Info).
@@ -31,7 +32,7 @@ struct WorkerInfo {
   int rank = 0;
   int world_size = 0;
   uint64_t generation = 0;
-  std::vector<Member> members;     // ring order: members[i].rank == i
+  std::vector<Member> members;     // by rank: members[i].rank == i
   std::string device;
   std::string change;              // why the generation last changed
   // The newest generation this worker knows of (it switches rings between
@@ -81,7 +82,7 @@ struct EdgeHealth {
   double wait_p50_seconds = 0;
   double wait_p99_seconds = 0;
   uint64_t errors = 0;
-  bool ring = false;               // a ring edge (rank -> rank+1)
+  bool ring = false;               // a ring edge (rank -> ring successor)
   double wire_seconds = 0;         // the sender's link writing its frames
 };
 
@@ -128,6 +129,11 @@ struct RingHealth {
   Diagnosis diagnosis;
   std::string last_algorithm;            // what the last operations used
   uint64_t last_chunk_bytes = 0;
+  // The ring's path: ring_order[p] is the rank at ring position p (each
+  // host's ranks adjacent; rank order when no member named a host), and
+  // the hosts in ring order with their ranks (empty: none named).
+  std::vector<int> ring_order;
+  std::vector<HostGroup> hosts;
 };
 
 }  // namespace halka

@@ -15,6 +15,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 
@@ -86,6 +88,14 @@ constexpr const char* JobStateName(JobState state) {
       return "unspecified";
   }
 }
+
+// One host of a ring and its ranks, ascending (halka.v1.HostGroup): the
+// ring passes them one after the other (the rendezvous's state and the
+// SDK's RingHealth use it).
+struct HostGroup {
+  std::string host;
+  std::vector<int> ranks;
+};
 
 // 16-bit float element types for spans (bit patterns; no arithmetic).
 struct Half {

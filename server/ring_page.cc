@@ -23,7 +23,7 @@ svg{background:#fff;border:1px solid #ddd} .muted{color:#888} [hidden]{display:n
 <svg id="tl" width="1100" height="100"></svg></div>
 <div class="row" id="ring-view"><svg id="ring" width="520" height="520" viewBox="0 0 520 520"></svg>
 <div><h3>members</h3><table id="members"></table><h3>edges (last minute)</h3><table id="edges"></table></div></div>
-<p class="muted">Edge colour: throughput relative to the ring's median (red = slow). Refreshes every second from /api/health.</p>
+<p class="muted">Members sit at their ring positions (each host's ranks adjacent; pos = ring position). Edge colour: throughput relative to the ring's median (red = slow). Refreshes every second from /api/health.</p>
 <script>
 "use strict";
 const $ = id => document.getElementById(id);
@@ -45,13 +45,15 @@ function draw(h) {
   svg.appendChild(el("defs", {})).innerHTML =
     '<marker id="arr" viewBox="0 0 10 10" refX="9" refY="5" markerUnits="userSpaceOnUse" markerWidth="22" markerHeight="22" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="context-stroke"/></marker>';
   const g = h.members.length, cx = 260, cy = 260, R = 190;
-  const pos = r => ({x: cx + R * Math.sin(2 * Math.PI * r / g), y: cy - R * Math.cos(2 * Math.PI * r / g)});
+  // Members sit at their ring positions (each host's ranks adjacent).
+  const order = ringOrder(h), at = {}; order.forEach((r, p) => at[r] = p);
+  const pos = r => ({x: cx + R * Math.sin(2 * Math.PI * at[r] / g), y: cy - R * Math.cos(2 * Math.PI * at[r] / g)});
   const ring = h.edges.filter(e => e.ring);
   const rates = ring.map(e => e.throughput_bps).sort((a, b) => a - b);
   const median = rates.length ? rates[Math.floor(rates.length / 2)] : 0;
   const d = h.diagnosis || {};
-  for (let r = 0; r < g && g > 1; ++r) {
-    const to = (r + 1) % g, a = pos(r), b = pos(to);
+  for (let p = 0; p < g && g > 1; ++p) {
+    const r = order[p], to = order[(p + 1) % g], a = pos(r), b = pos(to);
     const e = ring.find(x => x.from === r && x.to === to);
     const slow = d.slowest_from === r && d.slowest_to === to && d.has_straggler;
     const c = !e ? "#bbb" : colour(median > 0 ? e.throughput_bps / median : 1);
@@ -67,13 +69,21 @@ function draw(h) {
       stroke: strag ? "#600" : "#fff", "stroke-width": 3, "data-rank": m.rank}));
     svg.appendChild(el("text", {x: p.x, y: p.y + 5, "text-anchor": "middle", fill: "#fff", "font-size": 15, "font-weight": "bold"}, m.rank));
     svg.appendChild(el("text", {x: p.x, y: p.y + 46, "text-anchor": "middle", "font-size": 11}, m.worker_id + (strag ? " (straggler)" : "")));
+    if (m.host) svg.appendChild(el("text", {x: p.x, y: p.y + 59, "text-anchor": "middle", "font-size": 10, fill: "#888", "data-host": m.host}, m.host));
   });
+}
+// The ranks in ring order (rank order when the reply has none that fits).
+function ringOrder(h) {
+  const g = h.members.length, o = h.ring_order || [];
+  const ok = o.length === g && new Set(o).size === g && o.every(r => r >= 0 && r < g);
+  return ok ? o : h.members.map((m, i) => i);
 }
 function tables(h) {
   const t = h.telemetry || [];
-  $("members").innerHTML = "<tr><th>rank</th><th class=l>worker</th><th class=l>address</th><th>alive</th><th>hb age</th><th>ok</th><th>failed</th><th class=l>now</th></tr>" +
+  const at = {}; ringOrder(h).forEach((r, p) => at[r] = p);
+  $("members").innerHTML = "<tr><th>rank</th><th>pos</th><th class=l>worker</th><th class=l>host</th><th class=l>address</th><th>alive</th><th>hb age</th><th>ok</th><th>failed</th><th class=l>now</th></tr>" +
     h.members.map((m, i) => { const x = t[i] || {}; const now = x.current_op ? `${x.current_op} ${x.phase} step ${x.step}` + (x.awaited_rank >= 0 ? `, waits for rank ${x.awaited_rank} ${(x.waiting_for_s||0).toFixed(1)} s` : "") : "idle";
-      return `<tr><td>${m.rank}</td><td class=l>${esc(m.worker_id)}</td><td class=l>${esc(m.address)}</td><td>${m.alive ? "yes" : "NO"}</td><td>${(m.last_heartbeat_age_s||0).toFixed(1)}s</td><td>${x.ops_completed||0}</td><td>${x.ops_failed||0}</td><td class=l>${esc(now)}</td></tr>`; }).join("");
+      return `<tr><td>${m.rank}</td><td>${at[m.rank]}</td><td class=l>${esc(m.worker_id)}</td><td class=l>${esc(m.host || "")}</td><td class=l>${esc(m.address)}</td><td>${m.alive ? "yes" : "NO"}</td><td>${(m.last_heartbeat_age_s||0).toFixed(1)}s</td><td>${x.ops_completed||0}</td><td>${x.ops_failed||0}</td><td class=l>${esc(now)}</td></tr>`; }).join("");
   $("edges").innerHTML = "<tr><th class=l>edge</th><th>MB</th><th>MB/s</th><th>wait s</th><th>added s</th><th>p50 ms</th><th>p99 ms</th><th>errors</th></tr>" +
     h.edges.filter(e => e.ring || e.bytes > 0).map(e => `<tr><td class=l>${e.ring ? "*" : ""}${e.from}->${e.to}</td><td>${mbps(e.bytes)}</td><td>${mbps(e.throughput_bps)}</td><td>${e.wait_seconds.toFixed(3)}</td><td>${e.added_wait_seconds.toFixed(3)}</td><td>${(e.wait_p50_seconds*1e3).toFixed(2)}</td><td>${(e.wait_p99_seconds*1e3).toFixed(2)}</td><td>${e.errors}</td></tr>`).join("");
 }
@@ -83,7 +93,10 @@ async function tick() {
     if (!job) { $("diag").textContent = "no jobs yet"; return; }
     const h = await (await fetch("api/health?job=" + encodeURIComponent(job))).json();
     if (h.error) { $("diag").textContent = h.error; return; }
-    $("state").textContent = `${h.state}, generation ${h.generation}, ${h.members.length} members` +
+    const hosts = (h.hosts || []).length;
+    $("state").textContent = (h.failing ? `FAILING (${h.state})` : h.state) +
+      `, generation ${h.generation}, ${h.members.length} members` +
+      (hosts ? ` on ${hosts} host${hosts === 1 ? "" : "s"}` : "") +
       (h.last_algorithm ? `, last ops: ${h.last_algorithm}, chunk ${h.last_chunk_bytes} B` : "");
     const d = h.diagnosis || {};
     $("diag").textContent = h.failing ? d.failure : (d.summary || "");

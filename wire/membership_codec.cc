@@ -2,10 +2,13 @@
 
 #include <zlib.h>
 
+#include <algorithm>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "server/host_ring.h"
 
 namespace halka {
 namespace {
@@ -19,10 +22,54 @@ std::string Key(const v1::Member& m) {
                       m.since_generation(), std::string(1, '\0'), m.host());
 }
 
+// The ring's path the rule gives for m's members' hosts (by rank).
+HostRing DerivedHostRing(const v1::Membership& m) {
+  std::vector<std::string> hosts;
+  hosts.reserve(static_cast<size_t>(m.members_size()));
+  for (const v1::Member& x : m.members()) hosts.push_back(x.host());
+  return HostRingOrder(hosts);
+}
+
+// Leaves out m's ring_order and hosts when the reader can derive them.
+void LeaveOutHostRing(v1::Membership* m) {
+  if (m->ring_order_size() == 0 && m->hosts_size() == 0) return;
+  const HostRing r = DerivedHostRing(*m);
+  if (!std::equal(r.order.begin(), r.order.end(), m->ring_order().begin(),
+                  m->ring_order().end()) ||
+      static_cast<int>(r.hosts.size()) != m->hosts_size()) {
+    return;
+  }
+  for (size_t i = 0; i < r.hosts.size(); ++i) {
+    const v1::HostGroup& g = m->hosts(static_cast<int>(i));
+    if (g.host() != r.hosts[i].host ||
+        !std::equal(r.hosts[i].ranks.begin(), r.hosts[i].ranks.end(),
+                    g.ranks().begin(), g.ranks().end())) {
+      return;
+    }
+  }
+  m->clear_ring_order();
+  m->clear_hosts();
+  m->set_host_ring_derived(true);
+}
+
+// Puts back what LeaveOutHostRing left out.
+void DeriveHostRing(v1::Membership* m) {
+  if (!m->host_ring_derived()) return;
+  const HostRing r = DerivedHostRing(*m);
+  m->mutable_ring_order()->Add(r.order.begin(), r.order.end());
+  for (const HostGroup& h : r.hosts) {
+    v1::HostGroup* g = m->add_hosts();
+    g->set_host(h.host);
+    g->mutable_ranks()->Add(h.ranks.begin(), h.ranks.end());
+  }
+  m->clear_host_ring_derived();
+}
+
 }  // namespace
 
 std::string DeflateMembership(const v1::Membership& m) {
   v1::Membership plain = m;
+  LeaveOutHostRing(&plain);
   for (v1::Member& x : *plain.mutable_members()) x.clear_last_heartbeat_age_s();
   for (v1::Member& x : *plain.mutable_lost()) x.clear_last_heartbeat_age_s();
   const std::string bytes = plain.SerializeAsString();
@@ -69,12 +116,14 @@ absl::StatusOr<v1::Membership> InflateMembership(const std::string& bytes) {
     return absl::InvalidArgumentError(
         "membership: the inflated bytes are not a Membership");
   }
+  DeriveHostRing(&m);
   return m;
 }
 
 v1::Membership MakeMembershipDelta(const v1::Membership& base,
                                    const v1::Membership& next) {
   v1::Membership d = next;
+  LeaveOutHostRing(&d);  // before the members go: it reads their hosts
   d.clear_members();
   d.set_delta_base(base.generation());
   absl::flat_hash_map<std::string, int> at;
@@ -187,6 +236,7 @@ absl::StatusOr<v1::Membership> ApplyMembershipDelta(
     }
     out.mutable_members(rank)->set_alive(false);
   }
+  DeriveHostRing(&out);
   return out;
 }
 

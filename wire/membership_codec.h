@@ -18,7 +18,9 @@
 namespace halka {
 
 // `m` serialised and zlib-deflated, without the members' (and lost
-// members') last_heartbeat_age_s.
+// members') last_heartbeat_age_s, and without ring_order and hosts when the
+// rule gives them (Membership.host_ring_derived; InflateMembership puts
+// them back).
 std::string DeflateMembership(const v1::Membership& m);
 // Errors: INVALID_ARGUMENT (not zlib data, or not a Membership); the
 // inflated size is bounded (64 MiB).
@@ -28,7 +30,9 @@ absl::StatusOr<v1::Membership> InflateMembership(const std::string& bytes);
 // field of `next` but its members, and delta_base, delta_runs, delta_down,
 // `members` holding only the entries `base` does not have (by worker_id,
 // address, device, since_generation and host). Each member of `base` is
-// used at most once. ring_order and hosts travel whole.
+// used at most once. ring_order and hosts travel whole, or not at all when
+// the rule gives them for next's members (host_ring_derived: the delta
+// then costs what changed, not O(N)); ApplyMembershipDelta derives them.
 v1::Membership MakeMembershipDelta(const v1::Membership& base,
                                    const v1::Membership& next);
 

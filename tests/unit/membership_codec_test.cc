@@ -144,8 +144,31 @@ TEST(MembershipCodecTest, HostsAndTheRingOrderSurviveADelta) {
   EXPECT_TRUE(Same(NoAges(*got), NoAges(next)));
   EXPECT_EQ(got->members(3).host(), "B");
   // A member whose host changed is not a copy.
-  next.mutable_members(3)->set_host("C");
-  EXPECT_EQ(MakeMembershipDelta(base, next).members_size(), 1);
+  v1::Membership moved = next;
+  moved.mutable_members(3)->set_host("C");
+  EXPECT_EQ(MakeMembershipDelta(base, moved).members_size(), 1);
+  // The whole groups, as the rendezvous publishes them: the rule gives
+  // them and the order for the members' hosts, so the delta and the
+  // deflated form leave both out and the reader derives them.
+  v1::HostGroup* b = next.add_hosts();
+  b->set_host("B");
+  for (int r : {1, 3, 5}) b->add_ranks(r);
+  const v1::Membership lean = MakeMembershipDelta(base, next);
+  EXPECT_TRUE(lean.host_ring_derived());
+  EXPECT_EQ(lean.ring_order_size(), 0);
+  EXPECT_EQ(lean.hosts_size(), 0);
+  got = ApplyMembershipDelta(base, lean);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(Same(NoAges(*got), NoAges(next)));
+  absl::StatusOr<v1::Membership> inflated =
+      InflateMembership(DeflateMembership(next));
+  ASSERT_TRUE(inflated.ok()) << inflated.status();
+  EXPECT_TRUE(Same(*inflated, NoAges(next)));
+  // An order the rule does not give travels whole.
+  next.clear_ring_order();
+  for (int r : {1, 3, 5, 0, 2, 4}) next.add_ring_order(r);
+  EXPECT_FALSE(MakeMembershipDelta(base, next).host_ring_derived());
+  EXPECT_EQ(MakeMembershipDelta(base, next).ring_order_size(), 6);
 }
 
 TEST(MembershipCodecTest, NewcomersReorderingAndDownMembers) {

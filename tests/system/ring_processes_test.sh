@@ -52,10 +52,13 @@ health() {
                  --job="$JOB" 2>&1)
   HEALTH_RC=$?
 }
-# health_rows: "rank worker address alive now..." per member row
+# health_rows: "rank worker address alive now..." per member row (the
+# table's row: rank pos worker host address alive hb_age ok failed sent_MB
+# recv_MB wait_s now...; every worker names its host)
 health_rows() {
-  awk '$1 ~ /^[0-9]+$/ && NF >= 11 { now = $11; for (i = 12; i <= NF; ++i)
-         now = now " " $i; print $1, $2, $3, $4, now }' <<<"$HEALTH_OUT"
+  awk '$1 ~ /^[0-9]+$/ && $2 ~ /^-?[0-9]+$/ && NF >= 13 { now = $13;
+         for (i = 14; i <= NF; ++i) now = now " " $i;
+         print $1, $3, $5, $6, now }' <<<"$HEALTH_OUT"
 }
 
 # ------------------------------------------------------------ start the job

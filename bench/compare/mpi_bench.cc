@@ -34,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
+
 namespace {
 
 struct Flags {
@@ -62,23 +64,11 @@ struct Flags {
 }
 
 size_t ParseBytes(const std::string& text) {
-  if (text.empty()) Usage("empty size");
-  char* end = nullptr;
-  unsigned long long v = std::strtoull(text.c_str(), &end, 10);
-  size_t mult = 1;
-  std::string suffix(end);
-  if (suffix == "K" || suffix == "k") mult = size_t{1} << 10;
-  else if (suffix == "M" || suffix == "m") mult = size_t{1} << 20;
-  else if (suffix == "G" || suffix == "g") mult = size_t{1} << 30;
-  else if (!suffix.empty()) Usage(("bad size: " + text).c_str());
-  return static_cast<size_t>(v) * mult;
+  return bench_args::ParseBytes(text, Usage);
 }
 
 int ParseInt(const std::string& text, int lo) {
-  char* end = nullptr;
-  long v = std::strtol(text.c_str(), &end, 10);
-  if (*end != '\0' || v < lo) Usage(("bad number: " + text).c_str());
-  return static_cast<int>(v);
+  return bench_args::ParseInt(text, lo, Usage);
 }
 
 Flags ParseFlags(int argc, char** argv) {

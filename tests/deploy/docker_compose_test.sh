@@ -323,9 +323,13 @@ detect_ms=$(( $(now_ms) - t0 ))
 sed 's/^/    | /' "$WORK/health.log" | head -n 8
 hrc=$(sed -n 's/^health-rc=//p' "$WORK/health.log")
 [[ $hrc == 2 ]] || fail "halkactl health exited '$hrc' after the kill, expected 2 (degraded)"
-awk '$1 == "2" && $4 == "NO"' "$WORK/health.log" | grep -q . ||
+# The "alive" column, wherever the table puts it.
+acol=$(awk '$1 == "rank" { for (i = 1; i <= NF; i++) if ($i == "alive") { print i; exit } }' \
+         "$WORK/health.log")
+[[ -n $acol ]] || fail "health printed no member table"
+awk -v c="$acol" '$1 == "2" && $c == "NO"' "$WORK/health.log" | grep -q . ||
   fail "health does not show rank 2 alive NO"
-alive=$(awk '$1 ~ /^[013]$/ && $4 == "yes"' "$WORK/health.log" | grep -c .)
+alive=$(awk -v c="$acol" '$1 ~ /^[013]$/ && $c == "yes"' "$WORK/health.log" | grep -c .)
 [[ $alive == 3 ]] || fail "health shows $alive of the 3 surviving ranks alive"
 (( detect_ms <= HEALTH_DEADLINE_S * 1000 )) ||
   fail "degraded only after $(secs "$detect_ms") s (> ${HEALTH_DEADLINE_S} s)"

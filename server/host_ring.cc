@@ -8,21 +8,16 @@ namespace halka {
 
 HostRing HostRingOrder(const std::vector<std::string>& host_by_rank) {
   HostRing out;
-  bool named = false;
   // Ranks ascend, so a host's group is created at its lowest rank and the
   // groups are in the order of their lowest ranks.
   std::map<std::string, size_t> group_of;
   for (size_t r = 0; r < host_by_rank.size(); ++r) {
     const std::string& host = host_by_rank[r];
-    named |= !host.empty();
+    if (host.empty()) return HostRing{};  // a member runs rank order
     auto [it, fresh] = group_of.emplace(host, out.hosts.size());
-    if (host.empty() || fresh) {
-      out.hosts.push_back(HostGroup{host, {}});
-      it->second = out.hosts.size() - 1;
-    }
+    if (fresh) out.hosts.push_back(HostGroup{host, {}});
     out.hosts[it->second].ranks.push_back(static_cast<int>(r));
   }
-  if (!named) return HostRing{};
   bool identity = true;
   for (const HostGroup& h : out.hosts) {
     for (int r : h.ranks) {

@@ -8,8 +8,9 @@
 // a host. A ring over H >= 2 hosts then crosses from one host to the next
 // exactly once: each host has one outgoing and one incoming cross-host
 // edge, whatever ranks the users gave (--rank, StatefulSet ordinals). A
-// member that named no host ("") is a host of its own, so a ring none of
-// whose members named a host keeps rank order.
+// ring in which some member named no host ("": a worker older than the
+// order, which runs its ring in rank order) keeps rank order, so that
+// every member runs the same ring.
 //
 // Thread-safety: free functions over values.
 #ifndef HALKA_SERVER_HOST_RING_H_
@@ -26,7 +27,7 @@ struct HostRing {
   // order[p]: the rank at ring position p; empty when that is rank order
   // (0, 1, ..., G-1), as it is for a ring of no named hosts.
   std::vector<int> order;
-  // The hosts in ring order; empty when no member named a host.
+  // The hosts in ring order; empty when a member named no host.
   std::vector<HostGroup> hosts;
 };
 

@@ -21,8 +21,14 @@ void FillMember(const MemberView& m, v1::Member* out) {
 
 void FillHostRing(const MembershipView& v,
                   google::protobuf::RepeatedField<int32_t>* order,
-                  google::protobuf::RepeatedPtrField<v1::HostGroup>* hosts) {
+                  google::protobuf::RepeatedPtrField<v1::HostGroup>* hosts,
+                  bool rank_order_too) {
   order->Add(v.ring_order.begin(), v.ring_order.end());
+  for (int r = 0; rank_order_too && v.ring_order.empty() &&
+                  r < static_cast<int>(v.members.size());
+       ++r) {
+    order->Add(r);
+  }
   for (const HostGroup& h : v.hosts) {
     v1::HostGroup* g = hosts->Add();
     g->set_host(h.host);
@@ -53,6 +59,52 @@ void FillMembership(const std::string& job_id, const MembershipView& v,
   FillHostRing(v, out->mutable_ring_order(), out->mutable_hosts());
 }
 
+namespace {
+
+// A worker's window figures for one peer edge, as the diagnosis takes them.
+EdgeInput EdgeInputOf(const v1::EdgeTelemetry& e) {
+  EdgeInput x;
+  x.peer = e.peer();
+  x.wire_seconds = e.wire_seconds();
+  x.bytes_sent = e.bytes_sent();
+  x.bytes_received = e.bytes_received();
+  x.send_seconds = e.send_seconds();
+  x.wait_seconds = e.wait_seconds();
+  x.reduce_seconds = e.reduce_seconds();
+  x.wait_p50_seconds = e.wait_p50_seconds();
+  x.wait_p99_seconds = e.wait_p99_seconds();
+  x.errors = e.errors();
+  return x;
+}
+
+// The diagnosis's edges and verdict into the reply.
+void FillDiagnosis(const RingDiagnosis& d, v1::RingHealth* reply) {
+  for (const EdgeReport& e : d.edges) {
+    v1::EdgeHealth* out = reply->add_edges();
+    out->set_from(e.from);
+    out->set_to(e.to);
+    out->set_bytes(e.bytes);
+    out->set_throughput_bps(e.throughput_bps);
+    out->set_wait_seconds(e.wait_seconds);
+    out->set_added_wait_seconds(e.added_wait_seconds);
+    out->set_wait_p50_seconds(e.wait_p50_seconds);
+    out->set_wait_p99_seconds(e.wait_p99_seconds);
+    out->set_errors(e.errors);
+    out->set_ring(e.ring);
+    out->set_wire_seconds(e.wire_seconds);
+  }
+  v1::Diagnosis* diag = reply->mutable_diagnosis();
+  diag->set_has_straggler(d.has_straggler);
+  diag->set_straggler_rank(d.straggler_rank);
+  diag->set_slowest_from(d.slowest_from);
+  diag->set_slowest_to(d.slowest_to);
+  diag->set_summary(d.summary);
+  diag->set_late_rank(d.late_rank);
+  diag->set_stalled_rank(d.stalled_rank);
+}
+
+}  // namespace
+
 void FillRingHealth(const std::string& job_id, const MembershipView& h,
                     absl::Time now, v1::RingHealth* reply) {
   reply->set_job_id(job_id);
@@ -63,13 +115,9 @@ void FillRingHealth(const std::string& job_id, const MembershipView& h,
   reply->set_max_world_size(h.max_world_size);
   reply->set_change(h.change);
   for (const MemberView& m : h.lost) FillMember(m, reply->add_lost());
-  FillHostRing(h, reply->mutable_ring_order(), reply->mutable_hosts());
-  if (reply->ring_order_size() == 0 && h.state != JobState::kForming) {
-    // Health always says the order (rank order when the view leaves it out).
-    for (int r = 0; r < static_cast<int>(h.members.size()); ++r) {
-      reply->add_ring_order(r);
-    }
-  }
+  // Health always says the order (rank order when the view leaves it out).
+  FillHostRing(h, reply->mutable_ring_order(), reply->mutable_hosts(),
+               /*rank_order_too=*/h.state != JobState::kForming);
   std::vector<RankInput> inputs;
   std::vector<LastOpInput> last_ops;
   std::vector<std::vector<ArrivalInput>> arrivals(
@@ -107,18 +155,7 @@ void FillRingHealth(const std::string& job_id, const MembershipView& h,
       window_s = std::max(window_s, t->window_seconds());
     }
     for (const v1::EdgeTelemetry& e : t->window().edges()) {
-      EdgeInput x;
-      x.peer = e.peer();
-      x.wire_seconds = e.wire_seconds();
-      x.bytes_sent = e.bytes_sent();
-      x.bytes_received = e.bytes_received();
-      x.send_seconds = e.send_seconds();
-      x.wait_seconds = e.wait_seconds();
-      x.reduce_seconds = e.reduce_seconds();
-      x.wait_p50_seconds = e.wait_p50_seconds();
-      x.wait_p99_seconds = e.wait_p99_seconds();
-      x.errors = e.errors();
-      in.edges.push_back(x);
+      in.edges.push_back(EdgeInputOf(e));
     }
     inputs.push_back(std::move(in));
   }
@@ -142,30 +179,9 @@ void FillRingHealth(const std::string& job_id, const MembershipView& h,
   }
   const std::vector<int> order(reply->ring_order().begin(),
                                reply->ring_order().end());
-  const RingDiagnosis d =
-      DiagnoseRing(h.world_size, inputs, DiagnosisOptions(), order);
-  for (const EdgeReport& e : d.edges) {
-    v1::EdgeHealth* out = reply->add_edges();
-    out->set_from(e.from);
-    out->set_to(e.to);
-    out->set_bytes(e.bytes);
-    out->set_throughput_bps(e.throughput_bps);
-    out->set_wait_seconds(e.wait_seconds);
-    out->set_added_wait_seconds(e.added_wait_seconds);
-    out->set_wait_p50_seconds(e.wait_p50_seconds);
-    out->set_wait_p99_seconds(e.wait_p99_seconds);
-    out->set_errors(e.errors);
-    out->set_ring(e.ring);
-    out->set_wire_seconds(e.wire_seconds);
-  }
+  FillDiagnosis(DiagnoseRing(h.world_size, inputs, DiagnosisOptions(), order),
+                reply);
   v1::Diagnosis* diag = reply->mutable_diagnosis();
-  diag->set_has_straggler(d.has_straggler);
-  diag->set_straggler_rank(d.straggler_rank);
-  diag->set_slowest_from(d.slowest_from);
-  diag->set_slowest_to(d.slowest_to);
-  diag->set_summary(d.summary);
-  diag->set_late_rank(d.late_rank);
-  diag->set_stalled_rank(d.stalled_rank);
   diag->set_failure(DiagnoseFailures(std::move(last_ops)));
   reply->set_failing(!diag->failure().empty());
 }

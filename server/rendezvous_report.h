@@ -14,10 +14,12 @@ namespace halka {
 
 v1::JobState ToProto(JobState s);
 void FillMember(const MemberView& m, v1::Member* out);
-// The view's ring order and hosts (rendezvous.proto: Membership.ring_order).
+// The view's ring order and hosts (rendezvous.proto: Membership.ring_order);
+// `rank_order_too`: the order spelled out when it is rank order (health).
 void FillHostRing(const MembershipView& v,
                   google::protobuf::RepeatedField<int32_t>* order,
-                  google::protobuf::RepeatedPtrField<v1::HostGroup>* hosts);
+                  google::protobuf::RepeatedPtrField<v1::HostGroup>* hosts,
+                  bool rank_order_too = false);
 void FillMembership(const std::string& job_id, const MembershipView& v,
                     v1::Membership* out);
 // The RingHealth of job `job_id` from its view `h` at `now`: members,

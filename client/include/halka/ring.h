@@ -130,8 +130,8 @@ struct RingHealth {
   std::string last_algorithm;            // what the last operations used
   uint64_t last_chunk_bytes = 0;
   // The ring's path: ring_order[p] is the rank at ring position p (each
-  // host's ranks adjacent; rank order when no member named a host), and
-  // the hosts in ring order with their ranks (empty: none named).
+  // host's ranks adjacent; rank order when a member named no host), and
+  // the hosts in ring order with their ranks (empty: a member named none).
   std::vector<int> ring_order;
   std::vector<HostGroup> hosts;
 };

@@ -20,8 +20,8 @@
 #include "common/grpc_util.h"
 #include "common/held_shm.h"
 #include "halka/v1/worker.grpc.pb.h"
-#include "worker/core/cuda/device_memory.h"
-#include "worker/core/dtype.h"
+#include "core/cuda/device_memory.h"
+#include "core/dtype.h"
 
 namespace halka {
 namespace {

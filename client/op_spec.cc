@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "worker/core/dtype.h"
+#include "core/dtype.h"
 
 namespace halka {
 namespace {

@@ -1,6 +1,6 @@
 // A Client's session with a worker on its own host (Worker.Session in
 // proto/halka/v1/worker.proto): its Run requests travel through two
-// shared-memory rings (worker/core/shm_ring.h), a futex wake-up each way,
+// shared-memory rings (core/shm_ring.h), a futex wake-up each way,
 // instead of one gRPC call each.
 //
 // Why: a unary call costs a client thread, the worker's poller and a
@@ -33,7 +33,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "halka/v1/worker.grpc.pb.h"
-#include "worker/core/shm_ring.h"
+#include "core/shm_ring.h"
 
 namespace halka {
 

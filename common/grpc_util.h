@@ -1,5 +1,6 @@
 // gRPC glue shared by every halka binary: the one mapping between
-// absl::Status and grpc::Status, logging, addresses, channels.
+// absl::Status and grpc::Status, addresses, channels (and, for its
+// users, common/log.h).
 #ifndef HALKA_COMMON_GRPC_UTIL_H_
 #define HALKA_COMMON_GRPC_UTIL_H_
 
@@ -13,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/log.h"
 #include "grpcpp/grpcpp.h"
 
 namespace halka {
@@ -21,32 +23,6 @@ namespace halka {
 // code and the message and nothing else.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
-
-// One line to stderr: "I 20:31:05.123 [tag] message".
-void LogInfo(absl::string_view message);
-void LogWarning(absl::string_view message);
-void LogError(absl::string_view message);
-void SetLogTag(absl::string_view tag);
-
-// Log lines with a tag of their own, for one of several objects that share
-// a process (LocalCluster runs its workers in one): "I ... [worker w-2
-// rank 2] message", whichever thread writes. An empty tag logs with the
-// process's (SetLogTag).
-class Logger {
- public:
-  explicit Logger(std::string tag = "") : tag_(std::move(tag)) {}
-  Logger(const Logger&) = delete;
-  Logger& operator=(const Logger&) = delete;
-
-  void SetTag(absl::string_view tag);
-  void Info(absl::string_view message) const;
-  void Warning(absl::string_view message) const;
-  void Error(absl::string_view message) const;
-
- private:
-  friend void LogLine(char, const Logger*, absl::string_view);
-  std::string tag_;  // guarded by the log's own mutex
-};
 
 // True for "unix:...", "localhost:...", "127.x.x.x:..." and "[::1]:...".
 bool IsLocalAddress(absl::string_view address);

@@ -8,8 +8,8 @@
 #include "common/grpc_util.h"
 #include "common/security.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
-#include "wire/frame_codec.h"
-#include "wire/link_metadata.h"
+#include "codec/frame_codec.h"
+#include "codec/link_metadata.h"
 
 namespace halka {
 

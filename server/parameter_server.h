@@ -30,7 +30,7 @@
 #include "halka/v1/ps.grpc.pb.h"
 #include "halka/v1/rendezvous.grpc.pb.h"
 #include "server/ps_state.h"
-#include "worker/core/frame.h"
+#include "core/frame.h"
 
 namespace halka {
 

@@ -4,10 +4,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "worker/core/dtype.h"
-#include "worker/core/payload.h"
-#include "worker/core/reduce.h"
-#include "worker/core/ring_plan.h"
+#include "core/dtype.h"
+#include "core/payload.h"
+#include "core/reduce.h"
+#include "core/ring_plan.h"
 
 namespace halka {
 

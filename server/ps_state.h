@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "worker/core/frame.h"
+#include "core/frame.h"
 
 namespace halka {
 

@@ -11,7 +11,7 @@
 #include "server/rendezvous_calls.h"
 #include "server/rendezvous_report.h"
 #include "server/rendezvous_service.h"
-#include "wire/membership_codec.h"
+#include "codec/membership_codec.h"
 
 namespace halka {
 namespace {

@@ -45,7 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "halka/types.h"
-#include "server/host_ring.h"
+#include "core/host_ring.h"
 
 namespace halka {
 

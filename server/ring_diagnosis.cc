@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "server/host_ring.h"
+#include "core/host_ring.h"
 
 namespace halka {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
-#include "worker/core/shm_ring.h"
+#include "core/shm_ring.h"
 
 namespace halka {
 

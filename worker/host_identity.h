@@ -7,7 +7,7 @@
 // node name in $NODE_NAME (the downward API's spec.nodeName, as
 // deploy/k8s/base/workers.yaml sets it: pods on one node have different
 // hostnames and network namespaces); else "<hostname>/<network namespace>"
-// (NetworkNamespaceId, worker/core/shm_ring.h), so that hosts emulated by
+// (NetworkNamespaceId, core/shm_ring.h), so that hosts emulated by
 // network namespaces on one machine count as different hosts, as they do
 // for same-host links.
 //

@@ -4,7 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "worker/core/dtype.h"
+#include "core/dtype.h"
 
 namespace halka {
 

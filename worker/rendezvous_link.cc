@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
-#include "wire/membership_codec.h"
+#include "codec/membership_codec.h"
 #include "worker/host_identity.h"
 
 namespace halka {

@@ -26,7 +26,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "halka/v1/rendezvous.grpc.pb.h"
-#include "worker/core/communicator.h"
+#include "core/communicator.h"
 #include "worker/ring_book.h"
 #include "worker/worker_options.h"
 

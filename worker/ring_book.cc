@@ -5,11 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/grpc_util.h"
+#include "common/log.h"
 #include "common/security.h"
-#include "worker/core/ring_plan.h"
-#include "worker/grpc_transport.h"
-#include "worker/shm_link.h"
+#include "core/ring_plan.h"
+#include "transport/grpc/grpc_transport.h"
+#include "transport/shm/shm_link.h"
 #include "worker/numbering.h"
 
 namespace halka {

@@ -29,9 +29,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/grpc_util.h"
+#include "common/log.h"
 #include "halka/v1/rendezvous.pb.h"
-#include "worker/core/communicator.h"
+#include "core/communicator.h"
 #include "worker/worker_options.h"
 
 namespace halka {

@@ -10,7 +10,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "common/grpc_util.h"
+#include "common/log.h"
 
 namespace halka {
 

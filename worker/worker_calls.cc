@@ -9,7 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "worker/core/cuda/device_memory.h"
+#include "core/cuda/device_memory.h"
 #include "worker/op_request.h"
 #include "worker/worker_node.h"
 

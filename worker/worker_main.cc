@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
 #include "common/daemon.h"
-#include "worker/wire_seal.h"
+#include "seal/wire_seal.h"
 #include "worker/worker_node.h"
 
 ABSL_FLAG(std::string, rendezvous, "127.0.0.1:7100",
@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
         if (!joined.load()) std::_Exit(0);
       });
   if (stop == nullptr) return 2;
-  // Process-wide and before any link (worker/wire_seal.h, DefaultEngine).
+  // Process-wide and before any link (seal/wire_seal.h, DefaultEngine).
   absl::StatusOr<halka::WireSealEngine> engine =
       halka::ParseWireSealEngine(absl::GetFlag(FLAGS_wire_ocb));
   const absl::Status engine_ok =

@@ -6,13 +6,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/prometheus.h"
-#include "worker/core/link_counters.h"
+#include "core/link_counters.h"
 
 namespace halka {
 
 namespace {
 
-// This worker's own link counters (worker/core/link_counters.h).
+// This worker's own link counters (core/link_counters.h).
 void WriteLinkCounters(const PrometheusWriter::Labels& base,
                        const LinkCounters& links, PrometheusWriter& w) {
   auto load = [](const std::atomic<uint64_t>& n) {

@@ -10,8 +10,8 @@
 #include "absl/time/time.h"
 #include "halka/v1/rendezvous.pb.h"
 #include "halka/v1/worker.pb.h"
-#include "worker/core/communicator.h"
-#include "worker/core/link_counters.h"
+#include "core/communicator.h"
+#include "core/link_counters.h"
 
 namespace halka {
 

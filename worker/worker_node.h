@@ -19,12 +19,12 @@
 #include "grpcpp/grpcpp.h"
 #include "halka/v1/worker.pb.h"
 #include "common/http_server.h"
-#include "worker/core/communicator.h"
+#include "core/communicator.h"
 #include "worker/numbering.h"
 #include "worker/rendezvous_link.h"
 #include "worker/ring_book.h"
 #include "worker/shm_reaper.h"
-#include "worker/wire_link.h"
+#include "transport/tcp/wire_link.h"
 #include "worker/worker_options.h"
 
 namespace halka {

@@ -11,7 +11,7 @@
 #include "absl/time/time.h"
 #include "common/security.h"
 #include "halka/types.h"
-#include "worker/core/frame.h"
+#include "core/frame.h"
 
 namespace halka {
 
@@ -35,7 +35,7 @@ struct WorkerOptions {
   size_t chunk_bytes = size_t{1} << 20;
   // Peer links to workers on this host (same network namespace, same
   // /dev/shm) carry their frames through shared memory
-  // (worker/shm_link.h); off: every link uses gRPC over TCP.
+  // (transport/shm/shm_link.h); off: every link uses gRPC over TCP.
   bool shm_links = true;
   // How long this worker's readers of same-host rings (its links' rings,
   // its operations waiting on them, its SDK sessions' requests rings) poll
@@ -45,11 +45,11 @@ struct WorkerOptions {
   absl::Duration shm_spin = absl::ZeroDuration();
   // Peer links to other hosts carry their frames on a TCP connection of
   // their own (sealed with AES-OCB under TLS), not on the gRPC stream
-  // (worker/wire_link.h); off: on the gRPC stream.
+  // (transport/tcp/wire_link.h); off: on the gRPC stream.
   bool wire_links = true;
   // Wire links' readers put payloads that an operation expects to copy
   // unchanged (all-gather and broadcast chunks) straight into its buffer
-  // (worker/core/landing.h); off: every payload is copied there.
+  // (core/landing.h); off: every payload is copied there.
   bool wire_landing = true;
   // The wire links' listening port on the listen host (0: ephemeral).
   int wire_port = 0;

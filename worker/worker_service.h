@@ -20,7 +20,7 @@
 #include "common/grpc_util.h"
 #include "halka/v1/worker.grpc.pb.h"
 #include "worker/call_watchdog.h"
-#include "worker/core/shm_ring.h"
+#include "core/shm_ring.h"
 #include "worker/shm_cache.h"
 
 namespace halka {

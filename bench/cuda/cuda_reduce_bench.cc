@@ -1,4 +1,4 @@
-// Throughput of the CUDA reducers (worker/core/cuda/cuda_reduce.h) next to a
+// Throughput of the CUDA reducers (core/cuda/cuda_reduce.h) next to a
 // device-to-device cudaMemcpy of the same buffer, timed with CUDA events.
 //
 //   halka_cuda_reduce_bench [--min_mib=1] [--max_mib=1024] [--factor=4]
@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "worker/core/cuda/cuda_reduce.h"
-#include "worker/core/dtype.h"
+#include "core/cuda/cuda_reduce.h"
+#include "core/dtype.h"
 
 namespace {
 

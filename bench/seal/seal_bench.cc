@@ -1,6 +1,6 @@
 // Seal and open throughput of one wire unit, in place, by engine and size:
 // OpenSSL's AES-128-OCB (the wire links' default engine) and AES-128-GCM,
-// and halka's opt-in VAES-512 OCB (worker/wire_ocb.h) where this CPU has
+// and halka's opt-in VAES-512 OCB (seal/wire_ocb.h) where this CPU has
 // it and its self-test passes. GB/s of payload, best of five rounds of
 // about 0.2 s each (or the seconds given); every opened unit is checked
 // against its plaintext.
@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "worker/wire_ocb.h"
-#include "worker/wire_seal.h"
+#include "seal/wire_ocb.h"
+#include "seal/wire_seal.h"
 
 namespace {
 

@@ -11,10 +11,10 @@
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "worker/core/cuda/cuda_reduce.h"
-#include "worker/core/dtype.h"
-#include "worker/core/frame.h"
-#include "worker/core/reference.h"
+#include "core/cuda/cuda_reduce.h"
+#include "core/dtype.h"
+#include "core/frame.h"
+#include "core/testing/reference.h"
 
 namespace halka {
 namespace {

@@ -36,11 +36,11 @@
 #include "common/security.h"
 #include "halka/client.h"
 #include "halka/local_cluster.h"
-#include "worker/core/cuda/cuda_reduce.h"
-#include "worker/core/dtype.h"
-#include "worker/core/frame.h"
-#include "worker/core/reference.h"
-#include "worker/wire_seal.h"
+#include "core/cuda/cuda_reduce.h"
+#include "core/dtype.h"
+#include "core/frame.h"
+#include "core/testing/reference.h"
+#include "seal/wire_seal.h"
 
 ABSL_FLAG(int, workers, 4, "embedded cluster size (demo, bench)");
 ABSL_FLAG(std::string, worker, "",

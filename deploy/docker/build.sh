@@ -22,7 +22,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DOCKER=${DOCKER:-docker}
 CUDA_VERSION=${CUDA_VERSION:-12.6.3}
 # What the Dockerfile COPYs; keep in sync with it.
-CONTEXT=(CMakeLists.txt proto common worker wire server client bench
+CONTEXT=(CMakeLists.txt proto common core seal codec transport worker server client bench
          scripts/install-deps.sh deploy/docker)
 
 cuda=0 prometheus=0 tag="" base="" runtime_base="" jobs="" dry=0 extra=()

@@ -1,5 +1,5 @@
-// The CUDA reducers (worker/core/cuda/cuda_reduce.h) against the CPU ones
-// (worker/core/reduce.h), bit for bit.
+// The CUDA reducers (core/cuda/cuda_reduce.h) against the CPU ones
+// (core/reduce.h), bit for bit.
 //
 // Every test that needs a GPU first asks CudaDeviceCount() and skips with
 // "no CUDA device: <why>" when there is none (or halka was built without
@@ -18,7 +18,7 @@
 //
 // HALKA_CUDA_TEST_MAX_COUNT=N caps the element counts (for slow runs under
 // compute-sanitizer).
-#include "worker/core/cuda/cuda_reduce.h"
+#include "core/cuda/cuda_reduce.h"
 
 #include <gtest/gtest.h>
 
@@ -36,8 +36,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/core/dtype.h"
-#include "worker/core/reduce.h"
+#include "core/dtype.h"
+#include "core/reduce.h"
 
 namespace halka {
 namespace {

@@ -12,9 +12,9 @@
 #include "halka/client.h"
 #include "halka/local_cluster.h"
 #include "tests/testing/run_ranks.h"
-#include "worker/core/cuda/cuda_reduce.h"
-#include "worker/core/cuda/device_memory.h"
-#include "worker/core/reference.h"
+#include "core/cuda/cuda_reduce.h"
+#include "core/cuda/device_memory.h"
+#include "core/testing/reference.h"
 #include "worker/worker_node.h"
 
 namespace halka {

@@ -6,13 +6,19 @@
 Fails (exit 1, one line per problem) when:
   - a build target the page's table names does not exist, or a halka
     library or program of the build is missing from the table;
-  - a source file (proto/, common/, wire/, worker/, server/, client/,
-    bench/) is missing from the page's source tree, or the tree names a
+  - a source file (proto/, common/, core/, seal/, codec/, transport/,
+    worker/, server/, client/, bench/) is missing from the page's source tree, or the tree names a
     file that is not there;
-  - the engine (worker/core/) includes anything beyond itself, the public
+  - the engine (core/) includes anything beyond itself, the public
     vocabulary, the shared-memory helpers, Abseil, OpenSSL's crypto
     header and the C/C++ libraries: no gRPC, no generated protos, no
-    link kinds, no daemon code.
+    link kinds, no daemon code;
+  - a layer includes a layer above it: seal/ includes only itself, Abseil
+    and OpenSSL; codec/ nothing of transport/, worker/, server/ or
+    client/; transport/ nothing of worker/, server/ or client/ (and
+    transport/<kind>/ nothing of another kind's folder but the wire's
+    shared-memory fallback: the chooser lives in transport/link_path.h);
+    common/ nothing of core/ and above.
 """
 import os
 import re
@@ -27,8 +33,8 @@ problems = []
 def tracked_sources():
     out = subprocess.run(["git", "-C", SRC, "ls-files"], capture_output=True,
                          text=True, check=True).stdout.split()
-    roots = ("proto/", "common/", "wire/", "worker/", "server/", "client/",
-             "bench/")
+    roots = ("proto/", "common/", "core/", "seal/", "codec/", "transport/",
+             "worker/", "server/", "client/", "bench/")
     exts = (".h", ".cc", ".cu", ".proto", ".py")
     return [f for f in out if f.startswith(roots) and f.endswith(exts)
             and "/tests/" not in f and os.path.exists(os.path.join(SRC, f))]
@@ -47,7 +53,7 @@ def check_tree(doc):
     for f in tracked_sources():
         if not doc_mentions(doc, f):
             problems.append(f"source tree: {f} is not on the page")
-    for m in re.finditer(r"^((?:proto|common|wire|worker|server|client|bench)/"
+    for m in re.finditer(r"^((?:proto|common|core|seal|codec|transport|worker|server|client|bench)/"
                          r"[\w/.{},-]+)", doc, re.M):
         entry = m.group(1).rstrip("/")
         brace = re.match(r"(.*)\.\{([\w,]+)\}$", entry)
@@ -94,30 +100,62 @@ def check_targets(doc):
 
 
 ALLOWED_CORE = re.compile(
-    r'^(worker/core/|halka/types\.h$|common/held_shm\.h$|common/shm_guard\.h$|'
+    r'^(core/|halka/types\.h$|common/held_shm\.h$|common/shm_guard\.h$|'
     r'absl/|openssl/crypto\.h$|gtest/|cuda|thrust/|cub/)')
 
 
-def check_core_includes():
-    core = os.path.join(SRC, "worker", "core")
-    for dirpath, _, files in os.walk(core):
-        for f in files:
+def includes(folder):
+    """(relative path, line number, included name) of every quoted include."""
+    for dirpath, _, files in os.walk(os.path.join(SRC, folder)):
+        for f in sorted(files):
             if not f.endswith((".h", ".cc", ".cu")):
                 continue
             path = os.path.join(dirpath, f)
             rel = os.path.relpath(path, SRC)
             for n, line in enumerate(open(path, encoding="utf-8"), 1):
                 m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
-                if m and not ALLOWED_CORE.match(m.group(1)):
-                    problems.append(f"layers: {rel}:{n} includes {m.group(1)} "
-                                    "(the engine includes no gRPC, proto, link "
-                                    "or daemon header)")
+                if m:
+                    yield rel, n, m.group(1)
+
+
+def check_core_includes():
+    for rel, n, inc in includes("core"):
+        if not ALLOWED_CORE.match(inc):
+            problems.append(f"layers: {rel}:{n} includes {inc} "
+                            "(the engine includes no gRPC, proto, link "
+                            "or daemon header)")
+
+
+# folder -> (what its files may not include, why)
+FORBIDDEN = {
+    "common": (re.compile(r"^(core|seal|codec|transport|worker|server|client)/"),
+               "common/ is below every other layer"),
+    "seal": (re.compile(r"^(?!seal/|absl/|openssl/)"),
+             "the seal links only Abseil and libcrypto"),
+    "codec": (re.compile(r"^(transport|worker|server|client)/"),
+              "the codecs sit below the transport and the daemons"),
+    "transport": (re.compile(r"^(worker|server|client)/"),
+                  "the transport knows no node, service or SDK"),
+    "transport/grpc": (re.compile(r"^transport/(tcp|shm)/(?!wire_link\.h$|shm_link\.h$)"),
+                       "the gRPC path reaches the others through their headers only"),
+    "transport/shm": (re.compile(r"^transport/(grpc|tcp)/"),
+                      "the shared-memory path knows no other kind"),
+}
+
+
+def check_layers():
+    for folder, (bad, why) in FORBIDDEN.items():
+        for rel, n, inc in includes(folder):
+            if bad.search(inc) and not inc.startswith(("halka/", "gtest/")) \
+                    and (folder != "seal" or "/" in inc):
+                problems.append(f"layers: {rel}:{n} includes {inc} ({why})")
 
 
 doc = open(DOC, encoding="utf-8").read()
 check_tree(doc)
 check_targets(doc)
 check_core_includes()
+check_layers()
 for p in problems:
     print(p)
 if problems:

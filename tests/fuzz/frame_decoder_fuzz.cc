@@ -9,7 +9,7 @@
 
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
-#include "wire/frame_codec.h"
+#include "codec/frame_codec.h"
 
 namespace {
 

@@ -10,7 +10,7 @@
 
 #include "halka/v1/rendezvous.pb.h"
 #include "halka/v1/worker.pb.h"
-#include "wire/frame_codec.h"
+#include "codec/frame_codec.h"
 
 namespace {
 

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "halka/v1/worker.pb.h"
-#include "worker/core/dtype.h"
+#include "core/dtype.h"
 #include "worker/op_request.h"
 
 namespace {

@@ -16,8 +16,8 @@
 #include "tests/testing/run_ranks.h"
 #include "tests/testing/stderr_tap.h"
 #include "tests/testing/wait_for.h"
-#include "worker/core/reference.h"
-#include "worker/core/ring_plan.h"
+#include "core/testing/reference.h"
+#include "core/ring_plan.h"
 
 namespace halka {
 namespace {

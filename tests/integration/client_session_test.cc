@@ -20,7 +20,7 @@
 #include "halka/local_cluster.h"
 #include "halka/v1/worker.grpc.pb.h"
 #include "tests/testing/run_ranks.h"
-#include "worker/core/shm_ring.h"
+#include "core/shm_ring.h"
 
 namespace halka {
 namespace {

@@ -20,7 +20,7 @@
 #include "tests/testing/ring_health.h"
 #include "tests/testing/run_ranks.h"
 #include "tests/testing/wait_for.h"
-#include "wire/membership_codec.h"
+#include "codec/membership_codec.h"
 #include "worker/worker_node.h"
 
 namespace halka {

@@ -15,7 +15,7 @@
 #include "halka/local_cluster.h"
 #include "tests/testing/link_counts.h"
 #include "tests/testing/run_ranks.h"
-#include "worker/wire_link.h"
+#include "transport/tcp/wire_link.h"
 #include "worker/worker_node.h"
 
 namespace halka {

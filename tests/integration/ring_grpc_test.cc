@@ -23,9 +23,9 @@
 #include "tests/testing/ring_health.h"
 #include "tests/testing/run_ranks.h"
 #include "tests/testing/wait_for.h"
-#include "worker/core/reference.h"
-#include "worker/shm_link.h"
-#include "worker/wire_link.h"
+#include "core/testing/reference.h"
+#include "transport/shm/shm_link.h"
+#include "transport/tcp/wire_link.h"
 #include "worker/worker_node.h"
 
 namespace halka {
@@ -168,7 +168,7 @@ TEST(SharedMemoryLinks, TakenOnOneHostUnlessTurnedOffAndLargeFramesArriveWhole) 
 
 // Wire links put the ring's all-gather chunks and a broadcast's chunks
 // (here 256 KiB) straight into the operations' buffers
-// (worker/core/landing.h); a chunk that arrives before its landing is
+// (core/landing.h); a chunk that arrives before its landing is
 // offered is copied as before. Over shared memory and gRPC nothing lands.
 // Every result checked.
 TEST(WireLinks, AllGatherChunksLandInTheBufferAndTheBitsAgree) {

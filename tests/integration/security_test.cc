@@ -36,8 +36,8 @@
 #include "server/rendezvous_service.h"
 #include "tests/testing/link_counts.h"
 #include "tests/testing/run_ranks.h"
-#include "wire/frame_codec.h"
-#include "worker/wire_link.h"
+#include "codec/frame_codec.h"
+#include "transport/tcp/wire_link.h"
 #include "worker/worker_node.h"
 
 namespace halka {

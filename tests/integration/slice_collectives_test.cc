@@ -16,8 +16,8 @@
 #include "tests/testing/cluster_harness.h"
 #include "tests/testing/run_ranks.h"
 #include "tests/testing/wait_for.h"
-#include "worker/core/communicator.h"
-#include "worker/core/reference.h"
+#include "core/communicator.h"
+#include "core/testing/reference.h"
 #include "worker/worker_node.h"
 
 namespace halka {

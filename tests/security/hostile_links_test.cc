@@ -19,9 +19,9 @@
 #include "halka/client.h"
 #include "halka/local_cluster.h"
 #include "tests/testing/link_counts.h"
-#include "worker/core/transport.h"
-#include "worker/wire_link.h"
-#include "worker/wire_seal.h"
+#include "core/transport.h"
+#include "transport/tcp/wire_link.h"
+#include "seal/wire_seal.h"
 #include "worker/worker_node.h"
 
 namespace halka {

@@ -27,7 +27,7 @@
 #include "halka/client.h"
 #include "halka/local_cluster.h"
 #include "halka/v1/worker.grpc.pb.h"
-#include "worker/core/shm_ring.h"
+#include "core/shm_ring.h"
 #include "worker/shm_cache.h"
 #include "worker/shm_reaper.h"
 

@@ -32,9 +32,9 @@
 #include "gtest/gtest.h"
 #include "halka/client.h"
 #include "halka/local_cluster.h"
-#include "worker/core/frame.h"
+#include "core/frame.h"
 #include "tests/testing/run_ranks.h"
-#include "worker/core/reference.h"
+#include "core/testing/reference.h"
 
 namespace halka::testing {
 

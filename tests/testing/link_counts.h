@@ -1,5 +1,5 @@
 // What the peer links of one worker, or of every worker of a LocalCluster,
-// did (WorkerNode::link_counters, worker/core/link_counters.h), as plain
+// did (WorkerNode::link_counters, core/link_counters.h), as plain
 // numbers: each worker counts its own links only, so these never include
 // what another cluster or worker of the test's process did.
 #ifndef HALKA_TESTS_TESTING_LINK_COUNTS_H_
@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "halka/local_cluster.h"
-#include "worker/core/link_counters.h"
+#include "core/link_counters.h"
 #include "worker/worker_node.h"
 
 namespace halka::testing {

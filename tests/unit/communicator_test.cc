@@ -1,5 +1,5 @@
 // The algorithms over the in-process transport: every rank on a thread.
-#include "worker/core/communicator.h"
+#include "core/communicator.h"
 
 #include <cstring>
 #include <memory>
@@ -10,9 +10,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/run_ranks.h"
-#include "worker/core/inproc_transport.h"
-#include "worker/core/reference.h"
-#include "worker/core/telemetry.h"
+#include "core/testing/inproc_transport.h"
+#include "core/testing/reference.h"
+#include "core/telemetry.h"
 
 namespace halka {
 namespace {

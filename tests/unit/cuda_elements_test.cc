@@ -1,10 +1,10 @@
 // The host/device element logic of the CUDA reducers
-// (worker/core/cuda/cuda_elements.h), run on the CPU: every GPU thread of a
-// launch in turn, against the CPU reducer (worker/core/reduce.h). Needs no
+// (core/cuda/cuda_elements.h), run on the CPU: every GPU thread of a
+// launch in turn, against the CPU reducer (core/reduce.h). Needs no
 // CUDA at all, so CI covers the split of a call into head, vectors and tail,
 // the byte assembly of misaligned elements, and the division by a constant
 // that finalize_avg uses, bit for bit.
-#include "worker/core/cuda/cuda_elements.h"
+#include "core/cuda/cuda_elements.h"
 
 #include <gtest/gtest.h>
 
@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "worker/core/dtype.h"
-#include "worker/core/payload.h"
-#include "worker/core/reduce.h"
+#include "core/dtype.h"
+#include "core/payload.h"
+#include "core/reduce.h"
 
 namespace halka {
 namespace {

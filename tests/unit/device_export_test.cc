@@ -1,9 +1,9 @@
-// ExportDevicePointerWith (worker/core/cuda/device_export.h) against a fake
+// ExportDevicePointerWith (core/cuda/device_export.h) against a fake
 // of the CUDA calls that enforces the driver's rule: a call on an allocation
 // (cuMemGetAddressRange, cudaIpcGetMemHandle) fails with "invalid context"
 // unless a context is current in the calling thread. Threads start with
 // none, as a DDP communication thread does. No GPU or CUDA needed.
-#include "worker/core/cuda/device_export.h"
+#include "core/cuda/device_export.h"
 
 #include <gtest/gtest.h>
 

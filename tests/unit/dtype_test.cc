@@ -1,4 +1,4 @@
-#include "worker/core/dtype.h"
+#include "core/dtype.h"
 
 #include <iterator>
 #include <string>

@@ -1,5 +1,5 @@
 // EdgeWindow: per-edge sums, wait percentiles and the rolling window.
-#include "worker/core/edge_window.h"
+#include "core/edge_window.h"
 
 #include "gtest/gtest.h"
 

@@ -1,4 +1,4 @@
-#include "wire/frame_codec.h"
+#include "codec/frame_codec.h"
 
 #include <cstdint>
 #include <algorithm>

@@ -4,7 +4,7 @@
 #include <cstdlib>
 
 #include "gtest/gtest.h"
-#include "worker/core/shm_ring.h"
+#include "core/shm_ring.h"
 
 namespace halka {
 namespace {

@@ -1,5 +1,5 @@
 // Inbox taps: the operation's thread takes a same-host link's records off
-// its ring itself (worker/shm_link.h ShmReceiver::tap, Inbox::AddTap)
+// its ring itself (transport/shm/shm_link.h ShmReceiver::tap, Inbox::AddTap)
 // instead of waiting for the link's reader thread to hand them over.
 #include <atomic>
 #include <cstdio>
@@ -13,11 +13,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "wire/frame_codec.h"
-#include "worker/core/futex.h"
-#include "worker/core/shm_ring.h"
-#include "worker/core/transport.h"
-#include "worker/shm_link.h"
+#include "codec/frame_codec.h"
+#include "core/futex.h"
+#include "core/shm_ring.h"
+#include "core/transport.h"
+#include "transport/shm/shm_link.h"
 
 namespace halka {
 namespace {

@@ -1,7 +1,7 @@
-// Landings (worker/core/landing.h): what an operation offers, what a
+// Landings (core/landing.h): what an operation offers, what a
 // reader may claim, and that a withdrawal leaves no writer behind; and the
 // host buffer's Apply on a landed frame.
-#include "worker/core/landing.h"
+#include "core/landing.h"
 
 #include <atomic>
 #include <cstring>
@@ -12,7 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "worker/core/op_buffer.h"
+#include "core/op_buffer.h"
 
 namespace halka {
 namespace {

@@ -1,5 +1,5 @@
 // The metadata that opens a peer link or a parameter-server stream.
-#include "wire/link_metadata.h"
+#include "codec/link_metadata.h"
 
 #include <map>
 #include <string>

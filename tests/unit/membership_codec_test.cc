@@ -1,6 +1,6 @@
 // The compact memberships of the rendezvous wire: deflated Join replies
 // and Watch deltas (issue 18).
-#include "wire/membership_codec.h"
+#include "codec/membership_codec.h"
 
 #include <functional>
 #include <string>

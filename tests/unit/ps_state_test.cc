@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/core/frame.h"
+#include "core/frame.h"
 
 namespace halka {
 namespace {

@@ -1,13 +1,13 @@
 // Tests of the CPU reducers and the float16/bfloat16 conversions.
 //
 // Every expected value is computed here by a path that shares no code with
-// worker/core/reduce.cc: integers with unsigned arithmetic, floats in double,
+// core/reduce.cc: integers with unsigned arithmetic, floats in double,
 // and float16/bfloat16 decoded with ldexp and rounded with frexp/nearbyint
 // (RefDecode/RefRound below). A double result rounded to float, half or
 // bfloat16 equals the correctly rounded result of the operation because
 // double has more than 2p+2 bits for each of those formats' p, which is
 // also why the library's compute-in-float-then-round agrees with it.
-#include "worker/core/reduce.h"
+#include "core/reduce.h"
 
 #include <algorithm>
 #include <cmath>
@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "worker/core/dtype.h"
+#include "core/dtype.h"
 
 namespace halka {
 namespace {

@@ -1,4 +1,4 @@
-// The ring's path over hosts (server/host_ring.h) as the rendezvous state
+// The ring's path over hosts (core/host_ring.h) as the rendezvous state
 // publishes it: each host's ranks adjacent, one cross-host edge out of and
 // into each host, ranks left as the users gave them; rank order for a job
 // whose members did not all name a host; and the same after a loss
@@ -14,7 +14,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/host_ring.h"
+#include "core/host_ring.h"
 #include "server/rendezvous_state.h"
 
 namespace halka {

@@ -11,11 +11,11 @@
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "tests/testing/run_ranks.h"
-#include "worker/core/communicator.h"
-#include "worker/core/inproc_transport.h"
-#include "worker/core/reference.h"
-#include "worker/core/ring_plan.h"
-#include "worker/core/telemetry.h"
+#include "core/communicator.h"
+#include "core/testing/inproc_transport.h"
+#include "core/testing/reference.h"
+#include "core/ring_plan.h"
+#include "core/telemetry.h"
 
 namespace halka {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker/core/ring_plan.h"
+#include "core/ring_plan.h"
 
 #include <vector>
 

@@ -1,5 +1,5 @@
 // ShmRing: the shared-memory record ring of same-host peer links.
-#include "worker/core/shm_ring.h"
+#include "core/shm_ring.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

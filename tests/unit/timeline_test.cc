@@ -1,14 +1,14 @@
 // The per-rank timeline's store (bounded), the telemetry ledger's split of
 // arrival waits from data waits, and the stall monitor on a real stop.
-#include "worker/core/timeline.h"
+#include "core/timeline.h"
 
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "gtest/gtest.h"
-#include "worker/core/stall_monitor.h"
-#include "worker/core/telemetry.h"
+#include "core/stall_monitor.h"
+#include "core/telemetry.h"
 
 namespace halka {
 namespace {

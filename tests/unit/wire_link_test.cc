@@ -1,7 +1,7 @@
-// The wire data path (worker/wire_link.h) on loopback: sealing, the
+// The wire data path (transport/tcp/wire_link.h) on loopback: sealing, the
 // listener's one-time tokens, frames end to end plain and sealed, and what
 // a hostile or broken connection gets.
-#include "worker/wire_link.h"
+#include "transport/tcp/wire_link.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -25,9 +25,9 @@
 #include "gtest/gtest.h"
 #include "tests/testing/loopback.h"
 #include "common/grpc_util.h"
-#include "wire/frame_codec.h"
-#include "worker/wire_ocb.h"
-#include "worker/wire_seal.h"
+#include "codec/frame_codec.h"
+#include "seal/wire_ocb.h"
+#include "seal/wire_seal.h"
 
 namespace halka {
 namespace {
@@ -540,7 +540,7 @@ TEST_F(HostileWireTest, ASendersCloseIsTheNormalEnd) {
   }
 }
 
-// Landings (worker/core/landing.h) through a wire reader, plain and
+// Landings (core/landing.h) through a wire reader, plain and
 // sealed, from a raw client that writes records itself and so can stop
 // inside one.
 class LandingWireTest : public ::testing::TestWithParam<bool>,
@@ -651,7 +651,7 @@ class LandingWireTest : public ::testing::TestWithParam<bool>,
   }
 
   const std::shared_ptr<LandingBoard> board_ = std::make_shared<LandingBoard>();
-  // The receiver's (a worker's, worker/core/link_counters.h).
+  // The receiver's (a worker's, core/link_counters.h).
   const std::shared_ptr<LinkCounters> counters_ = std::make_shared<LinkCounters>();
   std::unique_ptr<WireSeal> seal_;  // the raw client's
   std::vector<InFrame> frames_ ABSL_GUARDED_BY(mu_);

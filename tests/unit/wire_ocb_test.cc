@@ -1,9 +1,9 @@
 // RFC 7253's AES-128-OCB known answers through OpenSSL's EVP (always) and
-// WireOcb (worker/wire_ocb.h, where the CPU has VAES-512), WireOcb against
+// WireOcb (seal/wire_ocb.h, where the CPU has VAES-512), WireOcb against
 // OpenSSL over lengths, every cut of a unit in two, associated data and
 // nonces (the two must write the same bytes, open each other's units, and
 // refuse any altered one), and WireOcb's start-up self-test.
-#include "worker/wire_ocb.h"
+#include "seal/wire_ocb.h"
 
 #include <gtest/gtest.h>
 #include <openssl/evp.h>
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/wire_seal.h"
+#include "seal/wire_seal.h"
 
 namespace halka {
 namespace {

@@ -1,8 +1,8 @@
-// WireSeal (worker/wire_seal.h) with each engine: OpenSSL's by default and
+// WireSeal (seal/wire_seal.h) with each engine: OpenSSL's by default and
 // everywhere, vaes-512 only where the CPU has it and its self-test passes;
 // every cut of a unit into pieces gives the one-piece bytes, both engines
 // open each other's units in one process, and keys are wiped.
-#include "worker/wire_seal.h"
+#include "seal/wire_seal.h"
 
 #include <gtest/gtest.h>
 #include <openssl/evp.h>
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "worker/wire_ocb.h"
+#include "seal/wire_ocb.h"
 
 namespace halka {
 namespace {

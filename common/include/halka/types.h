@@ -3,7 +3,7 @@
 // SDK's spans, and the default deadline of one operation.
 //
 // Shared by the SDK (client/include/halka/client.h) and the engine
-// (worker/core/dtype.h, worker/core/frame.h), which adds names, parsing and
+// (core/dtype.h, core/frame.h), which adds names, parsing and
 // sizes on top. Header-only (target halka::types); needs nothing but Abseil,
 // so a public header can include it without pulling in any engine code.
 //

@@ -1,0 +1,213 @@
+#include "codec/frame_codec.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "halka/v1/peer.pb.h"
+
+namespace halka {
+namespace {
+
+void ToProto(const Fingerprint& fp, v1::OpFingerprint* out) {
+  out->set_op_seq(fp.op_seq);
+  out->set_kind(static_cast<v1::OpKind>(fp.kind));
+  out->set_dtype(static_cast<v1::DType>(fp.dtype));
+  out->set_count(fp.count);
+  out->set_op(static_cast<v1::ReduceOp>(fp.op));
+  out->set_root(fp.root);
+  out->set_algorithm(static_cast<v1::Algorithm>(fp.algorithm));
+}
+
+absl::Status FromProto(const v1::OpFingerprint& in, Fingerprint* fp) {
+  if (in.kind() < 1 || in.kind() > 5 || !IsValidDType(in.dtype()) ||
+      !IsValidReduceOp(in.op()) || in.algorithm() < 0 || in.algorithm() > 3) {
+    return absl::DataLossError("frame: fingerprint with invalid enums");
+  }
+  fp->op_seq = in.op_seq();
+  fp->kind = static_cast<OpKind>(in.kind());
+  fp->dtype = static_cast<DType>(in.dtype());
+  fp->count = in.count();
+  fp->op = static_cast<ReduceOp>(in.op());
+  fp->root = in.root();
+  fp->algorithm = static_cast<Algorithm>(in.algorithm());
+  return absl::OkStatus();
+}
+
+absl::Status ParseHead(absl::string_view head, FrameMeta* m) {
+  v1::FrameHeader h;
+  if (!h.ParseFromArray(head.data(), static_cast<int>(head.size()))) {
+    return absl::DataLossError("frame: header does not parse");
+  }
+  if (!v1::FrameKind_IsValid(h.kind()) || h.kind() == 0) {
+    return absl::DataLossError(absl::StrCat("frame: unknown kind ", h.kind()));
+  }
+  m->kind = static_cast<FrameKind>(h.kind());
+  m->generation = h.generation();
+  m->op_seq = h.op_seq();
+  if (m->kind == FrameKind::kData) {
+    if (h.phase() < 2 || h.phase() > 7 || !IsValidDType(h.dtype()) ||
+        !IsValidReduceOp(h.op())) {
+      return absl::DataLossError("frame: data frame with invalid enums");
+    }
+  }
+  if (!v1::Phase_IsValid(h.phase())) {
+    return absl::DataLossError(absl::StrCat("frame: unknown phase ", h.phase()));
+  }
+  m->phase = static_cast<Phase>(h.phase() == 0 ? 1 : h.phase());
+  m->step = h.step();
+  m->segment = h.segment();
+  m->offset = h.offset();
+  m->count = h.count();
+  m->dtype = IsValidDType(h.dtype()) ? static_cast<DType>(h.dtype())
+                                    : DType::kFloat32;
+  m->op = IsValidReduceOp(h.op()) ? static_cast<ReduceOp>(h.op())
+                                 : ReduceOp::kSum;
+  m->origin_rank = h.origin_rank();
+  m->sender_rank = h.sender_rank();
+  if (m->kind == FrameKind::kFingerprint) {
+    return FromProto(h.fingerprint(), &m->fingerprint);
+  }
+  if (m->kind == FrameKind::kAbort) {
+    m->abort_code = h.abort_code() > 16
+                       ? absl::StatusCode::kUnknown
+                       : static_cast<absl::StatusCode>(h.abort_code());
+    m->message = h.message().substr(0, 4096);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string EncodeFrameHead(const FrameMeta& meta) {
+  v1::FrameHeader h;
+  h.set_kind(static_cast<v1::FrameKind>(meta.kind));
+  h.set_generation(meta.generation);
+  h.set_op_seq(meta.op_seq);
+  h.set_phase(static_cast<v1::Phase>(meta.phase));
+  h.set_step(meta.step);
+  h.set_segment(meta.segment);
+  h.set_offset(meta.offset);
+  h.set_count(meta.count);
+  h.set_dtype(static_cast<v1::DType>(meta.dtype));
+  h.set_op(static_cast<v1::ReduceOp>(meta.op));
+  if (meta.kind == FrameKind::kFingerprint) {
+    ToProto(meta.fingerprint, h.mutable_fingerprint());
+  }
+  h.set_origin_rank(meta.origin_rank);
+  h.set_sender_rank(meta.sender_rank);
+  if (meta.kind == FrameKind::kAbort) {
+    h.set_abort_code(static_cast<uint32_t>(meta.abort_code));
+    h.set_message(meta.message);
+  }
+  const size_t hlen = h.ByteSizeLong();
+  std::string head(4 + hlen, '\0');
+  const uint32_t le = static_cast<uint32_t>(hlen);  // x86/ARM: little endian
+  std::memcpy(head.data(), &le, 4);
+  h.SerializeToArray(head.data() + 4, static_cast<int>(hlen));
+  return head;
+}
+
+grpc::ByteBuffer EncodeFrame(const FrameMeta& meta,
+                             absl::Span<const uint8_t> payload) {
+  grpc::Slice slices[2] = {grpc::Slice(EncodeFrameHead(meta)), grpc::Slice()};
+  size_t n = 1;
+  if (!payload.empty()) {
+    slices[1] = grpc::Slice(payload.data(), payload.size(),
+                            grpc::Slice::STATIC_SLICE);
+    n = 2;
+  }
+  return grpc::ByteBuffer(slices, n);
+}
+
+absl::StatusOr<FrameMeta> DecodeFrameHead(absl::Span<const uint8_t> header) {
+  FrameMeta m;
+  absl::Status parsed = ParseHead(
+      absl::string_view(reinterpret_cast<const char*>(header.data()),
+                        header.size()),
+      &m);
+  if (!parsed.ok()) return parsed;
+  return m;
+}
+
+absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer) {
+  auto slices = std::make_shared<std::vector<grpc::Slice>>();
+  if (!buffer.Dump(slices.get()).ok()) {
+    return absl::DataLossError("frame: unreadable buffer");
+  }
+  std::vector<absl::Span<const uint8_t>> spans;
+  spans.reserve(slices->size());
+  for (const grpc::Slice& s : *slices) spans.emplace_back(s.begin(), s.size());
+  return DecodeFrame(spans, std::move(slices));
+}
+
+absl::StatusOr<InFrame> DecodeFrame(
+    absl::Span<const absl::Span<const uint8_t>> bytes,
+    std::shared_ptr<void> keepalive) {
+  const absl::Span<const absl::Span<const uint8_t>>* slices = &bytes;
+  // Walk the pieces as one byte stream without joining them.
+  size_t si = 0, pos = 0;
+  auto remaining = [&]() {
+    size_t n = 0;
+    for (size_t i = si; i < slices->size(); ++i) n += (*slices)[i].size();
+    return n - pos;
+  };
+  auto read = [&](void* dst, size_t len) {
+    uint8_t* out = static_cast<uint8_t*>(dst);
+    while (len > 0) {
+      const absl::Span<const uint8_t>& s = (*slices)[si];
+      const size_t take = std::min(len, s.size() - pos);
+      std::memcpy(out, s.data() + pos, take);
+      out += take;
+      len -= take;
+      pos += take;
+      if (pos == s.size()) {
+        ++si;
+        pos = 0;
+      }
+    }
+  };
+  if (remaining() < 4) return absl::DataLossError("frame: shorter than 4 bytes");
+  uint32_t hlen = 0;
+  read(&hlen, 4);
+  if (hlen > kMaxFrameHeaderBytes || hlen > remaining()) {
+    return absl::DataLossError(
+        absl::StrCat("frame: header length ", hlen, " is out of bounds"));
+  }
+  std::string head(hlen, '\0');
+  read(head.data(), hlen);
+  InFrame f;
+  FrameMeta& m = f.meta;
+  absl::Status parsed = ParseHead(head, &m);
+  if (!parsed.ok()) return parsed;
+  const size_t payload = remaining();
+  // Data frames carry count elements; a fingerprint frame may carry the
+  // whole (small) buffer of an eager operation.
+  const uint64_t expected =
+      m.kind == FrameKind::kAbort ? 0 : m.count * DTypeSize(m.dtype);
+  if (m.count > kMaxFramePayloadBytes ||
+      m.count * DTypeSize(m.dtype) > kMaxFramePayloadBytes) {
+    return absl::DataLossError(absl::StrCat(
+        "frame: count ", m.count, " exceeds the frame limit of ",
+        kMaxFramePayloadBytes, " bytes"));
+  }
+  if (payload != expected) {
+    return absl::DataLossError(absl::StrCat(
+        "frame: payload of ", payload, " bytes does not match count ",
+        m.count, " of ", DTypeName(m.dtype), " (", expected, " bytes)"));
+  }
+  while (si < slices->size()) {
+    const absl::Span<const uint8_t>& s = (*slices)[si];
+    if (s.size() > pos) {
+      f.pieces.push_back(absl::MakeConstSpan(s.data() + pos, s.size() - pos));
+    }
+    ++si;
+    pos = 0;
+  }
+  f.keepalive = std::move(keepalive);
+  return f;
+}
+
+}  // namespace halka

@@ -1,0 +1,54 @@
+// Frames on the wire: [u32 LE header length][FrameHeader][payload].
+//
+// Encoding never copies the payload: it becomes a grpc::Slice over the
+// caller's memory that gRPC does not own. Decoding never
+// copies it either: the InFrame's pieces point into the received slices,
+// which the InFrame keeps alive. Every decoded frame is validated (lengths,
+// enums, payload size against count x dtype) before anyone touches it.
+#ifndef HALKA_CODEC_FRAME_CODEC_H_
+#define HALKA_CODEC_FRAME_CODEC_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "core/frame.h"
+
+namespace halka {
+
+inline constexpr size_t kMaxFrameHeaderBytes = 64 * 1024;
+inline constexpr uint64_t kMaxFramePayloadBytes = 32 << 20;
+
+// The buffer points into `payload` without owning it: the payload must stay
+// valid and unchanged until the write of this buffer has completed
+// (OnWriteDone). gRPC may keep the slice itself referenced for longer (in
+// 1.51 until the stream ends), but never reads it after the write
+// completed, which is why release is tied to the write and not to the
+// slice's refcount.
+grpc::ByteBuffer EncodeFrame(const FrameMeta& meta,
+                             absl::Span<const uint8_t> payload);
+
+// Errors: DATA_LOSS naming what is wrong with the frame.
+absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer);
+
+// The same over a frame's bytes in pieces (read back to back) that
+// `keepalive` keeps valid: the InFrame's pieces point into them and it
+// takes `keepalive`. For transports other than gRPC (a shared-memory ring).
+absl::StatusOr<InFrame> DecodeFrame(
+    absl::Span<const absl::Span<const uint8_t>> bytes,
+    std::shared_ptr<void> keepalive);
+
+// The header alone (the FrameHeader bytes after the length), checked as
+// DecodeFrame checks it, for a reader that decides where the payload goes
+// before it reads it (core/landing.h). Errors: DATA_LOSS.
+absl::StatusOr<FrameMeta> DecodeFrameHead(absl::Span<const uint8_t> header);
+
+// [u32 LE header length][FrameHeader]: what precedes the payload.
+std::string EncodeFrameHead(const FrameMeta& meta);
+
+}  // namespace halka
+
+#endif  // HALKA_CODEC_FRAME_CODEC_H_

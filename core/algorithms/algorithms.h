@@ -1,0 +1,83 @@
+// The collectives, as free functions over one operation's OpContext.
+//
+// Internal to halka_core: the Communicator calls them, nothing else should.
+// Each runs on the operation's thread after the fingerprints agree and the
+// buffer's Begin succeeded. It moves data only through the context (Send,
+// Await, CheckData, WaitForReleases), reports where it is with SetLedger
+// and books its reduce time with RecordReduce / RecordReduceTotal. It
+// returns the first error, already worded for the caller (the context's
+// errors name the peer, phase and step); the Communicator then sends the
+// ABORT frames and waits for the wire to release the buffer.
+//
+// A new collective is one more file here: a function of this shape, plus a
+// case in Communicator::Run's dispatch.
+#ifndef HALKA_CORE_ALGORITHMS_ALGORITHMS_H_
+#define HALKA_CORE_ALGORITHMS_ALGORITHMS_H_
+
+#include "absl/status/status.h"
+#include "core/comm_types.h"
+#include "core/frame.h"
+#include "core/op_context.h"
+
+namespace halka {
+
+// --- fingerprints.cc
+// Which algorithm an operation runs; every rank resolves the same way from
+// the fingerprint and the configuration alone.
+Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp);
+// Passes every rank's fingerprint to every rank: at once when
+// op.all_to_all() (with the whole buffer riding along for an eager naive
+// all-reduce, kept in op.eager()), else once around the ring (G-1 hops).
+// Errors: FAILED_PRECONDITION naming two ranks that disagree, DATA_LOSS for
+// an unexpected frame, and the context's wait and send errors.
+absl::Status ExchangeFingerprints(OpContext& op);
+// The same exchange in two halves, so that data can leave between them
+// (only when op.all_to_all(): around the ring a fingerprint is forwarded on
+// the data's own link, and must not queue behind it). SendFingerprints puts
+// this rank's fingerprint (and an eager payload) on every link;
+// AwaitFingerprints takes every other rank's and compares them.
+absl::Status SendFingerprints(OpContext& op);
+absl::Status AwaitFingerprints(OpContext& op);
+
+// --- ring.cc
+// Pipelined ring all-reduce: G-1 reduce-scatter steps, then G-1 all-gather
+// steps, chunk by chunk; a chunk moves on as soon as it is reduced.
+absl::Status RingAllReduce(OpContext& op);
+// The all-reduce's two halves over a buffer of G equal slices (fp.count =
+// G x slice), planned so that rank r owns slice r. Reduce-scatter: G-1
+// steps; rank r ends with the reduction of slice r (AVG divided there), the
+// other slices hold partial sums. All-gather: moves this rank's
+// contribution from slice op.input_slice() to slice r, then G-1 steps; every
+// rank ends with every slice. Each rank sends (G-1)/G of the buffer.
+absl::Status RingReduceScatter(OpContext& op);
+absl::Status RingAllGather(OpContext& op);
+// Whether the ring's first step may leave before the fingerprints agree:
+// an all-reduce or reduce-scatter on the ring with fingerprints all-to-all.
+// Its first step only reads this rank's own, unmodified chunks, so a
+// disagreement found afterwards has still touched no buffer anywhere (the
+// receivers compare every fingerprint before they read any data frame, and
+// drop the frames of an op that failed).
+bool RingCanSendEarly(const OpContext& op);
+// Sends that first step (the buffer's Begin must have succeeded) and marks
+// it sent, so the algorithm starts with its first wait.
+absl::Status RingSendFirstStep(OpContext& op);
+
+// --- naive.cc
+// Every rank sends its buffer to every other rank and reduces all G copies
+// in rank order (same bits everywhere). Eager: the copies came with the
+// fingerprints.
+absl::Status NaiveAllReduce(OpContext& op);
+
+// --- ps.cc
+// Pushes shard k of the buffer to parameter server k, takes the reduced
+// shard back. FAILED_PRECONDITION when no server is known.
+absl::Status PsAllReduce(OpContext& op);
+
+// --- broadcast.cc
+// Chain broadcast root -> root+1 -> ... -> root-1, chunk by chunk. (The
+// barrier has no data phase: the fingerprint pass is the barrier.)
+absl::Status ChainBroadcast(OpContext& op);
+
+}  // namespace halka
+
+#endif  // HALKA_CORE_ALGORITHMS_ALGORITHMS_H_

@@ -1,0 +1,174 @@
+// Fingerprint exchanges: before any data moves, every rank learns every
+// other rank's fingerprint, so ranks that disagree fail alike, naming both.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/algorithms/algorithms.h"
+#include "core/ring_plan.h"
+#include "core/status_macros.h"
+
+namespace halka {
+namespace {
+
+absl::Status CheckFingerprints(OpContext& op,
+                               const std::vector<Fingerprint>& all) {
+  const int g = op.world();
+  // Every rank holds the same list, so every rank reaches the same verdict
+  // and names the same pair.
+  for (int i = 1; i < g; ++i) {
+    if (all[static_cast<size_t>(i)] != all[0]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          op.Where(), ": ranks disagree on the operation: ",
+          DescribePeer(op.config().members[0]), " calls ", all[0].ToString(),
+          " but ", op.Who(i), " calls ",
+          all[static_cast<size_t>(i)].ToString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// G-1 hops: each rank forwards the fingerprint it received to its
+// successor, so after step s it holds the fingerprint of the rank s+1
+// places before it in the ring.
+absl::Status ExchangeAroundRing(OpContext& op) {
+  const int g = op.world();
+  const int r = op.rank();
+  if (g == 1) return absl::OkStatus();
+  const int succ = op.succ();
+  const int pred = op.pred();
+  std::vector<Fingerprint> all(static_cast<size_t>(g));
+  all[static_cast<size_t>(r)] = op.fp();
+  FrameMeta meta = op.FingerprintMeta();
+  op.SetLedger(Phase::kFingerprint, 0, 0, 1, -1);
+  HALKA_RETURN_IF_ERROR(op.Send(succ, meta, nullptr, 0, -1));
+  for (int s = 0; s < g - 1; ++s) {
+    op.SetLedger(Phase::kFingerprint, s, 0, 1, pred);
+    const int origin = op.path().rank_at(op.position() - 1 - s);
+    HALKA_ASSIGN_OR_RETURN(
+        InFrame in,
+        op.Await(pred, s == 0 ? std::string()
+                              : absl::StrCat("it forwards the fingerprint of ",
+                                             op.Who(origin),
+                                             ", which has not arrived")));
+    if (in.meta.kind != FrameKind::kFingerprint ||
+        in.meta.origin_rank != origin || in.meta.step != s) {
+      return absl::DataLossError(absl::StrCat(
+          op.Where(), ": expected the fingerprint of rank ", origin, " from ",
+          op.Who(pred), " at step ", s, ", got a frame of kind ",
+          static_cast<int>(in.meta.kind), " from origin ",
+          in.meta.origin_rank));
+    }
+    all[static_cast<size_t>(origin)] = in.meta.fingerprint;
+    if (s < g - 2) {
+      FrameMeta fwd = in.meta;
+      fwd.sender_rank = r;
+      fwd.step = s + 1;
+      HALKA_RETURN_IF_ERROR(op.Send(succ, fwd, nullptr, 0, -1));
+    }
+  }
+  return CheckFingerprints(op, all);
+}
+
+// One hop: every rank sends its fingerprint (and, when eager, its whole
+// buffer) to every other rank. Eager payloads are kept in op.eager().
+// The bytes of an eager payload riding on the fingerprint frames, 0 when
+// the fingerprints go alone.
+size_t EagerBytes(const OpContext& op) {
+  const uint64_t bytes = op.fp().count * DTypeSize(op.fp().dtype);
+  const bool eager = op.algorithm() == Algorithm::kNaive && bytes > 0 &&
+                     bytes <= op.config().eager_bytes;
+  return eager ? static_cast<size_t>(bytes) : 0;
+}
+
+absl::Status SendAllToAll(OpContext& op) {
+  const size_t bytes = EagerBytes(op);
+  const bool eager = bytes > 0;
+  const Fingerprint& fp = op.fp();
+  FrameMeta meta = op.FingerprintMeta();
+  meta.count = eager ? fp.count : 0;
+  op.SetLedger(Phase::kFingerprint, 0, 0, 1, -1);
+  const uint8_t* payload = nullptr;
+  if (eager) {
+    HALKA_ASSIGN_OR_RETURN(payload, op.buffer().HostView(0, fp.count));
+  }
+  // Start with the successor, so the ring's first link is warm first.
+  for (int i = 1; i < op.world(); ++i) {
+    HALKA_RETURN_IF_ERROR(
+        op.Send(op.path().rank_at(op.position() + i), meta, payload, bytes, -1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AwaitAllToAll(OpContext& op) {
+  const int g = op.world();
+  const int r = op.rank();
+  const size_t bytes = EagerBytes(op);
+  const bool eager = bytes > 0;
+  const Fingerprint& fp = op.fp();
+  std::vector<Fingerprint> all(static_cast<size_t>(g));
+  all[static_cast<size_t>(r)] = fp;
+  std::vector<InFrame>& kept = op.eager();
+  if (eager) kept.resize(static_cast<size_t>(g));
+  for (int i = 1; i < g; ++i) {
+    const int from = op.path().rank_at(op.position() - i);
+    HALKA_ASSIGN_OR_RETURN(InFrame in, op.Await(from, "its fingerprint"));
+    if (in.meta.kind != FrameKind::kFingerprint ||
+        in.meta.origin_rank != from) {
+      return absl::DataLossError(absl::StrCat(
+          op.Where(), ": expected the fingerprint of ", op.Who(from),
+          ", got a frame of kind ", static_cast<int>(in.meta.kind),
+          " from origin ", in.meta.origin_rank));
+    }
+    all[static_cast<size_t>(from)] = in.meta.fingerprint;
+    if (eager) kept[static_cast<size_t>(from)] = std::move(in);
+  }
+  HALKA_RETURN_IF_ERROR(CheckFingerprints(op, all));
+  if (eager) {
+    for (int k = 0; k < g; ++k) {
+      if (k == r) continue;
+      const InFrame& f = kept[static_cast<size_t>(k)];
+      if (f.PayloadBytes() != bytes || f.meta.dtype != fp.dtype) {
+        return absl::DataLossError(absl::StrCat(
+            op.Where(), ": the eager payload of ", op.Who(k), " has ",
+            f.PayloadBytes(), " bytes, expected ", bytes));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
+  if (fp.kind != OpKind::kAllReduce) return Algorithm::kRing;
+  if (fp.algorithm != Algorithm::kAuto) return fp.algorithm;
+  const uint64_t bytes = fp.count * DTypeSize(fp.dtype);
+  return config.world_size <= config.all_to_all_max_world &&
+                 bytes <= config.eager_bytes
+             ? Algorithm::kNaive
+             : Algorithm::kRing;
+}
+
+absl::Status ExchangeFingerprints(OpContext& op) {
+  if (!op.all_to_all()) return ExchangeAroundRing(op);
+  HALKA_RETURN_IF_ERROR(SendAllToAll(op));
+  return AwaitAllToAll(op);
+}
+
+absl::Status SendFingerprints(OpContext& op) {
+  if (!op.all_to_all()) {
+    return absl::InternalError("SendFingerprints needs all-to-all fingerprints");
+  }
+  return SendAllToAll(op);
+}
+
+absl::Status AwaitFingerprints(OpContext& op) {
+  if (!op.all_to_all()) {
+    return absl::InternalError("AwaitFingerprints needs all-to-all fingerprints");
+  }
+  return AwaitAllToAll(op);
+}
+
+}  // namespace halka

@@ -1,0 +1,355 @@
+// The Communicator's public calls and the life of one operation. The
+// operation's I/O lives in op_context.cc, the collectives in algorithms/,
+// the counters in telemetry.cc.
+#include "core/communicator.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "core/algorithms/algorithms.h"
+
+namespace halka {
+
+Communicator::Communicator(CommConfig config, Transport* transport,
+                           Inbox* inbox)
+    : config_(std::move(config)), transport_(transport), inbox_(inbox) {
+  absl::MutexLock lock(&op_mu_);
+  next_op_seq_ = config_.first_op_seq;
+}
+
+uint64_t Communicator::next_op_seq() {
+  absl::MutexLock lock(&op_mu_);
+  return next_op_seq_;
+}
+
+void Communicator::set_next_op_seq(uint64_t seq) {
+  absl::MutexLock lock(&op_mu_);
+  next_op_seq_ = seq;
+}
+
+void Communicator::InheritTelemetry(const Communicator& previous) {
+  telemetry_.InheritFrom(previous.telemetry_);
+}
+
+absl::StatusOr<uint64_t> Communicator::SkipOp(uint64_t seq,
+                                              const absl::Status& status,
+                                              absl::Time deadline) {
+  absl::MutexLock lock(&op_mu_);
+  if (next_op_seq_ == 0) {
+    // New in a running ring: the call being refused is the one the peers
+    // run (or will run) next; learn its number as an operation would.
+    absl::StatusOr<uint64_t> adopted = inbox_->WaitFirstOpSeq(deadline);
+    if (!adopted.ok()) return adopted.status();
+    seq = *adopted;
+  }
+  next_op_seq_ = seq + 1;
+  // FAILED_PRECONDITION, not ABORTED: the ranks disagree on this call (one
+  // refused it); nothing changed in the membership, and a re-run waits for
+  // no new generation.
+  const FrameMeta meta = AbortMeta(
+      config_, seq, absl::StatusCode::kFailedPrecondition,
+      absl::StrCat(
+          DescribePeer(config_.members[static_cast<size_t>(config_.rank)]),
+          " ended its call #", seq, " before it reached the ring: ",
+          status.ToString()));
+  for (int to = 0; to < config_.world_size; ++to) {
+    if (to == config_.rank) continue;
+    // Best effort: a peer whose link is down fails at its deadline.
+    transport_->Send(to, meta, {}, [] {}).IgnoreError();
+  }
+  return seq;
+}
+
+bool Communicator::AbortIfUntouched(absl::Status status) {
+  if (!progress_.RequestUntouchedAbort(status)) return false;
+  inbox_->Interrupt(std::move(status));
+  return true;
+}
+
+Communicator::~Communicator() = default;
+
+absl::StatusOr<OpResult> Communicator::AllReduce(void* data, size_t count,
+                                                 DType dtype, ReduceOp op,
+                                                 absl::Duration timeout,
+                                                 Algorithm algorithm) {
+  if (data == nullptr && count > 0) {
+    return absl::InvalidArgumentError("all_reduce: null buffer");
+  }
+  HostOpBuffer buffer(data);
+  return AllReduce(buffer, count, dtype, op, timeout, algorithm);
+}
+
+absl::StatusOr<OpResult> Communicator::AllReduce(OpBuffer& buffer,
+                                                 size_t count, DType dtype,
+                                                 ReduceOp op,
+                                                 absl::Duration timeout,
+                                                 Algorithm algorithm) {
+  if (!IsValidDType(static_cast<int>(dtype)) ||
+      !IsValidReduceOp(static_cast<int>(op))) {
+    return absl::InvalidArgumentError("all_reduce: invalid dtype or op");
+  }
+  Fingerprint fp;
+  fp.kind = OpKind::kAllReduce;
+  fp.dtype = dtype;
+  fp.count = count;
+  fp.op = op;
+  fp.algorithm = algorithm;
+  return Run(fp, &buffer, timeout);
+}
+
+absl::StatusOr<OpResult> Communicator::Broadcast(void* data, size_t count,
+                                                 DType dtype, int root,
+                                                 absl::Duration timeout) {
+  if (data == nullptr && count > 0) {
+    return absl::InvalidArgumentError("broadcast: null buffer");
+  }
+  HostOpBuffer buffer(data);
+  return Broadcast(buffer, count, dtype, root, timeout);
+}
+
+absl::StatusOr<OpResult> Communicator::Broadcast(OpBuffer& buffer,
+                                                 size_t count, DType dtype,
+                                                 int root,
+                                                 absl::Duration timeout) {
+  if (!IsValidDType(static_cast<int>(dtype))) {
+    return absl::InvalidArgumentError("broadcast: invalid dtype");
+  }
+  if (root < 0 || root >= config_.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "broadcast: root ", root, " is outside [0, ", config_.world_size,
+        ")"));
+  }
+  Fingerprint fp;
+  fp.kind = OpKind::kBroadcast;
+  fp.dtype = dtype;
+  fp.count = count;
+  fp.root = root;
+  return Run(fp, &buffer, timeout);
+}
+
+absl::StatusOr<Fingerprint> Communicator::SliceOpFingerprint(
+    OpKind kind, size_t whole, size_t slice, DType dtype, Algorithm algorithm,
+    absl::Duration timeout, int input_slice) {
+  const absl::string_view name = OpKindName(kind);
+  const size_t g = static_cast<size_t>(config_.world_size);
+  absl::Status refused;
+  if (!IsValidDType(static_cast<int>(dtype))) {
+    refused = absl::InvalidArgumentError(absl::StrCat(name, ": invalid dtype"));
+  } else if (algorithm != Algorithm::kAuto && algorithm != Algorithm::kRing) {
+    refused = absl::UnimplementedError(absl::StrCat(
+        name, ": the ", AlgorithmName(algorithm),
+        " algorithm does not implement it; use auto or ring"));
+  } else if (whole % g != 0 || whole / g != slice) {
+    const bool gather = kind == OpKind::kAllGather;
+    refused = absl::InvalidArgumentError(absl::StrCat(
+        name, ": ", gather ? "recv_count " : "send_count ", whole,
+        " must be the ring's world (", g, ") x ",
+        gather ? "send_count " : "recv_count ", slice, " = ", g * slice));
+  } else if (input_slice < 0 || static_cast<size_t>(input_slice) >= g) {
+    refused = absl::InvalidArgumentError(absl::StrCat(
+        name, ": input slice ", input_slice, " is outside [0, ", g, ")"));
+  }
+  if (!refused.ok()) {
+    SkipOp(next_op_seq(), refused,
+           absl::Now() + (timeout > absl::ZeroDuration()
+                              ? timeout
+                              : config_.default_timeout))
+        .IgnoreError();  // the refusal is the caller's answer either way
+    return refused;
+  }
+  Fingerprint fp;
+  fp.kind = kind;
+  fp.dtype = dtype;
+  fp.count = whole;
+  fp.algorithm = algorithm;
+  return fp;
+}
+
+absl::StatusOr<OpResult> Communicator::AllGather(
+    OpBuffer& buffer, size_t send_count, size_t recv_count, int input_slice,
+    DType dtype, absl::Duration timeout, Algorithm algorithm) {
+  absl::StatusOr<Fingerprint> fp =
+      SliceOpFingerprint(OpKind::kAllGather, recv_count, send_count, dtype,
+                         algorithm, timeout, input_slice);
+  if (!fp.ok()) return fp.status();
+  return Run(*fp, &buffer, timeout, input_slice);
+}
+
+absl::StatusOr<OpResult> Communicator::ReduceScatter(
+    OpBuffer& buffer, size_t send_count, size_t recv_count, DType dtype,
+    ReduceOp op, absl::Duration timeout, Algorithm algorithm) {
+  if (!IsValidReduceOp(static_cast<int>(op))) {
+    return absl::InvalidArgumentError("reduce_scatter: invalid reduce op");
+  }
+  absl::StatusOr<Fingerprint> fp =
+      SliceOpFingerprint(OpKind::kReduceScatter, send_count, recv_count,
+                         dtype, algorithm, timeout, /*input_slice=*/0);
+  if (!fp.ok()) return fp.status();
+  fp->op = op;
+  return Run(*fp, &buffer, timeout);
+}
+
+absl::StatusOr<OpResult> Communicator::Barrier(absl::Duration timeout) {
+  Fingerprint fp;
+  fp.kind = OpKind::kBarrier;
+  HostOpBuffer none(nullptr);
+  return Run(fp, &none, timeout);
+}
+
+void Communicator::Abort(absl::Status status) {
+  inbox_->Interrupt(std::move(status));
+}
+void Communicator::ClearAbort() { inbox_->ClearInterrupt(); }
+
+Progress Communicator::GetProgress() const { return progress_.Get(); }
+
+Telemetry Communicator::GetTelemetry() const {
+  return telemetry_.Snapshot(absl::Now());
+}
+
+std::vector<TraceOp> Communicator::GetTrace() const {
+  return telemetry_.Trace();
+}
+
+void Communicator::SetServers(std::vector<PeerInfo> servers) {
+  absl::MutexLock lock(&servers_mu_);
+  servers_ = std::move(servers);
+}
+
+
+absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
+                                           OpBuffer* buffer,
+                                           absl::Duration timeout,
+                                           int input_slice) {
+  const uint64_t bytes = fp.count * DTypeSize(fp.dtype);
+  if (fp.count > config_.max_op_bytes || bytes > config_.max_op_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        fp.ToString(), ": ", bytes, " bytes exceed this worker's limit of ",
+        config_.max_op_bytes));
+  }
+  absl::MutexLock op_lock(&op_mu_);
+  const absl::Time start = absl::Now();
+  const Algorithm algorithm = ResolveAlgorithm(config_, fp);
+  Fingerprint numbered = fp;
+  numbered.op_seq = next_op_seq_;
+  OpContext op(CommParts{&config_, transport_, inbox_, &telemetry_, &progress_},
+               numbered, buffer, timeout, start, algorithm,
+               ServersFor(algorithm));
+  op.set_input_slice(input_slice);
+  telemetry_.BeginOp();
+  progress_.Start(op.fp().ToString());
+  absl::Status status = AdoptOpSeq(op);
+  // A rank that could not adopt a number stays ready to adopt one.
+  next_op_seq_ = op.fp().op_seq == 0 ? 0 : op.fp().op_seq + 1;
+  progress_.Describe(op.fp().ToString());
+  inbox_->DropBefore(op.fp().op_seq);
+  inbox_->ClearLinkFailures();
+
+  // The ring's first step needs no agreement to leave (it reads this rank's
+  // own chunks only): it goes out between sending the fingerprints and
+  // waiting for them, so the fingerprints' hop overlaps the data's. A
+  // failed Begin is reported where it always was, after the fingerprints.
+  std::optional<absl::Status> begun;
+  if (status.ok() && RingCanSendEarly(op)) {
+    status = SendFingerprints(op);
+    if (status.ok()) begun = buffer->Begin(fp.dtype, fp.op, fp.count);
+    if (status.ok() && begun->ok()) status = RingSendFirstStep(op);
+    if (status.ok()) status = AwaitFingerprints(op);
+  } else if (status.ok()) {
+    status = ExchangeFingerprints(op);
+  }
+  status = progress_.EndUntouched(std::move(status));
+  const bool untouched = !status.ok();
+  if (status.ok()) {
+    status = begun.has_value() ? *begun
+                               : buffer->Begin(fp.dtype, fp.op, fp.count);
+  }
+  if (status.ok()) status = RunAlgorithm(op);
+  if (status.ok()) status = op.CheckIntact();
+  absl::Status ended = buffer->End();
+  if (status.ok()) status = ended;
+  if (!status.ok() && config_.world_size > 1) op.SendAbort(status);
+  // On success the last frames are on their way to a live successor; on
+  // failure nobody will read them, so give the wire a moment (for the
+  // ABORT frames to healthy peers), not a deadline.
+  op.WaitForReleases(-1, status.ok() ? op.deadline()
+                                     : absl::Now() + absl::Milliseconds(250));
+
+  op.EndTrace();
+  const absl::Duration elapsed = absl::Now() - start;
+  // A peer already at a later operation has finished every earlier one:
+  // skip to it, so that the ranks number the next call alike again.
+  next_op_seq_ = std::max(next_op_seq_, inbox_->MaxOpSeqSeen());
+  const std::string algorithm_name(AlgorithmName(algorithm));
+  const LinkBytes moved = telemetry_.EndOp(
+      absl::Now(), {fp.kind, algorithm_name, status, elapsed,
+                    config_.chunk_bytes, bytes, config_.generation,
+                    op.fp().op_seq, op.fp().ToString(), start,
+                    op.fingerprint_end()});
+  progress_.Finish();
+  if (!status.ok()) {
+    if (untouched) {
+      status.SetPayload(kUntouchedPayload,
+                        absl::Cord(absl::StrCat(op.fp().op_seq)));
+    }
+    return status;
+  }
+  return OpResult{/*op_seq=*/op.fp().op_seq, /*algorithm=*/algorithm_name,
+                  /*bytes_sent=*/moved.sent,
+                  /*bytes_received=*/moved.received, /*elapsed=*/elapsed,
+                  /*generation=*/config_.generation, /*rank=*/config_.rank,
+                  /*world_size=*/config_.world_size};
+}
+
+std::vector<PeerInfo> Communicator::ServersFor(Algorithm algorithm) const {
+  if (algorithm != Algorithm::kParameterServer) return {};
+  absl::MutexLock lock(&servers_mu_);
+  return servers_;
+}
+
+absl::Status Communicator::AdoptOpSeq(OpContext& op) {
+  if (op.fp().op_seq != 0) return absl::OkStatus();
+  if (config_.world_size == 1) {
+    op.set_op_seq(1);
+    return absl::OkStatus();
+  }
+  // New in a running ring: take the number of the operation the others
+  // are running (their fingerprints are on their way).
+  absl::StatusOr<uint64_t> seq = inbox_->WaitFirstOpSeq(op.deadline());
+  if (!seq.ok()) {
+    return absl::Status(
+        seq.status().code(),
+        absl::StrCat(op.Where(), ": waiting for the ring's next operation: ",
+                     seq.status().message()));
+  }
+  op.set_op_seq(*seq);
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::RunAlgorithm(OpContext& op) {
+  switch (op.fp().kind) {
+    case OpKind::kAllReduce:
+      switch (op.algorithm()) {
+        case Algorithm::kNaive:
+          return NaiveAllReduce(op);
+        case Algorithm::kParameterServer:
+          return PsAllReduce(op);
+        default:
+          return RingAllReduce(op);
+      }
+    case OpKind::kBroadcast:
+      return ChainBroadcast(op);
+    case OpKind::kAllGather:
+      return RingAllGather(op);
+    case OpKind::kReduceScatter:
+      return RingReduceScatter(op);
+    case OpKind::kBarrier:
+      break;  // the fingerprint pass is the barrier
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace halka

@@ -1,0 +1,167 @@
+// The collectives of one rank: ring all-reduce, broadcast, barrier.
+//
+// A Communicator belongs to one rank of one generation of a ring. It runs
+// one operation at a time (callers are serialised in arrival order) on the
+// calling thread, talking to its peers only through a Transport and an
+// Inbox. Every operation:
+//   1. passes every rank's fingerprint once around the ring, so that ranks
+//      that disagree fail with FAILED_PRECONDITION, naming both, before any
+//      data moves;
+//   2. moves data in chunks (config.chunk_bytes), pipelined: a chunk is
+//      forwarded as soon as it is reduced;
+//   3. is bounded by its deadline; a failure anywhere reaches every rank as
+//      an ABORT frame sent both ways around the ring.
+// Errors name the peer (rank, worker id, address), the phase and the step:
+//   INVALID_ARGUMENT (bad request), FAILED_PRECONDITION (ranks disagree),
+//   UNAVAILABLE (a link broke), DEADLINE_EXCEEDED (names what was awaited),
+//   ABORTED (another rank failed or membership changed; says why),
+//   DATA_LOSS (a frame that does not fit the plan).
+// Thread-safety: all methods are thread-safe.
+//
+// Layout: this class runs one operation at a time (Run); the operation's
+// state and I/O are an OpContext (op_context.h), the collectives free
+// functions over it (algorithms/algorithms.h), the counters one OpTelemetry
+// ledger (telemetry.h).
+#ifndef HALKA_CORE_COMMUNICATOR_H_
+#define HALKA_CORE_COMMUNICATOR_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/comm_types.h"
+#include "core/dtype.h"
+#include "core/frame.h"
+#include "core/op_buffer.h"
+#include "core/op_context.h"
+#include "core/telemetry.h"
+#include "core/transport.h"
+
+namespace halka {
+
+class Communicator {
+ public:
+  // `transport` and `inbox` must outlive the communicator.
+  Communicator(CommConfig config, Transport* transport, Inbox* inbox);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  // In place over `count` elements of `dtype` at `data`. A zero timeout
+  // means config.default_timeout.
+  absl::StatusOr<OpResult> AllReduce(void* data, size_t count, DType dtype,
+                                     ReduceOp op, absl::Duration timeout,
+                                     Algorithm algorithm = Algorithm::kAuto);
+  absl::StatusOr<OpResult> Broadcast(void* data, size_t count, DType dtype,
+                                     int root, absl::Duration timeout);
+  absl::StatusOr<OpResult> Barrier(absl::Duration timeout);
+
+  // The same on a buffer that may live elsewhere (a CUDA device).
+  absl::StatusOr<OpResult> AllReduce(OpBuffer& buffer, size_t count,
+                                     DType dtype, ReduceOp op,
+                                     absl::Duration timeout,
+                                     Algorithm algorithm = Algorithm::kAuto);
+  absl::StatusOr<OpResult> Broadcast(OpBuffer& buffer, size_t count,
+                                     DType dtype, int root,
+                                     absl::Duration timeout);
+
+  // All-gather over `buffer`, recv_count elements in world slices of
+  // send_count: this rank's contribution waits in slice `input_slice`; on
+  // success slice i holds rank i's on every rank, bit for bit.
+  // Reduce-scatter over `buffer`, send_count elements in world slices of
+  // recv_count, reduced in place: on success slice `rank` holds the
+  // reduction of every rank's slice `rank` (AVG divides by the world); the
+  // other slices hold partial results. Both run on the ring (kAuto, kRing).
+  // Refused before they reach the ring (the call takes its number and the
+  // peers' copies fail at once, see SkipOp): INVALID_ARGUMENT when the
+  // counts do not match the ring's world (naming it) or input_slice is not
+  // a slice, UNIMPLEMENTED for kNaive and kParameterServer.
+  absl::StatusOr<OpResult> AllGather(OpBuffer& buffer, size_t send_count,
+                                     size_t recv_count, int input_slice,
+                                     DType dtype, absl::Duration timeout,
+                                     Algorithm algorithm = Algorithm::kAuto);
+  absl::StatusOr<OpResult> ReduceScatter(
+      OpBuffer& buffer, size_t send_count, size_t recv_count, DType dtype,
+      ReduceOp op, absl::Duration timeout,
+      Algorithm algorithm = Algorithm::kAuto);
+
+  // Fails the running operation (and every later one until ClearAbort) with
+  // `status`, e.g. ABORTED when membership changed.
+  void Abort(absl::Status status);
+  void ClearAbort();
+  // Aborts the running operation only while it has not touched the
+  // caller's buffer (it still compares fingerprints); it then fails with
+  // `status` and kUntouchedPayload. False (and nothing happens) when no
+  // operation runs or it is past that point.
+  bool AbortIfUntouched(absl::Status status);
+
+  // The caller's next call ended on this rank before it reached the ring
+  // (its request was refused, its upload failed or was abandoned): it takes
+  // the number `seq` (the worker's count of its caller's calls), and every
+  // peer is told, whose copy of that
+  // call then fails at once (FAILED_PRECONDITION, naming this rank and
+  // `status`) instead of waiting for its deadline. A rank new in a running
+  // ring (no number yet) first learns the number of the operation its peers
+  // run, waiting until `deadline`. Returns the number skipped; errors: that
+  // of the wait (DEADLINE_EXCEEDED: no peer's operation reached this rank).
+  absl::StatusOr<uint64_t> SkipOp(uint64_t seq, const absl::Status& status,
+                                  absl::Time deadline);
+
+  // The sequence number the next operation will use (0: it adopts the
+  // number of the operation its peers run), and a way to set it: the
+  // worker numbers every call of its caller, whichever ring runs it.
+  uint64_t next_op_seq();
+  void set_next_op_seq(uint64_t seq);
+  // Carries the counters of the ring this one replaces into this one, so
+  // /metrics counters do not restart at a membership change.
+  void InheritTelemetry(const Communicator& previous);
+
+  // Parameter-server shards for Algorithm::kParameterServer; shard k is
+  // reached through the transport as rank world_size + k.
+  void SetServers(std::vector<PeerInfo> servers);
+
+  Progress GetProgress() const;
+  Telemetry GetTelemetry() const;
+  // The last operations' timelines, oldest first.
+  std::vector<TraceOp> GetTrace() const;
+  const CommConfig& config() const { return config_; }
+
+ private:
+  // One operation, start to end: the op context, fingerprints, the
+  // algorithm, the ABORT frames on failure, the ledgers.
+  absl::StatusOr<OpResult> Run(const Fingerprint& fp, OpBuffer* buffer,
+                               absl::Duration timeout, int input_slice = 0);
+  // The fingerprint of an all-gather or reduce-scatter whose buffer holds
+  // `whole` = world x `slice` elements (the contribution of an all-gather
+  // in slice `input_slice`), or, refused (see SkipOp), why not.
+  absl::StatusOr<Fingerprint> SliceOpFingerprint(
+      OpKind kind, size_t whole, size_t slice, DType dtype,
+      Algorithm algorithm, absl::Duration timeout, int input_slice);
+  // Gives `op` the sequence number of the operation the ring runs when this
+  // rank has none (0): adopted from the peers' frames, or 1 alone.
+  absl::Status AdoptOpSeq(OpContext& op);
+  // The parameter-server shards an operation of `algorithm` talks to (a
+  // copy; none unless kParameterServer).
+  std::vector<PeerInfo> ServersFor(Algorithm algorithm) const;
+  // The algorithm of `op`'s kind, after the fingerprints agree.
+  static absl::Status RunAlgorithm(OpContext& op);
+
+  const CommConfig config_;
+  Transport* const transport_;
+  Inbox* const inbox_;
+
+  absl::Mutex op_mu_;  // one operation at a time
+  uint64_t next_op_seq_ ABSL_GUARDED_BY(op_mu_) = 1;
+
+  ProgressLedger progress_;
+  OpTelemetry telemetry_;
+  mutable absl::Mutex servers_mu_;
+  std::vector<PeerInfo> servers_ ABSL_GUARDED_BY(servers_mu_);
+};
+
+}  // namespace halka
+
+#endif  // HALKA_CORE_COMMUNICATOR_H_

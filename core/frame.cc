@@ -1,0 +1,87 @@
+#include "core/frame.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace halka {
+
+absl::string_view OpKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kBarrier:
+      return "barrier";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+  }
+  return "unknown_op";
+}
+
+absl::string_view PhaseName(Phase phase) {
+  switch (phase) {
+    case Phase::kFingerprint:
+      return "fingerprint";
+    case Phase::kReduceScatter:
+      return "reduce-scatter";
+    case Phase::kAllGather:
+      return "all-gather";
+    case Phase::kBroadcast:
+      return "broadcast";
+    case Phase::kNaive:
+      return "naive exchange";
+    case Phase::kPsPush:
+      return "ps push";
+    case Phase::kPsPull:
+      return "ps pull";
+  }
+  return "unknown-phase";
+}
+
+absl::string_view AlgorithmName(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kAuto:
+      return "auto";
+    case Algorithm::kRing:
+      return "ring";
+    case Algorithm::kNaive:
+      return "naive";
+    case Algorithm::kParameterServer:
+      return "ps";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name) {
+  for (Algorithm a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kNaive,
+                      Algorithm::kParameterServer}) {
+    if (name == AlgorithmName(a)) return a;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown algorithm '", name, "' (expected auto, ring, naive or ps)"));
+}
+
+std::string Fingerprint::ToString() const {
+  std::string s = absl::StrCat(OpKindName(kind), " #", op_seq);
+  switch (kind) {
+    case OpKind::kAllReduce:
+    case OpKind::kReduceScatter:
+    case OpKind::kAllGather:
+      absl::StrAppend(&s, " ", DTypeName(dtype), "x", count);
+      if (kind != OpKind::kAllGather) absl::StrAppend(&s, " ", ReduceOpName(op));
+      if (algorithm != Algorithm::kAuto) {
+        absl::StrAppend(&s, " (", AlgorithmName(algorithm), ")");
+      }
+      break;
+    case OpKind::kBroadcast:
+      absl::StrAppend(&s, " ", DTypeName(dtype), "x", count, " root ", root);
+      break;
+    case OpKind::kBarrier:
+      break;
+  }
+  return s;
+}
+
+}  // namespace halka

@@ -1,0 +1,102 @@
+// Frames as the engine sees them, independent of any wire encoding.
+#ifndef HALKA_CORE_FRAME_H_
+#define HALKA_CORE_FRAME_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "halka/types.h"
+#include "core/dtype.h"
+
+namespace halka {
+
+// OpKind and Algorithm are defined in halka/types.h (public vocabulary).
+absl::string_view OpKindName(OpKind kind);  // "all_reduce", ...
+
+absl::string_view AlgorithmName(Algorithm algorithm);  // "auto", "ring", ...
+// "auto", "ring", "naive", "ps". INVALID_ARGUMENT otherwise.
+absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name);
+
+// What every rank must agree on before any data moves.
+struct Fingerprint {
+  uint64_t op_seq = 0;
+  OpKind kind = OpKind::kBarrier;
+  DType dtype = DType::kFloat32;
+  uint64_t count = 0;
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = 0;
+  Algorithm algorithm = Algorithm::kAuto;  // as requested
+
+  bool operator==(const Fingerprint& o) const {
+    return op_seq == o.op_seq && kind == o.kind && dtype == o.dtype &&
+           count == o.count && op == o.op && root == o.root &&
+           algorithm == o.algorithm;
+  }
+  bool operator!=(const Fingerprint& o) const { return !(*this == o); }
+  // "all_reduce #3 float32x1000 sum", "broadcast #4 int64x7 root 2".
+  std::string ToString() const;
+};
+
+enum class FrameKind : uint8_t { kData = 1, kFingerprint = 2, kAbort = 3 };
+enum class Phase : uint8_t {
+  kFingerprint = 1,
+  kReduceScatter = 2,
+  kAllGather = 3,
+  kBroadcast = 4,
+  kNaive = 5,
+  kPsPush = 6,
+  kPsPull = 7,
+};
+absl::string_view PhaseName(Phase phase);  // "reduce-scatter", ...
+
+struct FrameMeta {
+  FrameKind kind = FrameKind::kData;
+  uint64_t generation = 0;
+  uint64_t op_seq = 0;
+  Phase phase = Phase::kFingerprint;
+  int32_t step = 0;
+  int32_t segment = 0;
+  uint64_t offset = 0;  // elements
+  uint64_t count = 0;   // elements in the payload
+  DType dtype = DType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  Fingerprint fingerprint;   // kFingerprint
+  int32_t origin_rank = -1;  // kFingerprint, kAbort
+  int32_t sender_rank = -1;
+  absl::StatusCode abort_code = absl::StatusCode::kOk;  // kAbort
+  std::string message;                                  // kAbort
+};
+
+// A received frame. The payload may arrive in several pieces (the wire's
+// slices); `keepalive` owns the memory they point into.
+struct InFrame {
+  FrameMeta meta;
+  std::vector<absl::Span<const uint8_t>> pieces;
+  std::shared_ptr<void> keepalive;
+  // The payload lies where the operation wants it already: a link's reader
+  // wrote it into the operation's buffer (core/landing.h), and the
+  // one piece points there.
+  bool landed = false;
+  // Where the payload lies in memory that another process can take away
+  // under it (a same-host link's ring, which a same-user process may
+  // truncate): whether it still held the sender's bytes. Asked once the
+  // operation is done with its frames (OpContext::CheckIntact); empty:
+  // always intact.
+  std::function<bool()> intact;
+  size_t PayloadBytes() const {
+    size_t n = 0;
+    for (const auto& p : pieces) n += p.size();
+    return n;
+  }
+};
+
+}  // namespace halka
+
+#endif  // HALKA_CORE_FRAME_H_

@@ -1,0 +1,228 @@
+#include "core/testing/reference.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/reduce.h"
+
+namespace halka {
+namespace {
+
+void StoreDouble(DType dtype, double v, uint8_t* out) {
+  switch (dtype) {
+    case DType::kFloat32: {
+      const float f = static_cast<float>(v);
+      std::memcpy(out, &f, 4);
+      break;
+    }
+    case DType::kFloat64:
+      std::memcpy(out, &v, 8);
+      break;
+    case DType::kFloat16: {
+      const uint16_t h = FloatToHalf(static_cast<float>(v));
+      std::memcpy(out, &h, 2);
+      break;
+    }
+    case DType::kBFloat16: {
+      const uint16_t h = FloatToBFloat16(static_cast<float>(v));
+      std::memcpy(out, &h, 2);
+      break;
+    }
+    case DType::kInt32: {
+      const int32_t x = static_cast<int32_t>(v);
+      std::memcpy(out, &x, 4);
+      break;
+    }
+    case DType::kInt64: {
+      const int64_t x = static_cast<int64_t>(v);
+      std::memcpy(out, &x, 8);
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<uint8_t> MakeRankData(DType dtype, ReduceOp op, size_t count,
+                                  int rank, uint64_t seed) {
+  const size_t es = DTypeSize(dtype);
+  std::vector<uint8_t> out(count * es);
+  std::mt19937_64 rng(seed * 1000003u + static_cast<uint64_t>(rank) * 7919u +
+                      static_cast<uint64_t>(dtype) * 31u +
+                      static_cast<uint64_t>(op));
+  const bool prod = op == ReduceOp::kProd;
+  if (IsFloatingPoint(dtype)) {
+    std::uniform_real_distribution<double> mag(0.5, 1.5);
+    for (size_t i = 0; i < count; ++i) {
+      double v = mag(rng);
+      if (!prod && (rng() & 1)) v = -v;
+      StoreDouble(dtype, v, out.data() + i * es);
+    }
+  } else {
+    std::uniform_int_distribution<int> dist(prod ? -3 : -1000,
+                                            prod ? 3 : 1000);
+    for (size_t i = 0; i < count; ++i) {
+      StoreDouble(dtype, dist(rng), out.data() + i * es);
+    }
+  }
+  return out;
+}
+
+double ElementAsDouble(DType dtype, const void* data, size_t i) {
+  const uint8_t* p = static_cast<const uint8_t*>(data) + i * DTypeSize(dtype);
+  switch (dtype) {
+    case DType::kFloat32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::kFloat64: {
+      double d;
+      std::memcpy(&d, p, 8);
+      return d;
+    }
+    case DType::kFloat16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return HalfToFloat(h);
+    }
+    case DType::kBFloat16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return BFloat16ToFloat(h);
+    }
+    case DType::kInt32: {
+      int32_t x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case DType::kInt64: {
+      int64_t x;
+      std::memcpy(&x, p, 8);
+      return static_cast<double>(x);
+    }
+  }
+  return 0;
+}
+
+double Tolerance(DType dtype, int world_size) {
+  double unit = 0;  // unit roundoff of the type
+  switch (dtype) {
+    case DType::kFloat32:
+      unit = std::ldexp(1.0, -24);
+      break;
+    case DType::kFloat64:
+      unit = std::ldexp(1.0, -53);
+      break;
+    case DType::kFloat16:
+      unit = std::ldexp(1.0, -11);
+      break;
+    case DType::kBFloat16:
+      unit = std::ldexp(1.0, -8);
+      break;
+    default:
+      return 0;
+  }
+  // world_size-1 roundings in the chain, one more for AVG's division.
+  return (world_size + 1) * unit;
+}
+
+CheckResult CheckAllReduce(DType dtype, ReduceOp op,
+                           const std::vector<std::vector<uint8_t>>& inputs,
+                           const void* result, size_t count) {
+  CheckResult out;
+  const int g = static_cast<int>(inputs.size());
+  const double tol = Tolerance(dtype, g);
+  const bool integer = !IsFloatingPoint(dtype);
+  for (size_t i = 0; i < count; ++i) {
+    double acc = ElementAsDouble(dtype, inputs[0].data(), i);
+    double mag = std::fabs(acc);
+    for (int r = 1; r < g; ++r) {
+      const double v = ElementAsDouble(dtype, inputs[static_cast<size_t>(r)].data(), i);
+      mag += std::fabs(v);
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg:
+          acc += v;
+          break;
+        case ReduceOp::kProd:
+          acc *= v;
+          break;
+        case ReduceOp::kMin:
+          acc = std::fmin(acc, v);
+          break;
+        case ReduceOp::kMax:
+          acc = std::fmax(acc, v);
+          break;
+      }
+    }
+    if (op == ReduceOp::kAvg) {
+      acc = integer ? std::trunc(acc / g) : acc / g;
+      mag /= g;
+    }
+    if (op == ReduceOp::kProd) mag = std::fabs(acc);
+    const double got = ElementAsDouble(dtype, result, i);
+    bool ok;
+    if (integer || op == ReduceOp::kMin || op == ReduceOp::kMax) {
+      ok = got == acc;
+    } else {
+      // Absolute slack of one unit in the last place at the result's scale
+      // covers results that cancel to near zero.
+      ok = std::fabs(got - acc) <= tol * (mag + std::fabs(acc)) + 1e-300;
+    }
+    if (!ok && out.wrong++ == 0) {
+      out.first = absl::StrFormat(
+          "element %d: got %.17g, expected %.17g (tolerance %.3g relative)", i,
+          got, acc, tol);
+    }
+  }
+  return out;
+}
+
+CheckResult CheckReduceScatter(DType dtype, ReduceOp op,
+                               const std::vector<std::vector<uint8_t>>& inputs,
+                               const void* result, int rank,
+                               size_t recv_count) {
+  const size_t bytes = recv_count * DTypeSize(dtype);
+  std::vector<std::vector<uint8_t>> slices;
+  for (const std::vector<uint8_t>& in : inputs) {
+    const size_t from = static_cast<size_t>(rank) * bytes;
+    if (in.size() < from + bytes) {
+      return CheckResult{recv_count, "an input is shorter than world x recv_count"};
+    }
+    slices.emplace_back(in.begin() + static_cast<long>(from),
+                        in.begin() + static_cast<long>(from + bytes));
+  }
+  return CheckAllReduce(dtype, op, slices, result, recv_count);
+}
+
+CheckResult CheckAllGather(DType dtype,
+                           const std::vector<std::vector<uint8_t>>& inputs,
+                           const void* result, size_t send_count) {
+  CheckResult out;
+  const size_t es = DTypeSize(dtype);
+  const uint8_t* got = static_cast<const uint8_t*>(result);
+  for (size_t r = 0; r < inputs.size(); ++r) {
+    for (size_t i = 0; i < send_count; ++i) {
+      const uint8_t* want = inputs[r].data() + i * es;
+      if (inputs[r].size() < (i + 1) * es ||
+          std::memcmp(got + (r * send_count + i) * es, want, es) != 0) {
+        if (out.wrong++ == 0) {
+          out.first = absl::StrCat(
+              "slice ", r, " element ", i, ": got ",
+              ElementAsDouble(dtype, got, r * send_count + i), ", want rank ",
+              r, "'s ",
+              inputs[r].size() < (i + 1) * es
+                  ? std::string("(missing)")
+                  : absl::StrCat(ElementAsDouble(dtype, want, 0)));
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace halka

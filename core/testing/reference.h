@@ -1,0 +1,59 @@
+// Test data and the float64 reference that halka's results are checked
+// against: by the tests, by `halkactl demo` and by `halkactl bench -c`.
+#ifndef HALKA_CORE_TESTING_REFERENCE_H_
+#define HALKA_CORE_TESTING_REFERENCE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace halka {
+
+// Deterministic pseudo-random data for `rank`, already representable in
+// `dtype`, in a range where `op` over up to 64 ranks stays finite and, for
+// integers, free of overflow: floats in ±[0.5, 1.5) (PROD: [0.5, 1.5)),
+// integers in [-1000, 1000] (PROD: [-3, 3]).
+std::vector<uint8_t> MakeRankData(DType dtype, ReduceOp op, size_t count,
+                                  int rank, uint64_t seed);
+
+// Element i of a buffer, widened to double.
+double ElementAsDouble(DType dtype, const void* data, size_t i);
+
+// The relative tolerance used for floating results of `world_size` ranks:
+// each of the world_size-1 reduction steps rounds once in `dtype`.
+double Tolerance(DType dtype, int world_size);
+
+struct CheckResult {
+  size_t wrong = 0;       // elements outside the tolerance
+  std::string first;      // description of the first one
+};
+
+// Compares `result` (count elements) with the float64 reduction of
+// `inputs` (one buffer per rank). Integers must match exactly (AVG:
+// truncated toward zero), MIN/MAX exactly, other floats within Tolerance()
+// times the magnitude of the inputs.
+CheckResult CheckAllReduce(DType dtype, ReduceOp op,
+                           const std::vector<std::vector<uint8_t>>& inputs,
+                           const void* result, size_t count);
+
+// Reduce-scatter: `inputs` hold world x recv_count elements per rank;
+// `result` (recv_count elements) is rank `rank`'s, checked as
+// CheckAllReduce checks slice `rank` of the inputs. Indices in `first`
+// count from the start of the slice.
+CheckResult CheckReduceScatter(DType dtype, ReduceOp op,
+                               const std::vector<std::vector<uint8_t>>& inputs,
+                               const void* result, int rank,
+                               size_t recv_count);
+
+// All-gather: `inputs` hold send_count elements per rank; `result` (world x
+// send_count) must hold rank i's bytes at slice i, exactly.
+CheckResult CheckAllGather(DType dtype,
+                           const std::vector<std::vector<uint8_t>>& inputs,
+                           const void* result, size_t send_count);
+
+}  // namespace halka
+
+#endif  // HALKA_CORE_TESTING_REFERENCE_H_

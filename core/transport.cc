@@ -1,0 +1,386 @@
+#include "core/transport.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace halka {
+namespace {
+
+template <typename T, typename Pred>
+void EraseIf(std::vector<T>& v, Pred pred) {
+  v.erase(std::remove_if(v.begin(), v.end(), pred), v.end());
+}
+
+}  // namespace
+
+Inbox::Inbox(int max_ranks, std::shared_ptr<LinkCounters> counters)
+    : max_ranks_(max_ranks),
+      counters_(counters != nullptr ? std::move(counters)
+                                    : std::make_shared<LinkCounters>()) {}
+
+void Inbox::SetSpinBeforeSleep(absl::Duration spin) {
+  spin_ns_.store(absl::ToInt64Nanoseconds(
+      std::clamp(spin, absl::ZeroDuration(), absl::Milliseconds(1))));
+}
+
+absl::Duration Inbox::spin_before_sleep() const {
+  return absl::Nanoseconds(spin_ns_.load(std::memory_order_relaxed));
+}
+
+void Inbox::SetLinkFailureHook(
+    std::function<void(int, const absl::Status&)> hook) {
+  absl::MutexLock lock(&mu_);
+  hook_ = std::move(hook);
+}
+
+void Inbox::AddTap(std::shared_ptr<InboxTap> tap) {
+  absl::MutexLock lock(&taps_mu_);
+  EraseIf(taps_, [](const std::shared_ptr<InboxTap>& t) {
+    return t->over();
+  });
+  taps_.push_back(std::move(tap));
+}
+
+void Inbox::RemoveTap(const InboxTap* tap) {
+  absl::MutexLock lock(&taps_mu_);
+  EraseIf(taps_, [tap](const std::shared_ptr<InboxTap>& t) {
+    return t.get() == tap;
+  });
+}
+
+std::vector<std::shared_ptr<InboxTap>> Inbox::Taps() const {
+  absl::MutexLock lock(&taps_mu_);
+  return taps_;
+}
+
+size_t Inbox::taps() const {
+  absl::MutexLock lock(&taps_mu_);
+  return taps_.size();
+}
+
+void Inbox::Bump() {
+  events_.fetch_add(1);
+  if (sleepers_.load() != 0) FutexWakeAll(&events_, /*shared=*/false);
+}
+
+absl::Status Inbox::Deliver(int from, InFrame frame) {
+  absl::Status s = Enqueue(from, std::move(frame));
+  if (s.ok()) Bump();
+  return s;
+}
+
+absl::Status Inbox::Enqueue(int from, InFrame frame) {
+  absl::MutexLock lock(&mu_);
+  if (from < 0 || from >= max_ranks_) {  // validated by the transport
+    return absl::InvalidArgumentError(absl::StrCat("no rank ", from));
+  }
+  max_seen_ = std::max(max_seen_, frame.meta.op_seq);
+  // A frame of an operation DropBefore already let go of (it arrived, or
+  // was taken off its ring, late): dropped now. Kept, it would hold its
+  // record, and a ring frees its space only over a prefix of released
+  // records: one old frame kept would stop the link.
+  if (frame.meta.op_seq < floor_) return absl::OkStatus();
+  if (frame.meta.kind == FrameKind::kAbort) {
+    // An abort is kept until the operation is over and only its header is
+    // read: it need not hold its ring record either.
+    frame.pieces.clear();
+    frame.keepalive.reset();
+    // Keep the first abort per operation: it names the original cause.
+    if (aborts_.size() < kMaxQueuedFrames) {
+      aborts_.emplace(frame.meta.op_seq, std::move(frame));
+    }
+    return absl::OkStatus();
+  }
+  std::deque<InFrame>& q = queues_[from];
+  if (q.size() >= kMaxQueuedFrames) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rank ", from, " has ", q.size(),
+        " frames queued that no operation of this rank has taken: the limit"));
+  }
+  const uint64_t bytes = frame.landed ? 0 : frame.PayloadBytes();
+  uint64_t& mine = queued_bytes_[from];
+  if (budget_.per_peer != 0 && mine + bytes > budget_.per_peer) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rank ", from, " has ", mine, " bytes queued that no operation of "
+        "this rank has taken, and a frame of ", bytes, " more would pass the "
+        "limit of ", budget_.per_peer, " bytes per peer (--max_queued_bytes_per_peer)"));
+  }
+  if (budget_.total != 0 && total_queued_bytes_ + bytes > budget_.total) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a frame of ", bytes, " bytes from rank ", from, " would pass this "
+        "worker's limit of ", budget_.total, " bytes queued from all peers "
+        "(--max_queued_bytes; ", total_queued_bytes_, " queued, ", mine,
+        " of them from rank ", from, ")"));
+  }
+  mine += bytes;
+  total_queued_bytes_ += bytes;
+  q.push_back(std::move(frame));
+  return absl::OkStatus();
+}
+
+InFrame Inbox::PopFront(int from, std::deque<InFrame>& q) {
+  InFrame f = std::move(q.front());
+  q.pop_front();
+  const uint64_t bytes = f.landed ? 0 : f.PayloadBytes();
+  uint64_t& mine = queued_bytes_[from];
+  mine -= std::min(mine, bytes);
+  total_queued_bytes_ -= std::min(total_queued_bytes_, bytes);
+  return f;
+}
+
+void Inbox::SetByteBudget(ByteBudget budget) {
+  absl::MutexLock lock(&mu_);
+  budget_ = budget;
+}
+
+uint64_t Inbox::queued_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return total_queued_bytes_;
+}
+
+void Inbox::LinkFailed(int peer, absl::Status status) {
+  std::function<void(int, const absl::Status&)> hook;
+  {
+    absl::MutexLock lock(&mu_);
+    link_failures_.emplace(peer, status);
+    hook = hook_;
+  }
+  Bump();
+  if (hook) hook(peer, status);
+}
+
+uint64_t Inbox::MaxOpSeqSeen() {
+  for (const auto& t : Taps()) {
+    bool took = false;
+    t->Drain(&took);
+  }
+  absl::MutexLock lock(&mu_);
+  return max_seen_;
+}
+
+absl::StatusOr<uint64_t> Inbox::WaitFirstOpSeq(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  // The newest operation any peer has sent frames for and nobody aborted:
+  // older frames belong to operations the ring already finished or failed.
+  auto running = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> uint64_t {
+    uint64_t newest = 0;
+    for (const auto& [rank, q] : queues_) {
+      for (const InFrame& f : q) newest = std::max(newest, f.meta.op_seq);
+    }
+    if (newest == 0 || aborts_.lower_bound(newest) != aborts_.end()) return 0;
+    return newest;
+  };
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !interrupt_.ok() || running() != 0;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  if (!interrupt_.ok()) return interrupt_;
+  const uint64_t seq = running();
+  if (seq == 0) {
+    return absl::DeadlineExceededError(
+        "no operation of the running ring reached this new member");
+  }
+  return seq;
+}
+
+void Inbox::Interrupt(absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    interrupt_ = std::move(status);
+  }
+  Bump();
+}
+
+void Inbox::ClearInterrupt() {
+  absl::MutexLock lock(&mu_);
+  interrupt_ = absl::OkStatus();
+}
+
+void Inbox::ClearLinkFailures() {
+  absl::MutexLock lock(&mu_);
+  link_failures_.clear();
+}
+
+void Inbox::DropBefore(uint64_t op_seq) {
+  absl::MutexLock lock(&mu_);
+  floor_ = std::max(floor_, op_seq);
+  for (auto& [rank, q] : queues_) {
+    while (!q.empty() && q.front().meta.op_seq < op_seq) PopFront(rank, q);
+  }
+  aborts_.erase(aborts_.begin(), aborts_.lower_bound(op_seq));
+}
+
+bool Inbox::Ready(int from, uint64_t op_seq,
+                  absl::Span<const int> watch) const {
+  if (!interrupt_.ok()) return true;
+  if (aborts_.lower_bound(op_seq) != aborts_.end()) return true;
+  for (int peer : watch) {
+    if (link_failures_.count(peer)) return true;
+  }
+  auto qit = queues_.find(from);
+  if (qit == queues_.end()) return false;
+  for (const InFrame& f : qit->second) {
+    if (f.meta.op_seq >= op_seq) return true;
+  }
+  return false;
+}
+
+Inbox::Event Inbox::Next(int from, uint64_t op_seq,
+                         absl::Span<const int> watch, absl::Time deadline) {
+  std::vector<std::shared_ptr<InboxTap>> taps = Taps();
+  // Without futex_waitv this thread could only drain the rings before it
+  // waits, beside readers that wake for the same records: measured, that
+  // was slower than leaving the rings to their readers (docs/performance.md).
+  if (!taps.empty() && taps.size() <= kMaxTapsWaited && FutexWaitAnyWorks()) {
+    std::optional<Event> ev =
+        NextWithTaps(from, op_seq, watch, deadline, std::move(taps));
+    if (ev.has_value()) return *std::move(ev);
+  }
+  absl::MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return Ready(from, op_seq, watch);
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  return EventLocked(from, op_seq, watch);
+}
+
+std::optional<Inbox::Event> Inbox::NextWithTaps(
+    int from, uint64_t op_seq, absl::Span<const int> watch,
+    absl::Time deadline, std::vector<std::shared_ptr<InboxTap>> taps) {
+  // This thread takes the taps' records and sleeps on their words (their
+  // readers stand aside) until it returns. Should the sleep on several
+  // words fail, it leaves them to their readers (nullopt: Next waits on
+  // the inbox alone).
+  for (auto& t : taps) t->Attach(true);
+  std::vector<uint32_t> seqs(taps.size());
+  std::vector<FutexWaiter> words;
+  bool pruned = false;
+  std::optional<Event> ev;
+  for (;;) {
+    const uint32_t events = events_.load();
+    bool took = false;
+    for (size_t i = 0; i < taps.size(); ++i) {
+      if (taps[i] == nullptr) continue;
+      seqs[i] = taps[i]->Seq();
+      if (!taps[i]->Drain(&took)) {  // over: forgotten below
+        taps[i]->Attach(false);
+        taps[i] = nullptr;
+        pruned = true;
+      }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (Ready(from, op_seq, watch) || absl::Now() >= deadline) {
+        ev = EventLocked(from, op_seq, watch);
+        break;
+      }
+    }
+    if (took) continue;  // look again before sleeping
+    words.clear();
+    words.push_back(FutexWaiter{&events_, events, /*shared=*/false});
+    for (size_t i = 0; i < taps.size(); ++i) {
+      if (taps[i] != nullptr) words.push_back(taps[i]->Waiter(seqs[i]));
+    }
+    // --shm_spin_us: poll the words before sleeping, as a ring's reader
+    // would (on a host with idle cores, to save the wake-up).
+    if (SpinUntilAnyMoves(words, std::min(spin_before_sleep(),
+                                          deadline - absl::Now()))) {
+      continue;
+    }
+    // Announce the sleep before the kernel compares the words: whoever
+    // changes one after that sees a sleeper and wakes it.
+    sleepers_.fetch_add(1);
+    for (auto& t : taps) {
+      if (t != nullptr) t->Sleeping(true);
+    }
+    // Never longer than a reader would sleep: should a wake-up ever be
+    // lost (a kernel's, a sandbox's, or ours), it costs one poll interval,
+    // not the operation's deadline.
+    const absl::Time wake_by = std::min(deadline, absl::Now() + kLongestSleep);
+    const bool slept = FutexWaitAny(words, wake_by);
+    for (auto& t : taps) {
+      if (t != nullptr) t->Sleeping(false);
+    }
+    sleepers_.fetch_sub(1);
+    if (slept && wake_by < deadline && absl::Now() >= wake_by) {
+      // Woken by the clock: had a word moved meanwhile, its wake-up was
+      // missed (a diagnostic; a word that moved just as the clock ran out
+      // counts too).
+      bool moved = events_.load() != events;
+      for (size_t i = 0; i < taps.size() && !moved; ++i) {
+        moved = taps[i] != nullptr && taps[i]->Seq() != seqs[i];
+      }
+      if (moved) counters_->missed_wakeups.fetch_add(1);
+    }
+    if (!slept) break;  // cannot sleep on the words: the readers deliver
+  }
+  for (auto& t : taps) {
+    if (t != nullptr) t->Attach(false);
+  }
+  if (pruned) {
+    absl::MutexLock lock(&taps_mu_);
+    EraseIf(taps_, [](const std::shared_ptr<InboxTap>& t) {
+      return t->over();
+    });
+  }
+  return ev;
+}
+
+Inbox::Event Inbox::EventLocked(int from, uint64_t op_seq,
+                                absl::Span<const int> watch) {
+  Event ev;
+  ev.type = Event::kTimeout;
+  if (!interrupt_.ok()) {
+    ev.type = Event::kInterrupted;
+    ev.status = interrupt_;
+    return ev;
+  }
+  // Data already queued for this op wins over a later failure report: the
+  // frame is good, and the failure will be seen at the next wait. Except
+  // when `from` itself aborted this op: what it sent before belongs to a
+  // call it gave up on (perhaps long ago, with no peer there), and must
+  // never be combined with this rank's call.
+  auto& q = queues_[from];
+  while (!q.empty() && q.front().meta.op_seq < op_seq) PopFront(from, q);
+  auto own = aborts_.find(op_seq);
+  const bool sender_aborted =
+      own != aborts_.end() && own->second.meta.origin_rank == from;
+  if (!sender_aborted && !q.empty() && q.front().meta.op_seq == op_seq) {
+    ev.type = Event::kFrame;
+    ev.frame = PopFront(from, q);
+    return ev;
+  }
+  auto it = aborts_.lower_bound(op_seq);
+  if (it != aborts_.end()) {
+    ev.type = Event::kAbort;
+    ev.frame = it->second;  // copy: several waits may report it
+    return ev;
+  }
+  for (int peer : watch) {
+    auto f = link_failures_.find(peer);
+    if (f != link_failures_.end()) {
+      ev.type = Event::kLinkFailed;
+      ev.peer = peer;
+      ev.status = f->second;
+      return ev;
+    }
+  }
+  if (!q.empty()) {  // a frame of a later operation: the sender moved on
+    ev.type = Event::kAbort;
+    ev.frame.meta.kind = FrameKind::kAbort;
+    ev.frame.meta.op_seq = q.front().meta.op_seq;
+    ev.frame.meta.origin_rank = from;
+    ev.frame.meta.sender_rank = from;
+    ev.frame.meta.abort_code = absl::StatusCode::kAborted;
+    ev.frame.meta.message =
+        absl::StrCat("rank ", from, " already started operation #",
+                     q.front().meta.op_seq, " while this rank waits in #",
+                     op_seq);
+    return ev;
+  }
+  return ev;  // timeout
+}
+
+}  // namespace halka

@@ -1,0 +1,232 @@
+// The boundary between the algorithms and the wire.
+//
+// The algorithms never see sockets or gRPC: they hand frames to a Transport
+// and take received frames from an Inbox, which the transport fills.
+#ifndef HALKA_CORE_TRANSPORT_H_
+#define HALKA_CORE_TRANSPORT_H_
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "core/frame.h"
+#include "core/futex.h"
+#include "core/landing.h"
+#include "core/link_counters.h"
+
+namespace halka {
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Queues one frame for rank `to`. The payload is not copied: it must stay
+  // valid and unmodified until `on_released` runs. `on_released` runs
+  // exactly once, on any thread (possibly inside Send), whether or not the
+  // frame was delivered. Errors: UNAVAILABLE when the link to `to` cannot be
+  // opened; the frame is then released before Send returns. A link that
+  // breaks later is reported through Inbox::LinkFailed.
+  // Thread-safe.
+  virtual absl::Status Send(int to, const FrameMeta& meta,
+                            absl::Span<const uint8_t> payload,
+                            std::function<void()> on_released) = 0;
+
+  // Drops the frames queued for `to` and cancels its link, releasing every
+  // payload promptly. The next Send reconnects. Thread-safe.
+  virtual void Reset(int to) = 0;
+};
+
+// A path whose frames the waiting thread can take itself instead of a
+// thread of the link's handing them over (a same-host link's ring,
+// transport/shm/shm_link.h). Where the kernel can sleep on several words at once
+// (futex_waitv), Inbox::Next drains its taps before it sleeps and sleeps
+// on their words too, with the taps' own readers standing aside: a record
+// then wakes the operation's thread directly, and a record that is already
+// there costs no wake-up at all. Without futex_waitv the readers deliver
+// as they would without a tap.
+class InboxTap {
+ public:
+  virtual ~InboxTap() = default;
+  // The tap's data sequence now: read before the Drain that found nothing.
+  virtual uint32_t Seq() = 0;
+  // Takes every frame there is now and delivers it (Inbox::Deliver, after
+  // the link's own checks), without blocking; sets *took if it took any.
+  // False once the tap is over (stopped, failed, closed and drained).
+  virtual bool Drain(bool* took) = 0;
+  // The word to sleep on, and the calls around the sleep.
+  virtual FutexWaiter Waiter(uint32_t seq) = 0;
+  virtual void Sleeping(bool sleeping) = 0;
+  // While attached, the waiting thread takes the frames: the tap's reader
+  // stands aside (it looks again within its poll interval once detached).
+  virtual void Attach(bool attached) = 0;
+  // Over for good (its link stopped or failed): the inbox forgets it.
+  virtual bool over() = 0;
+};
+
+// Received frames, per sending rank, and link failures. Filled by the
+// transport (any thread, never blocks), drained by the engine.
+// Thread-safe.
+class Inbox {
+ public:
+  // Frames from ranks outside [0, max_ranks) are dropped (the transport
+  // validates ranks before delivery; this is the last line of defence).
+  // `counters`: where it counts its missed wake-ups (its worker's,
+  // core/link_counters.h); null: counters of its own.
+  explicit Inbox(int max_ranks = 1 << 16,
+                 std::shared_ptr<LinkCounters> counters = nullptr);
+  int max_ranks() const { return max_ranks_; }
+  const std::shared_ptr<LinkCounters>& counters() const { return counters_; }
+
+  // How long Next polls its taps' words before it sleeps on them (its
+  // worker's --shm_spin_us; 0, the default: it sleeps at once). Clamped
+  // to [0, 1 ms] as ShmRing::set_spin_before_sleep. Any thread.
+  void SetSpinBeforeSleep(absl::Duration spin);
+  absl::Duration spin_before_sleep() const;
+
+  // Bytes of payload queued and not yet taken by an operation, at most per
+  // sending rank and for the whole inbox: a peer past either (a buggy or
+  // hostile one streaming frames for a far-future operation) gets
+  // RESOURCE_EXHAUSTED naming it, and its link is closed. Landed frames
+  // cost nothing (their bytes are in the operation's buffer). What a link
+  // holds beyond this is its one record being read (wire: at most
+  // wire_record::kMaxRecordBytes; gRPC: one message). Set before frames
+  // flow; 0 leaves a bound off.
+  struct ByteBudget {
+    uint64_t per_peer = uint64_t{1} << 30;  // 1 GiB
+    uint64_t total = uint64_t{4} << 30;     // 4 GiB
+  };
+  void SetByteBudget(ByteBudget budget);
+  uint64_t queued_bytes() const;
+
+  // Where this generation's operations offer landings for their frames,
+  // and its links' readers claim them (core/landing.h).
+  const std::shared_ptr<LandingBoard>& landings() const { return landings_; }
+
+  // Called (outside the inbox's lock) for every LinkFailed, e.g. to report
+  // the broken link to the rendezvous. Set before frames flow.
+  void SetLinkFailureHook(std::function<void(int, const absl::Status&)> hook);
+
+  // Called by the transport. RESOURCE_EXHAUSTED (the frame is dropped)
+  // when `from` already has kMaxQueuedFrames frames queued: a peer that
+  // runs that far ahead is broken or hostile, and its link is closed.
+  static constexpr size_t kMaxQueuedFrames = size_t{1} << 16;
+  absl::Status Deliver(int from, InFrame frame);
+  void LinkFailed(int peer, absl::Status status);
+
+  // Adds a path Next drains (and sleeps on) itself; forgets those that are
+  // over (also at every Next with taps). Any thread.
+  void AddTap(std::shared_ptr<InboxTap> tap);
+  // Forgets a tap (its link's end). Any thread.
+  void RemoveTap(const InboxTap* tap);
+  size_t taps() const;
+
+  // Sets an error that fails every wait until ClearInterrupt (a membership
+  // change, a shutdown).
+  void Interrupt(absl::Status status);
+  void ClearInterrupt();
+
+  // Forgets link failures (start of an operation: the transport reconnects
+  // on the next send).
+  void ClearLinkFailures();
+
+  // Result of a wait.
+  struct Event {
+    enum Type { kFrame, kAbort, kLinkFailed, kInterrupted, kTimeout } type;
+    InFrame frame;        // kFrame, kAbort (the abort frame)
+    int peer = -1;        // kLinkFailed
+    absl::Status status;  // kLinkFailed, kInterrupted
+  };
+
+  // Waits for the next frame from `from` that belongs to op `op_seq`,
+  // dropping frames of older operations. Returns early with kAbort if any
+  // rank's ABORT frame for `op_seq` (or a later op) has arrived, with
+  // kLinkFailed if the link to any rank in `watch` failed, with kInterrupted
+  // after Interrupt, and with kTimeout at `deadline`. A frame of a later
+  // operation from `from` is left queued and reported as kAbort with a
+  // synthetic frame (the sender has moved on: it abandoned `op_seq`).
+  Event Next(int from, uint64_t op_seq, absl::Span<const int> watch,
+             absl::Time deadline);
+
+  // Drops everything queued for operations before `op_seq`, and every such
+  // frame that arrives later.
+  void DropBefore(uint64_t op_seq);
+
+  // The highest operation sequence any peer has sent a frame or an abort
+  // for (0: none). A peer at op s has finished (or failed) every op < s.
+  // Takes what the taps hold first (their readers may stand aside).
+  uint64_t MaxOpSeqSeen();
+
+  // For a rank that enters a running ring: waits until a peer's frame of
+  // an operation that nobody aborted arrives and returns the newest such
+  // operation's sequence number. Errors: the interrupt status,
+  // DEADLINE_EXCEEDED.
+  absl::StatusOr<uint64_t> WaitFirstOpSeq(absl::Time deadline);
+
+ private:
+  bool Ready(int from, uint64_t op_seq, absl::Span<const int> watch) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a wait for `from`'s frame of `op_seq` returns now (kTimeout when
+  // nothing is ready).
+  Event EventLocked(int from, uint64_t op_seq, absl::Span<const int> watch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deliver without the Bump.
+  absl::Status Enqueue(int from, InFrame frame);
+  // futex_waitv takes at most 128 words: the inbox's and 127 taps'.
+  static constexpr size_t kMaxTapsWaited = 127;
+  // The longest one sleep on the taps' words lasts (as a ring's reader).
+  static constexpr absl::Duration kLongestSleep = absl::Milliseconds(50);
+  // Next with taps: drains them, sleeps on them and on events_.
+  // nullopt when it could not sleep on the taps' words (Next then waits on
+  // the inbox alone).
+  std::optional<Event> NextWithTaps(
+      int from, uint64_t op_seq, absl::Span<const int> watch,
+      absl::Time deadline, std::vector<std::shared_ptr<InboxTap>> taps);
+  std::vector<std::shared_ptr<InboxTap>> Taps() const;
+  // After any change a wait looks for (a frame, an abort, a link failure,
+  // an interrupt): wakes a thread sleeping in NextWithTaps.
+  void Bump();
+
+  const int max_ranks_;
+  // Sleeps on taps that the clock ended although a word had moved go to
+  // missed_wakeups (tests and diagnostics).
+  const std::shared_ptr<LinkCounters> counters_;
+  std::atomic<int64_t> spin_ns_{0};  // SetSpinBeforeSleep
+  const std::shared_ptr<LandingBoard> landings_ =
+      std::make_shared<LandingBoard>();
+  mutable absl::Mutex mu_;
+  std::map<int, std::deque<InFrame>> queues_ ABSL_GUARDED_BY(mu_);
+  // Payload bytes queued, per sending rank and in all (ByteBudget).
+  std::map<int, uint64_t> queued_bytes_ ABSL_GUARDED_BY(mu_);
+  uint64_t total_queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  ByteBudget budget_ ABSL_GUARDED_BY(mu_);
+  // Takes the front frame off `from`'s queue, out of the byte count.
+  InFrame PopFront(int from, std::deque<InFrame>& q)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::map<uint64_t, InFrame> aborts_ ABSL_GUARDED_BY(mu_);  // by op_seq
+  std::map<int, absl::Status> link_failures_ ABSL_GUARDED_BY(mu_);
+  absl::Status interrupt_ ABSL_GUARDED_BY(mu_);
+  uint64_t max_seen_ ABSL_GUARDED_BY(mu_) = 0;
+  // DropBefore's highest operation: older frames are dropped on arrival.
+  uint64_t floor_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void(int, const absl::Status&)> hook_ ABSL_GUARDED_BY(mu_);
+
+  mutable absl::Mutex taps_mu_;
+  std::vector<std::shared_ptr<InboxTap>> taps_ ABSL_GUARDED_BY(taps_mu_);
+  // Counts the changes Bump reports; NextWithTaps sleeps on it.
+  std::atomic<uint32_t> events_{0};
+  std::atomic<uint32_t> sleepers_{0};
+};
+
+}  // namespace halka
+
+#endif  // HALKA_CORE_TRANSPORT_H_

@@ -1,0 +1,72 @@
+// One way a peer link's frames travel once the link has chosen it, and the
+// one rule both ends use to choose.
+//
+// A link always starts as a gRPC stream (transport/grpc/grpc_transport.h,
+// transport/grpc/peer_service.h). With its first call the dialling end offers the
+// faster paths it can (a shared-memory ring, transport/shm/shm_link.h; a TCP wire
+// connection, transport/tcp/wire_link.h), the serving end answers what it could
+// take, and ChoosePath, applied by both ends to the same facts, picks one.
+// From then on every frame of the link takes that path, so frames stay in
+// order; the gRPC stream stays open either way, and its end is the link's.
+//
+// A path's sending end is a LinkPath: it takes frames and releases each
+// one exactly once. The gRPC stream is the path every link can fall back
+// to, and the transport drives it itself (it is the stream).
+#ifndef HALKA_TRANSPORT_LINK_PATH_H_
+#define HALKA_TRANSPORT_LINK_PATH_H_
+
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/types/span.h"
+
+namespace halka {
+
+// A frame on its way out: its bytes (head, then payload, back to back),
+// what keeps them alive, and what to run once they are no longer needed.
+struct OutFrame {
+  std::vector<absl::Span<const uint8_t>> parts;
+  std::shared_ptr<void> keepalive;  // owns what parts point to, if anything
+  std::function<void()> on_released;
+};
+
+// Runs a frame's release callback once (and forgets it).
+void ReleaseOnce(std::function<void()>& on_released);
+
+class LinkPath {
+ public:
+  virtual ~LinkPath() = default;
+  // Takes `frames`, in order, behind every frame taken before. Each
+  // frame's on_released runs exactly once, on any thread (possibly inside
+  // Send, never under the caller's locks it does not know of): when its
+  // bytes have been copied or written, or when the path drops it (closed,
+  // failed). Never waits for the peer.
+  virtual void Send(std::vector<OutFrame> frames) = 0;
+  void SendOne(OutFrame frame) {
+    std::vector<OutFrame> one;
+    one.push_back(std::move(frame));
+    Send(std::move(one));
+  }
+  // Ends the path: a frame being written may be cut, the rest are
+  // released. Idempotent; never from a frame's on_released.
+  virtual void Close() = 0;
+};
+
+// The paths a link can take, fastest first.
+enum class PathKind { kShm, kWire, kGrpc };
+
+// Which path a link takes, given what both ends could use: shared memory
+// where the serving end mapped the ring (same host), else the wire where
+// it took the wire offer, else the gRPC stream. Both ends apply it: the
+// serving end to decide what it answers, the dialling end to the answers.
+inline PathKind ChoosePath(bool shm_usable, bool wire_usable) {
+  if (shm_usable) return PathKind::kShm;
+  if (wire_usable) return PathKind::kWire;
+  return PathKind::kGrpc;
+}
+
+}  // namespace halka
+
+#endif  // HALKA_TRANSPORT_LINK_PATH_H_

@@ -1,0 +1,604 @@
+#include "transport/tcp/wire_link.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "codec/frame_codec.h"
+#include "transport/tcp/wire_record.h"
+
+namespace halka {
+namespace {
+
+using wire_record::Errno;
+using wire_record::GetU32;
+using wire_record::kMaxRecordBytes;
+using wire_record::PutU32;
+using wire_record::Signal;
+
+constexpr size_t kTokenBytes = 16;
+constexpr size_t kMaxPending = 64;
+constexpr absl::Duration kHandshakeTime = absl::Seconds(2);
+constexpr absl::Duration kTokenLife = absl::Seconds(30);
+// The bytes of a frame's head ([u32 header length][header]) at the start
+// of its parts, at most `total` (what the frame codec wrote: its first
+// four bytes say).
+size_t FrameHeadBytes(const std::vector<absl::Span<const uint8_t>>& parts,
+                      size_t total) {
+  uint8_t len[4] = {0, 0, 0, 0};
+  size_t got = 0;
+  for (const auto& p : parts) {
+    for (size_t i = 0; i < p.size() && got < 4; ++i) len[got++] = p[i];
+    if (got == 4) break;
+  }
+  return got < 4 ? total : std::min<size_t>(total, 4 + size_t{GetU32(len)});
+}
+
+// The parts cut at byte `at`: what comes before, and the rest.
+void SplitParts(const std::vector<absl::Span<const uint8_t>>& parts, size_t at,
+                std::vector<absl::Span<const uint8_t>>* before,
+                std::vector<absl::Span<const uint8_t>>* after) {
+  for (const auto& p : parts) {
+    const size_t take = std::min(at, p.size());
+    if (take > 0) before->push_back(p.subspan(0, take));
+    if (take < p.size()) after->push_back(p.subspan(take));
+    at -= take;
+  }
+}
+
+// No Nagle; and a connection that stops answering (a black-holed path, a
+// peer host gone) errors out in about 30 s instead of blocking a write or
+// a read until the operation's deadline names nothing better.
+void SetSocketOptions(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  int idle = 10, interval = 5, count = 3;
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+  unsigned int user_timeout_ms = 30000;
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms,
+             sizeof(user_timeout_ms));
+}
+
+}  // namespace
+
+std::string FormatWireOffer(const std::string& key) {
+  if (key.empty()) return "-";
+  std::string hex = WireHex(key);
+  std::string offer = absl::StrCat(WireSeal::kName, ":", hex);
+  WipeKey(&hex);
+  return offer;
+}
+
+absl::StatusOr<std::string> ParseWireOffer(const std::string& offer) {
+  if (offer == "-") return std::string();
+  const size_t colon = offer.find(':');
+  if (colon == std::string::npos ||
+      offer.compare(0, colon, WireSeal::kName) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "this worker seals wire links with ", WireSeal::kName,
+        " and takes no other offer"));
+  }
+  std::string hex = offer.substr(colon + 1);
+  std::string key = WireUnhex(hex);
+  WipeKey(&hex);
+  if (key.size() != WireSeal::kKeyBytes) {
+    WipeKey(&key);
+    return absl::InvalidArgumentError("malformed key");
+  }
+  return key;
+}
+
+std::string FormatWireAnswer(int port, const std::string& token) {
+  return absl::StrCat("ok ", port, " ", token);
+}
+
+bool ParseWireAnswer(const std::string& answer, int* port,
+                     std::string* token) {
+  std::vector<std::string> parts = absl::StrSplit(answer, ' ');
+  int p = 0;
+  if (parts.size() != 3 || parts[0] != "ok" || !absl::SimpleAtoi(parts[1], &p) ||
+      p <= 0 || p > 65535 || WireUnhex(parts[2]).size() != kTokenBytes) {
+    return false;
+  }
+  *port = p;
+  *token = parts[2];
+  return true;
+}
+
+void WireFallbacks::Note(const std::string& address, const absl::Status& why) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto [it, first] = last_.emplace(address, absl::Now());
+    it->second = absl::Now();
+    if (!first) return;
+  }
+  const std::string line = absl::StrCat(
+      "wire link to ", address,
+      " not made, its frames take the gRPC stream (no wire offered to it "
+      "for a minute): ",
+      why.message());
+  if (log_ != nullptr) {
+    log_->Warning(line);
+  } else {
+    LogWarning(line);
+  }
+}
+
+bool WireFallbacks::RecentlyFailed(const std::string& address) const {
+  absl::MutexLock lock(&mu_);
+  auto it = last_.find(address);
+  return it != last_.end() && absl::Now() - it->second < absl::Minutes(1);
+}
+
+// ---- WireListener
+
+absl::StatusOr<std::unique_ptr<WireListener>> WireListener::Start(
+    const std::string& host, int port_wanted,
+    std::shared_ptr<LinkCounters> counters) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  if (port_wanted < 0 || port_wanted > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("wire links: port ", port_wanted, " is not a TCP port"));
+  }
+  addrinfo* res = nullptr;
+  std::string bare = host;  // without brackets (HostOf)
+  if (bare == "0.0.0.0" || bare == "::") bare.clear();  // every address
+  const int rc = getaddrinfo(bare.empty() ? nullptr : bare.c_str(),
+                             absl::StrCat(port_wanted).c_str(), &hints, &res);
+  if (rc != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "wire links: cannot resolve '", host, "': ", gai_strerror(rc)));
+  }
+  int fd = -1;
+  std::string why = "no address";
+  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                a->ai_protocol);
+    if (fd < 0) {
+      why = Errno("socket");
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+      why = Errno("bind/listen");
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(res);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("wire links: cannot listen on '", host, "': ", why));
+  }
+  sockaddr_storage ss{};
+  socklen_t sl = sizeof(ss);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl);
+  const int port = ntohs(ss.ss_family == AF_INET6
+                             ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                             : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    close(fd);
+    return absl::UnavailableError(Errno("wire links: eventfd"));
+  }
+  if (counters == nullptr) counters = std::make_shared<LinkCounters>();
+  return std::unique_ptr<WireListener>(
+      new WireListener(fd, wake, port, std::move(counters)));
+}
+
+WireListener::WireListener(int fd, int wake_fd, int port,
+                           std::shared_ptr<LinkCounters> counters)
+    : fd_(fd), wake_fd_(wake_fd), port_(port), counters_(std::move(counters)) {
+  loop_ = std::thread([this] { Loop(); });
+}
+
+WireListener::~WireListener() {
+  Stop();
+  close(fd_);
+  close(wake_fd_);
+}
+
+void WireListener::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;
+    stop_ = true;
+    expected_.clear();
+  }
+  Signal(wake_fd_);
+  if (loop_.joinable()) loop_.join();
+  shutdown(fd_, SHUT_RDWR);  // new connections are refused from now on
+}
+
+std::string WireListener::Expect(OnConnected on_connected) {
+  absl::StatusOr<std::string> token = WireRandomBytes(kTokenBytes);
+  if (!token.ok()) return "";
+  absl::MutexLock lock(&mu_);
+  if (stop_) return "";
+  expected_[*token] = Waiting{std::move(on_connected), absl::Now() + kTokenLife};
+  return WireHex(*token);
+}
+
+void WireListener::Forget(const std::string& token) {
+  absl::MutexLock lock(&mu_);
+  expected_.erase(WireUnhex(token));
+}
+
+void WireListener::Loop() {
+  struct Pending {
+    int fd;
+    absl::Time deadline;
+    std::string got;
+  };
+  std::vector<Pending> pending;
+  size_t live = 0;  // pending entries still open
+  for (;;) {
+    std::vector<pollfd> fds;
+    fds.push_back({wake_fd_, POLLIN, 0});
+    fds.push_back({fd_, POLLIN, 0});
+    for (const Pending& p : pending) fds.push_back({p.fd, POLLIN, 0});
+    poll(fds.data(), fds.size(), 200);
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) break;
+      const absl::Time now = absl::Now();
+      for (auto it = expected_.begin(); it != expected_.end();) {
+        it = it->second.expires < now ? expected_.erase(it) : std::next(it);
+      }
+    }
+    if (fds[1].revents & POLLIN) {
+      for (;;) {
+        const int c = accept4(fd_, nullptr, nullptr,
+                              SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (c < 0) {
+          // Out of descriptors: the connection stays in the backlog and
+          // poll would report it at once again; do not spin on it.
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+              errno == ENOMEM) {
+            absl::SleepFor(absl::Milliseconds(100));
+          }
+          break;
+        }
+        // Full: the oldest connection that has not shown a token goes,
+        // never the new one. A peer presents its token right after it
+        // connects, so connections that sit silent (a flood of them, or
+        // a scanner) cannot keep links off the wire: each one only
+        // pushes the silent ones out.
+        if (live >= kMaxPending) {
+          for (Pending& old : pending) {
+            if (old.fd < 0) continue;
+            close(old.fd);
+            old.fd = -1;
+            --live;
+            counters_->wire.evicted.fetch_add(1, std::memory_order_relaxed);
+            break;
+          }
+        }
+        pending.push_back({c, absl::Now() + kHandshakeTime, ""});
+        ++live;
+      }
+    }
+    const absl::Time now = absl::Now();
+    std::vector<Pending> still;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Pending& p = pending[i];
+      if (p.fd < 0) continue;  // evicted
+      // fds[2 + i] is p's (pending did not change since the poll, apart
+      // from new connections appended after it).
+      if (i + 2 < fds.size() && (fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) {
+        char buf[kTokenBytes];
+        const ssize_t r = read(p.fd, buf, kTokenBytes - p.got.size());
+        if (r <= 0 && !(r < 0 && (errno == EAGAIN || errno == EINTR))) {
+          close(p.fd);
+          continue;
+        }
+        if (r > 0) p.got.append(buf, static_cast<size_t>(r));
+      }
+      if (p.got.size() == kTokenBytes) {
+        absl::MutexLock lock(&mu_);
+        auto it = expected_.find(p.got);
+        const char ack = 'k';
+        if (it == expected_.end() || send(p.fd, &ack, 1, MSG_NOSIGNAL) != 1) {
+          close(p.fd);
+          continue;
+        }
+        OnConnected done = std::move(it->second.on_connected);
+        expected_.erase(it);
+        const int flags = fcntl(p.fd, F_GETFL);
+        fcntl(p.fd, F_SETFL, flags & ~O_NONBLOCK);
+        SetSocketOptions(p.fd);
+        done(p.fd);  // under the lock: Forget cannot pass it
+        continue;
+      }
+      if (now > p.deadline) {
+        close(p.fd);
+        continue;
+      }
+      still.push_back(std::move(p));
+    }
+    pending = std::move(still);
+    live = pending.size();
+  }
+  for (const Pending& p : pending) {
+    if (p.fd >= 0) close(p.fd);
+  }
+}
+
+// ---- WireSender
+
+WireSender::WireSender(std::string host, int port, std::string token,
+                       std::string key,
+                       std::function<void(const absl::Status&)> on_ready,
+                       std::function<void(const absl::Status&)> on_failed)
+    : host_(std::move(host)),
+      port_(port),
+      token_(WireUnhex(token)),
+      seal_(key.empty() ? nullptr : std::make_unique<WireSeal>(std::move(key))),
+      on_ready_(std::move(on_ready)),
+      on_failed_(std::move(on_failed)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+WireSender::~WireSender() { Close(); }
+
+void WireSender::Send(std::vector<OutFrame> frames) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stop_) {
+      for (OutFrame& f : frames) queue_.push_back(std::move(f));
+      return;
+    }
+  }
+  for (OutFrame& f : frames) ReleaseOnce(f.on_released);  // Close ran
+}
+
+void WireSender::Close() {
+  std::deque<Frame> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    if (fd_ >= 0 && idle_) WriteCloseRecord();
+    if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);  // cuts a blocked write
+  }
+  if (thread_.joinable()) thread_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    dropped.swap(queue_);
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+  for (Frame& f : dropped) ReleaseOnce(f.on_released);
+}
+
+absl::Status WireSender::Connect() {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  const std::string& bare = host_;  // without brackets (HostOf)
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(bare.c_str(), absl::StrCat(port_).c_str(),
+                             &hints, &res);
+  if (rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve ", host_, ": ", gai_strerror(rc)));
+  }
+  const absl::Time deadline = absl::Now() + kHandshakeTime;
+  // Waits for `events` on fd until the handshake's deadline: "" when they
+  // came, else why not.
+  auto wait_for = [&](int fd, short events) -> std::string {
+    for (;;) {
+      const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+      if (ms <= 0) return "timed out after 2 s";
+      pollfd p{fd, events, 0};
+      const int r = poll(&p, 1, static_cast<int>(ms));
+      if (r > 0) return "";
+      if (r < 0 && errno != EINTR) return Errno("poll");
+    }
+  };
+  std::string why = "no address";
+  int fd = -1;
+  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                a->ai_protocol);
+    if (fd < 0) {
+      why = Errno("socket");
+      continue;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) {
+        close(fd);
+        freeaddrinfo(res);
+        return absl::CancelledError("closed");
+      }
+      fd_ = fd;  // Close can cut the waits below
+    }
+    std::string failed;
+    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      if (errno != EINPROGRESS) {
+        failed = Errno("connect");
+      } else if (failed = wait_for(fd, POLLOUT); failed.empty()) {
+        int err = 0;
+        socklen_t el = sizeof(err);
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
+        if (err != 0) failed = absl::StrCat("connect: ", std::strerror(err));
+      }
+    }
+    if (!failed.empty()) {
+      why = failed;
+      absl::MutexLock lock(&mu_);
+      close(fd);
+      fd_ = fd = -1;
+    }
+  }
+  freeaddrinfo(res);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to ", host_,
+                                               ":", port_, ": ", why));
+  }
+  // The token out, the ack back, both within the handshake time.
+  std::string failed;
+  char ack = 0;
+  if (send(fd, token_.data(), token_.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(token_.size())) {
+    failed = Errno("sending the link token");
+  } else if (failed = wait_for(fd, POLLIN); failed.empty()) {
+    const ssize_t r = read(fd, &ack, 1);
+    failed = r == 1 && ack == 'k' ? ""
+             : r == 0             ? "closed without an ack (token not taken)"
+             : r < 0              ? Errno("reading the ack")
+                                  : "a wrong ack byte";
+  }
+  if (!failed.empty()) {
+    absl::MutexLock lock(&mu_);
+    close(fd);
+    fd_ = -1;
+    return absl::UnavailableError(absl::StrCat(
+        "the peer did not take the link token on ", host_, ":", port_, ": ",
+        failed));
+  }
+  const int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  SetSocketOptions(fd);
+  return absl::OkStatus();
+}
+
+void WireSender::WriteCloseRecord() {
+  // Best effort and never blocking: a full socket buffer means the reader
+  // is behind, and it then sees the cut instead.
+  uint8_t rec[4 + WireSeal::kTagBytes] = {0, 0, 0, 0};
+  size_t n = 4;
+  if (seal_ != nullptr) {
+    if (!seal_->Seal({}, absl::MakeConstSpan(rec, 4), rec + 4).ok()) return;
+    n += WireSeal::kTagBytes;
+  }
+  (void)!send(fd_, rec, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+absl::Status WireSender::Write(Frame& frame) {
+  size_t total = 0;
+  for (const auto& p : frame.parts) total += p.size();
+  if (total > kMaxRecordBytes) {
+    return absl::InvalidArgumentError("a frame larger than a wire record");
+  }
+  uint8_t head[8];
+  PutU32(head, static_cast<uint32_t>(total));
+  std::vector<iovec> iov;
+  if (seal_ != nullptr) {
+    // Two units, each sealed: the frame's head, then its payload, so that
+    // the reader authenticates the head before it decides where the
+    // payload goes (core/landing.h).
+    const size_t head_bytes = FrameHeadBytes(frame.parts, total);
+    PutU32(head + 4, static_cast<uint32_t>(head_bytes));
+    const absl::Span<const uint8_t> aad(head, 8);
+    std::vector<absl::Span<const uint8_t>> front, payload;
+    SplitParts(frame.parts, head_bytes, &front, &payload);
+    sealed_.resize(total + 2 * WireSeal::kTagBytes);
+    absl::Status s = seal_->Seal(front, aad, sealed_.data());
+    if (s.ok()) {
+      s = seal_->Seal(payload, aad,
+                      sealed_.data() + head_bytes + WireSeal::kTagBytes);
+    }
+    if (!s.ok()) return s;
+    iov.push_back({head, 8});
+    iov.push_back({sealed_.data(), sealed_.size()});
+  } else {
+    iov.push_back({head, 4});
+    for (const auto& p : frame.parts) {
+      if (p.empty()) continue;
+      iov.push_back({const_cast<uint8_t*>(p.data()), p.size()});
+    }
+  }
+  int fd;
+  {
+    absl::MutexLock lock(&mu_);
+    fd = fd_;
+  }
+  size_t first = 0;
+  while (first < iov.size()) {
+    msghdr m{};
+    m.msg_iov = iov.data() + first;
+    m.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
+    const ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return absl::UnavailableError(Errno("wire link write"));
+    }
+    size_t left = static_cast<size_t>(w);
+    while (first < iov.size() && left >= iov[first].iov_len) {
+      left -= iov[first].iov_len;
+      ++first;
+    }
+    if (left > 0) {
+      iov[first].iov_base = static_cast<uint8_t*>(iov[first].iov_base) + left;
+      iov[first].iov_len -= left;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void WireSender::Loop() {
+  absl::Status ready = Connect();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;  // Close: nobody waits for the answer
+  }
+  on_ready_(ready);
+  if (!ready.ok()) return;
+  for (;;) {
+    Frame frame;
+    {
+      absl::MutexLock lock(&mu_);
+      idle_ = true;
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&has_work));
+      if (stop_) return;
+      idle_ = false;
+      frame = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    absl::Status s = Write(frame);
+    ReleaseOnce(frame.on_released);
+    if (!s.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stop_) return;  // Close cut the write
+      }
+      on_failed_(s);
+      return;
+    }
+  }
+}
+
+}  // namespace halka

@@ -1,0 +1,264 @@
+// The wire data path of a peer link between hosts: a plain TCP connection
+// per link that carries the link's frames instead of its gRPC stream, with
+// each frame sealed (AES-128-OCB) when the job runs TLS.
+//
+// Why: on gRPC's stream every byte crosses HTTP/2 framing and, under TLS,
+// gRPC's secure endpoint, which encrypts in 16 KiB records through two
+// more copies on each side (docs/performance.md: TLS cost 49-63 % of
+// plaintext). On its own connection a frame is one record: sealed in one
+// pass on the link's writer thread, opened in place on its reader thread.
+//
+// Negotiation (transport/grpc/grpc_transport.cc), beside the same-host offer:
+//   - the dialling side offers "halka-wire-offer: <offer>" in the link's
+//     call metadata, <offer> "aes-128-ocb:<key>" with the link's AES key in
+//     hex when its channel is TLS (the metadata travels inside TLS), "-" on
+//     a plaintext channel (FormatWireOffer, ParseWireOffer);
+//   - the serving side, if it takes wire links, registers a one-time token
+//     with its WireListener and answers "halka-wire: ok <port> <token>"
+//     (or "no: <why>"). It refuses a plaintext offer when it serves TLS;
+//   - the dialling side connects to <peer host>:<port> from the link's
+//     writer thread, presents the token and waits for a one-byte ack. Its
+//     frames wait until then; after it, they take the wire, and if the
+//     connection cannot be made they take the gRPC stream (logged once per
+//     peer), so frames stay in order on one path either way.
+// The gRPC stream stays open: its end is the link's end, as for same-host
+// links. A frame that fails authentication, a record too large, or a token
+// nobody expects ends that connection; a broken connection is the link's
+// failure, reported to the inbox like a broken stream.
+//
+// On the connection (dialler to server only; the server sends the ack
+// byte and nothing else): 16 token bytes, then records
+//   [u32 LE n][n bytes: the frame as codec/frame_codec.h encodes it]
+// and, sealed, [u32 LE n][u32 LE h][h bytes][16-byte tag][n - h bytes]
+// [16-byte tag]: the frame's head (its first h bytes: [u32 header
+// length][header]) and its payload sealed as two units (AES-128-OCB,
+// seal/wire_seal.h), both with the 8 length bytes as associated data and
+// the nonce a counter of the units on the connection (so a replayed,
+// dropped or reordered unit fails). The reader authenticates the head
+// before it decides where the payload goes (core/landing.h).
+#ifndef HALKA_TRANSPORT_TCP_WIRE_LINK_H_
+#define HALKA_TRANSPORT_TCP_WIRE_LINK_H_
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/grpc_util.h"
+#include "core/frame.h"
+#include "core/landing.h"
+#include "core/link_counters.h"
+#include "transport/link_path.h"
+#include "transport/shm/shm_link.h"
+#include "seal/wire_seal.h"
+
+namespace halka {
+
+inline constexpr char kLinkWireOfferKey[] = "halka-wire-offer";
+inline constexpr char kLinkWireAnswerKey[] = "halka-wire";
+
+// The dialling side's offer for a link sealed with `key` ("" on a
+// plaintext channel: "-").
+std::string FormatWireOffer(const std::string& key);
+// The key an offer carries ("" for "-"), or why it is refused: a malformed
+// key, or a sealing this worker does not speak (an older halka's
+// AES-GCM offer; the link then stays on its gRPC stream).
+absl::StatusOr<std::string> ParseWireOffer(const std::string& offer);
+
+// The serving side's answer: "ok <port> <token>" (true) or a refusal.
+std::string FormatWireAnswer(int port, const std::string& token);
+bool ParseWireAnswer(const std::string& answer, int* port, std::string* token);
+// One worker's memory of the peers its wire links could not reach: peer
+// address -> when its last wire link could not be made. Owned by the
+// WorkerNode and shared by its rings' transports, so that one worker's
+// failed connection never keeps another worker of the same process from
+// offering the wire. Thread-safe.
+class WireFallbacks {
+ public:
+  // `log`: the worker's (it must outlive this object); null: the process's.
+  explicit WireFallbacks(const Logger* log = nullptr) : log_(log) {}
+  // Logs, once per peer address, that a link to it stays on gRPC and why,
+  // and remembers it: links to that address offer no wire for a minute (a
+  // blocked port costs each new link the 2 s handshake time otherwise).
+  void Note(const std::string& address, const absl::Status& why);
+  bool RecentlyFailed(const std::string& address) const;
+
+ private:
+  const Logger* const log_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, absl::Time> last_ ABSL_GUARDED_BY(mu_);
+};
+
+// A worker's listening socket for wire links. Each connection must present,
+// within 2 s, a token that Expect handed out (once); unknown tokens, slow
+// or silent connections are closed. At most 64 connections wait in the
+// handshake at once. Thread-safe.
+class WireListener {
+ public:
+  // Binds `host` (the worker's listen host as HostOf gives it, no
+  // brackets; "", "0.0.0.0" or "::" for all) on
+  // `port` (0: an ephemeral one) and starts the accept thread. Evictions
+  // count in `counters` (its worker's; null: counters of its own). Errors:
+  // UNAVAILABLE.
+  static absl::StatusOr<std::unique_ptr<WireListener>> Start(
+      const std::string& host, int port = 0,
+      std::shared_ptr<LinkCounters> counters = nullptr);
+  ~WireListener();  // Stop()
+  void Stop();
+  int port() const { return port_; }
+
+  // Takes ownership of the connected socket. Runs on the listener's
+  // thread, under its lock: Forget(token) returning means it never runs.
+  using OnConnected = std::function<void(int fd)>;
+  // A one-time token (hex) for the next connection of one link; it expires
+  // after 30 s unused.
+  std::string Expect(OnConnected on_connected);
+  void Forget(const std::string& token);
+
+ private:
+  WireListener(int fd, int wake_fd, int port,
+               std::shared_ptr<LinkCounters> counters);
+  void Loop();
+
+  struct Waiting {
+    OnConnected on_connected;
+    absl::Time expires;
+  };
+  const int fd_;
+  const int wake_fd_;  // an eventfd: Stop wakes the loop
+  const int port_;
+  const std::shared_ptr<LinkCounters> counters_;  // wire.evicted
+  absl::Mutex mu_;
+  std::map<std::string, Waiting> expected_ ABSL_GUARDED_BY(mu_);  // raw token
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread loop_;
+};
+
+// The dialling end: its thread connects, presents the token, waits for the
+// ack, calls on_ready (OK, or why not: the link then stays on gRPC), and
+// then writes queued frames in order, sealing each when it has a key. A
+// connection that breaks later goes to on_failed once. Frames are released
+// once written (or when Close drops them).
+class WireSender : public LinkPath {
+ public:
+  using Frame = OutFrame;
+  WireSender(std::string host, int port, std::string token, std::string key,
+             std::function<void(const absl::Status&)> on_ready,
+             std::function<void(const absl::Status&)> on_failed);
+  ~WireSender() override;  // Close()
+  // LinkPath: queued for the writer thread, which releases each frame
+  // once written (frames sent before on_ready wait for the connection).
+  void Send(std::vector<OutFrame> frames) override;
+  // Stops the thread (a write in progress is cut; an idle link ends with
+  // its close record), waits for it, and releases what is still queued.
+  // Never from the callbacks.
+  void Close() override;
+
+ private:
+  void Loop();
+  absl::Status Connect();
+  absl::Status Write(Frame& frame);
+
+  const std::string host_;
+  const int port_;
+  const std::string token_;  // raw bytes
+  std::unique_ptr<WireSeal> seal_;
+  const std::function<void(const absl::Status&)> on_ready_;
+  const std::function<void(const absl::Status&)> on_failed_;
+  std::vector<uint8_t> sealed_;  // the writer's buffer for a sealed record
+  absl::Mutex mu_;
+  std::deque<Frame> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;
+  // The link is up and no record is being written: Close may end it with
+  // a close record (a record of 0 bytes; sealed, with its tag), so that
+  // the reader tells a link that ended from one that was cut.
+  bool idle_ ABSL_GUARDED_BY(mu_) = false;
+  void WriteCloseRecord() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::thread thread_;
+};
+
+// The serving end: a thread that reads records off the connection, opens
+// sealed ones, and hands each frame (or what DecodeFrame found wrong with
+// it) to on_frame; an error from on_frame stops it. A record that is too
+// large or not authentic, or a connection cut inside a record, goes to
+// on_error once. The link's normal end is a close record (0 bytes; sealed,
+// authenticated) before the connection's end; a connection that ends
+// between records without one (cut by the network or a third party, or
+// the peer died) also goes to on_error, so that an operation waiting for
+// this link fails at once, naming it, instead of at its deadline.
+class WireReceiver {
+ public:
+  using OnFrame = ShmReceiver::OnFrame;
+  using OnError = ShmReceiver::OnError;
+  // With `landings` and the sending rank `from`, payloads that an
+  // operation offered a landing for go straight into its buffer
+  // (core/landing.h): the frame then says `landed`, and counts in
+  // `counters` (its worker's wire.landed; null: not counted).
+  WireReceiver(int fd, std::string key, OnFrame on_frame, OnError on_error,
+               std::shared_ptr<LandingBoard> landings = nullptr,
+               int from = -1,
+               std::shared_ptr<LinkCounters> counters = nullptr);
+  ~WireReceiver();  // Stop()
+  // Delivers what arrives within 250 ms (the sender's last frames may
+  // trail the stream's end), then stops and joins.
+  void Stop();
+
+ private:
+  void Loop();
+  // Reads exactly n bytes, polling so that Stop is seen: OK; OUT_OF_RANGE
+  // at a clean end before any byte (`clean_end`); CANCELLED once stopped
+  // and drained; UNAVAILABLE otherwise.
+  absl::Status ReadFull(uint8_t* p, size_t n, bool* clean_end);
+  // The same through `take`, which reads at most `want` bytes once (after
+  // poll said the socket is readable) and returns what read() would.
+  absl::Status ReadFull(size_t n, bool* clean_end,
+                        absl::FunctionRef<ssize_t(size_t got, size_t want)> take);
+  // The rest of a record of n bytes whose length is `head`: OK with *frame
+  // set to what DecodeFrame made of it, or left empty (the frame's landing
+  // was revoked while it came: its operation has ended, the frame is
+  // dropped); otherwise the error that ends the connection.
+  absl::Status ReadRecord(size_t n, const uint8_t* head,
+                          std::optional<absl::StatusOr<InFrame>>* frame);
+  bool Stopped();
+  const int fd_;
+  const int wake_fd_;  // an eventfd Stop writes; -1 if none could be made
+  bool woken_ = false;  // the reader's own: Stop's wake-up was seen
+  std::unique_ptr<WireSeal> seal_;
+  const OnFrame on_frame_;
+  const OnError on_error_;
+  const std::shared_ptr<LandingBoard> landings_;  // null: nothing lands
+  const int from_;
+  const std::shared_ptr<LinkCounters> counters_;  // may be null
+  // Reads a landed payload into its place (plain) or into scratch_, opens
+  // it there and copies it into place once authentic (sealed).
+  absl::Status LandPlain(Landing& landing, bool* revoked);
+  // The link's close record (its 0-byte head read); sealed, its tag.
+  absl::Status ReadCloseRecord(const uint8_t head[4]);
+  absl::Status LandSealed(Landing& landing, absl::Span<const uint8_t> aad,
+                          bool* revoked);
+  // A revoked landing's bytes; sealed, the staging of a landed payload.
+  std::vector<uint8_t> scratch_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // A close record came: what follows is the connection's end.
+  bool closed_ = false;
+  absl::Time drain_until_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace halka
+
+#endif  // HALKA_TRANSPORT_TCP_WIRE_LINK_H_

@@ -36,13 +36,8 @@
 
 namespace {
 
-struct Flags {
-  int world = 4;
-  size_t min_bytes = size_t{1} << 20;
-  size_t max_bytes = size_t{64} << 20;
-  int factor = 4;
-  int iters = 5;
-  int warmup = 1;
+struct Flags : bench_args::SizeFlags {
+  Flags() { world = 4; }
   std::string algo = "ring_chunked";
 };
 
@@ -55,30 +50,12 @@ struct Flags {
   std::exit(2);
 }
 
-size_t ParseBytes(const std::string& text) {
-  return bench_args::ParseBytes(text, Usage);
-}
-
-int ParseInt(const std::string& text, int lo) {
-  return bench_args::ParseInt(text, lo, Usage);
-}
-
 Flags ParseFlags(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto eq = arg.find('=');
-    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
-      Usage(("unknown argument: " + arg).c_str());
-    }
-    std::string key = arg.substr(2, eq - 2), value = arg.substr(eq + 1);
-    if (key == "world") f.world = ParseInt(value, 1);
-    else if (key == "min") f.min_bytes = ParseBytes(value);
-    else if (key == "max") f.max_bytes = ParseBytes(value);
-    else if (key == "factor") f.factor = ParseInt(value, 2);
-    else if (key == "iters") f.iters = ParseInt(value, 1);
-    else if (key == "warmup") f.warmup = ParseInt(value, 0);
-    else if (key == "algo") f.algo = value;
+    auto [key, value] = bench_args::SplitFlag(argv[i], Usage);
+    if (bench_args::ParseSizeFlag(key, value, f, Usage)) continue;
+    if (key == "algo") f.algo = value;
     else Usage(("unknown flag: --" + key).c_str());
   }
   if (f.algo != "ring_chunked" && f.algo != "ring" &&
@@ -101,10 +78,6 @@ std::unique_ptr<gloo::Algorithm> MakeAllreduce(
                                                                    count);
   }
   return std::make_unique<gloo::AllreduceRingChunked<float>>(ctx, ptrs, count);
-}
-
-float Input(size_t i, int rank) {
-  return static_cast<float>(i % 97) + static_cast<float>(rank);
 }
 
 }  // namespace
@@ -147,7 +120,9 @@ int main(int argc, char** argv) {
     for (int r = 0; r < g; ++r) {
       ranks.emplace_back([&, r] {
         for (int it = 0; it < total; ++it) {
-          for (size_t i = 0; i < count; ++i) bufs[r][i] = Input(i, r);
+          for (size_t i = 0; i < count; ++i) {
+            bufs[r][i] = bench_args::Input(i, r);
+          }
           sync.arrive_and_wait();
           auto t0 = std::chrono::steady_clock::now();
           algos[r]->run();
@@ -156,10 +131,8 @@ int main(int argc, char** argv) {
                             .count();
         }
         // Check the last iteration's result against the exact reference.
-        const float rank_sum = static_cast<float>(g * (g - 1) / 2);
         for (size_t i = 0; i < count; ++i) {
-          float want = static_cast<float>(i % 97) * g + rank_sum;
-          if (bufs[r][i] != want) ++wrong[r];
+          if (bufs[r][i] != bench_args::Expected(i, g)) ++wrong[r];
         }
       });
     }

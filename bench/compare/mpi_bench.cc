@@ -38,13 +38,7 @@
 
 namespace {
 
-struct Flags {
-  int world = 0;  // 0: whatever mpirun started
-  size_t min_bytes = size_t{1} << 20;
-  size_t max_bytes = size_t{64} << 20;
-  int factor = 4;
-  int iters = 5;
-  int warmup = 1;
+struct Flags : bench_args::SizeFlags {  // world 0: whatever mpirun started
   std::string label = "default";
   bool table = false;
 };
@@ -63,14 +57,6 @@ struct Flags {
   std::exit(2);
 }
 
-size_t ParseBytes(const std::string& text) {
-  return bench_args::ParseBytes(text, Usage);
-}
-
-int ParseInt(const std::string& text, int lo) {
-  return bench_args::ParseInt(text, lo, Usage);
-}
-
 Flags ParseFlags(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
@@ -79,18 +65,9 @@ Flags ParseFlags(int argc, char** argv) {
       f.table = true;
       continue;
     }
-    auto eq = arg.find('=');
-    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
-      Usage(("unknown argument: " + arg).c_str());
-    }
-    std::string key = arg.substr(2, eq - 2), value = arg.substr(eq + 1);
-    if (key == "world") f.world = ParseInt(value, 1);
-    else if (key == "min") f.min_bytes = ParseBytes(value);
-    else if (key == "max") f.max_bytes = ParseBytes(value);
-    else if (key == "factor") f.factor = ParseInt(value, 2);
-    else if (key == "iters") f.iters = ParseInt(value, 1);
-    else if (key == "warmup") f.warmup = ParseInt(value, 0);
-    else if (key == "label") f.label = value;
+    auto [key, value] = bench_args::SplitFlag(arg, Usage);
+    if (bench_args::ParseSizeFlag(key, value, f, Usage)) continue;
+    if (key == "label") f.label = value;
     else Usage(("unknown flag: --" + key).c_str());
   }
   if (f.min_bytes < 4 || f.min_bytes > f.max_bytes) Usage("bad size range");
@@ -99,10 +76,6 @@ Flags ParseFlags(int argc, char** argv) {
     Usage("--max is past 2^31 floats");
   }
   return f;
-}
-
-float Input(size_t i, int rank) {
-  return static_cast<float>(i % 97) + static_cast<float>(rank);
 }
 
 }  // namespace
@@ -134,7 +107,9 @@ int main(int argc, char** argv) {
     std::vector<double> secs(total), slowest(total);
     std::string error;
     for (int it = 0; it < total; ++it) {
-      for (size_t i = 0; i < count; ++i) buf[i] = Input(i, rank);
+      for (size_t i = 0; i < count; ++i) {
+        buf[i] = bench_args::Input(i, rank);
+      }
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
       const int rc = MPI_Allreduce(MPI_IN_PLACE, buf.data(),
@@ -149,11 +124,9 @@ int main(int argc, char** argv) {
       }
     }
     // Check the last iteration's result against the exact reference.
-    const float rank_sum = static_cast<float>(g * (g - 1) / 2);
     unsigned long long wrong = 0, nwrong = 0;
     for (size_t i = 0; i < count; ++i) {
-      float want = static_cast<float>(i % 97) * g + rank_sum;
-      if (buf[i] != want) ++wrong;
+      if (buf[i] != bench_args::Expected(i, g)) ++wrong;
     }
     MPI_Reduce(secs.data(), slowest.data(), total, MPI_DOUBLE, MPI_MAX, 0,
                MPI_COMM_WORLD);

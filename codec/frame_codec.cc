@@ -122,6 +122,26 @@ grpc::ByteBuffer EncodeFrame(const FrameMeta& meta,
   return grpc::ByteBuffer(slices, n);
 }
 
+OutFrame EncodeOutFrame(const FrameMeta& meta,
+                        absl::Span<const uint8_t> payload) {
+  auto head = std::make_shared<std::string>(EncodeFrameHead(meta));
+  OutFrame frame;
+  frame.parts.emplace_back(reinterpret_cast<const uint8_t*>(head->data()),
+                           head->size());
+  if (!payload.empty()) frame.parts.push_back(payload);
+  frame.keepalive = std::move(head);
+  return frame;
+}
+
+grpc::ByteBuffer AsByteBuffer(const OutFrame& frame) {
+  std::vector<grpc::Slice> slices;
+  slices.reserve(frame.parts.size());
+  for (absl::Span<const uint8_t> part : frame.parts) {
+    slices.emplace_back(part.data(), part.size(), grpc::Slice::STATIC_SLICE);
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
 absl::StatusOr<FrameMeta> DecodeFrameHead(absl::Span<const uint8_t> header) {
   FrameMeta m;
   absl::Status parsed = ParseHead(

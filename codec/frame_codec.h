@@ -31,6 +31,17 @@ inline constexpr uint64_t kMaxFramePayloadBytes = 32 << 20;
 grpc::ByteBuffer EncodeFrame(const FrameMeta& meta,
                              absl::Span<const uint8_t> payload);
 
+// The same frame as every link path takes it (core/frame.h): parts are the
+// head (owned by keepalive) and the payload (borrowed, as above). No copy
+// of the payload; on_released is left for the caller to set.
+OutFrame EncodeOutFrame(const FrameMeta& meta,
+                        absl::Span<const uint8_t> payload);
+
+// A gRPC buffer over an OutFrame's parts, copying nothing: valid while the
+// frame's keepalive and borrowed payload are (the gRPC path holds the
+// frame until the write of the buffer completed).
+grpc::ByteBuffer AsByteBuffer(const OutFrame& frame);
+
 // Errors: DATA_LOSS naming what is wrong with the frame.
 absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer);
 

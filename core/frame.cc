@@ -84,4 +84,12 @@ std::string Fingerprint::ToString() const {
   return s;
 }
 
+void ReleaseOnce(std::function<void()>& on_released) {
+  if (on_released) {
+    std::function<void()> fn = std::move(on_released);
+    on_released = nullptr;
+    fn();
+  }
+}
+
 }  // namespace halka

@@ -97,6 +97,25 @@ struct InFrame {
   }
 };
 
+// A frame on its way out, as every link path takes it (transport/
+// link_path.h): its encoded bytes in parts (the head, then the payload,
+// back to back), what keeps them alive, and what to run once they are no
+// longer needed. The payload part usually points into the operation's
+// buffer: it is borrowed, and on_released says when it is free again.
+struct OutFrame {
+  std::vector<absl::Span<const uint8_t>> parts;
+  std::shared_ptr<void> keepalive;  // owns what parts point to, if anything
+  std::function<void()> on_released;
+  size_t Bytes() const {
+    size_t n = 0;
+    for (const auto& p : parts) n += p.size();
+    return n;
+  }
+};
+
+// Runs a frame's release callback once (and forgets it).
+void ReleaseOnce(std::function<void()>& on_released);
+
 }  // namespace halka
 
 #endif  // HALKA_CORE_FRAME_H_

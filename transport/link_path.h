@@ -9,8 +9,9 @@
 // From then on every frame of the link takes that path, so frames stay in
 // order; the gRPC stream stays open either way, and its end is the link's.
 //
-// A path's sending end is a LinkPath: it takes frames and releases each
-// one exactly once. The gRPC stream is the path every link can fall back
+// A path's sending end is a LinkPath: it takes frames (OutFrame, the
+// neutral encoded frame of core/frame.h: head and payload as byte spans)
+// and releases each one exactly once. The gRPC stream is the path every link can fall back
 // to, and the transport drives it itself (it is the stream).
 #ifndef HALKA_TRANSPORT_LINK_PATH_H_
 #define HALKA_TRANSPORT_LINK_PATH_H_
@@ -21,19 +22,9 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "core/frame.h"  // OutFrame, ReleaseOnce
 
 namespace halka {
-
-// A frame on its way out: its bytes (head, then payload, back to back),
-// what keeps them alive, and what to run once they are no longer needed.
-struct OutFrame {
-  std::vector<absl::Span<const uint8_t>> parts;
-  std::shared_ptr<void> keepalive;  // owns what parts point to, if anything
-  std::function<void()> on_released;
-};
-
-// Runs a frame's release callback once (and forgets it).
-void ReleaseOnce(std::function<void()>& on_released);
 
 class LinkPath {
  public:

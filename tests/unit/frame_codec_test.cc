@@ -288,6 +288,37 @@ TEST(FrameCodecTest, EncodingDoesNotCopyThePayload) {
   EXPECT_EQ(f->pieces[0].size(), payload.size());
 }
 
+// The neutral frame every link path takes: the same bytes as EncodeFrame,
+// the payload borrowed, and the gRPC buffer over it copying nothing.
+TEST(FrameCodecTest, OutFrameIsTheSameFrameWithoutCopies) {
+  const std::vector<uint8_t> payload = Pattern(4096, 2);
+  const FrameMeta meta =
+      DataMeta(DType::kFloat32, 1024, Phase::kReduceScatter, ReduceOp::kMax);
+  const OutFrame out = EncodeOutFrame(meta, payload);
+  ASSERT_EQ(out.parts.size(), 2u);
+  EXPECT_EQ(out.parts[1].data(), payload.data());
+  EXPECT_EQ(out.Bytes(), out.parts[0].size() + payload.size());
+  EXPECT_EQ(Flatten(AsByteBuffer(out)), Flatten(EncodeFrame(meta, payload)));
+
+  absl::StatusOr<InFrame> over_parts = DecodeFrame(
+      absl::MakeConstSpan(out.parts), out.keepalive);
+  ASSERT_TRUE(over_parts.ok()) << over_parts.status();
+  ExpectMetaEq(over_parts->meta, meta);
+  EXPECT_EQ(Concat(*over_parts), AsString(payload));
+
+  const grpc::ByteBuffer buf = AsByteBuffer(out);
+  absl::StatusOr<InFrame> over_grpc = DecodeFrame(buf);
+  ASSERT_TRUE(over_grpc.ok()) << over_grpc.status();
+  ASSERT_EQ(over_grpc->pieces.size(), 1u);
+  EXPECT_EQ(over_grpc->pieces[0].data(), payload.data());
+  ExpectMetaEq(over_grpc->meta, meta);
+
+  // A frame with no payload is its head alone.
+  const OutFrame bare = EncodeOutFrame(meta, {});
+  EXPECT_EQ(bare.parts.size(), 1u);
+  EXPECT_EQ(Flatten(AsByteBuffer(bare)), Flatten(EncodeFrame(meta, {})));
+}
+
 TEST(FrameCodecTest, FingerprintWithoutPayload) {
   const FrameMeta meta = FingerprintMeta(0, DType::kFloat32);
   absl::StatusOr<InFrame> f = DecodeFrame(EncodeFrame(meta, {}));

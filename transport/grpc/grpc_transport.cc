@@ -97,25 +97,26 @@ class GrpcTransport::OutLink
 
   // False when the stream is finished: the frame was not taken, and the
   // caller reconnects or releases it.
-  bool Enqueue(grpc::ByteBuffer frame, std::function<void()>* on_released) {
+  bool Enqueue(const OutFrame& frame, std::function<void()>* on_released) {
     std::shared_ptr<LinkPath> path;
-    OutFrame copy;
+    OutFrame taken = frame;
     {
       absl::MutexLock lock(&mu_);
       if (done_ || failed_ || closing_) return false;
+      taken.on_released = std::move(*on_released);
       if (taken_ == nullptr) {  // the gRPC stream, or still choosing
-        queue_.push_back(Pending{std::move(frame), std::move(*on_released)});
+        grpc::ByteBuffer bytes = AsByteBuffer(taken);
+        queue_.push_back(Pending{std::move(taken), std::move(bytes)});
         if (path_ == Path::kGrpc && !writing_) {
           writing_ = true;
-          StartWrite(&queue_.front().frame);
+          StartWrite(&queue_.front().bytes);
         }
         return true;
       }
       path = taken_;
-      copy = ToOutFrame(std::move(frame), std::move(*on_released));
     }
     // Ordered behind earlier frames by the path's own lock.
-    path->SendOne(std::move(copy));
+    path->SendOne(std::move(taken));
     return true;
   }
 
@@ -161,7 +162,7 @@ class GrpcTransport::OutLink
         if (!ok) failed_ = true;  // the stream is ending: OnDone releases
         if (ok && !queue_.empty() && !writing_) {
           writing_ = true;
-          StartWrite(&queue_.front().frame);
+          StartWrite(&queue_.front().bytes);
         }
       }
     }
@@ -179,7 +180,7 @@ class GrpcTransport::OutLink
       path_ = Path::kGrpc;
       if (!failed_ && !closing_ && !queue_.empty() && !writing_) {
         writing_ = true;
-        StartWrite(&queue_.front().frame);
+        StartWrite(&queue_.front().bytes);
       }
     }
     if (ring != nullptr) ring->Unlink();
@@ -202,7 +203,7 @@ class GrpcTransport::OutLink
     path_ = Path::kGrpc;
     if (!failed_ && !closing_ && !queue_.empty() && !writing_) {
       writing_ = true;
-      StartWrite(&queue_.front().frame);
+      StartWrite(&queue_.front().bytes);
     }
   }
 
@@ -267,7 +268,7 @@ class GrpcTransport::OutLink
         }
         writing_ = false;
       } else if (!queue_.empty()) {
-        StartWrite(&queue_.front().frame);
+        StartWrite(&queue_.front().bytes);
       } else {
         writing_ = false;
       }
@@ -339,10 +340,12 @@ class GrpcTransport::OutLink
   }
 
  private:
+  // A frame on the gRPC stream's queue: the frame (it keeps the bytes) and
+  // the gRPC buffer over them that a write takes.
   struct Pending {
-    grpc::ByteBuffer frame;
-    std::function<void()> on_released;
-    void Release() { ReleaseOnce(on_released); }
+    OutFrame frame;
+    grpc::ByteBuffer bytes;
+    void Release() { ReleaseOnce(frame.on_released); }
   };
   // From now on the link's frames take `path`, those held first.
   void TakePath(std::shared_ptr<LinkPath> path)
@@ -350,21 +353,10 @@ class GrpcTransport::OutLink
     taken_ = std::move(path);
     std::vector<OutFrame> held;
     for (Pending& p : queue_) {
-      held.push_back(ToOutFrame(std::move(p.frame), std::move(p.on_released)));
+      held.push_back(std::move(p.frame));
     }
     queue_.clear();
     taken_->Send(std::move(held));
-  }
-  // The frame's bytes as a path takes them; the slices keep them.
-  static OutFrame ToOutFrame(grpc::ByteBuffer frame,
-                             std::function<void()> on_released) {
-    auto slices = std::make_shared<std::vector<grpc::Slice>>();
-    (void)frame.Dump(slices.get());  // ours: two plain slices
-    OutFrame f;
-    for (const grpc::Slice& s : *slices) f.parts.emplace_back(s.begin(), s.size());
-    f.keepalive = std::move(slices);
-    f.on_released = std::move(on_released);
-    return f;
   }
   LinkCounters& counts() const { return *owner_->setup_.counters; }
   // Where this link's frames go. kOffered: a ring was offered and frames
@@ -477,7 +469,7 @@ absl::Status GrpcTransport::Send(int to, const FrameMeta& meta,
     if (on_released) on_released();
     return absl::InvalidArgumentError(absl::StrCat("send: no rank ", to));
   }
-  grpc::ByteBuffer frame = EncodeFrame(meta, payload);
+  const OutFrame frame = EncodeOutFrame(meta, payload);
   // A link that failed between operations is replaced once; a second
   // failure is the peer's real state.
   for (int attempt = 0; attempt < 2; ++attempt) {

@@ -86,14 +86,6 @@ std::function<size_t(int)> LinkRingPolicy(bool enabled, size_t chunk_bytes,
   };
 }
 
-void ReleaseOnce(std::function<void()>& on_released) {
-  if (on_released) {
-    std::function<void()> fn = std::move(on_released);
-    on_released = nullptr;
-    fn();
-  }
-}
-
 ShmSender::ShmSender(std::shared_ptr<ShmRing> ring) : ring_(std::move(ring)) {
   writer_ = std::thread([this] { WriterLoop(); });
 }

@@ -100,55 +100,74 @@ std::string FormatRate(double bps) {
   return absl::StrFormat("%.1f MB/s", bps / 1e6);
 }
 
-RingDiagnosis DiagnoseRing(int g, const std::vector<RankInput>& ranks,
-                           DiagnosisOptions options,
-                           const std::vector<int>& ring_order) {
-  RingDiagnosis d;
-  if (g < 1) {
-    d.summary = "no members";
-    return d;
-  }
-  const std::vector<int> succ_of = RingNeighbours(g, ring_order, 1);
-  const std::vector<int> pred_of = RingNeighbours(g, ring_order, -1);
-  auto pred = [&](int r) { return pred_of[static_cast<size_t>(r)]; };
+namespace {
+
+// What the ranks reported, by rank and by edge, with the ring's order.
+struct RingView {
+  int g = 0;
+  std::vector<int> succ_of, pred_of;
   // view[r][peer]: rank r's figures for its edge with `peer`.
-  std::vector<std::map<int, EdgeInput>> view(static_cast<size_t>(g));
-  std::vector<const RankInput*> by_rank(static_cast<size_t>(g), nullptr);
-  for (const RankInput& r : ranks) {
-    if (r.rank < 0 || r.rank >= g) continue;
-    by_rank[static_cast<size_t>(r.rank)] = &r;
-    for (const EdgeInput& e : r.edges) {
-      if (e.peer < 0 || e.peer >= g || e.peer == r.rank) continue;
-      view[static_cast<size_t>(r.rank)][e.peer] = e;
-    }
-  }
-  auto get = [&](int r, int peer) -> const EdgeInput* {
+  std::vector<std::map<int, EdgeInput>> view;
+  std::vector<const RankInput*> by_rank;
+
+  int pred(int r) const { return pred_of[static_cast<size_t>(r)]; }
+  const EdgeInput* get(int r, int peer) const {
     auto& m = view[static_cast<size_t>(r)];
     auto it = m.find(peer);
     return it == m.end() ? nullptr : &it->second;
-  };
-  auto wait_on = [&](int r, int peer) {
+  }
+  double wait_on(int r, int peer) const {
     const EdgeInput* e = get(r, peer);
     return e == nullptr ? 0.0 : e->wait_seconds;
-  };
-  auto reduce_of = [&](int r) {
+  }
+  double reduce_of(int r) const {
     double s = 0;
     for (const auto& [peer, e] : view[static_cast<size_t>(r)]) {
       s += e.reduce_seconds;
     }
     return s;
-  };
-  
+  }
+  // Ring time: after the fingerprint pass (older workers: all of it).
+  double ring_seconds(int r) const {
+    const RankInput* in = by_rank[static_cast<size_t>(r)];
+    if (in == nullptr) return 0.0;
+    return in->ring_seconds > 0 ? in->ring_seconds : in->op_seconds;
+  }
+};
+
+RingView MakeRingView(int g, const std::vector<RankInput>& ranks,
+                      const std::vector<int>& ring_order) {
+  RingView v;
+  v.g = g;
+  v.succ_of = RingNeighbours(g, ring_order, 1);
+  v.pred_of = RingNeighbours(g, ring_order, -1);
+  v.view.resize(static_cast<size_t>(g));
+  v.by_rank.assign(static_cast<size_t>(g), nullptr);
+  for (const RankInput& r : ranks) {
+    if (r.rank < 0 || r.rank >= g) continue;
+    v.by_rank[static_cast<size_t>(r.rank)] = &r;
+    for (const EdgeInput& e : r.edges) {
+      if (e.peer < 0 || e.peer >= g || e.peer == r.rank) continue;
+      v.view[static_cast<size_t>(r.rank)][e.peer] = e;
+    }
+  }
+  return v;
+}
+
+// Every directed edge either end reported any traffic, wait or error on.
+std::vector<EdgeReport> EdgeReports(const RingView& v) {
+  const int g = v.g;
+  std::vector<EdgeReport> edges;
   for (int from = 0; from < g; ++from) {
     for (int to = 0; to < g; ++to) {
       if (from == to) continue;
-      const EdgeInput* rx = get(to, from);    // the receiver's view
-      const EdgeInput* tx = get(from, to);    // the sender's view
+      const EdgeInput* rx = v.get(to, from);    // the receiver's view
+      const EdgeInput* tx = v.get(from, to);    // the sender's view
       if (rx == nullptr && tx == nullptr) continue;
       EdgeReport e;
       e.from = from;
       e.to = to;
-      e.ring = g > 1 && to == succ_of[static_cast<size_t>(from)];
+      e.ring = g > 1 && to == v.succ_of[static_cast<size_t>(from)];
       e.bytes = rx != nullptr ? rx->bytes_received : tx->bytes_sent;
       e.wait_seconds = rx != nullptr ? rx->wait_seconds : 0;
       e.wait_p50_seconds = rx != nullptr ? rx->wait_p50_seconds : 0;
@@ -157,38 +176,35 @@ RingDiagnosis DiagnoseRing(int g, const std::vector<RankInput>& ranks,
                  (tx != nullptr ? tx->errors : 0);
       // Without the sender's own figures (a dead rank) nothing is known
       // about what it added.
-      if (e.ring && by_rank[static_cast<size_t>(from)] != nullptr) {
+      if (e.ring && v.by_rank[static_cast<size_t>(from)] != nullptr) {
         e.added_wait_seconds = std::max(
-            0.0, e.wait_seconds - wait_on(from, pred(from)));
+            0.0, e.wait_seconds - v.wait_on(from, v.pred(from)));
       }
       e.wire_seconds = tx != nullptr ? tx->wire_seconds : 0;
       e.throughput_bps = e.wire_seconds > 0
                              ? static_cast<double>(e.bytes) / e.wire_seconds
                              : 0;
       if (e.bytes == 0 && e.wait_seconds == 0 && e.errors == 0) continue;
-      d.edges.push_back(e);
+      edges.push_back(e);
     }
   }
+  return edges;
+}
 
-  std::vector<const EdgeReport*> ring;
-  std::vector<double> ring_rates;
-  for (const EdgeReport& e : d.edges) {
-    if (e.ring && e.bytes > 0) {
-      ring.push_back(&e);
-      if (e.throughput_bps > 0) ring_rates.push_back(e.throughput_bps);
-    }
-  }
+// "; errors on edge 0->1 (2), 3->0 (1)", or "" when no edge had errors.
+std::string EdgeErrors(const std::vector<EdgeReport>& edges) {
   std::string errors;
-  for (const EdgeReport& e : d.edges) {
+  for (const EdgeReport& e : edges) {
     if (e.errors > 0) {
       absl::StrAppend(&errors, errors.empty() ? "; errors on edge " : ", ",
                       e.from, "->", e.to, " (", e.errors, ")");
     }
   }
-  if (ring.empty()) {
-    d.summary = absl::StrCat("no ring traffic in the window", errors);
-    return d;
-  }
+  return errors;
+}
+
+// The ring edge that adds the most wait (ties: the slower writer).
+const EdgeReport* SlowestEdge(const std::vector<const EdgeReport*>& ring) {
   const EdgeReport* slowest = ring[0];
   for (const EdgeReport* e : ring) {
     if (e->added_wait_seconds > slowest->added_wait_seconds ||
@@ -197,100 +213,96 @@ RingDiagnosis DiagnoseRing(int g, const std::vector<RankInput>& ranks,
       slowest = e;
     }
   }
-  d.slowest_from = slowest->from;
-  d.slowest_to = slowest->to;
-  const std::string rates = absl::StrCat(
-      "; ring edges write at ", FormatRate(Median(ring_rates)),
-      " median while busy (bytes over the time each edge was writing)",
-      errors);
-  if (g < 2) {
-    d.summary = absl::StrCat("no straggler: one rank", rates);
-    return d;
-  }
-  // Ring time: after the fingerprint pass (older workers: all of it).
-  auto ring_seconds = [&](int r) {
-    const RankInput* in = by_rank[static_cast<size_t>(r)];
-    if (in == nullptr) return 0.0;
-    return in->ring_seconds > 0 ? in->ring_seconds : in->op_seconds;
-  };
+  return slowest;
+}
+
+// The ranks' medians of stall time, call arrival lag and ring time per op.
+struct RankMedians {
+  double stall = 0, lag = 0, ring_op = 0;
+};
+
+RankMedians MediansOf(const RingView& v) {
   std::vector<double> stalls, lags, per_op_ring;
-  for (const RankInput* in : by_rank) {
+  for (const RankInput* in : v.by_rank) {
     if (in == nullptr) continue;
     stalls.push_back(in->stall_seconds);
     if (in->arrival_ops > 0) lags.push_back(in->arrival_lag_p50_seconds);
-    if (in->ops > 0) per_op_ring.push_back(ring_seconds(in->rank) / in->ops);
+    if (in->ops > 0) per_op_ring.push_back(v.ring_seconds(in->rank) / in->ops);
   }
-  const double median_stall = Median(stalls);
-  const double median_lag = Median(lags);
-  const double median_ring_op = Median(per_op_ring);
-  // The rank that stalls most, and the one whose calls arrive latest.
+  return {Median(stalls), Median(lags), Median(per_op_ring)};
+}
+
+// The rank that stalls most, if it stalls well beyond the median; else null.
+const RankInput* StalledRank(const RingView& v, const RankMedians& m,
+                             const DiagnosisOptions& options) {
   const RankInput* stalled = nullptr;
-  const RankInput* late = nullptr;
-  for (const RankInput* in : by_rank) {
+  for (const RankInput* in : v.by_rank) {
     if (in == nullptr) continue;
     if (stalled == nullptr || in->stall_seconds > stalled->stall_seconds) {
       stalled = in;
     }
+  }
+  if (stalled != nullptr) {
+    const double excess = stalled->stall_seconds - m.stall;
+    if (excess < options.min_added_wait_s ||
+        excess < options.min_share * stalled->op_seconds) {
+      stalled = nullptr;
+    }
+  }
+  return stalled;
+}
+
+// The rank whose calls arrive latest, if it stands out from the median and
+// from every other caller; else null.
+const RankInput* LateRank(const RingView& v, const RankMedians& m,
+                          const DiagnosisOptions& options) {
+  const RankInput* late = nullptr;
+  for (const RankInput* in : v.by_rank) {
+    if (in == nullptr) continue;
     if (in->arrival_ops >= options.min_arrival_ops &&
         (late == nullptr ||
          in->arrival_lag_p50_seconds > late->arrival_lag_p50_seconds)) {
       late = in;
     }
   }
-  if (stalled != nullptr) {
-    const double excess = stalled->stall_seconds - median_stall;
-    if (excess < options.min_added_wait_s ||
-        excess < options.min_share * stalled->op_seconds) {
-      stalled = nullptr;
-    }
-  }
   if (late != nullptr) {
-    const double excess = late->arrival_lag_p50_seconds - median_lag;
+    const double excess = late->arrival_lag_p50_seconds - m.lag;
     // The next latest caller: a late rank stands out from every other.
     double next_lag = 0;
-    for (const RankInput* in : by_rank) {
+    for (const RankInput* in : v.by_rank) {
       if (in != nullptr && in != late && in->arrival_ops > 0) {
         next_lag = std::max(next_lag, in->arrival_lag_p50_seconds);
       }
     }
     if (excess < options.min_lag_s ||
-        excess < options.min_share * median_ring_op ||
+        excess < options.min_share * m.ring_op ||
         late->arrival_lag_p50_seconds - next_lag < options.min_lag_s) {
       late = nullptr;
     }
   }
-  const int s = slowest->from;
-  const int succ = slowest->to;
-  const double succ_ring = ring_seconds(succ);
-  const bool edge_significant =
-      slowest->added_wait_seconds >= options.min_added_wait_s &&
-      (succ_ring <= 0 ||
-       slowest->added_wait_seconds >= options.min_share * succ_ring);
+  return late;
+}
+
+// d's straggler fields and summary (without the rates), from the stalled
+// rank, the late caller and the slowest edge, in that order of precedence.
+void Summarize(const RingView& v, const EdgeReport& slowest,
+               bool edge_significant, const RankInput* stalled,
+               const RankInput* late, const RankMedians& m,
+               RingDiagnosis& d) {
+  const int s = slowest.from;
+  const int succ = slowest.to;
   const std::string edge_sentence = absl::StrFormat(
       "its successor rank %d waited %.2f s of %.2f s in the ring for it, "
       "while rank %d waited %.2f s for rank %d",
-      succ, slowest->wait_seconds, succ_ring, s, wait_on(s, pred(s)),
-      pred(s));
+      succ, slowest.wait_seconds, v.ring_seconds(succ), s,
+      v.wait_on(s, v.pred(s)), v.pred(s));
   auto lag_sentence = [&](const RankInput& in) {
     return absl::StrFormat(
         "its calls arrive %.0f ms after the others' (p50 over the last "
         "minute, p99 %.0f ms, ranks' median %.0f ms)",
         in.arrival_lag_p50_seconds * 1e3, in.arrival_lag_p99_seconds * 1e3,
-        median_lag * 1e3);
+        m.lag * 1e3);
   };
-  // A rank that is slow inside the ring holds its predecessor's frames
-  // back, so the ranks upstream of it end later and call later: a late
-  // caller whose lag is less than what the slowest edge adds per operation
-  // is that edge's echo, not the cause.
-  if (late != nullptr && edge_significant && late->rank != s) {
-    const RankInput* succ_in = by_rank[static_cast<size_t>(succ)];
-    const uint64_t ops = succ_in != nullptr ? succ_in->ops : 0;
-    const double added_per_op =
-        ops > 0 ? slowest->added_wait_seconds / static_cast<double>(ops) : 0;
-    if (added_per_op >= late->arrival_lag_p50_seconds - median_lag) {
-      late = nullptr;
-    }
-  }
   if (stalled != nullptr) {
     const int r = stalled->rank;
     d.stalled_rank = r;
@@ -298,7 +310,7 @@ RingDiagnosis DiagnoseRing(int g, const std::vector<RankInput>& ranks,
     std::string text = absl::StrFormat(
         "rank %d is the straggler: its process did not run for %.2f s of the "
         "window (ranks' median %.2f s): the host stops, starves or swaps it",
-        r, stalled->stall_seconds, median_stall);
+        r, stalled->stall_seconds, m.stall);
     if (late == stalled) {
       d.late_rank = r;
       absl::StrAppend(&text, "; ", lag_sentence(*late));
@@ -314,25 +326,88 @@ RingDiagnosis DiagnoseRing(int g, const std::vector<RankInput>& ranks,
         "minute, p99 %.0f ms, ranks' median %.0f ms): its host or its "
         "training step is slow",
         r, late->arrival_lag_p50_seconds * 1e3,
-        late->arrival_lag_p99_seconds * 1e3, median_lag * 1e3);
+        late->arrival_lag_p99_seconds * 1e3, m.lag * 1e3);
     if (edge_significant && s == r) absl::StrAppend(&text, "; ", edge_sentence);
     d.summary = text;
   } else if (edge_significant) {
     std::vector<double> reduces;
-    for (int r = 0; r < g; ++r) reduces.push_back(reduce_of(r));
+    for (int r = 0; r < v.g; ++r) reduces.push_back(v.reduce_of(r));
     d.straggler_rank = s;
     d.summary = absl::StrFormat(
         "rank %d is the straggler: %s and reduced for %.2f s (median rank "
         "%.2f s); edge %d->%d writes at %s",
-        s, edge_sentence, reduce_of(s), Median(reduces), s, succ,
-        FormatRate(slowest->throughput_bps));
+        s, edge_sentence, v.reduce_of(s), Median(reduces), s, succ,
+        FormatRate(slowest.throughput_bps));
   } else {
     d.summary = absl::StrFormat(
         "no straggler: the most wait one rank adds in the ring is %.3f s "
         "(edge %d->%d), calls arrive %.0f ms after the first (ranks' median "
         "p50)",
-        slowest->added_wait_seconds, s, succ, median_lag * 1e3);
+        slowest.added_wait_seconds, s, succ, m.lag * 1e3);
   }
+}
+
+}  // namespace
+
+RingDiagnosis DiagnoseRing(int g, const std::vector<RankInput>& ranks,
+                           DiagnosisOptions options,
+                           const std::vector<int>& ring_order) {
+  RingDiagnosis d;
+  if (g < 1) {
+    d.summary = "no members";
+    return d;
+  }
+  const RingView v = MakeRingView(g, ranks, ring_order);
+  d.edges = EdgeReports(v);
+
+  std::vector<const EdgeReport*> ring;
+  std::vector<double> ring_rates;
+  for (const EdgeReport& e : d.edges) {
+    if (e.ring && e.bytes > 0) {
+      ring.push_back(&e);
+      if (e.throughput_bps > 0) ring_rates.push_back(e.throughput_bps);
+    }
+  }
+  const std::string errors = EdgeErrors(d.edges);
+  if (ring.empty()) {
+    d.summary = absl::StrCat("no ring traffic in the window", errors);
+    return d;
+  }
+  const EdgeReport* slowest = SlowestEdge(ring);
+  d.slowest_from = slowest->from;
+  d.slowest_to = slowest->to;
+  const std::string rates = absl::StrCat(
+      "; ring edges write at ", FormatRate(Median(ring_rates)),
+      " median while busy (bytes over the time each edge was writing)",
+      errors);
+  if (g < 2) {
+    d.summary = absl::StrCat("no straggler: one rank", rates);
+    return d;
+  }
+  const RankMedians m = MediansOf(v);
+  const RankInput* stalled = StalledRank(v, m, options);
+  const RankInput* late = LateRank(v, m, options);
+  const int s = slowest->from;
+  const int succ = slowest->to;
+  const double succ_ring = v.ring_seconds(succ);
+  const bool edge_significant =
+      slowest->added_wait_seconds >= options.min_added_wait_s &&
+      (succ_ring <= 0 ||
+       slowest->added_wait_seconds >= options.min_share * succ_ring);
+  // A rank that is slow inside the ring holds its predecessor's frames
+  // back, so the ranks upstream of it end later and call later: a late
+  // caller whose lag is less than what the slowest edge adds per operation
+  // is that edge's echo, not the cause.
+  if (late != nullptr && edge_significant && late->rank != s) {
+    const RankInput* succ_in = v.by_rank[static_cast<size_t>(succ)];
+    const uint64_t ops = succ_in != nullptr ? succ_in->ops : 0;
+    const double added_per_op =
+        ops > 0 ? slowest->added_wait_seconds / static_cast<double>(ops) : 0;
+    if (added_per_op >= late->arrival_lag_p50_seconds - m.lag) {
+      late = nullptr;
+    }
+  }
+  Summarize(v, *slowest, edge_significant, stalled, late, m, d);
   d.has_straggler = d.straggler_rank >= 0;
   absl::StrAppend(&d.summary, rates);
   return d;

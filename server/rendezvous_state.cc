@@ -1,6 +1,7 @@
 #include "server/rendezvous_state.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -35,6 +36,100 @@ std::string Range(int min, int max) {
   return min == max ? absl::StrCat(max) : absl::StrCat("[", min, ", ", max, "]");
 }
 
+// The world-size range [*min, *max] a join asks for, or why its arguments
+// are invalid.
+absl::Status CheckJoinArgs(const JoinArgs& args,
+                           const RendezvousOptions& options, int* min_out,
+                           int* max_out) {
+  if (args.job_id.empty() || args.worker_id.empty() || args.address.empty()) {
+    return absl::InvalidArgumentError(
+        "join: job_id, worker_id and address must be non-empty");
+  }
+  if (args.host.size() > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "join: host is ", args.host.size(), " bytes long (at most 256)"));
+  }
+  int min = args.min_world_size;
+  int max = args.max_world_size;
+  if (max == 0 && min == 0) {
+    if (args.world_size < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "join: world_size ", args.world_size, " is not positive"));
+    }
+    min = max = args.world_size;
+  }
+  if (min < 1 || min > max) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "join: world size range [", min, ", ", max,
+        "] is invalid: need 1 <= min <= max"));
+  }
+  if (max > options.max_world_size) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "join: a job of ", max, " members exceeds this rendezvous's limit of ",
+        options.max_world_size, " members per job"));
+  }
+  if (args.requested_rank < -1 || args.requested_rank >= max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("join: requested rank ", args.requested_rank,
+                     " is outside [0, ", max, ")"));
+  }
+  *min_out = min;
+  *max_out = max;
+  return absl::OkStatus();
+}
+
+// A join from a worker already pending in `job`: refreshed (OK) or refused;
+// nullopt when the worker is not pending.
+template <typename JobT>
+std::optional<absl::Status> JoinAgain(const JoinArgs& args, JobT& job,
+                                      absl::Time now) {
+  for (auto& p : job.pending) {
+    if (job.pending_ids.count(args.worker_id) == 0) break;  // O(1) when new
+    if (p.worker_id != args.worker_id) continue;
+    if (p.address != args.address) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "join: worker id ", args.worker_id, " already joined job ",
+          args.job_id, " from ", p.address, " (this call comes from ",
+          args.address, ")"));
+    }
+    p.incarnation = args.incarnation;
+    p.device = args.device.empty() ? "cpu" : args.device;
+    p.host = args.host;
+    p.last_heartbeat = now;
+    return absl::OkStatus();
+  }
+  return std::nullopt;
+}
+
+// Whether `job` has room for args' new member: a place, and the rank it asks
+// for. (These two are templates: Job is RendezvousState's private type.)
+template <typename JobT>
+absl::Status CheckRoom(const JoinArgs& args, const JobT& job) {
+  if (job.live + static_cast<int>(job.pending.size()) >= job.max) {
+    std::vector<std::string> names;
+    for (const auto& m : job.members) {
+      if (m.alive) names.push_back(m.worker_id);
+    }
+    for (const auto& m : job.pending) names.push_back(m.worker_id);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "join: job ", args.job_id, " is already complete with ", job.max,
+        " members (", Listed(names, "members"), "); worker ", args.worker_id,
+        " cannot join it"));
+  }
+  if (args.requested_rank >= 0 && job.generation == 0) {
+    for (const auto& m : job.pending) {
+      if (m.requested_rank == args.requested_rank) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "join: rank ", args.requested_rank, " of job ", args.job_id,
+            " is already held by worker ", m.worker_id, " at ", m.address,
+            "; worker ", args.worker_id, " at ", args.address,
+            " asked for it too"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 
@@ -60,37 +155,10 @@ void RendezvousState::Index(Job& job) {
 }
 
 absl::Status RendezvousState::Join(const JoinArgs& args, absl::Time now) {
-  if (args.job_id.empty() || args.worker_id.empty() || args.address.empty()) {
-    return absl::InvalidArgumentError(
-        "join: job_id, worker_id and address must be non-empty");
-  }
-  if (args.host.size() > 256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "join: host is ", args.host.size(), " bytes long (at most 256)"));
-  }
-  int min = args.min_world_size;
-  int max = args.max_world_size;
-  if (max == 0 && min == 0) {
-    if (args.world_size < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "join: world_size ", args.world_size, " is not positive"));
-    }
-    min = max = args.world_size;
-  }
-  if (min < 1 || min > max) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "join: world size range [", min, ", ", max,
-        "] is invalid: need 1 <= min <= max"));
-  }
-  if (max > options_.max_world_size) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "join: a job of ", max, " members exceeds this rendezvous's limit of ",
-        options_.max_world_size, " members per job"));
-  }
-  if (args.requested_rank < -1 || args.requested_rank >= max) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("join: requested rank ", args.requested_rank,
-                     " is outside [0, ", max, ")"));
+  int min = 0;
+  int max = 0;
+  if (absl::Status s = CheckJoinArgs(args, options_, &min, &max); !s.ok()) {
+    return s;
   }
   auto it = jobs_.find(args.job_id);
   if (it == jobs_.end()) {
@@ -134,43 +202,10 @@ absl::Status RendezvousState::Join(const JoinArgs& args, absl::Time now) {
     Lose(args.job_id, job,
          {{m.worker_id, "restarted (a new process joined under its id)"}}, now);
   }
-  for (Member& p : job.pending) {
-    if (job.pending_ids.count(args.worker_id) == 0) break;  // O(1) when new
-    if (p.worker_id != args.worker_id) continue;
-    if (p.address != args.address) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "join: worker id ", args.worker_id, " already joined job ",
-          args.job_id, " from ", p.address, " (this call comes from ",
-          args.address, ")"));
-    }
-    p.incarnation = args.incarnation;
-    p.device = args.device.empty() ? "cpu" : args.device;
-    p.host = args.host;
-    p.last_heartbeat = now;
-    return absl::OkStatus();
+  if (std::optional<absl::Status> again = JoinAgain(args, job, now)) {
+    return *again;
   }
-  if (Live(job) + static_cast<int>(job.pending.size()) >= job.max) {
-    std::vector<std::string> names;
-    for (const Member& m : job.members) {
-      if (m.alive) names.push_back(m.worker_id);
-    }
-    for (const Member& m : job.pending) names.push_back(m.worker_id);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "join: job ", args.job_id, " is already complete with ", job.max,
-        " members (", Listed(names, "members"), "); worker ", args.worker_id,
-        " cannot join it"));
-  }
-  if (args.requested_rank >= 0 && job.generation == 0) {
-    for (const Member& m : job.pending) {
-      if (m.requested_rank == args.requested_rank) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "join: rank ", args.requested_rank, " of job ", args.job_id,
-            " is already held by worker ", m.worker_id, " at ", m.address,
-            "; worker ", args.worker_id, " at ", args.address,
-            " asked for it too"));
-      }
-    }
-  }
+  if (absl::Status s = CheckRoom(args, job); !s.ok()) return s;
   Member m;
   m.worker_id = args.worker_id;
   m.address = args.address;

@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/rendezvous_state.h"
+#include "tests/testing/rendezvous_fixture.h"
 
 namespace halka {
 namespace {
@@ -17,30 +18,11 @@ using ::testing::IsEmpty;
 using ::testing::Not;
 using ::testing::SizeIs;
 
-constexpr absl::Duration kTimeout = absl::Seconds(5);
-
-class RendezvousLivenessTest : public ::testing::Test {
+class RendezvousLivenessTest : public testing::RendezvousFixture {
  protected:
-  static RendezvousOptions Opts() {
-    RendezvousOptions o;
-    o.heartbeat_interval = absl::Seconds(1);
-    o.heartbeat_timeout = kTimeout;
-    return o;
-  }
-
+  // Every worker joins job "j".
   absl::Status Join(const std::string& worker, int world) {
-    JoinArgs a;
-    a.job_id = "j";
-    a.worker_id = worker;
-    a.address = absl::StrCat("host-", worker, ":7000");
-    a.world_size = world;
-    return state_.Join(a, now_);
-  }
-  void Form(int world) {
-    for (int i = 0; i < world; ++i) {
-      ASSERT_TRUE(Join(absl::StrCat("w", i), world).ok());
-    }
-    ASSERT_TRUE(state_.GetAssignment("j", "w0").has_value());
+    return RendezvousFixture::Join("j", worker, world);
   }
   void Beat(const std::string& worker) {
     ASSERT_TRUE(state_.Heartbeat("j", worker, "", now_).ok()) << worker;
@@ -58,9 +40,6 @@ class RendezvousLivenessTest : public ::testing::Test {
     return lines;
   }
   uint64_t Generation() { return state_.Generation("j"); }
-
-  absl::Time now_ = absl::FromUnixSeconds(1700000000);
-  RendezvousState state_{Opts()};
 };
 
 TEST_F(RendezvousLivenessTest, HealedBlackoutGivesEveryoneAFullTimeout) {

@@ -1,5 +1,7 @@
 #include "server/rendezvous_state.h"
 
+#include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -10,12 +12,14 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/rendezvous_fixture.h"
 
 namespace halka {
 namespace {
 
 using ::testing::AllOf;
 using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
 using ::testing::Field;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -29,43 +33,27 @@ auto IsMember(int rank, const std::string& worker, const std::string& address) {
                Field("address", &MemberView::address, address));
 }
 
-class RendezvousStateTest : public ::testing::Test {
+// A membership view matcher on (state, generation, world size, number of
+// members).
+auto IsView(JobState state, uint64_t generation, int world_size,
+            size_t members) {
+  return AllOf(Field("state", &MembershipView::state, state),
+               Field("generation", &MembershipView::generation, generation),
+               Field("world_size", &MembershipView::world_size, world_size),
+               Field("members", &MembershipView::members, SizeIs(members)));
+}
+
+class RendezvousStateTest : public testing::RendezvousFixture {
  protected:
-  RendezvousStateTest() : now_(absl::FromUnixSeconds(1700000000)) {}
-
-  static RendezvousOptions Opts() {
-    RendezvousOptions o;
-    o.heartbeat_interval = absl::Seconds(1);
-    o.heartbeat_timeout = absl::Seconds(5);
-    return o;
-  }
-
-  static JoinArgs Args(const std::string& job, const std::string& worker,
-                       int world, int rank = -1) {
-    JoinArgs a;
-    a.job_id = job;
-    a.worker_id = worker;
-    a.address = Addr(worker);
-    a.device = "cpu";
-    a.world_size = world;
-    a.requested_rank = rank;
-    return a;
-  }
-  static std::string Addr(const std::string& worker) {
-    return absl::StrCat("host-", worker, ":7000");
-  }
-
-  absl::Status Join(const std::string& job, const std::string& worker,
-                    int world, int rank = -1) {
-    return state_.Join(Args(job, worker, world, rank), now_);
-  }
-
-  // Forms job "j" of `world` workers w0..w{world-1} with no requested ranks.
-  void Form(int world, const std::string& job = "j") {
-    for (int i = 0; i < world; ++i) {
-      ASSERT_TRUE(Join(job, absl::StrCat("w", i), world).ok());
+  // The members, ranked 0, 1, ... in the order of `workers`, each at its
+  // Addr.
+  static auto RankedMembers(std::initializer_list<std::string> workers) {
+    std::vector<::testing::Matcher<MemberView>> members;
+    for (const std::string& w : workers) {
+      const int rank = static_cast<int>(members.size());
+      members.push_back(IsMember(rank, w, Addr(w)));
     }
-    ASSERT_TRUE(state_.GetAssignment(job, "w0").has_value());
+    return ElementsAreArray(members);
   }
 
   void Advance(absl::Duration d) { now_ += d; }
@@ -76,9 +64,6 @@ class RendezvousStateTest : public ::testing::Test {
       ASSERT_TRUE(state_.Heartbeat("j", id, "", now_).ok()) << id;
     }
   }
-
-  absl::Time now_;
-  RendezvousState state_{Opts()};
 };
 
 TEST_F(RendezvousStateTest, FormsExactlyWhenWorldSizeJoined) {
@@ -96,10 +81,7 @@ TEST_F(RendezvousStateTest, FormsExactlyWhenWorldSizeJoined) {
     EXPECT_EQ(a->rank, i);
     EXPECT_EQ(a->view.world_size, 3);
     EXPECT_EQ(a->view.generation, 1u);
-    EXPECT_THAT(a->view.members,
-                ElementsAre(IsMember(0, "w0", Addr("w0")),
-                            IsMember(1, "w1", Addr("w1")),
-                            IsMember(2, "w2", Addr("w2"))));
+    EXPECT_THAT(a->view.members, RankedMembers({"w0", "w1", "w2"}));
     for (const MemberView& m : a->view.members) {
       EXPECT_TRUE(m.alive);
       EXPECT_EQ(m.device, "cpu");
@@ -116,7 +98,7 @@ TEST_F(RendezvousStateTest, WorldOfOneFormsImmediately) {
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->rank, 0);
   EXPECT_EQ(a->view.generation, 1u);
-  EXPECT_THAT(a->view.members, ElementsAre(IsMember(0, "w0", Addr("w0"))));
+  EXPECT_THAT(a->view.members, RankedMembers({"w0"}));
 }
 
 TEST_F(RendezvousStateTest, EmptyDeviceDefaultsToCpu) {
@@ -140,11 +122,7 @@ TEST_F(RendezvousStateTest, RequestedRanksHonouredOthersInJoinOrder) {
   std::optional<Assignment> a = state_.GetAssignment("j", "c");
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->rank, 3);
-  EXPECT_THAT(a->view.members, ElementsAre(IsMember(0, "b", Addr("b")),
-                                      IsMember(1, "a", Addr("a")),
-                                      IsMember(2, "d", Addr("d")),
-                                      IsMember(3, "c", Addr("c")),
-                                      IsMember(4, "e", Addr("e"))));
+  EXPECT_THAT(a->view.members, RankedMembers({"b", "a", "d", "c", "e"}));
   EXPECT_EQ(state_.GetAssignment("j", "a")->rank, 1);
   EXPECT_EQ(state_.GetAssignment("j", "b")->rank, 0);
   EXPECT_EQ(state_.GetAssignment("j", "d")->rank, 2);
@@ -158,10 +136,7 @@ TEST_F(RendezvousStateTest, AllRanksRequestedInReverse) {
   std::optional<Assignment> a = state_.GetAssignment("j", "w0");
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->rank, 3);
-  EXPECT_THAT(a->view.members, ElementsAre(IsMember(0, "w3", Addr("w3")),
-                                      IsMember(1, "w2", Addr("w2")),
-                                      IsMember(2, "w1", Addr("w1")),
-                                      IsMember(3, "w0", Addr("w0"))));
+  EXPECT_THAT(a->view.members, RankedMembers({"w3", "w2", "w1", "w0"}));
 }
 
 TEST_F(RendezvousStateTest, DuplicateRequestedRankNamesBothWorkers) {
@@ -456,10 +431,7 @@ TEST_F(RendezvousStateTest, LeaveBumpsGenerationAndDegrades) {
   ASSERT_TRUE(state_.Leave("j", "w1", now_).ok());
   absl::StatusOr<MembershipView> h = state_.Health("j", now_);
   ASSERT_TRUE(h.ok());
-  EXPECT_EQ(h->state, JobState::kWaiting);
-  EXPECT_EQ(h->generation, 2u);
-  EXPECT_EQ(h->world_size, 3);
-  ASSERT_THAT(h->members, SizeIs(3));
+  ASSERT_THAT(*h, IsView(JobState::kWaiting, 2u, 3, 3));
   EXPECT_TRUE(h->members[0].alive);
   EXPECT_FALSE(h->members[1].alive);
   EXPECT_TRUE(h->members[2].alive);
@@ -494,10 +466,7 @@ TEST_F(RendezvousStateTest, HealthStates) {
   ASSERT_TRUE(Join("j", "w0", 2).ok());
   absl::StatusOr<MembershipView> h = state_.Health("j", now_);
   ASSERT_TRUE(h.ok());
-  EXPECT_EQ(h->state, JobState::kForming);
-  EXPECT_EQ(h->generation, 0u);
-  EXPECT_EQ(h->world_size, 2);
-  ASSERT_THAT(h->members, SizeIs(1));
+  ASSERT_THAT(*h, IsView(JobState::kForming, 0u, 2, 1));
   EXPECT_EQ(h->members[0].rank, -1);
   EXPECT_EQ(h->members[0].worker_id, "w0");
 
@@ -506,8 +475,7 @@ TEST_F(RendezvousStateTest, HealthStates) {
   ASSERT_TRUE(h.ok());
   EXPECT_EQ(h->state, JobState::kHealthy);
   EXPECT_EQ(h->generation, 1u);
-  EXPECT_THAT(h->members, ElementsAre(IsMember(0, "w0", Addr("w0")),
-                                      IsMember(1, "w1", Addr("w1"))));
+  EXPECT_THAT(h->members, RankedMembers({"w0", "w1"}));
 
   ASSERT_TRUE(state_.Leave("j", "w0", now_).ok());
   h = state_.Health("j", now_);

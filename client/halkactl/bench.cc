@@ -84,6 +84,185 @@ size_t BitwiseDifferences(const uint8_t* got, const uint8_t* want,
   return wrong;
 }
 
+// One case's buffers, by rank, and the sizes they are cut in.
+struct CaseBuffers {
+  size_t count = 0;        // elements of the whole buffer
+  size_t slice = 0;        // elements of one slice (all-gather, reduce-scatter)
+  size_t bytes = 0;
+  size_t slice_bytes = 0;
+  std::vector<std::vector<uint8_t>> inputs;
+  std::vector<HostBuffer> shared;
+  std::vector<std::vector<uint8_t>> plain;
+  std::vector<uint8_t*> bufs;
+  // A reduce-scatter's result (one slice), apart from its input.
+  std::vector<std::vector<uint8_t>> outs;
+  std::vector<CudaBuffer> device;
+  std::vector<CudaBuffer> device_out;
+
+  explicit CaseBuffers(int g)
+      : inputs(static_cast<size_t>(g)),
+        shared(static_cast<size_t>(g)),
+        plain(static_cast<size_t>(g)),
+        bufs(static_cast<size_t>(g)),
+        outs(static_cast<size_t>(g)),
+        device(static_cast<size_t>(g)),
+        device_out(static_cast<size_t>(g)) {}
+};
+
+// Rank r's input (input_count elements), host buffer (the worker's shared
+// memory under zero_copy, where it gives some) and device buffers; the
+// first allocation that failed.
+absl::Status AllocateRank(Client& client, const BenchCase& c,
+                          const BenchOptions& options, size_t input_count,
+                          int r, CaseBuffers& b) {
+  const size_t bytes = b.bytes;
+  b.inputs[r] = MakeRankData(c.dtype, c.op, input_count, r, options.seed);
+  if (c.kind == OpKind::kReduceScatter) {
+    b.outs[r].resize(std::max<size_t>(b.slice_bytes, 1));
+  }
+  if (options.device && bytes > 0) {
+    auto d = CudaBuffer::Allocate(bytes);
+    auto o = CudaBuffer::Allocate(std::max<size_t>(b.slice_bytes, 1));
+    if (!d.ok() || !o.ok()) return d.ok() ? o.status() : d.status();
+    b.device[r] = std::move(*d);
+    b.device_out[r] = std::move(*o);
+  }
+  bool have_shared = false;
+  if (options.zero_copy && bytes > 0) {
+    auto hb = client.AllocateHostBuffer(bytes);
+    if (hb.ok()) {
+      b.shared[r] = std::move(*hb);
+      b.bufs[r] = static_cast<uint8_t*>(b.shared[r].data());
+      have_shared = true;
+    }
+  }
+  if (!have_shared) {
+    b.plain[r].resize(std::max<size_t>(bytes, 1));
+    b.bufs[r] = b.plain[r].data();
+  }
+  return absl::OkStatus();
+}
+
+// One operation of rank r on its buffer (host or device); an all-gather
+// runs in place (the input already in slice r).
+absl::StatusOr<OpInfo> RunOnce(Client& cl, const BenchCase& c,
+                               const BenchOptions& options, CaseBuffers& b,
+                               int r, const OpOptions& oo) {
+  const size_t count = b.count;
+  const size_t slice = b.slice;
+  uint8_t* buf = options.device ? static_cast<uint8_t*>(b.device[r].data())
+                                : b.bufs[r];
+  uint8_t* out = options.device
+                     ? static_cast<uint8_t*>(b.device_out[r].data())
+                     : b.outs[r].data();
+  switch (c.kind) {
+    case OpKind::kAllGather: {
+      const uint8_t* send = buf + static_cast<size_t>(r) * b.slice_bytes;
+      return options.device
+                 ? cl.AllGatherDevice(send, slice, buf, count, c.dtype, oo)
+                 : cl.AllGather(send, slice, buf, count, c.dtype, oo);
+    }
+    case OpKind::kReduceScatter:
+      return options.device ? cl.ReduceScatterDevice(buf, count, out, slice,
+                                                     c.dtype, c.op, oo)
+                            : cl.ReduceScatter(buf, count, out, slice,
+                                               c.dtype, c.op, oo);
+    case OpKind::kBroadcast:
+      return options.device ? cl.BroadcastDevice(buf, count, c.dtype, 0, oo)
+                            : cl.Broadcast(buf, count, c.dtype, 0, oo);
+    default:
+      return options.device
+                 ? cl.AllReduceDevice(buf, count, c.dtype, c.op, oo)
+                 : cl.AllReduce(buf, count, c.dtype, c.op, oo);
+  }
+}
+
+// Rank r's thread: every operation of the case, its time in times[i] and
+// the last one's info; the first error ("" when none).
+std::string TimeRank(Client& cl, const BenchCase& c,
+                     const BenchOptions& options, CaseBuffers& b, int r,
+                     CyclicBarrier& barrier, std::vector<double>& times,
+                     OpInfo& info) {
+  const size_t bytes = b.bytes;
+  const int total = options.warmup + options.iterations;
+  std::string error;
+  bool failed = false;
+  auto fail = [&](const absl::Status& s) {
+    if (!s.ok() && !failed) {
+      error = s.ToString();
+      failed = true;
+    }
+  };
+  // An all-gather's input goes to slice r (in place).
+  const size_t at = c.kind == OpKind::kAllGather
+                        ? static_cast<size_t>(r) * b.slice_bytes
+                        : 0;
+  for (int i = 0; i < total; ++i) {
+    // Fresh inputs every time (outside the timed region) so that values
+    // never drift out of range and the last result can be checked.
+    if (bytes > 0) {
+      std::memcpy(b.bufs[r] + at, b.inputs[r].data(), b.inputs[r].size());
+    }
+    if (options.device && bytes > 0 && !failed) {
+      fail(CudaCopyToDevice(b.device[r].data(), b.bufs[r], bytes));
+    }
+    // One barrier per operation, before it, as gloo_bench does: every
+    // rank starts together and the operation's time is the slowest
+    // rank's. (None after it: a rank's buffer is its own again once
+    // its call returned, so the next copy needs no wait.)
+    barrier.Wait();
+    const absl::Time t0 = absl::Now();
+    if (!failed) {
+      OpOptions oo;
+      oo.timeout = options.timeout;
+      oo.algorithm = c.algorithm;
+      absl::StatusOr<OpInfo> res = RunOnce(cl, c, options, b, r, oo);
+      fail(res.status());
+      if (res.ok()) info = *res;
+    }
+    times[i] = absl::ToDoubleMicroseconds(absl::Now() - t0);
+    if (options.device && bytes > 0 && !failed && i + 1 == total) {
+      fail(c.kind == OpKind::kReduceScatter
+               ? CudaCopyToHost(b.outs[r].data(), b.device_out[r].data(),
+                                b.slice_bytes)
+               : CudaCopyToHost(b.bufs[r], b.device[r].data(), bytes));
+    }
+  }
+  return error;
+}
+
+// Elements of the ranks' results, summed over the ranks, that are not what
+// case c should have left there.
+size_t CountWrong(const BenchCase& c, const CaseBuffers& b, int g,
+                  size_t es) {
+  size_t wrong = 0;
+  for (int r = 0; r < g; ++r) {
+    switch (c.kind) {
+      case OpKind::kAllGather:
+        wrong += CheckAllGather(c.dtype, b.inputs, b.bufs[r], b.slice).wrong;
+        break;
+      case OpKind::kReduceScatter:
+        wrong += CheckReduceScatter(c.dtype, c.op, b.inputs,
+                                    b.outs[r].data(), r, b.slice)
+                     .wrong;
+        break;
+      case OpKind::kBroadcast:
+        wrong += BitwiseDifferences(b.bufs[r], b.inputs[0].data(), b.count,
+                                    es);
+        break;
+      default:
+        // Rank 0 against the reference, every other rank against rank 0.
+        wrong += r == 0 ? CheckAllReduce(c.dtype, c.op, b.inputs, b.bufs[0],
+                                         b.count)
+                              .wrong
+                        : BitwiseDifferences(b.bufs[r], b.bufs[0], b.count,
+                                             es);
+        break;
+    }
+  }
+  return wrong;
+}
+
 }  // namespace
 
 BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
@@ -95,81 +274,23 @@ BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
   BenchRow row;
   row.c = c;
   row.algorithm = std::string(AlgorithmName(c.algorithm));
+  CaseBuffers b(g);
   // An all-gather's or reduce-scatter's buffer is G equal slices.
-  const size_t slice = sliced ? c.bytes / es / static_cast<size_t>(g) : 0;
-  row.count = sliced ? slice * static_cast<size_t>(g) : c.bytes / es;
-  const size_t bytes = row.count * es;
-  const size_t slice_bytes = slice * es;
+  b.slice = sliced ? c.bytes / es / static_cast<size_t>(g) : 0;
+  row.count = sliced ? b.slice * static_cast<size_t>(g) : c.bytes / es;
+  b.count = row.count;
+  b.bytes = row.count * es;
+  b.slice_bytes = b.slice * es;
   // Each rank's input: an all-gather's slice, otherwise the whole buffer.
-  const size_t input_count = c.kind == OpKind::kAllGather ? slice : row.count;
-  std::vector<std::vector<uint8_t>> inputs(static_cast<size_t>(g));
-  std::vector<HostBuffer> shared(static_cast<size_t>(g));
-  std::vector<std::vector<uint8_t>> plain(static_cast<size_t>(g));
-  std::vector<uint8_t*> bufs(static_cast<size_t>(g));
-  // A reduce-scatter's result (one slice), apart from its input.
-  std::vector<std::vector<uint8_t>> outs(static_cast<size_t>(g));
-  std::vector<CudaBuffer> device(static_cast<size_t>(g));
-  std::vector<CudaBuffer> device_out(static_cast<size_t>(g));
+  const size_t input_count =
+      c.kind == OpKind::kAllGather ? b.slice : row.count;
   for (int r = 0; r < g; ++r) {
-    inputs[r] = MakeRankData(c.dtype, c.op, input_count, r, options.seed);
-    if (c.kind == OpKind::kReduceScatter) {
-      outs[r].resize(std::max<size_t>(slice_bytes, 1));
-    }
-    if (options.device && bytes > 0) {
-      auto d = CudaBuffer::Allocate(bytes);
-      auto o = CudaBuffer::Allocate(std::max<size_t>(slice_bytes, 1));
-      if (!d.ok() || !o.ok()) {
-        row.error = (d.ok() ? o.status() : d.status()).ToString();
-        return row;
-      }
-      device[r] = std::move(*d);
-      device_out[r] = std::move(*o);
-    }
-    bool have_shared = false;
-    if (options.zero_copy && bytes > 0) {
-      auto hb = clients[r]->AllocateHostBuffer(bytes);
-      if (hb.ok()) {
-        shared[r] = std::move(*hb);
-        bufs[r] = static_cast<uint8_t*>(shared[r].data());
-        have_shared = true;
-      }
-    }
-    if (!have_shared) {
-      plain[r].resize(std::max<size_t>(bytes, 1));
-      bufs[r] = plain[r].data();
+    absl::Status s = AllocateRank(*clients[r], c, options, input_count, r, b);
+    if (!s.ok()) {
+      row.error = s.ToString();
+      return row;
     }
   }
-  // One operation of rank r on its buffer (host or device); an all-gather
-  // runs in place (the input already in slice r).
-  auto run_once = [&](int r, const OpOptions& oo) -> absl::StatusOr<OpInfo> {
-    Client& cl = *clients[r];
-    uint8_t* buf = options.device ? static_cast<uint8_t*>(device[r].data())
-                                  : bufs[r];
-    uint8_t* out = options.device
-                       ? static_cast<uint8_t*>(device_out[r].data())
-                       : outs[r].data();
-    switch (c.kind) {
-      case OpKind::kAllGather: {
-        const uint8_t* send = buf + static_cast<size_t>(r) * slice_bytes;
-        return options.device
-                   ? cl.AllGatherDevice(send, slice, buf, row.count, c.dtype, oo)
-                   : cl.AllGather(send, slice, buf, row.count, c.dtype, oo);
-      }
-      case OpKind::kReduceScatter:
-        return options.device ? cl.ReduceScatterDevice(buf, row.count, out,
-                                                       slice, c.dtype, c.op, oo)
-                              : cl.ReduceScatter(buf, row.count, out, slice,
-                                                 c.dtype, c.op, oo);
-      case OpKind::kBroadcast:
-        return options.device
-                   ? cl.BroadcastDevice(buf, row.count, c.dtype, 0, oo)
-                   : cl.Broadcast(buf, row.count, c.dtype, 0, oo);
-      default:
-        return options.device
-                   ? cl.AllReduceDevice(buf, row.count, c.dtype, c.op, oo)
-                   : cl.AllReduce(buf, row.count, c.dtype, c.op, oo);
-    }
-  };
   const int total = options.warmup + options.iterations;
   std::vector<std::vector<double>> times(static_cast<size_t>(g),
                                          std::vector<double>(total, 0));
@@ -179,46 +300,8 @@ BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
   std::vector<std::thread> threads;
   for (int r = 0; r < g; ++r) {
     threads.emplace_back([&, r] {
-      bool failed = false;
-      auto fail = [&](const absl::Status& s) {
-        if (!s.ok() && !failed) {
-          errors[r] = s.ToString();
-          failed = true;
-        }
-      };
-      // An all-gather's input goes to slice r (in place).
-      const size_t at = c.kind == OpKind::kAllGather
-                            ? static_cast<size_t>(r) * slice_bytes
-                            : 0;
-      for (int i = 0; i < total; ++i) {
-        // Fresh inputs every time (outside the timed region) so that values
-        // never drift out of range and the last result can be checked.
-        if (bytes > 0) std::memcpy(bufs[r] + at, inputs[r].data(), inputs[r].size());
-        if (options.device && bytes > 0 && !failed) {
-          fail(CudaCopyToDevice(device[r].data(), bufs[r], bytes));
-        }
-        // One barrier per operation, before it, as gloo_bench does: every
-        // rank starts together and the operation's time is the slowest
-        // rank's. (None after it: a rank's buffer is its own again once
-        // its call returned, so the next copy needs no wait.)
-        barrier.Wait();
-        const absl::Time t0 = absl::Now();
-        if (!failed) {
-          OpOptions oo;
-          oo.timeout = options.timeout;
-          oo.algorithm = c.algorithm;
-          absl::StatusOr<OpInfo> res = run_once(r, oo);
-          fail(res.status());
-          if (res.ok()) infos[r] = *res;
-        }
-        times[r][i] = absl::ToDoubleMicroseconds(absl::Now() - t0);
-        if (options.device && bytes > 0 && !failed && i + 1 == total) {
-          fail(c.kind == OpKind::kReduceScatter
-                   ? CudaCopyToHost(outs[r].data(), device_out[r].data(),
-                                    slice_bytes)
-                   : CudaCopyToHost(bufs[r], device[r].data(), bytes));
-        }
-      }
+      errors[r] = TimeRank(*clients[r], c, options, b, r, barrier, times[r],
+                           infos[r]);
     });
   }
   for (auto& t : threads) t.join();
@@ -242,35 +325,10 @@ BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
   row.bytes_sent = infos[0].bytes_sent;
   row.bytes_received = infos[0].bytes_received;
   if (row.time_us > 0) {
-    row.algbw_gbs = static_cast<double>(bytes) / (row.time_us * 1e3);
+    row.algbw_gbs = static_cast<double>(b.bytes) / (row.time_us * 1e3);
     row.busbw_gbs = row.algbw_gbs * BusBandwidthFactor(c.kind, g);
   }
-  if (options.check) {
-    for (int r = 0; r < g; ++r) {
-      switch (c.kind) {
-        case OpKind::kAllGather:
-          row.wrong += CheckAllGather(c.dtype, inputs, bufs[r], slice).wrong;
-          break;
-        case OpKind::kReduceScatter:
-          row.wrong += CheckReduceScatter(c.dtype, c.op, inputs,
-                                          outs[r].data(), r, slice)
-                           .wrong;
-          break;
-        case OpKind::kBroadcast:
-          row.wrong += BitwiseDifferences(bufs[r], inputs[0].data(),
-                                          row.count, es);
-          break;
-        default:
-          // Rank 0 against the reference, every other rank against rank 0.
-          row.wrong += r == 0 ? CheckAllReduce(c.dtype, c.op, inputs, bufs[0],
-                                               row.count)
-                                    .wrong
-                              : BitwiseDifferences(bufs[r], bufs[0],
-                                                   row.count, es);
-          break;
-      }
-    }
-  }
+  if (options.check) row.wrong += CountWrong(c, b, g, es);
   return row;
 }
 

@@ -178,6 +178,42 @@ class Sim {
   explicit Sim(const SimOptions& o) : o_(o) {}
 
   SimResult Run() {
+    Connect();
+    const double cpu0 = CpuSeconds();
+    std::thread driver([this] { Drive(); });
+    const absl::Time first = absl::Now();
+    start_ = first;
+    const absl::Time last_sent = SendJoins(first);
+    SimResult r;
+    AwaitJoins(first, last_sent, r);
+    absl::SleepFor(o_.steady);
+    Member& leaver = *members_.back();
+    uint64_t before;
+    {
+      absl::MutexLock lock(&mu_);
+      before = steady_generation_;
+      r.steady_generation = steady_generation_;
+      r.false_deaths = false_deaths_;
+    }
+    int open = 0;
+    for (auto& m : members_) open += m->watch && m->watch->open() ? 1 : 0;
+    r.watchers_open = open;
+    if (o_.change_at_end && leaver.beating) {
+      MeasureChange(leaver, before, open, r);
+    }
+    stop_ = true;
+    driver.join();
+    CloseWatchesAndBeats(r);
+    if (o_.rendezvous_pid > 0) {
+      if (auto s = SampleProcess(o_.rendezvous_pid); s.ok()) r.at_end = *s;
+    }
+    r.sim_cpu_seconds = CpuSeconds() - cpu0;
+    return r;
+  }
+
+ private:
+  // The channels (members_per_channel members on each) and the members.
+  void Connect() {
     const int n = o_.members;
     const int per = std::max(1, o_.members_per_channel);
     for (int c = 0; c * per < n; ++c) {
@@ -207,10 +243,12 @@ class Sim {
                          : m->stub;
       members_.push_back(std::move(m));
     }
-    const double cpu0 = CpuSeconds();
-    std::thread driver([this] { Drive(); });
-    const absl::Time first = absl::Now();
-    start_ = first;
+  }
+
+  // Every member's join, spread over join_spread from `first` (the last
+  // one later by last_join_delay); when the last was sent.
+  absl::Time SendJoins(absl::Time first) {
+    const int n = o_.members;
     absl::Time last_sent = first;
     for (int i = 0; i < n; ++i) {
       absl::Time at = first;
@@ -220,7 +258,12 @@ class Sim {
       last_sent = absl::Now();
       SendJoin(*members_[static_cast<size_t>(i)]);
     }
-    SimResult r;
+    return last_sent;
+  }
+
+  // Waits for the joins' answers (up to join_timeout) and puts their
+  // figures, and the rendezvous's CPU and log for them, in r.
+  void AwaitJoins(absl::Time first, absl::Time last_sent, SimResult& r) {
     {
       absl::MutexLock lock(&mu_);
       auto all = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -245,58 +288,52 @@ class Sim {
       std::ifstream log(o_.rendezvous_log, std::ios::ate | std::ios::binary);
       r.joins_log_bytes = static_cast<long>(log.tellg());
     }
-    absl::SleepFor(o_.steady);
-    Member& leaver = *members_.back();
-    uint64_t before;
+  }
+
+  // The leaver leaves; how long until every other open watcher (of `open`)
+  // saw the generation after `before`, and what the watches carried.
+  void MeasureChange(Member& leaver, uint64_t before, int open, SimResult& r) {
+    leaver.stopped = true;
+    const absl::Time t0 = absl::Now();
     {
       absl::MutexLock lock(&mu_);
-      before = steady_generation_;
-      r.steady_generation = steady_generation_;
-      r.false_deaths = false_deaths_;
+      change_at_ = t0;
     }
-    int open = 0;
-    for (auto& m : members_) open += m->watch && m->watch->open() ? 1 : 0;
-    r.watchers_open = open;
-    if (o_.change_at_end && leaver.beating) {
-      leaver.stopped = true;
-      const absl::Time t0 = absl::Now();
-      {
-        absl::MutexLock lock(&mu_);
-        change_at_ = t0;
-      }
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(t0 + absl::Seconds(10)));
-      v1::LeaveRequest req;
-      req.set_job_id(o_.job_id);
-      req.set_worker_id(leaver.id);
-      v1::LeaveReply reply;
-      if (leaver.stub->Leave(&ctx, req, &reply).ok()) {
-        // Every watcher that was open, except the leaver's own.
-        const absl::Time limit = absl::Now() + absl::Seconds(10);
-        absl::Time latest = t0;
-        int saw = 0;
-        for (auto& m : members_) {
-          if (!m->watch || !m->watch->open() || m.get() == &leaver) continue;
-          std::optional<absl::Time> t;
-          while (!(t = m->watch->SawAfter(before)) && absl::Now() < limit) {
-            absl::SleepFor(absl::Milliseconds(5));
-          }
-          if (t) {
-            ++saw;
-            latest = std::max(latest, *t);
-          }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(t0 + absl::Seconds(10)));
+    v1::LeaveRequest req;
+    req.set_job_id(o_.job_id);
+    req.set_worker_id(leaver.id);
+    v1::LeaveReply reply;
+    if (leaver.stub->Leave(&ctx, req, &reply).ok()) {
+      // Every watcher that was open, except the leaver's own.
+      const absl::Time limit = absl::Now() + absl::Seconds(10);
+      absl::Time latest = t0;
+      int saw = 0;
+      for (auto& m : members_) {
+        if (!m->watch || !m->watch->open() || m.get() == &leaver) continue;
+        std::optional<absl::Time> t;
+        while (!(t = m->watch->SawAfter(before)) && absl::Now() < limit) {
+          absl::SleepFor(absl::Milliseconds(5));
         }
-        r.watchers_saw_change = saw;
-        for (auto& m : members_) {
-          if (m->watch) r.change_watch_bytes += m->watch->BytesAfter(before);
+        if (t) {
+          ++saw;
+          latest = std::max(latest, *t);
         }
-        const int expected =
-            open - (leaver.watch && leaver.watch->open() ? 1 : 0);
-        if (saw == expected) r.change_reached_all = latest - t0;
       }
+      r.watchers_saw_change = saw;
+      for (auto& m : members_) {
+        if (m->watch) r.change_watch_bytes += m->watch->BytesAfter(before);
+      }
+      const int expected =
+          open - (leaver.watch && leaver.watch->open() ? 1 : 0);
+      if (saw == expected) r.change_reached_all = latest - t0;
     }
-    stop_ = true;
-    driver.join();
+  }
+
+  // Ends the watches and waits for the heartbeats in flight and the joins
+  // still blocked; the heartbeat figures in r.
+  void CloseWatchesAndBeats(SimResult& r) {
     for (auto& m : members_) {
       if (m->watch) m->watch->Cancel();
     }
@@ -328,14 +365,8 @@ class Sim {
       };
       mu_.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(5));
     }
-    if (o_.rendezvous_pid > 0) {
-      if (auto s = SampleProcess(o_.rendezvous_pid); s.ok()) r.at_end = *s;
-    }
-    r.sim_cpu_seconds = CpuSeconds() - cpu0;
-    return r;
   }
 
- private:
   void SendJoin(Member& m) {
     v1::JoinRequest req;
     req.set_job_id(o_.job_id);

@@ -42,6 +42,52 @@ std::string Ms(absl::Duration d) {
   return absl::StrFormat("%.2f s", absl::ToDoubleSeconds(d));
 }
 
+// One size's row of the table (stdout).
+void PrintRow(int n, const halka::scale::SimOptions& o,
+              const halka::scale::SimResult& r) {
+  std::printf(
+      "| %d | %d | %s | %.2f s (%.2f ms) | %d | %.0f MiB | %.1f KB (%ld B) | "
+      "%d | %.1f / %.1f ms | %.1f / %.1f ms | %d | %d | %llu | %s |\n",
+      n, o.watchers, r.joined == n ? Ms(r.after_last_join).c_str()
+                                   : absl::StrCat(r.joined, " of ", n).c_str(),
+      r.joins_cpu_seconds, 1e3 * r.joins_cpu_seconds / n, r.peak_threads,
+      static_cast<double>(r.at_end.rss_kib) / 1024.0,
+      static_cast<double>(r.joins_log_bytes) / 1e3, r.joins_log_bytes / n,
+      r.heartbeats, r.heartbeat_p50_ms, r.heartbeat_p99_ms, r.steady_p50_ms,
+      r.steady_p99_ms,
+      r.heartbeat_errors, r.false_deaths,
+      static_cast<unsigned long long>(r.steady_generation),
+      Ms(r.change_reached_all).c_str());
+  std::fflush(stdout);
+}
+
+// One size's figures beyond the table, and its first errors (stderr).
+void PrintDetails(int n, const halka::scale::SimResult& r) {
+  std::fprintf(stderr,
+               "N=%d: CPU used in all: rendezvous %.1f s, simulator %.1f s\n",
+               n, r.at_end.cpu_seconds, r.sim_cpu_seconds);
+  std::fprintf(stderr,
+               "N=%d: Join replies %.1f MB (%.1f KB each); Watch messages "
+               "for the change %.2f MB\n",
+               n, static_cast<double>(r.join_reply_bytes) / 1e6,
+               r.joined > 0 ? static_cast<double>(r.join_reply_bytes) /
+                                  r.joined / 1e3
+                            : 0.0,
+               static_cast<double>(r.change_watch_bytes) / 1e6);
+  std::string by_second;
+  for (double ms : r.p99_by_second_ms) absl::StrAppend(&by_second, " ", ms);
+  std::fprintf(stderr, "N=%d: heartbeat p99 (ms) by second:%s\n", n,
+               by_second.c_str());
+  if (!r.first_join_error.empty()) {
+    std::fprintf(stderr, "N=%d first Join error: %s\n", n,
+                 r.first_join_error.c_str());
+  }
+  if (!r.first_heartbeat_error.empty()) {
+    std::fprintf(stderr, "N=%d first heartbeat error: %s\n", n,
+                 r.first_heartbeat_error.c_str());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -93,43 +139,8 @@ int main(int argc, char** argv) {
     o.rendezvous_log = log;
     const halka::scale::SimResult r = halka::scale::RunSim(o);
     rv->Stop();
-    std::printf(
-        "| %d | %d | %s | %.2f s (%.2f ms) | %d | %.0f MiB | %.1f KB (%ld B) | "
-        "%d | %.1f / %.1f ms | %.1f / %.1f ms | %d | %d | %llu | %s |\n",
-        n, o.watchers, r.joined == n ? Ms(r.after_last_join).c_str()
-                                     : absl::StrCat(r.joined, " of ", n).c_str(),
-        r.joins_cpu_seconds, 1e3 * r.joins_cpu_seconds / n, r.peak_threads,
-        static_cast<double>(r.at_end.rss_kib) / 1024.0,
-        static_cast<double>(r.joins_log_bytes) / 1e3, r.joins_log_bytes / n,
-        r.heartbeats, r.heartbeat_p50_ms, r.heartbeat_p99_ms, r.steady_p50_ms,
-        r.steady_p99_ms,
-        r.heartbeat_errors, r.false_deaths,
-        static_cast<unsigned long long>(r.steady_generation),
-        Ms(r.change_reached_all).c_str());
-    std::fflush(stdout);
-    std::fprintf(stderr,
-                 "N=%d: CPU used in all: rendezvous %.1f s, simulator %.1f s\n",
-                 n, r.at_end.cpu_seconds, r.sim_cpu_seconds);
-    std::fprintf(stderr,
-                 "N=%d: Join replies %.1f MB (%.1f KB each); Watch messages "
-                 "for the change %.2f MB\n",
-                 n, static_cast<double>(r.join_reply_bytes) / 1e6,
-                 r.joined > 0 ? static_cast<double>(r.join_reply_bytes) /
-                                    r.joined / 1e3
-                              : 0.0,
-                 static_cast<double>(r.change_watch_bytes) / 1e6);
-    std::string by_second;
-    for (double ms : r.p99_by_second_ms) absl::StrAppend(&by_second, " ", ms);
-    std::fprintf(stderr, "N=%d: heartbeat p99 (ms) by second:%s\n", n,
-                 by_second.c_str());
-    if (!r.first_join_error.empty()) {
-      std::fprintf(stderr, "N=%d first Join error: %s\n", n,
-                   r.first_join_error.c_str());
-    }
-    if (!r.first_heartbeat_error.empty()) {
-      std::fprintf(stderr, "N=%d first heartbeat error: %s\n", n,
-                   r.first_heartbeat_error.c_str());
-    }
+    PrintRow(n, o, r);
+    PrintDetails(n, r);
     failures += r.joined != n || r.false_deaths != 0 ? 1 : 0;
   }
   return failures == 0 ? 0 : 1;

@@ -186,6 +186,77 @@ std::string SizeName(size_t bytes) {
   return text;
 }
 
+// One timed kernel: a dtype's reduction or finalize_avg at one size.
+struct Row {
+  size_t bytes;
+  std::string dtype, op;
+  double gbps, copy_gbps;
+};
+
+// Times the copy, then every dtype's reductions (and finalize_avg), on
+// `bytes` of dst and src; prints each and adds it to rows.
+void TimeSize(cudaStream_t stream, const Options& options, void* dst,
+              void* src, size_t bytes, std::vector<Row>& rows) {
+  const double copy_ms = TimeMs(stream, options.target_ms, [&] {
+    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                               stream));
+  });
+  const double copy_gbps = GBps(2.0 * bytes, copy_ms);
+  std::printf("%-9s %-9s %-13s %12.2f %10.1f %7.0f%%\n",
+              SizeName(bytes).c_str(), "-", "memcpy d2d", copy_ms * 1e3,
+              copy_gbps, 100.0);
+  for (halka::DType dtype : options.dtypes) {
+    const size_t n = bytes / halka::DTypeSize(dtype);
+    for (halka::ReduceOp op : options.ops) {
+      const double ms = TimeMs(stream, options.target_ms, [&] {
+        CheckOk(halka::CudaReduceInto(dtype, op, dst, src, n, stream),
+                "CudaReduceInto");
+      });
+      const double gbps = GBps(3.0 * bytes, ms);
+      std::printf("%-9s %-9s %-13s %12.2f %10.1f %7.0f%%\n",
+                  SizeName(bytes).c_str(),
+                  std::string(halka::DTypeName(dtype)).c_str(),
+                  std::string(halka::ReduceOpName(op)).c_str(), ms * 1e3,
+                  gbps, 100.0 * gbps / copy_gbps);
+      rows.push_back({bytes, std::string(halka::DTypeName(dtype)),
+                      std::string(halka::ReduceOpName(op)), gbps,
+                      copy_gbps});
+    }
+    if (options.finalize) {
+      // Fresh operands: the reductions above leave dst at infinities or
+      // zeros, which would time the slow or the trivial cases. (Repeated
+      // division still drifts toward zero within the batches.)
+      CHECK_CUDA(cudaMemsetAsync(dst, 0x3c, bytes, stream));
+      const double ms = TimeMs(stream, options.target_ms, [&] {
+        CheckOk(halka::CudaFinalizeAvg(dtype, dst, n,
+                                       options.finalize_divisor, stream),
+                "CudaFinalizeAvg");
+      });
+      const double gbps = GBps(2.0 * bytes, ms);
+      std::printf("%-9s %-9s %-13s %12.2f %10.1f %7.0f%%\n",
+                  SizeName(bytes).c_str(),
+                  std::string(halka::DTypeName(dtype)).c_str(),
+                  "finalize_avg", ms * 1e3, gbps, 100.0 * gbps / copy_gbps);
+      rows.push_back({bytes, std::string(halka::DTypeName(dtype)),
+                      "finalize_avg", gbps, copy_gbps});
+    }
+  }
+}
+
+// Summary: the largest size, as a fraction of the copy bandwidth.
+void PrintSummary(const std::vector<Row>& rows) {
+  if (!rows.empty()) {
+    const size_t largest = rows.back().bytes;
+    std::printf("\nsummary at %s (memcpy d2d %.1f GB/s):\n",
+                SizeName(largest).c_str(), rows.back().copy_gbps);
+    for (const Row& row : rows) {
+      if (row.bytes != largest) continue;
+      std::printf("  %-9s %-13s %8.1f GB/s %5.0f%%\n", row.dtype.c_str(),
+                  row.op.c_str(), row.gbps, 100.0 * row.gbps / row.copy_gbps);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -220,75 +291,16 @@ int main(int argc, char** argv) {
 
   std::printf("%-9s %-9s %-13s %12s %10s %8s\n", "size", "dtype", "op",
               "us/call", "GB/s", "vs copy");
-  struct Row {
-    size_t bytes;
-    std::string dtype, op;
-    double gbps, copy_gbps;
-  };
   std::vector<Row> rows;
   for (size_t mib = options.min_mib; mib <= options.max_mib;
        mib *= options.factor) {
-    const size_t bytes = mib * kMiB;
-    const double copy_ms = TimeMs(stream, options.target_ms, [&] {
-      CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
-                                 stream));
-    });
-    const double copy_gbps = GBps(2.0 * bytes, copy_ms);
-    std::printf("%-9s %-9s %-13s %12.2f %10.1f %7.0f%%\n",
-                SizeName(bytes).c_str(), "-", "memcpy d2d", copy_ms * 1e3,
-                copy_gbps, 100.0);
-    for (halka::DType dtype : options.dtypes) {
-      const size_t n = bytes / halka::DTypeSize(dtype);
-      for (halka::ReduceOp op : options.ops) {
-        const double ms = TimeMs(stream, options.target_ms, [&] {
-          CheckOk(halka::CudaReduceInto(dtype, op, dst, src, n, stream),
-                  "CudaReduceInto");
-        });
-        const double gbps = GBps(3.0 * bytes, ms);
-        std::printf("%-9s %-9s %-13s %12.2f %10.1f %7.0f%%\n",
-                    SizeName(bytes).c_str(),
-                    std::string(halka::DTypeName(dtype)).c_str(),
-                    std::string(halka::ReduceOpName(op)).c_str(), ms * 1e3,
-                    gbps, 100.0 * gbps / copy_gbps);
-        rows.push_back({bytes, std::string(halka::DTypeName(dtype)),
-                        std::string(halka::ReduceOpName(op)), gbps,
-                        copy_gbps});
-      }
-      if (options.finalize) {
-        // Fresh operands: the reductions above leave dst at infinities or
-        // zeros, which would time the slow or the trivial cases. (Repeated
-        // division still drifts toward zero within the batches.)
-        CHECK_CUDA(cudaMemsetAsync(dst, 0x3c, bytes, stream));
-        const double ms = TimeMs(stream, options.target_ms, [&] {
-          CheckOk(halka::CudaFinalizeAvg(dtype, dst, n,
-                                         options.finalize_divisor, stream),
-                  "CudaFinalizeAvg");
-        });
-        const double gbps = GBps(2.0 * bytes, ms);
-        std::printf("%-9s %-9s %-13s %12.2f %10.1f %7.0f%%\n",
-                    SizeName(bytes).c_str(),
-                    std::string(halka::DTypeName(dtype)).c_str(),
-                    "finalize_avg", ms * 1e3, gbps, 100.0 * gbps / copy_gbps);
-        rows.push_back({bytes, std::string(halka::DTypeName(dtype)),
-                        "finalize_avg", gbps, copy_gbps});
-      }
-    }
+    TimeSize(stream, options, dst, src, mib * kMiB, rows);
     std::fflush(stdout);
     if (mib > options.max_mib / options.factor) break;  // no overflow
   }
   CheckOk(halka::CudaSynchronize(stream), "CudaSynchronize");
 
-  // Summary: the largest size, as a fraction of the copy bandwidth.
-  if (!rows.empty()) {
-    const size_t largest = rows.back().bytes;
-    std::printf("\nsummary at %s (memcpy d2d %.1f GB/s):\n",
-                SizeName(largest).c_str(), rows.back().copy_gbps);
-    for (const Row& row : rows) {
-      if (row.bytes != largest) continue;
-      std::printf("  %-9s %-13s %8.1f GB/s %5.0f%%\n", row.dtype.c_str(),
-                  row.op.c_str(), row.gbps, 100.0 * row.gbps / row.copy_gbps);
-    }
-  }
+  PrintSummary(rows);
   CHECK_CUDA(cudaStreamDestroy(stream));
   CHECK_CUDA(cudaFree(dst));
   CHECK_CUDA(cudaFree(src));

@@ -10,14 +10,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-
 #include <cerrno>
 #include <climits>
 #include <cstring>
 #include <algorithm>
-#include <map>
-#include <optional>
-#include <set>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -81,6 +77,112 @@ void SetSocketOptions(int fd) {
   unsigned int user_timeout_ms = 30000;
   setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms,
              sizeof(user_timeout_ms));
+}
+
+// A handshaken connection as a link uses it: blocking, SetSocketOptions.
+void MakeLinkSocket(int fd) {
+  const int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  SetSocketOptions(fd);
+}
+
+// A connection to the listener that has not shown its whole token yet.
+struct PendingConn {
+  int fd;
+  absl::Time deadline;
+  std::string got;
+};
+
+// Accepts every connection waiting on listen_fd into `pending` (`live` of
+// them open); when full, the oldest silent one is closed and counted.
+void AcceptPending(int listen_fd, std::vector<PendingConn>& pending,
+                   size_t& live, std::atomic<uint64_t>& evicted) {
+  for (;;) {
+    const int c = accept4(listen_fd, nullptr, nullptr,
+                          SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (c < 0) {
+      // Out of descriptors: the connection stays in the backlog and
+      // poll would report it at once again; do not spin on it.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+          errno == ENOMEM) {
+        absl::SleepFor(absl::Milliseconds(100));
+      }
+      break;
+    }
+    // Full: the oldest connection that has not shown a token goes,
+    // never the new one. A peer presents its token right after it
+    // connects, so connections that sit silent (a flood of them, or
+    // a scanner) cannot keep links off the wire: each one only
+    // pushes the silent ones out.
+    if (live >= kMaxPending) {
+      for (PendingConn& old : pending) {
+        if (old.fd < 0) continue;
+        close(old.fd);
+        old.fd = -1;
+        --live;
+        evicted.fetch_add(1, std::memory_order_relaxed);
+        break;
+      }
+    }
+    pending.push_back({c, absl::Now() + kHandshakeTime, ""});
+    ++live;
+  }
+}
+
+// Reads what p's connection sent of its token; false (p.fd closed) when
+// the connection ended or failed.
+bool ReadToken(PendingConn& p) {
+  char buf[kTokenBytes];
+  const ssize_t r = read(p.fd, buf, kTokenBytes - p.got.size());
+  if (r <= 0 && !(r < 0 && (errno == EAGAIN || errno == EINTR))) {
+    close(p.fd);
+    return false;
+  }
+  if (r > 0) p.got.append(buf, static_cast<size_t>(r));
+  return true;
+}
+
+// Waits for `events` on fd until the handshake's deadline: "" when they
+// came, else why not.
+std::string WaitFor(int fd, short events, absl::Time deadline) {
+  for (;;) {
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0) return "timed out after 2 s";
+    pollfd p{fd, events, 0};
+    const int r = poll(&p, 1, static_cast<int>(ms));
+    if (r > 0) return "";
+    if (r < 0 && errno != EINTR) return Errno("poll");
+  }
+}
+
+// Connects the non-blocking fd to a's address by `deadline`: "" or why not.
+std::string ConnectBy(int fd, const addrinfo* a, absl::Time deadline) {
+  if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) return "";
+  if (errno != EINPROGRESS) return Errno("connect");
+  std::string failed = WaitFor(fd, POLLOUT, deadline);
+  if (!failed.empty()) return failed;
+  int err = 0;
+  socklen_t el = sizeof(err);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
+  return err != 0 ? absl::StrCat("connect: ", std::strerror(err)) : "";
+}
+
+// The token out on fd and the listener's ack back by `deadline`: "" or
+// why not.
+std::string PresentToken(int fd, const std::string& token,
+                         absl::Time deadline) {
+  if (send(fd, token.data(), token.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(token.size())) {
+    return Errno("sending the link token");
+  }
+  std::string failed = WaitFor(fd, POLLIN, deadline);
+  if (!failed.empty()) return failed;
+  char ack = 0;
+  const ssize_t r = read(fd, &ack, 1);
+  return r == 1 && ack == 'k' ? ""
+         : r == 0             ? "closed without an ack (token not taken)"
+         : r < 0              ? Errno("reading the ack")
+                              : "a wrong ack byte";
 }
 
 }  // namespace
@@ -253,18 +355,13 @@ void WireListener::Forget(const std::string& token) {
 }
 
 void WireListener::Loop() {
-  struct Pending {
-    int fd;
-    absl::Time deadline;
-    std::string got;
-  };
-  std::vector<Pending> pending;
+  std::vector<PendingConn> pending;
   size_t live = 0;  // pending entries still open
   for (;;) {
     std::vector<pollfd> fds;
     fds.push_back({wake_fd_, POLLIN, 0});
     fds.push_back({fd_, POLLIN, 0});
-    for (const Pending& p : pending) fds.push_back({p.fd, POLLIN, 0});
+    for (const PendingConn& p : pending) fds.push_back({p.fd, POLLIN, 0});
     poll(fds.data(), fds.size(), 200);
     {
       absl::MutexLock lock(&mu_);
@@ -275,52 +372,19 @@ void WireListener::Loop() {
       }
     }
     if (fds[1].revents & POLLIN) {
-      for (;;) {
-        const int c = accept4(fd_, nullptr, nullptr,
-                              SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (c < 0) {
-          // Out of descriptors: the connection stays in the backlog and
-          // poll would report it at once again; do not spin on it.
-          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
-              errno == ENOMEM) {
-            absl::SleepFor(absl::Milliseconds(100));
-          }
-          break;
-        }
-        // Full: the oldest connection that has not shown a token goes,
-        // never the new one. A peer presents its token right after it
-        // connects, so connections that sit silent (a flood of them, or
-        // a scanner) cannot keep links off the wire: each one only
-        // pushes the silent ones out.
-        if (live >= kMaxPending) {
-          for (Pending& old : pending) {
-            if (old.fd < 0) continue;
-            close(old.fd);
-            old.fd = -1;
-            --live;
-            counters_->wire.evicted.fetch_add(1, std::memory_order_relaxed);
-            break;
-          }
-        }
-        pending.push_back({c, absl::Now() + kHandshakeTime, ""});
-        ++live;
-      }
+      AcceptPending(fd_, pending, live, counters_->wire.evicted);
     }
     const absl::Time now = absl::Now();
-    std::vector<Pending> still;
+    std::vector<PendingConn> still;
     for (size_t i = 0; i < pending.size(); ++i) {
-      Pending& p = pending[i];
+      PendingConn& p = pending[i];
       if (p.fd < 0) continue;  // evicted
       // fds[2 + i] is p's (pending did not change since the poll, apart
       // from new connections appended after it).
-      if (i + 2 < fds.size() && (fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) {
-        char buf[kTokenBytes];
-        const ssize_t r = read(p.fd, buf, kTokenBytes - p.got.size());
-        if (r <= 0 && !(r < 0 && (errno == EAGAIN || errno == EINTR))) {
-          close(p.fd);
-          continue;
-        }
-        if (r > 0) p.got.append(buf, static_cast<size_t>(r));
+      if (i + 2 < fds.size() &&
+          (fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) &&
+          !ReadToken(p)) {
+        continue;
       }
       if (p.got.size() == kTokenBytes) {
         absl::MutexLock lock(&mu_);
@@ -332,9 +396,7 @@ void WireListener::Loop() {
         }
         OnConnected done = std::move(it->second.on_connected);
         expected_.erase(it);
-        const int flags = fcntl(p.fd, F_GETFL);
-        fcntl(p.fd, F_SETFL, flags & ~O_NONBLOCK);
-        SetSocketOptions(p.fd);
+        MakeLinkSocket(p.fd);
         done(p.fd);  // under the lock: Forget cannot pass it
         continue;
       }
@@ -347,7 +409,7 @@ void WireListener::Loop() {
     pending = std::move(still);
     live = pending.size();
   }
-  for (const Pending& p : pending) {
+  for (const PendingConn& p : pending) {
     if (p.fd >= 0) close(p.fd);
   }
 }
@@ -412,18 +474,6 @@ absl::Status WireSender::Connect() {
         absl::StrCat("cannot resolve ", host_, ": ", gai_strerror(rc)));
   }
   const absl::Time deadline = absl::Now() + kHandshakeTime;
-  // Waits for `events` on fd until the handshake's deadline: "" when they
-  // came, else why not.
-  auto wait_for = [&](int fd, short events) -> std::string {
-    for (;;) {
-      const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-      if (ms <= 0) return "timed out after 2 s";
-      pollfd p{fd, events, 0};
-      const int r = poll(&p, 1, static_cast<int>(ms));
-      if (r > 0) return "";
-      if (r < 0 && errno != EINTR) return Errno("poll");
-    }
-  };
   std::string why = "no address";
   int fd = -1;
   for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
@@ -442,18 +492,7 @@ absl::Status WireSender::Connect() {
       }
       fd_ = fd;  // Close can cut the waits below
     }
-    std::string failed;
-    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
-      if (errno != EINPROGRESS) {
-        failed = Errno("connect");
-      } else if (failed = wait_for(fd, POLLOUT); failed.empty()) {
-        int err = 0;
-        socklen_t el = sizeof(err);
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
-        if (err != 0) failed = absl::StrCat("connect: ", std::strerror(err));
-      }
-    }
-    if (!failed.empty()) {
+    if (std::string failed = ConnectBy(fd, a, deadline); !failed.empty()) {
       why = failed;
       absl::MutexLock lock(&mu_);
       close(fd);
@@ -466,19 +505,8 @@ absl::Status WireSender::Connect() {
                                                ":", port_, ": ", why));
   }
   // The token out, the ack back, both within the handshake time.
-  std::string failed;
-  char ack = 0;
-  if (send(fd, token_.data(), token_.size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(token_.size())) {
-    failed = Errno("sending the link token");
-  } else if (failed = wait_for(fd, POLLIN); failed.empty()) {
-    const ssize_t r = read(fd, &ack, 1);
-    failed = r == 1 && ack == 'k' ? ""
-             : r == 0             ? "closed without an ack (token not taken)"
-             : r < 0              ? Errno("reading the ack")
-                                  : "a wrong ack byte";
-  }
-  if (!failed.empty()) {
+  if (std::string failed = PresentToken(fd, token_, deadline);
+      !failed.empty()) {
     absl::MutexLock lock(&mu_);
     close(fd);
     fd_ = -1;
@@ -486,9 +514,7 @@ absl::Status WireSender::Connect() {
         "the peer did not take the link token on ", host_, ":", port_, ": ",
         failed));
   }
-  const int flags = fcntl(fd, F_GETFL);
-  fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-  SetSocketOptions(fd);
+  MakeLinkSocket(fd);
   return absl::OkStatus();
 }
 

@@ -98,31 +98,11 @@ ABSL_FLAG(absl::Duration, shm_sweep_interval, absl::Minutes(1),
           "start and then this often; 0: never (env "
           "HALKA_SHM_SWEEP_INTERVAL)");
 
-int main(int argc, char** argv) {
-  // Until the ring has formed there is nothing to leave or drain: a signal
-  // during the (blocking) join ends the process at once.
-  std::atomic<bool> joined{false};
-  absl::Notification* stop = halka::StartDaemon(
-      argc, argv,
-      "halka-worker --rendezvous=HOST:PORT --job=ID "
-      "--world_size=N [--listen=HOST:PORT] "
-      "[--unix_socket=PATH]",
-      "worker", &FLAGS_job, [&joined](int) {
-        if (!joined.load()) std::_Exit(0);
-      });
-  if (stop == nullptr) return 2;
-  // Process-wide and before any link (seal/wire_seal.h, DefaultEngine).
-  absl::StatusOr<halka::WireSealEngine> engine =
-      halka::ParseWireSealEngine(absl::GetFlag(FLAGS_wire_ocb));
-  const absl::Status engine_ok =
-      engine.ok() ? halka::WireSeal::SetDefaultEngine(*engine) : engine.status();
-  if (!engine_ok.ok()) {
-    halka::LogError(absl::StrCat("--wire_ocb: ", engine_ok.ToString()));
-    return 2;
-  }
-  if (*engine == halka::WireSealEngine::kVaes512) {
-    halka::LogInfo("wire links are sealed by vaes-512 (its self-test passed)");
-  }
+namespace {
+
+// The worker's options as the flags give them (all but the algorithm,
+// which main parses: it can be wrong).
+halka::WorkerOptions OptionsFromFlags() {
   halka::WorkerOptions o;
   o.rendezvous = absl::GetFlag(FLAGS_rendezvous);
   o.job_id = absl::GetFlag(FLAGS_job);
@@ -153,6 +133,37 @@ int main(int argc, char** argv) {
   o.test_reduce_delay = absl::GetFlag(FLAGS_test_reduce_delay);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.shm_sweep_interval = absl::GetFlag(FLAGS_shm_sweep_interval);
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Until the ring has formed there is nothing to leave or drain: a signal
+  // during the (blocking) join ends the process at once.
+  std::atomic<bool> joined{false};
+  absl::Notification* stop = halka::StartDaemon(
+      argc, argv,
+      "halka-worker --rendezvous=HOST:PORT --job=ID "
+      "--world_size=N [--listen=HOST:PORT] "
+      "[--unix_socket=PATH]",
+      "worker", &FLAGS_job, [&joined](int) {
+        if (!joined.load()) std::_Exit(0);
+      });
+  if (stop == nullptr) return 2;
+  // Process-wide and before any link (seal/wire_seal.h, DefaultEngine).
+  absl::StatusOr<halka::WireSealEngine> engine =
+      halka::ParseWireSealEngine(absl::GetFlag(FLAGS_wire_ocb));
+  const absl::Status engine_ok =
+      engine.ok() ? halka::WireSeal::SetDefaultEngine(*engine) : engine.status();
+  if (!engine_ok.ok()) {
+    halka::LogError(absl::StrCat("--wire_ocb: ", engine_ok.ToString()));
+    return 2;
+  }
+  if (*engine == halka::WireSealEngine::kVaes512) {
+    halka::LogInfo("wire links are sealed by vaes-512 (its self-test passed)");
+  }
+  halka::WorkerOptions o = OptionsFromFlags();
   auto algorithm = halka::ParseAlgorithm(absl::GetFlag(FLAGS_default_algorithm));
   if (!algorithm.ok()) {
     halka::LogError(algorithm.status().ToString());

@@ -339,6 +339,76 @@ int Demo() {
   return rc;
 }
 
+// bench's embedded cluster, as the flags describe it for these cases, and
+// a client of each of its workers (in owned, by rank).
+absl::Status StartEmbedded(const std::vector<BenchCase>& cases,
+                           Client::Options& co, RemovedAtExit& cert_dir,
+                           std::unique_ptr<LocalCluster>* cluster,
+                           std::vector<std::unique_ptr<Client>>& owned) {
+  LocalCluster::Options lo;
+  lo.workers = absl::GetFlag(FLAGS_workers);
+  lo.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
+  lo.shm_links = absl::GetFlag(FLAGS_shm_links);
+  lo.shm_spin = absl::Microseconds(absl::GetFlag(FLAGS_shm_spin_us));
+  lo.wire_links = absl::GetFlag(FLAGS_wire_links);
+  lo.wire_landing = absl::GetFlag(FLAGS_wire_landing);
+  for (const BenchCase& bc : cases) {
+    if (bc.algorithm == Algorithm::kParameterServer) {
+      lo.ps_shards = absl::GetFlag(FLAGS_ps_shards);
+    }
+  }
+  const std::string tls_dir = absl::GetFlag(FLAGS_tls_dir);
+  if (!tls_dir.empty() && !absl::GetFlag(FLAGS_tls)) {
+    return absl::InvalidArgumentError("--tls_dir needs --tls");
+  }
+  if (absl::GetFlag(FLAGS_tls)) {
+    absl::Status s = tls_dir.empty()
+                         ? MakeThrowawayCertificates(lo, cert_dir)
+                         : UseCertificates(tls_dir, lo);
+    if (!s.ok()) return s;
+    std::printf(
+        "# mutual TLS and a job token on every channel; wire links sealed "
+        "with %s by %s\n",
+        WireSeal::kName, WireSeal::Engine());
+  }
+  auto c = LocalCluster::Start(lo);
+  if (!c.ok()) return c.status();
+  *cluster = std::move(*c);
+  co.shm_spin = lo.shm_spin;  // the clients' session rings poll as long
+  for (int r = 0; r < (*cluster)->size(); ++r) {
+    auto cl = (*cluster)->Connect(r, co);
+    if (!cl.ok()) return cl.status();
+    owned.push_back(std::move(*cl));
+  }
+  return absl::OkStatus();
+}
+
+// A client of each worker --worker lists (`workers`), in owned by rank.
+absl::Status ConnectByRank(const std::string& workers,
+                           const Client::Options& co,
+                           std::vector<std::unique_ptr<Client>>& owned) {
+  for (absl::string_view addr : absl::StrSplit(workers, ',')) {
+    auto cl = Client::Connect(std::string(addr), co);
+    if (!cl.ok()) return cl.status();
+    owned.push_back(std::move(*cl));
+  }
+  // Order the clients by their workers' ranks.
+  std::vector<std::unique_ptr<Client>> by_rank(owned.size());
+  for (auto& cl : owned) {
+    auto info = cl->Info();
+    if (!info.ok()) return info.status();
+    if (info->world_size != static_cast<int>(owned.size()) ||
+        by_rank[info->rank]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--worker must list every worker of the job once (world size ",
+          info->world_size, ")"));
+    }
+    by_rank[info->rank] = std::move(cl);
+  }
+  owned = std::move(by_rank);
+  return absl::OkStatus();
+}
+
 int BenchCommand() {
   auto cases = SweepCases();
   if (!cases.ok()) return Fail(cases.status());
@@ -357,61 +427,11 @@ int BenchCommand() {
         "--tls_ca/--tls_cert/--tls_key)"));
   }
   if (workers.empty()) {
-    LocalCluster::Options lo;
-    lo.workers = absl::GetFlag(FLAGS_workers);
-    lo.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_bytes));
-    lo.shm_links = absl::GetFlag(FLAGS_shm_links);
-    lo.shm_spin = absl::Microseconds(absl::GetFlag(FLAGS_shm_spin_us));
-    lo.wire_links = absl::GetFlag(FLAGS_wire_links);
-    lo.wire_landing = absl::GetFlag(FLAGS_wire_landing);
-    for (const BenchCase& bc : *cases) {
-      if (bc.algorithm == Algorithm::kParameterServer) {
-        lo.ps_shards = absl::GetFlag(FLAGS_ps_shards);
-      }
-    }
-    const std::string tls_dir = absl::GetFlag(FLAGS_tls_dir);
-    if (!tls_dir.empty() && !absl::GetFlag(FLAGS_tls)) {
-      return Fail(absl::InvalidArgumentError("--tls_dir needs --tls"));
-    }
-    if (absl::GetFlag(FLAGS_tls)) {
-      absl::Status s = tls_dir.empty()
-                           ? MakeThrowawayCertificates(lo, cert_dir)
-                           : UseCertificates(tls_dir, lo);
-      if (!s.ok()) return Fail(s);
-      std::printf(
-          "# mutual TLS and a job token on every channel; wire links sealed "
-          "with %s by %s\n",
-          WireSeal::kName, WireSeal::Engine());
-    }
-    auto c = LocalCluster::Start(lo);
-    if (!c.ok()) return Fail(c.status());
-    cluster = std::move(*c);
-    co->shm_spin = lo.shm_spin;  // the clients' session rings poll as long
-    for (int r = 0; r < cluster->size(); ++r) {
-      auto cl = cluster->Connect(r, *co);
-      if (!cl.ok()) return Fail(cl.status());
-      owned.push_back(std::move(*cl));
-    }
+    absl::Status s = StartEmbedded(*cases, *co, cert_dir, &cluster, owned);
+    if (!s.ok()) return Fail(s);
   } else {
-    for (absl::string_view addr : absl::StrSplit(workers, ',')) {
-      auto cl = Client::Connect(std::string(addr), *co);
-      if (!cl.ok()) return Fail(cl.status());
-      owned.push_back(std::move(*cl));
-    }
-    // Order the clients by their workers' ranks.
-    std::vector<std::unique_ptr<Client>> by_rank(owned.size());
-    for (auto& cl : owned) {
-      auto info = cl->Info();
-      if (!info.ok()) return Fail(info.status());
-      if (info->world_size != static_cast<int>(owned.size()) ||
-          by_rank[info->rank]) {
-        return Fail(absl::InvalidArgumentError(absl::StrCat(
-            "--worker must list every worker of the job once (world size ",
-            info->world_size, ")")));
-      }
-      by_rank[info->rank] = std::move(cl);
-    }
-    owned = std::move(by_rank);
+    absl::Status s = ConnectByRank(workers, *co, owned);
+    if (!s.ok()) return Fail(s);
   }
   for (auto& c : owned) clients.push_back(c.get());
   int rc = Bench(clients, *cases, OptionsFromFlags(), absl::GetFlag(FLAGS_json));
@@ -422,6 +442,30 @@ int BenchCommand() {
     if (int t = WriteTrace(*h, trace); t != 0) rc = t;
   }
   return rc;
+}
+
+// allreduce's line for one operation: what ran, how, how long, what moved
+// and how many elements came out wrong.
+void PrintAllReduce(int rank, int g, const OpInfo& info, DType dtype,
+                    ReduceOp op, int64_t count, double ms, absl::Time t1,
+                    size_t wrong) {
+  std::printf("rank %d/%d: all_reduce #%llu %s x %lld %s algo=%s via %s in "
+              "%.2f ms (worker_ms=%.2f end_unix_ms=%.3f), sent %llu B, "
+              "received %llu B, "
+              "#wrong %zu\n",
+              rank, g, static_cast<unsigned long long>(info.op_seq),
+              std::string(DTypeName(dtype)).c_str(),
+              static_cast<long long>(count),
+              std::string(ReduceOpName(op)).c_str(), info.algorithm.c_str(),
+              (info.transfer + (info.session ? "+session" : "")).c_str(),
+              ms, info.seconds * 1e3,
+              // Wall clock when the result came back (before the check):
+              // with worker_ms it places every rank's operation on one
+              // time line (netns_scaling.sh: time from the last rank's
+              // start to the last rank's end).
+              static_cast<double>(absl::ToUnixMicros(t1)) / 1e3,
+              static_cast<unsigned long long>(info.bytes_sent),
+              static_cast<unsigned long long>(info.bytes_received), wrong);
 }
 
 int AllReduceCommand() {
@@ -489,23 +533,7 @@ int AllReduceCommand() {
       wrong = CheckAllReduce(*dtype, *op, inputs, buf.data(),
                              static_cast<size_t>(count)).wrong;
     }
-    std::printf("rank %d/%d: all_reduce #%llu %s x %lld %s algo=%s via %s in "
-                "%.2f ms (worker_ms=%.2f end_unix_ms=%.3f), sent %llu B, "
-                "received %llu B, "
-                "#wrong %zu\n",
-                rank, g, static_cast<unsigned long long>(res->op_seq),
-                std::string(DTypeName(*dtype)).c_str(),
-                static_cast<long long>(count),
-                std::string(ReduceOpName(*op)).c_str(), res->algorithm.c_str(),
-                (res->transfer + (res->session ? "+session" : "")).c_str(),
-                ms, res->seconds * 1e3,
-                // Wall clock when the result came back (before the check):
-                // with worker_ms it places every rank's operation on one
-                // time line (netns_scaling.sh: time from the last rank's
-                // start to the last rank's end).
-                static_cast<double>(absl::ToUnixMicros(t1)) / 1e3,
-                static_cast<unsigned long long>(res->bytes_sent),
-                static_cast<unsigned long long>(res->bytes_received), wrong);
+    PrintAllReduce(rank, g, *res, *dtype, *op, count, ms, t1, wrong);
     if (wrong > 0) return 1;
   }
   return 0;

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# multihost_bytes_test.sh [BUILD_DIR] [--hosts H] [--per-host g] [--mib S]
+#                         [--repeat N] [--rate R]
+#
+# The multi-host test bed: H network namespaces as hosts on one bridge (the
+# bridge in a "switch" namespace of its own, 198.18.0.0/15 addresses), each
+# running g workers that share its network stack and /dev/shm, and one more
+# namespace for the rendezvous. Ranks are dealt to hosts round-robin (rank r
+# on host r mod H), the worst join order: in rank order every ring edge
+# crosses between hosts.
+#
+# What it checks, from each host's NIC counters (eth0 tx_bytes in the host's
+# namespace, read before and after N ring all-reduces of S MiB per rank):
+#   host order  the workers name their host by default (hostname + network
+#               namespace, worker/host_identity.h), the rendezvous keeps a
+#               host's ranks adjacent, and each host sends exactly one ring
+#               edge's bytes: F = N * 2(G-1)/G * S, within [F, 1.08 F]
+#               (TCP/IP headers, ACKs for what it receives, frame heads,
+#               heartbeats)
+#   rank order  the control: every worker names a host of its own
+#               (--host_id), the ring runs in rank order, and each host sends
+#               g edges' bytes: at least 0.97 * g * F
+# Every operation's result is checked on every rank (#wrong 0), and
+# `halkactl health` must report H hosts for the host-ordered job.
+#
+# Defaults (the CI form, CTest system_multihost_bytes): --hosts 2 --per-host
+# 2 --mib 4 --repeat 3, no shaping. The issue's form: --hosts 2 --per-host 4
+# (or 4 x 2); --rate 1gbit caps every host's link with tc tbf both ways.
+#
+# Exit: 0 pass, 1 fail, 77 skip (not root, or no netns/veth/bridge).
+set -u -o pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=tests/system/lib.sh
+source "$HERE/lib.sh"
+# shellcheck source=tests/system/netns.sh
+source "$HERE/netns.sh"
+
+BUILD_ARG=""
+H=2 PER=2 MIB=4 REPEAT=3 RATE=""
+while (( $# )); do
+  case $1 in
+    --hosts) H=$2; shift 2 ;;
+    --per-host) PER=$2; shift 2 ;;
+    --mib) MIB=$2; shift 2 ;;
+    --repeat) REPEAT=$2; shift 2 ;;
+    --rate) RATE=$2; shift 2 ;;
+    -*) echo "FAIL: unknown option $1"; exit 1 ;;
+    *) BUILD_ARG=$1; shift ;;
+  esac
+done
+for v in "$H" "$PER" "$MIB" "$REPEAT"; do
+  [[ $v =~ ^[1-9][0-9]*$ ]] || { echo "FAIL: --hosts/--per-host/--mib/--repeat take a whole number >= 1"; exit 1; }
+done
+(( H >= 2 && H <= 16 && PER <= 8 )) || { echo "FAIL: --hosts 2..16, --per-host 1..8"; exit 1; }
+sys_binaries "$BUILD_ARG"
+
+G=$(( H * PER ))
+COUNT=$(( MIB * 262144 ))          # float32
+BYTES=$(( MIB * 1048576 ))
+P="mh$$-"                          # unique per run; interface names stay short
+NET=198.18.41
+ADDR_RDV=$NET.2
+RDV_PORT=7100
+RDV_ADDR="$ADDR_RDV:$RDV_PORT"
+addr_host() { echo "$NET.$(( 10 + $1 ))"; }
+host_of() { echo $(( $1 % H )); }
+port_of() { echo $(( 7200 + $1 / H )); }   # the rank's index on its host
+
+# ------------------------------------------------------------ network
+
+sys_init
+netns_switch
+netns_add_host r "$ADDR_RDV" || netns_skip "cannot build host ${P}r (veth into a namespace)"
+for (( h = 0; h < H; ++h )); do
+  netns_add_host "h$h" "$(addr_host $h)" || fail "cannot build host ${P}h$h"
+  if [[ -n $RATE ]]; then
+    command -v tc >/dev/null 2>&1 || netns_skip "--rate needs tc"
+    ip netns exec "${P}h$h" tc qdisc replace dev eth0 root tbf rate "$RATE" \
+      burst 256kb latency 400ms || fail "tc tbf on ${P}h$h"
+    ip netns exec "$SW" tc qdisc replace dev "hh$h" root tbf rate "$RATE" \
+      burst 256kb latency 400ms || fail "tc tbf on hh$h"
+  fi
+done
+log "$H hosts x $PER workers (G=$G) on br0 in $SW${RATE:+, links capped at $RATE both ways}; logs in $SYS_LOG"
+
+start_daemon rdv ip netns exec "${P}r" "$RDV_BIN" --listen="$RDV_ADDR" \
+  --heartbeat_interval=500ms --heartbeat_timeout=10s
+wait_for_line rdv "^halka-rendezvous listening on " 15
+
+tx_bytes() {  # tx_bytes HOST: what the host's NIC has sent so far
+  ip netns exec "${P}h$1" cat /sys/class/net/eth0/statistics/tx_bytes
+}
+
+# run_job TAG HOST_ID_MODE: G workers (rank r on host r mod H), one warm-up
+# all-reduce, then REPEAT timed ones on every rank; sets TX[h] to what host
+# h sent during the timed ones. HOST_ID_MODE: "default" or "own".
+declare -a TX
+run_job() {
+  local tag=$1 mode=$2 job="mh-$1-$$" r h names=() before=() extra
+  for (( r = 0; r < G; ++r )); do
+    h=$(host_of $r)
+    extra=()
+    [[ $mode == own ]] && extra=(--host_id="$tag-w$r")
+    start_daemon "$tag.w$r" ip netns exec "${P}h$h" "$WORKER_BIN" \
+      --rendezvous="$RDV_ADDR" --job="$job" --world_size=$G --worker_id="w$r" \
+      --rank=$r --listen="$(addr_host $h):$(port_of $r)" "${extra[@]}"
+  done
+  for (( r = 0; r < G; ++r )); do
+    wait_for_line "$tag.w$r" "^halka-worker serving on " 15
+    wait_for_line "$tag.w$r" "joined job $job: rank $r of $G" 30 "$SYS_LOG/$tag.w$r.err"
+  done
+  allreduce_all() {  # allreduce_all NAME REPEAT
+    local r h names=()
+    for (( r = 0; r < G; ++r )); do
+      h=$(host_of $r)
+      run_bg "$1.r$r" ip netns exec "${P}h$h" timeout --foreground -s KILL 170 \
+        "$CTL_BIN" allreduce --worker="$(addr_host $h):$(port_of $r)" --algo=ring \
+        --count=$COUNT --dtype=float32 --op=sum --repeat="$2" --timeout=60s \
+        --transfer=shm --check=true
+      names+=("$1.r$r")
+    done
+    wait_bg 180 "${names[@]}"
+    for (( r = 0; r < G; ++r )); do
+      [[ "$(bg_rc "$1.r$r")" == 0 ]] ||
+        fail "$1: halkactl allreduce on rank $r exited $(bg_rc "$1.r$r"): $(tail -n 5 "$SYS_LOG/$1.r$r.err" "$SYS_LOG/$1.r$r.out")"
+      assert_eq "$(grep -cE "^rank $r/$G: all_reduce #[0-9]+ .*#wrong 0\$" "$SYS_LOG/$1.r$r.out")" \
+        "$2" "$1: rank $r's all_reduce lines with #wrong 0"
+    done
+  }
+  allreduce_all "$tag.warm" 1           # opens every link the ring uses
+  for (( h = 0; h < H; ++h )); do before[h]=$(tx_bytes $h); done
+  local t0
+  t0=$(now_ns)
+  allreduce_all "$tag.timed" "$REPEAT"
+  OP_MS=$(awk -v ms="$(ms_since "$t0")" -v n="$REPEAT" 'BEGIN { printf "%.1f", ms / n }')
+  for (( h = 0; h < H; ++h )); do TX[h]=$(( $(tx_bytes $h) - before[h] )); done
+  JOB=$job
+}
+
+# F: what one ring edge carries in the timed all-reduces.
+F=$(( REPEAT * 2 * (G - 1) * BYTES / G ))
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
+
+# ------------------------------------------------------------ host order
+
+run_job hostorder default
+HEALTH=$(ip netns exec "${P}r" timeout --foreground -s KILL 15 "$CTL_BIN" health \
+           --rendezvous="$RDV_ADDR" --job="$JOB" 2>&1)
+grep -qE "on $H hosts" <<<"$HEALTH" ||
+  fail "health of the host-ordered job does not say 'on $H hosts':
+$HEALTH"
+log "host order: $(head -n 1 <<<"$HEALTH"); $REPEAT all-reduces of $MIB MiB, $OP_MS ms each (wall, every rank)"
+for (( h = 0; h < H; ++h )); do
+  q=$(ratio "${TX[h]}" "$F")
+  log "host order: host $h sent ${TX[h]} B = $q x one edge's $F B"
+  awk -v q="$q" 'BEGIN { exit !(q >= 1.0 && q <= 1.08) }' ||
+    fail "host order: host $h sent $q x one ring edge's bytes (want 1.00..1.08: one host-boundary edge)"
+done
+for (( r = 0; r < G; ++r )); do stop_timed "hostorder.w$r" TERM 15; done
+
+# ------------------------------------------------------------ rank order
+
+run_job rankorder own
+log "rank order (control): $REPEAT all-reduces of $MIB MiB, $OP_MS ms each (wall, every rank)"
+for (( h = 0; h < H; ++h )); do
+  q=$(ratio "${TX[h]}" "$F")
+  log "rank order (control): host $h sent ${TX[h]} B = $q x one edge's $F B"
+  awk -v q="$q" -v g="$PER" 'BEGIN { exit !(q >= 0.97 * g) }' ||
+    fail "rank order: host $h sent $q x one edge's bytes (want >= $PER: the control must show g crossing edges)"
+done
+
+echo "PASS: $H hosts x $PER workers: host-ordered rings send one ring edge per host across hosts (rank order: $PER)"

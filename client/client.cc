@@ -167,6 +167,10 @@ class Client::Impl {
   size_t staging_size_ ABSL_GUARDED_BY(staging_mu_) = 0;
   std::string staging_name_ ABSL_GUARDED_BY(staging_mu_);
   std::string staging_capability_ ABSL_GUARDED_BY(staging_mu_);
+  // The staging object at least `bytes` large (a power of two from 1 MiB),
+  // made anew when the one there is smaller.
+  absl::Status GrowStaging(size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(staging_mu_);
 
   SessionSlot session_;  // same-host workers (client/shm_session.h)
 
@@ -257,6 +261,25 @@ absl::StatusOr<OpInfo> Client::Impl::RunShm(v1::RunRequest req,
   return info;
 }
 
+absl::Status Client::Impl::GrowStaging(size_t bytes) {
+  if (staging_size_ >= bytes) return absl::OkStatus();
+  if (staging_ != nullptr) {
+    UnmapOwnedShm(staging_, staging_size_);
+    shm_unlink(staging_name_.c_str());
+    staging_ = nullptr;
+    staging_size_ = 0;
+  }
+  size_t want = 1 << 20;
+  while (want < bytes) want *= 2;
+  staging_name_ = NewHeldShmName();
+  auto made = CreateOwnedShm(staging_name_, want);
+  if (!made.ok()) return made.status();
+  staging_ = made->data;
+  staging_size_ = made->size;
+  staging_capability_ = std::move(made->capability);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
   Impl& im = *this;
   spec.set_issued_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
@@ -300,22 +323,7 @@ absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
       im.use_shm_ = false;
     } else {
       absl::MutexLock lock(&im.staging_mu_);
-      if (im.staging_size_ < io.buffer_bytes) {
-        if (im.staging_ != nullptr) {
-          UnmapOwnedShm(im.staging_, im.staging_size_);
-          shm_unlink(im.staging_name_.c_str());
-          im.staging_ = nullptr;
-          im.staging_size_ = 0;
-        }
-        size_t want = 1 << 20;
-        while (want < io.buffer_bytes) want *= 2;
-        im.staging_name_ = NewHeldShmName();
-        auto made = CreateOwnedShm(im.staging_name_, want);
-        if (!made.ok()) return made.status();
-        im.staging_ = made->data;
-        im.staging_size_ = made->size;
-        im.staging_capability_ = std::move(made->capability);
-      }
+      if (absl::Status s = im.GrowStaging(io.buffer_bytes); !s.ok()) return s;
       // An all-gather's contribution goes to slice 0 (input_slice 0).
       std::memcpy(im.staging_, io.send, io.send_bytes);
       req.set_shm_name(im.staging_name_);

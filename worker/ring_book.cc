@@ -32,6 +32,24 @@ CommConfig CommConfigFor(const WorkerOptions& o, const Ring& ring,
   return c;
 }
 
+// The ring membership m describes, as seen by `rank` (its links, inbox and
+// communicator not made yet).
+std::shared_ptr<Ring> RingOf(const v1::Membership& m, int rank, bool adopted,
+                             uint64_t epoch, absl::Time built) {
+  auto ring = std::make_shared<Ring>();
+  ring->generation = m.generation();
+  ring->rank = rank;
+  ring->world = m.members_size();
+  ring->adopted = adopted;
+  ring->epoch = epoch;
+  ring->built = built;
+  for (const v1::Member& x : m.members()) {
+    ring->members.push_back(PeerInfo{x.rank(), x.worker_id(), x.address()});
+  }
+  ring->ring_order.assign(m.ring_order().begin(), m.ring_order().end());
+  return ring;
+}
+
 }  // namespace
 
 Ring::~Ring() {
@@ -159,17 +177,8 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
                   call.issued)) {
     return Stale(m.generation());
   }
-  auto ring = std::make_shared<Ring>();
-  ring->generation = m.generation();
-  ring->rank = in.self.rank;
-  ring->world = m.members_size();
-  ring->adopted = numbering.adopted;
-  ring->epoch = epoch_;
-  ring->built = admitted_at_;
-  for (const v1::Member& x : m.members()) {
-    ring->members.push_back(PeerInfo{x.rank(), x.worker_id(), x.address()});
-  }
-  ring->ring_order.assign(m.ring_order().begin(), m.ring_order().end());
+  std::shared_ptr<Ring> ring =
+      RingOf(m, in.self.rank, numbering.adopted, epoch_, admitted_at_);
   const CommConfig c = CommConfigFor(options_, *ring, numbering.first_op_seq);
   auto early = early_.find(ring->generation);
   ring->inbox = early != early_.end() ? early->second : NewInbox();

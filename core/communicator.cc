@@ -220,6 +220,24 @@ void Communicator::SetServers(std::vector<PeerInfo> servers) {
 }
 
 
+namespace {
+
+// Whether the ranks agree on op's fingerprint. Where the ring's first step
+// can leave early, the buffer is begun (*begun: how that went) and the
+// step sent between sending the fingerprints and waiting for them.
+absl::Status AgreeOnFingerprints(OpContext& op, const Fingerprint& fp,
+                                 OpBuffer* buffer,
+                                 std::optional<absl::Status>* begun) {
+  if (!RingCanSendEarly(op)) return ExchangeFingerprints(op);
+  absl::Status status = SendFingerprints(op);
+  if (status.ok()) *begun = buffer->Begin(fp.dtype, fp.op, fp.count);
+  if (status.ok() && (*begun)->ok()) status = RingSendFirstStep(op);
+  if (status.ok()) status = AwaitFingerprints(op);
+  return status;
+}
+
+}  // namespace
+
 absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
                                            OpBuffer* buffer,
                                            absl::Duration timeout,
@@ -253,14 +271,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   // waiting for them, so the fingerprints' hop overlaps the data's. A
   // failed Begin is reported where it always was, after the fingerprints.
   std::optional<absl::Status> begun;
-  if (status.ok() && RingCanSendEarly(op)) {
-    status = SendFingerprints(op);
-    if (status.ok()) begun = buffer->Begin(fp.dtype, fp.op, fp.count);
-    if (status.ok() && begun->ok()) status = RingSendFirstStep(op);
-    if (status.ok()) status = AwaitFingerprints(op);
-  } else if (status.ok()) {
-    status = ExchangeFingerprints(op);
-  }
+  if (status.ok()) status = AgreeOnFingerprints(op, fp, buffer, &begun);
   status = progress_.EndUntouched(std::move(status));
   const bool untouched = !status.ok();
   if (status.ok()) {

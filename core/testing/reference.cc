@@ -71,6 +71,16 @@ std::vector<uint8_t> MakeRankData(DType dtype, ReduceOp op, size_t count,
   return out;
 }
 
+std::vector<std::vector<uint8_t>> MakeRanksData(DType dtype, ReduceOp op,
+                                                size_t count, int world_size,
+                                                uint64_t seed) {
+  std::vector<std::vector<uint8_t>> out;
+  for (int r = 0; r < world_size; ++r) {
+    out.push_back(MakeRankData(dtype, op, count, r, seed));
+  }
+  return out;
+}
+
 double ElementAsDouble(DType dtype, const void* data, size_t i) {
   const uint8_t* p = static_cast<const uint8_t*>(data) + i * DTypeSize(dtype);
   switch (dtype) {

@@ -19,6 +19,11 @@ namespace halka {
 std::vector<uint8_t> MakeRankData(DType dtype, ReduceOp op, size_t count,
                                   int rank, uint64_t seed);
 
+// MakeRankData of ranks 0..world_size-1, by rank.
+std::vector<std::vector<uint8_t>> MakeRanksData(DType dtype, ReduceOp op,
+                                                size_t count, int world_size,
+                                                uint64_t seed);
+
 // Element i of a buffer, widened to double.
 double ElementAsDouble(DType dtype, const void* data, size_t i);
 

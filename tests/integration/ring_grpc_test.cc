@@ -93,10 +93,8 @@ TEST_P(RingOverGrpc, BroadcastFromEveryRoot) {
   ASSERT_TRUE(h.ok()) << h.status();
   for (int root = 0; root < g; ++root) {
     const size_t count = 10007;
-    std::vector<std::vector<uint8_t>> bufs;
-    for (int r = 0; r < g; ++r) {
-      bufs.push_back(MakeRankData(DType::kFloat64, ReduceOp::kSum, count, r, 11));
-    }
+    std::vector<std::vector<uint8_t>> bufs =
+        MakeRanksData(DType::kFloat64, ReduceOp::kSum, count, g, 11);
     const std::vector<uint8_t> expected = bufs[root];
     auto results = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
       return h.client(r).Broadcast(bufs[r].data(), count, DType::kFloat64, root);
@@ -187,10 +185,8 @@ TEST(WireLinks, AllGatherChunksLandInTheBufferAndTheBitsAgree) {
     // place too.
     for (int root : {0, 2}) {
       const size_t count = size_t{1} << 17;  // 1 MiB of float64
-      std::vector<std::vector<uint8_t>> bufs;
-      for (int r = 0; r < 4; ++r) {
-        bufs.push_back(MakeRankData(DType::kFloat64, ReduceOp::kSum, count, r, 40));
-      }
+      std::vector<std::vector<uint8_t>> bufs =
+          MakeRanksData(DType::kFloat64, ReduceOp::kSum, count, 4, 40);
       const std::vector<uint8_t> expected = bufs[static_cast<size_t>(root)];
       auto results = RunRanks<absl::StatusOr<OpInfo>>(4, [&](int r) {
         return h.client(r).Broadcast(bufs[static_cast<size_t>(r)].data(), count,

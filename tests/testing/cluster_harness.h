@@ -103,10 +103,8 @@ class ClusterHarness {
                                                     Algorithm algorithm,
                                                     uint64_t seed) {
     const int g = size();
-    std::vector<std::vector<uint8_t>> inputs;
-    for (int r = 0; r < g; ++r) {
-      inputs.push_back(MakeRankData(dtype, op, count, r, seed));
-    }
+    std::vector<std::vector<uint8_t>> inputs =
+        MakeRanksData(dtype, op, count, g, seed);
     std::vector<std::vector<uint8_t>> bufs = inputs;
     for (auto& b : bufs) b.resize(std::max<size_t>(b.size(), 1));  // count 0
     auto results = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/run_ranks.h"
 #include "core/testing/inproc_transport.h"
+#include "tests/testing/inproc_ring.h"
 #include "core/testing/reference.h"
 #include "core/telemetry.h"
 
@@ -18,30 +19,17 @@ namespace halka {
 namespace {
 
 using ::testing::HasSubstr;
+using halka::testing::InProcRing;
 using halka::testing::RunRanks;
 
-struct Ring {
+// A ring in rank order.
+struct Ring : InProcRing {
   Ring(int g, size_t chunk_bytes, size_t eager_bytes = 64 << 10,
        int all_to_all_max_world = 16)
-      : net(g) {
-    for (int r = 0; r < g; ++r) {
-      CommConfig c;
-      c.rank = r;
-      c.world_size = g;
-      c.chunk_bytes = chunk_bytes;
-      c.eager_bytes = eager_bytes;
-      c.all_to_all_max_world = all_to_all_max_world;
-      c.default_timeout = absl::Seconds(20);
-      for (int i = 0; i < g; ++i) {
-        c.members.push_back(PeerInfo{i, absl::StrCat("w", i),
-                                     absl::StrCat("inproc:", i)});
-      }
-      comms.push_back(std::make_unique<Communicator>(c, net.transport(r),
-                                                     net.inbox(r)));
-    }
-  }
-  InProcNetwork net;
-  std::vector<std::unique_ptr<Communicator>> comms;
+      : InProcRing(g, chunk_bytes, [&](CommConfig& c) {
+          c.eager_bytes = eager_bytes;
+          c.all_to_all_max_world = all_to_all_max_world;
+        }) {}
 };
 
 // How an operation is carried: the algorithm and the control pattern.
@@ -72,15 +60,10 @@ TEST_P(AllReduceTest, MatchesReferenceAndAgreesBitwise) {
           : Algorithm::kRing;
   for (size_t count : {size_t{0}, size_t{1}, static_cast<size_t>(g > 1 ? g - 1 : 0),
                        static_cast<size_t>(g + 1), size_t{1001}}) {
-    std::vector<std::vector<uint8_t>> inputs, bufs;
-    for (int r = 0; r < g; ++r) {
-      inputs.push_back(MakeRankData(dtype, op, count, r, 42));
-    }
-    bufs = inputs;
-    auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
-      return ring.comms[r]->AllReduce(bufs[r].data(), count, dtype, op,
-                                      absl::ZeroDuration(), algorithm);
-    });
+    std::vector<std::vector<uint8_t>> inputs =
+        MakeRanksData(dtype, op, count, g, 42);
+    std::vector<std::vector<uint8_t>> bufs = inputs;
+    auto results = ring.AllReduce(bufs, count, dtype, op, algorithm);
     for (int r = 0; r < g; ++r) {
       ASSERT_TRUE(results[r].ok()) << results[r].status();
       EXPECT_EQ(bufs[r], bufs[0]) << "rank " << r << " differs from rank 0";
@@ -114,15 +97,10 @@ TEST(AllReduceLarge, MillionElementsAcrossManyChunks) {
   const int g = 4;
   Ring ring(g, 64 * 1024);
   const size_t count = 1000003;
-  std::vector<std::vector<uint8_t>> inputs, bufs;
-  for (int r = 0; r < g; ++r) {
-    inputs.push_back(MakeRankData(DType::kFloat32, ReduceOp::kSum, count, r, 7));
-  }
-  bufs = inputs;
-  auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
-    return ring.comms[r]->AllReduce(bufs[r].data(), count, DType::kFloat32,
-                                    ReduceOp::kSum, absl::ZeroDuration());
-  });
+  std::vector<std::vector<uint8_t>> inputs =
+      MakeRanksData(DType::kFloat32, ReduceOp::kSum, count, g, 7);
+  std::vector<std::vector<uint8_t>> bufs = inputs;
+  auto results = ring.AllReduce(bufs, count, DType::kFloat32, ReduceOp::kSum);
   for (int r = 0; r < g; ++r) {
     ASSERT_TRUE(results[r].ok()) << results[r].status();
     EXPECT_EQ(bufs[r], bufs[0]);
@@ -145,11 +123,9 @@ TEST_P(ReduceScatterTest, RankRHoldsTheReductionOfSliceR) {
   Ring ring(g, 24);  // chunks of a few elements: slices span several
   const size_t es = DTypeSize(dtype);
   for (size_t recv_count : {size_t{0}, size_t{1}, size_t{7}, size_t{333}}) {
-    std::vector<std::vector<uint8_t>> inputs, bufs;
-    for (int r = 0; r < g; ++r) {
-      inputs.push_back(MakeRankData(dtype, op, g * recv_count, r, 11));
-    }
-    bufs = inputs;
+    std::vector<std::vector<uint8_t>> inputs =
+        MakeRanksData(dtype, op, g * recv_count, g, 11);
+    std::vector<std::vector<uint8_t>> bufs = inputs;
     auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
       HostOpBuffer b(bufs[r].data());
       return ring.comms[r]->ReduceScatter(b, g * recv_count, recv_count,
@@ -381,23 +357,8 @@ TEST(Inbox, CapsFramesQueuedPerSenderAndReportsTheNewest) {
 TEST(Broadcast, FromEveryRoot) {
   for (int g : {1, 2, 3, 6}) {
     Ring ring(g, 40);
-    for (int root = 0; root < g; ++root) {
-      const size_t count = 333;
-      std::vector<std::vector<uint8_t>> bufs;
-      for (int r = 0; r < g; ++r) {
-        bufs.push_back(MakeRankData(DType::kInt64, ReduceOp::kSum, count, r, 3));
-      }
-      const std::vector<uint8_t> expected = bufs[root];
-      auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
-        return ring.comms[r]->Broadcast(bufs[r].data(), count, DType::kInt64,
-                                        root, absl::ZeroDuration());
-      });
-      for (int r = 0; r < g; ++r) {
-        ASSERT_TRUE(results[r].ok()) << results[r].status();
-        EXPECT_EQ(bufs[r], expected) << "g=" << g << " root=" << root
-                                     << " rank=" << r;
-      }
-    }
+    ring.ExpectBroadcastFromEveryRoot();
+    if (::testing::Test::HasFatalFailure()) return;
   }
 }
 
@@ -438,10 +399,7 @@ TEST(Mismatch, DifferentCountFailsEveryRankNamingBoth) {
     EXPECT_EQ(bufs[r][0], 1.0f);
   }
   // The ring is usable afterwards.
-  auto again = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
-    return ring.comms[r]->AllReduce(bufs[r].data(), 100, DType::kFloat32,
-                                    ReduceOp::kSum, absl::ZeroDuration());
-  });
+  auto again = ring.AllReduce(bufs, 100, DType::kFloat32, ReduceOp::kSum);
   for (int r = 0; r < g; ++r) {
     ASSERT_TRUE(again[r].ok()) << again[r].status();
     EXPECT_EQ(bufs[r][5], 4.0f);
@@ -521,11 +479,9 @@ TEST(Mismatch, RingFirstStepSentEarlyTouchesNoBuffer) {
     EXPECT_TRUE(early) << "rank " << r << " sent no data before agreeing";
   }
   // The next call, issued alike, is exact on every rank.
-  auto again = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
-    return ring.comms[r]->AllReduce(bufs[r].data(), n, DType::kFloat32,
-                                    ReduceOp::kSum, absl::ZeroDuration(),
-                                    Algorithm::kRing);
-  });
+  auto again =
+      ring.AllReduce(bufs, n, DType::kFloat32, ReduceOp::kSum,
+                     Algorithm::kRing);
   for (int r = 0; r < g; ++r) {
     ASSERT_TRUE(again[r].ok()) << again[r].status();
     for (size_t i = 0; i < n; ++i) {
@@ -745,11 +701,9 @@ TEST(Telemetry, RingAllReduceBooksEachByteOnce) {
   const size_t count = 3000;
   Ring ring(g, 256);
   std::vector<std::vector<float>> bufs(g, std::vector<float>(count, 1.0f));
-  auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
-    return ring.comms[r]->AllReduce(bufs[r].data(), count, DType::kFloat32,
-                                    ReduceOp::kSum, absl::ZeroDuration(),
-                                    Algorithm::kRing);
-  });
+  auto results =
+      ring.AllReduce(bufs, count, DType::kFloat32, ReduceOp::kSum,
+                     Algorithm::kRing);
   // 2(G-1) segments of count/G floats each way.
   const uint64_t expected = 2 * (g - 1) * (count / g) * sizeof(float);
   for (int r = 0; r < g; ++r) {

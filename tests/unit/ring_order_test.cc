@@ -13,6 +13,7 @@
 #include "tests/testing/run_ranks.h"
 #include "core/communicator.h"
 #include "core/testing/inproc_transport.h"
+#include "tests/testing/inproc_ring.h"
 #include "core/testing/reference.h"
 #include "core/ring_plan.h"
 #include "core/telemetry.h"
@@ -20,31 +21,18 @@
 namespace halka {
 namespace {
 
+using halka::testing::InProcRing;
 using halka::testing::RunRanks;
 
-struct OrderedRing {
+// A ring whose path is `order`.
+struct OrderedRing : InProcRing {
   OrderedRing(const std::vector<int>& order, size_t chunk_bytes,
               int all_to_all_max_world)
-      : g(static_cast<int>(order.size())), net(g) {
-    for (int r = 0; r < g; ++r) {
-      CommConfig c;
-      c.rank = r;
-      c.world_size = g;
-      c.chunk_bytes = chunk_bytes;
-      c.all_to_all_max_world = all_to_all_max_world;
-      c.default_timeout = absl::Seconds(20);
-      c.ring_order = order;
-      for (int i = 0; i < g; ++i) {
-        c.members.push_back(PeerInfo{i, absl::StrCat("w", i),
-                                     absl::StrCat("inproc:", i)});
-      }
-      comms.push_back(std::make_unique<Communicator>(c, net.transport(r),
-                                                     net.inbox(r)));
-    }
-  }
-  const int g;
-  InProcNetwork net;
-  std::vector<std::unique_ptr<Communicator>> comms;
+      : InProcRing(static_cast<int>(order.size()), chunk_bytes,
+                   [&](CommConfig& c) {
+                     c.all_to_all_max_world = all_to_all_max_world;
+                     c.ring_order = order;
+                   }) {}
 };
 
 // Host-interleaved ranks (A, B, A, B, ...) as the rendezvous orders them,
@@ -89,16 +77,11 @@ TEST(RingOrder, AllReduceFollowsTheOrderAndMatchesTheReference) {
       const RingPath path(g, order);
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
         const size_t count = 1001;
-        std::vector<std::vector<uint8_t>> inputs, bufs;
-        for (int r = 0; r < g; ++r) {
-          inputs.push_back(MakeRankData(DType::kFloat32, op, count, r, 9));
-        }
-        bufs = inputs;
-        auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
-          return ring.comms[r]->AllReduce(bufs[r].data(), count,
-                                          DType::kFloat32, op,
-                                          absl::ZeroDuration(), Algorithm::kRing);
-        });
+        std::vector<std::vector<uint8_t>> inputs =
+            MakeRanksData(DType::kFloat32, op, count, g, 9);
+        std::vector<std::vector<uint8_t>> bufs = inputs;
+        auto results =
+            ring.AllReduce(bufs, count, DType::kFloat32, op, Algorithm::kRing);
         for (int r = 0; r < g; ++r) {
           ASSERT_TRUE(results[r].ok()) << results[r].status();
           EXPECT_EQ(bufs[r], bufs[0]) << "rank " << r;
@@ -133,16 +116,12 @@ TEST(RingOrder, NaiveAllReduceAgrees) {
     OrderedRing ring(order, 24, 16);
     const int g = ring.g;
     const size_t count = 77;
-    std::vector<std::vector<uint8_t>> inputs, bufs;
-    for (int r = 0; r < g; ++r) {
-      inputs.push_back(MakeRankData(DType::kFloat64, ReduceOp::kSum, count, r, 4));
-    }
-    bufs = inputs;
-    auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
-      return ring.comms[r]->AllReduce(bufs[r].data(), count, DType::kFloat64,
-                                      ReduceOp::kSum, absl::ZeroDuration(),
-                                      Algorithm::kNaive);
-    });
+    std::vector<std::vector<uint8_t>> inputs =
+        MakeRanksData(DType::kFloat64, ReduceOp::kSum, count, g, 4);
+    std::vector<std::vector<uint8_t>> bufs = inputs;
+    auto results =
+        ring.AllReduce(bufs, count, DType::kFloat64, ReduceOp::kSum,
+                       Algorithm::kNaive);
     for (int r = 0; r < g; ++r) {
       ASSERT_TRUE(results[r].ok()) << results[r].status();
       EXPECT_EQ(bufs[r], bufs[0]);
@@ -160,11 +139,9 @@ TEST(RingOrder, SliceRIsStillRankRs) {
     const size_t slice = 37;
     const size_t es = sizeof(float);
     // Reduce-scatter: rank r holds the reduction of slice r.
-    std::vector<std::vector<uint8_t>> inputs, bufs;
-    for (int r = 0; r < g; ++r) {
-      inputs.push_back(MakeRankData(DType::kFloat32, ReduceOp::kSum, g * slice, r, 2));
-    }
-    bufs = inputs;
+    std::vector<std::vector<uint8_t>> inputs =
+        MakeRanksData(DType::kFloat32, ReduceOp::kSum, g * slice, g, 2);
+    std::vector<std::vector<uint8_t>> bufs = inputs;
     auto rs = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
       HostOpBuffer b(bufs[r].data());
       return ring.comms[r]->ReduceScatter(b, g * slice, slice, DType::kFloat32,
@@ -205,22 +182,8 @@ TEST(RingOrder, BroadcastFromEveryRootAndBarrier) {
     SCOPED_TRACE(Name(order));
     OrderedRing ring(order, 40, 16);
     const int g = ring.g;
-    for (int root = 0; root < g; ++root) {
-      const size_t count = 333;
-      std::vector<std::vector<uint8_t>> bufs;
-      for (int r = 0; r < g; ++r) {
-        bufs.push_back(MakeRankData(DType::kInt64, ReduceOp::kSum, count, r, 3));
-      }
-      const std::vector<uint8_t> expected = bufs[root];
-      auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
-        return ring.comms[r]->Broadcast(bufs[r].data(), count, DType::kInt64,
-                                        root, absl::ZeroDuration());
-      });
-      for (int r = 0; r < g; ++r) {
-        ASSERT_TRUE(results[r].ok()) << results[r].status();
-        EXPECT_EQ(bufs[r], expected) << "root " << root << " rank " << r;
-      }
-    }
+    ring.ExpectBroadcastFromEveryRoot();
+    if (::testing::Test::HasFatalFailure()) return;
     auto barrier = RunRanks<absl::StatusOr<OpResult>>(
         g, [&](int r) { return ring.comms[r]->Barrier(absl::ZeroDuration()); });
     for (auto& b : barrier) EXPECT_TRUE(b.ok()) << b.status();

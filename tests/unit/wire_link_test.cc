@@ -157,9 +157,86 @@ struct ReadyProbe {
   }
 };
 
+// Payload pieces joined.
+std::string PayloadOf(const InFrame& f) {
+  std::string out;
+  for (const auto& p : f.pieces) {
+    out.append(reinterpret_cast<const char*>(p.data()), p.size());
+  }
+  return out;
+}
+
+// A listener and the receiver its callback starts for one expected link;
+// what the receiver reports, under mu_.
+class RawWireFixture {
+ protected:
+  // The receiver stops outside mu_ (its callbacks take it).
+  void StopAll() {
+    std::unique_ptr<WireReceiver> r;
+    {
+      absl::MutexLock lock(&mu_);
+      r = std::move(receiver_);
+    }
+    r.reset();
+    listener_->Stop();
+    if (fd_ >= 0) close(fd_);
+  }
+  // A receiver's frame callback: a good frame goes to `keep` (under mu_),
+  // a bad one to errors_.
+  template <typename Keep>
+  WireReceiver::OnFrame Collect(Keep keep) {
+    return [this, keep](absl::StatusOr<InFrame> f) {
+      absl::MutexLock lock(&mu_);
+      if (!f.ok()) {
+        errors_.push_back(f.status());
+        return f.status();
+      }
+      keep(*std::move(f));
+      return absl::OkStatus();
+    };
+  }
+  // Expects one link (token_): the listener hands it to a receiver that
+  // reads with `key`, calls `on_frame`, and reports the link's end to
+  // errors_.
+  void ExpectReceiver(const std::string& key, WireReceiver::OnFrame on_frame,
+                      std::shared_ptr<LandingBoard> landings = nullptr,
+                      int from = -1,
+                      std::shared_ptr<LinkCounters> counters = nullptr) {
+    token_ = listener_->Expect([=](int fd) {
+      absl::MutexLock lock(&mu_);
+      receiver_ = std::make_unique<WireReceiver>(
+          fd, key, on_frame,
+          [this](const absl::Status& s) {
+            absl::MutexLock lock(&mu_);
+            errors_.push_back(s);
+          },
+          landings, from, counters);
+    });
+  }
+  // Waits (20 s at most) until `frames` (guarded by mu_) holds n or an
+  // error came; whether it holds n.
+  template <typename Frames>
+  bool WaitCollected(const Frames& frames, size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return frames.size() >= n || !errors_.empty();
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(20)) &&
+           frames.size() >= n;
+  }
+
+  std::unique_ptr<WireListener> listener_;
+  std::string key_, token_;
+  int fd_ = -1;
+  absl::Mutex mu_;
+  std::unique_ptr<WireReceiver> receiver_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
+};
+
 // One link, end to end: a listener, an expected token, a sender, the
 // receiver the listener's callback starts; frames collected in order.
-class WireLinkTest : public ::testing::TestWithParam<bool> {
+class WireLinkTest : public ::testing::TestWithParam<bool>,
+                     protected RawWireFixture {
  protected:
   void SetUp() override {
     auto l = WireListener::Start("127.0.0.1");
@@ -169,38 +246,14 @@ class WireLinkTest : public ::testing::TestWithParam<bool> {
   }
   void TearDown() override {
     if (sender_) sender_->Close();
-    std::unique_ptr<WireReceiver> r;
-    {
-      absl::MutexLock lock(&mu_);
-      r = std::move(receiver_);
-    }
-    r.reset();  // its callbacks take mu_: stopped outside it
-    listener_->Stop();
+    StopAll();
   }
 
   std::string ExpectLink() {
-    return listener_->Expect([this](int fd) {
-      absl::MutexLock lock(&mu_);
-      receiver_ = std::make_unique<WireReceiver>(
-          fd, key_,
-          [this](absl::StatusOr<InFrame> f) {
-            absl::MutexLock lock(&mu_);
-            if (!f.ok()) {
-              errors_.push_back(f.status());
-              return f.status();
-            }
-            std::string payload;
-            for (const auto& p : f->pieces) {
-              payload.append(reinterpret_cast<const char*>(p.data()), p.size());
-            }
-            frames_.push_back({f->meta.op_seq, payload});
-            return absl::OkStatus();
-          },
-          [this](const absl::Status& s) {
-            absl::MutexLock lock(&mu_);
-            errors_.push_back(s);
-          });
-    });
+    ExpectReceiver(key_, Collect([this](InFrame f) {
+                     frames_.push_back({f.meta.op_seq, PayloadOf(f)});
+                   }));
+    return token_;
   }
 
   // Starts a sender and waits for its answer.
@@ -239,22 +292,10 @@ class WireLinkTest : public ::testing::TestWithParam<bool> {
     return f;
   }
 
-  bool WaitFrames(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return frames_.size() >= n || !errors_.empty();
-    };
-    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(20)) &&
-           frames_.size() >= n;
-  }
+  bool WaitFrames(size_t n) { return WaitCollected(frames_, n); }
 
-  std::unique_ptr<WireListener> listener_;
-  std::string key_;
   std::unique_ptr<WireSender> sender_;
-  absl::Mutex mu_;
-  std::unique_ptr<WireReceiver> receiver_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, std::string>> frames_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ReadyProbe> probe_;
   std::optional<absl::Status> failed_ ABSL_GUARDED_BY(mu_);
 };
@@ -354,27 +395,6 @@ INSTANTIATE_TEST_SUITE_P(PlainAndSealed, WireLinkTest, ::testing::Bool(),
 
 // A listener and one raw client connection to it (which writes what it
 // likes), and the receiver the listener starts for it.
-class RawWireFixture {
- protected:
-  // The receiver stops outside mu_ (its callbacks take it).
-  void StopAll() {
-    std::unique_ptr<WireReceiver> r;
-    {
-      absl::MutexLock lock(&mu_);
-      r = std::move(receiver_);
-    }
-    r.reset();
-    listener_->Stop();
-    if (fd_ >= 0) close(fd_);
-  }
-  std::unique_ptr<WireListener> listener_;
-  std::string key_, token_;
-  int fd_ = -1;
-  absl::Mutex mu_;
-  std::unique_ptr<WireReceiver> receiver_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
-};
-
 // A raw client that presents a valid token, then sends what it likes.
 class HostileWireTest : public ::testing::Test, protected RawWireFixture {
  protected:
@@ -384,22 +404,20 @@ class HostileWireTest : public ::testing::Test, protected RawWireFixture {
   }
   void TearDown() override { StopAll(); }
   void Attach(const std::string& key) {
-    token_ = listener_->Expect([this, key](int fd) {
-      absl::MutexLock lock(&mu_);
-      receiver_ = std::make_unique<WireReceiver>(
-          fd, key,
-          [this](absl::StatusOr<InFrame> f) {
-            absl::MutexLock lock(&mu_);
-            if (f.ok()) ++frames_;
-            else errors_.push_back(f.status());
-            return f.status();
-          },
-          [this](const absl::Status& s) {
-            absl::MutexLock lock(&mu_);
-            errors_.push_back(s);
-          });
-    });
+    ExpectReceiver(key, Collect([this](const InFrame&) { ++frames_; }));
     DialWithToken(listener_->port(), token_, &fd_);
+  }
+  // Writes `bytes` to the link as they are, all at once.
+  void WriteRaw(const std::vector<uint8_t>& bytes) {
+    ASSERT_EQ(write(fd_, bytes.data(), bytes.size()),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  // The first error (FirstError) is `code`, with `text` in its message
+  // (when not empty).
+  void ExpectFirstError(absl::StatusCode code, const std::string& text = "") {
+    absl::Status s = FirstError();
+    EXPECT_EQ(s.code(), code) << s;
+    if (!text.empty()) EXPECT_THAT(s.message(), HasSubstr(text));
   }
   absl::Status FirstError(absl::Duration wait = absl::Seconds(10)) {
     absl::MutexLock lock(&mu_);
@@ -423,11 +441,8 @@ TEST_F(HostileWireTest, AnUnsealedRecordOnASealedLinkIsRefused) {
   std::vector<uint8_t> rec(8 + n + 2 * WireSeal::kTagBytes, 0);
   std::memcpy(rec.data(), &n, 4);  // little-endian host
   std::memcpy(rec.data() + 4, &h, 4);
-  ASSERT_EQ(write(fd_, rec.data(), rec.size()),
-            static_cast<ssize_t>(rec.size()));
-  absl::Status s = FirstError();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_THAT(s.message(), HasSubstr("authentication"));
+  ASSERT_NO_FATAL_FAILURE(WriteRaw(rec));
+  ExpectFirstError(absl::StatusCode::kDataLoss, "authentication");
   absl::MutexLock lock(&mu_);
   EXPECT_EQ(frames_, 0);
 }
@@ -438,20 +453,16 @@ TEST_F(HostileWireTest, ASealedRecordWithAnImpossibleHeadIsRefused) {
   std::vector<uint8_t> rec(8, 0);
   std::memcpy(rec.data(), &n, 4);
   std::memcpy(rec.data() + 4, &h, 4);
-  ASSERT_EQ(write(fd_, rec.data(), rec.size()),
-            static_cast<ssize_t>(rec.size()));
-  absl::Status s = FirstError();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_THAT(s.message(), HasSubstr("frame head is 65 of 64 bytes"));
+  ASSERT_NO_FATAL_FAILURE(WriteRaw(rec));
+  ExpectFirstError(absl::StatusCode::kDataLoss,
+                   "frame head is 65 of 64 bytes");
 }
 
 TEST_F(HostileWireTest, AnOversizedRecordIsRefusedBeforeAnyAllocation) {
   Attach("");
   const uint32_t n = 0xFFFFFFF0u;
   ASSERT_EQ(write(fd_, &n, 4), 4);
-  absl::Status s = FirstError();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_THAT(s.message(), HasSubstr("at most"));
+  ExpectFirstError(absl::StatusCode::kDataLoss, "at most");
 }
 
 TEST_F(HostileWireTest, GarbageInAPlainRecordIsAFrameError) {
@@ -459,10 +470,8 @@ TEST_F(HostileWireTest, GarbageInAPlainRecordIsAFrameError) {
   const uint32_t n = 10;
   std::vector<uint8_t> rec(4 + n, 0xAB);
   std::memcpy(rec.data(), &n, 4);
-  ASSERT_EQ(write(fd_, rec.data(), rec.size()),
-            static_cast<ssize_t>(rec.size()));
-  absl::Status s = FirstError();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  ASSERT_NO_FATAL_FAILURE(WriteRaw(rec));
+  ExpectFirstError(absl::StatusCode::kDataLoss);
 }
 
 TEST_F(HostileWireTest, ACutInsideARecordIsReported) {
@@ -470,13 +479,10 @@ TEST_F(HostileWireTest, ACutInsideARecordIsReported) {
   const uint32_t n = 1000;
   std::vector<uint8_t> rec(4 + 100, 0);
   std::memcpy(rec.data(), &n, 4);
-  ASSERT_EQ(write(fd_, rec.data(), rec.size()),
-            static_cast<ssize_t>(rec.size()));
+  ASSERT_NO_FATAL_FAILURE(WriteRaw(rec));
   close(fd_);
   fd_ = -1;
-  absl::Status s = FirstError();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_THAT(s.message(), HasSubstr("inside a record"));
+  ExpectFirstError(absl::StatusCode::kUnavailable, "inside a record");
 }
 
 // A FIN between records (injected by a third party, or the peer died) is
@@ -486,9 +492,8 @@ TEST_F(HostileWireTest, ACutInsideARecordIsReported) {
 TEST_F(HostileWireTest, AnEndBetweenRecordsWithoutTheCloseRecordIsReported) {
   Attach("");
   shutdown(fd_, SHUT_WR);  // a FIN, no record
-  absl::Status s = FirstError();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_THAT(s.message(), HasSubstr("without the link's close record"));
+  ExpectFirstError(absl::StatusCode::kUnavailable,
+                   "without the link's close record");
 }
 
 TEST_F(HostileWireTest, TheCloseRecordEndsTheLinkQuietly) {
@@ -503,27 +508,17 @@ TEST_F(HostileWireTest, TheCloseRecordEndsTheLinkQuietly) {
 TEST_F(HostileWireTest, AForgedCloseRecordOnASealedLinkIsRefused) {
   Attach(key_);
   std::vector<uint8_t> rec(4 + WireSeal::kTagBytes, 0);  // a made-up tag
-  ASSERT_EQ(write(fd_, rec.data(), rec.size()),
-            static_cast<ssize_t>(rec.size()));
+  ASSERT_NO_FATAL_FAILURE(WriteRaw(rec));
   shutdown(fd_, SHUT_WR);
-  absl::Status s = FirstError();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_THAT(s.message(), HasSubstr("authentication"));
+  ExpectFirstError(absl::StatusCode::kDataLoss, "authentication");
 }
 
 // The sender's own Close (idle) ends with the close record: no error.
 TEST_F(HostileWireTest, ASendersCloseIsTheNormalEnd) {
   for (const bool sealed : {false, true}) {
     const std::string key = sealed ? key_ : "";
-    token_ = listener_->Expect([this, key](int fd) {
-      absl::MutexLock lock(&mu_);
-      receiver_ = std::make_unique<WireReceiver>(
-          fd, key, [](absl::StatusOr<InFrame> f) { return f.status(); },
-          [this](const absl::Status& s) {
-            absl::MutexLock lock(&mu_);
-            errors_.push_back(s);
-          });
-    });
+    ExpectReceiver(key,
+                   [](absl::StatusOr<InFrame> f) { return f.status(); });
     absl::Notification ready;
     WireSender tx("127.0.0.1", listener_->port(), token_, key,
                   [&](const absl::Status&) { ready.Notify(); },
@@ -553,25 +548,10 @@ class LandingWireTest : public ::testing::TestWithParam<bool>,
       key_ = *WireSeal::NewKey();
       seal_ = std::make_unique<WireSeal>(key_);
     }
-    token_ = listener_->Expect([this](int fd) {
-      absl::MutexLock lock(&mu_);
-      receiver_ = std::make_unique<WireReceiver>(
-          fd, key_,
-          [this](absl::StatusOr<InFrame> f) {
-            absl::MutexLock lock(&mu_);
-            if (!f.ok()) {
-              errors_.push_back(f.status());
-              return f.status();
-            }
-            frames_.push_back(*std::move(f));
-            return absl::OkStatus();
-          },
-          [this](const absl::Status& s) {
-            absl::MutexLock lock(&mu_);
-            errors_.push_back(s);
-          },
-          board_, kFrom, counters_);
-    });
+    ExpectReceiver(key_, Collect([this](InFrame f) {
+                     frames_.push_back(std::move(f));
+                   }),
+                   board_, kFrom, counters_);
     DialWithToken(listener_->port(), token_, &fd_);
     if (HasFatalFailure()) return;
     // The listener acks, then hands the connection over.
@@ -634,22 +614,7 @@ class LandingWireTest : public ::testing::TestWithParam<bool>,
       at += static_cast<size_t>(w);
     }
   }
-  bool WaitFrames(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return frames_.size() >= n || !errors_.empty();
-    };
-    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(20)) &&
-           frames_.size() >= n;
-  }
-  static std::string Payload(const InFrame& f) {
-    std::string out;
-    for (const auto& p : f.pieces) {
-      out.append(reinterpret_cast<const char*>(p.data()), p.size());
-    }
-    return out;
-  }
-
+  bool WaitFrames(size_t n) { return WaitCollected(frames_, n); }
   const std::shared_ptr<LandingBoard> board_ = std::make_shared<LandingBoard>();
   // The receiver's (a worker's, core/link_counters.h).
   const std::shared_ptr<LinkCounters> counters_ = std::make_shared<LinkCounters>();
@@ -676,7 +641,7 @@ TEST_P(LandingWireTest, AnOfferedPayloadLandsInPlaceAndOthersTakeTheUsualPath) {
   absl::MutexLock lock(&mu_);
   ASSERT_TRUE(errors_.empty()) << errors_.front();
   EXPECT_FALSE(frames_[0].landed);
-  EXPECT_EQ(Payload(frames_[0]), std::string(other.begin(), other.end()));
+  EXPECT_EQ(PayloadOf(frames_[0]), std::string(other.begin(), other.end()));
   ASSERT_TRUE(frames_[1].landed);
   EXPECT_EQ(frames_[1].meta.step, 0);
   ASSERT_EQ(frames_[1].pieces.size(), 1u);
@@ -725,7 +690,7 @@ TEST_P(LandingWireTest, ALandingRevokedInsideItsRecordGetsNoMoreBytes) {
   ASSERT_EQ(frames_.size(), 1u);
   EXPECT_EQ(frames_[0].meta.op_seq, 9u);
   EXPECT_FALSE(frames_[0].landed);
-  EXPECT_EQ(Payload(frames_[0]), std::string(next.begin(), next.end()));
+  EXPECT_EQ(PayloadOf(frames_[0]), std::string(next.begin(), next.end()));
   EXPECT_EQ(dst, before);
   EXPECT_EQ(dst.back(), 0xEE);  // the record's end never reached it
 }

@@ -4,6 +4,7 @@
 // call the membership changed under. The node's life (start, join,
 // membership, shutdown) is worker_node.cc.
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -93,6 +94,22 @@ namespace {
 // The SDK marked the call with its place in its client's order.
 bool Marked(const v1::OpSpec* spec) {
   return spec != nullptr && spec->caller_id() != 0 && spec->call_index() != 0;
+}
+
+// The operation number of a call that failed (ABORTED or UNAVAILABLE)
+// before it touched the buffer (Communicator's kUntouchedPayload); nullopt
+// for any other failure.
+std::optional<uint64_t> UntouchedSeq(const absl::Status& status) {
+  auto untouched = status.GetPayload(kUntouchedPayload);
+  uint64_t n = 0;
+  const absl::StatusCode code = status.code();
+  if (!untouched.has_value() ||
+      !absl::SimpleAtoi(std::string(*untouched), &n) ||
+      (code != absl::StatusCode::kAborted &&
+       code != absl::StatusCode::kUnavailable)) {
+    return std::nullopt;
+  }
+  return n;
 }
 
 }  // namespace
@@ -356,14 +373,8 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
     // again on the new ring with the same sequence number. The new
     // generation may still be on its way (the rendezvous probes a broken
     // link's peer first): wait for it briefly.
-    auto untouched = result.status().GetPayload(kUntouchedPayload);
-    uint64_t n = 0;
-    const absl::StatusCode code = result.status().code();
-    if (!untouched.has_value() ||
-        !absl::SimpleAtoi(std::string(*untouched), &n) ||
-        (code != absl::StatusCode::kAborted &&
-         code != absl::StatusCode::kUnavailable) ||
-        attempt >= 4 || absl::Now() >= deadline) {
+    const std::optional<uint64_t> n = UntouchedSeq(result.status());
+    if (!n.has_value() || attempt >= 4 || absl::Now() >= deadline) {
       return result;
     }
     if (!book_->AwaitNewerGeneration(
@@ -371,9 +382,9 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
             std::min(deadline, absl::Now() + absl::Milliseconds(1500)))) {
       return result;
     }
-    log_.Info(absl::StrCat("operation #", n, " had not touched the buffer when "
+    log_.Info(absl::StrCat("operation #", *n, " had not touched the buffer when "
                          "the membership changed: running it on the new ring"));
-    retry_seq = n;
+    retry_seq = *n;
     retry_cause = std::string(result.status().message());
   }
 }

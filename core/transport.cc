@@ -246,6 +246,28 @@ Inbox::Event Inbox::Next(int from, uint64_t op_seq,
   return EventLocked(from, op_seq, watch);
 }
 
+namespace {
+
+// Drains the taps still there, each one's sequence read first (into seqs;
+// *took: a frame was taken); a tap that is over is detached and dropped
+// from taps (true when one was).
+bool DrainTaps(std::vector<std::shared_ptr<InboxTap>>& taps,
+               std::vector<uint32_t>& seqs, bool* took) {
+  bool pruned = false;
+  for (size_t i = 0; i < taps.size(); ++i) {
+    if (taps[i] == nullptr) continue;
+    seqs[i] = taps[i]->Seq();
+    if (!taps[i]->Drain(took)) {  // over: forgotten by the caller
+      taps[i]->Attach(false);
+      taps[i] = nullptr;
+      pruned = true;
+    }
+  }
+  return pruned;
+}
+
+}  // namespace
+
 std::optional<Inbox::Event> Inbox::NextWithTaps(
     int from, uint64_t op_seq, absl::Span<const int> watch,
     absl::Time deadline, std::vector<std::shared_ptr<InboxTap>> taps) {
@@ -261,15 +283,7 @@ std::optional<Inbox::Event> Inbox::NextWithTaps(
   for (;;) {
     const uint32_t events = events_.load();
     bool took = false;
-    for (size_t i = 0; i < taps.size(); ++i) {
-      if (taps[i] == nullptr) continue;
-      seqs[i] = taps[i]->Seq();
-      if (!taps[i]->Drain(&took)) {  // over: forgotten below
-        taps[i]->Attach(false);
-        taps[i] = nullptr;
-        pruned = true;
-      }
-    }
+    if (DrainTaps(taps, seqs, &took)) pruned = true;
     {
       absl::MutexLock lock(&mu_);
       if (Ready(from, op_seq, watch) || absl::Now() >= deadline) {

@@ -17,6 +17,7 @@
 #include "core/futex.h"
 #include "core/shm_ring.h"
 #include "core/transport.h"
+#include "tests/testing/data_meta.h"
 #include "transport/shm/shm_link.h"
 
 namespace halka {
@@ -25,13 +26,7 @@ namespace {
 constexpr int kFrom = 1;
 
 FrameMeta Meta(uint64_t op_seq, int step) {
-  FrameMeta m;
-  m.kind = FrameKind::kData;
-  m.generation = 1;
-  m.op_seq = op_seq;
-  m.phase = Phase::kNaive;
-  m.step = step;
-  m.count = 4;
+  FrameMeta m = testing::DataChunkMeta(1, op_seq, Phase::kNaive, step, 4);
   m.sender_rank = kFrom;
   return m;
 }

@@ -13,21 +13,16 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "core/op_buffer.h"
+#include "tests/testing/data_meta.h"
 
 namespace halka {
 namespace {
 
 FrameMeta Chunk(uint64_t op_seq, int step, uint64_t offset, uint64_t count) {
-  FrameMeta m;
-  m.kind = FrameKind::kData;
-  m.generation = 4;
-  m.op_seq = op_seq;
-  m.phase = Phase::kAllGather;
-  m.step = step;
+  FrameMeta m =
+      testing::DataChunkMeta(4, op_seq, Phase::kAllGather, step, count);
   m.segment = 1;
   m.offset = offset;
-  m.count = count;
-  m.dtype = DType::kFloat32;
   return m;
 }
 

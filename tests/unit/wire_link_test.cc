@@ -24,6 +24,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "tests/testing/loopback.h"
+#include "tests/testing/data_meta.h"
 #include "common/grpc_util.h"
 #include "codec/frame_codec.h"
 #include "seal/wire_ocb.h"
@@ -274,14 +275,8 @@ class WireLinkTest : public ::testing::TestWithParam<bool>,
   // hands it to a path: its encoded bytes in parts, released when written.
   WireSender::Frame DataFrame(uint64_t seq, const std::vector<uint8_t>& data,
                               std::atomic<int>* released) {
-    FrameMeta m;
-    m.kind = FrameKind::kData;
-    m.generation = 3;
-    m.op_seq = seq;
-    m.count = data.size() / 4;
-    m.dtype = DType::kFloat32;
-    m.op = ReduceOp::kSum;
-    m.phase = Phase::kReduceScatter;
+    const FrameMeta m = testing::DataChunkMeta(3, seq, Phase::kReduceScatter,
+                                               0, data.size() / 4);
     grpc::ByteBuffer buffer = EncodeFrame(m, data);
     auto slices = std::make_shared<std::vector<grpc::Slice>>();
     (void)buffer.Dump(slices.get());
@@ -564,16 +559,10 @@ class LandingWireTest : public ::testing::TestWithParam<bool>,
   void TearDown() override { StopAll(); }
 
   static FrameMeta Chunk(uint64_t op_seq, int step, uint64_t count) {
-    FrameMeta m;
-    m.kind = FrameKind::kData;
-    m.generation = 3;
-    m.op_seq = op_seq;
-    m.phase = Phase::kAllGather;
-    m.step = step;
+    FrameMeta m =
+        testing::DataChunkMeta(3, op_seq, Phase::kAllGather, step, count);
     m.segment = 1;
     m.offset = 64;
-    m.count = count;
-    m.dtype = DType::kFloat32;
     m.sender_rank = kFrom;
     return m;
   }

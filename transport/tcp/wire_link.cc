@@ -167,8 +167,7 @@ std::string ConnectBy(int fd, const addrinfo* a, absl::Time deadline) {
   return err != 0 ? absl::StrCat("connect: ", std::strerror(err)) : "";
 }
 
-// The token out on fd and the listener's ack back by `deadline`: "" or
-// why not.
+// The token out on fd, the listener's ack back, by `deadline`: "" or why.
 std::string PresentToken(int fd, const std::string& token,
                          absl::Time deadline) {
   if (send(fd, token.data(), token.size(), MSG_NOSIGNAL) !=
@@ -187,33 +186,6 @@ std::string PresentToken(int fd, const std::string& token,
 
 }  // namespace
 
-std::string FormatWireOffer(const std::string& key) {
-  if (key.empty()) return "-";
-  std::string hex = WireHex(key);
-  std::string offer = absl::StrCat(WireSeal::kName, ":", hex);
-  WipeKey(&hex);
-  return offer;
-}
-
-absl::StatusOr<std::string> ParseWireOffer(const std::string& offer) {
-  if (offer == "-") return std::string();
-  const size_t colon = offer.find(':');
-  if (colon == std::string::npos ||
-      offer.compare(0, colon, WireSeal::kName) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "this worker seals wire links with ", WireSeal::kName,
-        " and takes no other offer"));
-  }
-  std::string hex = offer.substr(colon + 1);
-  std::string key = WireUnhex(hex);
-  WipeKey(&hex);
-  if (key.size() != WireSeal::kKeyBytes) {
-    WipeKey(&key);
-    return absl::InvalidArgumentError("malformed key");
-  }
-  return key;
-}
-
 std::string FormatWireAnswer(int port, const std::string& token) {
   return absl::StrCat("ok ", port, " ", token);
 }
@@ -229,31 +201,6 @@ bool ParseWireAnswer(const std::string& answer, int* port,
   *port = p;
   *token = parts[2];
   return true;
-}
-
-void WireFallbacks::Note(const std::string& address, const absl::Status& why) {
-  {
-    absl::MutexLock lock(&mu_);
-    auto [it, first] = last_.emplace(address, absl::Now());
-    it->second = absl::Now();
-    if (!first) return;
-  }
-  const std::string line = absl::StrCat(
-      "wire link to ", address,
-      " not made, its frames take the gRPC stream (no wire offered to it "
-      "for a minute): ",
-      why.message());
-  if (log_ != nullptr) {
-    log_->Warning(line);
-  } else {
-    LogWarning(line);
-  }
-}
-
-bool WireFallbacks::RecentlyFailed(const std::string& address) const {
-  absl::MutexLock lock(&mu_);
-  auto it = last_.find(address);
-  return it != last_.end() && absl::Now() - it->second < absl::Minutes(1);
 }
 
 // ---- WireListener

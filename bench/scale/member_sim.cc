@@ -183,7 +183,16 @@ class Sim {
     std::thread driver([this] { Drive(); });
     const absl::Time first = absl::Now();
     start_ = first;
-    const absl::Time last_sent = SendJoins(first);
+    const int n = o_.members;
+    absl::Time last_sent = first;
+    for (int i = 0; i < n; ++i) {
+      absl::Time at = first;
+      if (n > 1) at += o_.join_spread * i / (n - 1);
+      if (i == n - 1) at += o_.last_join_delay;
+      absl::SleepFor(at - absl::Now());
+      last_sent = absl::Now();
+      SendJoin(*members_[static_cast<size_t>(i)]);
+    }
     SimResult r;
     AwaitJoins(first, last_sent, r);
     absl::SleepFor(o_.steady);
@@ -203,7 +212,37 @@ class Sim {
     }
     stop_ = true;
     driver.join();
-    CloseWatchesAndBeats(r);
+    for (auto& m : members_) {
+      if (m->watch) m->watch->Cancel();
+    }
+    for (auto& m : members_) {
+      if (m->watch) m->watch->WaitDone(absl::Seconds(5));
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      // Beats in flight finish within their 2 s deadline.
+      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return beats_in_flight_ == 0;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(5));
+      r.heartbeats = static_cast<int>(latencies_ms_.size()) + beat_errors_;
+      r.heartbeat_errors = beat_errors_;
+      r.first_heartbeat_error = first_beat_error_;
+      r.heartbeat_p50_ms = Percentile(latencies_ms_, 0.50);
+      r.heartbeat_p99_ms = Percentile(latencies_ms_, 0.99);
+      for (const auto& v : per_second_) {
+        r.p99_by_second_ms.push_back(Percentile(v, 0.99));
+      }
+      r.steady_p50_ms = Percentile(steady_ms_, 0.50);
+      r.steady_p99_ms = Percentile(steady_ms_, 0.99);
+      r.peak_threads = peak_threads_;
+      // Joins still blocked would outlive the members: cancel them.
+      for (auto& m : members_) m->join_ctx.TryCancel();
+      auto all = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return answered_ == o_.members;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(5));
+    }
     if (o_.rendezvous_pid > 0) {
       if (auto s = SampleProcess(o_.rendezvous_pid); s.ok()) r.at_end = *s;
     }
@@ -245,24 +284,7 @@ class Sim {
     }
   }
 
-  // Every member's join, spread over join_spread from `first` (the last
-  // one later by last_join_delay); when the last was sent.
-  absl::Time SendJoins(absl::Time first) {
-    const int n = o_.members;
-    absl::Time last_sent = first;
-    for (int i = 0; i < n; ++i) {
-      absl::Time at = first;
-      if (n > 1) at += o_.join_spread * i / (n - 1);
-      if (i == n - 1) at += o_.last_join_delay;
-      absl::SleepFor(at - absl::Now());
-      last_sent = absl::Now();
-      SendJoin(*members_[static_cast<size_t>(i)]);
-    }
-    return last_sent;
-  }
-
-  // Waits for the joins' answers (up to join_timeout) and puts their
-  // figures, and the rendezvous's CPU and log for them, in r.
+  // The joins' answers (waited for up to join_timeout) and their cost, in r.
   void AwaitJoins(absl::Time first, absl::Time last_sent, SimResult& r) {
     {
       absl::MutexLock lock(&mu_);
@@ -290,8 +312,7 @@ class Sim {
     }
   }
 
-  // The leaver leaves; how long until every other open watcher (of `open`)
-  // saw the generation after `before`, and what the watches carried.
+  // The leaver leaves: when every other open watcher saw it, in r.
   void MeasureChange(Member& leaver, uint64_t before, int open, SimResult& r) {
     leaver.stopped = true;
     const absl::Time t0 = absl::Now();
@@ -328,42 +349,6 @@ class Sim {
       const int expected =
           open - (leaver.watch && leaver.watch->open() ? 1 : 0);
       if (saw == expected) r.change_reached_all = latest - t0;
-    }
-  }
-
-  // Ends the watches and waits for the heartbeats in flight and the joins
-  // still blocked; the heartbeat figures in r.
-  void CloseWatchesAndBeats(SimResult& r) {
-    for (auto& m : members_) {
-      if (m->watch) m->watch->Cancel();
-    }
-    for (auto& m : members_) {
-      if (m->watch) m->watch->WaitDone(absl::Seconds(5));
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      // Beats in flight finish within their 2 s deadline.
-      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return beats_in_flight_ == 0;
-      };
-      mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(5));
-      r.heartbeats = static_cast<int>(latencies_ms_.size()) + beat_errors_;
-      r.heartbeat_errors = beat_errors_;
-      r.first_heartbeat_error = first_beat_error_;
-      r.heartbeat_p50_ms = Percentile(latencies_ms_, 0.50);
-      r.heartbeat_p99_ms = Percentile(latencies_ms_, 0.99);
-      for (const auto& v : per_second_) {
-        r.p99_by_second_ms.push_back(Percentile(v, 0.99));
-      }
-      r.steady_p50_ms = Percentile(steady_ms_, 0.50);
-      r.steady_p99_ms = Percentile(steady_ms_, 0.99);
-      r.peak_threads = peak_threads_;
-      // Joins still blocked would outlive the members: cancel them.
-      for (auto& m : members_) m->join_ctx.TryCancel();
-      auto all = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return answered_ == o_.members;
-      };
-      mu_.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(5));
     }
   }
 

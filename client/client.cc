@@ -167,8 +167,7 @@ class Client::Impl {
   size_t staging_size_ ABSL_GUARDED_BY(staging_mu_) = 0;
   std::string staging_name_ ABSL_GUARDED_BY(staging_mu_);
   std::string staging_capability_ ABSL_GUARDED_BY(staging_mu_);
-  // The staging object at least `bytes` large (a power of two from 1 MiB),
-  // made anew when the one there is smaller.
+  // A staging object of >= `bytes` (a power of two from 1 MiB) in place.
   absl::Status GrowStaging(size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(staging_mu_);
 

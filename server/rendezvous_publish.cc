@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "server/rendezvous_calls.h"
 #include "server/rendezvous_report.h"
 #include "server/rendezvous_service.h"

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -20,6 +21,7 @@
 #include "halka/client.h"
 #include "halka/local_cluster.h"
 #include "halka/v1/rendezvous.grpc.pb.h"
+#include "tests/testing/ring_ops.h"
 #include "tests/testing/run_ranks.h"
 
 namespace halka {
@@ -101,17 +103,7 @@ struct Cluster {
     for (int r = 0; r < g; ++r) clients.push_back(cluster->Connect(r).value());
   }
   void RunOps(int n, size_t count) {
-    const int g = static_cast<int>(clients.size());
-    std::vector<std::vector<float>> bufs(g, std::vector<float>(count, 1.0f));
-    for (int i = 0; i < n; ++i) {
-      auto results = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
-        OpOptions oo;
-        oo.algorithm = Algorithm::kRing;
-        return clients[r]->AllReduce(absl::MakeSpan(bufs[r]), ReduceOp::kSum,
-                                     oo);
-      });
-      for (int r = 0; r < g; ++r) ASSERT_TRUE(results[r].ok()) << results[r].status();
-    }
+    ASSERT_NO_FATAL_FAILURE(testing::RunRingAllReduces(clients, n, count));
     absl::SleepFor(absl::Milliseconds(700));  // a few heartbeats
   }
   std::unique_ptr<LocalCluster> cluster;

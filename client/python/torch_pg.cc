@@ -1,7 +1,9 @@
-// halka._halka_torch: the torch.distributed backend "halka", a c10d
-// ProcessGroup over halka::Client (torch 1.13's c10d::ProcessGroup API;
-// torch 2.x moved backends to c10d::Backend, which this file does not
-// target). `import halka.torch` registers it.
+// halka._halka_torch: the torch.distributed backend "halka" over
+// halka::Client, for torch 1.13 (Debian bookworm: a c10d::ProcessGroup) and
+// torch 2.x (Debian trixie's 2.6: a c10d::Backend, which torch's
+// ProcessGroup dispatches to per device). TORCH_VERSION_MAJOR picks the base
+// class (HalkaBackendBase below); the collectives' signatures are the same in
+// both. `import halka.torch` registers it.
 //
 // Where the worker comes from: HALKA_WORKER=unix:/path or host:port names
 // a running halka-worker daemon (whose job must have the group's size);
@@ -18,10 +20,15 @@
 // deadline: the op's timeout, else init_process_group's timeout.
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
 
 #include <chrono>
 #include <condition_variable>
@@ -48,6 +55,15 @@ namespace {
 
 namespace py = pybind11;
 using c10d::OpType;
+
+// What torch calls per collective: on torch >= 2 a c10d::Backend (registered
+// for devices "cpu" and "cuda"; torch's ProcessGroup dispatches to it), on
+// 1.13 the c10d::ProcessGroup itself.
+#if TORCH_VERSION_MAJOR >= 2
+using HalkaBackendBase = c10d::Backend;
+#else
+using HalkaBackendBase = c10d::ProcessGroup;
+#endif
 
 // A queued operation: completes its future (the output tensors) on the
 // group's thread, or fails it with the operation's error.
@@ -159,11 +175,11 @@ std::string Str(const std::vector<uint8_t>& b) {
   return std::string(b.begin(), b.end());
 }
 
-class ProcessGroupHalka : public c10d::ProcessGroup {
+class ProcessGroupHalka : public HalkaBackendBase {
  public:
   ProcessGroupHalka(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                     int size, double timeout_s)
-      : ProcessGroup(rank, size),
+      : HalkaBackendBase(rank, size),
         timeout_(timeout_s > 0 ? absl::Seconds(timeout_s)
                                : kDefaultOpTimeout) {
     const char* daemon = std::getenv("HALKA_WORKER");
@@ -501,10 +517,11 @@ class ProcessGroupHalka : public c10d::ProcessGroup {
 }  // namespace halka
 
 PYBIND11_MODULE(_halka_torch, m) {
-  m.doc() = "halka's torch.distributed ProcessGroup (use `import halka.torch`)";
-  // Registers torch's ProcessGroup and Store with pybind11 first.
+  m.doc() = "halka's torch.distributed backend (use `import halka.torch`)";
+  m.attr("TORCH_VERSION_MAJOR") = TORCH_VERSION_MAJOR;
+  // Registers torch's ProcessGroup, Backend and Store with pybind11 first.
   py::module_::import("torch.distributed");
-  py::class_<halka::ProcessGroupHalka, c10d::ProcessGroup,
+  py::class_<halka::ProcessGroupHalka, halka::HalkaBackendBase,
              c10::intrusive_ptr<halka::ProcessGroupHalka>>(m, "ProcessGroupHalka")
       .def(py::init<const c10::intrusive_ptr<c10d::Store>&, int, int, double>(),
            py::arg("store"), py::arg("rank"), py::arg("size"),

@@ -4,8 +4,10 @@
     torch.distributed.init_process_group("halka", ...)  # instead of "gloo"
 
 Works with torch 1.13 (Debian bookworm's python3-torch), whose third-party
-backends are c10d ProcessGroups; torch 2.x moved them to c10d::Backend, which
-this build does not support. Each process starts its own halka worker
+backends are c10d ProcessGroups, and torch 2.x (Debian trixie's 2.6), whose
+third-party backends are c10d Backends registered per device: "halka" serves
+"cpu" and "cuda", so init_process_group("halka") and ("cpu:halka") both
+work. Each process starts its own halka worker
 in-process (rank 0 hosts the rendezvous, whose address travels through
 torch's store; HALKA_HOST picks the address to listen on, default
 127.0.0.1), unless HALKA_WORKER names a running worker daemon
@@ -28,4 +30,11 @@ def _create_process_group(store, rank, world_size, timeout):
 
 
 if not hasattr(_dist.Backend, "HALKA"):
-    _dist.Backend.register_backend("halka", _create_process_group)
+    if _halka_torch.TORCH_VERSION_MAJOR >= 2:
+        # A c10d::Backend, which torch's ProcessGroup calls for these devices.
+        _dist.Backend.register_backend("halka", _create_process_group,
+                                       extended_api=False,
+                                       devices=["cpu", "cuda"])
+    else:
+        # torch 1.13: the c10d::ProcessGroup itself (no per-device backends).
+        _dist.Backend.register_backend("halka", _create_process_group)

@@ -17,6 +17,9 @@ def dist_env(port):
     env = dict(os.environ)
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                OMP_NUM_THREADS="1")
+    # torch >= 2.4's TCPStore asks for libuv by default, which Debian's
+    # torch 2.6 (trixie) is built without; 1.13 ignores the variable.
+    env.setdefault("USE_LIBUV", "0")
     env.pop("HALKA_WORKER", None)
     return env
 
@@ -42,3 +45,16 @@ def join_spawned(ctx, seconds):
         if p.is_alive():
             p.kill()
     return False
+
+
+def torchrun(script, *args):
+    """torchrun's command line before its own options, and the worker's
+    script and arguments after them: (launcher, worker). On torch >= 2 both
+    run under no_libuv.py (Debian's torch 2.6 has no libuv, which torchrun's
+    stores ask for)."""
+    import torch
+    if int(torch.__version__.split(".")[0]) >= 2:
+        shim = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_libuv.py")
+        return ([python(), shim, "-m", "torch.distributed.run"],
+                [shim, script, *args])
+    return [python(), "-m", "torch.distributed.run"], [script, *args]

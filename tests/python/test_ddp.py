@@ -57,13 +57,14 @@ class DdpTest(unittest.TestCase):
     def test_four_processes_under_torchrun(self):
         with tempfile.TemporaryDirectory() as out:
             env = tu.dist_env(tu.free_port())
-            cmd = [tu.python(), "-m", "torch.distributed.run",
+            launcher, worker = tu.torchrun(
+                os.path.join(HERE, "ddp_equal_worker.py"), out)
+            cmd = launcher + [
                    "--nproc_per_node=4", "--master_addr=127.0.0.1",
                    # Debian's torch 1.13 on Python 3.11 crashes with the
                    # default "0" (Std.from_str("0") is None there).
                    "--redirects=2", "--tee=2",
-                   f"--master_port={env['MASTER_PORT']}",
-                   os.path.join(HERE, "ddp_equal_worker.py"), out]
+                   f"--master_port={env['MASTER_PORT']}"] + worker
             p = subprocess.run(cmd, env=env, timeout=300,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             self.assertEqual(p.returncode, 0, p.stdout.decode()[-4000:])

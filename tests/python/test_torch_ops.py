@@ -5,6 +5,7 @@ operation. 3 processes (mp.spawn), embedded workers."""
 
 import unittest
 
+import torch
 import torch.multiprocessing as mp
 
 import halka_testutil as tu
@@ -19,6 +20,15 @@ class TorchOpsTest(unittest.TestCase):
         ctx = mp.start_processes(torch_ops_worker.run, args=(WORLD,),
                                  nprocs=WORLD, join=False, start_method="spawn")
         self.assertTrue(tu.join_spawned(ctx, 240), "ranks did not finish in 240 s")
+
+    @unittest.skipIf(int(torch.__version__.split(".")[0]) < 2,
+                     "device:backend strings are torch 2.x")
+    def test_device_backend_string(self):
+        tu.set_dist_env(tu.free_port())
+        ctx = mp.start_processes(torch_ops_worker.run_backend_string,
+                                 args=(2, "cpu:halka"), nprocs=2, join=False,
+                                 start_method="spawn")
+        self.assertTrue(tu.join_spawned(ctx, 120), "ranks did not finish in 120 s")
 
 
 if __name__ == "__main__":

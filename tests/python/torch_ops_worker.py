@@ -121,3 +121,17 @@ def expect_error(fn, *words):
                 raise AssertionError(f"{w!r} not in the error: {e}") from e
         return
     raise AssertionError(f"no RuntimeError for {words}")
+
+
+def run_backend_string(rank, world, backend):
+    """torch >= 2: "halka" registered for cpu and cuda; `backend` names it
+    per device ("cpu:halka"). One all_reduce and a barrier."""
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    t = data(rank, torch.float32)
+    dist.all_reduce(t)
+    same(t, reference("SUM", [data(r, torch.float32) for r in range(world)]),
+         f"all_reduce over {backend!r}")
+    dist.barrier()
+    dist.destroy_process_group()

@@ -32,14 +32,14 @@ REPO="$(cd "$(dirname "$0")/.." && pwd)"
 STAMP="$ROOT/.halka-trixie-stamp"
 
 # scripts/install-deps.sh's list (bookworm), as trixie spells it; without
-# clang/libclang-rt-14-dev (the fuzz label) and python3-sklearn (the example).
+# clang/libclang-rt-14-dev (the fuzz label).
 PKGS=(build-essential g++-14 cmake ninja-build pkg-config
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
       libcpp-httplib-dev zlib1g-dev libssl-dev
       iproute2 procps python3 openssl ca-certificates
       python3-dev pybind11-dev python3-numpy
-      python3-torch libtorch-dev)
+      python3-torch libtorch-dev python3-sklearn)
 
 die() { echo "trixie-env: $*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "needs root (debootstrap, chroot, mount)"

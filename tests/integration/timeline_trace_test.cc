@@ -17,6 +17,7 @@
 #include "halka/local_cluster.h"
 #include "server/timeline_trace.h"
 #include "tests/testing/ring_health.h"
+#include "tests/testing/ring_ops.h"
 #include "tests/testing/run_ranks.h"
 
 namespace halka {
@@ -77,18 +78,7 @@ TEST(TimelineTrace, GatheredTraceHasOneRowPerRankAndNestedOrderedSpans) {
   auto cluster = LocalCluster::Start(o).value();
   std::vector<std::unique_ptr<Client>> clients;
   for (int r = 0; r < g; ++r) clients.push_back(cluster->Connect(r).value());
-  std::vector<std::vector<float>> bufs(g, std::vector<float>(1 << 17, 1.0f));
-  for (int i = 0; i < ops; ++i) {
-    auto results = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
-      OpOptions oo;
-      oo.algorithm = Algorithm::kRing;
-      return clients[r]->AllReduce(absl::MakeSpan(bufs[r]), ReduceOp::kSum,
-                                   oo);
-    });
-    for (int r = 0; r < g; ++r) {
-      ASSERT_TRUE(results[r].ok()) << results[r].status();
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(testing::RunRingAllReduces(clients, ops, 1 << 17));
   auto timelines = GatherTimelines(Members(*cluster), absl::Seconds(10));
   ASSERT_TRUE(timelines.ok()) << timelines.status();
   ASSERT_EQ(timelines->size(), static_cast<size_t>(g));

@@ -38,6 +38,7 @@ PKGS=(build-essential g++-14 cmake ninja-build pkg-config
       libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
       libcpp-httplib-dev zlib1g-dev libssl-dev
       iproute2 procps python3 openssl ca-certificates
+      git  # tests/docs/architecture_check.py lists the tracked files
       python3-dev pybind11-dev python3-numpy
       python3-torch libtorch-dev python3-sklearn)
 
@@ -74,7 +75,7 @@ in_root() {
   (chroot "$ROOT" /usr/bin/env -i \
       HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 \
       PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-      DEBIAN_FRONTEND=noninteractive \
+      DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1 \
       /bin/sh -c 'cd "$0" && exec "$@"' "$REPO" "$@") || rc=$?
   return $rc
 }

@@ -37,32 +37,6 @@ constexpr size_t kTokenBytes = 16;
 constexpr size_t kMaxPending = 64;
 constexpr absl::Duration kHandshakeTime = absl::Seconds(2);
 constexpr absl::Duration kTokenLife = absl::Seconds(30);
-// The bytes of a frame's head ([u32 header length][header]) at the start
-// of its parts, at most `total` (what the frame codec wrote: its first
-// four bytes say).
-size_t FrameHeadBytes(const std::vector<absl::Span<const uint8_t>>& parts,
-                      size_t total) {
-  uint8_t len[4] = {0, 0, 0, 0};
-  size_t got = 0;
-  for (const auto& p : parts) {
-    for (size_t i = 0; i < p.size() && got < 4; ++i) len[got++] = p[i];
-    if (got == 4) break;
-  }
-  return got < 4 ? total : std::min<size_t>(total, 4 + size_t{GetU32(len)});
-}
-
-// The parts cut at byte `at`: what comes before, and the rest.
-void SplitParts(const std::vector<absl::Span<const uint8_t>>& parts, size_t at,
-                std::vector<absl::Span<const uint8_t>>* before,
-                std::vector<absl::Span<const uint8_t>>* after) {
-  for (const auto& p : parts) {
-    const size_t take = std::min(at, p.size());
-    if (take > 0) before->push_back(p.subspan(0, take));
-    if (take < p.size()) after->push_back(p.subspan(take));
-    at -= take;
-  }
-}
-
 // No Nagle; and a connection that stops answering (a black-holed path, a
 // peer host gone) errors out in about 30 s instead of blocking a write or
 // a read until the operation's deadline names nothing better.
@@ -378,35 +352,6 @@ WireSender::WireSender(std::string host, int port, std::string token,
 
 WireSender::~WireSender() { Close(); }
 
-void WireSender::Send(std::vector<OutFrame> frames) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!stop_) {
-      for (OutFrame& f : frames) queue_.push_back(std::move(f));
-      return;
-    }
-  }
-  for (OutFrame& f : frames) ReleaseOnce(f.on_released);  // Close ran
-}
-
-void WireSender::Close() {
-  std::deque<Frame> dropped;
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-    if (fd_ >= 0 && idle_) WriteCloseRecord();
-    if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);  // cuts a blocked write
-  }
-  if (thread_.joinable()) thread_.join();
-  {
-    absl::MutexLock lock(&mu_);
-    dropped.swap(queue_);
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-  for (Frame& f : dropped) ReleaseOnce(f.on_released);
-}
-
 absl::Status WireSender::Connect() {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -463,115 +408,6 @@ absl::Status WireSender::Connect() {
   }
   MakeLinkSocket(fd);
   return absl::OkStatus();
-}
-
-void WireSender::WriteCloseRecord() {
-  // Best effort and never blocking: a full socket buffer means the reader
-  // is behind, and it then sees the cut instead.
-  uint8_t rec[4 + WireSeal::kTagBytes] = {0, 0, 0, 0};
-  size_t n = 4;
-  if (seal_ != nullptr) {
-    if (!seal_->Seal({}, absl::MakeConstSpan(rec, 4), rec + 4).ok()) return;
-    n += WireSeal::kTagBytes;
-  }
-  (void)!send(fd_, rec, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-}
-
-absl::Status WireSender::Write(Frame& frame) {
-  size_t total = 0;
-  for (const auto& p : frame.parts) total += p.size();
-  if (total > kMaxRecordBytes) {
-    return absl::InvalidArgumentError("a frame larger than a wire record");
-  }
-  uint8_t head[8];
-  PutU32(head, static_cast<uint32_t>(total));
-  std::vector<iovec> iov;
-  if (seal_ != nullptr) {
-    // Two units, each sealed: the frame's head, then its payload, so that
-    // the reader authenticates the head before it decides where the
-    // payload goes (core/landing.h).
-    const size_t head_bytes = FrameHeadBytes(frame.parts, total);
-    PutU32(head + 4, static_cast<uint32_t>(head_bytes));
-    const absl::Span<const uint8_t> aad(head, 8);
-    std::vector<absl::Span<const uint8_t>> front, payload;
-    SplitParts(frame.parts, head_bytes, &front, &payload);
-    sealed_.resize(total + 2 * WireSeal::kTagBytes);
-    absl::Status s = seal_->Seal(front, aad, sealed_.data());
-    if (s.ok()) {
-      s = seal_->Seal(payload, aad,
-                      sealed_.data() + head_bytes + WireSeal::kTagBytes);
-    }
-    if (!s.ok()) return s;
-    iov.push_back({head, 8});
-    iov.push_back({sealed_.data(), sealed_.size()});
-  } else {
-    iov.push_back({head, 4});
-    for (const auto& p : frame.parts) {
-      if (p.empty()) continue;
-      iov.push_back({const_cast<uint8_t*>(p.data()), p.size()});
-    }
-  }
-  int fd;
-  {
-    absl::MutexLock lock(&mu_);
-    fd = fd_;
-  }
-  size_t first = 0;
-  while (first < iov.size()) {
-    msghdr m{};
-    m.msg_iov = iov.data() + first;
-    m.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
-    const ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return absl::UnavailableError(Errno("wire link write"));
-    }
-    size_t left = static_cast<size_t>(w);
-    while (first < iov.size() && left >= iov[first].iov_len) {
-      left -= iov[first].iov_len;
-      ++first;
-    }
-    if (left > 0) {
-      iov[first].iov_base = static_cast<uint8_t*>(iov[first].iov_base) + left;
-      iov[first].iov_len -= left;
-    }
-  }
-  return absl::OkStatus();
-}
-
-void WireSender::Loop() {
-  absl::Status ready = Connect();
-  {
-    absl::MutexLock lock(&mu_);
-    if (stop_) return;  // Close: nobody waits for the answer
-  }
-  on_ready_(ready);
-  if (!ready.ok()) return;
-  for (;;) {
-    Frame frame;
-    {
-      absl::MutexLock lock(&mu_);
-      idle_ = true;
-      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || !queue_.empty();
-      };
-      mu_.Await(absl::Condition(&has_work));
-      if (stop_) return;
-      idle_ = false;
-      frame = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    absl::Status s = Write(frame);
-    ReleaseOnce(frame.on_released);
-    if (!s.ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        if (stop_) return;  // Close cut the write
-      }
-      on_failed_(s);
-      return;
-    }
-  }
 }
 
 }  // namespace halka

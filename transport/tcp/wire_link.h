@@ -39,6 +39,8 @@
 #ifndef HALKA_TRANSPORT_TCP_WIRE_LINK_H_
 #define HALKA_TRANSPORT_TCP_WIRE_LINK_H_
 
+#include <sys/uio.h>
+
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -158,18 +160,39 @@ class WireSender : public LinkPath {
              std::function<void(const absl::Status&)> on_ready,
              std::function<void(const absl::Status&)> on_failed);
   ~WireSender() override;  // Close()
-  // LinkPath: queued for the writer thread, which releases each frame
-  // once written (frames sent before on_ready wait for the connection).
+  // LinkPath: a frame of up to 64 KiB that finds the link idle (connected,
+  // nothing queued, no record half written) is written at once by the
+  // calling thread, without blocking: what the socket does not take is
+  // left for the writer thread. Every other frame is queued for the writer
+  // thread, which releases each frame once written (frames sent before
+  // on_ready wait for the connection). HALKA_WIRE_INLINE=0: always queued.
   void Send(std::vector<OutFrame> frames) override;
   // Stops the thread (a write in progress is cut; an idle link ends with
   // its close record), waits for it, and releases what is still queued.
   // Never from the callbacks.
   void Close() override;
+  // How many frames the calling threads wrote (all of them), and how many
+  // of those the socket took only part of (their rest went to the writer).
+  struct InlineCounts {
+    uint64_t frames = 0;
+    uint64_t partial = 0;
+  };
+  InlineCounts inline_counts() const {
+    return {inline_frames_.load(), inline_partial_.load()};
+  }
 
  private:
   void Loop();
   absl::Status Connect();
-  absl::Status Write(Frame& frame);
+  // The frame as a record: `iov` over `head` and the frame's parts (or, on
+  // a sealed link, the sealed units in sealed_: the seal advances).
+  absl::Status BuildRecord(Frame& frame, uint8_t head[8],
+                           std::vector<iovec>* iov);
+  // Writes all of `iov`, blocking (the writer thread).
+  absl::Status WriteAll(std::vector<iovec>& iov);
+  absl::Status Write(Frame& frame);  // BuildRecord, then WriteAll
+  // Send's write on the caller's thread; false: queue it instead.
+  bool TryInline(OutFrame& frame) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string host_;
   const int port_;
@@ -180,6 +203,11 @@ class WireSender : public LinkPath {
   std::vector<uint8_t> sealed_;  // the writer's buffer for a sealed record
   absl::Mutex mu_;
   std::deque<Frame> queue_ ABSL_GUARDED_BY(mu_);
+  // The rest of a record the caller's thread began: written before
+  // anything in queue_.
+  std::shared_ptr<std::string> remainder_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> inline_frames_{0};
+  std::atomic<uint64_t> inline_partial_{0};
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int fd_ ABSL_GUARDED_BY(mu_) = -1;
   // The link is up and no record is being written: Close may end it with

@@ -1,0 +1,259 @@
+// WireSender's sending side: records onto the connection, by the writer
+// thread, or by the caller's own thread when the link is idle and the frame
+// is small (no hand-off, no wake-up: a small frame costs one sendmsg).
+// Connecting is in wire_link.cc; the record format in wire_record.h.
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "transport/tcp/wire_link.h"
+#include "transport/tcp/wire_record.h"
+
+namespace halka {
+namespace {
+
+using wire_record::Errno;
+using wire_record::FrameHeadBytes;
+using wire_record::kMaxRecordBytes;
+using wire_record::PutU32;
+using wire_record::SplitParts;
+
+// Frames up to this size (head and payload) may be written by the caller's
+// thread; larger ones always go to the writer thread, which can block.
+constexpr size_t kInlineBytes = 64 * 1024;
+
+// HALKA_WIRE_INLINE=0 turns the caller's writes off (every frame goes to
+// the writer thread), for comparison. Read once.
+bool InlineWrites() {
+  static const bool on = [] {
+    const char* v = std::getenv("HALKA_WIRE_INLINE");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
+
+// Advances `iov` past `n` written bytes; returns the index of the first
+// entry with bytes left (iov.size() when none).
+size_t Consume(std::vector<iovec>& iov, size_t first, size_t n) {
+  while (first < iov.size() && n >= iov[first].iov_len) {
+    n -= iov[first].iov_len;
+    ++first;
+  }
+  if (n > 0) {
+    iov[first].iov_base = static_cast<uint8_t*>(iov[first].iov_base) + n;
+    iov[first].iov_len -= n;
+  }
+  return first;
+}
+
+}  // namespace
+
+void WireSender::Send(std::vector<OutFrame> frames) {
+  std::vector<OutFrame> done;  // written by this thread, or refused (closed)
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) {
+      done = std::move(frames);
+    } else {
+      for (OutFrame& f : frames) {
+        if (TryInline(f)) {
+          done.push_back(std::move(f));
+        } else {
+          queue_.push_back(std::move(f));
+        }
+      }
+    }
+  }
+  for (OutFrame& f : done) ReleaseOnce(f.on_released);
+}
+
+bool WireSender::TryInline(OutFrame& frame) {
+  // Only when nothing is ahead of it: the writer is waiting for work (so it
+  // is not inside a record, and the seal and its buffer are free), nothing
+  // is queued and no earlier record is half written.
+  if (!InlineWrites() || !idle_ || fd_ < 0 || !queue_.empty() ||
+      remainder_ != nullptr || frame.Bytes() > kInlineBytes) {
+    return false;
+  }
+  uint8_t head[8];
+  std::vector<iovec> iov;
+  if (!BuildRecord(frame, head, &iov).ok()) return false;  // the writer says
+  size_t first = 0;
+  for (;;) {
+    msghdr m{};
+    m.msg_iov = iov.data();
+    m.msg_iovlen = std::min<size_t>(iov.size(), IOV_MAX);
+    const ssize_t w = sendmsg(fd_, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && errno == EINTR) continue;
+    if (w > 0) first = Consume(iov, 0, static_cast<size_t>(w));
+    break;
+  }
+  if (first < iov.size()) {
+    // The socket took part of the record (or none: a full buffer, or an
+    // error the writer will meet and report). The record is built (and
+    // sealed, which cannot be done twice), so its rest is kept as bytes for
+    // the writer to send before anything else.
+    auto rest = std::make_shared<std::string>();
+    for (size_t i = first; i < iov.size(); ++i) {
+      rest->append(static_cast<const char*>(iov[i].iov_base), iov[i].iov_len);
+    }
+    remainder_ = std::move(rest);
+    inline_partial_.fetch_add(1, std::memory_order_relaxed);
+  }
+  inline_frames_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void WireSender::Close() {
+  std::deque<Frame> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    // Not inside a record: a half-written one would make the close record
+    // garbage; the reader then sees the cut instead.
+    if (fd_ >= 0 && idle_ && remainder_ == nullptr) WriteCloseRecord();
+    if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);  // cuts a blocked write
+  }
+  if (thread_.joinable()) thread_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    dropped.swap(queue_);
+    remainder_ = nullptr;
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+  for (Frame& f : dropped) ReleaseOnce(f.on_released);
+}
+
+void WireSender::WriteCloseRecord() {
+  // Best effort and never blocking: a full socket buffer means the reader
+  // is behind, and it then sees the cut instead.
+  uint8_t rec[4 + WireSeal::kTagBytes] = {0, 0, 0, 0};
+  size_t n = 4;
+  if (seal_ != nullptr) {
+    if (!seal_->Seal({}, absl::MakeConstSpan(rec, 4), rec + 4).ok()) return;
+    n += WireSeal::kTagBytes;
+  }
+  (void)!send(fd_, rec, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+absl::Status WireSender::BuildRecord(Frame& frame, uint8_t head[8],
+                                      std::vector<iovec>* iov) {
+  size_t total = 0;
+  for (const auto& p : frame.parts) total += p.size();
+  if (total > kMaxRecordBytes) {
+    return absl::InvalidArgumentError("a frame larger than a wire record");
+  }
+  PutU32(head, static_cast<uint32_t>(total));
+  if (seal_ != nullptr) {
+    // Two units, each sealed: the frame's head, then its payload, so that
+    // the reader authenticates the head before it decides where the
+    // payload goes (core/landing.h).
+    const size_t head_bytes = FrameHeadBytes(frame.parts, total);
+    PutU32(head + 4, static_cast<uint32_t>(head_bytes));
+    const absl::Span<const uint8_t> aad(head, 8);
+    std::vector<absl::Span<const uint8_t>> front, payload;
+    SplitParts(frame.parts, head_bytes, &front, &payload);
+    sealed_.resize(total + 2 * WireSeal::kTagBytes);
+    absl::Status s = seal_->Seal(front, aad, sealed_.data());
+    if (s.ok()) {
+      s = seal_->Seal(payload, aad,
+                      sealed_.data() + head_bytes + WireSeal::kTagBytes);
+    }
+    if (!s.ok()) return s;
+    iov->push_back({head, 8});
+    iov->push_back({sealed_.data(), sealed_.size()});
+  } else {
+    iov->push_back({head, 4});
+    for (const auto& p : frame.parts) {
+      if (p.empty()) continue;
+      iov->push_back({const_cast<uint8_t*>(p.data()), p.size()});
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WireSender::WriteAll(std::vector<iovec>& iov) {
+  int fd;
+  {
+    absl::MutexLock lock(&mu_);
+    fd = fd_;
+  }
+  size_t first = 0;
+  while (first < iov.size()) {
+    msghdr m{};
+    m.msg_iov = iov.data() + first;
+    m.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
+    const ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return absl::UnavailableError(Errno("wire link write"));
+    }
+    first = Consume(iov, first, static_cast<size_t>(w));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WireSender::Write(Frame& frame) {
+  uint8_t head[8];
+  std::vector<iovec> iov;
+  absl::Status s = BuildRecord(frame, head, &iov);
+  if (!s.ok()) return s;
+  return WriteAll(iov);
+}
+
+void WireSender::Loop() {
+  absl::Status ready = Connect();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;  // Close: nobody waits for the answer
+  }
+  on_ready_(ready);
+  if (!ready.ok()) return;
+  for (;;) {
+    Frame frame;
+    std::shared_ptr<std::string> rest;  // a record's bytes the caller left
+    {
+      absl::MutexLock lock(&mu_);
+      idle_ = true;
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !queue_.empty() || remainder_ != nullptr;
+      };
+      mu_.Await(absl::Condition(&has_work));
+      if (stop_) return;
+      idle_ = false;
+      if (remainder_ != nullptr) {
+        rest = std::move(remainder_);
+      } else {
+        frame = std::move(queue_.front());
+        queue_.pop_front();
+      }
+    }
+    absl::Status s;
+    if (rest != nullptr) {
+      std::vector<iovec> iov = {{rest->data(), rest->size()}};
+      s = WriteAll(iov);
+    } else {
+      s = Write(frame);
+      ReleaseOnce(frame.on_released);
+    }
+    if (!s.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stop_) return;  // Close cut the write
+      }
+      on_failed_(s);
+      return;
+    }
+  }
+}
+
+}  // namespace halka

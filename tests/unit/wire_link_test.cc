@@ -329,15 +329,15 @@ TEST_P(WireLinkTest, FramesTheCallerWritesKeepOrderWhenTheSocketFills) {
   ASSERT_TRUE(Connect(token, key_).ok());
   std::atomic<int> released{0};
   std::vector<std::vector<uint8_t>> sent;
-  constexpr size_t kFrames = 300;
-  sent.push_back(Bytes(60000, 1));
+  constexpr size_t kFrames = 1200;
+  sent.push_back(Bytes(16000, 1));
   sender_->SendOne(DataFrame(1, sent.back(), &released));
   absl::SleepFor(absl::Milliseconds(50));  // idle again: the next ones inline
   {
     // The reader stalls meanwhile: its frame callback waits for mu_.
     absl::MutexLock lock(&mu_);
     for (size_t i = 1; i < kFrames; ++i) {
-      sent.push_back(Bytes(60000 - (i % 7) * 4, static_cast<uint8_t>(i)));
+      sent.push_back(Bytes(16000 - (i % 7) * 4, static_cast<uint8_t>(i)));
       sender_->SendOne(DataFrame(i + 1, sent.back(), &released));
     }
   }
@@ -353,7 +353,7 @@ TEST_P(WireLinkTest, FramesTheCallerWritesKeepOrderWhenTheSocketFills) {
   }
   EXPECT_EQ(released.load(), static_cast<int>(kFrames));
   // Some frames were written by this thread, and the stalled reader left at
-  // least one of them half written (18 MB against loopback's buffers).
+  // least one of them half written (19 MB against loopback's buffers).
   EXPECT_GE(counts.frames, 2u) << counts.partial;
   EXPECT_GE(counts.partial, 1u) << counts.frames;
   std::printf("inline writes: %llu frames, %llu partial\n",

@@ -160,7 +160,7 @@ class WireSender : public LinkPath {
              std::function<void(const absl::Status&)> on_ready,
              std::function<void(const absl::Status&)> on_failed);
   ~WireSender() override;  // Close()
-  // LinkPath: a frame of up to 64 KiB that finds the link idle (connected,
+  // LinkPath: a frame of up to 16 KiB that finds the link idle (connected,
   // nothing queued, no record half written) is written at once by the
   // calling thread, without blocking: what the socket does not take is
   // left for the writer thread. Every other frame is queued for the writer

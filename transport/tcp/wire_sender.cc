@@ -28,7 +28,7 @@ using wire_record::SplitParts;
 
 // Frames up to this size (head and payload) may be written by the caller's
 // thread; larger ones always go to the writer thread, which can block.
-constexpr size_t kInlineBytes = 64 * 1024;
+constexpr size_t kInlineBytes = 16 * 1024;
 
 // HALKA_WIRE_INLINE=0 turns the caller's writes off (every frame goes to
 // the writer thread), for comparison. Read once.

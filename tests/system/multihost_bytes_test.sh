@@ -92,6 +92,26 @@ tx_bytes() {  # tx_bytes HOST: what the host's NIC has sent so far
   ip netns exec "${P}h$1" cat /sys/class/net/eth0/statistics/tx_bytes
 }
 
+# allreduce_all NAME REPEAT: every rank runs REPEAT checked ring all-reduces
+# at once; fails unless each rank printed REPEAT lines with #wrong 0.
+allreduce_all() {
+  local r h names=()
+  for (( r = 0; r < G; ++r )); do
+    h=$(host_of $r)
+    run_bg "$1.r$r" ip netns exec "${P}h$h" timeout --foreground -s KILL 170 \
+      "$CTL_BIN" allreduce --worker="$(addr_host $h):$(port_of $r)" --algo=ring \
+      --count=$COUNT --dtype=float32 --op=sum --repeat="$2" --timeout=60s \
+      --transfer=shm --check=true
+    names+=("$1.r$r")
+  done
+  wait_bg 180 "${names[@]}"
+  for (( r = 0; r < G; ++r )); do
+    [[ "$(bg_rc "$1.r$r")" == 0 ]] ||
+      fail "$1: halkactl allreduce on rank $r exited $(bg_rc "$1.r$r"): $(tail -n 5 "$SYS_LOG/$1.r$r.err" "$SYS_LOG/$1.r$r.out")"
+    assert_eq "$(grep -cE "^rank $r/$G: all_reduce #[0-9]+ .*#wrong 0\$" "$SYS_LOG/$1.r$r.out")" \
+      "$2" "$1: rank $r's all_reduce lines with #wrong 0"
+  done
+}
 # run_job TAG HOST_ID_MODE: G workers (rank r on host r mod H), one warm-up
 # all-reduce, then REPEAT timed ones on every rank; sets TX[h] to what host
 # h sent during the timed ones. HOST_ID_MODE: "default" or "own".
@@ -110,24 +130,6 @@ run_job() {
     wait_for_line "$tag.w$r" "^halka-worker serving on " 15
     wait_for_line "$tag.w$r" "joined job $job: rank $r of $G" 30 "$SYS_LOG/$tag.w$r.err"
   done
-  allreduce_all() {  # allreduce_all NAME REPEAT
-    local r h names=()
-    for (( r = 0; r < G; ++r )); do
-      h=$(host_of $r)
-      run_bg "$1.r$r" ip netns exec "${P}h$h" timeout --foreground -s KILL 170 \
-        "$CTL_BIN" allreduce --worker="$(addr_host $h):$(port_of $r)" --algo=ring \
-        --count=$COUNT --dtype=float32 --op=sum --repeat="$2" --timeout=60s \
-        --transfer=shm --check=true
-      names+=("$1.r$r")
-    done
-    wait_bg 180 "${names[@]}"
-    for (( r = 0; r < G; ++r )); do
-      [[ "$(bg_rc "$1.r$r")" == 0 ]] ||
-        fail "$1: halkactl allreduce on rank $r exited $(bg_rc "$1.r$r"): $(tail -n 5 "$SYS_LOG/$1.r$r.err" "$SYS_LOG/$1.r$r.out")"
-      assert_eq "$(grep -cE "^rank $r/$G: all_reduce #[0-9]+ .*#wrong 0\$" "$SYS_LOG/$1.r$r.out")" \
-        "$2" "$1: rank $r's all_reduce lines with #wrong 0"
-    done
-  }
   allreduce_all "$tag.warm" 1           # opens every link the ring uses
   for (( h = 0; h < H; ++h )); do before[h]=$(tx_bytes $h); done
   local t0

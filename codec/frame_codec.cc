@@ -130,6 +130,8 @@ OutFrame EncodeOutFrame(const FrameMeta& meta,
                            head->size());
   if (!payload.empty()) frame.parts.push_back(payload);
   frame.keepalive = std::move(head);
+  frame.data = meta.kind == FrameKind::kData && !payload.empty();
+  frame.op_seq = meta.op_seq;
   return frame;
 }
 

@@ -282,10 +282,18 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   if (status.ok()) status = op.CheckIntact();
   absl::Status ended = buffer->End();
   if (status.ok()) status = ended;
-  if (!status.ok() && config_.world_size > 1) op.SendAbort(status);
+  if (!status.ok() && config_.world_size > 1) {
+    // Nobody will use this operation's frames that have not gone out: they
+    // are dropped (one part way out is copied), so that the ABORT goes next
+    // and not behind them, and a slow link need not be cut to free the
+    // buffer (its peer would then see a broken link, not the cause).
+    transport_->Withdraw(op.fp().op_seq);
+    op.SendAbort(status);
+  }
   // On success the last frames are on their way to a live successor; on
   // failure nobody will read them, so give the wire a moment (for the
-  // ABORT frames to healthy peers), not a deadline.
+  // ABORT frames to healthy peers), not a deadline; a link still holding
+  // the buffer after that (a gRPC stream's write in flight) is cut.
   op.WaitForReleases(-1, status.ok() ? op.deadline()
                                      : absl::Now() + absl::Milliseconds(250));
 

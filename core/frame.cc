@@ -1,5 +1,8 @@
 #include "core/frame.h"
 
+#include <memory>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 
 namespace halka {
@@ -90,6 +93,22 @@ void ReleaseOnce(std::function<void()>& on_released) {
     on_released = nullptr;
     fn();
   }
+}
+
+std::function<void()> DetachPayload(OutFrame& frame) {
+  if (!frame.on_released) return nullptr;  // owns its bytes already
+  auto owned = std::make_shared<std::string>();
+  owned->reserve(frame.Bytes());
+  for (const auto& p : frame.parts) {
+    owned->append(reinterpret_cast<const char*>(p.data()), p.size());
+  }
+  frame.parts.assign(1, absl::MakeConstSpan(
+                            reinterpret_cast<const uint8_t*>(owned->data()),
+                            owned->size()));
+  frame.keepalive = std::move(owned);
+  std::function<void()> release = std::move(frame.on_released);
+  frame.on_released = nullptr;
+  return release;
 }
 
 }  // namespace halka

@@ -106,6 +106,11 @@ struct OutFrame {
   std::vector<absl::Span<const uint8_t>> parts;
   std::shared_ptr<void> keepalive;  // owns what parts point to, if anything
   std::function<void()> on_released;
+  // Set for a data frame, whose payload is borrowed from operation op_seq's
+  // buffer: a path may withdraw it when that operation fails (LinkPath::
+  // Withdraw). Heads, fingerprints and aborts are never withdrawn.
+  bool data = false;
+  uint64_t op_seq = 0;
   size_t Bytes() const {
     size_t n = 0;
     for (const auto& p : parts) n += p.size();
@@ -115,6 +120,13 @@ struct OutFrame {
 
 // Runs a frame's release callback once (and forgets it).
 void ReleaseOnce(std::function<void()>& on_released);
+
+// Copies the frame's bytes into memory the frame owns (one part) and hands
+// back its release callback, for the caller to run outside its locks: for
+// a frame a path has begun to write when its operation fails, so that the
+// operation's buffer is free at once. Empty when the frame owned its
+// bytes already.
+std::function<void()> DetachPayload(OutFrame& frame);
 
 }  // namespace halka
 

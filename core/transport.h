@@ -41,6 +41,13 @@ class Transport {
                             absl::Span<const uint8_t> payload,
                             std::function<void()> on_released) = 0;
 
+  // Operation `op_seq` failed on this rank: on every link, its data frames
+  // that have not gone out are dropped and one part way out is copied
+  // (LinkPath::Withdraw), so that its ABORT is next and its buffer is
+  // released without cutting a link. A transport that copies at Send has
+  // nothing to do. Thread-safe.
+  virtual void Withdraw(uint64_t op_seq) = 0;
+
   // Drops the frames queued for `to` and cancels its link, releasing every
   // payload promptly. The next Send reconnects. Thread-safe.
   virtual void Reset(int to) = 0;

@@ -361,6 +361,89 @@ TEST_P(WireLinkTest, FramesTheCallerWritesKeepOrderWhenTheSocketFills) {
               static_cast<unsigned long long>(counts.partial));
 }
 
+// An operation that fails while its frames wait behind a full socket
+// (a slow or stalled peer): Withdraw drops those not begun and copies the
+// one being written, so every buffer is free at once, without the reader's
+// help and without cutting the link; the ABORT behind them comes next, and
+// frames of other operations stay.
+TEST_P(WireLinkTest, AFailedOperationsFramesLeaveAtOnceAndItsAbortIsNext) {
+  const std::string token = ExpectLink();
+  ASSERT_TRUE(Connect(token, key_).ok());
+  constexpr int kFrames = 40;
+  constexpr size_t kBytes = size_t{1} << 20;
+  std::vector<std::vector<uint8_t>> buffers, original;
+  for (int i = 0; i < kFrames; ++i) {
+    buffers.push_back(Bytes(kBytes, static_cast<uint8_t>(i + 1)));
+  }
+  original = buffers;
+  std::atomic<int> released{0};
+  auto borrowed = [&](const FrameMeta& m, absl::Span<const uint8_t> payload) {
+    OutFrame f = EncodeOutFrame(m, payload);
+    f.on_released = [&released] { released.fetch_add(1); };
+    return f;
+  };
+  FrameMeta abort = testing::DataChunkMeta(3, 7, Phase::kReduceScatter, 0, 0);
+  abort.kind = FrameKind::kAbort;
+  abort.abort_code = absl::StatusCode::kDeadlineExceeded;
+  abort.message = "deadline";
+  abort.origin_rank = abort.sender_rank = 0;
+  const std::vector<uint8_t> next = Bytes(4096, 9);
+  {
+    // The reader stalls meanwhile: its frame callback waits for mu_.
+    absl::MutexLock lock(&mu_);
+    for (int i = 0; i < kFrames; ++i) {
+      sender_->SendOne(borrowed(
+          testing::DataChunkMeta(3, 7, Phase::kReduceScatter, 0, kBytes / 4),
+          buffers[static_cast<size_t>(i)]));
+    }
+    sender_->SendOne(EncodeOutFrame(abort, {}));
+    sender_->SendOne(EncodeOutFrame(
+        testing::DataChunkMeta(3, 8, Phase::kReduceScatter, 0, next.size() / 4),
+        next));
+    absl::SleepFor(absl::Milliseconds(200));  // the socket is full by now
+    EXPECT_LT(released.load(), kFrames) << "nothing waited behind the socket";
+    sender_->Withdraw(7);
+    // Every frame of operation 7 is let go within the writer's poll, while
+    // the reader still reads nothing.
+    for (int i = 0; i < 200 && released.load() < kFrames; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_EQ(released.load(), kFrames);
+    for (auto& b : buffers) std::fill(b.begin(), b.end(), uint8_t{0xEE});
+  }
+  // What arrives: whole frames of operation 7 as they were sent (the one
+  // being written finished from its copy, not from the reused buffer), then
+  // the ABORT (op 7, no payload), then operation 8's frame; the rest of
+  // operation 7 never.
+  size_t n = 0;
+  for (int i = 0; i < 100 && n == 0; ++i) {
+    {
+      absl::MutexLock lock(&mu_);
+      for (size_t k = 0; k < frames_.size(); ++k) {
+        if (frames_[k].first == 8) n = k + 1;
+      }
+      if (!errors_.empty()) break;
+    }
+    if (n == 0) absl::SleepFor(absl::Milliseconds(100));
+  }
+  absl::MutexLock lock(&mu_);
+  ASSERT_TRUE(errors_.empty()) << errors_.front().ToString();
+  ASSERT_GE(n, 2u) << frames_.size() << " frames and none of op 8";
+  ASSERT_EQ(frames_.size(), n);
+  const size_t data = n - 2;
+  EXPECT_LT(data, static_cast<size_t>(kFrames)) << "nothing was dropped";
+  for (size_t k = 0; k < data; ++k) {
+    ASSERT_EQ(frames_[k].first, 7u) << "frame " << k;
+    ASSERT_EQ(frames_[k].second,
+              std::string(original[k].begin(), original[k].end()))
+        << "frame " << k << " of " << data;
+  }
+  EXPECT_EQ(frames_[data].first, 7u);
+  EXPECT_TRUE(frames_[data].second.empty()) << "the ABORT";
+  EXPECT_EQ(frames_[n - 1].second, std::string(next.begin(), next.end()));
+  std::printf("%zu of %d frames went before the withdrawal\n", data, kFrames);
+}
+
 TEST_P(WireLinkTest, ATokenServesOneConnectionAndAForgottenOneNone) {
   const std::string token = ExpectLink();
   ASSERT_TRUE(Connect(token, key_).ok());

@@ -120,6 +120,34 @@ class GrpcTransport::OutLink
     return true;
   }
 
+  // The operation failed: its data frames leave the queue (the one gRPC
+  // is writing stays: gRPC holds it), or the path withdraws them.
+  void Withdraw(uint64_t op_seq) {
+    std::shared_ptr<LinkPath> path;
+    std::deque<Pending> dropped;
+    {
+      absl::MutexLock lock(&mu_);
+      path = taken_;
+      // The front, being written, stays where it is (gRPC has its buffer);
+      // the rest is taken off the back and filtered.
+      const size_t in_flight = writing_ && !queue_.empty() ? 1 : 0;
+      std::deque<Pending> rest;
+      while (queue_.size() > in_flight) {
+        rest.push_front(std::move(queue_.back()));
+        queue_.pop_back();
+      }
+      for (Pending& p : rest) {
+        if (p.frame.data && p.frame.op_seq == op_seq) {
+          dropped.push_back(std::move(p));
+        } else {
+          queue_.push_back(std::move(p));
+        }
+      }
+    }
+    for (Pending& p : dropped) p.Release();
+    if (path) path->Withdraw(op_seq);
+  }
+
   // The peer's answers to the offers (or the stream's end).
   void OnReadInitialMetadataDone(bool ok) override {
     std::shared_ptr<ShmRing> ring;
@@ -324,10 +352,17 @@ class GrpcTransport::OutLink
     if (taken) taken->Close();
     if (wire) wire->Close();
     if (report) {
+      // Named like the serving end's report of the same event (peer_service):
+      // whichever end notices first, the error says the link ended.
+      const absl::StatusCode code =
+          status.ok() ? absl::StatusCode::kUnavailable
+                      : static_cast<absl::StatusCode>(status.error_code());
       owner_->inbox_->LinkFailed(
-          to_, absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                            status.ok() ? "the peer closed the link"
-                                        : status.error_message()));
+          to_, absl::Status(code, absl::StrCat("the link to rank ", to_,
+                                               " ended: ",
+                                               status.ok()
+                                                   ? "the peer closed it"
+                                                   : status.error_message())));
     }
     std::shared_ptr<OutLink> self;
     answer_alarm_.Cancel();
@@ -501,6 +536,15 @@ void GrpcTransport::SetServerAddresses(std::vector<std::string> addresses) {
     servers_ = std::move(addresses);
   }
   for (auto& l : stale) l->Cancel();
+}
+
+void GrpcTransport::Withdraw(uint64_t op_seq) {
+  std::vector<std::shared_ptr<OutLink>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [rank, link] : links_) all.push_back(link);
+  }
+  for (auto& link : all) link->Withdraw(op_seq);
 }
 
 void GrpcTransport::Reset(int to) {

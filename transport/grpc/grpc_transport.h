@@ -67,6 +67,8 @@ class GrpcTransport : public Transport {
   absl::Status Send(int to, const FrameMeta& meta,
                     absl::Span<const uint8_t> payload,
                     std::function<void()> on_released) override;
+  // Every link's own frames of the operation (OutLink::Withdraw).
+  void Withdraw(uint64_t op_seq) override;
   void Reset(int to) override;
 
  private:

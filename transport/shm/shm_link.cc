@@ -111,6 +111,29 @@ void ShmSender::Send(std::vector<OutFrame> frames) {
   for (OutFrame& f : released) Release(f);
 }
 
+void ShmSender::Withdraw(uint64_t op_seq) {
+  std::vector<OutFrame> dropped;
+  std::vector<std::function<void()>> detached;
+  {
+    // The writer copies into the ring under mu_: no copy is under way.
+    absl::MutexLock lock(&mu_);
+    std::deque<Queued> kept;
+    for (Queued& q : queue_) {
+      if (!q.frame.data || q.frame.op_seq != op_seq) {
+        kept.push_back(std::move(q));
+      } else if (q.done > 0) {
+        detached.push_back(DetachPayload(q.frame));  // `done` stays valid
+        kept.push_back(std::move(q));
+      } else {
+        dropped.push_back(std::move(q.frame));
+      }
+    }
+    queue_.swap(kept);
+  }
+  for (OutFrame& f : dropped) Release(f);
+  for (auto& release : detached) ReleaseOnce(release);
+}
+
 void ShmSender::Close() {
   std::deque<Queued> dropped;
   {

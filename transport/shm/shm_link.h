@@ -77,6 +77,9 @@ class ShmSender : public LinkPath {
   // this thread when it has room (and released at once); anything else is
   // queued for the writer, which releases each frame once copied.
   void Send(std::vector<OutFrame> frames) override;
+  // LinkPath: a queued frame the writer has begun (a frame larger than a
+  // record) is copied; the others of the operation are dropped.
+  void Withdraw(uint64_t op_seq) override;
   // Closes the ring (the receiver drains what was written), stops the
   // writer, waits for it, and releases every queued frame.
   void Close() override;

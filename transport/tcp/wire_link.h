@@ -167,6 +167,11 @@ class WireSender : public LinkPath {
   // thread, which releases each frame once written (frames sent before
   // on_ready wait for the connection). HALKA_WIRE_INLINE=0: always queued.
   void Send(std::vector<OutFrame> frames) override;
+  // LinkPath: the operation's queued data frames are dropped; a record of
+  // it being written is finished from a copy of its rest (the writer
+  // thread copies it within 50 ms). A sealed record's payload is copied
+  // when it is sealed, so the frame is released then already.
+  void Withdraw(uint64_t op_seq) override;
   // Stops the thread (a write in progress is cut; an idle link ends with
   // its close record), waits for it, and releases what is still queued.
   // Never from the callbacks.
@@ -188,8 +193,10 @@ class WireSender : public LinkPath {
   // a sealed link, the sealed units in sealed_: the seal advances).
   absl::Status BuildRecord(Frame& frame, uint8_t head[8],
                            std::vector<iovec>* iov);
-  // Writes all of `iov`, blocking (the writer thread).
-  absl::Status WriteAll(std::vector<iovec>& iov);
+  // Writes all of `iov` (the writer thread), waiting while the socket is
+  // full; `frame`, if given, is the frame `iov` borrows from: withdrawn
+  // meanwhile, its rest is copied and the frame released.
+  absl::Status WriteAll(std::vector<iovec>& iov, Frame* frame);
   absl::Status Write(Frame& frame);  // BuildRecord, then WriteAll
   // Send's write on the caller's thread; false: queue it instead.
   bool TryInline(OutFrame& frame) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -206,6 +213,8 @@ class WireSender : public LinkPath {
   // The rest of a record the caller's thread began: written before
   // anything in queue_.
   std::shared_ptr<std::string> remainder_ ABSL_GUARDED_BY(mu_);
+  // The last operation withdrawn (Withdraw); 0: none yet.
+  uint64_t withdrawn_op_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> inline_frames_{0};
   std::atomic<uint64_t> inline_partial_{0};
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -2,6 +2,7 @@
 // thread, or by the caller's own thread when the link is idle and the frame
 // is small (no hand-off, no wake-up: a small frame costs one sendmsg).
 // Connecting is in wire_link.cc; the record format in wire_record.h.
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -112,6 +113,24 @@ bool WireSender::TryInline(OutFrame& frame) {
   return true;
 }
 
+void WireSender::Withdraw(uint64_t op_seq) {
+  std::vector<Frame> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    withdrawn_op_ = op_seq;
+    std::deque<Frame> kept;
+    for (Frame& f : queue_) {
+      if (f.data && f.op_seq == op_seq) {
+        dropped.push_back(std::move(f));
+      } else {
+        kept.push_back(std::move(f));
+      }
+    }
+    queue_.swap(kept);
+  }
+  for (Frame& f : dropped) ReleaseOnce(f.on_released);
+}
+
 void WireSender::Close() {
   std::deque<Frame> dropped;
   {
@@ -181,23 +200,48 @@ absl::Status WireSender::BuildRecord(Frame& frame, uint8_t head[8],
   return absl::OkStatus();
 }
 
-absl::Status WireSender::WriteAll(std::vector<iovec>& iov) {
+absl::Status WireSender::WriteAll(std::vector<iovec>& iov, Frame* frame) {
   int fd;
   {
     absl::MutexLock lock(&mu_);
     fd = fd_;
   }
+  std::string rest;  // the record's rest, once its frame was withdrawn
   size_t first = 0;
   while (first < iov.size()) {
     msghdr m{};
     m.msg_iov = iov.data() + first;
     m.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
-    const ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
-    if (w < 0) {
-      if (errno == EINTR) continue;
+    const ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w >= 0) {
+      first = Consume(iov, first, static_cast<size_t>(w));
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
       return absl::UnavailableError(Errno("wire link write"));
     }
-    first = Consume(iov, first, static_cast<size_t>(w));
+    // The socket is full (a slow or stalled reader). A frame whose
+    // operation failed meanwhile is let go: its rest is copied, the record
+    // finishes from the copy, and the operation's buffer is free.
+    if (frame != nullptr && frame->on_released && frame->data) {
+      bool withdrawn;
+      {
+        absl::MutexLock lock(&mu_);
+        withdrawn = withdrawn_op_ == frame->op_seq;
+      }
+      if (withdrawn) {
+        for (size_t i = first; i < iov.size(); ++i) {
+          rest.append(static_cast<const char*>(iov[i].iov_base),
+                      iov[i].iov_len);
+        }
+        iov.assign(1, iovec{rest.data(), rest.size()});
+        first = 0;
+        ReleaseOnce(frame->on_released);
+      }
+    }
+    pollfd p{fd, POLLOUT, 0};
+    (void)poll(&p, 1, 50);  // Close's shutdown wakes it; sendmsg then fails
   }
   return absl::OkStatus();
 }
@@ -207,7 +251,9 @@ absl::Status WireSender::Write(Frame& frame) {
   std::vector<iovec> iov;
   absl::Status s = BuildRecord(frame, head, &iov);
   if (!s.ok()) return s;
-  return WriteAll(iov);
+  // Sealed, the record is a copy (sealed_): the frame is free already.
+  if (seal_ != nullptr) ReleaseOnce(frame.on_released);
+  return WriteAll(iov, &frame);
 }
 
 void WireSender::Loop() {
@@ -240,7 +286,7 @@ void WireSender::Loop() {
     absl::Status s;
     if (rest != nullptr) {
       std::vector<iovec> iov = {{rest->data(), rest->size()}};
-      s = WriteAll(iov);
+      s = WriteAll(iov, nullptr);
     } else {
       s = Write(frame);
       ReleaseOnce(frame.on_released);

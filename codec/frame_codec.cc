@@ -23,7 +23,7 @@ void ToProto(const Fingerprint& fp, v1::OpFingerprint* out) {
 
 absl::Status FromProto(const v1::OpFingerprint& in, Fingerprint* fp) {
   if (in.kind() < 1 || in.kind() > 5 || !IsValidDType(in.dtype()) ||
-      !IsValidReduceOp(in.op()) || in.algorithm() < 0 || in.algorithm() > 3) {
+      !IsValidReduceOp(in.op()) || in.algorithm() < 0 || in.algorithm() > v1::Algorithm_MAX) {
     return absl::DataLossError("frame: fingerprint with invalid enums");
   }
   fp->op_seq = in.op_seq();

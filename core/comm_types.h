@@ -31,6 +31,9 @@ struct CommConfig {
   // sends to the rank after it. Empty: rank order. Every rank of a ring
   // must hold the same order.
   std::vector<int> ring_order;
+  // The hosts in ring order, each with its ranks in ring order
+  // (Membership.hosts). Empty: not known (a member named no host).
+  std::vector<std::vector<int>> hosts;
   size_t chunk_bytes = size_t{1} << 20;
   absl::Duration default_timeout = kDefaultOpTimeout;
   // Largest buffer one operation may carry (RESOURCE_EXHAUSTED above it).

@@ -294,8 +294,8 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   // failure nobody will read them, so give the wire a moment (for the
   // ABORT frames to healthy peers), not a deadline; a link still holding
   // the buffer after that (a gRPC stream's write in flight) is cut.
-  op.WaitForReleases(-1, status.ok() ? op.deadline()
-                                     : absl::Now() + absl::Milliseconds(250));
+  op.ReleaseEverything(status.ok() ? op.deadline()
+                                    : absl::Now() + absl::Milliseconds(250));
 
   op.EndTrace();
   const absl::Duration elapsed = absl::Now() - start;
@@ -356,6 +356,8 @@ absl::Status Communicator::RunAlgorithm(OpContext& op) {
           return NaiveAllReduce(op);
         case Algorithm::kParameterServer:
           return PsAllReduce(op);
+        case Algorithm::kTwoLevel:
+          return TwoLevelAllReduce(op);
         default:
           return RingAllReduce(op);
       }

@@ -53,17 +53,20 @@ absl::string_view AlgorithmName(Algorithm algorithm) {
       return "naive";
     case Algorithm::kParameterServer:
       return "ps";
+    case Algorithm::kTwoLevel:
+      return "two_level";
   }
   return "unknown";
 }
 
 absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name) {
   for (Algorithm a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kNaive,
-                      Algorithm::kParameterServer}) {
+                      Algorithm::kParameterServer, Algorithm::kTwoLevel}) {
     if (name == AlgorithmName(a)) return a;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown algorithm '", name, "' (expected auto, ring, naive or ps)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown algorithm '", name,
+                   "' (expected auto, ring, naive, ps or two_level)"));
 }
 
 std::string Fingerprint::ToString() const {

@@ -311,6 +311,13 @@ void OpContext::WithdrawRecvs() {
   landings_.clear();
 }
 
+void OpContext::Watch(int rank) {
+  if (rank == config_.rank) return;
+  if (std::find(watch_.begin(), watch_.end(), rank) == watch_.end()) {
+    watch_.push_back(rank);
+  }
+}
+
 void OpContext::TrackSegments(size_t segments) {
   absl::MutexLock lock(&sends_->mu);
   sends_->per_segment.assign(segments, 0);
@@ -322,22 +329,32 @@ bool OpContext::WaitForReleases(int segment, absl::Time deadline) {
     return segment < 0 ? t->total == 0
                        : t->per_segment[static_cast<size_t>(segment)] == 0;
   };
-  // Waiting for the wire to let go of a segment (or, segment -1, of every
-  // frame) is a window stall: a timeline span when it takes 10 us or more.
   const absl::Time t0 = absl::Now();
-  auto trace_stall = [&] {
-    const absl::Time t1 = absl::Now();
-    if (t1 - t0 >= absl::Microseconds(10)) {
-      Trace(TraceSpan::Kind::kWindow, -1, 0, t0, t1);
-    }
-  };
+  bool done;
   {
     absl::MutexLock lock(&t->mu);
-    if (t->mu.AwaitWithDeadline(absl::Condition(&released), deadline)) {
-      trace_stall();
-      return true;
-    }
+    done = t->mu.AwaitWithDeadline(absl::Condition(&released), deadline);
   }
+  TraceStall(t0);
+  return done;
+}
+
+// Waiting for the wire to let go of a segment (or of every frame) is a
+// window stall: a timeline span when it takes 10 us or more.
+void OpContext::TraceStall(absl::Time t0) {
+  const absl::Time t1 = absl::Now();
+  if (t1 - t0 >= absl::Microseconds(10)) {
+    Trace(TraceSpan::Kind::kWindow, -1, 0, t0, t1);
+  }
+}
+
+void OpContext::ReleaseEverything(absl::Time deadline) {
+  if (WaitForReleases(-1, deadline)) return;
+  SendTracker* t = sends_.get();
+  auto released = [t]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu) {
+    return t->total == 0;
+  };
+  const absl::Time t0 = absl::Now();
   // A peer that stopped reading still holds frames that point into the
   // caller's buffer. Cancelling the links releases them at once; the buffer
   // must not be handed back before that.
@@ -352,8 +369,7 @@ bool OpContext::WaitForReleases(int segment, absl::Time deadline) {
     absl::MutexLock lock(&t->mu);
     t->mu.Await(absl::Condition(&released));
   }
-  trace_stall();
-  return false;
+  TraceStall(t0);
 }
 
 FrameMeta AbortMeta(const CommConfig& config, uint64_t op_seq,

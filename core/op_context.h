@@ -160,13 +160,25 @@ class OpContext {
                          const FrameMeta& expect) const;
   // Await(from), then CheckData(expect).
   absl::StatusOr<InFrame> AwaitData(int from, const FrameMeta& expect);
+  // A wait of this operation also fails when the link with `rank` breaks,
+  // and an ABORT goes to it too (an algorithm that talks to more than the
+  // ring's neighbours). Every rank already is when fingerprints go to
+  // every rank at once.
+  void Watch(int rank);
   // Resets the per-segment send counters to `segments` segments (all idle).
   void TrackSegments(size_t segments);
-  // Waits until the wire holds no frame of `segment` (-1: of any segment).
-  // Past `deadline` it resets the links, waits for the releases that
-  // follow, and returns false. A wait of 10 us or more is a "window" span
-  // in the timeline.
+  // Waits until the wire holds no frame of `segment` (-1: of any segment)
+  // or `deadline` passes; whether it does. The frames stay where they are:
+  // an operation that fails for it frees its buffer with
+  // ReleaseEverything. A wait of 10 us or more is a "window" span in the
+  // timeline.
   bool WaitForReleases(int segment, absl::Time deadline);
+  // Before the buffer goes back: waits until `deadline` for every frame's
+  // release; past it, resets the links (a peer that stopped reading holds
+  // frames that point into the buffer) and waits for the releases that
+  // follow. A failed operation withdraws its frames first
+  // (Transport::Withdraw), so only a link that cannot let go is cut.
+  void ReleaseEverything(absl::Time deadline);
   // Whether the wire holds no frame of `segment` now (no wait).
   bool SegmentReleased(int segment);
   // Posts a receive: the data frame `expect` from `from` may be written
@@ -226,6 +238,7 @@ class OpContext {
     std::map<int, absl::Time> last_release ABSL_GUARDED_BY(mu);
     std::vector<WireSpan> wire ABSL_GUARDED_BY(mu);
   };
+  void TraceStall(absl::Time t0);  // a "window" span from t0, if >= 10 us
   // One span of this op's timeline at the current phase, step and chunk.
   void Trace(TraceSpan::Kind kind, int peer, uint64_t bytes, absl::Time from,
              absl::Time to);

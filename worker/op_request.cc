@@ -38,7 +38,7 @@ absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
     case v1::ALL_GATHER:
       // Whether the counts fit the ring's world is the communicator's to
       // say (it knows the world); here only the buffer's size is bounded.
-      if (spec.algorithm() < v1::AUTO || spec.algorithm() > v1::PS) {
+      if (spec.algorithm() < v1::AUTO || spec.algorithm() > v1::Algorithm_MAX) {
         return absl::InvalidArgumentError(
             absl::StrCat(name, ": unknown algorithm ", spec.algorithm()));
       }

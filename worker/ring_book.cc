@@ -24,6 +24,7 @@ CommConfig CommConfigFor(const WorkerOptions& o, const Ring& ring,
   c.generation = ring.generation;
   c.members = ring.members;
   c.ring_order = ring.ring_order;
+  c.hosts = ring.hosts;
   c.chunk_bytes = o.chunk_bytes;
   c.default_timeout = o.op_timeout;
   c.max_op_bytes = o.max_op_bytes;
@@ -47,6 +48,9 @@ std::shared_ptr<Ring> RingOf(const v1::Membership& m, int rank, bool adopted,
     ring->members.push_back(PeerInfo{x.rank(), x.worker_id(), x.address()});
   }
   ring->ring_order.assign(m.ring_order().begin(), m.ring_order().end());
+  for (const v1::HostGroup& h : m.hosts()) {
+    ring->hosts.emplace_back(h.ranks().begin(), h.ranks().end());
+  }
   return ring;
 }
 

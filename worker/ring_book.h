@@ -49,6 +49,9 @@ struct Ring {
   // the engine's path (CommConfig::ring_order) and the link that gets the
   // big same-host ring (the successor's).
   std::vector<int> ring_order;
+  // The hosts in ring order with their ranks (Membership.hosts):
+  // CommConfig::hosts, for the two-level all-reduce.
+  std::vector<std::vector<int>> hosts;
   std::shared_ptr<Inbox> inbox;
   std::unique_ptr<GrpcTransport> transport;
   std::unique_ptr<Communicator> comm;

@@ -94,7 +94,7 @@ ABSL_FLAG(bool, session, true,
           "a shared-memory session (false: one gRPC call each)");
 ABSL_FLAG(int, repeat, 1, "allreduce: operations to run back to back");
 ABSL_FLAG(std::string, algo, "auto",
-          "all-reduce algorithm: auto, ring, naive, ps (bench: also all)");
+          "all-reduce algorithm: auto, ring, naive, ps, two_level (bench: also all)");
 ABSL_FLAG(std::string, coll, "allreduce",
           "bench: the collective: allreduce, allgather, reducescatter or "
           "broadcast (from rank 0); sizes are the whole buffer, as in "

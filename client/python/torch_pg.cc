@@ -30,6 +30,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -85,8 +86,19 @@ class HalkaWork : public c10d::Work {
                : nullptr;
   }
   std::vector<at::Tensor> result() override { return outputs_; }
-  // The operation's own deadline bounds the wait.
-  bool wait(std::chrono::milliseconds /*timeout*/) override {
+  // Without a timeout (kNoTimeout) the operation's own deadline bounds the
+  // wait. With one, a wait that outlasts it throws, naming the operation;
+  // the operation goes on (bounded by its deadline) and a later wait or
+  // the future still gets its outcome, as with gloo.
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (timeout > std::chrono::milliseconds(0)) {
+      std::unique_lock<std::mutex> l(mu_);
+      if (!cv_.wait_for(l, timeout, [this] { return finished_; })) {
+        TORCH_CHECK(false, what_, ": Work.wait timed out after ",
+                    timeout.count(), " ms; the operation is still running "
+                    "(it ends at its own deadline at the latest)");
+      }
+    }
     future_->wait();
     if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
     return true;
@@ -98,16 +110,26 @@ class HalkaWork : public c10d::Work {
   void Finish(const absl::Status& status, const std::string& what) {
     if (status.ok()) {
       future_->markCompleted(c10::IValue(outputs_));
-      return;
+    } else {
+      future_->setError(std::make_exception_ptr(std::runtime_error(
+          absl::StrCat(what, ": ", absl::StatusCodeToString(status.code()),
+                       ": ", status.message()))));
     }
-    future_->setError(std::make_exception_ptr(std::runtime_error(
-        absl::StrCat(what, ": ", absl::StatusCodeToString(status.code()),
-                     ": ", status.message()))));
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      finished_ = true;
+    }
+    cv_.notify_all();
   }
+  void set_what(std::string what) { what_ = std::move(what); }
 
  private:
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::string what_ = "halka operation";  // set before it is queued
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool finished_ = false;
 };
 
 const char* OpName(OpType t) {
@@ -119,6 +141,11 @@ const char* OpName(OpType t) {
     case OpType::REDUCE_SCATTER: return "reduce_scatter";
     case OpType::_REDUCE_SCATTER_BASE: return "_reduce_scatter_base";
     case OpType::BARRIER: return "barrier";
+    case OpType::REDUCE: return "reduce";
+    case OpType::GATHER: return "gather";
+    case OpType::SCATTER: return "scatter";
+    case OpType::ALLTOALL_BASE: return "alltoall_base";
+    case OpType::ALLTOALL: return "alltoall";
     default: return "operation";
   }
 }
@@ -354,6 +381,174 @@ class ProcessGroupHalka : public HalkaBackendBase {
                    Opts(opts.timeout));
   }
 
+  // Composed from halka's collectives (halka has no rooted or
+  // point-to-point operations of its own), so each moves more bytes than a
+  // dedicated algorithm would; see the README's PyTorch section.
+  //
+  // reduce: an all-reduce; the root's tensor gets the result, the others'
+  // stay as they were (the all-reduce runs on a copy there).
+  c10::intrusive_ptr<c10d::Work> reduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::ReduceOptions& opts) override {
+    at::Tensor t = Single(tensors, "reduce");
+    CheckRoot(opts.rootRank, "reduce");
+    const ReduceOp op = ToOp(opts.reduceOp, "reduce");
+    const OpOptions o = Opts(opts.timeout);
+    const bool root = opts.rootRank == getRank();
+    at::Tensor target = root ? t : t.clone();
+    const DType d = ToDType(t, "reduce");
+    return Enqueue(OpType::REDUCE, {t}, [this, target, d, op, o] {
+      const size_t n = static_cast<size_t>(target.numel());
+      return (target.is_cuda()
+                  ? client_->AllReduceDevice(target.data_ptr(), n, d, op, o)
+                  : client_->AllReduce(target.data_ptr(), n, d, op, o))
+          .status();
+    });
+  }
+
+  // gather: an all-gather; the root places every rank's input in
+  // outputs[0] (non-root ranks pass no outputs, as torch requires).
+  c10::intrusive_ptr<c10d::Work> gather(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::GatherOptions& opts) override {
+    at::Tensor in = Single(inputs, "gather");
+    CheckRoot(opts.rootRank, "gather");
+    const bool root = opts.rootRank == getRank();
+    std::vector<at::Tensor> outs;
+    if (root) {
+      TORCH_CHECK(outputs.size() == 1 &&
+                      static_cast<int>(outputs[0].size()) == getSize(),
+                  "ProcessGroup halka: gather needs one list of ", getSize(),
+                  " output tensors on the root");
+      for (const at::Tensor& o : outputs[0]) SameShape(o, in, "gather");
+      outs = outputs[0];
+    } else {
+      TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                  "ProcessGroup halka: gather takes no output tensors on a "
+                  "rank that is not the root");
+    }
+    at::Tensor flat = at::empty({getSize() * in.numel()}, in.options());
+    return Gather(OpType::GATHER, in, flat, outs, Opts(opts.timeout),
+                  [this, outs, flat, n = in.numel()] {
+                    if (outs.empty()) return;
+                    for (int h = 0; h < getSize(); ++h) {
+                      const at::Tensor& o = outs[to_torch_[h]];
+                      o.copy_(flat.narrow(0, h * n, n).view_as(o));
+                    }
+                  });
+  }
+
+  // scatter: the root's inputs, one after another in torch rank order, go
+  // to every rank by a broadcast; each rank keeps its own slice.
+  c10::intrusive_ptr<c10d::Work> scatter(
+      std::vector<at::Tensor>& outputs,
+      std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ScatterOptions& opts) override {
+    at::Tensor out = Single(outputs, "scatter");
+    CheckRoot(opts.rootRank, "scatter");
+    const bool root = opts.rootRank == getRank();
+    const int64_t n = out.numel();
+    at::Tensor flat;
+    if (root) {
+      TORCH_CHECK(inputs.size() == 1 &&
+                      static_cast<int>(inputs[0].size()) == getSize(),
+                  "ProcessGroup halka: scatter needs one list of ", getSize(),
+                  " input tensors on the root");
+      std::vector<at::Tensor> parts;
+      for (const at::Tensor& i : inputs[0]) {
+        SameShape(i, out, "scatter");
+        parts.push_back(i.reshape(-1));
+      }
+      flat = at::cat(parts);
+    } else {
+      TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                  "ProcessGroup halka: scatter takes no input tensors on a "
+                  "rank that is not the root");
+      flat = at::empty({getSize() * n}, out.options());
+    }
+    const int src = to_halka_[opts.rootRank];
+    const DType d = ToDType(out, "scatter");
+    const OpOptions o = Opts(opts.timeout);
+    return Enqueue(OpType::SCATTER, {out}, [this, flat, out, src, d, o, n] {
+      const size_t total = static_cast<size_t>(flat.numel());
+      absl::StatusOr<OpInfo> r =
+          flat.is_cuda()
+              ? client_->BroadcastDevice(flat.data_ptr(), total, d, src, o)
+              : client_->Broadcast(flat.data_ptr(), total, d, src, o);
+      if (r.ok()) out.view(-1).copy_(flat.narrow(0, getRank() * n, n));
+      return r.status();
+    });
+  }
+
+  // alltoall_base: split sizes (rows of dim 0; empty: equal) travel by a
+  // small all-gather, then every rank's whole input, padded to the largest,
+  // by another; each rank copies out the rows sent to it.
+  c10::intrusive_ptr<c10d::Work> alltoall_base(
+      at::Tensor& output, at::Tensor& input,
+      std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
+      const c10d::AllToAllOptions& opts) override {
+    std::vector<at::Tensor> ins{input};
+    at::Tensor in = Single(ins, "alltoall_base");
+    TORCH_CHECK(output.is_contiguous() &&
+                    output.scalar_type() == in.scalar_type() &&
+                    output.device() == in.device(),
+                "ProcessGroup halka: alltoall_base needs a contiguous output "
+                "of the input's dtype and device");
+    const int64_t rows_in = in.dim() == 0 ? 1 : in.size(0);
+    const int64_t rows_out = output.dim() == 0 ? 1 : output.size(0);
+    const int64_t row = rows_in == 0 ? 0 : in.numel() / rows_in;
+    TORCH_CHECK(rows_out == 0 || output.numel() / rows_out == row,
+                "ProcessGroup halka: alltoall_base: the output's rows must "
+                "have the input's size");
+    const std::vector<int64_t> sends =
+        Splits(input_splits, rows_in, "input", "alltoall_base");
+    const std::vector<int64_t> wants =
+        Splits(output_splits, rows_out, "output", "alltoall_base");
+    std::vector<int64_t> elems_in, elems_out;
+    for (int64_t v : sends) elems_in.push_back(v * row);
+    for (int64_t v : wants) elems_out.push_back(v * row);
+    return AllToAll(OpType::ALLTOALL_BASE, in.view(-1), output.view(-1),
+                    elems_in, elems_out, {output}, Opts(opts.timeout), [] {});
+  }
+
+  // alltoall: the same over lists (inputs[d] goes to torch rank d,
+  // outputs[s] comes from torch rank s).
+  c10::intrusive_ptr<c10d::Work> alltoall(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllToAllOptions& opts) override {
+    TORCH_CHECK(static_cast<int>(inputs.size()) == getSize() &&
+                    static_cast<int>(outputs.size()) == getSize(),
+                "ProcessGroup halka: alltoall needs ", getSize(),
+                " input and ", getSize(), " output tensors");
+    std::vector<at::Tensor> parts;
+    std::vector<int64_t> elems_in, elems_out;
+    int64_t total_out = 0;
+    for (int d = 0; d < getSize(); ++d) {
+      TORCH_CHECK(inputs[d].scalar_type() == inputs[0].scalar_type() &&
+                      inputs[d].device() == inputs[0].device() &&
+                      outputs[d].scalar_type() == inputs[0].scalar_type() &&
+                      outputs[d].device() == inputs[0].device(),
+                  "ProcessGroup halka: alltoall: every tensor must have the "
+                  "first input's dtype and device");
+      parts.push_back(inputs[d].reshape(-1));
+      elems_in.push_back(inputs[d].numel());
+      elems_out.push_back(outputs[d].numel());
+      total_out += outputs[d].numel();
+    }
+    ToDType(inputs[0], "alltoall");
+    at::Tensor out = at::empty({total_out}, inputs[0].options());
+    std::vector<at::Tensor> outs = outputs;
+    return AllToAll(OpType::ALLTOALL, at::cat(parts), out, elems_in, elems_out,
+                    outs, Opts(opts.timeout), [outs, out] {
+                      int64_t at = 0;
+                      for (const at::Tensor& o : outs) {
+                        o.copy_(out.narrow(0, at, o.numel()).view_as(o));
+                        at += o.numel();
+                      }
+                    });
+  }
+
   c10::intrusive_ptr<c10d::Work> barrier(
       const c10d::BarrierOptions& opts) override {
     const OpOptions o = Opts(opts.timeout);
@@ -419,6 +614,105 @@ class ProcessGroupHalka : public HalkaBackendBase {
                 "input's dtype, size and device");
   }
 
+  void CheckRoot(int64_t root, const char* op) const {
+    TORCH_CHECK(root >= 0 && root < getSize(), "ProcessGroup halka: ", op,
+                " root ", root, " is not a rank of this group of ", getSize());
+  }
+
+  // Split sizes by torch rank: as given, or equal when empty.
+  std::vector<int64_t> Splits(const std::vector<int64_t>& given, int64_t rows,
+                              const char* side, const char* op) const {
+    const int g = getSize();
+    if (given.empty()) {
+      TORCH_CHECK(rows % g == 0, "ProcessGroup halka: ", op, ": the ", side,
+                  "'s ", rows, " rows do not split evenly over ", g, " ranks");
+      return std::vector<int64_t>(static_cast<size_t>(g), rows / g);
+    }
+    TORCH_CHECK(static_cast<int>(given.size()) == g, "ProcessGroup halka: ",
+                op, ": ", side, " split sizes name ", given.size(),
+                " ranks, the group has ", g);
+    int64_t sum = 0;
+    for (int64_t v : given) {
+      TORCH_CHECK(v >= 0, "ProcessGroup halka: ", op, ": a negative split size");
+      sum += v;
+    }
+    TORCH_CHECK(sum == rows, "ProcessGroup halka: ", op, ": ", side,
+                " split sizes add up to ", sum, " rows, the tensor has ", rows);
+    return given;
+  }
+
+  // An all-gather of `in` into `flat` on the group's thread (a CUDA
+  // tensor's memory stays on the device).
+  absl::Status AllGatherNow(const at::Tensor& in, const at::Tensor& flat,
+                            DType d, const OpOptions& o) {
+    const size_t n = static_cast<size_t>(in.numel());
+    const size_t total = static_cast<size_t>(flat.numel());
+    return (in.is_cuda()
+                ? client_->AllGatherDevice(in.data_ptr(), n, flat.data_ptr(),
+                                           total, d, o)
+                : client_->AllGather(in.data_ptr(), n, flat.data_ptr(), total,
+                                     d, o))
+        .status();
+  }
+
+  // Queues an all-to-all of `in` (elems_in[d] elements for torch rank d,
+  // one after another) into `out` (elems_out[s] from torch rank s): every
+  // rank's counts by one all-gather (int64, on the CPU), every rank's
+  // input padded to the largest by a second; then `place`.
+  c10::intrusive_ptr<c10d::Work> AllToAll(
+      OpType type, at::Tensor in, at::Tensor out,
+      std::vector<int64_t> elems_in, std::vector<int64_t> elems_out,
+      std::vector<at::Tensor> outputs, OpOptions o,
+      std::function<void()> place) {
+    const DType d = ToDType(in, OpName(type));
+    const int g = getSize();
+    const int me = getRank();
+    return Enqueue(type, std::move(outputs), [this, in, out, elems_in,
+                                              elems_out, o, place, d, g, me] {
+      // counts[h][dst]: what halka rank h sends to torch rank dst.
+      at::Tensor mine = at::tensor(elems_in, at::kLong);
+      at::Tensor counts = at::empty({g * g}, at::kLong);
+      absl::Status s = AllGatherNow(mine, counts, DType::kInt64, o);
+      if (!s.ok()) return s;
+      const int64_t* c = counts.data_ptr<int64_t>();
+      int64_t widest = 1;
+      for (int h = 0; h < g; ++h) {
+        int64_t sum = 0;
+        for (int dst = 0; dst < g; ++dst) sum += c[h * g + dst];
+        widest = std::max(widest, sum);
+      }
+      // Every rank runs the second all-gather (the same size everywhere),
+      // also one whose output split is wrong: it fails alone, afterwards,
+      // and its peers are not left waiting.
+      absl::Status fits;
+      for (int src = 0; src < g && fits.ok(); ++src) {
+        const int64_t sent = c[to_halka_[src] * g + me];
+        if (sent != elems_out[static_cast<size_t>(src)]) {
+          fits = absl::InvalidArgumentError(absl::StrCat(
+              "torch rank ", src, " sends ", sent, " elements to this rank, "
+              "whose output split expects ", elems_out[static_cast<size_t>(src)]));
+        }
+      }
+      at::Tensor padded = at::zeros({widest}, in.options());
+      padded.narrow(0, 0, in.numel()).copy_(in);
+      at::Tensor flat = at::empty({g * widest}, in.options());
+      s = AllGatherNow(padded, flat, d, o);
+      if (!s.ok()) return s;
+      if (!fits.ok()) return fits;
+      int64_t at = 0;
+      for (int src = 0; src < g; ++src) {
+        const int h = to_halka_[src];
+        int64_t skip = 0;
+        for (int dst = 0; dst < me; ++dst) skip += c[h * g + dst];
+        const int64_t n = c[h * g + me];
+        out.narrow(0, at, n).copy_(flat.narrow(0, h * widest + skip, n));
+        at += n;
+      }
+      place();
+      return absl::OkStatus();
+    });
+  }
+
   // Queues an all-gather of `in` into `flat` (halka rank order), then
   // `place` (on the group's thread, after success) puts it where torch
   // wants it; the future's value is `outputs`.
@@ -464,6 +758,8 @@ class ProcessGroupHalka : public HalkaBackendBase {
                                          std::vector<at::Tensor> outputs,
                                          std::function<absl::Status()> run) {
     auto work = c10::make_intrusive<HalkaWork>(type, std::move(outputs));
+    work->set_what(absl::StrCat("halka ", OpName(type), " (rank ", getRank(),
+                                " of ", getSize(), ")"));
     {
       std::lock_guard<std::mutex> l(mu_);
       queue_.push_back({work, std::move(run), OpName(type)});

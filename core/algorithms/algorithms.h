@@ -51,6 +51,19 @@ absl::Status RingAllReduce(OpContext& op);
 // rank ends with every slice. Each rank sends (G-1)/G of the buffer.
 absl::Status RingReduceScatter(OpContext& op);
 absl::Status RingAllGather(OpContext& op);
+// Two-level all-reduce over config().hosts (H hosts of g ranks each; see
+// TwoLevelUsable): a reduce-scatter inside each host (its own ring, over
+// the same-host links), so that the rank at local position p holds the
+// host's sum of part (p+1) mod g; then g rings across the hosts, one per
+// local position, each an all-reduce of that part (2(H-1) network steps
+// instead of the flat ring's 2(G-1), and every rank's link carries its
+// share); then an all-gather inside each host. Every element is reduced
+// in one order that every rank receives: bit-identical everywhere. AVG
+// divides once, by the world, in the cross-host reduce-scatter.
+absl::Status TwoLevelAllReduce(OpContext& op);
+// Whether config.hosts allows it: at least 2 hosts, each with the same
+// number (at least 2) of ranks, every rank once.
+bool TwoLevelUsable(const CommConfig& config);
 // Whether the ring's first step may leave before the fingerprints agree:
 // an all-reduce or reduce-scatter on the ring with fingerprints all-to-all.
 // Its first step only reads this rank's own, unmodified chunks, so a

@@ -143,6 +143,9 @@ absl::Status AwaitAllToAll(OpContext& op) {
 
 Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
   if (fp.kind != OpKind::kAllReduce) return Algorithm::kRing;
+  if (fp.algorithm == Algorithm::kTwoLevel) {
+    return TwoLevelUsable(config) ? Algorithm::kTwoLevel : Algorithm::kRing;
+  }
   if (fp.algorithm != Algorithm::kAuto) return fp.algorithm;
   const uint64_t bytes = fp.count * DTypeSize(fp.dtype);
   return config.world_size <= config.all_to_all_max_world &&

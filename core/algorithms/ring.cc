@@ -12,6 +12,24 @@ namespace halka {
 
 namespace {
 
+// A ring over some of the ranks, on part of the buffer: the flat ring is
+// every rank in ring order over the whole buffer; a two-level all-reduce
+// runs rings over a host's ranks and over one rank of each host.
+struct RingGroup {
+  std::vector<int> ranks;  // ring order: ranks[p] is at position p
+  int position = 0;        // this rank's
+  // The position whose segments this rank follows (see RingPlan); the
+  // flat ring's reduce-scatter and all-gather follow the one before.
+  int plan_position = 0;
+  Range range;             // the elements it works on
+  // Segment i is tracked and named in frames as seg_base + i (a ring's
+  // segments must not collide with another ring's of the same operation).
+  // seg_base < 0: the flat ring's own rule, segment = the rank at the
+  // position (so that segment r is rank r's slice).
+  int seg_base = -1;
+  int avg_divisor = 0;  // AVG: the last reduce-scatter step divides by it
+};
+
 // The segments and chunks of one ring operation, planned as for ring
 // position `plan_position`: this rank finishes reducing the segment of
 // position plan_position+1 and starts the all-gather with it. Steps count
@@ -19,20 +37,38 @@ namespace {
 // (RingPath::rank_at), so that segment r is rank r's slice in any order.
 struct RingPlan {
   RingPlan(OpContext& op, int plan_position)
-      : g(op.world()),
-        r(plan_position),
+      : RingPlan(op, FlatGroup(op, plan_position)) {}
+  RingPlan(OpContext& op, RingGroup group)
+      : g(static_cast<int>(group.ranks.size())),
+        r(group.plan_position),
         es(DTypeSize(op.fp().dtype)),
-        succ(op.succ()),
-        pred(op.pred()),
-        path(op.path()) {
+        succ(group.ranks[static_cast<size_t>(Mod(group.position + 1, g))]),
+        pred(group.ranks[static_cast<size_t>(Mod(group.position - 1, g))]),
+        seg_base(group.seg_base),
+        avg_divisor(group.avg_divisor),
+        ranks(std::move(group.ranks)) {
     const size_t chunk_elems =
         std::max<size_t>(1, op.config().chunk_bytes / es);
-    const std::vector<Range> segments = PlanSegments(op.fp().count, g);
+    std::vector<Range> segments = PlanSegments(group.range.count, g);
+    for (Range& seg : segments) seg.offset += group.range.offset;
     chunks.resize(static_cast<size_t>(g));
     for (int i = 0; i < g; ++i) {
-      chunks[static_cast<size_t>(i)] =
-          PlanChunks(segments[static_cast<size_t>(i)], chunk_elems);
+      chunks[static_cast<size_t>(SegAt(i))] =
+          PlanChunks(segments[static_cast<size_t>(SegAt(i))], chunk_elems);
     }
+  }
+  static RingGroup FlatGroup(const OpContext& op, int plan_position) {
+    RingGroup group;
+    for (int p = 0; p < op.world(); ++p) group.ranks.push_back(op.path().rank_at(p));
+    group.position = op.position();
+    group.plan_position = plan_position;
+    group.range = Range{0, static_cast<size_t>(op.fp().count)};
+    group.avg_divisor = op.world();
+    return group;
+  }
+  // The segment of position p: in the flat ring the rank there, else p.
+  int SegAt(int p) const {
+    return seg_base < 0 ? ranks[static_cast<size_t>(Mod(p, g))] : Mod(p, g);
   }
   // Step t of the 2(G-1): its phase, its number within the phase, the
   // segment it sends and the one it receives.
@@ -41,23 +77,27 @@ struct RingPlan {
   }
   int step_in_phase(int t) const { return t < g - 1 ? t : t - (g - 1); }
   int send_seg(int t) const {
-    return path.rank_at(t < g - 1 ? RsSendSegment(r, g, t)
-                                  : AgSendSegment(r, g, t - (g - 1)));
+    return SegAt(t < g - 1 ? RsSendSegment(r, g, t)
+                           : AgSendSegment(r, g, t - (g - 1)));
   }
   int recv_seg(int t) const {
-    return path.rank_at(t < g - 1 ? RsRecvSegment(r, g, t)
-                                  : AgRecvSegment(r, g, t - (g - 1)));
+    return SegAt(t < g - 1 ? RsRecvSegment(r, g, t)
+                           : AgRecvSegment(r, g, t - (g - 1)));
   }
   const std::vector<Range>& chunks_of(int seg) const {
     return chunks[static_cast<size_t>(seg)];
   }
+  // The segment's number in frames and in the send tracker.
+  int tracked(int seg) const { return seg_base < 0 ? seg : seg_base + seg; }
 
   const int g;
   const int r;
   const size_t es;
   const int succ;
   const int pred;
-  const RingPath& path;
+  const int seg_base;
+  const int avg_divisor;
+  const std::vector<int> ranks;
   std::vector<std::vector<Range>> chunks;
 };
 
@@ -65,9 +105,11 @@ absl::Status SendChunk(OpContext& op, const RingPlan& plan, int t, int seg,
                        const Range& c) {
   absl::StatusOr<const uint8_t*> p = op.buffer().HostView(c.offset, c.count);
   if (!p.ok()) return p.status();
+  const int tracked = plan.tracked(seg);
   return op.Send(plan.succ,
-                 op.ChunkMeta(plan.phase_of(t), plan.step_in_phase(t), seg, c),
-                 *p, c.count * plan.es, seg);
+                 op.ChunkMeta(plan.phase_of(t), plan.step_in_phase(t), tracked,
+                              c),
+                 *p, c.count * plan.es, tracked);
 }
 
 // Step `first` sends this rank's own data, segment by chunk.
@@ -92,10 +134,11 @@ absl::Status SendFirst(OpContext& op, const RingPlan& plan, int first,
 int PostRecvs(OpContext& op, const RingPlan& plan, int t, int end) {
   for (; t < end; ++t) {
     const int seg = plan.recv_seg(t);
-    if (!op.SegmentReleased(seg)) break;
+    if (!op.SegmentReleased(plan.tracked(seg))) break;
     for (const Range& c : plan.chunks_of(seg)) {
       op.PostRecv(plan.pred, op.ChunkMeta(Phase::kAllGather,
-                                          plan.step_in_phase(t), seg, c));
+                                          plan.step_in_phase(t),
+                                          plan.tracked(seg), c));
     }
   }
   return t;
@@ -106,15 +149,13 @@ int PostRecvs(OpContext& op, const RingPlan& plan, int t, int end) {
 // the segment received (and reduced) at step t-1, so a chunk moves on as
 // soon as it is ready; step `first` sends this rank's own data (unless it
 // already left while the fingerprints were in flight).
-absl::Status RingSteps(OpContext& op, int first, int end, int plan_position) {
+absl::Status RingSteps(OpContext& op, int first, int end,
+                       const RingPlan& plan, bool first_sent) {
   const Fingerprint& fp = op.fp();
-  if (op.world() == 1 || fp.count == 0 || first >= end) {
-    return absl::OkStatus();
-  }
-  const RingPlan plan(op, plan_position);
   const int g = plan.g;
+  if (g == 1 || fp.count == 0 || first >= end) return absl::OkStatus();
   OpBuffer& buf = op.buffer();
-  if (!op.first_step_sent()) {
+  if (!first_sent) {
     HALKA_RETURN_IF_ERROR(SendFirst(op, plan, first, /*ledger=*/true));
   }
   absl::Duration reduce_time;
@@ -126,7 +167,7 @@ absl::Status RingSteps(OpContext& op, int first, int end, int plan_position) {
     const bool reduce = phase == Phase::kReduceScatter;
     const bool last_rs = t == g - 2;
     const auto& cs = plan.chunks_of(seg);
-    if (!reduce && !op.WaitForReleases(seg, op.deadline())) {
+    if (!reduce && !op.WaitForReleases(plan.tracked(seg), op.deadline())) {
       // Never overwrite memory the wire may still be reading.
       return absl::DeadlineExceededError(absl::StrCat(
           op.Where(), ": deadline exceeded waiting for ", op.Who(plan.succ),
@@ -143,13 +184,15 @@ absl::Status RingSteps(OpContext& op, int first, int end, int plan_position) {
                    static_cast<int>(cs.size()), plan.pred);
       HALKA_ASSIGN_OR_RETURN(
           InFrame in,
-          op.AwaitData(plan.pred, op.ChunkMeta(phase, step, seg, c)));
+          op.AwaitData(plan.pred,
+                       op.ChunkMeta(phase, step, plan.tracked(seg), c)));
       const absl::Time t0 = absl::Now();
       HALKA_RETURN_IF_ERROR(buf.Apply(reduce, c.offset, c.count, in));
-      if (last_rs && fp.op == ReduceOp::kAvg) {
+      if (last_rs && fp.op == ReduceOp::kAvg && plan.avg_divisor > 0) {
         // The owner divides once, before the all-gather, so every rank
         // receives the same bits.
-        HALKA_RETURN_IF_ERROR(buf.FinalizeAvg(c.offset, c.count, g));
+        HALKA_RETURN_IF_ERROR(
+            buf.FinalizeAvg(c.offset, c.count, plan.avg_divisor));
       }
       reduce_time += op.RecordReduce(plan.pred, absl::Now() - t0);
       if (t + 1 < end) {
@@ -159,6 +202,15 @@ absl::Status RingSteps(OpContext& op, int first, int end, int plan_position) {
   }
   op.RecordReduceTotal(reduce_time);
   return absl::OkStatus();
+}
+
+// The flat ring's steps [first, end), planned as for `plan_position`.
+absl::Status FlatSteps(OpContext& op, int first, int end, int plan_position) {
+  if (op.world() == 1 || op.fp().count == 0 || first >= end) {
+    return absl::OkStatus();
+  }
+  return RingSteps(op, first, end, RingPlan(op, plan_position),
+                   op.first_step_sent());
 }
 
 // The ring position whose all-reduce plan an operation follows (see below).
@@ -171,14 +223,14 @@ int PlanPosition(const OpContext& op) {
 }  // namespace
 
 absl::Status RingAllReduce(OpContext& op) {
-  return RingSteps(op, 0, 2 * (op.world() - 1), op.position());
+  return FlatSteps(op, 0, 2 * (op.world() - 1), op.position());
 }
 
 // The two halves plan segments as the rank before this one in the ring
 // (position p-1) would in an all-reduce, so that rank r owns segment r:
 // the all-reduce's position p-1 finishes the segment of position p, r's.
 absl::Status RingReduceScatter(OpContext& op) {
-  return RingSteps(op, 0, op.world() - 1, PlanPosition(op));
+  return FlatSteps(op, 0, op.world() - 1, PlanPosition(op));
 }
 
 bool RingCanSendEarly(const OpContext& op) {
@@ -198,6 +250,78 @@ absl::Status RingSendFirstStep(OpContext& op) {
   return absl::OkStatus();
 }
 
+bool TwoLevelUsable(const CommConfig& config) {
+  const auto& hosts = config.hosts;
+  if (hosts.size() < 2 || hosts[0].size() < 2) return false;
+  std::vector<bool> seen(static_cast<size_t>(config.world_size), false);
+  size_t ranks = 0;
+  for (const std::vector<int>& h : hosts) {
+    if (h.size() != hosts[0].size()) return false;
+    for (int r : h) {
+      if (r < 0 || r >= config.world_size || seen[static_cast<size_t>(r)]) {
+        return false;
+      }
+      seen[static_cast<size_t>(r)] = true;
+      ++ranks;
+    }
+  }
+  return ranks == static_cast<size_t>(config.world_size);
+}
+
+absl::Status TwoLevelAllReduce(OpContext& op) {
+  const std::vector<std::vector<int>>& hosts = op.config().hosts;
+  if (!TwoLevelUsable(op.config())) {
+    return absl::InternalError(
+        absl::StrCat(op.Where(), ": two-level all-reduce without usable hosts"));
+  }
+  const int h = static_cast<int>(hosts.size());
+  const int g = static_cast<int>(hosts[0].size());
+  int host = -1, local = -1;
+  for (int i = 0; i < h && host < 0; ++i) {
+    for (int j = 0; j < g; ++j) {
+      if (hosts[static_cast<size_t>(i)][static_cast<size_t>(j)] == op.rank()) {
+        host = i;
+        local = j;
+      }
+    }
+  }
+  const size_t count = static_cast<size_t>(op.fp().count);
+  if (count == 0) return absl::OkStatus();
+  // Segments 0..g-1: the host's parts; g..g+h-1: a part's shares across
+  // the hosts.
+  op.TrackSegments(static_cast<size_t>(g + h));
+  RingGroup in_host;
+  in_host.ranks = hosts[static_cast<size_t>(host)];
+  in_host.position = in_host.plan_position = local;
+  in_host.range = Range{0, count};
+  in_host.seg_base = 0;
+  std::vector<int> across;
+  for (int i = 0; i < h; ++i) {
+    across.push_back(hosts[static_cast<size_t>(i)][static_cast<size_t>(local)]);
+  }
+  for (int k : {Mod(local + 1, g), Mod(local - 1, g)}) {
+    op.Watch(in_host.ranks[static_cast<size_t>(k)]);
+  }
+  for (int k : {Mod(host + 1, h), Mod(host - 1, h)}) {
+    op.Watch(across[static_cast<size_t>(k)]);
+  }
+  const RingPlan host_plan(op, in_host);
+  // 1. Reduce-scatter inside the host: this rank ends with the host's sum
+  //    of part local+1 (no AVG division yet).
+  HALKA_RETURN_IF_ERROR(RingSteps(op, 0, g - 1, host_plan, false));
+  // 2. That part's all-reduce across the hosts.
+  RingGroup cross;
+  cross.ranks = std::move(across);
+  cross.position = cross.plan_position = host;
+  cross.range = PlanSegments(count, g)[static_cast<size_t>(Mod(local + 1, g))];
+  cross.seg_base = g;
+  cross.avg_divisor = op.world();
+  HALKA_RETURN_IF_ERROR(
+      RingSteps(op, 0, 2 * (h - 1), RingPlan(op, std::move(cross)), false));
+  // 3. All-gather inside the host, starting with that part.
+  return RingSteps(op, g - 1, 2 * (g - 1), host_plan, false);
+}
+
 absl::Status RingAllGather(OpContext& op) {
   const int g = op.world();
   const int r = op.rank();
@@ -212,7 +336,7 @@ absl::Status RingAllGather(OpContext& op) {
     HALKA_RETURN_IF_ERROR(
         op.buffer().WriteBack(in, static_cast<size_t>(r) * slice, slice));
   }
-  return RingSteps(op, g - 1, 2 * (g - 1), Mod(op.position() - 1, g));
+  return FlatSteps(op, g - 1, 2 * (g - 1), Mod(op.position() - 1, g));
 }
 
 }  // namespace halka

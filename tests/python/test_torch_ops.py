@@ -1,7 +1,10 @@
 """dist.all_reduce (SUM, AVG, MIN, MAX, PRODUCT), broadcast, all_gather,
 reduce_scatter and barrier over the "halka" backend, per dtype, against gloo
-and against the reference; unsupported calls raise RuntimeError naming the
-operation. 3 processes (mp.spawn), embedded workers."""
+and against the reference; reduce, gather, scatter (every root),
+all_to_all_single (even and uneven splits) and all_to_all against the
+inputs; Work.wait(timeout); unsupported calls (send, a bad split) raise
+RuntimeError naming the operation. 3 processes (mp.spawn), embedded
+workers."""
 
 import unittest
 

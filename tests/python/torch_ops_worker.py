@@ -3,6 +3,7 @@
 computed here from every rank's (deterministic) input."""
 
 import datetime
+import time
 
 import torch
 import torch.distributed as dist
@@ -100,16 +101,102 @@ def run(rank, world):
         f.wait()
         same(t, reference("SUM", inputs[torch.float32]), "async all_reduce")
     dist.barrier()
+    check_rooted_and_all_to_all(rank, world, gloo)
+    check_wait_timeout(rank, world)
     # What halka does not do raises RuntimeError naming it.
     expect_error(lambda: dist.all_reduce(torch.zeros(4, dtype=torch.uint8)),
                  "allreduce", "dtype")
     expect_error(lambda: dist.all_reduce(torch.zeros(4), op=dist.ReduceOp.BAND),
                  "allreduce", "reduce op")
-    expect_error(lambda: dist.reduce(torch.zeros(4), dst=0), "reduce")
-    expect_error(lambda: dist.all_to_all_single(torch.zeros(world), torch.zeros(world)),
-                 "alltoall")
+    expect_error(lambda: dist.send(torch.zeros(4), dst=(rank + 1) % world), "send")
+    expect_error(lambda: dist.all_to_all_single(torch.zeros(world + 1),
+                                                torch.zeros(world + 1)),
+                 "alltoall_base", "split evenly")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def check_rooted_and_all_to_all(rank, world, gloo):
+    """reduce, gather, scatter (every root), all_to_all_single (even and
+    uneven splits, rows of 2) and all_to_all against the inputs; reduce
+    against gloo too."""
+    for d in (torch.float32, torch.float64, torch.bfloat16, torch.int64):
+        mine = data(rank, d)
+        everyone = [data(r, d) for r in range(world)]
+        for root in range(world):
+            for name in ("SUM", "MAX", "AVG"):
+                t = mine.clone()
+                dist.reduce(t, dst=root, op=OPS[name])
+                if rank == root:
+                    same(t, reference(name, everyone),
+                         f"reduce {d} {name} root {root}", name)
+                    g = mine.clone()
+                    if gloo_supports(lambda: dist.reduce(g, dst=root, op=OPS[name],
+                                                         group=gloo)):
+                        same(t, g, f"reduce {d} {name} root {root} vs gloo", name)
+                else:
+                    same(t, mine, f"reduce {d} {name}: a non-root tensor stays")
+                    gloo_supports(lambda: dist.reduce(mine.clone(), dst=root,
+                                                      op=OPS[name], group=gloo))
+            outs = ([torch.empty(N, dtype=d) for _ in range(world)]
+                    if rank == root else None)
+            dist.gather(mine, gather_list=outs, dst=root)
+            if rank == root:
+                for r in range(world):
+                    same(outs[r], everyone[r], f"gather {d} root {root} slot {r}")
+            out = torch.empty(N, dtype=d)
+            ins = ([data(root * world + k, d) for k in range(world)]
+                   if rank == root else None)
+            dist.scatter(out, scatter_list=ins, src=root)
+            same(out, data(root * world + rank, d), f"scatter {d} root {root}")
+        # Even splits: rank s's chunk k goes to rank k.
+        inp = torch.cat([data(s_k(rank, k, world), d, 5) for k in range(world)])
+        out = torch.empty(world * 5, dtype=d)
+        dist.all_to_all_single(out, inp)
+        same(out, torch.cat([data(s_k(s, rank, world), d, 5) for s in range(world)]),
+             f"all_to_all_single {d}")
+        # Uneven splits in rows of 2: rank s sends s + k + 1 rows to rank k.
+        sends = [rank + k + 1 for k in range(world)]
+        recvs = [s + rank + 1 for s in range(world)]
+        inp = torch.cat([data(100 + s_k(rank, k, world), d, 2 * sends[k]).view(-1, 2)
+                         for k in range(world)])
+        out = torch.empty(sum(recvs), 2, dtype=d)
+        dist.all_to_all_single(out, inp, output_split_sizes=recvs,
+                               input_split_sizes=sends)
+        want = torch.cat([data(100 + s_k(s, rank, world), d, 2 * recvs[s]).view(-1, 2)
+                          for s in range(world)])
+        same(out, want, f"all_to_all_single {d} uneven")
+        # Lists: rank s sends k + 2 elements to rank k.
+        ins = [data(200 + s_k(rank, k, world), d, k + 2) for k in range(world)]
+        outs = [torch.empty(rank + 2, dtype=d) for _ in range(world)]
+        dist.all_to_all(outs, ins)
+        for s in range(world):
+            same(outs[s], data(200 + s_k(s, rank, world), d, rank + 2),
+                 f"all_to_all {d} from {s}")
+
+
+def s_k(sender, receiver, world):
+    return sender * world + receiver
+
+
+def check_wait_timeout(rank, world):
+    """Work.wait(timeout): rank 0's wait for an all_reduce its peers join
+    1.5 s late times out naming the operation; a second wait gets the
+    result."""
+    t = data(rank, torch.float32)
+    if rank != 0:
+        time.sleep(1.5)
+    w = dist.all_reduce(t, async_op=True)
+    if rank == 0:
+        t0 = time.monotonic()
+        expect_error(lambda: w.wait(timeout=datetime.timedelta(milliseconds=200)),
+                     "allreduce", "timed out")
+        waited = time.monotonic() - t0
+        if waited > 1.2:
+            raise AssertionError(f"wait(200 ms) returned after {waited:.2f} s")
+    w.wait()
+    same(t, reference("SUM", [data(r, torch.float32) for r in range(world)]),
+         "all_reduce after a timed-out wait")
 
 
 def expect_error(fn, *words):

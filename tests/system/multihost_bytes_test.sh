@@ -17,6 +17,11 @@
 #               edge's bytes: F = N * 2(G-1)/G * S, within [F, 1.08 F]
 #               (TCP/IP headers, ACKs for what it receives, frame heads,
 #               heartbeats)
+#   two-level   the same host-ordered job, --algo=two_level: reduce-scatter
+#               inside each host (shared memory), g rings across the hosts
+#               (one per local position, over 1/g of the buffer each),
+#               all-gather inside each host: each host sends
+#               F2 = N * 2(H-1)/H * S, within [F2, 1.08 F2]
 #   rank order  the control: every worker names a host of its own
 #               (--host_id), the ring runs in rank order, and each host sends
 #               g edges' bytes: at least 0.97 * g * F
@@ -92,14 +97,15 @@ tx_bytes() {  # tx_bytes HOST: what the host's NIC has sent so far
   ip netns exec "${P}h$1" cat /sys/class/net/eth0/statistics/tx_bytes
 }
 
-# allreduce_all NAME REPEAT: every rank runs REPEAT checked ring all-reduces
-# at once; fails unless each rank printed REPEAT lines with #wrong 0.
+# allreduce_all NAME REPEAT [ALGO]: every rank runs REPEAT checked all-reduces
+# (ALGO, default ring) at once; fails unless each rank printed REPEAT lines
+# with #wrong 0.
 allreduce_all() {
-  local r h names=()
+  local r h names=() algo=${3:-ring}
   for (( r = 0; r < G; ++r )); do
     h=$(host_of $r)
     run_bg "$1.r$r" ip netns exec "${P}h$h" timeout --foreground -s KILL 170 \
-      "$CTL_BIN" allreduce --worker="$(addr_host $h):$(port_of $r)" --algo=ring \
+      "$CTL_BIN" allreduce --worker="$(addr_host $h):$(port_of $r)" --algo="$algo" \
       --count=$COUNT --dtype=float32 --op=sum --repeat="$2" --timeout=60s \
       --transfer=shm --check=true
     names+=("$1.r$r")
@@ -130,14 +136,19 @@ run_job() {
     wait_for_line "$tag.w$r" "^halka-worker serving on " 15
     wait_for_line "$tag.w$r" "joined job $job: rank $r of $G" 30 "$SYS_LOG/$tag.w$r.err"
   done
-  allreduce_all "$tag.warm" 1           # opens every link the ring uses
+  measure "$tag" ring
+  JOB=$job
+}
+# measure TAG ALGO: one warm-up all-reduce (opens every link it uses), then
+# REPEAT timed ones; sets TX[h] and OP_MS.
+measure() {
+  local tag=$1 algo=$2 h before=() t0
+  allreduce_all "$tag.warm" 1 "$algo"
   for (( h = 0; h < H; ++h )); do before[h]=$(tx_bytes $h); done
-  local t0
   t0=$(now_ns)
-  allreduce_all "$tag.timed" "$REPEAT"
+  allreduce_all "$tag.timed" "$REPEAT" "$algo"
   OP_MS=$(awk -v ms="$(ms_since "$t0")" -v n="$REPEAT" 'BEGIN { printf "%.1f", ms / n }')
   for (( h = 0; h < H; ++h )); do TX[h]=$(( $(tx_bytes $h) - before[h] )); done
-  JOB=$job
 }
 
 # F: what one ring edge carries in the timed all-reduces.
@@ -153,12 +164,24 @@ grep -qE "on $H hosts" <<<"$HEALTH" ||
   fail "health of the host-ordered job does not say 'on $H hosts':
 $HEALTH"
 log "host order: $(head -n 1 <<<"$HEALTH"); $REPEAT all-reduces of $MIB MiB, $OP_MS ms each (wall, every rank)"
-for (( h = 0; h < H; ++h )); do
-  q=$(ratio "${TX[h]}" "$F")
-  log "host order: host $h sent ${TX[h]} B = $q x one edge's $F B"
-  awk -v q="$q" 'BEGIN { exit !(q >= 1.0 && q <= 1.08) }' ||
-    fail "host order: host $h sent $q x one ring edge's bytes (want 1.00..1.08: one host-boundary edge)"
-done
+# expect_tx WHAT WANT_B WANT_TEXT: every host sent within [1.00, 1.08] x
+# WANT_B during the last measure.
+expect_tx() {
+  local h q
+  for (( h = 0; h < H; ++h )); do
+    q=$(ratio "${TX[h]}" "$2")
+    log "$1: host $h sent ${TX[h]} B = $q x $3 ($2 B)"
+    awk -v q="$q" 'BEGIN { exit !(q >= 1.0 && q <= 1.08) }' ||
+      fail "$1: host $h sent $q x $3 (want 1.00..1.08)"
+  done
+}
+expect_tx "host order" "$F" "one ring edge's bytes (one host-boundary edge)"
+if (( PER >= 2 )); then
+  measure hostorder.2l two_level
+  F2=$(( REPEAT * 2 * (H - 1) * BYTES / H ))
+  log "two-level: $REPEAT all-reduces of $MIB MiB, $OP_MS ms each (wall, every rank)"
+  expect_tx "two-level" "$F2" "2(H-1)/H of the buffer"
+fi
 for (( r = 0; r < G; ++r )); do stop_timed "hostorder.w$r" TERM 15; done
 
 # ------------------------------------------------------------ rank order
@@ -172,4 +195,4 @@ for (( h = 0; h < H; ++h )); do
     fail "rank order: host $h sent $q x one edge's bytes (want >= $PER: the control must show g crossing edges)"
 done
 
-echo "PASS: $H hosts x $PER workers: host-ordered rings send one ring edge per host across hosts (rank order: $PER)"
+echo "PASS: $H hosts x $PER workers: host-ordered rings send one ring edge per host across hosts (rank order: $PER; two-level: 2(H-1)/H of the buffer)"

@@ -347,7 +347,7 @@ TEST(FrameCodecTest, FingerprintEveryKindAndAlgorithm) {
   for (OpKind kind : {OpKind::kAllReduce, OpKind::kBroadcast, OpKind::kBarrier,
                       OpKind::kAllGather, OpKind::kReduceScatter}) {
     for (Algorithm alg : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kNaive,
-                          Algorithm::kParameterServer}) {
+                          Algorithm::kParameterServer, Algorithm::kTwoLevel}) {
       FrameMeta meta = FingerprintMeta(0, DType::kFloat32);
       meta.fingerprint.kind = kind;
       meta.fingerprint.algorithm = alg;
@@ -631,9 +631,9 @@ TEST(FrameCodecHostileTest, InvalidFingerprintEnums) {
                  }),
                  "fingerprint op 0");
   ExpectDataLoss(with([](v1::OpFingerprint* f) {
-                   f->set_algorithm(static_cast<v1::Algorithm>(4));
+                   f->set_algorithm(static_cast<v1::Algorithm>(v1::Algorithm_MAX + 1));
                  }),
-                 "fingerprint algorithm 4");
+                 "fingerprint algorithm past the last");
   ExpectDataLoss(with([](v1::OpFingerprint* f) {
                    f->set_algorithm(static_cast<v1::Algorithm>(-1));
                  }),

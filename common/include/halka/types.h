@@ -60,6 +60,7 @@ enum class Algorithm : uint8_t {
   kRing = 1,
   kNaive = 2,
   kParameterServer = 3,
+  kTwoLevel = 4,  // per host, then across hosts, then per host (ring.cc)
 };
 
 // A job's membership state. Values match halka.v1.JobState (the

@@ -21,14 +21,7 @@
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/utils/pybind.h>
-#include <torch/version.h>
-#if TORCH_VERSION_MAJOR >= 2
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#else
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#endif
 
 #include <algorithm>
 #include <chrono>
@@ -50,157 +43,19 @@
 #include "halka/client.h"
 #include "halka/embedded.h"
 #include "halka/types.h"
+#include "torch_work.h"
 
 namespace halka {
 namespace {
 
 namespace py = pybind11;
-using c10d::OpType;
-
-// What torch calls per collective: on torch >= 2 a c10d::Backend (registered
-// for devices "cpu" and "cuda"; torch's ProcessGroup dispatches to it), on
-// 1.13 the c10d::ProcessGroup itself.
-#if TORCH_VERSION_MAJOR >= 2
-using HalkaBackendBase = c10d::Backend;
-#else
-using HalkaBackendBase = c10d::ProcessGroup;
-#endif
-
-// A queued operation: completes its future (the output tensors) on the
-// group's thread, or fails it with the operation's error.
-class HalkaWork : public c10d::Work {
- public:
-  HalkaWork(OpType type, std::vector<at::Tensor> outputs)
-      : Work(-1, type),
-        outputs_(std::move(outputs)),
-        future_(c10::make_intrusive<c10::ivalue::Future>(
-            c10::ListType::create(c10::TensorType::get()))) {}
-
-  bool isCompleted() override { return future_->completed(); }
-  bool isSuccess() const override {
-    return future_->completed() && !future_->hasError();
-  }
-  std::exception_ptr exception() const override {
-    return future_->completed() && future_->hasError()
-               ? future_->exception_ptr()
-               : nullptr;
-  }
-  std::vector<at::Tensor> result() override { return outputs_; }
-  // Without a timeout (kNoTimeout) the operation's own deadline bounds the
-  // wait. With one, a wait that outlasts it throws, naming the operation;
-  // the operation goes on (bounded by its deadline) and a later wait or
-  // the future still gets its outcome, as with gloo.
-  bool wait(std::chrono::milliseconds timeout) override {
-    if (timeout > std::chrono::milliseconds(0)) {
-      std::unique_lock<std::mutex> l(mu_);
-      if (!cv_.wait_for(l, timeout, [this] { return finished_; })) {
-        TORCH_CHECK(false, what_, ": Work.wait timed out after ",
-                    timeout.count(), " ms; the operation is still running "
-                    "(it ends at its own deadline at the latest)");
-      }
-    }
-    future_->wait();
-    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
-    return true;
-  }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    return future_;
-  }
-
-  void Finish(const absl::Status& status, const std::string& what) {
-    if (status.ok()) {
-      future_->markCompleted(c10::IValue(outputs_));
-    } else {
-      future_->setError(std::make_exception_ptr(std::runtime_error(
-          absl::StrCat(what, ": ", absl::StatusCodeToString(status.code()),
-                       ": ", status.message()))));
-    }
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      finished_ = true;
-    }
-    cv_.notify_all();
-  }
-  void set_what(std::string what) { what_ = std::move(what); }
-
- private:
-  std::vector<at::Tensor> outputs_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-  std::string what_ = "halka operation";  // set before it is queued
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool finished_ = false;
-};
-
-const char* OpName(OpType t) {
-  switch (t) {
-    case OpType::ALLREDUCE: return "allreduce";
-    case OpType::BROADCAST: return "broadcast";
-    case OpType::ALLGATHER: return "allgather";
-    case OpType::_ALLGATHER_BASE: return "_allgather_base";
-    case OpType::REDUCE_SCATTER: return "reduce_scatter";
-    case OpType::_REDUCE_SCATTER_BASE: return "_reduce_scatter_base";
-    case OpType::BARRIER: return "barrier";
-    case OpType::REDUCE: return "reduce";
-    case OpType::GATHER: return "gather";
-    case OpType::SCATTER: return "scatter";
-    case OpType::ALLTOALL_BASE: return "alltoall_base";
-    case OpType::ALLTOALL: return "alltoall";
-    default: return "operation";
-  }
-}
-
-DType ToDType(const at::Tensor& t, const char* op) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kDouble: return DType::kFloat64;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kInt: return DType::kInt32;
-    case at::kLong: return DType::kInt64;
-    default:
-      TORCH_CHECK(false, "ProcessGroup halka: ", op, " does not support dtype ",
-                  t.scalar_type(), " (halka has float32, float64, float16, "
-                  "bfloat16, int32, int64)");
-  }
-}
-
-ReduceOp ToOp(const c10d::ReduceOp& op, const char* name) {
-  switch (op.op_) {
-    case c10d::ReduceOp::SUM: return ReduceOp::kSum;
-    case c10d::ReduceOp::AVG: return ReduceOp::kAvg;
-    case c10d::ReduceOp::MIN: return ReduceOp::kMin;
-    case c10d::ReduceOp::MAX: return ReduceOp::kMax;
-    case c10d::ReduceOp::PRODUCT: return ReduceOp::kProd;
-    default:
-      TORCH_CHECK(false, "ProcessGroup halka: ", name,
-                  " does not support reduce op ", static_cast<int>(op.op_),
-                  " (halka has SUM, AVG, MIN, MAX, PRODUCT)");
-  }
-}
-
-// The one tensor of a call, checked: contiguous, one halka dtype.
-at::Tensor Single(const std::vector<at::Tensor>& tensors, const char* op) {
-  TORCH_CHECK(tensors.size() == 1, "ProcessGroup halka: ", op,
-              " takes exactly one tensor per process, got ", tensors.size());
-  const at::Tensor& t = tensors[0];
-  TORCH_CHECK(t.is_contiguous(), "ProcessGroup halka: ", op,
-              " needs a contiguous tensor");
-  ToDType(t, op);
-  return t;
-}
+using namespace torch_backend;  // NOLINT: this file's own pieces
 
 std::string RandomJob() {
   std::random_device rd;
   return absl::StrCat("torch-", absl::Hex(rd()), absl::Hex(rd()));
 }
 
-std::vector<uint8_t> Bytes(const std::string& s) {
-  return std::vector<uint8_t>(s.begin(), s.end());
-}
-std::string Str(const std::vector<uint8_t>& b) {
-  return std::string(b.begin(), b.end());
-}
 
 class ProcessGroupHalka : public HalkaBackendBase {
  public:
@@ -272,27 +127,22 @@ class ProcessGroupHalka : public HalkaBackendBase {
     at::Tensor t = Single(tensors, "allreduce");
     const ReduceOp op = ToOp(opts.reduceOp, "allreduce");
     const OpOptions o = Opts(opts.timeout);
-    return OnTensor(OpType::ALLREDUCE, t,
-                    [this, op, o](void* p, size_t n, DType d, bool device) {
-                      return device ? client_->AllReduceDevice(p, n, d, op, o)
-                                    : client_->AllReduce(p, n, d, op, o);
-                    });
+    const DType d = ToDType(t, "allreduce");
+    return Enqueue(OpType::ALLREDUCE, {t},
+                   [this, t, d, op, o] { return AllReduceNow(t, d, op, o); });
   }
 
   c10::intrusive_ptr<c10d::Work> broadcast(
       std::vector<at::Tensor>& tensors,
       const c10d::BroadcastOptions& opts) override {
     at::Tensor t = Single(tensors, "broadcast");
-    TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(),
-                "ProcessGroup halka: broadcast root ", opts.rootRank,
-                " is not a rank of this group of ", getSize());
+    CheckRoot(opts.rootRank, "broadcast");
     const int root = to_halka_[opts.rootRank];
     const OpOptions o = Opts(opts.timeout);
-    return OnTensor(OpType::BROADCAST, t,
-                    [this, root, o](void* p, size_t n, DType d, bool device) {
-                      return device ? client_->BroadcastDevice(p, n, d, root, o)
-                                    : client_->Broadcast(p, n, d, root, o);
-                    });
+    const DType d = ToDType(t, "broadcast");
+    return Enqueue(OpType::BROADCAST, {t}, [this, t, d, root, o] {
+      return BroadcastNow(t, d, root, o);
+    });
   }
 
   // outputs[0][r] gets torch rank r's input.
@@ -398,11 +248,7 @@ class ProcessGroupHalka : public HalkaBackendBase {
     at::Tensor target = root ? t : t.clone();
     const DType d = ToDType(t, "reduce");
     return Enqueue(OpType::REDUCE, {t}, [this, target, d, op, o] {
-      const size_t n = static_cast<size_t>(target.numel());
-      return (target.is_cuda()
-                  ? client_->AllReduceDevice(target.data_ptr(), n, d, op, o)
-                  : client_->AllReduce(target.data_ptr(), n, d, op, o))
-          .status();
+      return AllReduceNow(target, d, op, o);
     });
   }
 
@@ -471,13 +317,9 @@ class ProcessGroupHalka : public HalkaBackendBase {
     const DType d = ToDType(out, "scatter");
     const OpOptions o = Opts(opts.timeout);
     return Enqueue(OpType::SCATTER, {out}, [this, flat, out, src, d, o, n] {
-      const size_t total = static_cast<size_t>(flat.numel());
-      absl::StatusOr<OpInfo> r =
-          flat.is_cuda()
-              ? client_->BroadcastDevice(flat.data_ptr(), total, d, src, o)
-              : client_->Broadcast(flat.data_ptr(), total, d, src, o);
-      if (r.ok()) out.view(-1).copy_(flat.narrow(0, getRank() * n, n));
-      return r.status();
+      absl::Status s = BroadcastNow(flat, d, src, o);
+      if (s.ok()) out.view(-1).copy_(flat.narrow(0, getRank() * n, n));
+      return s;
     });
   }
 
@@ -502,9 +344,9 @@ class ProcessGroupHalka : public HalkaBackendBase {
                 "ProcessGroup halka: alltoall_base: the output's rows must "
                 "have the input's size");
     const std::vector<int64_t> sends =
-        Splits(input_splits, rows_in, "input", "alltoall_base");
+        Splits(input_splits, rows_in, getSize(), "input", "alltoall_base");
     const std::vector<int64_t> wants =
-        Splits(output_splits, rows_out, "output", "alltoall_base");
+        Splits(output_splits, rows_out, getSize(), "output", "alltoall_base");
     std::vector<int64_t> elems_in, elems_out;
     for (int64_t v : sends) elems_in.push_back(v * row);
     for (int64_t v : wants) elems_out.push_back(v * row);
@@ -594,18 +436,6 @@ class ProcessGroupHalka : public HalkaBackendBase {
     return o;
   }
 
-  // Queues `call` on tensor t's memory (a CUDA tensor: device = true).
-  using TensorCall =
-      std::function<absl::StatusOr<OpInfo>(void*, size_t, DType, bool)>;
-  c10::intrusive_ptr<c10d::Work> OnTensor(OpType type, at::Tensor t,
-                                          TensorCall call) {
-    const DType d = ToDType(t, OpName(type));
-    return Enqueue(type, {t}, [t, d, call = std::move(call)] {
-      return call(t.data_ptr(), static_cast<size_t>(t.numel()), d, t.is_cuda())
-          .status();
-    });
-  }
-
   static void SameShape(const at::Tensor& t, const at::Tensor& like,
                         const char* op) {
     TORCH_CHECK(t.scalar_type() == like.scalar_type() &&
@@ -619,26 +449,23 @@ class ProcessGroupHalka : public HalkaBackendBase {
                 " root ", root, " is not a rank of this group of ", getSize());
   }
 
-  // Split sizes by torch rank: as given, or equal when empty.
-  std::vector<int64_t> Splits(const std::vector<int64_t>& given, int64_t rows,
-                              const char* side, const char* op) const {
-    const int g = getSize();
-    if (given.empty()) {
-      TORCH_CHECK(rows % g == 0, "ProcessGroup halka: ", op, ": the ", side,
-                  "'s ", rows, " rows do not split evenly over ", g, " ranks");
-      return std::vector<int64_t>(static_cast<size_t>(g), rows / g);
-    }
-    TORCH_CHECK(static_cast<int>(given.size()) == g, "ProcessGroup halka: ",
-                op, ": ", side, " split sizes name ", given.size(),
-                " ranks, the group has ", g);
-    int64_t sum = 0;
-    for (int64_t v : given) {
-      TORCH_CHECK(v >= 0, "ProcessGroup halka: ", op, ": a negative split size");
-      sum += v;
-    }
-    TORCH_CHECK(sum == rows, "ProcessGroup halka: ", op, ": ", side,
-                " split sizes add up to ", sum, " rows, the tensor has ", rows);
-    return given;
+  // An all-reduce of t in place, on the group's thread (a CUDA tensor's
+  // memory stays on the device).
+  absl::Status AllReduceNow(const at::Tensor& t, DType d, ReduceOp op,
+                            const OpOptions& o) {
+    const size_t n = static_cast<size_t>(t.numel());
+    return (t.is_cuda() ? client_->AllReduceDevice(t.data_ptr(), n, d, op, o)
+                        : client_->AllReduce(t.data_ptr(), n, d, op, o))
+        .status();
+  }
+
+  // A broadcast of t from halka rank `root`, on the group's thread.
+  absl::Status BroadcastNow(const at::Tensor& t, DType d, int root,
+                            const OpOptions& o) {
+    const size_t n = static_cast<size_t>(t.numel());
+    return (t.is_cuda() ? client_->BroadcastDevice(t.data_ptr(), n, d, root, o)
+                        : client_->Broadcast(t.data_ptr(), n, d, root, o))
+        .status();
   }
 
   // An all-gather of `in` into `flat` on the group's thread (a CUDA
@@ -724,16 +551,9 @@ class ProcessGroupHalka : public HalkaBackendBase {
     const DType d = ToDType(in, OpName(type));
     return Enqueue(type, std::move(outputs),
                    [this, in, flat, d, o, place = std::move(place)] {
-      const size_t n = static_cast<size_t>(in.numel());
-      const size_t total = static_cast<size_t>(flat.numel());
-      absl::StatusOr<OpInfo> r =
-          in.is_cuda()
-              ? client_->AllGatherDevice(in.data_ptr(), n, flat.data_ptr(),
-                                         total, d, o)
-              : client_->AllGather(in.data_ptr(), n, flat.data_ptr(), total,
-                                   d, o);
-      if (r.ok()) place();
-      return r.status();
+      absl::Status s = AllGatherNow(in, flat, d, o);
+      if (s.ok()) place();
+      return s;
     });
   }
 

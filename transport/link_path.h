@@ -56,16 +56,6 @@ class LinkPath {
 // The paths a link can take, fastest first.
 enum class PathKind { kShm, kWire, kGrpc };
 
-// Which path a link takes, given what both ends could use: shared memory
-// where the serving end mapped the ring (same host), else the wire where
-// it took the wire offer, else the gRPC stream. Both ends apply it: the
-// serving end to decide what it answers, the dialling end to the answers.
-inline PathKind ChoosePath(bool shm_usable, bool wire_usable) {
-  if (shm_usable) return PathKind::kShm;
-  if (wire_usable) return PathKind::kWire;
-  return PathKind::kGrpc;
-}
-
 }  // namespace halka
 
 #endif  // HALKA_TRANSPORT_LINK_PATH_H_

@@ -12,9 +12,9 @@
 #include "codec/frame_codec.h"
 #include "codec/link_metadata.h"
 #include "common/security.h"
+#include "seal/wire_seal.h"  // WipeKey
 #include "transport/link_path.h"
-#include "transport/shm/shm_link.h"
-#include "transport/tcp/wire_link.h"
+#include "transport/path_offer.h"
 
 namespace halka {
 
@@ -36,38 +36,18 @@ class GrpcTransport::OutLink
     AddLinkMetadata(LinkMetadata{owner_->job_id_, owner_->generation_,
                                  owner_->rank_, world},
                     &ctx_);
-    const size_t ring_bytes =
-        owner_->setup_.shm_ring_bytes && to_ < world
-            ? owner_->setup_.shm_ring_bytes(to_)
-            : 0;
-    if (ring_bytes > 0 &&
-        PeerMayShareHost(owner_->addresses_[static_cast<size_t>(to_)])) {
-      // Offer a same-host data path; frames wait for the answer.
-      absl::StatusOr<std::shared_ptr<ShmRing>> ring =
-          ShmRing::Create(ring_bytes);
-      if (ring.ok()) {
-        ctx_.AddMetadata(kLinkShmOfferKey, FormatShmOffer(**ring));
-        absl::MutexLock lock(&mu_);
-        ring_ = *std::move(ring);
-        path_ = Path::kOffered;
+    if (to_ < world) {
+      // Offer the faster paths (transport/path_offer.h); frames wait for
+      // the answer.
+      absl::MutexLock lock(&mu_);
+      offers_ = MakePathOffers(owner_->setup_, to_,
+                               owner_->addresses_[static_cast<size_t>(to_)]);
+      for (const auto& offer : offers_) {
+        std::string value = offer->value();
+        ctx_.AddMetadata(offer->offer_key(), value);
+        WipeKey(&value);  // gRPC's own copy goes with the call
       }
-    }
-    if (owner_->setup_.wire_links && to_ < world &&
-        !owner_->setup_.wire_fallbacks->RecentlyFailed(
-            owner_->addresses_[static_cast<size_t>(to_)])) {
-      // Offer the wire too (a same-host offer, if taken, comes first); the
-      // key travels inside TLS, and only on a TLS channel.
-      absl::StatusOr<std::string> key = std::string();
-      if (owner_->setup_.security.client_tls()) key = WireSeal::NewKey();
-      if (key.ok()) {
-        std::string offer = FormatWireOffer(*key);  // the key in hex
-        ctx_.AddMetadata(kLinkWireOfferKey, offer);
-        WipeKey(&offer);  // gRPC's own copy goes with the call
-        absl::MutexLock lock(&mu_);
-        wire_key_ = WipedKey(*std::move(key));
-        wire_offered_ = true;
-        path_ = Path::kOffered;
-      }
+      if (!offers_.empty()) path_ = Path::kOffered;
     }
     self_ = shared_from_this();
     bool offered;
@@ -148,104 +128,75 @@ class GrpcTransport::OutLink
     if (path) path->Withdraw(op_seq);
   }
 
-  // The peer's answers to the offers (or the stream's end).
+  // The peer's answers to the offers (or the stream's end): the first
+  // offer (fastest first) whose answer takes it is the link's path.
   void OnReadInitialMetadataDone(bool ok) override {
-    std::shared_ptr<ShmRing> ring;
-    {
-      absl::MutexLock lock(&mu_);
-      if (path_ != Path::kOffered) return;
-      ring = std::move(ring_);
-      std::string answer;
-      std::string wire_answer;
+    absl::MutexLock lock(&mu_);
+    if (path_ != Path::kOffered) return;
+    std::vector<std::string> answers;
+    std::vector<bool> usable;
+    for (const auto& offer : offers_) {
+      answers.emplace_back();
       if (ok) {
         const auto& md = ctx_.GetServerInitialMetadata();
-        auto it = md.find(kLinkShmAnswerKey);
-        if (it != md.end()) answer.assign(it->second.data(), it->second.size());
-        it = md.find(kLinkWireAnswerKey);
+        auto it = md.find(offer->answer_key());
         if (it != md.end()) {
-          wire_answer.assign(it->second.data(), it->second.size());
+          answers.back().assign(it->second.data(), it->second.size());
         }
       }
-      int port = 0;
-      std::string token;
-      const PathKind chosen = ChoosePath(
-          ok && ring != nullptr && answer == "ok",
-          ok && wire_offered_ && ParseWireAnswer(wire_answer, &port, &token));
-      if (chosen == PathKind::kShm) {
-        counts().shm.accepted.fetch_add(1);
-        path_ = Path::kShm;
-        TakePath(std::make_shared<ShmSender>(ring));
-      } else if (chosen == PathKind::kWire) {
-        // Frames keep waiting until the connection is up (OnWireReady).
-        if (ring != nullptr) counts().shm.refused.fetch_add(1);
-        wire_ = std::make_shared<WireSender>(
-            HostOf(owner_->addresses_[static_cast<size_t>(to_)]), port,
-            token, wire_key_.str(),
-            [this](const absl::Status& s) { OnWireReady(s); },
-            [this](const absl::Status& s) { OnWireFailed(s); });
-      } else {
-        if (ok && ring != nullptr) counts().shm.refused.fetch_add(1);
-        if (ok && wire_offered_) counts().wire.refused.fetch_add(1);
-        path_ = Path::kGrpc;
-        if (!ok) failed_ = true;  // the stream is ending: OnDone releases
-        if (ok && !queue_.empty() && !writing_) {
-          writing_ = true;
-          StartWrite(&queue_.front().bytes);
-        }
-      }
+      usable.push_back(ok && offer->Accepts(answers.back()));
     }
-    // Both ends have it mapped now (or it is not used): drop the name.
-    if (ring != nullptr) ring->Unlink();
+    const int chosen = ChoosePath(usable);
+    const size_t refused = chosen < 0 ? offers_.size()
+                                      : static_cast<size_t>(chosen);
+    for (size_t i = 0; ok && i < refused; ++i) offers_[i]->Refused();
+    if (chosen >= 0 && OpenPath(static_cast<size_t>(chosen),
+                                answers[static_cast<size_t>(chosen)])) {
+      // Taken, or opening (its frames wait for OnPathReady).
+    } else {
+      path_ = Path::kGrpc;
+      if (!ok) failed_ = true;  // the stream is ending: OnDone releases
+      if (ok) WriteNextOnStream();
+    }
+    // Both ends hold what they need now (or it is not used): an offer's
+    // leftovers (a ring's name) go.
+    for (const auto& offer : offers_) offer->Settled();
   }
 
   // No answer to the offers in 5 s: the frames take the gRPC stream.
   void OnAnswerLate() {
-    std::shared_ptr<ShmRing> ring;
-    {
-      absl::MutexLock lock(&mu_);
-      if (done_ || path_ != Path::kOffered || wire_ != nullptr) return;
-      ring = std::move(ring_);
-      path_ = Path::kGrpc;
-      if (!failed_ && !closing_ && !queue_.empty() && !writing_) {
-        writing_ = true;
-        StartWrite(&queue_.front().bytes);
-      }
-    }
-    if (ring != nullptr) ring->Unlink();
+    absl::MutexLock lock(&mu_);
+    if (done_ || path_ != Path::kOffered) return;
+    path_ = Path::kGrpc;
+    for (const auto& offer : offers_) offer->Settled();
+    WriteNextOnStream();
   }
 
-  // The wire connection is up (its frames go there from now on), or could
-  // not be made (they take the gRPC stream). On the sender's thread.
-  void OnWireReady(const absl::Status& status) {
+  // The chosen path opened (its frames go there from now on), or could
+  // not be (they take the gRPC stream). On the path's thread.
+  void OnPathReady(const absl::Status& status) {
     absl::MutexLock lock(&mu_);
-    if (path_ != Path::kOffered || wire_ == nullptr) return;
+    if (path_ != Path::kOpening || opening_ == nullptr) return;
+    offers_[chosen_]->OnReady(status);
     if (status.ok()) {
-      counts().wire.accepted.fetch_add(1);
-      path_ = Path::kWire;
-      TakePath(wire_);
+      path_ = Path::kTaken;
+      TakePath(std::move(opening_));
       return;
     }
-    counts().wire.fell_back.fetch_add(1);
-    owner_->setup_.wire_fallbacks->Note(
-        owner_->addresses_[static_cast<size_t>(to_)], status);
+    // opening_ stays until OnDone closes it: this runs on its thread.
     path_ = Path::kGrpc;
-    if (!failed_ && !closing_ && !queue_.empty() && !writing_) {
-      writing_ = true;
-      StartWrite(&queue_.front().bytes);
-    }
+    WriteNextOnStream();
   }
 
-  // The wire connection broke: the link's failure, as a broken stream's.
-  void OnWireFailed(const absl::Status& status) {
+  // The taken path broke: the link's failure, as a broken stream's.
+  void OnPathFailed(const absl::Status& status) {
     {
       absl::MutexLock lock(&mu_);
       if (cancelled_ || done_ || reported_) return;
       reported_ = true;
       failed_ = true;
     }
-    owner_->inbox_->LinkFailed(
-        to_, absl::Status(status.code(),
-                          absl::StrCat("wire link: ", status.message())));
+    owner_->inbox_->LinkFailed(to_, status);
     Cancel();
   }
 
@@ -334,8 +285,8 @@ class GrpcTransport::OutLink
   void OnDone(const grpc::Status& status) override {
     std::deque<Pending> dropped;
     std::shared_ptr<LinkPath> taken;
-    std::shared_ptr<WireSender> wire;
-    std::shared_ptr<ShmRing> ring;
+    std::shared_ptr<LinkPath> opening;
+    std::vector<std::unique_ptr<PathOffer>> offers;
     bool report;
     {
       absl::MutexLock lock(&mu_);
@@ -343,14 +294,15 @@ class GrpcTransport::OutLink
       report = !cancelled_ && !reported_;
       reported_ = true;
       taken = std::move(taken_);
-      wire = std::move(wire_);
-      ring = std::move(ring_);
+      opening = std::move(opening_);
+      offers.swap(offers_);
     }
     for (Pending& p : dropped) p.Release();
-    // Releases what it still holds; a wire waits for its thread (and its
-    // callbacks), also while it is still connecting (not yet taken).
+    // Releases what it still holds; a path with a thread waits for it (and
+    // its callbacks), also while it is still opening (not yet taken).
     if (taken) taken->Close();
-    if (wire) wire->Close();
+    if (opening) opening->Close();
+    offers.clear();  // after the paths' callbacks, which use them
     if (report) {
       // Named like the serving end's report of the same event (peer_service):
       // whichever end notices first, the error says the link ended.
@@ -393,10 +345,41 @@ class GrpcTransport::OutLink
     queue_.clear();
     taken_->Send(std::move(held));
   }
-  LinkCounters& counts() const { return *owner_->setup_.counters; }
-  // Where this link's frames go. kOffered: a ring was offered and frames
-  // wait in queue_ for the answer.
-  enum class Path { kGrpc, kOffered, kShm, kWire };
+  // Opens offers_[i], the chosen one: false if it cannot (the frames take
+  // the stream).
+  bool OpenPath(size_t i, const std::string& answer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    PathOffer::Events events;
+    events.ready = [this](const absl::Status& s) { OnPathReady(s); };
+    events.failed = [this](const absl::Status& s) { OnPathFailed(s); };
+    absl::StatusOr<PathOffer::Opened> opened =
+        offers_[i]->Open(answer, std::move(events));
+    if (!opened.ok()) {
+      offers_[i]->OnReady(opened.status());
+      return false;
+    }
+    chosen_ = i;
+    if (!opened->ready_now) {
+      path_ = Path::kOpening;
+      opening_ = std::move(opened->path);
+      return true;
+    }
+    offers_[i]->OnReady(absl::OkStatus());
+    path_ = Path::kTaken;
+    TakePath(std::move(opened->path));
+    return true;
+  }
+  // The gRPC stream carries the frames: start writing the first one held.
+  void WriteNextOnStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!failed_ && !closing_ && !queue_.empty() && !writing_) {
+      writing_ = true;
+      StartWrite(&queue_.front().bytes);
+    }
+  }
+  // Where this link's frames go. kOffered: paths were offered and frames
+  // wait in queue_ for the answer; kOpening: the chosen path is opening
+  // (opening_) and they wait for it; kTaken: taken_ carries them.
+  enum class Path { kGrpc, kOffered, kOpening, kTaken };
   GrpcTransport* const owner_;
   const int to_;
   grpc::GenericStub stub_;
@@ -413,29 +396,15 @@ class GrpcTransport::OutLink
   bool reported_ ABSL_GUARDED_BY(mu_) = false;  // the failure, once
   std::shared_ptr<OutLink> self_ ABSL_GUARDED_BY(mu_);
   Path path_ ABSL_GUARDED_BY(mu_) = Path::kGrpc;
-  std::shared_ptr<ShmRing> ring_ ABSL_GUARDED_BY(mu_);  // offered
-  // The path the frames take (kShm, kWire); null: the gRPC stream's queue_.
+  // What this link offered, fastest first; kept until OnDone (an opening
+  // path reports to its offer).
+  std::vector<std::unique_ptr<PathOffer>> offers_ ABSL_GUARDED_BY(mu_);
+  size_t chosen_ ABSL_GUARDED_BY(mu_) = 0;  // kOpening, kTaken: its offer
+  // The chosen path while it opens; kept (closed in OnDone) if it fails.
+  std::shared_ptr<LinkPath> opening_ ABSL_GUARDED_BY(mu_);
+  // The path the frames take (kTaken); null: the gRPC stream's queue_.
   std::shared_ptr<LinkPath> taken_ ABSL_GUARDED_BY(mu_);
-  bool wire_offered_ ABSL_GUARDED_BY(mu_) = false;
-  // "" on a plaintext channel; wiped (WipeKey) when the link goes.
-  WipedKey wire_key_ ABSL_GUARDED_BY(mu_);
-  // From the answer on: connecting, then (kWire, as taken_) carrying them.
-  std::shared_ptr<WireSender> wire_ ABSL_GUARDED_BY(mu_);
 };
-
-namespace {
-// The setup with counters and fallbacks of the transport's own where the
-// worker gave none.
-GrpcTransport::LinkSetup Completed(GrpcTransport::LinkSetup links) {
-  if (links.counters == nullptr) {
-    links.counters = std::make_shared<LinkCounters>();
-  }
-  if (links.wire_fallbacks == nullptr) {
-    links.wire_fallbacks = std::make_shared<WireFallbacks>();
-  }
-  return links;
-}
-}  // namespace
 
 GrpcTransport::GrpcTransport(std::string job_id, uint64_t generation, int rank,
                              std::vector<std::string> addresses, Inbox* inbox,
@@ -445,7 +414,7 @@ GrpcTransport::GrpcTransport(std::string job_id, uint64_t generation, int rank,
       rank_(rank),
       addresses_(std::move(addresses)),
       inbox_(inbox),
-      setup_(Completed(std::move(links))) {}
+      setup_(CompletedLinkSetup(std::move(links))) {}
 
 GrpcTransport::~GrpcTransport() {
   std::vector<std::shared_ptr<OutLink>> all;

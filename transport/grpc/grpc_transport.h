@@ -31,28 +31,14 @@
 #include "halka/v1/peer.grpc.pb.h"
 #include "core/link_counters.h"
 #include "core/transport.h"
+#include "transport/paths.h"
 
 namespace halka {
 
-class WireFallbacks;
-
 class GrpcTransport : public Transport {
  public:
-  // What the links take from their worker (RingBook::Build fills it from
-  // the node's options and state; nothing here is read from the process).
-  struct LinkSetup {
-    // The ring to offer on the link to `to`; null or 0: no same-host link.
-    std::function<size_t(int to)> shm_ring_bytes;
-    // Offer peers a wire connection per link (transport/tcp/wire_link.h).
-    bool wire_links = false;
-    // The channels' TLS and job token (MakeChannel); a wire link is sealed
-    // where it is client_tls() (its key then travels inside TLS).
-    SecurityConfig security;
-    // The worker's link counters and wire fallbacks (null: the transport's
-    // own, as in tests).
-    std::shared_ptr<LinkCounters> counters;
-    std::shared_ptr<WireFallbacks> wire_fallbacks;
-  };
+  // What the links take from their worker (transport/paths.h).
+  using LinkSetup = halka::LinkSetup;
   // addresses[i] is rank i's peer server.
   GrpcTransport(std::string job_id, uint64_t generation, int rank,
                 std::vector<std::string> addresses, Inbox* inbox,

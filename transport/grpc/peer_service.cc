@@ -7,9 +7,6 @@
 #include "common/grpc_util.h"
 #include "codec/frame_codec.h"
 #include "codec/link_metadata.h"
-#include "transport/link_path.h"
-#include "transport/shm/shm_link.h"
-#include "transport/tcp/wire_link.h"
 
 namespace halka {
 
@@ -63,13 +60,9 @@ class PeerService::InLink
   }
 
   void OnDone() override {
-    if (shm_) {
-      shm_->Stop();  // delivers what was written, then joins
-      inbox_->RemoveTap(shm_->tap().get());
-    }
-    // After Forget, the listener never hands this link a connection.
-    if (!wire_token_.empty()) service_->options_.wire->Forget(wire_token_);
-    if (wire_) wire_->Stop();
+    // Delivers what came that way, as far as the kind can; no callback of
+    // it runs after this.
+    if (path_) path_->Stop();
     {
       absl::MutexLock lock(&service_->mu_);
       --service_->open_streams_;
@@ -114,31 +107,41 @@ class PeerService::InLink
     Finish(status);
   }
 
-  // Maps a same-host peer's ring if it offered one, else takes its wire
-  // offer if it made one, and says so in the initial metadata.
+  // Answers the offers in the order of the kinds (fastest first): the
+  // first one this worker can take it takes, and it answers none after it
+  // (ChoosePath, transport/paths.h): a link holds one path.
   void AnswerOffers(grpc::CallbackServerContext* ctx) {
     const auto& md = ctx->client_metadata();
-    auto it = md.find(kLinkShmOfferKey);
     bool answered = false;
-    if (it != md.end()) {
-      ctx->AddInitialMetadata(
-          kLinkShmAnswerKey,
-          HeaderValue(AnswerShmOffer(
-              std::string(it->second.data(), it->second.size()))));
+    for (const auto& acceptor : service_->acceptors_) {
+      auto it = md.find(acceptor->offer_key());
+      if (it == md.end()) continue;
+      PathAcceptor::Answer answer = acceptor->Accept(
+          std::string(it->second.data(), it->second.size()), End());
+      ctx->AddInitialMetadata(acceptor->answer_key(), HeaderValue(answer.text));
       answered = true;
-    }
-    // The wire is answered only where it would be chosen (transport/link_path.h):
-    // a link that took shared memory does not hold a wire token too.
-    it = md.find(kLinkWireOfferKey);
-    if (it != md.end() &&
-        ChoosePath(shm_ != nullptr, /*wire_usable=*/true) == PathKind::kWire) {
-      ctx->AddInitialMetadata(
-          kLinkWireAnswerKey,
-          HeaderValue(AnswerWireOffer(
-              std::string(it->second.data(), it->second.size()))));
-      answered = true;
+      if (answer.path != nullptr) {
+        path_ = std::move(answer.path);
+        break;
+      }
     }
     if (answered) StartSendInitialMetadata();
+  }
+
+  // What a path this link takes reports to: frames are checked and
+  // delivered as the stream's are.
+  InPathEnd End() {
+    InPathEnd end;
+    end.from = from_;
+    end.inbox = inbox_;
+    end.deliver = [this](absl::StatusOr<InFrame> f) {
+      return Take(std::move(f));
+    };
+    end.rejected = [this](const absl::Status& s) {
+      FinishOnce(ToGrpcStatus(s));
+    };
+    end.failed = [this](const absl::Status& s) { PathFailed(s); };
+    return end;
   }
 
   // A header value: printable ASCII.
@@ -149,69 +152,12 @@ class PeerService::InLink
     return s;
   }
 
-  // Frames from another path than the stream (a ring, a wire connection)
-  // are checked and delivered as the stream's are.
-  absl::Status TakeFromPath(absl::StatusOr<InFrame> f) {
-    absl::Status s = Take(std::move(f));
-    if (!s.ok()) FinishOnce(ToGrpcStatus(s));
-    return s;
-  }
   // The path itself is corrupt (or, for a wire, cut inside a record).
   void PathFailed(const absl::Status& s) {
     absl::Status e(s.code(), absl::StrCat("from rank ", from_, ": ",
                                           s.message()));
     inbox_->LinkFailed(from_, e);
     FinishOnce(ToGrpcStatus(e));
-  }
-
-  std::string AnswerShmOffer(const std::string& offer) {
-    if (!service_->options_.accept_shm) {
-      return "no: this worker takes no shared-memory links";
-    }
-    absl::StatusOr<std::shared_ptr<ShmRing>> ring = AcceptShmOffer(offer);
-    if (!ring.ok()) return absl::StrCat("no: ", ring.status().message());
-    (*ring)->set_spin_before_sleep(service_->options_.shm_spin);
-    shm_ = std::make_unique<ShmReceiver>(
-        *std::move(ring),
-        [this](absl::StatusOr<InFrame> f) { return Take(std::move(f)); },
-        [this](const absl::Status& s) { FinishOnce(ToGrpcStatus(s)); },
-        [this](const absl::Status& s) { PathFailed(s); });
-    // The operation's thread takes this ring's frames itself while it
-    // waits (one wake-up per record instead of two, none for a record that
-    // is already there).
-    inbox_->AddTap(shm_->tap());
-    return "ok";
-  }
-
-  std::string AnswerWireOffer(std::string offer_hex) {
-    // The offer carries the key in hex: both are wiped (WipedKey) when they
-    // go, the key's copy in the listener's callback too.
-    const WipedKey offer(std::move(offer_hex));
-    WireListener* wire = service_->options_.wire;
-    if (wire == nullptr) return "no: this worker takes no wire links";
-    absl::StatusOr<std::string> parsed = ParseWireOffer(offer.str());
-    if (!parsed.ok()) return absl::StrCat("no: ", parsed.status().message());
-    const WipedKey key(*std::move(parsed));
-    if (key.empty() && service_->options_.wire_sealed) {
-      return "no: this worker serves TLS: a wire link must be sealed";
-    }
-    wire_token_ = wire->Expect([this, key](int fd) {
-      // On the listener's thread, before Forget (OnDone) can return.
-      wire_ = std::make_unique<WireReceiver>(
-          fd, key.str(),
-          [this](absl::StatusOr<InFrame> f) {
-            return TakeFromPath(std::move(f));
-          },
-          [this](const absl::Status& s) {
-            PathFailed(absl::Status(
-                s.code(), absl::StrCat("wire link: ", s.message())));
-          },
-          // All-gather and broadcast chunks land in the operation's buffer.
-          service_->options_.wire_landing ? inbox_->landings() : nullptr,
-          from_, service_->options_.counters);
-    });
-    if (wire_token_.empty()) return "no: the wire listener is stopped";
-    return FormatWireAnswer(wire->port(), wire_token_);
   }
 
   absl::Status ParseMetadata(grpc::CallbackServerContext* ctx) {
@@ -251,9 +197,8 @@ class PeerService::InLink
   int from_ = -1;
   uint64_t generation_ = 0;
   std::shared_ptr<Inbox> inbox_;
-  std::unique_ptr<ShmReceiver> shm_;  // a same-host peer's frames
-  std::string wire_token_;  // handed to the listener; "" if none
-  std::unique_ptr<WireReceiver> wire_;  // set once, by the listener
+  // The path the peer's frames take besides the stream (null: none).
+  std::unique_ptr<InPath> path_;
   absl::Mutex finish_mu_;
   bool finished_ ABSL_GUARDED_BY(finish_mu_) = false;
 };
@@ -262,7 +207,7 @@ PeerService::PeerService(std::string job_id, InboxResolver resolver,
                          Options options)
     : job_id_(std::move(job_id)),
       resolver_(std::move(resolver)),
-      options_(std::move(options)) {}
+      acceptors_(MakePathAcceptors(options)) {}
 
 int PeerService::open_streams() const {
   absl::MutexLock lock(&mu_);

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -17,10 +18,10 @@
 #include "halka/v1/peer.grpc.pb.h"
 #include "core/link_counters.h"
 #include "core/transport.h"
+#include "transport/path_offer.h"
+#include "transport/paths.h"
 
 namespace halka {
-
-class WireListener;
 
 // Serves Peer.Link: validates each stream's metadata and each frame, and
 // delivers frames to the Inbox of the stream's generation. Frames that fail
@@ -34,26 +35,9 @@ class PeerService final
   // stream with it (e.g. ABORTED for a generation that is over).
   using InboxResolver =
       std::function<absl::StatusOr<std::shared_ptr<Inbox>>(uint64_t)>;
-  // What the service takes from its worker (its options and state; nothing
-  // here is read from the process).
-  struct Options {
-    // Map the shared-memory rings that same-host peers offer.
-    bool accept_shm = false;
-    // How long a mapped ring's consumer polls it before it sleeps
-    // (ShmRing::set_spin_before_sleep; the worker's shm_spin).
-    absl::Duration shm_spin = absl::ZeroDuration();
-    // Take wire offers on this listener (null: none; it outlives the
-    // service's streams).
-    WireListener* wire = nullptr;
-    // Only sealed wire offers (the worker serves TLS: its
-    // SecurityConfig::server_tls()).
-    bool wire_sealed = false;
-    // The wire readers may land payloads in operations' buffers
-    // (core/landing.h).
-    bool wire_landing = true;
-    // The worker's counters (wire.landed); null: not counted.
-    std::shared_ptr<LinkCounters> counters;
-  };
+  // What the service takes from its worker (transport/paths.h: which
+  // paths it takes, and how).
+  using Options = AcceptSetup;
   PeerService(std::string job_id, InboxResolver resolver, Options options);
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Link(
@@ -66,7 +50,8 @@ class PeerService final
   class InLink;
   const std::string job_id_;
   const InboxResolver resolver_;
-  const Options options_;
+  // The path kinds this worker takes, fastest first (MakePathAcceptors).
+  const std::vector<std::unique_ptr<PathAcceptor>> acceptors_;
   // A ring needs one inbound stream per peer and generation (naive: per
   // peer pair), and old generations' streams close.
   StreamLimiter limiter_{"peer link", 64, 4096};

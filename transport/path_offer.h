@@ -33,15 +33,20 @@
 
 namespace halka {
 
-// The dialling end of one kind's negotiation, for one link. Not
-// thread-safe: the link calls it under its own lock.
-class PathOffer {
+// What both ends of one kind's negotiation name: the kind, and the call
+// metadata keys of its offer and answer.
+class PathKeys {
  public:
-  virtual ~PathOffer() = default;
+  virtual ~PathKeys() = default;
   virtual PathKind kind() const = 0;
-  // The call metadata that carries the offer.
   virtual const char* offer_key() const = 0;
   virtual const char* answer_key() const = 0;
+};
+
+// The dialling end of one kind's negotiation, for one link. Not
+// thread-safe: the link calls it under its own lock.
+class PathOffer : public PathKeys {
+ public:
   // The offer's value; it may hold a secret, which the caller wipes
   // (WipeKey) once it has handed it to the call.
   virtual std::string value() = 0;
@@ -104,12 +109,8 @@ class InPath {
 
 // The serving end of one kind's negotiation, shared by a worker's links.
 // Thread-safe.
-class PathAcceptor {
+class PathAcceptor : public PathKeys {
  public:
-  virtual ~PathAcceptor() = default;
-  virtual PathKind kind() const = 0;
-  virtual const char* offer_key() const = 0;
-  virtual const char* answer_key() const = 0;
   struct Answer {
     // What goes back under answer_key (printable ASCII).
     std::string text;

@@ -20,7 +20,11 @@ static_assert(static_cast<int>(DType::kFloat32) == v1::FLOAT32 &&
               static_cast<int>(DType::kBFloat16) == v1::BFLOAT16 &&
               static_cast<int>(DType::kInt32) == v1::INT32 &&
               static_cast<int>(DType::kInt64) == v1::INT64 &&
-              v1::DType_MAX == v1::INT64,
+              static_cast<int>(DType::kInt8) == v1::INT8 &&
+              static_cast<int>(DType::kUInt8) == v1::UINT8 &&
+              static_cast<int>(DType::kBool) == v1::BOOL &&
+              static_cast<int>(DType::kInt16) == v1::INT16 &&
+              v1::DType_MAX == v1::INT16,
               "halka::DType must match halka.v1.DType");
 static_assert(static_cast<int>(ReduceOp::kSum) == v1::SUM &&
               static_cast<int>(ReduceOp::kAvg) == v1::AVG &&
@@ -59,6 +63,9 @@ absl::StatusOr<v1::OpSpec> AllReduceSpec(size_t count, DType dtype,
       !IsValidReduceOp(static_cast<int>(op))) {
     return absl::InvalidArgumentError("all_reduce: invalid dtype or op");
   }
+  if (absl::Status s = CheckReduction(dtype, op); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("all_reduce: ", s.message()));
+  }
   v1::OpSpec spec;
   spec.set_kind(v1::ALL_REDUCE);
   spec.set_dtype(static_cast<v1::DType>(dtype));
@@ -81,6 +88,11 @@ absl::StatusOr<v1::OpSpec> SliceSpec(v1::OpKind kind, const void* send,
   if (kind == v1::REDUCE_SCATTER && !IsValidReduceOp(static_cast<int>(op))) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": invalid reduce op"));
+  }
+  if (kind == v1::REDUCE_SCATTER) {
+    if (absl::Status s = CheckReduction(dtype, op); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", s.message()));
+    }
   }
   if ((send == nullptr && send_count > 0) ||
       (recv == nullptr && recv_count > 0)) {

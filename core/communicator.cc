@@ -91,6 +91,9 @@ absl::StatusOr<OpResult> Communicator::AllReduce(OpBuffer& buffer,
       !IsValidReduceOp(static_cast<int>(op))) {
     return absl::InvalidArgumentError("all_reduce: invalid dtype or op");
   }
+  if (absl::Status s = CheckReduction(dtype, op); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("all_reduce: ", s.message()));
+  }
   Fingerprint fp;
   fp.kind = OpKind::kAllReduce;
   fp.dtype = dtype;
@@ -183,6 +186,10 @@ absl::StatusOr<OpResult> Communicator::ReduceScatter(
     ReduceOp op, absl::Duration timeout, Algorithm algorithm) {
   if (!IsValidReduceOp(static_cast<int>(op))) {
     return absl::InvalidArgumentError("reduce_scatter: invalid reduce op");
+  }
+  if (absl::Status s = CheckReduction(dtype, op); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reduce_scatter: ", s.message()));
   }
   absl::StatusOr<Fingerprint> fp =
       SliceOpFingerprint(OpKind::kReduceScatter, send_count, recv_count,

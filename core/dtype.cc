@@ -29,12 +29,16 @@ constexpr NameEntry<DType> kDTypeNames[] = {
     {"float32", DType::kFloat32}, {"float64", DType::kFloat64},
     {"float16", DType::kFloat16}, {"bfloat16", DType::kBFloat16},
     {"int32", DType::kInt32},     {"int64", DType::kInt64},
+    {"int8", DType::kInt8},       {"uint8", DType::kUInt8},
+    {"bool", DType::kBool},       {"int16", DType::kInt16},
 };
 constexpr NameEntry<DType> kDTypeAliases[] = {
     {"fp32", DType::kFloat32},  {"f32", DType::kFloat32},
     {"float", DType::kFloat32}, {"double", DType::kFloat64},
     {"half", DType::kFloat16},  {"bf16", DType::kBFloat16},
     {"int", DType::kInt32},     {"long", DType::kInt64},
+    {"char", DType::kInt8},     {"byte", DType::kUInt8},
+    {"short", DType::kInt16},
 };
 constexpr NameEntry<ReduceOp> kReduceOpNames[] = {
     {"sum", ReduceOp::kSum}, {"avg", ReduceOp::kAvg},   {"min", ReduceOp::kMin},
@@ -78,6 +82,12 @@ size_t DTypeSize(DType dtype) {
       return 4;
     case DType::kInt64:
       return 8;
+    case DType::kInt8:
+    case DType::kUInt8:
+    case DType::kBool:
+      return 1;
+    case DType::kInt16:
+      return 2;
   }
   // Reached for values cast from the wire that are outside the enum.
   return 0;
@@ -85,7 +95,7 @@ size_t DTypeSize(DType dtype) {
 
 bool IsValidDType(int value) {
   return value >= static_cast<int>(DType::kFloat32) &&
-         value <= static_cast<int>(DType::kInt64);
+         value <= static_cast<int>(DType::kInt16);
 }
 
 bool IsValidReduceOp(int value) {
@@ -102,9 +112,22 @@ bool IsFloatingPoint(DType dtype) {
       return true;
     case DType::kInt32:
     case DType::kInt64:
+    case DType::kInt8:
+    case DType::kUInt8:
+    case DType::kBool:
+    case DType::kInt16:
       return false;
   }
   return false;
+}
+
+absl::Status CheckReduction(DType dtype, ReduceOp op) {
+  if (dtype == DType::kBool && op == ReduceOp::kAvg) {
+    return absl::InvalidArgumentError(
+        "avg is not defined for bool (sum and max are a logical or, prod and "
+        "min a logical and)");
+  }
+  return absl::OkStatus();
 }
 
 absl::string_view DTypeName(DType dtype) {

@@ -21,14 +21,17 @@ size_t DTypeSize(DType dtype);
 bool IsValidDType(int value);
 bool IsValidReduceOp(int value);
 bool IsFloatingPoint(DType dtype);
+// INVALID_ARGUMENT where `op` is not defined on `dtype` (avg on bool).
+absl::Status CheckReduction(DType dtype, ReduceOp op);
 
-// "float32", "float64", "float16", "bfloat16", "int32", "int64".
+// "float32", "float64", "float16", "bfloat16", "int32", "int64", "int8",
+// "uint8", "bool", "int16".
 absl::string_view DTypeName(DType dtype);
 // "sum", "avg", "min", "max", "prod".
 absl::string_view ReduceOpName(ReduceOp op);
 
 // Parse the names above (case-insensitive; also "fp32", "f32", "half",
-// "bf16", "double", "float", "int", "long"). INVALID_ARGUMENT otherwise.
+// "bf16", "double", "float", "int", "long", "char", "byte", "short"). INVALID_ARGUMENT otherwise.
 absl::StatusOr<DType> ParseDType(absl::string_view name);
 absl::StatusOr<ReduceOp> ParseReduceOp(absl::string_view name);
 

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "core/dtype.h"
+#include "core/dtype_dispatch.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -145,6 +146,16 @@ struct HalfCodec {
   static Storage Encode(Compute value) { return FloatToHalfImpl(value); }
 };
 
+// bool as torch and NumPy store it: one byte, 0 or 1 (any non-zero byte
+// reads as 1). On 0/1, MAX is a logical or and MIN a logical and; SUM and
+// PROD map to them (ReduceWithOp), as gloo does.
+struct BoolCodec {
+  using Storage = uint8_t;
+  using Compute = uint8_t;
+  static Compute Decode(Storage value) { return value != 0 ? 1 : 0; }
+  static Storage Encode(Compute value) { return value; }
+};
+
 struct BFloat16Codec {
   using Storage = uint16_t;
   using Compute = float;
@@ -174,11 +185,14 @@ struct ProdOp {
   template <typename T>
   static T Apply(T a, T b) {
     if constexpr (std::is_integral_v<T>) {
-      // Only 32- and 64-bit integers reach here, so U does not promote to
-      // (signed) int before the multiplication.
+      // In unsigned arithmetic at least as wide as unsigned int: narrower
+      // types would promote to (signed) int, whose overflow is undefined
+      // (65535 * 65535 > INT_MAX). The conversion back is modular.
       using U = std::make_unsigned_t<T>;
-      static_assert(sizeof(U) >= sizeof(unsigned int));
-      return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+      using W = std::conditional_t<(sizeof(U) < sizeof(unsigned int)),
+                                   unsigned int, U>;
+      return static_cast<T>(static_cast<W>(static_cast<U>(a)) *
+                            static_cast<W>(static_cast<U>(b)));
     } else {
       return a * b;
     }
@@ -463,6 +477,12 @@ void ReduceWithOp(ReduceOp op, void* dst, const void* src, size_t count) {
     }
   }
 #endif
+  if constexpr (std::is_same_v<Codec, BoolCodec>) {
+    // On 0/1: SUM is MAX (or), PROD is MIN (and). AVG is refused before
+    // (CheckReduction); here it would be an or.
+    if (op == ReduceOp::kSum || op == ReduceOp::kAvg) op = ReduceOp::kMax;
+    if (op == ReduceOp::kProd) op = ReduceOp::kMin;
+  }
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:  // divided later by FinalizeAvg
@@ -482,36 +502,35 @@ void ReduceWithOp(ReduceOp op, void* dst, const void* src, size_t count) {
   // values with IsValidReduceOp first.
 }
 
+// The codecs of this file, by dtype (core/dtype_dispatch.h).
+struct Codecs {
+  template <typename T> using Native = NativeCodec<T>;
+  using Half = HalfCodec;
+  using BFloat16 = BFloat16Codec;
+  using Bool = BoolCodec;
+};
+
 template <typename Isa>
 void ReduceIntoIsa(DType dtype, ReduceOp op, void* dst, const void* src,
                    size_t count) {
-  switch (dtype) {
-    case DType::kFloat32:
-      ReduceWithOp<Isa, NativeCodec<float>>(op, dst, src, count);
-      return;
-    case DType::kFloat64:
-      ReduceWithOp<Isa, NativeCodec<double>>(op, dst, src, count);
-      return;
-    case DType::kFloat16:
-      ReduceWithOp<Isa, HalfCodec>(op, dst, src, count);
-      return;
-    case DType::kBFloat16:
-      ReduceWithOp<Isa, BFloat16Codec>(op, dst, src, count);
-      return;
-    case DType::kInt32:
-      ReduceWithOp<Isa, NativeCodec<int32_t>>(op, dst, src, count);
-      return;
-    case DType::kInt64:
-      ReduceWithOp<Isa, NativeCodec<int64_t>>(op, dst, src, count);
-      return;
-  }
-  // Likewise for a dtype outside the enum (see IsValidDType).
+  WithCodec<Codecs>(dtype, [&](auto tag) {
+    ReduceWithOp<Isa, typename decltype(tag)::type>(op, dst, src, count);
+  });
 }
 
 template <typename Isa, typename Codec>
 void DivideTyped(void* dst, size_t count, int divisor) {
   using Compute = typename Codec::Compute;
   auto* data = static_cast<Element<typename Codec::Storage>*>(dst);
+  if constexpr (std::is_integral_v<Compute> &&
+                sizeof(Compute) < sizeof(int)) {
+    // The divisor (a world size) need not fit the element type: divide in
+    // int, where the quotient of an 8- or 16-bit value always fits back.
+    for (size_t i = 0; i < count; ++i) {
+      data[i] = static_cast<Compute>(static_cast<int>(data[i]) / divisor);
+    }
+    return;
+  }
   if constexpr (std::is_integral_v<Compute>) {
     if (divisor == -1) {
       // The most negative value divided by -1 overflows; negation in
@@ -529,26 +548,14 @@ void DivideTyped(void* dst, size_t count, int divisor) {
 
 template <typename Isa>
 void FinalizeAvgIsa(DType dtype, void* dst, size_t count, int divisor) {
-  switch (dtype) {
-    case DType::kFloat32:
-      DivideTyped<Isa, NativeCodec<float>>(dst, count, divisor);
-      return;
-    case DType::kFloat64:
-      DivideTyped<Isa, NativeCodec<double>>(dst, count, divisor);
-      return;
-    case DType::kFloat16:
-      DivideTyped<Isa, HalfCodec>(dst, count, divisor);
-      return;
-    case DType::kBFloat16:
-      DivideTyped<Isa, BFloat16Codec>(dst, count, divisor);
-      return;
-    case DType::kInt32:
-      DivideTyped<Isa, NativeCodec<int32_t>>(dst, count, divisor);
-      return;
-    case DType::kInt64:
-      DivideTyped<Isa, NativeCodec<int64_t>>(dst, count, divisor);
-      return;
-  }
+  // AVG is refused for bool (CheckReduction): nothing to divide.
+  if (dtype == DType::kBool) return;
+  WithCodec<Codecs>(dtype, [&](auto tag) {
+    using Codec = typename decltype(tag)::type;
+    if constexpr (!std::is_same_v<Codec, BoolCodec>) {
+      DivideTyped<Isa, Codec>(dst, count, divisor);
+    }
+  });
 }
 
 }  // namespace

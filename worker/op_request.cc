@@ -57,6 +57,13 @@ absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
     return absl::InvalidArgumentError(
         absl::StrCat("invalid dtype ", spec.dtype()));
   }
+  if (spec.kind() == v1::ALL_REDUCE || spec.kind() == v1::REDUCE_SCATTER) {
+    absl::Status s = CheckReduction(static_cast<DType>(spec.dtype()),
+                                    static_cast<ReduceOp>(spec.op()));
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", s.message()));
+    }
+  }
   const uint64_t es = DTypeSize(static_cast<DType>(spec.dtype()));
   const uint64_t count = BufferCount(spec);
   if (count > max_op_bytes / es) {

@@ -127,9 +127,9 @@ class ProcessGroupHalka : public HalkaBackendBase {
     at::Tensor t = Single(tensors, "allreduce");
     const ReduceOp op = ToOp(opts.reduceOp, "allreduce");
     const OpOptions o = Opts(opts.timeout);
-    const DType d = ToDType(t, "allreduce");
+    const Elements e = Reduced(t, op, "allreduce");
     return Enqueue(OpType::ALLREDUCE, {t},
-                   [this, t, d, op, o] { return AllReduceNow(t, d, op, o); });
+                   [this, t, e, op, o] { return AllReduceNow(t, e, op, o); });
   }
 
   c10::intrusive_ptr<c10d::Work> broadcast(
@@ -139,9 +139,8 @@ class ProcessGroupHalka : public HalkaBackendBase {
     CheckRoot(opts.rootRank, "broadcast");
     const int root = to_halka_[opts.rootRank];
     const OpOptions o = Opts(opts.timeout);
-    const DType d = ToDType(t, "broadcast");
-    return Enqueue(OpType::BROADCAST, {t}, [this, t, d, root, o] {
-      return BroadcastNow(t, d, root, o);
+    return Enqueue(OpType::BROADCAST, {t}, [this, t, root, o] {
+      return BroadcastNow(t, root, o);
     });
   }
 
@@ -246,9 +245,9 @@ class ProcessGroupHalka : public HalkaBackendBase {
     const OpOptions o = Opts(opts.timeout);
     const bool root = opts.rootRank == getRank();
     at::Tensor target = root ? t : t.clone();
-    const DType d = ToDType(t, "reduce");
-    return Enqueue(OpType::REDUCE, {t}, [this, target, d, op, o] {
-      return AllReduceNow(target, d, op, o);
+    const Elements e = Reduced(t, op, "reduce");
+    return Enqueue(OpType::REDUCE, {t}, [this, target, e, op, o] {
+      return AllReduceNow(target, e, op, o);
     });
   }
 
@@ -314,10 +313,9 @@ class ProcessGroupHalka : public HalkaBackendBase {
       flat = at::empty({getSize() * n}, out.options());
     }
     const int src = to_halka_[opts.rootRank];
-    const DType d = ToDType(out, "scatter");
     const OpOptions o = Opts(opts.timeout);
-    return Enqueue(OpType::SCATTER, {out}, [this, flat, out, src, d, o, n] {
-      absl::Status s = BroadcastNow(flat, d, src, o);
+    return Enqueue(OpType::SCATTER, {out}, [this, flat, out, src, o, n] {
+      absl::Status s = BroadcastNow(flat, src, o);
       if (s.ok()) out.view(-1).copy_(flat.narrow(0, getRank() * n, n));
       return s;
     });
@@ -378,7 +376,6 @@ class ProcessGroupHalka : public HalkaBackendBase {
       elems_out.push_back(outputs[d].numel());
       total_out += outputs[d].numel();
     }
-    ToDType(inputs[0], "alltoall");
     at::Tensor out = at::empty({total_out}, inputs[0].options());
     std::vector<at::Tensor> outs = outputs;
     return AllToAll(OpType::ALLTOALL, at::cat(parts), out, elems_in, elems_out,
@@ -451,18 +448,21 @@ class ProcessGroupHalka : public HalkaBackendBase {
 
   // An all-reduce of t in place, on the group's thread (a CUDA tensor's
   // memory stays on the device).
-  absl::Status AllReduceNow(const at::Tensor& t, DType d, ReduceOp op,
+  absl::Status AllReduceNow(const at::Tensor& t, Elements e, ReduceOp op,
                             const OpOptions& o) {
-    const size_t n = static_cast<size_t>(t.numel());
+    const size_t n = e.count(t);
+    const DType d = e.dtype;
     return (t.is_cuda() ? client_->AllReduceDevice(t.data_ptr(), n, d, op, o)
                         : client_->AllReduce(t.data_ptr(), n, d, op, o))
         .status();
   }
 
   // A broadcast of t from halka rank `root`, on the group's thread.
-  absl::Status BroadcastNow(const at::Tensor& t, DType d, int root,
+  absl::Status BroadcastNow(const at::Tensor& t, int root,
                             const OpOptions& o) {
-    const size_t n = static_cast<size_t>(t.numel());
+    const Elements e = Moved(t);
+    const size_t n = e.count(t);
+    const DType d = e.dtype;
     return (t.is_cuda() ? client_->BroadcastDevice(t.data_ptr(), n, d, root, o)
                         : client_->Broadcast(t.data_ptr(), n, d, root, o))
         .status();
@@ -471,9 +471,11 @@ class ProcessGroupHalka : public HalkaBackendBase {
   // An all-gather of `in` into `flat` on the group's thread (a CUDA
   // tensor's memory stays on the device).
   absl::Status AllGatherNow(const at::Tensor& in, const at::Tensor& flat,
-                            DType d, const OpOptions& o) {
-    const size_t n = static_cast<size_t>(in.numel());
-    const size_t total = static_cast<size_t>(flat.numel());
+                            const OpOptions& o) {
+    const Elements e = Moved(in);
+    const size_t n = e.count(in);
+    const size_t total = e.count(flat);
+    const DType d = e.dtype;
     return (in.is_cuda()
                 ? client_->AllGatherDevice(in.data_ptr(), n, flat.data_ptr(),
                                            total, d, o)
@@ -491,15 +493,14 @@ class ProcessGroupHalka : public HalkaBackendBase {
       std::vector<int64_t> elems_in, std::vector<int64_t> elems_out,
       std::vector<at::Tensor> outputs, OpOptions o,
       std::function<void()> place) {
-    const DType d = ToDType(in, OpName(type));
     const int g = getSize();
     const int me = getRank();
     return Enqueue(type, std::move(outputs), [this, in, out, elems_in,
-                                              elems_out, o, place, d, g, me] {
+                                              elems_out, o, place, g, me] {
       // counts[h][dst]: what halka rank h sends to torch rank dst.
       at::Tensor mine = at::tensor(elems_in, at::kLong);
       at::Tensor counts = at::empty({g * g}, at::kLong);
-      absl::Status s = AllGatherNow(mine, counts, DType::kInt64, o);
+      absl::Status s = AllGatherNow(mine, counts, o);
       if (!s.ok()) return s;
       const int64_t* c = counts.data_ptr<int64_t>();
       int64_t widest = 1;
@@ -523,7 +524,7 @@ class ProcessGroupHalka : public HalkaBackendBase {
       at::Tensor padded = at::zeros({widest}, in.options());
       padded.narrow(0, 0, in.numel()).copy_(in);
       at::Tensor flat = at::empty({g * widest}, in.options());
-      s = AllGatherNow(padded, flat, d, o);
+      s = AllGatherNow(padded, flat, o);
       if (!s.ok()) return s;
       if (!fits.ok()) return fits;
       int64_t at = 0;
@@ -548,10 +549,9 @@ class ProcessGroupHalka : public HalkaBackendBase {
                                         std::vector<at::Tensor> outputs,
                                         OpOptions o,
                                         std::function<void()> place) {
-    const DType d = ToDType(in, OpName(type));
     return Enqueue(type, std::move(outputs),
-                   [this, in, flat, d, o, place = std::move(place)] {
-      absl::Status s = AllGatherNow(in, flat, d, o);
+                   [this, in, flat, o, place = std::move(place)] {
+      absl::Status s = AllGatherNow(in, flat, o);
       if (s.ok()) place();
       return s;
     });
@@ -561,10 +561,11 @@ class ProcessGroupHalka : public HalkaBackendBase {
   c10::intrusive_ptr<c10d::Work> Scatter(OpType type, at::Tensor send,
                                          at::Tensor out, ReduceOp op,
                                          OpOptions o) {
-    const DType d = ToDType(out, OpName(type));
-    return Enqueue(type, {out}, [this, send, out, d, op, o] {
-      const size_t n = static_cast<size_t>(send.numel());
-      const size_t m = static_cast<size_t>(out.numel());
+    const Elements e = Reduced(out, op, OpName(type));
+    return Enqueue(type, {out}, [this, send, out, e, op, o] {
+      const size_t n = e.count(send);
+      const size_t m = e.count(out);
+      const DType d = e.dtype;
       return (send.is_cuda()
                   ? client_->ReduceScatterDevice(send.data_ptr(), n,
                                                  out.data_ptr(), m, d, op, o)

@@ -20,6 +20,7 @@
 #include <exception>
 #include <mutex>
 #include <stdexcept>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -125,19 +126,60 @@ inline const char* OpName(OpType t) {
   }
 }
 
-inline DType ToDType(const at::Tensor& t, const char* op) {
-  switch (t.scalar_type()) {
+// halka's element type for a torch dtype; nullopt where halka has none.
+inline std::optional<DType> HalkaDType(at::ScalarType s) {
+  switch (s) {
     case at::kFloat: return DType::kFloat32;
     case at::kDouble: return DType::kFloat64;
     case at::kHalf: return DType::kFloat16;
     case at::kBFloat16: return DType::kBFloat16;
     case at::kInt: return DType::kInt32;
     case at::kLong: return DType::kInt64;
-    default:
-      TORCH_CHECK(false, "ProcessGroup halka: ", op, " does not support dtype ",
-                  t.scalar_type(), " (halka has float32, float64, float16, "
-                  "bfloat16, int32, int64)");
+    case at::kChar: return DType::kInt8;
+    case at::kByte: return DType::kUInt8;
+    case at::kBool: return DType::kBool;
+    case at::kShort: return DType::kInt16;
+    default: return std::nullopt;
   }
+}
+
+// How a tensor's elements travel: as `dtype`, `per_element` of them for
+// each of the tensor's elements (numel() x per_element in all).
+struct Elements {
+  DType dtype;
+  size_t per_element;
+  size_t count(const at::Tensor& t) const {
+    return static_cast<size_t>(t.numel()) * per_element;
+  }
+};
+
+// For collectives that only move data (broadcast, all-gather, scatter,
+// gather, all-to-all): any dtype; one halka has no type for (complex,
+// float8, uint16, ...) travels as its bytes.
+inline Elements Moved(const at::Tensor& t) {
+  if (std::optional<DType> d = HalkaDType(t.scalar_type())) return {*d, 1};
+  return {DType::kUInt8, static_cast<size_t>(t.element_size())};
+}
+
+// For reductions: halka's type (bool: SUM/MAX or, PROD/MIN and), or a
+// complex tensor under SUM or AVG as its real and imaginary parts.
+inline Elements Reduced(const at::Tensor& t, ReduceOp op, const char* name) {
+  const at::ScalarType s = t.scalar_type();
+  if (s == at::kComplexFloat || s == at::kComplexDouble) {
+    TORCH_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg,
+                "ProcessGroup halka: ", name, " reduces complex tensors with "
+                "SUM or AVG only (MIN, MAX and PRODUCT are not defined on "
+                "them elementwise)");
+    return {s == at::kComplexFloat ? DType::kFloat32 : DType::kFloat64, 2};
+  }
+  std::optional<DType> d = HalkaDType(s);
+  TORCH_CHECK(d.has_value(), "ProcessGroup halka: ", name,
+              " does not reduce dtype ", s, " (halka reduces float32, "
+              "float64, float16, bfloat16, int64, int32, int16, int8, uint8, "
+              "bool, and complex under SUM/AVG)");
+  TORCH_CHECK(!(*d == DType::kBool && op == ReduceOp::kAvg),
+              "ProcessGroup halka: ", name, ": AVG is not defined for bool");
+  return {*d, 1};
 }
 
 inline ReduceOp ToOp(const c10d::ReduceOp& op, const char* name) {
@@ -154,14 +196,14 @@ inline ReduceOp ToOp(const c10d::ReduceOp& op, const char* name) {
   }
 }
 
-// The one tensor of a call, checked: contiguous, one halka dtype.
+// The one tensor of a call, checked: contiguous (its dtype is each
+// operation's to check: Moved, Reduced).
 inline at::Tensor Single(const std::vector<at::Tensor>& tensors, const char* op) {
   TORCH_CHECK(tensors.size() == 1, "ProcessGroup halka: ", op,
               " takes exactly one tensor per process, got ", tensors.size());
   const at::Tensor& t = tensors[0];
   TORCH_CHECK(t.is_contiguous(), "ProcessGroup halka: ", op,
               " needs a contiguous tensor");
-  ToDType(t, op);
   return t;
 }
 

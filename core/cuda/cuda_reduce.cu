@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "core/cuda/cuda_elements.h"
 #include "core/dtype.h"
+#include "core/dtype_dispatch.h"
 
 namespace halka {
 namespace {
@@ -104,6 +105,14 @@ struct HalfCodec {
   }
 };
 
+// bool: one byte, 0 or 1 (non-zero reads as 1); see core/reduce.cc.
+struct BoolCodec {
+  using Storage = uint8_t;
+  using Compute = uint8_t;
+  static HALKA_HD Compute Decode(Storage v) { return v != 0 ? 1 : 0; }
+  static HALKA_HD Storage Encode(Compute v) { return v; }
+};
+
 struct BFloat16Codec {
   using Storage = uint16_t;
   using Compute = float;
@@ -134,9 +143,13 @@ struct ProdOp {
   template <typename T>
   static HALKA_HD T Apply(T a, T b) {
     if constexpr (std::is_integral_v<T>) {
+      // At least as wide as unsigned int, as on the CPU (core/reduce.cc):
+      // narrower types would promote to int, whose overflow is undefined.
       using U = std::make_unsigned_t<T>;
-      static_assert(sizeof(U) >= sizeof(unsigned int));
-      return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+      using W = std::conditional_t<(sizeof(U) < sizeof(unsigned int)),
+                                   unsigned int, U>;
+      return static_cast<T>(static_cast<W>(static_cast<U>(a)) *
+                            static_cast<W>(static_cast<U>(b)));
     } else {
       return MulRn(a, b);
     }
@@ -195,11 +208,18 @@ template <typename Codec>
 struct DivideFn<Codec, true> {
   using Storage = typename Codec::Storage;
   using Compute = typename Codec::Compute;
+  // 8- and 16-bit values divide in int: the divisor (a world size) need
+  // not fit their type, and the quotient always fits back.
+  static constexpr bool kNarrow = sizeof(Compute) < sizeof(int);
+  using Divisor = std::conditional_t<kNarrow, int, Compute>;
   static constexpr bool kHasSrc = false;
-  Compute divisor;
+  Divisor divisor;
   HALKA_HD Storage operator()(Storage d, Storage /*unused*/) const {
     const Compute value = Codec::Decode(d);
-    if (divisor == Compute{-1}) {
+    if constexpr (kNarrow) {
+      return static_cast<Compute>(static_cast<int>(value) / divisor);
+    }
+    if (divisor == Divisor{-1}) {
       using U = std::make_unsigned_t<Compute>;
       return static_cast<Compute>(U{0} - static_cast<U>(value));
     }
@@ -304,6 +324,11 @@ cudaError_t LaunchElementwise(void* dst, const void* src, size_t count, Fn fn,
 template <typename Codec>
 cudaError_t LaunchReduce(ReduceOp op, void* dst, const void* src, size_t count,
                          int sms, cudaStream_t stream) {
+  if constexpr (std::is_same_v<Codec, BoolCodec>) {
+    // On 0/1: SUM is MAX (or), PROD is MIN (and), as on the CPU.
+    if (op == ReduceOp::kSum || op == ReduceOp::kAvg) op = ReduceOp::kMax;
+    if (op == ReduceOp::kProd) op = ReduceOp::kMin;
+  }
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:  // divided later by CudaFinalizeAvg
@@ -328,13 +353,21 @@ cudaError_t LaunchDivide(void* dst, size_t count, int divisor, int sms,
   using Compute = typename Codec::Compute;
   DivideFn<Codec> fn;
   if constexpr (std::is_integral_v<Compute>) {
-    fn.divisor = static_cast<Compute>(divisor);
+    fn.divisor = static_cast<typename DivideFn<Codec>::Divisor>(divisor);
   } else {
     fn.divide =
         DivideByConstant<Compute>::Make(static_cast<Compute>(divisor));
   }
   return LaunchElementwise(dst, nullptr, count, fn, sms, stream);
 }
+
+// The codecs of this file, by dtype (core/dtype_dispatch.h).
+struct Codecs {
+  template <typename T> using Native = NativeCodec<T>;
+  using Half = HalfCodec;
+  using BFloat16 = BFloat16Codec;
+  using Bool = BoolCodec;
+};
 
 // ---------------------------------------------------------------------------
 // Errors.
@@ -419,26 +452,10 @@ absl::Status CudaReduceInto(DType dtype, ReduceOp op, void* dst,
   }
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   cudaError_t err = cudaErrorInvalidValue;
-  switch (dtype) {
-    case DType::kFloat32:
-      err = LaunchReduce<NativeCodec<float>>(op, dst, src, count, sms, s);
-      break;
-    case DType::kFloat64:
-      err = LaunchReduce<NativeCodec<double>>(op, dst, src, count, sms, s);
-      break;
-    case DType::kFloat16:
-      err = LaunchReduce<HalfCodec>(op, dst, src, count, sms, s);
-      break;
-    case DType::kBFloat16:
-      err = LaunchReduce<BFloat16Codec>(op, dst, src, count, sms, s);
-      break;
-    case DType::kInt32:
-      err = LaunchReduce<NativeCodec<int32_t>>(op, dst, src, count, sms, s);
-      break;
-    case DType::kInt64:
-      err = LaunchReduce<NativeCodec<int64_t>>(op, dst, src, count, sms, s);
-      break;
-  }
+  WithCodec<Codecs>(dtype, [&](auto tag) {
+    err = LaunchReduce<typename decltype(tag)::type>(op, dst, src, count, sms,
+                                                     s);
+  });
   return CudaStatus(err, "CudaReduceInto: kernel launch");
 }
 
@@ -458,27 +475,13 @@ absl::Status CudaFinalizeAvg(DType dtype, void* dst, size_t count, int divisor,
     return absl::InvalidArgumentError("CudaFinalizeAvg: null buffer");
   }
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  cudaError_t err = cudaErrorInvalidValue;
-  switch (dtype) {
-    case DType::kFloat32:
-      err = LaunchDivide<NativeCodec<float>>(dst, count, divisor, sms, s);
-      break;
-    case DType::kFloat64:
-      err = LaunchDivide<NativeCodec<double>>(dst, count, divisor, sms, s);
-      break;
-    case DType::kFloat16:
-      err = LaunchDivide<HalfCodec>(dst, count, divisor, sms, s);
-      break;
-    case DType::kBFloat16:
-      err = LaunchDivide<BFloat16Codec>(dst, count, divisor, sms, s);
-      break;
-    case DType::kInt32:
-      err = LaunchDivide<NativeCodec<int32_t>>(dst, count, divisor, sms, s);
-      break;
-    case DType::kInt64:
-      err = LaunchDivide<NativeCodec<int64_t>>(dst, count, divisor, sms, s);
-      break;
-  }
+  cudaError_t err = cudaSuccess;  // bool: AVG is refused (CheckReduction)
+  WithCodec<Codecs>(dtype, [&](auto tag) {
+    using Codec = typename decltype(tag)::type;
+    if constexpr (!std::is_same_v<Codec, BoolCodec>) {
+      err = LaunchDivide<Codec>(dst, count, divisor, sms, s);
+    }
+  });
   return CudaStatus(err, "CudaFinalizeAvg: kernel launch");
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -41,6 +42,49 @@ void StoreDouble(DType dtype, double v, uint8_t* out) {
       std::memcpy(out, &x, 8);
       break;
     }
+    case DType::kInt8:
+    case DType::kUInt8:
+    case DType::kBool:
+    case DType::kInt16: {
+      // In the type's range by construction (IntegerRange); stored modulo
+      // 2^bits, little-endian.
+      const uint64_t x = static_cast<uint64_t>(static_cast<int64_t>(v));
+      std::memcpy(out, &x, DTypeSize(dtype));
+      break;
+    }
+  }
+}
+
+// The integers MakeRankData draws for `dtype` under `op`: small enough for
+// PROD, and within the type (bool: 0 or 1).
+std::pair<int, int> IntegerRange(DType dtype, bool prod) {
+  switch (dtype) {
+    case DType::kBool:
+      return {0, 1};
+    case DType::kUInt8:
+      return {0, prod ? 3 : 255};
+    case DType::kInt8:
+      return {prod ? -3 : -100, prod ? 3 : 100};
+    default:
+      return {prod ? -3 : -1000, prod ? 3 : 1000};
+  }
+}
+
+// `v` (an integer) as the element type holds it: modulo 2^bits, as the
+// engine's SUM and PROD wrap (bool: non-zero is 1).
+double WrapToType(DType dtype, double v) {
+  const int64_t x = static_cast<int64_t>(v);
+  switch (dtype) {
+    case DType::kInt8:
+      return static_cast<int8_t>(static_cast<uint8_t>(x));
+    case DType::kUInt8:
+      return static_cast<uint8_t>(x);
+    case DType::kInt16:
+      return static_cast<int16_t>(static_cast<uint16_t>(x));
+    case DType::kBool:
+      return x != 0 ? 1 : 0;
+    default:
+      return v;
   }
 }
 
@@ -62,8 +106,8 @@ std::vector<uint8_t> MakeRankData(DType dtype, ReduceOp op, size_t count,
       StoreDouble(dtype, v, out.data() + i * es);
     }
   } else {
-    std::uniform_int_distribution<int> dist(prod ? -3 : -1000,
-                                            prod ? 3 : 1000);
+    const auto [lo, hi] = IntegerRange(dtype, prod);
+    std::uniform_int_distribution<int> dist(lo, hi);
     for (size_t i = 0; i < count; ++i) {
       StoreDouble(dtype, dist(rng), out.data() + i * es);
     }
@@ -114,6 +158,17 @@ double ElementAsDouble(DType dtype, const void* data, size_t i) {
       std::memcpy(&x, p, 8);
       return static_cast<double>(x);
     }
+    case DType::kInt8:
+      return static_cast<int8_t>(p[0]);
+    case DType::kUInt8:
+      return p[0];
+    case DType::kBool:
+      return p[0] != 0 ? 1 : 0;
+    case DType::kInt16: {
+      int16_t x;
+      std::memcpy(&x, p, 2);
+      return x;
+    }
   }
   return 0;
 }
@@ -150,10 +205,15 @@ CheckResult CheckAllReduce(DType dtype, ReduceOp op,
   for (size_t i = 0; i < count; ++i) {
     double acc = ElementAsDouble(dtype, inputs[0].data(), i);
     double mag = std::fabs(acc);
+    // bool: SUM is an or (MAX on 0/1), PROD an and (MIN).
+    const ReduceOp as = dtype != DType::kBool ? op
+                        : op == ReduceOp::kSum  ? ReduceOp::kMax
+                        : op == ReduceOp::kProd ? ReduceOp::kMin
+                                                : op;
     for (int r = 1; r < g; ++r) {
       const double v = ElementAsDouble(dtype, inputs[static_cast<size_t>(r)].data(), i);
       mag += std::fabs(v);
-      switch (op) {
+      switch (as) {
         case ReduceOp::kSum:
         case ReduceOp::kAvg:
           acc += v;
@@ -169,6 +229,9 @@ CheckResult CheckAllReduce(DType dtype, ReduceOp op,
           break;
       }
     }
+    // The 8- and 16-bit types wrap (the wider ones do not, at these
+    // ranges); AVG divides the wrapped sum.
+    acc = WrapToType(dtype, acc);
     if (op == ReduceOp::kAvg) {
       acc = integer ? std::trunc(acc / g) : acc / g;
       mag /= g;

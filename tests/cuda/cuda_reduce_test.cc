@@ -773,7 +773,7 @@ TEST(CudaReduceNoDeviceTest, ValidatesArgumentsEverywhere) {
                            nullptr, 1, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(CudaReduceInto(static_cast<DType>(7), ReduceOp::kSum, nullptr,
+  EXPECT_EQ(CudaReduceInto(static_cast<DType>(11), ReduceOp::kSum, nullptr,
                            nullptr, 1, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
@@ -781,7 +781,7 @@ TEST(CudaReduceNoDeviceTest, ValidatesArgumentsEverywhere) {
                            nullptr, 1, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(CudaFinalizeAvg(static_cast<DType>(9), nullptr, 1, 3, nullptr)
+  EXPECT_EQ(CudaFinalizeAvg(static_cast<DType>(11), nullptr, 1, 3, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
   // Empty work and no-op divisors touch nothing.

@@ -1,6 +1,8 @@
 """dist.all_reduce (SUM, AVG, MIN, MAX, PRODUCT), broadcast, all_gather,
-reduce_scatter and barrier over the "halka" backend, per dtype, against gloo
-and against the reference; reduce, gather, scatter (every root),
+reduce_scatter and barrier over the "halka" backend, per dtype (float32,
+float64, float16, bfloat16, int64, int32, int16, int8, uint8, bool), against
+gloo and against the reference; complex sums, complex and uint16 tensors
+moved as bytes, the object collectives; reduce, gather, scatter (every root),
 all_to_all_single (even and uneven splits) and all_to_all against the
 inputs; Work.wait(timeout); unsupported calls (send, a bad split) raise
 RuntimeError naming the operation. 3 processes (mp.spawn), embedded

@@ -17,14 +17,18 @@ TEST(DTypeTest, Sizes) {
   EXPECT_EQ(DTypeSize(DType::kBFloat16), 2u);
   EXPECT_EQ(DTypeSize(DType::kInt32), 4u);
   EXPECT_EQ(DTypeSize(DType::kInt64), 8u);
+  EXPECT_EQ(DTypeSize(DType::kInt8), 1u);
+  EXPECT_EQ(DTypeSize(DType::kUInt8), 1u);
+  EXPECT_EQ(DTypeSize(DType::kBool), 1u);
+  EXPECT_EQ(DTypeSize(DType::kInt16), 2u);
   EXPECT_EQ(DTypeSize(static_cast<DType>(0)), 0u);
-  EXPECT_EQ(DTypeSize(static_cast<DType>(7)), 0u);
+  EXPECT_EQ(DTypeSize(static_cast<DType>(11)), 0u);
 }
 
 TEST(DTypeTest, Validity) {
   EXPECT_FALSE(IsValidDType(0));
-  for (int v = 1; v <= 6; ++v) EXPECT_TRUE(IsValidDType(v)) << v;
-  EXPECT_FALSE(IsValidDType(7));
+  for (int v = 1; v <= 10; ++v) EXPECT_TRUE(IsValidDType(v)) << v;
+  EXPECT_FALSE(IsValidDType(11));
   EXPECT_FALSE(IsValidDType(-1));
   EXPECT_FALSE(IsValidDType(256 + 1));  // must not be truncated to uint8
 
@@ -39,7 +43,7 @@ TEST(DTypeTest, Validity) {
   for (ReduceOp op : kAllReduceOps) {
     EXPECT_TRUE(IsValidReduceOp(static_cast<int>(op)));
   }
-  EXPECT_EQ(std::size(kAllDTypes), 6u);
+  EXPECT_EQ(std::size(kAllDTypes), 10u);
   EXPECT_EQ(std::size(kAllReduceOps), 5u);
 }
 
@@ -50,7 +54,24 @@ TEST(DTypeTest, FloatingPoint) {
   EXPECT_TRUE(IsFloatingPoint(DType::kBFloat16));
   EXPECT_FALSE(IsFloatingPoint(DType::kInt32));
   EXPECT_FALSE(IsFloatingPoint(DType::kInt64));
+  EXPECT_FALSE(IsFloatingPoint(DType::kInt8));
+  EXPECT_FALSE(IsFloatingPoint(DType::kBool));
   EXPECT_FALSE(IsFloatingPoint(static_cast<DType>(0)));
+}
+
+TEST(DTypeTest, AvgIsRefusedForBoolOnly) {
+  for (DType d : kAllDTypes) {
+    for (ReduceOp op : kAllReduceOps) {
+      const absl::Status s = CheckReduction(d, op);
+      if (d == DType::kBool && op == ReduceOp::kAvg) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_TRUE(absl::StrContains(s.message(), "avg is not defined for bool"))
+            << s;
+      } else {
+        EXPECT_TRUE(s.ok()) << DTypeName(d) << " " << ReduceOpName(op) << s;
+      }
+    }
+  }
 }
 
 TEST(DTypeTest, Names) {
@@ -119,7 +140,7 @@ TEST(DTypeTest, ParseAliasesAndCase) {
 }
 
 TEST(DTypeTest, ParseDTypeRejectsUnknownNames) {
-  for (const char* bad : {"", "float128", "int8", "uint32", " float32",
+  for (const char* bad : {"", "float128", "int128", "uint32", " float32",
                           "float32 ", "fp", "bfloat", "sum"}) {
     absl::StatusOr<DType> parsed = ParseDType(bad);
     ASSERT_FALSE(parsed.ok()) << '"' << bad << '"';

@@ -596,7 +596,7 @@ TEST(FrameCodecHostileTest, UnknownPhaseOnFingerprintAndAbortFrames) {
 }
 
 TEST(FrameCodecHostileTest, UnknownDTypeOrOpOnDataFrame) {
-  for (int dtype : {0, 7, 1000, -1}) {
+  for (int dtype : {0, 11, 1000, -1}) {
     v1::FrameHeader h = DataHeader(DType::kFloat32, 0);
     h.set_dtype(static_cast<v1::DType>(dtype));
     ExpectDataLoss(Wire(h, ""), absl::StrCat("dtype ", dtype));
@@ -623,9 +623,9 @@ TEST(FrameCodecHostileTest, InvalidFingerprintEnums) {
                  }),
                  "fingerprint kind 6");
   ExpectDataLoss(with([](v1::OpFingerprint* f) {
-                   f->set_dtype(static_cast<v1::DType>(9));
+                   f->set_dtype(static_cast<v1::DType>(11));
                  }),
-                 "fingerprint dtype 9");
+                 "fingerprint dtype 11");
   ExpectDataLoss(with([](v1::OpFingerprint* f) {
                    f->set_op(static_cast<v1::ReduceOp>(0));
                  }),

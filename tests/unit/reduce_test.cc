@@ -507,7 +507,7 @@ TEST(ReduceIntoTest, InvalidDTypeOrOpLeavesDstUntouched) {
   float dst[] = {1.0f, 2.0f};
   const float src[] = {3.0f, 4.0f};
   ReduceInto(static_cast<DType>(0), ReduceOp::kSum, dst, src, 2);
-  ReduceInto(static_cast<DType>(9), ReduceOp::kSum, dst, src, 2);
+  ReduceInto(static_cast<DType>(11), ReduceOp::kSum, dst, src, 2);
   ReduceInto(DType::kFloat32, static_cast<ReduceOp>(0), dst, src, 2);
   ReduceInto(DType::kFloat32, static_cast<ReduceOp>(6), dst, src, 2);
   EXPECT_EQ(dst[0], 1.0f);
@@ -948,6 +948,82 @@ TEST(ReferenceTest, RefRoundAndDecodeByHand) {
   EXPECT_EQ(RefDecode(kBF16, 0x0001), std::ldexp(1.0, -133));
   EXPECT_TRUE(std::isnan(RefDecode(kHalf, 0x7C01)));
   EXPECT_TRUE(std::isinf(RefDecode(kBF16, 0xFF80)));
+}
+
+}  // namespace
+}  // namespace halka
+
+namespace halka {
+namespace {
+
+// The 8- and 16-bit integers wrap like the wider ones (two's complement),
+// PROD included: 16-bit products do not overflow a promoted int.
+TEST(ReduceIntoSmallIntegers, WrapAroundTheirWidth) {
+  int8_t a8[] = {100, -128, 7, 127};
+  const int8_t b8[] = {100, -1, -8, 1};
+  ReduceInto(DType::kInt8, ReduceOp::kSum, a8, b8, 4);
+  EXPECT_EQ(a8[0], -56);   // 200 - 256
+  EXPECT_EQ(a8[1], 127);   // -129 + 256
+  EXPECT_EQ(a8[2], -1);
+  EXPECT_EQ(a8[3], -128);  // 128 - 256
+  uint8_t u[] = {200, 16, 3, 0};
+  const uint8_t v[] = {100, 16, 5, 255};
+  ReduceInto(DType::kUInt8, ReduceOp::kProd, u, v, 4);
+  EXPECT_EQ(u[0], static_cast<uint8_t>(20000 % 256));
+  EXPECT_EQ(u[1], 0);  // 256
+  EXPECT_EQ(u[2], 15);
+  EXPECT_EQ(u[3], 0);
+  int16_t p[] = {-32768, 200, 181};
+  const int16_t q[] = {-1, 200, 181};
+  ReduceInto(DType::kInt16, ReduceOp::kProd, p, q, 3);
+  EXPECT_EQ(p[0], -32768);  // 32768 wraps
+  EXPECT_EQ(p[1], static_cast<int16_t>(40000 - 65536));
+  EXPECT_EQ(p[2], static_cast<int16_t>(32761));
+  int8_t m[] = {-5, 9};
+  const int8_t n[] = {3, -9};
+  ReduceInto(DType::kInt8, ReduceOp::kMin, m, n, 2);
+  EXPECT_EQ(m[0], -5);
+  EXPECT_EQ(m[1], -9);
+}
+
+// AVG's divisor is a world size, which need not fit an 8-bit element.
+TEST(ReduceIntoSmallIntegers, AvgDividesByWorldsWiderThanTheType) {
+  int8_t a[] = {100, -100, -128};
+  FinalizeAvg(DType::kInt8, a, 2, 300);
+  EXPECT_EQ(a[0], 0);
+  EXPECT_EQ(a[1], 0);
+  FinalizeAvg(DType::kInt8, a + 2, 1, -1);
+  EXPECT_EQ(a[2], -128);  // 128 wraps, as SUM would
+  uint8_t u[] = {255, 7};
+  FinalizeAvg(DType::kUInt8, u, 2, 2);
+  EXPECT_EQ(u[0], 127);
+  EXPECT_EQ(u[1], 3);
+  int16_t s[] = {-30001};
+  FinalizeAvg(DType::kInt16, s, 1, 1000);
+  EXPECT_EQ(s[0], -30);  // truncates toward zero
+}
+
+// bool: SUM and MAX are or, PROD and MIN and; any non-zero byte is true
+// and every result is 0 or 1.
+TEST(ReduceIntoBool, OrAndAndOnBytes) {
+  const uint8_t src[] = {0, 1, 0, 7};
+  struct Case {
+    ReduceOp op;
+    uint8_t dst[4];
+    uint8_t want[4];
+  };
+  const Case cases[] = {
+      {ReduceOp::kSum, {0, 0, 2, 1}, {0, 1, 1, 1}},   // or
+      {ReduceOp::kMax, {0, 0, 2, 1}, {0, 1, 1, 1}},   // or
+      {ReduceOp::kProd, {0, 3, 2, 1}, {0, 1, 0, 1}},  // and
+      {ReduceOp::kMin, {0, 3, 2, 1}, {0, 1, 0, 1}},   // and
+  };
+  for (Case c : cases) {
+    ReduceInto(DType::kBool, c.op, c.dst, src, 4);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(c.dst[i], c.want[i]) << ReduceOpName(c.op) << " element " << i;
+    }
+  }
 }
 
 }  // namespace

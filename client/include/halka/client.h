@@ -44,6 +44,12 @@ template <> struct DTypeOf<Half> { static constexpr DType value = DType::kFloat1
 template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::kBFloat16; };
 template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::kInt32; };
 template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::kInt64; };
+template <> struct DTypeOf<int8_t> { static constexpr DType value = DType::kInt8; };
+template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::kUInt8; };
+template <> struct DTypeOf<int16_t> { static constexpr DType value = DType::kInt16; };
+// One byte, 0 or 1 (the SDK checks sizeof(bool) == 1 below).
+template <> struct DTypeOf<bool> { static constexpr DType value = DType::kBool; };
+static_assert(sizeof(bool) == 1, "halka's bool is one byte");
 
 struct OpOptions {
   // Deadline of the operation; zero: the worker's default (normally

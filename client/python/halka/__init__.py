@@ -35,6 +35,10 @@ class DType(enum.IntEnum):
     BFLOAT16 = 4
     INT32 = 5
     INT64 = 6
+    INT8 = 7
+    UINT8 = 8
+    BOOL = 9
+    INT16 = 10
 
 
 class ReduceOp(enum.IntEnum):
@@ -49,12 +53,16 @@ class ReduceOp(enum.IntEnum):
 _ALGORITHMS = {"auto": 0, "ring": 1, "naive": 2, "ps": 3, "two_level": 4}
 _NUMPY_DTYPES = {"float32": DType.FLOAT32, "float64": DType.FLOAT64,
                  "float16": DType.FLOAT16, "int32": DType.INT32,
-                 "int64": DType.INT64}
+                 "int64": DType.INT64, "int8": DType.INT8,
+                 "uint8": DType.UINT8, "bool": DType.BOOL,
+                 "int16": DType.INT16}
 _TORCH_DTYPES = {"torch.float32": DType.FLOAT32,
                  "torch.float64": DType.FLOAT64,
                  "torch.float16": DType.FLOAT16,
                  "torch.bfloat16": DType.BFLOAT16,
-                 "torch.int32": DType.INT32, "torch.int64": DType.INT64}
+                 "torch.int32": DType.INT32, "torch.int64": DType.INT64,
+                 "torch.int8": DType.INT8, "torch.uint8": DType.UINT8,
+                 "torch.bool": DType.BOOL, "torch.int16": DType.INT16}
 
 
 def _op(op):

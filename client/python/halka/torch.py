@@ -12,8 +12,11 @@ in-process (rank 0 hosts the rendezvous, whose address travels through
 torch's store; HALKA_HOST picks the address to listen on, default
 127.0.0.1), unless HALKA_WORKER names a running worker daemon
 ("unix:/run/halka.sock" or "host:port"). Supported: allreduce (SUM, AVG,
-MIN, MAX, PRODUCT), broadcast, allgather, reduce_scatter, barrier, on
-float32, float64, float16, bfloat16, int32, int64. Anything else raises
+MIN, MAX, PRODUCT), broadcast, allgather, reduce_scatter, barrier, reduce,
+gather, scatter, all_to_all(_single); reductions on float32, float64,
+float16, bfloat16, int64, int32, int16, int8, uint8, bool (SUM/MAX or,
+PRODUCT/MIN and) and complex (SUM/AVG); data movement on any dtype (as
+bytes where halka has no element type). Anything else raises
 RuntimeError naming the operation. A failed operation raises RuntimeError
 with halka's message (which rank, which phase).
 """

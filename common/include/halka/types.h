@@ -29,10 +29,17 @@ enum class DType : uint8_t {
   kBFloat16 = 4,
   kInt32 = 5,
   kInt64 = 6,
+  kInt8 = 7,
+  kUInt8 = 8,
+  // One byte, 0 or 1 (as torch.bool and NumPy's bool_ store it): SUM and
+  // MAX are a logical or, PROD and MIN a logical and; AVG is refused.
+  kBool = 9,
+  kInt16 = 10,
 };
-inline constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64,
-                                       DType::kFloat16, DType::kBFloat16,
-                                       DType::kInt32,   DType::kInt64};
+inline constexpr DType kAllDTypes[] = {
+    DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16,
+    DType::kInt32,   DType::kInt64,   DType::kInt8,    DType::kUInt8,
+    DType::kBool,    DType::kInt16};
 
 enum class ReduceOp : uint8_t {
   kSum = 1,

@@ -388,6 +388,103 @@ class ProcessGroupHalka : public HalkaBackendBase {
                     });
   }
 
+  // allreduce_coalesced: one all-reduce of every tensor's elements.
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts) override {
+    CheckCoalesced(tensors, "allreduce_coalesced");
+    const ReduceOp op = ToOp(opts.reduceOp, "allreduce_coalesced");
+    const Elements e = Reduced(tensors[0], op, "allreduce_coalesced");
+    const OpOptions o = Opts(opts.timeout);
+    const at::Tensor flat = Flatten(tensors);
+    const std::vector<at::Tensor> ts = tensors;
+    return Enqueue(OpType::ALLREDUCE_COALESCED, ts, [this, flat, ts, e, op, o] {
+      absl::Status s = AllReduceNow(flat, e, op, o);
+      if (s.ok()) Unflatten(flat, 0, ts);
+      return s;
+    });
+  }
+
+  // allgather_coalesced: outputs[r][j] gets torch rank r's inputs[j]; one
+  // all-gather of every input's elements.
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override {
+    CheckCoalesced(inputs, "allgather_coalesced");
+    TORCH_CHECK(static_cast<int>(outputs.size()) == getSize(),
+                "ProcessGroup halka: allgather_coalesced needs one output "
+                "list per rank (", getSize(), ")");
+    std::vector<at::Tensor> all;
+    for (const std::vector<at::Tensor>& list : outputs) {
+      TORCH_CHECK(list.size() == inputs.size(), "ProcessGroup halka: "
+                  "allgather_coalesced: every output list needs one tensor "
+                  "per input");
+      for (size_t j = 0; j < list.size(); ++j) {
+        SameShape(list[j], inputs[j], "allgather_coalesced");
+        all.push_back(list[j]);
+      }
+    }
+    const at::Tensor in = Flatten(inputs);
+    const at::Tensor flat = at::empty({getSize() * in.numel()}, in.options());
+    return Gather(OpType::ALLGATHER_COALESCED, in, flat, all,
+                  Opts(opts.timeout),
+                  [this, outputs, flat, n = in.numel()] {
+                    for (int h = 0; h < getSize(); ++h) {
+                      Unflatten(flat, h * n, outputs[to_torch_[h]]);
+                    }
+                  });
+  }
+
+#if TORCH_VERSION_MAJOR >= 2
+  // all_gather_into_tensor in a coalescing manager: outputs[i] (world x
+  // inputs[i]) gets every rank's inputs[i]; one all-gather.
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override {
+    CheckCoalesced(inputs, "allgather_into_tensor_coalesced");
+    CheckWorldTimes(outputs, inputs, "allgather_into_tensor_coalesced");
+    const at::Tensor in = Flatten(inputs);
+    const at::Tensor flat = at::empty({getSize() * in.numel()}, in.options());
+    const std::vector<at::Tensor> outs = outputs;
+    return Gather(OpType::COALESCED, in, flat, outs, Opts(opts.timeout),
+                  [this, outs, flat, n = in.numel()] {
+                    for (int h = 0; h < getSize(); ++h) {
+                      int64_t at = h * n;
+                      for (const at::Tensor& o : outs) {
+                        const int64_t m = o.numel() / getSize();
+                        o.view(-1).narrow(0, to_torch_[h] * m, m)
+                            .copy_(flat.narrow(0, at, m));
+                        at += m;
+                      }
+                    }
+                  });
+  }
+
+  // reduce_scatter_tensor in a coalescing manager: outputs[i] gets the
+  // reduction of every rank's slice (this rank's) of inputs[i]; one
+  // reduce-scatter of the slices laid out rank by rank.
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override {
+    CheckCoalesced(outputs, "reduce_scatter_tensor_coalesced");
+    CheckWorldTimes(inputs, outputs, "reduce_scatter_tensor_coalesced");
+    const ReduceOp op = ToOp(opts.reduceOp, "reduce_scatter_tensor_coalesced");
+    std::vector<at::Tensor> parts;
+    for (int h = 0; h < getSize(); ++h) {
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        const int64_t m = outputs[i].numel();
+        parts.push_back(inputs[i].reshape(-1).narrow(0, to_torch_[h] * m, m));
+      }
+    }
+    const at::Tensor out = at::empty({Flatten(outputs).numel()},
+                                     outputs[0].options());
+    const std::vector<at::Tensor> outs = outputs;
+    return Scatter(OpType::COALESCED, at::cat(parts), out, op,
+                   Opts(opts.timeout), [out, outs] { Unflatten(out, 0, outs); });
+  }
+#endif
+
   c10::intrusive_ptr<c10d::Work> barrier(
       const c10d::BarrierOptions& opts) override {
     const OpOptions o = Opts(opts.timeout);
@@ -439,6 +536,24 @@ class ProcessGroupHalka : public HalkaBackendBase {
                     t.numel() == like.numel() && t.device() == like.device(),
                 "ProcessGroup halka: ", op, ": every tensor must have the "
                 "input's dtype, size and device");
+  }
+
+  // Each of `big` has the world times the elements of `small`'s tensor at
+  // the same place, the same dtype and device, and is contiguous.
+  void CheckWorldTimes(const std::vector<at::Tensor>& big,
+                       const std::vector<at::Tensor>& small,
+                       const char* op) const {
+    TORCH_CHECK(big.size() == small.size(), "ProcessGroup halka: ", op,
+                " needs as many outputs as inputs");
+    for (size_t i = 0; i < big.size(); ++i) {
+      TORCH_CHECK(big[i].is_contiguous() &&
+                      big[i].scalar_type() == small[i].scalar_type() &&
+                      big[i].device() == small[i].device() &&
+                      big[i].numel() == getSize() * small[i].numel(),
+                  "ProcessGroup halka: ", op, ": tensor ", i, " needs ",
+                  getSize(), " x the elements of its counterpart, its dtype "
+                  "and device, contiguous");
+    }
   }
 
   void CheckRoot(int64_t root, const char* op) const {
@@ -558,20 +673,23 @@ class ProcessGroupHalka : public HalkaBackendBase {
   }
 
   // Queues a reduce-scatter of `send` (halka rank order) into `out`.
-  c10::intrusive_ptr<c10d::Work> Scatter(OpType type, at::Tensor send,
-                                         at::Tensor out, ReduceOp op,
-                                         OpOptions o) {
+  c10::intrusive_ptr<c10d::Work> Scatter(
+      OpType type, at::Tensor send, at::Tensor out, ReduceOp op, OpOptions o,
+      std::function<void()> place = [] {}) {
     const Elements e = Reduced(out, op, OpName(type));
-    return Enqueue(type, {out}, [this, send, out, e, op, o] {
+    return Enqueue(type, {out}, [this, send, out, e, op, o, place] {
       const size_t n = e.count(send);
       const size_t m = e.count(out);
       const DType d = e.dtype;
-      return (send.is_cuda()
+      const absl::Status s =
+          (send.is_cuda()
                   ? client_->ReduceScatterDevice(send.data_ptr(), n,
                                                  out.data_ptr(), m, d, op, o)
                   : client_->ReduceScatter(send.data_ptr(), n, out.data_ptr(),
                                            m, d, op, o))
-          .status();
+              .status();
+      if (s.ok()) place();
+      return s;
     });
   }
 

@@ -70,9 +70,9 @@ class HalkaWork : public c10d::Work {
     if (timeout > std::chrono::milliseconds(0)) {
       std::unique_lock<std::mutex> l(mu_);
       if (!cv_.wait_for(l, timeout, [this] { return finished_; })) {
-        TORCH_CHECK(false, what_, ": Work.wait timed out after ",
-                    timeout.count(), " ms; the operation is still running "
-                    "(it ends at its own deadline at the latest)");
+        TORCH_CHECK(false, what_, ": Timed out after ", timeout.count(),
+                    " ms in Work.wait; the operation is still running (it "
+                    "ends at its own deadline at the latest)");
       }
     }
     future_->wait();
@@ -87,9 +87,12 @@ class HalkaWork : public c10d::Work {
     if (status.ok()) {
       future_->markCompleted(c10::IValue(outputs_));
     } else {
+      // " Timed out " as gloo and torch's own tests word a timeout.
+      const bool late = status.code() == absl::StatusCode::kDeadlineExceeded;
       future_->setError(std::make_exception_ptr(std::runtime_error(
-          absl::StrCat(what, ": ", absl::StatusCodeToString(status.code()),
-                       ": ", status.message()))));
+          absl::StrCat(what, late ? ": Timed out (" : ": ",
+                       absl::StatusCodeToString(status.code()),
+                       late ? "): " : ": ", status.message()))));
     }
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -122,6 +125,8 @@ inline const char* OpName(OpType t) {
     case OpType::SCATTER: return "scatter";
     case OpType::ALLTOALL_BASE: return "alltoall_base";
     case OpType::ALLTOALL: return "alltoall";
+    case OpType::ALLREDUCE_COALESCED: return "allreduce_coalesced";
+    case OpType::ALLGATHER_COALESCED: return "allgather_coalesced";
     default: return "operation";
   }
 }
@@ -205,6 +210,34 @@ inline at::Tensor Single(const std::vector<at::Tensor>& tensors, const char* op)
   TORCH_CHECK(t.is_contiguous(), "ProcessGroup halka: ", op,
               " needs a contiguous tensor");
   return t;
+}
+
+// The tensors of a coalesced call, checked: at least one, each contiguous,
+// all of the first one's dtype and device.
+inline void CheckCoalesced(const std::vector<at::Tensor>& ts, const char* op) {
+  TORCH_CHECK(!ts.empty(), "ProcessGroup halka: ", op, " needs tensors");
+  for (const at::Tensor& t : ts) {
+    TORCH_CHECK(t.is_contiguous() && t.scalar_type() == ts[0].scalar_type() &&
+                    t.device() == ts[0].device(),
+                "ProcessGroup halka: ", op, ": every tensor must be "
+                "contiguous, with the first one's dtype and device");
+  }
+}
+
+// Every tensor's elements, one after another, in one new flat tensor.
+inline at::Tensor Flatten(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& t : ts) flat.push_back(t.reshape(-1));
+  return at::cat(flat);
+}
+
+// The inverse: `ts` get `flat`'s elements from element `at` on.
+inline void Unflatten(const at::Tensor& flat, int64_t at,
+                      const std::vector<at::Tensor>& ts) {
+  for (const at::Tensor& t : ts) {
+    t.view(-1).copy_(flat.narrow(0, at, t.numel()));
+    at += t.numel();
+  }
 }
 
 // A value in torch's store, as bytes and back.

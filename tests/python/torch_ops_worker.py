@@ -113,11 +113,14 @@ def run(rank, world):
     dist.barrier()
     check_rooted_and_all_to_all(rank, world, gloo)
     check_bytes_and_objects(rank, world, gloo)
+    check_coalesced(rank, world)
     check_wait_timeout(rank, world)
     # What halka does not do raises RuntimeError naming it.
-    # (torch itself refuses MAX on complex before the backend sees it)
+    # (torch itself refuses MAX on complex before the backend sees it:
+    # RuntimeError on 1.13, ValueError on 2.x)
     expect_error(lambda: dist.all_reduce(torch.zeros(4, dtype=torch.complex64),
-                                         op=dist.ReduceOp.MAX), "complex")
+                                         op=dist.ReduceOp.MAX), "complex",
+                 errors=(RuntimeError, ValueError))
     expect_error(lambda: dist.all_reduce(torch.zeros(4), op=dist.ReduceOp.BAND),
                  "allreduce", "reduce op")
     expect_error(lambda: dist.send(torch.zeros(4), dst=(rank + 1) % world), "send")
@@ -125,7 +128,31 @@ def run(rank, world):
                                                 torch.zeros(world + 1)),
                  "alltoall_base", "split evenly")
     dist.barrier()
+    check_timeout_wording(rank)
+    dist.barrier()
     dist.destroy_process_group()
+
+
+def check_timeout_wording(rank):
+    """An operation past its own deadline (300 ms: rank 1 comes 1 s late)
+    raises with " Timed out ", the words torch's tests match; the group
+    goes on afterwards."""
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.SUM
+    opts.timeout = datetime.timedelta(milliseconds=300)
+    if rank == 1:
+        time.sleep(1.0)
+    work = dist.distributed_c10d._get_default_group().allreduce(
+        [data(rank, torch.float32)], opts)
+    try:
+        work.wait()
+    except RuntimeError as e:
+        if rank != 1 and " Timed out " not in str(e):
+            raise AssertionError(f"a deadline without ' Timed out ': {e}") from e
+        return
+    if rank != 1:
+        raise AssertionError("an all_reduce whose peer came 1 s late "
+                             "outlived its 300 ms deadline")
 
 
 def check_rooted_and_all_to_all(rank, world, gloo):
@@ -232,6 +259,56 @@ def check_bytes_and_objects(rank, world, gloo):
         raise AssertionError(f"scatter_object_list: {mine[0]!r}")
 
 
+def check_coalesced(rank, world):
+    """all_reduce_coalesced and all_gather_coalesced (tensors of several
+    shapes, one operation each); on torch 2.x, the coalescing manager's
+    fast paths (allreduce_coalesced, allgather_into_tensor_coalesced,
+    reduce_scatter_tensor_coalesced)."""
+    shapes = [(3,), (2, 5), (1,), (4, 1, 2)]
+    d = torch.int64
+
+    def mine(r, i):
+        n = 1
+        for s in shapes[i]:
+            n *= s
+        return data(10 * r + i, d, n).view(shapes[i])
+
+    ts = [mine(rank, i) for i in range(len(shapes))]
+    dist.all_reduce_coalesced(ts)
+    for i, t in enumerate(ts):
+        same(t, sum(mine(r, i) for r in range(world)), f"all_reduce_coalesced {i}")
+    outs = [[torch.empty(s, dtype=d) for s in shapes] for _ in range(world)]
+    dist.all_gather_coalesced(outs, [mine(rank, i) for i in range(len(shapes))])
+    for r in range(world):
+        for i in range(len(shapes)):
+            same(outs[r][i], mine(r, i), f"all_gather_coalesced rank {r} tensor {i}")
+    if int(torch.__version__.split(".")[0]) < 2:
+        return
+    sizes = [3, 7, 1]
+    ins = [data(20 + rank, d, n) for n in sizes]
+    outs = [torch.empty(world * n, dtype=d) for n in sizes]
+    with dist._coalescing_manager():
+        for o, i in zip(outs, ins):
+            dist.all_gather_into_tensor(o, i)
+    for o, n in zip(outs, sizes):
+        same(o, torch.cat([data(20 + r, d, n) for r in range(world)]),
+             f"coalesced all_gather_into_tensor of {n}")
+    ins = [data(30 + rank, d, world * n) for n in sizes]
+    outs = [torch.empty(n, dtype=d) for n in sizes]
+    with dist._coalescing_manager():
+        for o, i in zip(outs, ins):
+            dist.reduce_scatter_tensor(o, i)
+    for o, n in zip(outs, sizes):
+        want = sum(data(30 + r, d, world * n) for r in range(world))
+        same(o, want[rank * n:(rank + 1) * n], f"coalesced reduce_scatter_tensor of {n}")
+    ts = [data(40 + rank, d, n) for n in sizes]
+    with dist._coalescing_manager():
+        for t in ts:
+            dist.all_reduce(t)
+    for t, n in zip(ts, sizes):
+        same(t, sum(data(40 + r, d, n) for r in range(world)), f"coalesced all_reduce of {n}")
+
+
 def s_k(sender, receiver, world):
     return sender * world + receiver
 
@@ -247,7 +324,7 @@ def check_wait_timeout(rank, world):
     if rank == 0:
         t0 = time.monotonic()
         expect_error(lambda: w.wait(timeout=datetime.timedelta(milliseconds=200)),
-                     "allreduce", "timed out")
+                     "allreduce", " Timed out ")
         waited = time.monotonic() - t0
         if waited > 1.2:
             raise AssertionError(f"wait(200 ms) returned after {waited:.2f} s")
@@ -256,10 +333,10 @@ def check_wait_timeout(rank, world):
          "all_reduce after a timed-out wait")
 
 
-def expect_error(fn, *words):
+def expect_error(fn, *words, errors=RuntimeError):
     try:
         fn()
-    except RuntimeError as e:
+    except errors as e:
         for w in words:
             if w not in str(e):
                 raise AssertionError(f"{w!r} not in the error: {e}") from e

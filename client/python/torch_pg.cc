@@ -128,8 +128,12 @@ class ProcessGroupHalka : public HalkaBackendBase {
     const ReduceOp op = ToOp(opts.reduceOp, "allreduce");
     const OpOptions o = Opts(opts.timeout);
     const Elements e = Reduced(t, op, "allreduce");
-    return Enqueue(OpType::ALLREDUCE, {t},
-                   [this, t, e, op, o] { return AllReduceNow(t, e, op, o); });
+    const at::Tensor c = Dense(t);
+    return Enqueue(OpType::ALLREDUCE, {t}, [this, t, c, e, op, o] {
+      const absl::Status s = AllReduceNow(c, e, op, o);
+      if (s.ok()) CopyBack(t, c);
+      return s;
+    });
   }
 
   c10::intrusive_ptr<c10d::Work> broadcast(
@@ -139,8 +143,11 @@ class ProcessGroupHalka : public HalkaBackendBase {
     CheckRoot(opts.rootRank, "broadcast");
     const int root = to_halka_[opts.rootRank];
     const OpOptions o = Opts(opts.timeout);
-    return Enqueue(OpType::BROADCAST, {t}, [this, t, root, o] {
-      return BroadcastNow(t, root, o);
+    const at::Tensor c = Dense(t);
+    return Enqueue(OpType::BROADCAST, {t}, [this, t, c, root, o] {
+      const absl::Status s = BroadcastNow(c, root, o);
+      if (s.ok()) CopyBack(t, c);
+      return s;
     });
   }
 
@@ -149,7 +156,7 @@ class ProcessGroupHalka : public HalkaBackendBase {
       std::vector<std::vector<at::Tensor>>& outputs,
       std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts) override {
-    at::Tensor in = Single(inputs, "allgather");
+    at::Tensor in = Dense(Single(inputs, "allgather"));
     TORCH_CHECK(outputs.size() == 1 &&
                     static_cast<int>(outputs[0].size()) == getSize(),
                 "ProcessGroup halka: allgather needs one list of ", getSize(),
@@ -160,7 +167,8 @@ class ProcessGroupHalka : public HalkaBackendBase {
     return Gather(OpType::ALLGATHER, in, flat, outs, Opts(opts.timeout),
                   [this, outs, flat, n = in.numel()] {
                     for (int h = 0; h < getSize(); ++h) {
-                      outs[to_torch_[h]].view(-1).copy_(flat.narrow(0, h * n, n));
+                      at::Tensor o = outs[to_torch_[h]];
+                      o.copy_(flat.narrow(0, h * n, n).view_as(o));
                     }
                   });
   }
@@ -170,7 +178,7 @@ class ProcessGroupHalka : public HalkaBackendBase {
       at::Tensor& output, at::Tensor& input,
       const c10d::AllgatherOptions& opts) override {
     std::vector<at::Tensor> ins{input};
-    at::Tensor in = Single(ins, "_allgather_base");
+    at::Tensor in = Dense(Single(ins, "_allgather_base"));
     at::Tensor out = output;
     TORCH_CHECK(out.is_contiguous() && out.scalar_type() == in.scalar_type() &&
                     out.numel() == getSize() * in.numel(),
@@ -205,8 +213,10 @@ class ProcessGroupHalka : public HalkaBackendBase {
     for (int h = 0; h < getSize(); ++h) {
       slices.push_back(inputs[0][to_torch_[h]].reshape(-1));
     }
-    return Scatter(OpType::REDUCE_SCATTER, at::cat(slices), out,
-                   ToOp(opts.reduceOp, "reduce_scatter"), Opts(opts.timeout));
+    const at::Tensor c = Dense(out);
+    return Scatter(OpType::REDUCE_SCATTER, at::cat(slices), c,
+                   ToOp(opts.reduceOp, "reduce_scatter"), Opts(opts.timeout),
+                   [out, c] { CopyBack(out, c); });
   }
 
   // output gets the reduction of every rank's slice rank of input.
@@ -225,9 +235,10 @@ class ProcessGroupHalka : public HalkaBackendBase {
       send = send.view({getSize(), -1}).index_select(
           0, at::tensor(to_torch_, at::kLong).to(input.device())).view(-1);
     }
-    return Scatter(OpType::_REDUCE_SCATTER_BASE, send, out,
+    const at::Tensor c = Dense(out);
+    return Scatter(OpType::_REDUCE_SCATTER_BASE, send, c,
                    ToOp(opts.reduceOp, "_reduce_scatter_base"),
-                   Opts(opts.timeout));
+                   Opts(opts.timeout), [out, c] { CopyBack(out, c); });
   }
 
   // Composed from halka's collectives (halka has no rooted or
@@ -244,10 +255,13 @@ class ProcessGroupHalka : public HalkaBackendBase {
     const ReduceOp op = ToOp(opts.reduceOp, "reduce");
     const OpOptions o = Opts(opts.timeout);
     const bool root = opts.rootRank == getRank();
-    at::Tensor target = root ? t : t.clone();
+    const at::Tensor target =
+        root ? Dense(t) : t.clone(at::MemoryFormat::Contiguous);
     const Elements e = Reduced(t, op, "reduce");
-    return Enqueue(OpType::REDUCE, {t}, [this, target, e, op, o] {
-      return AllReduceNow(target, e, op, o);
+    return Enqueue(OpType::REDUCE, {t}, [this, t, root, target, e, op, o] {
+      const absl::Status s = AllReduceNow(target, e, op, o);
+      if (s.ok() && root) CopyBack(t, target);
+      return s;
     });
   }
 
@@ -257,7 +271,7 @@ class ProcessGroupHalka : public HalkaBackendBase {
       std::vector<std::vector<at::Tensor>>& outputs,
       std::vector<at::Tensor>& inputs,
       const c10d::GatherOptions& opts) override {
-    at::Tensor in = Single(inputs, "gather");
+    at::Tensor in = Dense(Single(inputs, "gather"));
     CheckRoot(opts.rootRank, "gather");
     const bool root = opts.rootRank == getRank();
     std::vector<at::Tensor> outs;
@@ -316,7 +330,7 @@ class ProcessGroupHalka : public HalkaBackendBase {
     const OpOptions o = Opts(opts.timeout);
     return Enqueue(OpType::SCATTER, {out}, [this, flat, out, src, o, n] {
       absl::Status s = BroadcastNow(flat, src, o);
-      if (s.ok()) out.view(-1).copy_(flat.narrow(0, getRank() * n, n));
+      if (s.ok()) out.copy_(flat.narrow(0, getRank() * n, n).view_as(out));
       return s;
     });
   }
@@ -329,7 +343,7 @@ class ProcessGroupHalka : public HalkaBackendBase {
       std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
       const c10d::AllToAllOptions& opts) override {
     std::vector<at::Tensor> ins{input};
-    at::Tensor in = Single(ins, "alltoall_base");
+    at::Tensor in = Dense(Single(ins, "alltoall_base"));
     TORCH_CHECK(output.is_contiguous() &&
                     output.scalar_type() == in.scalar_type() &&
                     output.device() == in.device(),

@@ -201,15 +201,23 @@ inline ReduceOp ToOp(const c10d::ReduceOp& op, const char* name) {
   }
 }
 
-// The one tensor of a call, checked: contiguous (its dtype is each
-// operation's to check: Moved, Reduced).
+// The one tensor of a call (its dtype is each operation's to check: Moved,
+// Reduced; a non-contiguous one travels through Dense).
 inline at::Tensor Single(const std::vector<at::Tensor>& tensors, const char* op) {
   TORCH_CHECK(tensors.size() == 1, "ProcessGroup halka: ", op,
               " takes exactly one tensor per process, got ", tensors.size());
-  const at::Tensor& t = tensors[0];
-  TORCH_CHECK(t.is_contiguous(), "ProcessGroup halka: ", op,
-              " needs a contiguous tensor");
-  return t;
+  return tensors[0];
+}
+
+// A contiguous tensor with t's elements: t itself, or a copy of a
+// non-contiguous t (a view such as t[:, 1]), as gloo accepts them.
+inline at::Tensor Dense(const at::Tensor& t) {
+  return t.is_contiguous() ? t : t.contiguous();
+}
+
+// After an operation wrote Dense(t): the result into t, where it was a copy.
+inline void CopyBack(const at::Tensor& t, const at::Tensor& dense) {
+  if (!dense.is_same(t)) t.copy_(dense);
 }
 
 // The tensors of a coalesced call, checked: at least one, each contiguous,

@@ -114,6 +114,7 @@ def run(rank, world):
     check_rooted_and_all_to_all(rank, world, gloo)
     check_bytes_and_objects(rank, world, gloo)
     check_coalesced(rank, world)
+    check_non_contiguous(rank, world)
     check_wait_timeout(rank, world)
     # What halka does not do raises RuntimeError naming it.
     # (torch itself refuses MAX on complex before the backend sees it:
@@ -257,6 +258,29 @@ def check_bytes_and_objects(rank, world, gloo):
                              if rank == 2 % world else None, src=2 % world)
     if mine[0] != f"for {rank}":
         raise AssertionError(f"scatter_object_list: {mine[0]!r}")
+
+
+def check_non_contiguous(rank, world):
+    """Views that are not contiguous (a column, a transpose), as gloo takes
+    them: the result lands in the view, the rest of the base is untouched."""
+    base = torch.stack([data(rank, torch.float64, 6), data(rank + 7, torch.float64, 6)], 1)
+    col = base[:, 1]  # stride 2
+    before = base[:, 0].clone()
+    dist.all_reduce(col)
+    same(col, sum(data(r + 7, torch.float64, 6) for r in range(world)),
+         "all_reduce of a column")
+    same(base[:, 0], before, "all_reduce of a column: the other column stays")
+    t = data(rank, torch.int32, 12).view(3, 4).t()  # a transpose
+    dist.broadcast(t, src=world - 1)
+    same(t, data(world - 1, torch.int32, 12).view(3, 4).t(), "broadcast of a transpose")
+    outs = [torch.zeros(4, 3, dtype=torch.int32).t() for _ in range(world)]
+    dist.all_gather(outs, data(rank, torch.int32, 12).view(4, 3).t())
+    for r in range(world):
+        same(outs[r], data(r, torch.int32, 12).view(4, 3).t(), f"all_gather of transposes, slot {r}")
+    out = torch.zeros(5, 2, dtype=torch.int64)[:, 0]
+    dist.reduce_scatter(out, [data(10 * k + rank, torch.int64, 5) for k in range(world)])
+    same(out, sum(data(10 * rank + q, torch.int64, 5) for q in range(world)),
+         "reduce_scatter into a column")
 
 
 def check_coalesced(rank, world):

@@ -158,6 +158,15 @@ std::string PresentToken(int fd, const std::string& token,
                               : "a wrong ack byte";
 }
 
+// A non-blocking TCP socket for `a` (close-on-exec), or -1 with *why set.
+int StreamSocket(const addrinfo& a, std::string* why) {
+  const int fd = socket(a.ai_family,
+                        a.ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                        a.ai_protocol);
+  if (fd < 0) *why = Errno("socket");
+  return fd;
+}
+
 }  // namespace
 
 std::string FormatWireAnswer(int port, const std::string& token) {
@@ -202,12 +211,7 @@ absl::StatusOr<std::unique_ptr<WireListener>> WireListener::Start(
   int fd = -1;
   std::string why = "no address";
   for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                a->ai_protocol);
-    if (fd < 0) {
-      why = Errno("socket");
-      continue;
-    }
+    if ((fd = StreamSocket(*a, &why)) < 0) continue;
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) {
@@ -369,12 +373,7 @@ absl::Status WireSender::Connect() {
   std::string why = "no address";
   int fd = -1;
   for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                a->ai_protocol);
-    if (fd < 0) {
-      why = Errno("socket");
-      continue;
-    }
+    if ((fd = StreamSocket(*a, &why)) < 0) continue;
     {
       absl::MutexLock lock(&mu_);
       if (stop_) {

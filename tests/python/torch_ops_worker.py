@@ -115,6 +115,7 @@ def run(rank, world):
     check_bytes_and_objects(rank, world, gloo)
     check_coalesced(rank, world)
     check_non_contiguous(rank, world)
+    check_subgroups(rank, world)
     check_wait_timeout(rank, world)
     # What halka does not do raises RuntimeError naming it.
     # (torch itself refuses MAX on complex before the backend sees it:
@@ -258,6 +259,24 @@ def check_bytes_and_objects(rank, world, gloo):
                              if rank == 2 % world else None, src=2 % world)
     if mine[0] != f"for {rank}":
         raise AssertionError(f"scatter_object_list: {mine[0]!r}")
+
+
+def check_subgroups(rank, world):
+    """new_group on a subset (ranks 0 and 1) and one group per rank, as
+    new_subgroups makes them: each group's collectives see its members only.
+    (Each group is an embedded halka cluster of its own today, not a
+    sub-ring of the job's.)"""
+    pair = dist.new_group([0, 1])
+    singles = [dist.new_group([r]) for r in range(world)]
+    t = data(rank, torch.int64)
+    if rank in (0, 1):
+        dist.all_reduce(t, group=pair)
+        same(t, data(0, torch.int64) + data(1, torch.int64), "all_reduce in new_group([0, 1])")
+        dist.broadcast(t, src=1, group=pair)
+    alone = data(rank, torch.float32)
+    dist.all_reduce(alone, group=singles[rank])
+    same(alone, data(rank, torch.float32), "all_reduce in a group of one")
+    dist.barrier()
 
 
 def check_non_contiguous(rank, world):

@@ -1,0 +1,366 @@
+// The machinery of halka's torch.distributed backend (torch_pg.cc holds
+// the collectives torch calls): where the worker comes from (HALKA_WORKER
+// or an embedded one, the rendezvous address through torch's store), the
+// map between torch and halka ranks, the one FIFO thread that runs a
+// group's operations in issue order, and the helpers the collectives are
+// written in (AllReduceNow, BroadcastNow, AllGatherNow, Gather, Scatter,
+// AllToAll, Enqueue). Included by torch_pg.cc only: one translation unit,
+// because torch's headers are slow to compile.
+#ifndef HALKA_CLIENT_PYTHON_TORCH_GROUP_H_
+#define HALKA_CLIENT_PYTHON_TORCH_GROUP_H_
+
+#include <pybind11/pybind11.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "halka/client.h"
+#include "halka/embedded.h"
+#include "halka/types.h"
+#include "torch_work.h"
+
+namespace halka::torch_backend {
+
+inline std::string RandomJob() {
+  std::random_device rd;
+  return absl::StrCat("torch-", absl::Hex(rd()), absl::Hex(rd()));
+}
+
+class HalkaGroup : public HalkaBackendBase {
+ public:
+  HalkaGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+             int size, double timeout_s)
+      : HalkaBackendBase(rank, size),
+        timeout_(timeout_s > 0 ? absl::Seconds(timeout_s)
+                               : kDefaultOpTimeout) {
+    const char* daemon = std::getenv("HALKA_WORKER");
+    int halka_rank = rank;
+    if (daemon != nullptr && *daemon != '\0') {
+      client_ = Must(Client::Connect(daemon), "connect to HALKA_WORKER");
+      const WorkerInfo info = Must(client_->Info(), "ask the worker");
+      TORCH_CHECK(info.world_size == size, "ProcessGroup halka: the worker ",
+                  daemon, " is in a job of ", info.world_size,
+                  " ranks, the process group has ", size);
+      halka_rank = info.rank;
+    } else {
+      StartEmbedded(store, rank, size);
+    }
+    store->set(absl::StrCat("halka/rank/", rank), Bytes(absl::StrCat(halka_rank)));
+    to_halka_.resize(size);
+    to_torch_.assign(size, -1);
+    for (int r = 0; r < size; ++r) {
+      int h = -1;
+      TORCH_CHECK(absl::SimpleAtoi(Str(store->get(absl::StrCat("halka/rank/", r))), &h) &&
+                      h >= 0 && h < size && to_torch_[h] < 0,
+                  "ProcessGroup halka: torch rank ", r, " has no distinct halka rank");
+      to_halka_[r] = h;
+      to_torch_[h] = r;
+      identity_ = identity_ && h == r;
+    }
+    thread_ = std::thread([this] { Loop(); });
+  }
+
+  ~HalkaGroup() override { Shutdown(); }
+
+ protected:
+  // Stops the group's thread once its queued operations finished (each
+  // bounded by its deadline), then the worker. Idempotent; the derived
+  // class calls it first, so no operation runs on a half-destroyed group.
+  void Shutdown() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stop_) return;
+      stop_ = true;
+    }
+    cv_.notify_all();
+    // Their futures' callbacks may run Python (a DDP comm hook) on our
+    // thread, so the GIL must not be held while we wait for it (torch
+    // destroys groups and reducers from Python).
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      pybind11::gil_scoped_release release;
+      Stop();
+    } else {
+      Stop();
+    }
+  }
+
+  void Stop() {
+    thread_.join();
+    client_.reset();
+    worker_.reset();
+    rendezvous_.reset();
+  }
+
+  template <typename T>
+  static T Must(absl::StatusOr<T> v, const char* what) {
+    TORCH_CHECK(v.ok(), "ProcessGroup halka: cannot ", what, ": ",
+                v.status().ToString());
+    return std::move(*v);
+  }
+
+  void StartEmbedded(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                     int size) {
+    const char* host_env = std::getenv("HALKA_HOST");
+    const std::string host =
+        host_env != nullptr && *host_env != '\0' ? host_env : "127.0.0.1";
+    if (rank == 0) {
+      rendezvous_ = Must(EmbeddedRendezvous::Start(absl::StrCat(host, ":0")),
+                         "start the rendezvous");
+      store->set("halka/job", Bytes(RandomJob()));
+      store->set("halka/rendezvous", Bytes(rendezvous_->address()));
+    }
+    EmbeddedWorker::Options wo;
+    wo.job_id = Str(store->get("halka/job"));
+    wo.rendezvous = Str(store->get("halka/rendezvous"));
+    wo.rank = rank;
+    wo.world_size = size;
+    wo.listen = absl::StrCat(host, ":0");
+    wo.op_timeout = timeout_;
+    wo.join_timeout = timeout_;
+    // Blocks until every rank joined (the constructor runs without the GIL).
+    worker_ = Must(EmbeddedWorker::Start(wo), "start the embedded worker");
+    client_ = Must(Client::Connect(worker_->address()), "connect to the worker");
+  }
+
+  OpOptions Opts(std::chrono::milliseconds timeout) const {
+    OpOptions o;
+    o.timeout = timeout.count() > 0 ? absl::FromChrono(timeout) : timeout_;
+    return o;
+  }
+
+  static void SameShape(const at::Tensor& t, const at::Tensor& like,
+                        const char* op) {
+    TORCH_CHECK(t.scalar_type() == like.scalar_type() &&
+                    t.numel() == like.numel() && t.device() == like.device(),
+                "ProcessGroup halka: ", op, ": every tensor must have the "
+                "input's dtype, size and device");
+  }
+
+  // Each of `big` has the world times the elements of `small`'s tensor at
+  // the same place, the same dtype and device, and is contiguous.
+  void CheckWorldTimes(const std::vector<at::Tensor>& big,
+                       const std::vector<at::Tensor>& small,
+                       const char* op) const {
+    TORCH_CHECK(big.size() == small.size(), "ProcessGroup halka: ", op,
+                " needs as many outputs as inputs");
+    for (size_t i = 0; i < big.size(); ++i) {
+      TORCH_CHECK(big[i].is_contiguous() &&
+                      big[i].scalar_type() == small[i].scalar_type() &&
+                      big[i].device() == small[i].device() &&
+                      big[i].numel() == getSize() * small[i].numel(),
+                  "ProcessGroup halka: ", op, ": tensor ", i, " needs ",
+                  getSize(), " x the elements of its counterpart, its dtype "
+                  "and device, contiguous");
+    }
+  }
+
+  void CheckRoot(int64_t root, const char* op) const {
+    TORCH_CHECK(root >= 0 && root < getSize(), "ProcessGroup halka: ", op,
+                " root ", root, " is not a rank of this group of ", getSize());
+  }
+
+  // An all-reduce of t in place, on the group's thread (a CUDA tensor's
+  // memory stays on the device).
+  absl::Status AllReduceNow(const at::Tensor& t, Elements e, ReduceOp op,
+                            const OpOptions& o) {
+    const size_t n = e.count(t);
+    const DType d = e.dtype;
+    return (t.is_cuda() ? client_->AllReduceDevice(t.data_ptr(), n, d, op, o)
+                        : client_->AllReduce(t.data_ptr(), n, d, op, o))
+        .status();
+  }
+
+  // A broadcast of t from halka rank `root`, on the group's thread.
+  absl::Status BroadcastNow(const at::Tensor& t, int root,
+                            const OpOptions& o) {
+    const Elements e = Moved(t);
+    const size_t n = e.count(t);
+    const DType d = e.dtype;
+    return (t.is_cuda() ? client_->BroadcastDevice(t.data_ptr(), n, d, root, o)
+                        : client_->Broadcast(t.data_ptr(), n, d, root, o))
+        .status();
+  }
+
+  // An all-gather of `in` into `flat` on the group's thread (a CUDA
+  // tensor's memory stays on the device).
+  absl::Status AllGatherNow(const at::Tensor& in, const at::Tensor& flat,
+                            const OpOptions& o) {
+    const Elements e = Moved(in);
+    const size_t n = e.count(in);
+    const size_t total = e.count(flat);
+    const DType d = e.dtype;
+    return (in.is_cuda()
+                ? client_->AllGatherDevice(in.data_ptr(), n, flat.data_ptr(),
+                                           total, d, o)
+                : client_->AllGather(in.data_ptr(), n, flat.data_ptr(), total,
+                                     d, o))
+        .status();
+  }
+
+  // Queues an all-to-all of `in` (elems_in[d] elements for torch rank d,
+  // one after another) into `out` (elems_out[s] from torch rank s): every
+  // rank's counts by one all-gather (int64, on the CPU), every rank's
+  // input padded to the largest by a second; then `place`.
+  c10::intrusive_ptr<c10d::Work> AllToAll(
+      OpType type, at::Tensor in, at::Tensor out,
+      std::vector<int64_t> elems_in, std::vector<int64_t> elems_out,
+      std::vector<at::Tensor> outputs, OpOptions o,
+      std::function<void()> place) {
+    const int g = getSize();
+    const int me = getRank();
+    return Enqueue(type, std::move(outputs), [this, in, out, elems_in,
+                                              elems_out, o, place, g, me] {
+      // counts[h][dst]: what halka rank h sends to torch rank dst.
+      at::Tensor mine = at::tensor(elems_in, at::kLong);
+      at::Tensor counts = at::empty({g * g}, at::kLong);
+      absl::Status s = AllGatherNow(mine, counts, o);
+      if (!s.ok()) return s;
+      const int64_t* c = counts.data_ptr<int64_t>();
+      int64_t widest = 1;
+      for (int h = 0; h < g; ++h) {
+        int64_t sum = 0;
+        for (int dst = 0; dst < g; ++dst) sum += c[h * g + dst];
+        widest = std::max(widest, sum);
+      }
+      // Every rank runs the second all-gather (the same size everywhere),
+      // also one whose output split is wrong: it fails alone, afterwards,
+      // and its peers are not left waiting.
+      absl::Status fits;
+      for (int src = 0; src < g && fits.ok(); ++src) {
+        const int64_t sent = c[to_halka_[src] * g + me];
+        if (sent != elems_out[static_cast<size_t>(src)]) {
+          fits = absl::InvalidArgumentError(absl::StrCat(
+              "torch rank ", src, " sends ", sent, " elements to this rank, "
+              "whose output split expects ", elems_out[static_cast<size_t>(src)]));
+        }
+      }
+      at::Tensor padded = at::zeros({widest}, in.options());
+      padded.narrow(0, 0, in.numel()).copy_(in);
+      at::Tensor flat = at::empty({g * widest}, in.options());
+      s = AllGatherNow(padded, flat, o);
+      if (!s.ok()) return s;
+      if (!fits.ok()) return fits;
+      int64_t at = 0;
+      for (int src = 0; src < g; ++src) {
+        const int h = to_halka_[src];
+        int64_t skip = 0;
+        for (int dst = 0; dst < me; ++dst) skip += c[h * g + dst];
+        const int64_t n = c[h * g + me];
+        out.narrow(0, at, n).copy_(flat.narrow(0, h * widest + skip, n));
+        at += n;
+      }
+      place();
+      return absl::OkStatus();
+    });
+  }
+
+  // Queues an all-gather of `in` into `flat` (halka rank order), then
+  // `place` (on the group's thread, after success) puts it where torch
+  // wants it; the future's value is `outputs`.
+  c10::intrusive_ptr<c10d::Work> Gather(OpType type, at::Tensor in,
+                                        at::Tensor flat,
+                                        std::vector<at::Tensor> outputs,
+                                        OpOptions o,
+                                        std::function<void()> place) {
+    return Enqueue(type, std::move(outputs),
+                   [this, in, flat, o, place = std::move(place)] {
+      absl::Status s = AllGatherNow(in, flat, o);
+      if (s.ok()) place();
+      return s;
+    });
+  }
+
+  // Queues a reduce-scatter of `send` (halka rank order) into `out`.
+  c10::intrusive_ptr<c10d::Work> Scatter(
+      OpType type, at::Tensor send, at::Tensor out, ReduceOp op, OpOptions o,
+      std::function<void()> place = [] {}) {
+    const Elements e = Reduced(out, op, OpName(type));
+    return Enqueue(type, {out}, [this, send, out, e, op, o, place] {
+      const size_t n = e.count(send);
+      const size_t m = e.count(out);
+      const DType d = e.dtype;
+      const absl::Status s =
+          (send.is_cuda()
+                  ? client_->ReduceScatterDevice(send.data_ptr(), n,
+                                                 out.data_ptr(), m, d, op, o)
+                  : client_->ReduceScatter(send.data_ptr(), n, out.data_ptr(),
+                                           m, d, op, o))
+              .status();
+      if (s.ok()) place();
+      return s;
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> Enqueue(OpType type,
+                                         std::vector<at::Tensor> outputs,
+                                         std::function<absl::Status()> run) {
+    auto work = c10::make_intrusive<HalkaWork>(type, std::move(outputs));
+    work->set_what(absl::StrCat("halka ", OpName(type), " (rank ", getRank(),
+                                " of ", getSize(), ")"));
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      queue_.push_back({work, std::move(run), OpName(type)});
+    }
+    cv_.notify_one();
+    return work;
+  }
+
+  void Loop() {
+    for (;;) {
+      Item item;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      absl::Status s;
+      try {
+        s = item.run();
+      } catch (const std::exception& e) {
+        s = absl::InternalError(e.what());
+      }
+      item.work->Finish(s, absl::StrCat("halka ", item.name, " (rank ",
+                                        getRank(), " of ", getSize(), ")"));
+    }
+  }
+
+  struct Item {
+    c10::intrusive_ptr<HalkaWork> work;
+    std::function<absl::Status()> run;
+    const char* name = "";
+  };
+
+  absl::Duration timeout_;
+  std::unique_ptr<EmbeddedRendezvous> rendezvous_;
+  std::unique_ptr<EmbeddedWorker> worker_;
+  std::unique_ptr<Client> client_;
+  std::vector<int> to_halka_;  // by torch rank
+  std::vector<int64_t> to_torch_;  // by halka rank
+  bool identity_ = true;           // torch rank == halka rank everywhere
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace halka::torch_backend
+
+#endif  // HALKA_CLIENT_PYTHON_TORCH_GROUP_H_

@@ -70,7 +70,11 @@ HALKA_HD void StorePack(Vec16* p, const Pack<Storage>& pack) {
 template <typename Storage>
 using BitsOf = std::conditional_t<
     sizeof(Storage) == 8, uint64_t,
-    std::conditional_t<sizeof(Storage) == 4, uint32_t, uint16_t>>;
+    std::conditional_t<
+        sizeof(Storage) == 4, uint32_t,
+        std::conditional_t<sizeof(Storage) == 2, uint16_t, uint8_t>>>;
+static_assert(sizeof(BitsOf<uint8_t>) == 1 && sizeof(BitsOf<uint16_t>) == 2,
+              "BitsOf is as wide as its type");
 
 // Byte k (0..3) of `word`, zero-extended to 32 bits.
 //
@@ -127,6 +131,18 @@ HALKA_HD void StoreBytes(unsigned char* p, Storage value) {
 // nvec vectors in between start at a 16-byte aligned address in both
 // buffers. dst may equal src: every element is read before it is written,
 // by the same thread.
+// One element stored: a 1-byte element through StoreBytes, so that the
+// byte reaches memory from a 32-bit integer register (prmt), never from a
+// 16-bit one (see ByteOf; tests/cuda/ptx_byte_stores_test.sh).
+template <typename Storage>
+HALKA_HD void StoreElement(Storage* p, Storage value) {
+  if constexpr (sizeof(Storage) == 1) {
+    StoreBytes<Storage>(reinterpret_cast<unsigned char*>(p), value);
+  } else {
+    *p = value;
+  }
+}
+
 template <typename Fn>
 HALKA_HD void ElementwiseBody(typename Fn::Storage* dst,
                               const typename Fn::Storage* src, size_t head,
@@ -135,11 +151,11 @@ HALKA_HD void ElementwiseBody(typename Fn::Storage* dst,
   using Storage = typename Fn::Storage;
   constexpr int kLanes = Pack<Storage>::kLanes;
   for (size_t i = thread; i < head; i += threads) {
-    dst[i] = fn(dst[i], Fn::kHasSrc ? src[i] : Storage{});
+    StoreElement(dst + i, fn(dst[i], Fn::kHasSrc ? src[i] : Storage{}));
   }
   const size_t tail_begin = head + nvec * kLanes;
   for (size_t i = tail_begin + thread; i < count; i += threads) {
-    dst[i] = fn(dst[i], Fn::kHasSrc ? src[i] : Storage{});
+    StoreElement(dst + i, fn(dst[i], Fn::kHasSrc ? src[i] : Storage{}));
   }
   if (nvec == 0) return;
   Vec16* dv = reinterpret_cast<Vec16*>(dst + head);

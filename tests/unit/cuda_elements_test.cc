@@ -75,6 +75,7 @@ void CheckBytesRoundTrip() {
 }
 
 TEST(CudaElements, BytesRoundTripAtEveryOffset) {
+  CheckBytesRoundTrip<uint8_t>();  // int8, uint8, bool: one byte exactly
   CheckBytesRoundTrip<uint16_t>();
   CheckBytesRoundTrip<uint32_t>();
   CheckBytesRoundTrip<float>();
@@ -201,6 +202,9 @@ TEST(CudaElements, LaunchesMatchTheCpuReducerAtEveryAlignment) {
   CheckLaunches<uint16_t>(DType::kBFloat16);
   CheckLaunches<uint32_t>(DType::kInt32);
   CheckLaunches<uint64_t>(DType::kInt64);
+  CheckLaunches<uint8_t>(DType::kInt8);
+  CheckLaunches<uint8_t>(DType::kUInt8);
+  CheckLaunches<uint16_t>(DType::kInt16);
 }
 
 // ---------------------------------------------------------------------------

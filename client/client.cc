@@ -216,7 +216,9 @@ Client::Impl::InFlight::InFlight(Impl& im, v1::OpSpec* spec) : im_(im) {
   // Calls made at once from several threads reach the worker in an order
   // the indices cannot foresee: the worker would take the later one's
   // arrival for a lost call. They go unstamped (numbered as they arrive).
-  if (im.in_flight_.fetch_add(1) == 0) {
+  // A send or recv takes no number: unstamped, and not counted as a call.
+  if (im.in_flight_.fetch_add(1) == 0 && spec->kind() != v1::SEND &&
+      spec->kind() != v1::RECV) {
     spec->set_caller_id(im.caller_id_);
     spec->set_call_index(im.calls_sent_.fetch_add(1) + 1);
   } else {
@@ -324,13 +326,13 @@ absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
       absl::MutexLock lock(&im.staging_mu_);
       if (absl::Status s = im.GrowStaging(io.buffer_bytes); !s.ok()) return s;
       // An all-gather's contribution goes to slice 0 (input_slice 0).
-      std::memcpy(im.staging_, io.send, io.send_bytes);
+      if (io.send_bytes > 0) std::memcpy(im.staging_, io.send, io.send_bytes);
       req.set_shm_name(im.staging_name_);
       req.set_shm_offset(0);
       req.set_shm_size(im.staging_size_);
       req.set_shm_capability(im.staging_capability_);
       absl::StatusOr<OpInfo> info = RunShm(req, "shm-staged");
-      if (info.ok()) {
+      if (info.ok() && io.recv_bytes > 0) {
         absl::StatusOr<size_t> off = result_offset(info->rank);
         if (!off.ok()) return off.status();
         std::memcpy(io.recv, static_cast<uint8_t*>(im.staging_) + *off,
@@ -412,6 +414,25 @@ absl::StatusOr<OpInfo> Client::Broadcast(void* data, size_t count, DType dtype,
   absl::StatusOr<v1::OpSpec> spec = BroadcastSpec(count, dtype, root, options);
   if (!spec.ok()) return spec.status();
   return impl_->Run(*spec, OpIo::InPlace(data, count * DTypeSize(dtype)));
+}
+
+absl::StatusOr<OpInfo> Client::Send(const void* data, size_t count,
+                                    DType dtype, int to, int tag,
+                                    OpOptions options) {
+  absl::StatusOr<v1::OpSpec> spec =
+      PeerSpec(v1::SEND, count, dtype, to, tag, options);
+  if (!spec.ok()) return spec.status();
+  const size_t bytes = count * DTypeSize(dtype);
+  return impl_->Run(*spec, OpIo{data, bytes, nullptr, 0, bytes});
+}
+
+absl::StatusOr<OpInfo> Client::Recv(void* data, size_t count, DType dtype,
+                                    int from, int tag, OpOptions options) {
+  absl::StatusOr<v1::OpSpec> spec =
+      PeerSpec(v1::RECV, count, dtype, from, tag, options);
+  if (!spec.ok()) return spec.status();
+  const size_t bytes = count * DTypeSize(dtype);
+  return impl_->Run(*spec, OpIo{nullptr, 0, data, bytes, bytes});
 }
 
 absl::StatusOr<OpInfo> Client::AllGather(const void* send, size_t send_count,

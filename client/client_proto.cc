@@ -110,6 +110,7 @@ OpInfo ToOpInfo(const v1::OpStats& s) {
   info.rank = s.rank();
   info.world_size = s.world_size();
   info.generation = s.generation();
+  info.peer = s.peer();
   return info;
 }
 

@@ -38,7 +38,9 @@ static_assert(static_cast<int>(OpKind::kAllReduce) == v1::ALL_REDUCE &&
               static_cast<int>(OpKind::kBarrier) == v1::BARRIER &&
               static_cast<int>(OpKind::kAllGather) == v1::ALL_GATHER &&
               static_cast<int>(OpKind::kReduceScatter) == v1::REDUCE_SCATTER &&
-              v1::OpKind_MAX == v1::REDUCE_SCATTER,
+              static_cast<int>(OpKind::kSend) == v1::SEND &&
+              static_cast<int>(OpKind::kRecv) == v1::RECV &&
+              v1::OpKind_MAX == v1::RECV,
               "halka::OpKind must match halka.v1.OpKind");
 static_assert(static_cast<int>(Algorithm::kAuto) == v1::AUTO &&
               static_cast<int>(Algorithm::kRing) == v1::RING &&
@@ -125,6 +127,28 @@ absl::StatusOr<v1::OpSpec> BroadcastSpec(size_t count, DType dtype, int root,
   spec.set_dtype(static_cast<v1::DType>(dtype));
   spec.set_count(count);
   spec.set_root(root);
+  SetOpTimeout(options, &spec);
+  return spec;
+}
+
+absl::StatusOr<v1::OpSpec> PeerSpec(v1::OpKind kind, size_t count,
+                                    DType dtype, int peer, int tag,
+                                    const OpOptions& options) {
+  const char* name = kind == v1::SEND ? "send" : "recv";
+  if (!IsValidDType(static_cast<int>(dtype))) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": invalid dtype"));
+  }
+  if (peer < (kind == v1::RECV ? -1 : 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": peer rank ", peer, " is negative",
+        kind == v1::RECV ? " (-1: any rank)" : ""));
+  }
+  v1::OpSpec spec;
+  spec.set_kind(kind);
+  spec.set_dtype(static_cast<v1::DType>(dtype));
+  spec.set_count(count);
+  spec.set_peer(peer);
+  spec.set_tag(tag);
   SetOpTimeout(options, &spec);
   return spec;
 }

@@ -29,6 +29,11 @@ absl::StatusOr<v1::OpSpec> SliceSpec(v1::OpKind kind, const void* send,
 absl::StatusOr<v1::OpSpec> BroadcastSpec(size_t count, DType dtype, int root,
                                          const OpOptions& options);
 
+// A send (to `peer`) or a recv (from `peer`, -1: any rank), kind SEND/RECV.
+absl::StatusOr<v1::OpSpec> PeerSpec(v1::OpKind kind, size_t count,
+                                    DType dtype, int peer, int tag,
+                                    const OpOptions& options);
+
 // A barrier.
 v1::OpSpec BarrierSpec(const OpOptions& options);
 

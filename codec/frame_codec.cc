@@ -67,6 +67,19 @@ absl::Status ParseHead(absl::string_view head, FrameMeta* m) {
                                  : ReduceOp::kSum;
   m->origin_rank = h.origin_rank();
   m->sender_rank = h.sender_rank();
+  if (m->kind == FrameKind::kPeer) {
+    // Bytes: a piece [offset, offset + count) of a message of
+    // message_bytes, which DecodeFrame bounds by the payload's length.
+    if (h.dtype() != v1::UINT8 || h.op_seq() == 0 ||
+        h.offset() > h.message_bytes() ||
+        h.count() > h.message_bytes() - h.offset()) {
+      return absl::DataLossError(absl::StrCat(
+          "frame: message piece [", h.offset(), ", +", h.count(),
+          ") of a message of ", h.message_bytes(), " bytes, message #",
+          h.op_seq(), " (dtype ", h.dtype(), ")"));
+    }
+    m->message_bytes = h.message_bytes();
+  }
   if (m->kind == FrameKind::kFingerprint) {
     return FromProto(h.fingerprint(), &m->fingerprint);
   }
@@ -98,6 +111,7 @@ std::string EncodeFrameHead(const FrameMeta& meta) {
   }
   h.set_origin_rank(meta.origin_rank);
   h.set_sender_rank(meta.sender_rank);
+  if (meta.kind == FrameKind::kPeer) h.set_message_bytes(meta.message_bytes);
   if (meta.kind == FrameKind::kAbort) {
     h.set_abort_code(static_cast<uint32_t>(meta.abort_code));
     h.set_message(meta.message);

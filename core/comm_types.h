@@ -71,6 +71,7 @@ struct OpResult {
   uint64_t generation = 0;
   int rank = 0;
   int world_size = 1;
+  int peer = -1;  // Send: the rank it went to; Recv: the rank it came from
 };
 
 // The progress ledger: what the current operation is doing right now.

@@ -26,6 +26,7 @@
 #define HALKA_CORE_COMMUNICATOR_H_
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -87,6 +88,25 @@ class Communicator {
       OpBuffer& buffer, size_t send_count, size_t recv_count, DType dtype,
       ReduceOp op, absl::Duration timeout,
       Algorithm algorithm = Algorithm::kAuto);
+
+  // Point to point (core/peer_messages.cc): `bytes` of `buffer` to rank
+  // `to`, and the next message from rank `from` (-1: from whichever rank's
+  // message arrived first; OpResult::peer says whose) into `buffer`. Only
+  // the two ranks call; no fingerprints, no number of the collectives'.
+  // A rank's messages to one peer arrive in the order it sent them: the
+  // receiver's next message from that peer must carry `tag` and exactly
+  // `bytes` (FAILED_PRECONDITION naming both otherwise; the message is
+  // consumed, the next recv takes the next one). Send copies the bytes
+  // once and returns when every piece has left this rank (a link's ring,
+  // socket or stream took it); the receiver's worker holds them until its
+  // Recv, within its inbox's byte budget. Errors: INVALID_ARGUMENT (a peer
+  // outside the ring, this rank itself), UNAVAILABLE (the link to the peer
+  // failed), DEADLINE_EXCEEDED (naming the peer and the bytes still due),
+  // ABORTED (the membership changed), DATA_LOSS (a piece out of order).
+  absl::StatusOr<OpResult> Send(OpBuffer& buffer, size_t bytes, int to,
+                                int tag, absl::Duration timeout);
+  absl::StatusOr<OpResult> Recv(OpBuffer& buffer, size_t bytes, int from,
+                                int tag, absl::Duration timeout);
 
   // Fails the running operation (and every later one until ClearAbort) with
   // `status`, e.g. ABORTED when membership changed.
@@ -155,6 +175,14 @@ class Communicator {
 
   absl::Mutex op_mu_;  // one operation at a time
   uint64_t next_op_seq_ ABSL_GUARDED_BY(op_mu_) = 1;
+
+  // Point to point: the last message number sent to and taken from each
+  // peer (messages are numbered per sender and receiver from 1).
+  absl::Mutex peer_mu_;
+  std::map<int, uint64_t> sent_to_ ABSL_GUARDED_BY(peer_mu_);
+  std::map<int, uint64_t> taken_from_ ABSL_GUARDED_BY(peer_mu_);
+  // The peer rank of a Send or Recv, checked; "send"/"recv" name the call.
+  absl::Status CheckPeer(int peer, bool any, const char* what) const;
 
   ProgressLedger progress_;
   OpTelemetry telemetry_;

@@ -19,6 +19,10 @@ absl::string_view OpKindName(OpKind kind) {
       return "all_gather";
     case OpKind::kReduceScatter:
       return "reduce_scatter";
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
   }
   return "unknown_op";
 }

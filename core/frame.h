@@ -44,7 +44,13 @@ struct Fingerprint {
   std::string ToString() const;
 };
 
-enum class FrameKind : uint8_t { kData = 1, kFingerprint = 2, kAbort = 3 };
+// kPeer: a piece of a point-to-point message (core/peer_messages.h).
+enum class FrameKind : uint8_t {
+  kData = 1,
+  kFingerprint = 2,
+  kAbort = 3,
+  kPeer = 4
+};
 enum class Phase : uint8_t {
   kFingerprint = 1,
   kReduceScatter = 2,
@@ -72,6 +78,7 @@ struct FrameMeta {
   int32_t sender_rank = -1;
   absl::StatusCode abort_code = absl::StatusCode::kOk;  // kAbort
   std::string message;                                  // kAbort
+  uint64_t message_bytes = 0;  // kPeer: the whole message's bytes
 };
 
 // A received frame. The payload may arrive in several pieces (the wire's

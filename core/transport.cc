@@ -76,6 +76,13 @@ absl::Status Inbox::Enqueue(int from, InFrame frame) {
   if (from < 0 || from >= max_ranks_) {  // validated by the transport
     return absl::InvalidArgumentError(absl::StrCat("no rank ", from));
   }
+  if (frame.meta.kind == FrameKind::kPeer) {
+    auto& q = peer_queues_[from];
+    absl::Status s = Budget(from, frame.PayloadBytes(), q.size());
+    if (!s.ok()) return s;
+    q.emplace_back(++peer_arrivals_, std::move(frame));
+    return absl::OkStatus();
+  }
   max_seen_ = std::max(max_seen_, frame.meta.op_seq);
   // A frame of an operation DropBefore already let go of (it arrived, or
   // was taken off its ring, late): dropped now. Kept, it would hold its
@@ -94,12 +101,19 @@ absl::Status Inbox::Enqueue(int from, InFrame frame) {
     return absl::OkStatus();
   }
   std::deque<InFrame>& q = queues_[from];
-  if (q.size() >= kMaxQueuedFrames) {
+  absl::Status s =
+      Budget(from, frame.landed ? 0 : frame.PayloadBytes(), q.size());
+  if (!s.ok()) return s;
+  q.push_back(std::move(frame));
+  return absl::OkStatus();
+}
+
+absl::Status Inbox::Budget(int from, uint64_t bytes, size_t queued) {
+  if (queued >= kMaxQueuedFrames) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "rank ", from, " has ", q.size(),
+        "rank ", from, " has ", queued,
         " frames queued that no operation of this rank has taken: the limit"));
   }
-  const uint64_t bytes = frame.landed ? 0 : frame.PayloadBytes();
   uint64_t& mine = queued_bytes_[from];
   if (budget_.per_peer != 0 && mine + bytes > budget_.per_peer) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -116,18 +130,70 @@ absl::Status Inbox::Enqueue(int from, InFrame frame) {
   }
   mine += bytes;
   total_queued_bytes_ += bytes;
-  q.push_back(std::move(frame));
   return absl::OkStatus();
+}
+
+void Inbox::Unbudget(int from, uint64_t bytes) {
+  uint64_t& mine = queued_bytes_[from];
+  mine -= std::min(mine, bytes);
+  total_queued_bytes_ -= std::min(total_queued_bytes_, bytes);
 }
 
 InFrame Inbox::PopFront(int from, std::deque<InFrame>& q) {
   InFrame f = std::move(q.front());
   q.pop_front();
-  const uint64_t bytes = f.landed ? 0 : f.PayloadBytes();
-  uint64_t& mine = queued_bytes_[from];
-  mine -= std::min(mine, bytes);
-  total_queued_bytes_ -= std::min(total_queued_bytes_, bytes);
+  Unbudget(from, f.landed ? 0 : f.PayloadBytes());
   return f;
+}
+
+Inbox::Event Inbox::NextPeer(int from, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  // The sender whose piece is next: `from`, or the earliest arrival.
+  auto pick = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> int {
+    int best = -1;
+    uint64_t arrival = 0;
+    for (const auto& [rank, q] : peer_queues_) {
+      if (q.empty() || (from >= 0 && rank != from)) continue;
+      if (best < 0 || q.front().first < arrival) {
+        best = rank;
+        arrival = q.front().first;
+      }
+    }
+    return best;
+  };
+  auto failed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return from >= 0 ? link_failures_.find(from)
+                     : link_failures_.begin();
+  };
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !interrupt_.ok() || pick() >= 0 ||
+           failed() != link_failures_.end();
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  Event ev;
+  ev.type = Event::kTimeout;
+  if (!interrupt_.ok()) {
+    ev.type = Event::kInterrupted;
+    ev.status = interrupt_;
+  } else if (const int sender = pick(); sender >= 0) {
+    auto& q = peer_queues_[sender];
+    ev.type = Event::kFrame;
+    ev.peer = sender;
+    ev.frame = std::move(q.front().second);
+    q.pop_front();
+    Unbudget(sender, ev.frame.PayloadBytes());
+  } else if (auto f = failed(); f != link_failures_.end()) {
+    ev.type = Event::kLinkFailed;
+    ev.peer = f->first;
+    ev.status = f->second;
+  }
+  return ev;
+}
+
+absl::Status Inbox::LinkFailure(int peer) const {
+  absl::MutexLock lock(&mu_);
+  auto f = link_failures_.find(peer);
+  return f == link_failures_.end() ? absl::OkStatus() : f->second;
 }
 
 void Inbox::SetByteBudget(ByteBudget budget) {

@@ -179,6 +179,18 @@ class Inbox {
   // DEADLINE_EXCEEDED.
   absl::StatusOr<uint64_t> WaitFirstOpSeq(absl::Time deadline);
 
+  // Point to point (Communicator::Send/Recv): pieces of messages (frames
+  // of kind kPeer) wait in a queue per sender of their own, outside the
+  // collectives' numbering, within the same byte budget. Waits for the
+  // next piece from `from`, or with `from` = -1 for the piece that arrived
+  // first from any sender (ev.peer: its sender). kLinkFailed when the link
+  // to `from` (any peer's with -1) failed and no piece is there;
+  // kInterrupted, kTimeout as Next. The taps' readers deliver meanwhile
+  // (this wait does not take their records itself).
+  Event NextPeer(int from, absl::Time deadline);
+  // The failure of the link to `peer` since the last ClearLinkFailures.
+  absl::Status LinkFailure(int peer) const;
+
  private:
   bool Ready(int from, uint64_t op_seq, absl::Span<const int> watch) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -220,6 +232,15 @@ class Inbox {
   InFrame PopFront(int from, std::deque<InFrame>& q)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<uint64_t, InFrame> aborts_ ABSL_GUARDED_BY(mu_);  // by op_seq
+  // kPeer frames per sender, each with its arrival number (NextPeer).
+  std::map<int, std::deque<std::pair<uint64_t, InFrame>>> peer_queues_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t peer_arrivals_ ABSL_GUARDED_BY(mu_) = 0;
+  // Checks the budget for `bytes` more from `from` and counts them.
+  absl::Status Budget(int from, uint64_t bytes, size_t queued)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `bytes` off `from`'s count.
+  void Unbudget(int from, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<int, absl::Status> link_failures_ ABSL_GUARDED_BY(mu_);
   absl::Status interrupt_ ABSL_GUARDED_BY(mu_);
   uint64_t max_seen_ ABSL_GUARDED_BY(mu_) = 0;

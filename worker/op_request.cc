@@ -43,6 +43,16 @@ absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
             absl::StrCat(name, ": unknown algorithm ", spec.algorithm()));
       }
       break;
+    case v1::SEND:
+    case v1::RECV:
+      // Whether the peer is in the ring is the communicator's to say.
+      if (spec.peer() < (spec.kind() == v1::RECV ? -1 : 0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            spec.kind() == v1::SEND ? "send" : "recv", ": peer rank ",
+            spec.peer(), " is negative",
+            spec.kind() == v1::RECV ? " (-1: any rank)" : ""));
+      }
+      break;
     case v1::BROADCAST:
       if (spec.root() < 0) {
         return absl::InvalidArgumentError(
@@ -74,13 +84,19 @@ absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
   return count * es;
 }
 
+bool IsPointToPoint(const v1::OpSpec& spec) {
+  return spec.kind() == v1::SEND || spec.kind() == v1::RECV;
+}
+
 uint64_t InlineUploadBytes(const v1::OpSpec& spec, uint64_t buffer_bytes) {
+  if (spec.kind() == v1::RECV) return 0;
   if (spec.kind() != v1::ALL_GATHER) return buffer_bytes;
   return spec.count() * DTypeSize(static_cast<DType>(spec.dtype()));
 }
 
 ByteRange InlineReplyRange(const v1::OpSpec& spec, int rank,
                            uint64_t buffer_bytes) {
+  if (spec.kind() == v1::SEND) return ByteRange{0, 0};
   if (spec.kind() != v1::REDUCE_SCATTER) return ByteRange{0, buffer_bytes};
   const uint64_t slice =
       spec.recv_count() * DTypeSize(static_cast<DType>(spec.dtype()));

@@ -27,9 +27,14 @@ uint64_t BufferCount(const v1::OpSpec& spec);
 absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
                                         uint64_t max_op_bytes);
 
+// SEND or RECV: only two ranks call; it takes no number of the job's
+// collectives (no SkipNumber on refusal, no caller place).
+bool IsPointToPoint(const v1::OpSpec& spec);
+
 // Worker.RunInline of a valid spec whose buffer holds `buffer_bytes`: the
 // bytes the client uploads (an all-gather: its contribution, count
-// elements, which land in slice 0; otherwise the whole buffer) ...
+// elements, which land in slice 0; a recv: none; otherwise the whole
+// buffer) ...
 uint64_t InlineUploadBytes(const v1::OpSpec& spec, uint64_t buffer_bytes);
 // ... and the bytes the reply streams back once the call ran as `rank`: a
 // reduce-scatter's slice `rank` (recv_count elements), otherwise the whole

@@ -74,6 +74,10 @@ absl::Status WorkerNode::Refuse(const Arrival& arrival, absl::Status status,
                                const v1::OpSpec* spec) {
   absl::MutexLock run_lock(&run_mu_);
   AwaitTurn(arrival.ticket);
+  if (spec != nullptr && IsPointToPoint(*spec)) {  // takes no number
+    ++turn_;
+    return status;
+  }
   const absl::Time deadline = arrival.at + options_.op_timeout;
   if (absl::Status late = TakeCallerPlace(spec, arrival, deadline);
       !late.ok()) {
@@ -292,6 +296,11 @@ absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
                                          const Arrival& arrival) {
   absl::MutexLock run_lock(&run_mu_);
   AwaitTurn(arrival.ticket);
+  if (IsPointToPoint(spec)) {
+    absl::StatusOr<OpResult> result = RunPeer(spec, buffer, arrival);
+    ++turn_;
+    return result;
+  }
   running_seq_ = 0;
   taken_ = Taken{};
   if (absl::Status late = TakeCallerPlace(
@@ -387,6 +396,27 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
     retry_seq = *n;
     retry_cause = std::string(result.status().message());
   }
+}
+
+absl::StatusOr<OpResult> WorkerNode::RunPeer(const v1::OpSpec& spec,
+                                             OpBuffer& buffer,
+                                             const Arrival& arrival) {
+  const absl::Time deadline =
+      CallDeadline(spec, arrival.at, options_.op_timeout);
+  absl::StatusOr<uint64_t> bytes = ValidateOpSpec(spec, options_.max_op_bytes);
+  if (!bytes.ok()) return bytes.status();
+  // The ring the next collective would run on (built here if none has
+  // yet); its numbering is left as it is.
+  CatchUp();
+  absl::StatusOr<std::shared_ptr<Ring>> ring =
+      book_->Acquire(NewCall(next_seq_, arrival, absl::InfiniteFuture()));
+  if (!ring.ok()) return ring.status();
+  const absl::Duration timeout =
+      std::max(deadline - absl::Now(), absl::Milliseconds(1));
+  Communicator* comm = (*ring)->comm.get();
+  return spec.kind() == v1::SEND
+             ? comm->Send(buffer, *bytes, spec.peer(), spec.tag(), timeout)
+             : comm->Recv(buffer, *bytes, spec.peer(), spec.tag(), timeout);
 }
 
 absl::Status WorkerNode::EnsureServers(absl::Time deadline) {

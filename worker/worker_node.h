@@ -139,6 +139,11 @@ class WorkerNode {
                                  OpBuffer& buffer, absl::Time deadline);
   absl::StatusOr<OpResult> Run(const v1::OpSpec& spec, OpBuffer& buffer,
                                const Arrival& arrival);
+  // A SEND or RECV, in its turn: on the current ring, outside the
+  // numbering of the collectives.
+  absl::StatusOr<OpResult> RunPeer(const v1::OpSpec& spec, OpBuffer& buffer,
+                                   const Arrival& arrival)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   absl::StatusOr<OpResult> RunInTurn(const v1::OpSpec& spec, OpBuffer& buffer,
                                      const Arrival& arrival)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);

@@ -23,6 +23,7 @@ v1::OpStats ToStats(const OpResult& r) {
   s.set_generation(r.generation);
   s.set_rank(r.rank);
   s.set_world_size(r.world_size);
+  s.set_peer(r.peer);
   return s;
 }
 

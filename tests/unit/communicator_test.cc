@@ -357,6 +357,55 @@ TEST(Inbox, CapsFramesQueuedPerSenderAndReportsTheNewest) {
   EXPECT_EQ(seq.status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
+// Pieces of point-to-point messages wait apart from the collectives'
+// frames: a collective waiting on the same sender neither sees them (no
+// "already started a later operation") nor drops them, DropBefore leaves
+// them, any-source takes the earliest arrival, and they count against the
+// same byte budget.
+TEST(Inbox, PeerPiecesWaitApartFromTheCollectives) {
+  Inbox inbox(4);
+  inbox.SetByteBudget(Inbox::ByteBudget{1000, 0});
+  auto piece = [](uint64_t seq, size_t bytes) {
+    InFrame f;
+    f.meta.kind = FrameKind::kPeer;
+    f.meta.op_seq = seq;
+    f.meta.count = bytes;
+    f.meta.message_bytes = bytes;
+    auto data = std::make_shared<std::vector<uint8_t>>(bytes, 1);
+    f.pieces.emplace_back(data->data(), data->size());
+    f.keepalive = data;
+    return f;
+  };
+  ASSERT_TRUE(inbox.Deliver(2, piece(40, 300)).ok());
+  ASSERT_TRUE(inbox.Deliver(1, piece(1, 300)).ok());
+  EXPECT_EQ(inbox.MaxOpSeqSeen(), 0u);  // not an operation's number
+  const std::vector<int> watch = {1, 2};
+  Inbox::Event ev =
+      inbox.Next(2, 3, watch, absl::Now() + absl::Milliseconds(30));
+  EXPECT_EQ(ev.type, Inbox::Event::kTimeout);  // no abort from rank 2
+  inbox.DropBefore(100);
+  // Over rank 2's budget (300 queued + 800 > 1000): refused, naming it.
+  absl::Status over = inbox.Deliver(2, piece(41, 800));
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  ev = inbox.NextPeer(-1, absl::Now() + absl::Seconds(1));
+  ASSERT_EQ(ev.type, Inbox::Event::kFrame);
+  EXPECT_EQ(ev.peer, 2);  // arrived first
+  EXPECT_EQ(ev.frame.meta.op_seq, 40u);
+  ev = inbox.NextPeer(1, absl::Now() + absl::Seconds(1));
+  ASSERT_EQ(ev.type, Inbox::Event::kFrame);
+  EXPECT_EQ(ev.peer, 1);
+  EXPECT_EQ(inbox.queued_bytes(), 0u);
+  EXPECT_TRUE(inbox.Deliver(2, piece(41, 800)).ok());  // budget given back
+  ev = inbox.NextPeer(3, absl::Now() + absl::Milliseconds(30));
+  EXPECT_EQ(ev.type, Inbox::Event::kTimeout);
+  inbox.LinkFailed(3, absl::UnavailableError("cut"));
+  ev = inbox.NextPeer(3, absl::Now() + absl::Seconds(1));
+  EXPECT_EQ(ev.type, Inbox::Event::kLinkFailed);
+  EXPECT_EQ(ev.peer, 3);
+  EXPECT_EQ(inbox.LinkFailure(3).code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(inbox.LinkFailure(2).ok());
+}
+
 TEST(Broadcast, FromEveryRoot) {
   for (int g : {1, 2, 3, 6}) {
     Ring ring(g, 40);

@@ -372,6 +372,52 @@ TEST(FrameCodecTest, AbortRoundTripEveryCode) {
   }
 }
 
+// A piece of a point-to-point message: its place in the message, the
+// message's size, number and tag survive; a piece that lies outside its
+// message, claims another dtype or number 0 is refused.
+TEST(FrameCodecTest, PeerPieceRoundTripsAndBadPiecesAreRefused) {
+  FrameMeta meta;
+  meta.kind = FrameKind::kPeer;
+  meta.generation = 3;
+  meta.op_seq = 12;
+  meta.step = -7;  // a tag may be any int
+  meta.offset = 4096;
+  meta.count = 100;
+  meta.dtype = DType::kUInt8;
+  meta.sender_rank = 2;
+  meta.origin_rank = 2;
+  meta.message_bytes = 4196;
+  const std::vector<uint8_t> payload(100, 0x5A);
+  absl::StatusOr<InFrame> f = DecodeFrame(EncodeFrame(meta, payload));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->meta.kind, FrameKind::kPeer);
+  EXPECT_EQ(f->meta.op_seq, 12u);
+  EXPECT_EQ(f->meta.step, -7);
+  EXPECT_EQ(f->meta.offset, 4096u);
+  EXPECT_EQ(f->meta.count, 100u);
+  EXPECT_EQ(f->meta.message_bytes, 4196u);
+  EXPECT_EQ(f->meta.sender_rank, 2);
+  EXPECT_EQ(f->PayloadBytes(), 100u);
+  FrameMeta empty = meta;  // a message of no bytes is one empty piece
+  empty.offset = 0;
+  empty.count = 0;
+  empty.message_bytes = 0;
+  EXPECT_TRUE(DecodeFrame(EncodeFrame(empty, {})).ok());
+  google::protobuf::LogSilencer quiet;
+  FrameMeta past_end = meta;
+  past_end.message_bytes = 4195;
+  FrameMeta typed = meta;
+  typed.dtype = DType::kFloat32;
+  typed.count = 25;
+  FrameMeta unnumbered = meta;
+  unnumbered.op_seq = 0;
+  for (const FrameMeta& bad : {past_end, typed, unnumbered}) {
+    absl::StatusOr<InFrame> r = DecodeFrame(EncodeFrame(bad, payload));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("message"));
+  }
+}
+
 // Whatever EncodeFrame produces, DecodeFrame must accept: an abort carries
 // an arbitrary absl::Status message, which need not be valid UTF-8 (a path,
 // a peer's bytes, a message cut in the middle of a multi-byte character).

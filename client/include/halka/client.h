@@ -73,6 +73,7 @@ struct OpInfo {
   bool zero_copy = false;       // the worker reduced the caller's memory
   std::string transfer;         // "shm", "shm-staged" or "inline"
   bool session = false;         // sent through the shared-memory session
+  int peer = -1;                // Send: the rank it went to; Recv: from
 };
 
 // Host memory shared with the local worker: collectives on it copy nothing.
@@ -211,6 +212,35 @@ class Client {
                                    OpOptions options = {}) {
     return Broadcast(data.data(), data.size(), DTypeOf<T>::value, root,
                      options);
+  }
+
+  // Point to point: `count` elements of `dtype` to rank `to`, and the next
+  // message from rank `from` (-1: from any rank; OpInfo::peer says whose)
+  // into `data`. Only the two ranks call; the job's collectives are not
+  // disturbed (a send/recv takes no number of theirs). A rank's messages
+  // to one peer arrive in the order sent, and the receiver's next message
+  // from that peer must carry `tag` and exactly the recv's bytes
+  // (FAILED_PRECONDITION naming both otherwise; that message is dropped).
+  // Send returns once the bytes left the sending worker (the receiving
+  // worker holds them until the recv, within its inbox's budget). Errors
+  // name the peer: INVALID_ARGUMENT (not another rank of the ring),
+  // UNAVAILABLE (its link failed), DEADLINE_EXCEEDED (nothing came, or
+  // the bytes did not leave), ABORTED (the membership changed).
+  absl::StatusOr<OpInfo> Send(const void* data, size_t count, DType dtype,
+                              int to, int tag = 0, OpOptions options = {});
+  absl::StatusOr<OpInfo> Recv(void* data, size_t count, DType dtype,
+                              int from, int tag = 0, OpOptions options = {});
+  template <typename T>
+  absl::StatusOr<OpInfo> Send(absl::Span<const T> data, int to, int tag = 0,
+                              OpOptions options = {}) {
+    return Send(data.data(), data.size(), DTypeOf<std::remove_cv_t<T>>::value,
+                to, tag, options);
+  }
+  template <typename T>
+  absl::StatusOr<OpInfo> Recv(absl::Span<T> data, int from, int tag = 0,
+                              OpOptions options = {}) {
+    return Recv(data.data(), data.size(), DTypeOf<T>::value, from, tag,
+                options);
   }
 
   // On a CUDA device tensor of this process (same host as the worker, CUDA

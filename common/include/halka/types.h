@@ -59,6 +59,8 @@ enum class OpKind : uint8_t {
   kBarrier = 3,
   kAllGather = 4,
   kReduceScatter = 5,
+  kSend = 6,  // point to point: not a collective, takes no number
+  kRecv = 7,
 };
 
 // How a collective moves data. Values match halka.v1.Algorithm.

@@ -1,0 +1,242 @@
+// Point to point: Communicator::Send and Recv (declared in communicator.h).
+// A message travels as pieces (frames of kind kPeer) of at most the ring's
+// chunk size over the same links as the collectives, numbered per sender
+// and receiver; the receiving inbox keeps them apart from the collectives'
+// frames (Inbox::NextPeer).
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/communicator.h"
+
+namespace halka {
+namespace {
+
+// What the pieces of one Send still hold: counted down by the transport's
+// release callbacks (any thread).
+struct SendState {
+  absl::Mutex mu;
+  size_t pending ABSL_GUARDED_BY(mu) = 0;
+  std::vector<uint8_t> bytes;  // the copy the pieces point into
+};
+
+OpResult PeerResult(const CommConfig& config, const char* what, int peer,
+                    uint64_t seq, uint64_t bytes, bool sent,
+                    absl::Time start) {
+  OpResult r;
+  r.op_seq = seq;
+  r.algorithm = what;
+  (sent ? r.bytes_sent : r.bytes_received) = bytes;
+  r.elapsed = absl::Now() - start;
+  r.generation = config.generation;
+  r.rank = config.rank;
+  r.world_size = config.world_size;
+  r.peer = peer;
+  return r;
+}
+
+absl::Duration Bounded(absl::Duration timeout, const CommConfig& config) {
+  return timeout > absl::ZeroDuration() ? timeout : config.default_timeout;
+}
+
+}  // namespace
+
+absl::Status Communicator::CheckPeer(int peer, bool any,
+                                     const char* what) const {
+  if ((any && peer == -1) ||
+      (peer >= 0 && peer < config_.world_size && peer != config_.rank)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": rank ", peer, " is not another rank of this ring of ",
+      config_.world_size, " (this is rank ", config_.rank, ")",
+      any ? "; -1 receives from any rank" : ""));
+}
+
+absl::StatusOr<OpResult> Communicator::Send(OpBuffer& buffer, size_t bytes,
+                                            int to, int tag,
+                                            absl::Duration timeout) {
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + Bounded(timeout, config_);
+  if (absl::Status s = CheckPeer(to, false, "send"); !s.ok()) return s;
+  if (bytes > config_.max_op_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "send: ", bytes, " bytes is more than this worker's limit of ",
+        config_.max_op_bytes));
+  }
+  // One copy: the pieces then never point into the caller's buffer, which
+  // may be gone when a piece that a slow link still holds is released.
+  auto state = std::make_shared<SendState>();
+  state->bytes.resize(bytes);
+  if (bytes > 0) {
+    if (absl::Status s = buffer.Begin(DType::kUInt8, ReduceOp::kSum, bytes);
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<const uint8_t*> host = buffer.HostView(0, bytes);
+    if (!host.ok()) return host.status();
+    std::memcpy(state->bytes.data(), *host, bytes);
+    if (absl::Status s = buffer.End(); !s.ok()) return s;
+  }
+  uint64_t seq;
+  {
+    absl::MutexLock lock(&peer_mu_);
+    seq = ++sent_to_[to];
+  }
+  // The ring's chunk, and never near the codec's frame limit (32 MiB).
+  const size_t piece = std::clamp<size_t>(config_.chunk_bytes, 1,
+                                          size_t{16} << 20);
+  const size_t pieces = bytes == 0 ? 1 : (bytes + piece - 1) / piece;
+  {
+    absl::MutexLock lock(&state->mu);
+    state->pending = pieces;
+  }
+  for (size_t i = 0; i < pieces; ++i) {
+    FrameMeta meta;
+    meta.kind = FrameKind::kPeer;
+    meta.generation = config_.generation;
+    meta.op_seq = seq;
+    meta.phase = Phase::kFingerprint;
+    meta.step = tag;
+    meta.offset = i * piece;
+    meta.count = std::min(piece, bytes - meta.offset);
+    meta.dtype = DType::kUInt8;
+    meta.sender_rank = config_.rank;
+    meta.origin_rank = config_.rank;
+    meta.message_bytes = bytes;
+    absl::Span<const uint8_t> payload(state->bytes.data() + meta.offset,
+                                      meta.count);
+    absl::Status s = transport_->Send(to, meta, payload, [state] {
+      absl::MutexLock lock(&state->mu);
+      --state->pending;
+    });
+    if (!s.ok()) {
+      // The pieces not handed over are released by nobody: count them off.
+      absl::MutexLock lock(&state->mu);
+      state->pending -= pieces - i - 1;
+      return absl::UnavailableError(absl::StrCat(
+          "send to ", DescribePeer(config_.members[static_cast<size_t>(to)]),
+          ": message #", seq, " (", bytes, " bytes, tag ", tag,
+          "): ", s.message()));
+    }
+  }
+  size_t left;
+  {
+    absl::MutexLock lock(&state->mu);
+    auto sent = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+      return state->pending == 0;
+    };
+    state->mu.AwaitWithDeadline(absl::Condition(&sent), deadline);
+    left = state->pending;
+  }
+  const std::string whom =
+      DescribePeer(config_.members[static_cast<size_t>(to)]);
+  if (left > 0) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "send to ", whom, ": message #", seq, " (", bytes, " bytes, tag ",
+        tag, "): ", left, " of its ", pieces, " pieces had not left this "
+        "rank by the deadline (is ", whom, " taking them?)"));
+  }
+  // A piece is released whether or not its link delivered it.
+  if (absl::Status link = inbox_->LinkFailure(to); !link.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "send to ", whom, ": message #", seq, " (", bytes, " bytes, tag ",
+        tag, "): the link to it failed: ", link.message()));
+  }
+  return PeerResult(config_, "send", to, seq, bytes, true, start);
+}
+
+absl::StatusOr<OpResult> Communicator::Recv(OpBuffer& buffer, size_t bytes,
+                                            int from, int tag,
+                                            absl::Duration timeout) {
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + Bounded(timeout, config_);
+  if (absl::Status s = CheckPeer(from, true, "recv"); !s.ok()) return s;
+  auto whom = [this](int r) {
+    return DescribePeer(config_.members[static_cast<size_t>(r)]);
+  };
+  const std::string awaited =
+      from >= 0 ? whom(from) : std::string("any rank");
+  int sender = from;
+  uint64_t seq = 0;     // the message being taken (0: none yet)
+  size_t got = 0;       // its bytes so far
+  absl::Status refused;  // the message is consumed but does not fit
+  bool begun = false;
+  for (;;) {
+    Inbox::Event ev = inbox_->NextPeer(sender, deadline);
+    if (ev.type == Inbox::Event::kTimeout) {
+      return absl::DeadlineExceededError(
+          seq == 0
+              ? absl::StrCat("recv from ", awaited, " (", bytes,
+                             " bytes, tag ", tag,
+                             "): no message arrived before the deadline")
+              : absl::StrCat("recv from ", whom(sender), ": message #", seq,
+                             " stopped at ", got, " of its bytes before the "
+                             "deadline"));
+    }
+    if (ev.type == Inbox::Event::kInterrupted) {
+      return absl::AbortedError(absl::StrCat("recv from ", awaited, ": ",
+                                             ev.status.message()));
+    }
+    if (ev.type == Inbox::Event::kLinkFailed) {
+      return absl::UnavailableError(absl::StrCat(
+          "recv from ", awaited, ": the link to ", whom(ev.peer),
+          " failed: ", ev.status.message()));
+    }
+    const FrameMeta& m = ev.frame.meta;
+    if (seq == 0) {
+      sender = ev.peer;
+      uint64_t expected;
+      {
+        absl::MutexLock lock(&peer_mu_);
+        expected = taken_from_[sender] + 1;
+      }
+      // Pieces of a message an earlier recv refused or gave up on.
+      if (m.op_seq < expected) continue;
+      if (m.op_seq != expected || m.offset != 0) {
+        return absl::DataLossError(absl::StrCat(
+            "recv from ", whom(sender), ": expected the start of its message #",
+            expected, ", got bytes ", m.offset, "+ of message #", m.op_seq));
+      }
+      seq = m.op_seq;
+      {
+        absl::MutexLock lock(&peer_mu_);
+        taken_from_[sender] = seq;
+      }
+      if (m.step != tag || m.message_bytes != bytes) {
+        refused = absl::FailedPreconditionError(absl::StrCat(
+            "recv from ", whom(sender), ": its message #", seq, " has tag ",
+            m.step, " and ", m.message_bytes, " bytes; this recv asked for "
+            "tag ", tag, " and ", bytes, " bytes (the message is dropped)"));
+      }
+    } else if (m.op_seq != seq || m.offset != got) {
+      return absl::DataLossError(absl::StrCat(
+          "recv from ", whom(sender), ": message #", seq, " at byte ", got,
+          ", got bytes ", m.offset, "+ of message #", m.op_seq));
+    }
+    if (refused.ok() && m.count > 0) {
+      if (!begun) {
+        if (absl::Status s = buffer.Begin(DType::kUInt8, ReduceOp::kSum, bytes);
+            !s.ok()) {
+          return s;
+        }
+        begun = true;
+      }
+      if (absl::Status s = buffer.Apply(false, m.offset, m.count, ev.frame);
+          !s.ok()) {
+        return s;
+      }
+    }
+    got += m.count;
+    if (got >= m.message_bytes) break;
+  }
+  if (!refused.ok()) return refused;
+  if (begun) {
+    if (absl::Status s = buffer.End(); !s.ok()) return s;
+  }
+  return PeerResult(config_, "recv", sender, seq, bytes, false, start);
+}
+
+}  // namespace halka

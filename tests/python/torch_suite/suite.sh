@@ -1,0 +1,33 @@
+#!/bin/bash
+# PyTorch's own distributed tests (the selections of SELECT below) with gloo
+# and with halka, at each world size in WORLD_SIZES, in this interpreter's
+# torch; fails when a test that passes with gloo does not pass with halka
+# and expected_differences.txt does not list it (or lists a test that
+# passes). CTest runs it as python_torch_suite; by hand:
+#   PYTHONPATH=build/client/python bash tests/python/torch_suite/suite.sh
+# PYTHON, WORLD_SIZES and SELECT may be set in the environment.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+py=${PYTHON:-/usr/bin/python3}
+sizes=${WORLD_SIZES:-3 4}
+select=${SELECT:-all_reduce broadcast all_gather reduce_scatter barrier scatter gather all_to_all send_recv DistributedDataParallel new_subgroups}
+out=$(mktemp -d /tmp/halka-suite.XXXXXX)
+trap 'rm -rf "$out"' EXIT
+rc=0
+for w in $sizes; do
+  for b in gloo halka; do
+    # Each test is bounded by run_suite's --timeout; the whole run by this.
+    if ! timeout 1500 "$py" "$here/run_suite.py" --backend "$b" \
+        --world-size "$w" --select $select --out "$out/$b-$w.json" \
+        > "$out/$b-$w.log" 2>&1; then
+      echo "run_suite.py --backend $b --world-size $w did not finish:"
+      tail -40 "$out/$b-$w.log"
+      rc=1
+      continue
+    fi
+    tail -1 "$out/$b-$w.log"
+  done
+  [ -f "$out/gloo-$w.json" ] && [ -f "$out/halka-$w.json" ] || continue
+  "$py" "$here/compare_suite.py" "$out/gloo-$w.json" "$out/halka-$w.json" || rc=1
+done
+exit $rc

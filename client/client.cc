@@ -322,7 +322,10 @@ absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
       // The worker cannot see our shared memory (another host or
       // container): fall through to inline from now on.
       im.use_shm_ = false;
-    } else {
+    } else if (spec.kind() != v1::SEND && spec.kind() != v1::RECV) {
+      // Not a send or recv: the staging object is held for the whole call,
+      // and a recv may wait long for its peer while this client's other
+      // threads run collectives; those go inline unless zero-copy.
       absl::MutexLock lock(&im.staging_mu_);
       if (absl::Status s = im.GrowStaging(io.buffer_bytes); !s.ok()) return s;
       // An all-gather's contribution goes to slice 0 (input_slice 0).

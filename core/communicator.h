@@ -178,6 +178,12 @@ class Communicator {
 
   // Point to point: the last message number sent to and taken from each
   // peer (messages are numbered per sender and receiver from 1).
+  // Sends number their message and queue all its pieces under send_mu_
+  // (one message's pieces are never interleaved with another's on a
+  // link); receives run one at a time, in the order they were called
+  // (recv_mu_), so two never take pieces of one message.
+  absl::Mutex send_mu_;
+  absl::Mutex recv_mu_;
   absl::Mutex peer_mu_;
   std::map<int, uint64_t> sent_to_ ABSL_GUARDED_BY(peer_mu_);
   std::map<int, uint64_t> taken_from_ ABSL_GUARDED_BY(peer_mu_);

@@ -80,6 +80,7 @@ absl::StatusOr<OpResult> Communicator::Send(OpBuffer& buffer, size_t bytes,
     std::memcpy(state->bytes.data(), *host, bytes);
     if (absl::Status s = buffer.End(); !s.ok()) return s;
   }
+  absl::ReleasableMutexLock send_lock(&send_mu_);
   uint64_t seq;
   {
     absl::MutexLock lock(&peer_mu_);
@@ -122,6 +123,7 @@ absl::StatusOr<OpResult> Communicator::Send(OpBuffer& buffer, size_t bytes,
           "): ", s.message()));
     }
   }
+  send_lock.Release();
   size_t left;
   {
     absl::MutexLock lock(&state->mu);
@@ -154,6 +156,7 @@ absl::StatusOr<OpResult> Communicator::Recv(OpBuffer& buffer, size_t bytes,
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + Bounded(timeout, config_);
   if (absl::Status s = CheckPeer(from, true, "recv"); !s.ok()) return s;
+  absl::MutexLock recv_lock(&recv_mu_);
   auto whom = [this](int r) {
     return DescribePeer(config_.members[static_cast<size_t>(r)]);
   };

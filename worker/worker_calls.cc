@@ -294,13 +294,9 @@ absl::StatusOr<OpResult> WorkerNode::RunOn(Ring& ring, const v1::OpSpec& spec,
 absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
                                          OpBuffer& buffer,
                                          const Arrival& arrival) {
+  if (IsPointToPoint(spec)) return RunPeer(spec, buffer, arrival);
   absl::MutexLock run_lock(&run_mu_);
   AwaitTurn(arrival.ticket);
-  if (IsPointToPoint(spec)) {
-    absl::StatusOr<OpResult> result = RunPeer(spec, buffer, arrival);
-    ++turn_;
-    return result;
-  }
   running_seq_ = 0;
   taken_ = Taken{};
   if (absl::Status late = TakeCallerPlace(
@@ -404,12 +400,21 @@ absl::StatusOr<OpResult> WorkerNode::RunPeer(const v1::OpSpec& spec,
   const absl::Time deadline =
       CallDeadline(spec, arrival.at, options_.op_timeout);
   absl::StatusOr<uint64_t> bytes = ValidateOpSpec(spec, options_.max_op_bytes);
+  absl::StatusOr<std::shared_ptr<Ring>> ring;
+  {
+    // In its turn, it takes the ring the next collective would run on
+    // (built here if none has yet), leaving the numbering as it is; then
+    // it runs beside the calls after it: a recv that waits for its peer
+    // must not hold up this worker's collectives or sends.
+    absl::MutexLock run_lock(&run_mu_);
+    AwaitTurn(arrival.ticket);
+    if (bytes.ok()) {
+      CatchUp();
+      ring = book_->Acquire(NewCall(next_seq_, arrival, absl::InfiniteFuture()));
+    }
+    ++turn_;
+  }
   if (!bytes.ok()) return bytes.status();
-  // The ring the next collective would run on (built here if none has
-  // yet); its numbering is left as it is.
-  CatchUp();
-  absl::StatusOr<std::shared_ptr<Ring>> ring =
-      book_->Acquire(NewCall(next_seq_, arrival, absl::InfiniteFuture()));
   if (!ring.ok()) return ring.status();
   const absl::Duration timeout =
       std::max(deadline - absl::Now(), absl::Milliseconds(1));

@@ -139,11 +139,11 @@ class WorkerNode {
                                  OpBuffer& buffer, absl::Time deadline);
   absl::StatusOr<OpResult> Run(const v1::OpSpec& spec, OpBuffer& buffer,
                                const Arrival& arrival);
-  // A SEND or RECV, in its turn: on the current ring, outside the
-  // numbering of the collectives.
+  // A SEND or RECV: takes its turn and the current ring, then runs
+  // outside the turn (beside later calls) and the collectives' numbering.
   absl::StatusOr<OpResult> RunPeer(const v1::OpSpec& spec, OpBuffer& buffer,
                                    const Arrival& arrival)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+      ABSL_LOCKS_EXCLUDED(run_mu_);
   absl::StatusOr<OpResult> RunInTurn(const v1::OpSpec& spec, OpBuffer& buffer,
                                      const Arrival& arrival)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);

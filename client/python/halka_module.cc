@@ -122,6 +122,19 @@ class PyClient {
                                         d, o, opt);
     });
   }
+  // Point to point on host memory (a device tensor goes through the host).
+  OpInfo Send(uintptr_t data, size_t n, int dtype, int to, int tag,
+              double timeout_s) {
+    const DType d = ToDType(dtype);
+    const OpOptions opt = Options(timeout_s, 0);
+    return Run([&] { return c_->Send(Ptr(data), n, d, to, tag, opt); });
+  }
+  OpInfo Recv(uintptr_t data, size_t n, int dtype, int from, int tag,
+              double timeout_s) {
+    const DType d = ToDType(dtype);
+    const OpOptions opt = Options(timeout_s, 0);
+    return Run([&] { return c_->Recv(Ptr(data), n, d, from, tag, opt); });
+  }
   OpInfo Barrier(double timeout_s) {
     const OpOptions opt = Options(timeout_s, 0);
     return Run([&] { return c_->Barrier(opt); });
@@ -220,6 +233,7 @@ PYBIND11_MODULE(_halka, m) {
       .def_readonly("generation", &OpInfo::generation)
       .def_readonly("zero_copy", &OpInfo::zero_copy)
       .def_readonly("transfer", &OpInfo::transfer)
+      .def_readonly("peer", &OpInfo::peer)
       .def("__repr__", [](const OpInfo& i) {
         return absl::StrCat("OpInfo(op_seq=", i.op_seq, ", algorithm='",
                             i.algorithm, "', rank=", i.rank, ", world_size=",
@@ -234,6 +248,8 @@ PYBIND11_MODULE(_halka, m) {
       .def("all_gather", &PyClient::AllGather)
       .def("reduce_scatter", &PyClient::ReduceScatter)
       .def("barrier", &PyClient::Barrier)
+      .def("send", &PyClient::Send)
+      .def("recv", &PyClient::Recv)
       .def("info_json", &PyClient::InfoJson)
       .def("ring_health_json", &PyClient::HealthJson);
 

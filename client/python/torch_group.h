@@ -1,8 +1,8 @@
 // The machinery of halka's torch.distributed backend (torch_pg.cc holds
 // the collectives torch calls): where the worker comes from (HALKA_WORKER
 // or an embedded one, the rendezvous address through torch's store), the
-// map between torch and halka ranks, the one FIFO thread that runs a
-// group's operations in issue order, and the helpers the collectives are
+// map between torch and halka ranks, the FIFO threads that run a group's
+// operations in issue order (collectives, sends, receives: one each), and the helpers the collectives are
 // written in (AllReduceNow, BroadcastNow, AllGatherNow, Gather, Scatter,
 // AllToAll, Enqueue). Included by torch_pg.cc only: one translation unit,
 // because torch's headers are slow to compile.
@@ -72,7 +72,9 @@ class HalkaGroup : public HalkaBackendBase {
       to_torch_[h] = r;
       identity_ = identity_ && h == r;
     }
-    thread_ = std::thread([this] { Loop(); });
+    for (Lane* lane : {&ops_, &sends_, &recvs_}) {
+      lane->thread = std::thread([this, lane] { Loop(*lane); });
+    }
   }
 
   ~HalkaGroup() override { Shutdown(); }
@@ -82,12 +84,14 @@ class HalkaGroup : public HalkaBackendBase {
   // bounded by its deadline), then the worker. Idempotent; the derived
   // class calls it first, so no operation runs on a half-destroyed group.
   void Shutdown() {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (stop_) return;
-      stop_ = true;
+    if (stopping_.exchange(true)) return;
+    for (Lane* lane : {&ops_, &sends_, &recvs_}) {
+      {
+        std::lock_guard<std::mutex> l(lane->mu);
+        lane->stop = true;
+      }
+      lane->cv.notify_all();
     }
-    cv_.notify_all();
     // Their futures' callbacks may run Python (a DDP comm hook) on our
     // thread, so the GIL must not be held while we wait for it (torch
     // destroys groups and reducers from Python).
@@ -100,7 +104,7 @@ class HalkaGroup : public HalkaBackendBase {
   }
 
   void Stop() {
-    thread_.join();
+    for (Lane* lane : {&ops_, &sends_, &recvs_}) lane->thread.join();
     client_.reset();
     worker_.reset();
     rendezvous_.reset();
@@ -269,6 +273,41 @@ class HalkaGroup : public HalkaBackendBase {
     });
   }
 
+  // Queues a send of t to torch rank `dst`, or a recv into t from torch
+  // rank `src` (-1: from any; the work's sourceRank() says whose). The
+  // tensor travels through host memory (a CUDA one is copied), as bytes
+  // where halka has no element type; a non-contiguous one as a copy.
+  c10::intrusive_ptr<c10d::Work> PointToPoint(OpType type, at::Tensor t,
+                                              int peer, int tag) {
+    const bool send = type == OpType::SEND;
+    TORCH_CHECK(peer == -1 || (peer >= 0 && peer < getSize() && peer != getRank()),
+                "ProcessGroup halka: ", OpName(type), ": rank ", peer,
+                " is not another rank of this group of ", getSize());
+    const OpOptions o = Opts(std::chrono::milliseconds(0));
+    auto work = c10::make_intrusive<HalkaWork>(
+        type, std::vector<at::Tensor>{t});
+    HalkaWork* w = work.get();  // lives while queued (the item holds it)
+    const int halka_peer = peer < 0 ? -1 : to_halka_[peer];
+    return Enqueue(work, type, [this, t, send, halka_peer, tag, o, w] {
+      at::Tensor host = t.is_cuda() || !t.is_contiguous()
+                            ? t.to(at::kCPU).contiguous()
+                            : t;
+      const Elements e = Moved(host);
+      const size_t n = e.count(host);
+      absl::StatusOr<OpInfo> info =
+          send ? client_->Send(host.data_ptr(), n, e.dtype, halka_peer, tag, o)
+               : client_->Recv(host.data_ptr(), n, e.dtype, halka_peer, tag, o);
+      if (!info.ok()) return info.status();
+      if (!send) {
+        if (!host.is_same(t)) t.copy_(host);
+        if (info->peer >= 0 && info->peer < getSize()) {
+          w->set_source_rank(static_cast<int>(to_torch_[info->peer]));
+        }
+      }
+      return absl::OkStatus();
+    });
+  }
+
   // Queues an all-gather of `in` into `flat` (halka rank order), then
   // `place` (on the group's thread, after success) puts it where torch
   // wants it; the future's value is `outputs`.
@@ -306,29 +345,42 @@ class HalkaGroup : public HalkaBackendBase {
     });
   }
 
+  struct Lane;  // below
+
   c10::intrusive_ptr<c10d::Work> Enqueue(OpType type,
                                          std::vector<at::Tensor> outputs,
                                          std::function<absl::Status()> run) {
-    auto work = c10::make_intrusive<HalkaWork>(type, std::move(outputs));
+    return Enqueue(c10::make_intrusive<HalkaWork>(type, std::move(outputs)),
+                   type, std::move(run));
+  }
+  c10::intrusive_ptr<c10d::Work> Enqueue(c10::intrusive_ptr<HalkaWork> work,
+                                         OpType type,
+                                         std::function<absl::Status()> run) {
     work->set_what(absl::StrCat("halka ", OpName(type), " (rank ", getRank(),
                                 " of ", getSize(), ")"));
+    // Sends and receives have lanes of their own: a recv waiting for its
+    // peer holds up neither the collectives nor this rank's sends (torch's
+    // batch_isend_irecv posts every recv before any send).
+    Lane& lane = type == OpType::SEND                                ? sends_
+                 : type == OpType::RECV || type == OpType::RECVANYSOURCE ? recvs_
+                                                                     : ops_;
     {
-      std::lock_guard<std::mutex> l(mu_);
-      queue_.push_back({work, std::move(run), OpName(type)});
+      std::lock_guard<std::mutex> l(lane.mu);
+      lane.queue.push_back({work, std::move(run), OpName(type)});
     }
-    cv_.notify_one();
+    lane.cv.notify_one();
     return work;
   }
 
-  void Loop() {
+  void Loop(Lane& lane) {
     for (;;) {
       Item item;
       {
-        std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [this] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        item = std::move(queue_.front());
-        queue_.pop_front();
+        std::unique_lock<std::mutex> l(lane.mu);
+        lane.cv.wait(l, [&lane] { return lane.stop || !lane.queue.empty(); });
+        if (lane.queue.empty()) return;
+        item = std::move(lane.queue.front());
+        lane.queue.pop_front();
       }
       absl::Status s;
       try {
@@ -354,11 +406,18 @@ class HalkaGroup : public HalkaBackendBase {
   std::vector<int> to_halka_;  // by torch rank
   std::vector<int64_t> to_torch_;  // by halka rank
   bool identity_ = true;           // torch rank == halka rank everywhere
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;
-  bool stop_ = false;
-  std::thread thread_;
+  // Operations run one by one per lane, in issue order: the collectives
+  // (every rank issues them in the same order, as the worker requires),
+  // the sends, the receives.
+  struct Lane {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Item> queue;
+    bool stop = false;
+    std::thread thread;
+  };
+  Lane ops_, sends_, recvs_;
+  std::atomic<bool> stopping_{false};
 };
 
 }  // namespace halka::torch_backend

@@ -13,9 +13,11 @@
 // its halka rank in the store, so torch ranks map to halka ranks (they are
 // equal for embedded workers).
 //
-// Threads: operations are queued and run one by one on this group's one
-// FIFO thread (every rank issues them in the same order, as the worker
-// requires); each Work's future completes there, so callers (DDP's hooks)
+// Threads: operations are queued and run one by one, in issue order, on
+// one of the group's three FIFO threads: the collectives' (every rank
+// issues them in the same order, as the worker requires), the sends', the
+// receives' (a recv waiting for its peer holds up neither of the others);
+// each Work's future completes there, so callers (DDP's hooks)
 // overlap communication with computation. Every operation carries a
 // deadline: the op's timeout, else init_process_group's timeout.
 #include <pybind11/chrono.h>
@@ -72,6 +74,24 @@ class ProcessGroupHalka : public HalkaGroup {
       if (s.ok()) CopyBack(t, c);
       return s;
     });
+  }
+
+  // Point to point: only the two ranks call; a rank's messages to one
+  // peer arrive in the order sent, and the recv's tag and size must match
+  // the message's (an error naming both otherwise).
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors,
+                                      int dstRank, int tag) override {
+    return PointToPoint(OpType::SEND, Single(tensors, "send"), dstRank, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors,
+                                      int srcRank, int tag) override {
+    TORCH_CHECK(srcRank >= 0, "ProcessGroup halka: recv from rank ", srcRank);
+    return PointToPoint(OpType::RECV, Single(tensors, "recv"), srcRank, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recvAnysource(
+      std::vector<at::Tensor>& tensors, int tag) override {
+    return PointToPoint(OpType::RECVANYSOURCE, Single(tensors, "recv"), -1,
+                        tag);
   }
 
   c10::intrusive_ptr<c10d::Work> broadcast(

@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #endif
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -101,6 +102,15 @@ class HalkaWork : public c10d::Work {
     cv_.notify_all();
   }
   void set_what(std::string what) { what_ = std::move(what); }
+  // A recv from any source: the torch rank its message came from, set on
+  // the group's thread before Finish.
+  int sourceRank() const override {
+    const int r = source_rank_.load();
+    TORCH_CHECK(r >= 0, "ProcessGroup halka: sourceRank() is known once a "
+                "recv from any source has completed");
+    return r;
+  }
+  void set_source_rank(int rank) { source_rank_.store(rank); }
 
  private:
   std::vector<at::Tensor> outputs_;
@@ -109,6 +119,7 @@ class HalkaWork : public c10d::Work {
   std::mutex mu_;
   std::condition_variable cv_;
   bool finished_ = false;
+  std::atomic<int> source_rank_{-1};
 };
 
 inline const char* OpName(OpType t) {
@@ -127,6 +138,9 @@ inline const char* OpName(OpType t) {
     case OpType::ALLTOALL: return "alltoall";
     case OpType::ALLREDUCE_COALESCED: return "allreduce_coalesced";
     case OpType::ALLGATHER_COALESCED: return "allgather_coalesced";
+    case OpType::SEND: return "send";
+    case OpType::RECV: return "recv";
+    case OpType::RECVANYSOURCE: return "recv_anysource";
     default: return "operation";
   }
 }

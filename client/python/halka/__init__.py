@@ -131,6 +131,12 @@ def _same_kind(what, send_dtype, recv_dtype, send_dev, recv_dev):
             f"{what}: send and recv differ in dtype or device")
 
 
+def _host_only(what, device):
+    if device:
+        raise InvalidArgumentError(
+            f"{what}: host memory only (copy a CUDA tensor with .cpu())")
+
+
 def _timeout(timeout):
     if timeout is None:
         return 0.0
@@ -167,6 +173,22 @@ class Client:
         """Copies rank root's x into every rank's x, in place."""
         p, n, d, dev = _tensor(x, "broadcast")
         return self._c.broadcast(p, n, d, int(root), dev, _timeout(timeout))
+
+    def send(self, x, dst, tag=0, timeout=None):
+        """Sends x (host memory) to rank dst; only dst calls recv for it.
+        Returns once the bytes left this worker. Messages to one rank
+        arrive in the order sent. Returns an OpInfo (peer: dst)."""
+        p, n, d, dev = _tensor(x, "send", writable=False)
+        _host_only("send", dev)
+        return self._c.send(p, n, d, int(dst), int(tag), _timeout(timeout))
+
+    def recv(self, x, src=-1, tag=0, timeout=None):
+        """Receives rank src's next message into x (host memory), which must
+        have its size and tag; src -1: the first message from any rank.
+        Returns an OpInfo whose peer is the sender."""
+        p, n, d, dev = _tensor(x, "recv")
+        _host_only("recv", dev)
+        return self._c.recv(p, n, d, int(src), int(tag), _timeout(timeout))
 
     def barrier(self, timeout=None):
         """Returns once every rank has called barrier."""

@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "halka/client.h"
 #include "halka/embedded.h"
@@ -53,6 +54,9 @@ namespace {
 
 namespace py = pybind11;
 using namespace torch_backend;  // NOLINT: this file's own pieces
+
+// The tag of monitoredBarrier's messages (one no torch caller passes).
+constexpr int kMonitoredBarrierTag = -0x6d62;  // "mb"
 
 class ProcessGroupHalka : public HalkaGroup {
  public:
@@ -92,6 +96,76 @@ class ProcessGroupHalka : public HalkaGroup {
       std::vector<at::Tensor>& tensors, int tag) override {
     return PointToPoint(OpType::RECVANYSOURCE, Single(tensors, "recv"), -1,
                         tag);
+  }
+
+  // gloo's monitored barrier, on halka's send/recv (torch's Python
+  // monitored_barrier refuses every backend but gloo by name: call
+  // halka.torch.monitored_barrier, or the group's monitored_barrier). Every
+  // rank but 0 sends to rank 0 and waits for its answer; rank 0 takes each
+  // rank's message in rank order within the one timeout, and answers all
+  // once every rank arrived. A rank that does not arrive is named by rank
+  // 0 (the first in rank order, or all of them with waitAllRanks), and
+  // the others learn that rank 0 failed (they are not answered). Runs on
+  // the calling thread, beside the queued operations.
+  void monitoredBarrier(const c10d::BarrierOptions& opts,
+                        bool waitAllRanks) override {
+    const std::chrono::milliseconds timeout =
+        opts.timeout.count() >= 0
+            ? opts.timeout
+            : std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout_));
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const int me = getRank();
+    const int tag = kMonitoredBarrierTag;
+    uint8_t token = 1;
+    auto left = [&] {
+      return std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+    };
+    auto within = [&](std::chrono::milliseconds ms) {
+      OpOptions o;
+      o.timeout = absl::FromChrono(std::max(ms, std::chrono::milliseconds(1)));
+      return o;
+    };
+    if (me != 0) {
+      absl::Status s =
+          client_->Send(&token, 1, DType::kUInt8, to_halka_[0], tag,
+                        within(timeout)).status();
+      if (s.ok()) {
+        s = client_->Recv(&token, 1, DType::kUInt8, to_halka_[0], tag,
+                          within(left())).status();
+      }
+      TORCH_CHECK(s.ok(), "Rank ", me, " successfully reached "
+                  "monitoredBarrier, but received errors while waiting for "
+                  "send/recv from rank 0. Please check rank 0 logs for faulty "
+                  "rank. (halka: ", s.ToString(), ")");
+      return;
+    }
+    std::vector<int> failed;
+    std::string first_error;
+    for (int r = 1; r < getSize(); ++r) {
+      const std::chrono::milliseconds ms = left();
+      TORCH_CHECK(ms.count() > 0 || !failed.empty(), "Rank 0 timed out in "
+                  "monitoredBarrier after ", timeout.count(), " ms.");
+      absl::Status s =
+          ms.count() > 0
+              ? client_->Recv(&token, 1, DType::kUInt8, to_halka_[r], tag,
+                              within(ms)).status()
+              : absl::DeadlineExceededError("no time left");
+      if (s.ok()) continue;
+      TORCH_CHECK(waitAllRanks, "Rank ", r, " failed to pass monitoredBarrier "
+                  "in ", timeout.count(), " ms (halka: ", s.ToString(), ")");
+      if (failed.empty()) first_error = s.ToString();
+      failed.push_back(r);
+    }
+    TORCH_CHECK(failed.empty(), "Ranks ", absl::StrJoin(failed, ", "),
+                " failed to pass monitoredBarrier in ", timeout.count(),
+                " ms (halka, the first: ", first_error, ")");
+    for (int r = 1; r < getSize(); ++r) {
+      absl::Status s = client_->Send(&token, 1, DType::kUInt8, to_halka_[r],
+                                     tag, within(timeout)).status();
+      TORCH_CHECK(s.ok(), "Rank 0 could not release rank ", r, " from "
+                  "monitoredBarrier: ", s.ToString());
+    }
   }
 
   c10::intrusive_ptr<c10d::Work> broadcast(

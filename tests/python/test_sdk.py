@@ -169,6 +169,48 @@ class SdkTest(unittest.TestCase):
         with self.assertRaises(halka.InvalidArgumentError):
             c.reduce_scatter(np.zeros(WORLD + 1, np.float32))  # does not split
 
+    def test_send_recv_every_dtype_any_source_and_errors(self):
+        # Rank r sends to (r + 1) % WORLD; rank 0 also takes a message
+        # from any rank and learns whose it is.
+        for dtype in NUMPY_DTYPES:
+            with self.subTest(dtype=np.dtype(dtype).name):
+                def ring(rank, c):
+                    c.send(rank_data(rank, dtype), (rank + 1) % WORLD, tag=3)
+                    got = np.zeros(N, dtype)
+                    info = c.recv(got, (rank - 1) % WORLD, tag=3)
+                    return got, info.peer
+                out = self.on_all(ring)
+                for r, (got, peer) in enumerate(out):
+                    self.assertEqual(peer, (r - 1) % WORLD)
+                    np.testing.assert_array_equal(
+                        got, rank_data((r - 1) % WORLD, dtype))
+
+        def any_source(rank, c):
+            if rank == 2:
+                c.send(np.full(5, 2.5, np.float64), 0)
+            if rank != 0:
+                return None
+            got = np.zeros(5, np.float64)
+            return c.recv(got, timeout=20).peer, got
+        peer, got = self.on_all(any_source)[0]
+        self.assertEqual(peer, 2)
+        np.testing.assert_array_equal(got, np.full(5, 2.5))
+
+        def wrong(rank, c):
+            if rank == 1:
+                c.send(np.arange(4, dtype=np.int32), 3, tag=1)
+            if rank != 3:
+                return None
+            with self.assertRaisesRegex(halka.FailedPreconditionError,
+                                        "tag 1.*tag 2"):
+                c.recv(np.zeros(4, np.int32), 1, tag=2)
+            with self.assertRaisesRegex(halka.DeadlineExceededError, "rank 2"):
+                c.recv(np.zeros(4, np.int32), 2, timeout=0.2)
+            with self.assertRaisesRegex(halka.InvalidArgumentError, "rank 3"):
+                c.send(np.zeros(4, np.int32), 3)
+            return True
+        self.assertTrue(self.on_all(wrong)[3])
+
     def test_barrier(self):
         infos = self.on_all(lambda r, c: c.barrier(timeout=10))
         self.assertEqual(sorted(i.rank for i in infos), list(range(WORLD)))

@@ -28,6 +28,24 @@ from . import _halka_torch
 ProcessGroupHalka = _halka_torch.ProcessGroupHalka
 
 
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """torch.distributed.monitored_barrier for a halka group, with gloo's
+    semantics: rank 0 waits for every other rank within `timeout` and names
+    the first that did not arrive ("Rank 2 failed to pass
+    monitoredBarrier"), or every one with wait_all_ranks; the other ranks
+    then fail too, saying rank 0 did. torch's own monitored_barrier refuses
+    every backend not named gloo. `group`: None for the default group; a
+    rank outside it returns at once. `timeout`: a timedelta or seconds;
+    None: the group's own timeout."""
+    c10d = _dist.distributed_c10d
+    if group is not None and c10d._rank_not_in_group(group):
+        return None
+    pg = c10d._get_default_group() if group is None else group
+    if timeout is None:
+        return pg.monitored_barrier(wait_all_ranks=wait_all_ranks)
+    return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+
 def _create_process_group(store, rank, world_size, timeout):
     return ProcessGroupHalka(store, rank, world_size, timeout.total_seconds())
 

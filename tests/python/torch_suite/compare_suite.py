@@ -1,7 +1,9 @@
 """Compares two run_suite.py reports: every test that passed with gloo must
-pass with halka, unless expected_differences.txt lists it with a reason.
-A listed test that passes with halka fails the comparison too (the list
-must say what is true now). Prints one line per test that differs."""
+pass with halka unless expectations.txt lists it (differ) with a reason,
+and every test halka skips must be skipped for a reason that file lists
+(skip) and be skipped with gloo too. A listed test that passes with halka
+fails the comparison (the list must say what is true now). Prints one line
+per test that differs, and a summary."""
 
 import json
 import os
@@ -10,35 +12,49 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def load_expected(path):
-    """{test name: reason} from lines "test_name  reason" (# comments)."""
-    out = {}
+def load_expectations(path):
+    """({test: why} expected to differ, [(skip reason prefix, why)])."""
+    differ, skips = {}, []
     with open(path) as f:
         for n, line in enumerate(f, 1):
             line = line.split("#", 1)[0].strip()
             if not line:
                 continue
-            name, _, reason = line.partition(" ")
-            if not reason.strip():
-                sys.exit(f"{path}:{n}: {name} has no reason")
-            out[name] = reason.strip()
-    return out
+            kind, _, rest = line.partition(" ")
+            what, bar, why = rest.partition("|")
+            if kind not in ("differ", "skip") or not bar or not why.strip():
+                sys.exit(f"{path}:{n}: expected 'differ TEST | why' or "
+                         f"'skip REASON | why'")
+            if kind == "differ":
+                differ[what.strip()] = why.strip()
+            else:
+                skips.append((what.strip(), why.strip()))
+    return differ, skips
 
 
-def compare(gloo, halka, expected):
+def compare(gloo, halka, differ, skips):
     """Returns (problems, summary lines)."""
     problems, lines = [], []
     g, h = gloo["tests"], halka["tests"]
     for name in sorted(set(g) | set(h)):
         go = g.get(name, {}).get("outcome", "absent")
         ho = h.get(name, {}).get("outcome", "absent")
-        if name in expected:
+        if ho == "skip":
+            reason = h[name].get("detail", "")
+            if not any(reason.startswith(p) for p, _ in skips):
+                problems.append(f"{name}: skipped with halka for a reason "
+                                f"expectations.txt does not list: {reason!r}")
+            elif go != "skip":
+                problems.append(f"{name}: skipped with halka ({reason!r}), "
+                                f"{go} with gloo")
+            continue
+        if name in differ:
             if ho == "pass":
                 problems.append(f"{name}: listed as expected to differ "
-                                f"({expected[name]}) but passes with halka")
+                                f"({differ[name]}) but passes with halka")
             else:
                 lines.append(f"{name}: gloo {go}, halka {ho}: expected "
-                             f"({expected[name]})")
+                             f"({differ[name]})")
             continue
         if go == "pass" and ho != "pass":
             detail = h.get(name, {}).get("detail", "").strip().splitlines()
@@ -54,17 +70,18 @@ def compare(gloo, halka, expected):
 def main(argv):
     if len(argv) not in (3, 4):
         sys.exit("usage: compare_suite.py gloo.json halka.json "
-                 "[expected_differences.txt]")
+                 "[expectations.txt]")
     gloo = json.load(open(argv[1]))
     halka = json.load(open(argv[2]))
-    exp = load_expected(argv[3] if len(argv) == 4 else
-                        os.path.join(HERE, "expected_differences.txt"))
-    problems, lines = compare(gloo, halka, exp)
-    passed = {k: sum(1 for t in r["tests"].values() if t["outcome"] == "pass")
-              for k, r in (("gloo", gloo), ("halka", halka))}
+    differ, skips = load_expectations(
+        argv[3] if len(argv) == 4 else os.path.join(HERE, "expectations.txt"))
+    problems, lines = compare(gloo, halka, differ, skips)
+    def count(r, outcome):
+        return sum(1 for t in r["tests"].values() if t["outcome"] == outcome)
     print(f"torch {halka['torch']}, world {halka['world_size']}: "
-          f"{len(halka['tests'])} tests; passed: gloo {passed['gloo']}, "
-          f"halka {passed['halka']}; {len(problems)} problem(s)")
+          f"{len(halka['tests'])} tests; passed: gloo {count(gloo, 'pass')}, "
+          f"halka {count(halka, 'pass')}; skipped: gloo {count(gloo, 'skip')}, "
+          f"halka {count(halka, 'skip')}; {len(problems)} problem(s)")
     for line in lines:
         print("  " + line)
     for p in problems:

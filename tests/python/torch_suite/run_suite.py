@@ -10,7 +10,9 @@ The suite skips most tests for a backend not named gloo, nccl or ucc (it
 reads the BACKEND variable at import). So the suite always sees
 BACKEND=gloo, and with --backend halka every process group a test makes
 with gloo (init_process_group, new_group, new_subgroups) is made with halka
-instead: the name checks pass, the collectives are halka's. Each test
+instead: the name checks pass, the collectives are halka's (and
+torch.distributed.monitored_barrier, which refuses any backend not named
+gloo, is halka.torch.monitored_barrier). Each test
 process asserts that its default group really is halka's (a test that
 quietly ran on gloo would prove nothing).
 
@@ -85,7 +87,7 @@ def _to_halka(backend):
 
 def install_halka():
     """In a test process: every group made with gloo is made with halka."""
-    import halka.torch  # noqa: F401  registers "halka"
+    import halka.torch  # registers "halka"
     c10d = dist.distributed_c10d
     real_init = c10d.init_process_group
     real_new_group = c10d.new_group
@@ -110,6 +112,9 @@ def install_halka():
     for mod in (c10d, dist):
         mod.init_process_group = init_process_group
         mod.new_group = new_group
+        # torch's own refuses every backend not named gloo; halka's has
+        # gloo's semantics (halka.torch.monitored_barrier).
+        mod.monitored_barrier = halka.torch.monitored_barrier
 
 
 def turn_off_replicated_tensor():

@@ -2,15 +2,17 @@
 # PyTorch's own distributed tests (the selections of SELECT below) with gloo
 # and with halka, at each world size in WORLD_SIZES, in this interpreter's
 # torch; fails when a test that passes with gloo does not pass with halka
-# and expected_differences.txt does not list it (or lists a test that
-# passes). CTest runs it as python_torch_suite; by hand:
+# and expectations.txt does not list it (or lists a test that passes), or
+# when halka skips a test for a reason that file does not list. CTest runs it as python_torch_suite; by hand:
 #   PYTHONPATH=build/client/python bash tests/python/torch_suite/suite.sh
 # PYTHON, WORLD_SIZES and SELECT may be set in the environment.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-/usr/bin/python3}
 sizes=${WORLD_SIZES:-3 4}
-select=${SELECT:-all_reduce broadcast all_gather reduce_scatter barrier scatter gather all_to_all send_recv DistributedDataParallel new_subgroups}
+# Test name prefixes: the collectives, point to point (send_recv, isend,
+# irecv, batch_isend_irecv), DDP, groups, monitored_barrier, get_future.
+select=${SELECT:-all_reduce broadcast all_gather reduce_scatter barrier scatter gather all_to_all send_recv DistributedDataParallel new_subgroups reduce isend irecv batch_isend_irecv monitored_barrier get_future new_group}
 out=$(mktemp -d /tmp/halka-suite.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 rc=0

@@ -41,7 +41,8 @@ PKGS=(build-essential g++-14 cmake ninja-build pkg-config
       git  # tests/docs/architecture_check.py lists the tracked files
       python3-dev pybind11-dev python3-numpy
       python3-torch libtorch-dev python3-sklearn
-      python3-scikit-build-core python3-venv python3-pip)  # pip install .
+      python3-scikit-build-core python3-venv python3-pip  # pip install .
+      python3-setuptools python3-expecttest)  # PyTorch's test harness
 
 die() { echo "trixie-env: $*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "needs root (debootstrap, chroot, mount)"

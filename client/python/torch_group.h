@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -78,6 +79,14 @@ class HalkaGroup : public HalkaBackendBase {
   }
 
   ~HalkaGroup() override { Shutdown(); }
+
+  // The group's sequence number, as gloo keeps one (torch checks that
+  // ranks agree on it, e.g. for a new group's object collectives): 0 when
+  // set, one more per collective issued. Every rank issues the same
+  // collectives in the same order, so they agree; sends and receives,
+  // which only two ranks issue, do not count.
+  void setSequenceNumberForGroup() override { seq_.store(0); }
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
 
  protected:
   // Stops the group's thread once its queued operations finished (each
@@ -364,6 +373,7 @@ class HalkaGroup : public HalkaBackendBase {
     Lane& lane = type == OpType::SEND                                ? sends_
                  : type == OpType::RECV || type == OpType::RECVANYSOURCE ? recvs_
                                                                      : ops_;
+    if (&lane == &ops_) seq_.fetch_add(1);
     {
       std::lock_guard<std::mutex> l(lane.mu);
       lane.queue.push_back({work, std::move(run), OpName(type)});
@@ -418,6 +428,7 @@ class HalkaGroup : public HalkaBackendBase {
   };
   Lane ops_, sends_, recvs_;
   std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> seq_{0};  // getSequenceNumberForGroup
 };
 
 }  // namespace halka::torch_backend

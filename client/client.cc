@@ -303,10 +303,14 @@ absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
     uint64_t offset = 0, size = 0;
     // Zero copy when the worker may write the result where the caller
     // wants it and read the input from there: all-reduce and broadcast in
-    // place, all-gather into a shared recv buffer. A reduce-scatter always
+    // place, all-gather into a shared recv buffer, a recv into one, a send
+    // from one (which the worker only reads). A reduce-scatter always
     // stages: reduced in place, the caller's (const) input would change.
-    if (!reduce_scatter && io.recv_bytes == io.buffer_bytes &&
-        im.registry_->Find(io.recv, io.buffer_bytes, &name, &offset, &size,
+    const bool send = spec.kind() == v1::SEND;
+    const void* shared = send ? io.send : io.recv;
+    const size_t shared_bytes = send ? io.send_bytes : io.recv_bytes;
+    if (!reduce_scatter && shared_bytes == io.buffer_bytes &&
+        im.registry_->Find(shared, io.buffer_bytes, &name, &offset, &size,
                            &capability)) {
       if (spec.kind() == v1::ALL_GATHER) PlaceContribution(io, req.mutable_spec());
       req.set_shm_name(name);

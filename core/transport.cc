@@ -80,6 +80,25 @@ absl::Status Inbox::Enqueue(int from, InFrame frame) {
     auto& q = peer_queues_[from];
     absl::Status s = Budget(from, frame.PayloadBytes(), q.size());
     if (!s.ok()) return s;
+    // A piece may wait long for its recv: it gets bytes of its own, and
+    // lets go of the link's memory (a same-host ring frees its space only
+    // as its records are let go of: kept, every rank sending a large
+    // message at once would find its ring full and wait for a receiver
+    // that waits, itself, on its own send).
+    auto bytes = std::make_shared<std::vector<uint8_t>>();
+    bytes->reserve(frame.PayloadBytes());
+    for (absl::Span<const uint8_t> p : frame.pieces) {
+      bytes->insert(bytes->end(), p.begin(), p.end());
+    }
+    if (frame.intact && !frame.intact()) {
+      Unbudget(from, frame.PayloadBytes());
+      return absl::DataLossError(absl::StrCat(
+          "a message piece from rank ", from, " was overwritten in its "
+          "shared memory before it was read"));
+    }
+    frame.pieces.assign(1, absl::MakeConstSpan(*bytes));
+    frame.keepalive = std::move(bytes);
+    frame.intact = nullptr;
     q.emplace_back(++peer_arrivals_, std::move(frame));
     return absl::OkStatus();
   }

@@ -55,11 +55,18 @@ double BusBandwidthFactor(OpKind kind, int world_size) {
     case OpKind::kReduceScatter:
       return (g - 1) / g;
     case OpKind::kBroadcast:
+    case OpKind::kSend:  // sendrecv
       return 1.0;
     case OpKind::kBarrier:
+    case OpKind::kRecv:
       break;
   }
   return 0;
+}
+
+std::string CollectiveName(OpKind kind) {
+  if (kind == OpKind::kSend) return "sendrecv";
+  return absl::StrReplaceAll(OpKindName(kind), {{"_", ""}});
 }
 
 absl::StatusOr<OpKind> ParseCollective(const std::string& name) {
@@ -67,9 +74,11 @@ absl::StatusOr<OpKind> ParseCollective(const std::string& name) {
   if (name == "allgather") return OpKind::kAllGather;
   if (name == "reducescatter") return OpKind::kReduceScatter;
   if (name == "broadcast") return OpKind::kBroadcast;
+  if (name == "sendrecv") return OpKind::kSend;
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown collective '", name,
-      "' (expected allreduce, allgather, reducescatter or broadcast)"));
+      "' (expected allreduce, allgather, reducescatter, broadcast or "
+      "sendrecv)"));
 }
 
 namespace {
@@ -96,6 +105,10 @@ struct CaseBuffers {
   std::vector<uint8_t*> bufs;
   // A reduce-scatter's result (one slice), apart from its input.
   std::vector<std::vector<uint8_t>> outs;
+  // sendrecv: what a rank sends (a copy of its input; shared memory under
+  // zero_copy, where it gives some), apart from where it receives.
+  std::vector<HostBuffer> send_shared;
+  std::vector<uint8_t*> sends;
   std::vector<CudaBuffer> device;
   std::vector<CudaBuffer> device_out;
 
@@ -105,6 +118,8 @@ struct CaseBuffers {
         plain(static_cast<size_t>(g)),
         bufs(static_cast<size_t>(g)),
         outs(static_cast<size_t>(g)),
+        send_shared(static_cast<size_t>(g)),
+        sends(static_cast<size_t>(g)),
         device(static_cast<size_t>(g)),
         device_out(static_cast<size_t>(g)) {}
 };
@@ -119,6 +134,19 @@ absl::Status AllocateRank(Client& client, const BenchCase& c,
   b.inputs[r] = MakeRankData(c.dtype, c.op, input_count, r, options.seed);
   if (c.kind == OpKind::kReduceScatter) {
     b.outs[r].resize(std::max<size_t>(b.slice_bytes, 1));
+  }
+  if (c.kind == OpKind::kSend) {
+    absl::StatusOr<HostBuffer> hb =
+        options.zero_copy && bytes > 0 ? client.AllocateHostBuffer(bytes)
+                                       : absl::StatusOr<HostBuffer>(
+                                             absl::UnavailableError("plain"));
+    if (hb.ok()) {
+      b.send_shared[r] = std::move(*hb);
+      b.sends[r] = static_cast<uint8_t*>(b.send_shared[r].data());
+      std::memcpy(b.sends[r], b.inputs[r].data(), bytes);
+    } else {
+      b.sends[r] = b.inputs[r].data();
+    }
   }
   if (options.device && bytes > 0) {
     auto d = CudaBuffer::Allocate(bytes);
@@ -170,6 +198,21 @@ absl::StatusOr<OpInfo> RunOnce(Client& cl, const BenchCase& c,
     case OpKind::kBroadcast:
       return options.device ? cl.BroadcastDevice(buf, count, c.dtype, 0, oo)
                             : cl.Broadcast(buf, count, c.dtype, 0, oo);
+    case OpKind::kSend: {  // sendrecv: to the next rank, from the previous
+      if (options.device) {
+        return absl::UnimplementedError(
+            "sendrecv: host memory only (halka's send/recv take no device "
+            "tensors)");
+      }
+      const int g = static_cast<int>(b.inputs.size());
+      absl::StatusOr<OpInfo> sent =
+          cl.Send(b.sends[r], count, c.dtype, (r + 1) % g, 0, oo);
+      if (!sent.ok()) return sent.status();
+      absl::StatusOr<OpInfo> got =
+          cl.Recv(buf, count, c.dtype, (r + g - 1) % g, 0, oo);
+      if (got.ok()) got->bytes_sent = sent->bytes_sent;
+      return got;
+    }
     default:
       return options.device
                  ? cl.AllReduceDevice(buf, count, c.dtype, c.op, oo)
@@ -249,6 +292,10 @@ size_t CountWrong(const BenchCase& c, const CaseBuffers& b, int g,
       case OpKind::kBroadcast:
         wrong += BitwiseDifferences(b.bufs[r], b.inputs[0].data(), b.count,
                                     es);
+        break;
+      case OpKind::kSend:  // sendrecv: the previous rank's input
+        wrong += BitwiseDifferences(b.bufs[r], b.inputs[(r + g - 1) % g].data(),
+                                    b.count, es);
         break;
       default:
         // Rank 0 against the reference, every other rank against rank 0.
@@ -369,7 +416,7 @@ std::string BenchRowJson(const BenchRow& row, int world_size) {
       "\"algo\":\"%s\",\"world_size\":%d,\"time_us\":%.3f,\"algbw_gbs\":%.6f,"
       "\"busbw_gbs\":%.6f,\"wrong\":%d,\"bytes_sent_rank0\":%d,"
       "\"error\":\"%s\"}",
-      absl::StrReplaceAll(OpKindName(row.c.kind), {{"_", ""}}),
+      CollectiveName(row.c.kind),
       row.count * DTypeSize(row.c.dtype), row.count, DTypeName(row.c.dtype),
       RedopName(row.c), row.algorithm, world_size, row.time_us,
       row.algbw_gbs, row.busbw_gbs, row.wrong, row.bytes_sent,

@@ -22,16 +22,20 @@ struct BenchCase {
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   Algorithm algorithm = Algorithm::kAuto;
-  OpKind kind = OpKind::kAllReduce;  // broadcast: from rank 0
+  // broadcast: from rank 0; kSend: "sendrecv", each rank sends its buffer
+  // to the next rank and receives the previous rank's (nccl-tests').
+  OpKind kind = OpKind::kAllReduce;
 };
 
 // nccl-tests' bus-bandwidth factor of `kind` on `world_size` ranks:
 // 2(G-1)/G for all-reduce, (G-1)/G for all-gather and reduce-scatter, 1 for
-// broadcast (0 for a barrier).
+// broadcast and sendrecv (0 for a barrier).
 double BusBandwidthFactor(OpKind kind, int world_size);
-// "allreduce", "allgather", "reducescatter", "broadcast" (the --coll
-// names). INVALID_ARGUMENT otherwise.
+// "allreduce", "allgather", "reducescatter", "broadcast", "sendrecv" (the
+// --coll names; sendrecv is OpKind::kSend). INVALID_ARGUMENT otherwise.
 absl::StatusOr<OpKind> ParseCollective(const std::string& name);
+// The --coll name of `kind`.
+std::string CollectiveName(OpKind kind);
 
 struct BenchOptions {
   int iterations = 5;

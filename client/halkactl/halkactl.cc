@@ -96,8 +96,9 @@ ABSL_FLAG(int, repeat, 1, "allreduce: operations to run back to back");
 ABSL_FLAG(std::string, algo, "auto",
           "all-reduce algorithm: auto, ring, naive, ps, two_level (bench: also all)");
 ABSL_FLAG(std::string, coll, "allreduce",
-          "bench: the collective: allreduce, allgather, reducescatter or "
-          "broadcast (from rank 0); sizes are the whole buffer, as in "
+          "bench: the collective: allreduce, allgather, reducescatter, "
+          "broadcast (from rank 0) or sendrecv (each rank to the next, "
+          "from the previous); sizes are the whole buffer, as in "
           "nccl-tests");
 ABSL_FLAG(int, ps_shards, 1, "bench: parameter-server shards of the embedded "
           "cluster (with --algo=ps or all)");
@@ -189,12 +190,13 @@ int Bench(const std::vector<Client*>& clients, const std::vector<BenchCase>& cas
   const int g = static_cast<int>(clients.size());
   if (!json && !cases.empty()) {
     const OpKind kind = cases[0].kind;
-    const char* factor = kind == OpKind::kAllReduce   ? "2(G-1)/G"
-                         : kind == OpKind::kBroadcast ? "1"
-                                                      : "(G-1)/G";
+    const char* factor =
+        kind == OpKind::kAllReduce                               ? "2(G-1)/G"
+        : kind == OpKind::kBroadcast || kind == OpKind::kSend ? "1"
+                                                                : "(G-1)/G";
     std::printf("# halka %s: %d ranks, %d iterations (+%d warm-up), "
                 "busbw = algbw * %s\n",
-                absl::StrReplaceAll(OpKindName(kind), {{"_", "-"}}).c_str(), g,
+                CollectiveName(kind).c_str(), g,
                 options.iterations,
                 options.warmup, factor);
     std::printf("%s\n", BenchHeader().c_str());

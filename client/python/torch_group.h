@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,6 +41,20 @@ namespace halka::torch_backend {
 inline std::string RandomJob() {
   std::random_device rd;
   return absl::StrCat("torch-", absl::Hex(rd()), absl::Hex(rd()));
+}
+
+class HalkaGroup;
+
+// Every live group, so that the interpreter's exit can stop them first
+// (ShutdownAll, from halka.torch's atexit hook). Never destroyed (used at
+// exit).
+inline std::mutex& LiveGroupsMu() {
+  static auto* mu = new std::mutex;
+  return *mu;
+}
+inline std::set<HalkaGroup*>& LiveGroups() {
+  static auto* groups = new std::set<HalkaGroup*>;
+  return *groups;
 }
 
 class HalkaGroup : public HalkaBackendBase {
@@ -76,6 +91,8 @@ class HalkaGroup : public HalkaBackendBase {
     for (Lane* lane : {&ops_, &sends_, &recvs_}) {
       lane->thread = std::thread([this, lane] { Loop(*lane); });
     }
+    std::lock_guard<std::mutex> l(LiveGroupsMu());
+    LiveGroups().insert(this);
   }
 
   ~HalkaGroup() override { Shutdown(); }
@@ -88,19 +105,54 @@ class HalkaGroup : public HalkaBackendBase {
   void setSequenceNumberForGroup() override { seq_.store(0); }
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
 
+  // Before the interpreter exits (halka.torch registers it with atexit,
+  // on the main thread, with the GIL): stops every live group, failing
+  // the operations still queued instead of running them. Otherwise a
+  // group torch never destroyed would go on running its queue while
+  // Python finalizes, and a lane thread that drops the last reference to
+  // a tensor then needs the GIL, which a finalizing interpreter answers
+  // by ending the thread (std::terminate: an abort at exit).
+  static void ShutdownAll() {
+    std::vector<HalkaGroup*> groups;
+    {
+      std::lock_guard<std::mutex> l(LiveGroupsMu());
+      groups.assign(LiveGroups().begin(), LiveGroups().end());
+    }
+    for (HalkaGroup* g : groups) g->Shutdown(/*abandon=*/true);
+  }
+
  protected:
-  // Stops the group's thread once its queued operations finished (each
-  // bounded by its deadline), then the worker. Idempotent; the derived
-  // class calls it first, so no operation runs on a half-destroyed group.
-  void Shutdown() {
-    if (stopping_.exchange(true)) return;
+  // Stops the group's threads once their queued operations finished (each
+  // bounded by its deadline) or, abandoning them, once the running ones
+  // did (the queued ones fail with CANCELLED, not run); then the worker.
+  // Idempotent, and a second caller waits for the first (std::call_once);
+  // the derived class calls it first, so no operation runs on a
+  // half-destroyed group.
+  void Shutdown(bool abandon = false) {
+    std::call_once(shutdown_once_, [this, abandon] { ShutdownOnce(abandon); });
+  }
+
+  void ShutdownOnce(bool abandon) {
+    std::vector<Item> dropped;
     for (Lane* lane : {&ops_, &sends_, &recvs_}) {
       {
         std::lock_guard<std::mutex> l(lane->mu);
         lane->stop = true;
+        if (abandon) {
+          for (Item& item : lane->queue) dropped.push_back(std::move(item));
+          lane->queue.clear();
+        }
       }
       lane->cv.notify_all();
     }
+    for (Item& item : dropped) {
+      item.work->Finish(
+          absl::CancelledError("the process is exiting: the operation was "
+                               "queued and never ran"),
+          absl::StrCat("halka ", item.name, " (rank ", getRank(), " of ",
+                       getSize(), ")"));
+    }
+    dropped.clear();
     // Their futures' callbacks may run Python (a DDP comm hook) on our
     // thread, so the GIL must not be held while we wait for it (torch
     // destroys groups and reducers from Python).
@@ -114,6 +166,10 @@ class HalkaGroup : public HalkaBackendBase {
 
   void Stop() {
     for (Lane* lane : {&ops_, &sends_, &recvs_}) lane->thread.join();
+    {
+      std::lock_guard<std::mutex> l(LiveGroupsMu());
+      LiveGroups().erase(this);
+    }
     client_.reset();
     worker_.reset();
     rendezvous_.reset();
@@ -427,7 +483,7 @@ class HalkaGroup : public HalkaBackendBase {
     std::thread thread;
   };
   Lane ops_, sends_, recvs_;
-  std::atomic<bool> stopping_{false};
+  std::once_flag shutdown_once_;
   std::atomic<uint64_t> seq_{0};  // getSequenceNumberForGroup
 };
 

@@ -552,4 +552,6 @@ PYBIND11_MODULE(_halka_torch, m) {
       .def(py::init<const c10::intrusive_ptr<c10d::Store>&, int, int, double>(),
            py::arg("store"), py::arg("rank"), py::arg("size"),
            py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>());
+  m.def("_shutdown_all", &halka::torch_backend::HalkaGroup::ShutdownAll,
+        "Stops every live halka group (halka.torch calls it at exit).");
 }

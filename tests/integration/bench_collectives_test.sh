@@ -2,13 +2,14 @@
 # halkactl bench --coll=...: for every collective, an embedded 3-worker
 # cluster runs a short sweep; every row must succeed with #wrong 0, and
 # busbw must be algbw times nccl-tests' factor for that collective
-# (2(G-1)/G all-reduce, (G-1)/G all-gather and reduce-scatter, 1 broadcast).
+# (2(G-1)/G all-reduce, (G-1)/G all-gather and reduce-scatter, 1 broadcast
+# and sendrecv; rank 0 of sendrecv sends its whole buffer once).
 # Bounded: 3 sizes, 2 iterations each, 120 s per collective.
 set -euo pipefail
 halkactl=$1
 G=3
 fail() { echo "FAIL: $*" >&2; exit 1; }
-for spec in allreduce:4/3 allgather:2/3 reducescatter:2/3 broadcast:1; do
+for spec in allreduce:4/3 allgather:2/3 reducescatter:2/3 broadcast:1 sendrecv:1; do
   coll=${spec%%:*}
   factor=${spec#*:}
   out=$(timeout 120 "$halkactl" bench --coll="$coll" --workers=$G --op=max \
@@ -40,6 +41,9 @@ for line in out.splitlines():
     if abs(row["busbw_gbs"] - row["algbw_gbs"] * factor) > 1e-6 * (1 + factor):
         sys.exit(f"FAIL: {what}: busbw/algbw = {ratio:.4f}, expected {factor:.4f}")
     # The ring's halves: each rank sends (G-1)/G of the buffer.
+    if coll == "sendrecv" and row["bytes_sent_rank0"] != row["size"]:
+        sys.exit(f"FAIL: {what}: rank 0 sent {row['bytes_sent_rank0']} B, "
+                 f"expected the buffer, {row['size']}")
     if coll in ("allgather", "reducescatter") and \
             row["bytes_sent_rank0"] != row["size"] * (G - 1) // G:
         sys.exit(f"FAIL: {what}: rank 0 sent {row['bytes_sent_rank0']} B, "

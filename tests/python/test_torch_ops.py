@@ -29,11 +29,14 @@ class TorchOpsTest(unittest.TestCase):
     @unittest.skipIf(int(torch.__version__.split(".")[0]) < 2,
                      "device:backend strings are torch 2.x")
     def test_device_backend_string(self):
-        tu.set_dist_env(tu.free_port())
-        ctx = mp.start_processes(torch_ops_worker.run_backend_string,
-                                 args=(2, "cpu:halka"), nprocs=2, join=False,
-                                 start_method="spawn")
-        self.assertTrue(tu.join_spawned(ctx, 120), "ranks did not finish in 120 s")
+        for backend in ("cpu:halka", "cpu:halka,cuda:halka"):
+            with self.subTest(backend=backend):
+                tu.set_dist_env(tu.free_port())
+                ctx = mp.start_processes(torch_ops_worker.run_backend_string,
+                                         args=(2, backend), nprocs=2,
+                                         join=False, start_method="spawn")
+                self.assertTrue(tu.join_spawned(ctx, 120),
+                                f"{backend}: ranks did not finish in 120 s")
 
 
 if __name__ == "__main__":

@@ -117,6 +117,7 @@ def run(rank, world):
     check_non_contiguous(rank, world)
     check_subgroups(rank, world)
     check_wait_timeout(rank, world)
+    check_point_to_point(rank, world, gloo)
     # What halka does not do raises RuntimeError naming it.
     # (torch itself refuses MAX on complex before the backend sees it:
     # RuntimeError on 1.13, ValueError on 2.x)
@@ -125,7 +126,9 @@ def run(rank, world):
                  errors=(RuntimeError, ValueError))
     expect_error(lambda: dist.all_reduce(torch.zeros(4), op=dist.ReduceOp.BAND),
                  "allreduce", "reduce op")
-    expect_error(lambda: dist.send(torch.zeros(4), dst=(rank + 1) % world), "send")
+    # Sending to itself: refused (by halka on 1.13, by torch on 2.x).
+    expect_error(lambda: dist.send(torch.zeros(4), dst=rank), "rank",
+                 errors=(RuntimeError, ValueError))
     expect_error(lambda: dist.all_to_all_single(torch.zeros(world + 1),
                                                 torch.zeros(world + 1)),
                  "alltoall_base", "split evenly")
@@ -259,6 +262,65 @@ def check_bytes_and_objects(rank, world, gloo):
                              if rank == 2 % world else None, src=2 % world)
     if mine[0] != f"for {rank}":
         raise AssertionError(f"scatter_object_list: {mine[0]!r}")
+
+
+def check_point_to_point(rank, world, gloo):
+    """send/recv on every dtype (and complex, as bytes) around the ring,
+    as gloo moves them; isend/irecv with every recv posted first
+    (batch_isend_irecv); a recv from any source names its sender; tags
+    and sizes that differ raise naming both; monitored_barrier passes."""
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    for d in DTYPES + [torch.complex64]:
+        mine = data(rank, d) if d != torch.complex64 else torch.complex(
+            data(rank, torch.float32), data(rank + 1, torch.float32))
+        want = data(prv, d) if d != torch.complex64 else torch.complex(
+            data(prv, torch.float32), data(prv + 1, torch.float32))
+        got = torch.zeros_like(mine)
+        if rank % 2 == 0:
+            dist.send(mine, nxt, tag=5)
+            dist.recv(got, prv, tag=5)
+        else:
+            dist.recv(got, prv, tag=5)
+            dist.send(mine, nxt, tag=5)
+        same(got, want, f"send/recv {d}")
+        g = torch.zeros_like(mine)
+        ops = [dist.P2POp(dist.irecv, g, prv, group=gloo),
+               dist.P2POp(dist.isend, mine, nxt, group=gloo)]
+        if gloo_supports(lambda: [w.wait() for w in dist.batch_isend_irecv(ops)]):
+            same(got, g, f"send/recv {d} vs gloo")
+    # Every recv posted before any send.
+    outs = [torch.full((7,), -1.0) for _ in range(world)]
+    ops = [dist.P2POp(dist.irecv, outs[p], p) for p in range(world) if p != rank]
+    ops += [dist.P2POp(dist.isend, torch.full((7,), float(rank)), p)
+            for p in range(world) if p != rank]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    for p in range(world):
+        if p != rank:
+            same(outs[p], torch.full((7,), float(p)), f"batch_isend_irecv from {p}")
+    # Rank 0 takes one message from each other rank, in arrival order.
+    if rank == 0:
+        senders = set()
+        for _ in range(world - 1):
+            t = torch.zeros(3, dtype=torch.int64)
+            src = dist.recv(t)
+            same(t, torch.full((3,), src * 11, dtype=torch.int64), f"recv from any ({src})")
+            senders.add(src)
+        if senders != set(range(1, world)):
+            raise AssertionError(f"recv from any source heard {senders}")
+    else:
+        dist.send(torch.full((3,), rank * 11, dtype=torch.int64), 0)
+    # A recv whose tag or size differs raises naming both.
+    if rank == 1:
+        dist.send(torch.zeros(4), 0, tag=1)
+        dist.send(torch.zeros(4), 0, tag=2)
+    elif rank == 0:
+        expect_error(lambda: dist.recv(torch.zeros(4), 1, tag=9), "recv",
+                     "tag 1", "tag 9")
+        expect_error(lambda: dist.recv(torch.zeros(5), 1, tag=2), "recv",
+                     "16 bytes", "20 bytes")
+    halka.torch.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+    dist.barrier()
 
 
 def check_subgroups(rank, world):

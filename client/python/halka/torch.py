@@ -21,9 +21,15 @@ RuntimeError naming the operation. A failed operation raises RuntimeError
 with halka's message (which rank, which phase).
 """
 
+import atexit as _atexit
+
 import torch.distributed as _dist
 
 from . import _halka_torch
+
+# Groups torch did not destroy stop before the interpreter finalizes (their
+# threads must not outlive it); operations still queued then fail.
+_atexit.register(_halka_torch._shutdown_all)
 
 ProcessGroupHalka = _halka_torch.ProcessGroupHalka
 

@@ -37,6 +37,10 @@ OpResult PeerResult(const CommConfig& config, const char* what, int peer,
   return r;
 }
 
+// How long a recv interrupted by a membership change still takes pieces
+// that were on their way.
+constexpr absl::Duration kLeaveGrace = absl::Seconds(1);
+
 absl::Duration Bounded(absl::Duration timeout, const CommConfig& config) {
   return timeout > absl::ZeroDuration() ? timeout : config.default_timeout;
 }
@@ -114,6 +118,12 @@ absl::StatusOr<OpResult> Communicator::Send(OpBuffer& buffer, size_t bytes,
       --state->pending;
     });
     if (!s.ok()) {
+      if (i == 0) {
+        // Nothing of it left: its number is given back (send_mu_ is held,
+        // so no later message has one), and the receiver sees no gap.
+        absl::MutexLock lock(&peer_mu_);
+        --sent_to_[to];
+      }
       // The pieces not handed over are released by nobody: count them off.
       absl::MutexLock lock(&state->mu);
       state->pending -= pieces - i - 1;
@@ -164,11 +174,27 @@ absl::StatusOr<OpResult> Communicator::Recv(OpBuffer& buffer, size_t bytes,
       from >= 0 ? whom(from) : std::string("any rank");
   int sender = from;
   uint64_t seq = 0;     // the message being taken (0: none yet)
+  uint64_t total = 0;   // its bytes, as its first piece says
   size_t got = 0;       // its bytes so far
   absl::Status refused;  // the message is consumed but does not fit
   bool begun = false;
+  // After a membership change (the sender finished and left, say): what
+  // was sent before it went is still taken, until the link to it ends or
+  // kLeaveGrace passes. A send that returned OK is not lost because its
+  // sender exited right after, as with a TCP socket.
+  absl::Status interrupted;
+  absl::Time drain_until = deadline;
   for (;;) {
-    Inbox::Event ev = inbox_->NextPeer(sender, deadline);
+    Inbox::Event ev =
+        inbox_->NextPeer(sender, drain_until, /*heed_interrupt=*/
+                         interrupted.ok(),
+                         sender < 0 ? std::optional<int>(tag) : std::nullopt);
+    if (!interrupted.ok() && ev.type != Inbox::Event::kFrame) {
+      return absl::AbortedError(absl::StrCat(
+          "recv from ", awaited, ": ", interrupted.message(),
+          seq == 0 ? "" : absl::StrCat(" (message #", seq, " stopped at ",
+                                       got, " of its ", total, " bytes)")));
+    }
     if (ev.type == Inbox::Event::kTimeout) {
       return absl::DeadlineExceededError(
           seq == 0
@@ -180,8 +206,14 @@ absl::StatusOr<OpResult> Communicator::Recv(OpBuffer& buffer, size_t bytes,
                              "deadline"));
     }
     if (ev.type == Inbox::Event::kInterrupted) {
-      return absl::AbortedError(absl::StrCat("recv from ", awaited, ": ",
-                                             ev.status.message()));
+      if (ev.status.code() != absl::StatusCode::kAborted) {
+        // A shutdown: nothing to wait for.
+        return absl::AbortedError(absl::StrCat("recv from ", awaited, ": ",
+                                               ev.status.message()));
+      }
+      interrupted = ev.status;
+      drain_until = std::min(deadline, absl::Now() + kLeaveGrace);
+      continue;
     }
     if (ev.type == Inbox::Event::kLinkFailed) {
       return absl::UnavailableError(absl::StrCat(
@@ -190,20 +222,19 @@ absl::StatusOr<OpResult> Communicator::Recv(OpBuffer& buffer, size_t bytes,
     }
     const FrameMeta& m = ev.frame.meta;
     if (seq == 0) {
-      sender = ev.peer;
       uint64_t expected;
       {
         absl::MutexLock lock(&peer_mu_);
-        expected = taken_from_[sender] + 1;
+        expected = taken_from_[ev.peer] + 1;
       }
-      // Pieces of a message an earlier recv refused or gave up on.
-      if (m.op_seq < expected) continue;
-      if (m.op_seq != expected || m.offset != 0) {
-        return absl::DataLossError(absl::StrCat(
-            "recv from ", whom(sender), ": expected the start of its message #",
-            expected, ", got bytes ", m.offset, "+ of message #", m.op_seq));
-      }
+      // Pieces of a message an earlier recv refused or gave up on, or the
+      // rest of one whose start never came (its link failed, and so did
+      // its send): skipped. A message whose number is past the expected
+      // one is the sender's next after a send that failed.
+      if (m.op_seq < expected || m.offset != 0) continue;
+      sender = ev.peer;
       seq = m.op_seq;
+      total = m.message_bytes;
       {
         absl::MutexLock lock(&peer_mu_);
         taken_from_[sender] = seq;
@@ -214,10 +245,14 @@ absl::StatusOr<OpResult> Communicator::Recv(OpBuffer& buffer, size_t bytes,
             m.step, " and ", m.message_bytes, " bytes; this recv asked for "
             "tag ", tag, " and ", bytes, " bytes (the message is dropped)"));
       }
-    } else if (m.op_seq != seq || m.offset != got) {
+    } else if (m.op_seq != seq || m.offset != got ||
+               m.message_bytes != total) {
+      // Every piece is checked against the first: a piece that claims a
+      // larger message must never reach past the buffer.
       return absl::DataLossError(absl::StrCat(
-          "recv from ", whom(sender), ": message #", seq, " at byte ", got,
-          ", got bytes ", m.offset, "+ of message #", m.op_seq));
+          "recv from ", whom(sender), ": message #", seq, " of ", total,
+          " bytes at byte ", got, ", got bytes ", m.offset,
+          "+ of message #", m.op_seq, " of ", m.message_bytes, " bytes"));
     }
     if (refused.ok() && m.count > 0) {
       if (!begun) {
@@ -233,7 +268,7 @@ absl::StatusOr<OpResult> Communicator::Recv(OpBuffer& buffer, size_t bytes,
       }
     }
     got += m.count;
-    if (got >= m.message_bytes) break;
+    if (got >= total) break;
   }
   if (!refused.ok()) return refused;
   if (begun) {

@@ -165,7 +165,8 @@ InFrame Inbox::PopFront(int from, std::deque<InFrame>& q) {
   return f;
 }
 
-Inbox::Event Inbox::NextPeer(int from, absl::Time deadline) {
+Inbox::Event Inbox::NextPeer(int from, absl::Time deadline,
+                              bool heed_interrupt, std::optional<int> tag) {
   absl::MutexLock lock(&mu_);
   // The sender whose piece is next: `from`, or the earliest arrival.
   auto pick = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> int {
@@ -173,6 +174,8 @@ Inbox::Event Inbox::NextPeer(int from, absl::Time deadline) {
     uint64_t arrival = 0;
     for (const auto& [rank, q] : peer_queues_) {
       if (q.empty() || (from >= 0 && rank != from)) continue;
+      const FrameMeta& head = q.front().second.meta;
+      if (tag.has_value() && head.offset == 0 && head.step != *tag) continue;
       if (best < 0 || q.front().first < arrival) {
         best = rank;
         arrival = q.front().first;
@@ -185,13 +188,13 @@ Inbox::Event Inbox::NextPeer(int from, absl::Time deadline) {
                      : link_failures_.begin();
   };
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !interrupt_.ok() || pick() >= 0 ||
+    return (heed_interrupt && !interrupt_.ok()) || pick() >= 0 ||
            failed() != link_failures_.end();
   };
   mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
   Event ev;
   ev.type = Event::kTimeout;
-  if (!interrupt_.ok()) {
+  if (heed_interrupt && !interrupt_.ok()) {
     ev.type = Event::kInterrupted;
     ev.status = interrupt_;
   } else if (const int sender = pick(); sender >= 0) {

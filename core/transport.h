@@ -186,8 +186,13 @@ class Inbox {
   // first from any sender (ev.peer: its sender). kLinkFailed when the link
   // to `from` (any peer's with -1) failed and no piece is there;
   // kInterrupted, kTimeout as Next. The taps' readers deliver meanwhile
-  // (this wait does not take their records itself).
-  Event NextPeer(int from, absl::Time deadline);
+  // (this wait does not take their records itself). With heed_interrupt
+  // false an interrupt does not end the wait (Communicator::Recv takes what
+  // a peer sent before it left). With `tag`, a sender whose next piece
+  // starts a message of another tag is passed over (its message stays
+  // queued): a recv from any source matches by tag, as gloo's and MPI's.
+  Event NextPeer(int from, absl::Time deadline, bool heed_interrupt = true,
+                 std::optional<int> tag = std::nullopt);
   // The failure of the link to `peer` since the last ClearLinkFailures.
   absl::Status LinkFailure(int peer) const;
 

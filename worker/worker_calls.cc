@@ -43,6 +43,15 @@ absl::StatusOr<OpResult> WorkerNode::Execute(const v1::OpSpec& spec,
 absl::StatusOr<OpResult> WorkerNode::ExecuteOnDevice(
     const v1::OpSpec& spec, const v1::DeviceTensor& tensor,
     const Arrival& arrival) {
+  if (IsPointToPoint(spec)) {
+    // A send or recv runs beside the collectives, which own the device
+    // context's stream and host mirror while they run.
+    return Refuse(arrival,
+                  absl::InvalidArgumentError(
+                      "send/recv take host memory (or a shm region), not a "
+                      "device tensor: copy it to the host first"),
+                  &spec);
+  }
   if (device_ == nullptr) {
     return Refuse(arrival,
                   absl::FailedPreconditionError(absl::StrCat(

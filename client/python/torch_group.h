@@ -95,7 +95,10 @@ class HalkaGroup : public HalkaBackendBase {
     LiveGroups().insert(this);
   }
 
-  ~HalkaGroup() override { Shutdown(); }
+  ~HalkaGroup() override {
+    Unlist();
+    Shutdown();
+  }
 
   // The group's sequence number, as gloo keeps one (torch checks that
   // ranks agree on it, e.g. for a new group's object collectives): 0 when
@@ -111,28 +114,44 @@ class HalkaGroup : public HalkaBackendBase {
   // group torch never destroyed would go on running its queue while
   // Python finalizes, and a lane thread that drops the last reference to
   // a tensor then needs the GIL, which a finalizing interpreter answers
-  // by ending the thread (std::terminate: an abort at exit).
+  // by ending the thread (std::terminate: an abort at exit). Holds the
+  // list's lock throughout: a group being destroyed meanwhile waits in
+  // Unlist, alive, until this is done with it.
   static void ShutdownAll() {
-    std::vector<HalkaGroup*> groups;
-    {
-      std::lock_guard<std::mutex> l(LiveGroupsMu());
-      groups.assign(LiveGroups().begin(), LiveGroups().end());
-    }
-    for (HalkaGroup* g : groups) g->Shutdown(/*abandon=*/true);
+    std::lock_guard<std::mutex> l(LiveGroupsMu());
+    for (HalkaGroup* g : LiveGroups()) g->Shutdown(/*abandon=*/true);
+    LiveGroups().clear();
   }
 
  protected:
+  // Off the list of live groups (idempotent; each destructor calls it
+  // first).
+  void Unlist() {
+    std::lock_guard<std::mutex> l(LiveGroupsMu());
+    LiveGroups().erase(this);
+  }
+
   // Stops the group's threads once their queued operations finished (each
-  // bounded by its deadline) or, abandoning them, once the running ones
-  // did (the queued ones fail with CANCELLED, not run); then the worker.
-  // Idempotent, and a second caller waits for the first (std::call_once);
-  // the derived class calls it first, so no operation runs on a
-  // half-destroyed group.
+  // bounded by its deadline), then the worker. With `abandon` (the
+  // process is exiting): the queued operations fail with CANCELLED
+  // instead of running, a running one that does not end within 0.5 s is
+  // ended by stopping the embedded worker (ABORTED; on a worker daemon it
+  // runs to its deadline), and the lanes' threads touch nothing of
+  // Python's after their running operation. Idempotent: a second caller waits for the
+  // first (std::call_once), without the GIL, which the lane threads may
+  // need meanwhile (a DDP hook). The derived class calls it first, so no
+  // operation runs on a half-destroyed group.
   void Shutdown(bool abandon = false) {
-    std::call_once(shutdown_once_, [this, abandon] { ShutdownOnce(abandon); });
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      pybind11::gil_scoped_release release;
+      std::call_once(shutdown_once_, [this, abandon] { ShutdownOnce(abandon); });
+    } else {
+      std::call_once(shutdown_once_, [this, abandon] { ShutdownOnce(abandon); });
+    }
   }
 
   void ShutdownOnce(bool abandon) {
+    if (abandon) abandoned_.store(true);
     std::vector<Item> dropped;
     for (Lane* lane : {&ops_, &sends_, &recvs_}) {
       {
@@ -153,22 +172,26 @@ class HalkaGroup : public HalkaBackendBase {
                        getSize(), ")"));
     }
     dropped.clear();
-    // Their futures' callbacks may run Python (a DDP comm hook) on our
-    // thread, so the GIL must not be held while we wait for it (torch
-    // destroys groups and reducers from Python).
-    if (Py_IsInitialized() && PyGILState_Check()) {
-      pybind11::gil_scoped_release release;
-      Stop();
-    } else {
-      Stop();
+    if (abandon && !WaitIdle(absl::Milliseconds(500))) {
+      worker_.reset();  // ends its running operations (ABORTED)
     }
+    Stop();
+  }
+
+  // Whether every lane finished its running operation by `wait`.
+  bool WaitIdle(absl::Duration wait) {
+    const auto until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(wait);
+    bool idle = true;
+    for (Lane* lane : {&ops_, &sends_, &recvs_}) {
+      std::unique_lock<std::mutex> l(lane->mu);
+      idle = lane->cv.wait_until(l, until, [lane] { return !lane->busy; }) && idle;
+    }
+    return idle;
   }
 
   void Stop() {
-    for (Lane* lane : {&ops_, &sends_, &recvs_}) lane->thread.join();
-    {
-      std::lock_guard<std::mutex> l(LiveGroupsMu());
-      LiveGroups().erase(this);
+    for (Lane* lane : {&ops_, &sends_, &recvs_}) {
+      if (lane->thread.joinable()) lane->thread.join();
     }
     client_.reset();
     worker_.reset();
@@ -432,9 +455,16 @@ class HalkaGroup : public HalkaBackendBase {
     if (&lane == &ops_) seq_.fetch_add(1);
     {
       std::lock_guard<std::mutex> l(lane.mu);
-      lane.queue.push_back({work, std::move(run), OpName(type)});
+      if (!lane.stop) {
+        lane.queue.push_back({work, std::move(run), OpName(type)});
+        lane.cv.notify_all();
+        return work;
+      }
     }
-    lane.cv.notify_one();
+    // Stopped (destroyed, or the process is exiting): nothing would run it.
+    work->Finish(absl::CancelledError("the process group is shut down"),
+                 absl::StrCat("halka ", OpName(type), " (rank ", getRank(),
+                              " of ", getSize(), ")"));
     return work;
   }
 
@@ -447,6 +477,7 @@ class HalkaGroup : public HalkaBackendBase {
         if (lane.queue.empty()) return;
         item = std::move(lane.queue.front());
         lane.queue.pop_front();
+        lane.busy = true;
       }
       absl::Status s;
       try {
@@ -454,8 +485,20 @@ class HalkaGroup : public HalkaBackendBase {
       } catch (const std::exception& e) {
         s = absl::InternalError(e.what());
       }
-      item.work->Finish(s, absl::StrCat("halka ", item.name, " (rank ",
-                                        getRank(), " of ", getSize(), ")"));
+      if (abandoned_.load()) {
+        // The interpreter is exiting: neither the item's tensors nor the
+        // future's callbacks may be let go of from this thread (either
+        // may need the GIL). Leaked on purpose; the process ends.
+        new Item(std::move(item));  // NOLINT: deliberately leaked
+      } else {
+        item.work->Finish(s, absl::StrCat("halka ", item.name, " (rank ",
+                                          getRank(), " of ", getSize(), ")"));
+      }
+      {
+        std::lock_guard<std::mutex> l(lane.mu);
+        lane.busy = false;
+      }
+      lane.cv.notify_all();
     }
   }
 
@@ -480,10 +523,12 @@ class HalkaGroup : public HalkaBackendBase {
     std::condition_variable cv;
     std::deque<Item> queue;
     bool stop = false;
+    bool busy = false;  // an operation of it runs (WaitIdle)
     std::thread thread;
   };
   Lane ops_, sends_, recvs_;
   std::once_flag shutdown_once_;
+  std::atomic<bool> abandoned_{false};  // ShutdownAll: the process exits
   std::atomic<uint64_t> seq_{0};  // getSequenceNumberForGroup
 };
 

@@ -61,7 +61,10 @@ constexpr int kMonitoredBarrierTag = -0x6d62;  // "mb"
 class ProcessGroupHalka : public HalkaGroup {
  public:
   using HalkaGroup::HalkaGroup;
-  ~ProcessGroupHalka() override { Shutdown(); }
+  ~ProcessGroupHalka() override {
+    Unlist();
+    Shutdown();
+  }
 
   const std::string getBackendName() const override { return "halka"; }
 

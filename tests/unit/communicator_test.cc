@@ -406,6 +406,62 @@ TEST(Inbox, PeerPiecesWaitApartFromTheCollectives) {
   EXPECT_TRUE(inbox.LinkFailure(2).ok());
 }
 
+// A sender that finished and left (torch's monitored_barrier: rank 0
+// answers everyone, then exits): what its send handed over is still
+// received after the membership change interrupts the receiver; the next
+// recv from it fails, naming the change, within the grace; a shutdown
+// fails a recv at once.
+TEST(PointToPoint, WhatWasSentBeforeAMembershipChangeIsStillTaken) {
+  Ring ring(3, 16);  // a 100-byte message is 7 pieces
+  std::vector<uint8_t> sent(100), got(100, 0);
+  for (size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<uint8_t>(i * 7 + 3);
+  HostOpBuffer out(sent.data());
+  absl::StatusOr<OpResult> s =
+      ring.comms[1]->Send(out, sent.size(), 0, 5, absl::Seconds(5));
+  ASSERT_TRUE(s.ok()) << s.status();
+  ring.comms[0]->Abort(absl::AbortedError(
+      "job j generation 1->2: rank 1 (w1, inproc:1) left"));
+  HostOpBuffer in(got.data());
+  absl::StatusOr<OpResult> r =
+      ring.comms[0]->Recv(in, got.size(), 1, 5, absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(got, sent);
+  EXPECT_EQ(r->peer, 1);
+  absl::Time start = absl::Now();
+  r = ring.comms[0]->Recv(in, got.size(), 1, 5, absl::Seconds(20));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("rank 1 (w1, inproc:1) left"));
+  ring.comms[0]->Abort(absl::UnavailableError("worker is shutting down"));
+  start = absl::Now();
+  r = ring.comms[0]->Recv(in, got.size(), 2, 5, absl::Seconds(20));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(500));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("shutting down"));
+}
+
+// A recv from any source matches by tag, as gloo's and MPI's: a message of
+// another tag stays queued for the recv that asks for it (torch's
+// monitored_barrier messages beside a user's any-source recv).
+TEST(PointToPoint, AnySourceTakesOnlyItsTag) {
+  Ring ring(3, 16);
+  std::vector<uint8_t> a(40, 1), b(40, 2), got(40, 0);
+  HostOpBuffer from1(a.data()), from2(b.data()), in(got.data());
+  ASSERT_TRUE(ring.comms[1]->Send(from1, a.size(), 0, 7, absl::Seconds(5)).ok());
+  ASSERT_TRUE(ring.comms[2]->Send(from2, b.size(), 0, 5, absl::Seconds(5)).ok());
+  absl::StatusOr<OpResult> r =
+      ring.comms[0]->Recv(in, got.size(), -1, 5, absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->peer, 2);
+  EXPECT_EQ(got, b);
+  r = ring.comms[0]->Recv(in, got.size(), -1, 5, absl::Milliseconds(200));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  r = ring.comms[0]->Recv(in, got.size(), -1, 7, absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->peer, 1);
+  EXPECT_EQ(got, a);
+}
+
 TEST(Broadcast, FromEveryRoot) {
   for (int g : {1, 2, 3, 6}) {
     Ring ring(g, 40);

@@ -36,6 +36,14 @@ def compare(gloo, halka, differ, skips):
     """Returns (problems, summary lines)."""
     problems, lines = [], []
     g, h = gloo["tests"], halka["tests"]
+    # Both runs must have run the same tests, and gloo must have passed
+    # some: an empty or broken selection proves nothing.
+    if set(g) != set(h):
+        problems.append(f"the runs differ in their tests: only gloo: "
+                        f"{sorted(set(g) - set(h))[:5]}, only halka: "
+                        f"{sorted(set(h) - set(g))[:5]}")
+    if not any(t["outcome"] == "pass" for t in g.values()):
+        problems.append(f"gloo passed none of the {len(g)} tests selected")
     for name in sorted(set(g) | set(h)):
         go = g.get(name, {}).get("outcome", "absent")
         ho = h.get(name, {}).get("outcome", "absent")

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -180,13 +181,21 @@ class Communicator {
   // peer (messages are numbered per sender and receiver from 1).
   // Sends number their message and queue all its pieces under send_mu_
   // (one message's pieces are never interleaved with another's on a
-  // link); receives run one at a time, in the order they were called
-  // (recv_mu_), so two never take pieces of one message.
+  // link); receives run one at a time, in the order they were called, so
+  // two never take pieces of one message: each takes a place in line
+  // (recv_places_) and runs when recv_turn_ reaches it; one whose deadline
+  // passes first gives its place up (recv_given_up_) and fails.
   absl::Mutex send_mu_;
-  absl::Mutex recv_mu_;
   absl::Mutex peer_mu_;
   std::map<int, uint64_t> sent_to_ ABSL_GUARDED_BY(peer_mu_);
   std::map<int, uint64_t> taken_from_ ABSL_GUARDED_BY(peer_mu_);
+  uint64_t recv_places_ ABSL_GUARDED_BY(peer_mu_) = 0;
+  uint64_t recv_turn_ ABSL_GUARDED_BY(peer_mu_) = 1;
+  std::set<uint64_t> recv_given_up_ ABSL_GUARDED_BY(peer_mu_);
+  // Waits for a recv's turn until `deadline`: its place, or 0 (it gave
+  // its place up). EndRecvTurn passes the turn on.
+  uint64_t AwaitRecvTurn(absl::Time deadline);
+  void EndRecvTurn();
   // The peer rank of a Send or Recv, checked; "send"/"recv" name the call.
   absl::Status CheckPeer(int peer, bool any, const char* what) const;
 

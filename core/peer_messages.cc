@@ -160,18 +160,46 @@ absl::StatusOr<OpResult> Communicator::Send(OpBuffer& buffer, size_t bytes,
   return PeerResult(config_, "send", to, seq, bytes, true, start);
 }
 
+uint64_t Communicator::AwaitRecvTurn(absl::Time deadline) {
+  absl::MutexLock lock(&peer_mu_);
+  const uint64_t place = ++recv_places_;
+  auto mine = [this, place]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(peer_mu_) {
+    return recv_turn_ == place;
+  };
+  if (peer_mu_.AwaitWithDeadline(absl::Condition(&mine), deadline)) {
+    return place;
+  }
+  recv_given_up_.insert(place);
+  return 0;
+}
+
+void Communicator::EndRecvTurn() {
+  absl::MutexLock lock(&peer_mu_);
+  ++recv_turn_;
+  while (recv_given_up_.erase(recv_turn_) > 0) ++recv_turn_;
+}
+
 absl::StatusOr<OpResult> Communicator::Recv(OpBuffer& buffer, size_t bytes,
                                             int from, int tag,
                                             absl::Duration timeout) {
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + Bounded(timeout, config_);
   if (absl::Status s = CheckPeer(from, true, "recv"); !s.ok()) return s;
-  absl::MutexLock recv_lock(&recv_mu_);
   auto whom = [this](int r) {
     return DescribePeer(config_.members[static_cast<size_t>(r)]);
   };
   const std::string awaited =
       from >= 0 ? whom(from) : std::string("any rank");
+  if (AwaitRecvTurn(deadline) == 0) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "recv from ", awaited, " (", bytes, " bytes, tag ", tag,
+        "): an earlier recv on this rank still waited at the deadline "
+        "(receives run one at a time, in the order called)"));
+  }
+  struct TurnOver {
+    Communicator* comm;
+    ~TurnOver() { comm->EndRecvTurn(); }
+  } turn_over{this};
   int sender = from;
   uint64_t seq = 0;     // the message being taken (0: none yet)
   uint64_t total = 0;   // its bytes, as its first piece says

@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -460,6 +461,42 @@ TEST(PointToPoint, AnySourceTakesOnlyItsTag) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->peer, 1);
   EXPECT_EQ(got, a);
+}
+
+// Receives run one at a time, in call order, and each within its own
+// deadline: a recv queued behind one that waits fails at its deadline,
+// saying why; the one that waited, and the next after it, still get their
+// messages in the order called.
+TEST(PointToPoint, AQueuedRecvEndsAtItsOwnDeadline) {
+  Ring ring(3, 16);
+  std::vector<uint8_t> first(30, 0), second(30, 0), third(30, 0);
+  absl::StatusOr<OpResult> waited;
+  std::thread early([&] {
+    HostOpBuffer in(first.data());
+    waited = ring.comms[0]->Recv(in, first.size(), 1, 1, absl::Seconds(10));
+  });
+  absl::SleepFor(absl::Milliseconds(100));  // the first recv holds the turn
+  HostOpBuffer in2(second.data());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<OpResult> queued =
+      ring.comms[0]->Recv(in2, second.size(), 2, 1, absl::Milliseconds(300));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  ASSERT_EQ(queued.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << queued.status();
+  EXPECT_THAT(std::string(queued.status().message()),
+              HasSubstr("an earlier recv on this rank still waited"));
+  std::vector<uint8_t> a(30, 4), b(30, 5);
+  HostOpBuffer out1(a.data()), out2(b.data());
+  ASSERT_TRUE(ring.comms[2]->Send(out2, b.size(), 0, 1, absl::Seconds(5)).ok());
+  ASSERT_TRUE(ring.comms[1]->Send(out1, a.size(), 0, 1, absl::Seconds(5)).ok());
+  early.join();
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(first, a);
+  HostOpBuffer in3(third.data());
+  absl::StatusOr<OpResult> next =
+      ring.comms[0]->Recv(in3, third.size(), 2, 1, absl::Seconds(5));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(third, b);
 }
 
 TEST(Broadcast, FromEveryRoot) {

@@ -229,6 +229,22 @@ Client::Impl::InFlight::InFlight(Impl& im, v1::OpSpec* spec) : im_(im) {
 
 Client::Impl::InFlight::~InFlight() { im_.in_flight_.fetch_sub(1); }
 
+namespace {
+
+// A reduce or gather whose root turned out to be this rank, called with a
+// null recv: the result had nowhere to go.
+absl::StatusOr<OpInfo> CheckRootResult(const OpIo& io, const OpInfo& info) {
+  if (io.root_only >= 0 && info.rank == io.root_only && io.recv == nullptr &&
+      io.recv_bytes > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "this rank (", info.rank,
+        ") is the root, but its recv buffer is null: the result was dropped"));
+  }
+  return info;
+}
+
+}  // namespace
+
 absl::StatusOr<OpInfo> Client::Impl::RunShm(v1::RunRequest req,
                                             const char* transfer) {
   const InFlight in_flight(*this, req.mutable_spec());
@@ -285,10 +301,12 @@ absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
   Impl& im = *this;
   spec.set_issued_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
   const bool reduce_scatter = spec.kind() == v1::REDUCE_SCATTER;
+  // The result is this rank's slice of the buffer.
+  const bool sliced = reduce_scatter || spec.kind() == v1::SCATTER;
   // Where the result lies in the worker's buffer once it ran as `rank`.
   auto result_offset = [&](int rank) -> absl::StatusOr<size_t> {
     const size_t off =
-        reduce_scatter ? static_cast<size_t>(rank) * io.recv_bytes : 0;
+        sliced ? static_cast<size_t>(rank) * io.recv_bytes : 0;
     if (rank < 0 || off > io.buffer_bytes ||
         io.recv_bytes > io.buffer_bytes - off) {
       return absl::InternalError(absl::StrCat(
@@ -303,16 +321,22 @@ absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
     uint64_t offset = 0, size = 0;
     // Zero copy when the worker may write the result where the caller
     // wants it and read the input from there: all-reduce and broadcast in
-    // place, all-gather into a shared recv buffer, a recv into one, a send
-    // from one (which the worker only reads). A reduce-scatter always
-    // stages: reduced in place, the caller's (const) input would change.
+    // place, all-gather or gather into a shared recv buffer, an in-place
+    // all-to-all, a recv into one, a send from one (which the worker only
+    // reads). A reduce-scatter, reduce or scatter always stages: reduced
+    // in place, the caller's (const) input would change, and a scatter's
+    // result is a slice of the buffer.
     const bool send = spec.kind() == v1::SEND;
     const void* shared = send ? io.send : io.recv;
     const size_t shared_bytes = send ? io.send_bytes : io.recv_bytes;
-    if (!reduce_scatter && shared_bytes == io.buffer_bytes &&
+    const bool stages = sliced || spec.kind() == v1::REDUCE ||
+                        (spec.kind() == v1::ALL_TO_ALL && io.send != io.recv);
+    if (!stages && shared != nullptr && shared_bytes == io.buffer_bytes &&
         im.registry_->Find(shared, io.buffer_bytes, &name, &offset, &size,
                            &capability)) {
-      if (spec.kind() == v1::ALL_GATHER) PlaceContribution(io, req.mutable_spec());
+      if (spec.kind() == v1::ALL_GATHER || spec.kind() == v1::GATHER) {
+        PlaceContribution(io, req.mutable_spec());
+      }
       req.set_shm_name(name);
       req.set_shm_offset(offset);
       req.set_shm_size(size);
@@ -339,7 +363,9 @@ absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
       req.set_shm_size(im.staging_size_);
       req.set_shm_capability(im.staging_capability_);
       absl::StatusOr<OpInfo> info = RunShm(req, "shm-staged");
-      if (info.ok() && io.recv_bytes > 0) {
+      if (info.ok()) info = CheckRootResult(io, *info);
+      if (info.ok() && io.recv_bytes > 0 &&
+          (io.root_only < 0 || info->rank == io.root_only)) {
         absl::StatusOr<size_t> off = result_offset(info->rank);
         if (!off.ok()) return off.status();
         std::memcpy(io.recv, static_cast<uint8_t*>(im.staging_) + *off,
@@ -390,8 +416,10 @@ absl::StatusOr<OpInfo> Client::Impl::RunInline(v1::OpSpec spec,
       return absl::DataLossError(
           "inline reply carries more data than the result holds");
     }
-    std::memcpy(static_cast<uint8_t*>(io.recv) + got, reply.data().data(),
-                reply.data().size());
+    if (io.recv != nullptr) {  // null: a root without recv (CheckRootResult)
+      std::memcpy(static_cast<uint8_t*>(io.recv) + got, reply.data().data(),
+                  reply.data().size());
+    }
     got += reply.data().size();
     if (reply.done()) {
       info = ToOpInfo(reply.stats());
@@ -400,9 +428,16 @@ absl::StatusOr<OpInfo> Client::Impl::RunInline(v1::OpSpec spec,
   }
   grpc::Status s = stream->Finish();
   if (!s.ok()) return FromGrpcStatus(s);
-  if (!done || got != io.recv_bytes) {
-    return absl::DataLossError(absl::StrCat("inline reply carried ", got,
-                                            " of ", io.recv_bytes, " bytes"));
+  // A reduce or gather answers only its root.
+  const size_t due =
+      io.root_only < 0 || info.rank == io.root_only ? io.recv_bytes : 0;
+  if (!done || got != due) {
+    return absl::DataLossError(
+        absl::StrCat("inline reply carried ", got, " of ", due, " bytes"));
+  }
+  if (absl::StatusOr<OpInfo> checked = CheckRootResult(io, info);
+      !checked.ok()) {
+    return checked.status();
   }
   info.transfer = "inline";
   return info;
@@ -463,6 +498,65 @@ absl::StatusOr<OpInfo> Client::ReduceScatter(const void* send,
   if (!spec.ok()) return spec.status();
   return impl_->Run(*spec,
                     SliceIo(send, send_count, recv, recv_count, dtype));
+}
+
+absl::StatusOr<OpInfo> Client::Reduce(const void* send, void* recv,
+                                      size_t count, DType dtype, ReduceOp op,
+                                      int root, OpOptions options) {
+  absl::StatusOr<v1::OpSpec> spec =
+      RootedSpec(v1::REDUCE, count, 0, dtype, op, root, options);
+  if (!spec.ok()) return spec.status();
+  if (send == nullptr && count > 0) {
+    return absl::InvalidArgumentError("reduce: null send buffer");
+  }
+  const size_t bytes = count * DTypeSize(dtype);
+  return impl_->Run(*spec, OpIo{send, bytes, recv, bytes, bytes, root});
+}
+
+absl::StatusOr<OpInfo> Client::Gather(const void* send, size_t send_count,
+                                      void* recv, size_t recv_count,
+                                      DType dtype, int root,
+                                      OpOptions options) {
+  absl::StatusOr<v1::OpSpec> spec = RootedSpec(
+      v1::GATHER, send_count, recv_count, dtype, ReduceOp::kSum, root, options);
+  if (!spec.ok()) return spec.status();
+  if (send == nullptr && send_count > 0) {
+    return absl::InvalidArgumentError("gather: null send buffer");
+  }
+  OpIo io = SliceIo(send, send_count, recv, recv_count, dtype);
+  io.root_only = root;
+  return impl_->Run(*spec, io);
+}
+
+absl::StatusOr<OpInfo> Client::Scatter(const void* send, size_t send_count,
+                                       void* recv, size_t recv_count,
+                                       DType dtype, int root,
+                                       OpOptions options) {
+  absl::StatusOr<v1::OpSpec> spec = RootedSpec(
+      v1::SCATTER, send_count, recv_count, dtype, ReduceOp::kSum, root,
+      options);
+  if (!spec.ok()) return spec.status();
+  if (recv == nullptr && recv_count > 0) {
+    return absl::InvalidArgumentError("scatter: null recv buffer");
+  }
+  // Only the root's send is read: the others may pass none.
+  OpIo io = SliceIo(send, send == nullptr ? 0 : send_count, recv, recv_count,
+                    dtype);
+  io.buffer_bytes = std::max(send_count, recv_count) * DTypeSize(dtype);
+  return impl_->Run(*spec, io);
+}
+
+absl::StatusOr<OpInfo> Client::AllToAll(const void* send, void* recv,
+                                        size_t count, DType dtype,
+                                        OpOptions options) {
+  absl::StatusOr<v1::OpSpec> spec = RootedSpec(
+      v1::ALL_TO_ALL, count, count, dtype, ReduceOp::kSum, 0, options);
+  if (!spec.ok()) return spec.status();
+  if ((send == nullptr || recv == nullptr) && count > 0) {
+    return absl::InvalidArgumentError("all_to_all: null send or recv buffer");
+  }
+  const size_t bytes = count * DTypeSize(dtype);
+  return impl_->Run(*spec, OpIo{send, bytes, recv, bytes, bytes});
 }
 
 absl::StatusOr<OpInfo> Client::Impl::RunDevice(

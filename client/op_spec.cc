@@ -40,7 +40,11 @@ static_assert(static_cast<int>(OpKind::kAllReduce) == v1::ALL_REDUCE &&
               static_cast<int>(OpKind::kReduceScatter) == v1::REDUCE_SCATTER &&
               static_cast<int>(OpKind::kSend) == v1::SEND &&
               static_cast<int>(OpKind::kRecv) == v1::RECV &&
-              v1::OpKind_MAX == v1::RECV,
+              static_cast<int>(OpKind::kReduce) == v1::REDUCE &&
+              static_cast<int>(OpKind::kGather) == v1::GATHER &&
+              static_cast<int>(OpKind::kScatter) == v1::SCATTER &&
+              static_cast<int>(OpKind::kAllToAll) == v1::ALL_TO_ALL &&
+              v1::OpKind_MAX == v1::ALL_TO_ALL,
               "halka::OpKind must match halka.v1.OpKind");
 static_assert(static_cast<int>(Algorithm::kAuto) == v1::AUTO &&
               static_cast<int>(Algorithm::kRing) == v1::RING &&
@@ -112,6 +116,47 @@ absl::StatusOr<v1::OpSpec> SliceSpec(v1::OpKind kind, const void* send,
   spec.set_count(send_count);
   spec.set_recv_count(recv_count);
   if (kind == v1::REDUCE_SCATTER) spec.set_op(static_cast<v1::ReduceOp>(op));
+  spec.set_algorithm(static_cast<v1::Algorithm>(options.algorithm));
+  SetOpTimeout(options, &spec);
+  return spec;
+}
+
+absl::StatusOr<v1::OpSpec> RootedSpec(v1::OpKind kind, size_t count,
+                                      size_t recv_count, DType dtype,
+                                      ReduceOp op, int root,
+                                      const OpOptions& options) {
+  const char* name = kind == v1::REDUCE    ? "reduce"
+                     : kind == v1::GATHER  ? "gather"
+                     : kind == v1::SCATTER ? "scatter"
+                                           : "all_to_all";
+  if (!IsValidDType(static_cast<int>(dtype))) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": invalid dtype"));
+  }
+  if (kind == v1::REDUCE) {
+    if (!IsValidReduceOp(static_cast<int>(op))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": invalid reduce op"));
+    }
+    if (absl::Status s = CheckReduction(dtype, op); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", s.message()));
+    }
+  }
+  if (kind != v1::ALL_TO_ALL && root < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": root ", root, " is negative"));
+  }
+  const size_t limit = std::numeric_limits<size_t>::max() / DTypeSize(dtype);
+  if (count > limit || recv_count > limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": element counts overflow the address space"));
+  }
+  v1::OpSpec spec;
+  spec.set_kind(kind);
+  spec.set_dtype(static_cast<v1::DType>(dtype));
+  spec.set_count(count);
+  spec.set_recv_count(recv_count);
+  if (kind == v1::REDUCE) spec.set_op(static_cast<v1::ReduceOp>(op));
+  if (kind != v1::ALL_TO_ALL) spec.set_root(root);
   spec.set_algorithm(static_cast<v1::Algorithm>(options.algorithm));
   SetOpTimeout(options, &spec);
   return spec;

@@ -25,6 +25,16 @@ absl::StatusOr<v1::OpSpec> SliceSpec(v1::OpKind kind, const void* send,
                                      size_t recv_count, DType dtype,
                                      ReduceOp op, const OpOptions& options);
 
+// A reduce to `root` (REDUCE), a gather to it (GATHER: count = send_count,
+// recv_count = world x send_count), a scatter from it (SCATTER: count =
+// send_count = world x recv_count), an all-to-all (ALL_TO_ALL, count
+// elements; root ignored). Whether the counts fit the ring's world is the
+// worker's to say.
+absl::StatusOr<v1::OpSpec> RootedSpec(v1::OpKind kind, size_t count,
+                                      size_t recv_count, DType dtype,
+                                      ReduceOp op, int root,
+                                      const OpOptions& options);
+
 // A broadcast from `root`.
 absl::StatusOr<v1::OpSpec> BroadcastSpec(size_t count, DType dtype, int root,
                                          const OpOptions& options);
@@ -39,13 +49,16 @@ v1::OpSpec BarrierSpec(const OpOptions& options);
 
 // What a call moves: the worker's buffer of buffer_bytes starts with
 // `send` (send_bytes); the result (recv_bytes) goes to `recv`: from the
-// start of the buffer, or a reduce-scatter's slice of this rank.
+// start of the buffer, or a reduce-scatter's or scatter's slice of this
+// rank; with root_only >= 0 (reduce, gather) only when this rank is that
+// root (recv may be null elsewhere).
 struct OpIo {
   const void* send;
   size_t send_bytes;
   void* recv;
   size_t recv_bytes;
   size_t buffer_bytes;
+  int root_only = -1;
   static OpIo InPlace(void* data, size_t bytes) {
     return OpIo{data, bytes, data, bytes, bytes};
   }

@@ -22,7 +22,11 @@ void ToProto(const Fingerprint& fp, v1::OpFingerprint* out) {
 }
 
 absl::Status FromProto(const v1::OpFingerprint& in, Fingerprint* fp) {
-  if (in.kind() < 1 || in.kind() > 5 || !IsValidDType(in.dtype()) ||
+  // Collectives only: SEND and RECV (6, 7) carry no fingerprint.
+  const bool collective =
+      (in.kind() >= v1::ALL_REDUCE && in.kind() <= v1::REDUCE_SCATTER) ||
+      (in.kind() >= v1::REDUCE && in.kind() <= v1::ALL_TO_ALL);
+  if (!collective || !IsValidDType(in.dtype()) ||
       !IsValidReduceOp(in.op()) || in.algorithm() < 0 || in.algorithm() > v1::Algorithm_MAX) {
     return absl::DataLossError("frame: fingerprint with invalid enums");
   }
@@ -48,7 +52,8 @@ absl::Status ParseHead(absl::string_view head, FrameMeta* m) {
   m->generation = h.generation();
   m->op_seq = h.op_seq();
   if (m->kind == FrameKind::kData) {
-    if (h.phase() < 2 || h.phase() > 7 || !IsValidDType(h.dtype()) ||
+    if (h.phase() < v1::PHASE_REDUCE_SCATTER || h.phase() > v1::Phase_MAX ||
+        !IsValidDType(h.dtype()) ||
         !IsValidReduceOp(h.op())) {
       return absl::DataLossError("frame: data frame with invalid enums");
     }

@@ -10,6 +10,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "core/algorithms/algorithms.h"
+#include "core/status_macros.h"
 
 namespace halka {
 
@@ -133,42 +134,155 @@ absl::StatusOr<OpResult> Communicator::Broadcast(OpBuffer& buffer,
   return Run(fp, &buffer, timeout);
 }
 
+namespace {
+
+// Which algorithms a collective of `kind` implements (auto always).
+bool Implements(OpKind kind, Algorithm algorithm) {
+  if (algorithm == Algorithm::kAuto) return true;
+  switch (kind) {
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+      return algorithm == Algorithm::kRing;
+    case OpKind::kReduce:
+      return algorithm == Algorithm::kRing || algorithm == Algorithm::kNaive;
+    case OpKind::kGather:
+    case OpKind::kScatter:
+    case OpKind::kAllToAll:
+      return algorithm == Algorithm::kNaive;
+    default:
+      return true;
+  }
+}
+
+}  // namespace
+
+absl::Status Communicator::Refuse(absl::Status refused,
+                                  absl::Duration timeout) {
+  SkipOp(next_op_seq(), refused,
+         absl::Now() + (timeout > absl::ZeroDuration() ? timeout
+                                                       : config_.default_timeout))
+      .IgnoreError();  // the refusal is the caller's answer either way
+  return refused;
+}
+
 absl::StatusOr<Fingerprint> Communicator::SliceOpFingerprint(
     OpKind kind, size_t whole, size_t slice, DType dtype, Algorithm algorithm,
     absl::Duration timeout, int input_slice) {
   const absl::string_view name = OpKindName(kind);
   const size_t g = static_cast<size_t>(config_.world_size);
+  // Which count is the whole buffer (world x slice): the result of an
+  // all-gather or gather, the input of a reduce-scatter or scatter.
+  const bool whole_is_recv =
+      kind == OpKind::kAllGather || kind == OpKind::kGather;
   absl::Status refused;
   if (!IsValidDType(static_cast<int>(dtype))) {
     refused = absl::InvalidArgumentError(absl::StrCat(name, ": invalid dtype"));
-  } else if (algorithm != Algorithm::kAuto && algorithm != Algorithm::kRing) {
+  } else if (!Implements(kind, algorithm)) {
     refused = absl::UnimplementedError(absl::StrCat(
         name, ": the ", AlgorithmName(algorithm),
-        " algorithm does not implement it; use auto or ring"));
-  } else if (whole % g != 0 || whole / g != slice) {
-    const bool gather = kind == OpKind::kAllGather;
+        " algorithm does not implement it; use auto",
+        Implements(kind, Algorithm::kRing) ? " or ring" : " or naive"));
+  } else if (kind == OpKind::kAllToAll && whole % g != 0) {
     refused = absl::InvalidArgumentError(absl::StrCat(
-        name, ": ", gather ? "recv_count " : "send_count ", whole,
+        name, ": count ", whole, " must be a multiple of the ring's world (",
+        g, "): one slice per rank"));
+  } else if (kind != OpKind::kAllToAll && (whole % g != 0 || whole / g != slice)) {
+    refused = absl::InvalidArgumentError(absl::StrCat(
+        name, ": ", whole_is_recv ? "recv_count " : "send_count ", whole,
         " must be the ring's world (", g, ") x ",
-        gather ? "send_count " : "recv_count ", slice, " = ", g * slice));
+        whole_is_recv ? "send_count " : "recv_count ", slice, " = ",
+        g * slice));
   } else if (input_slice < 0 || static_cast<size_t>(input_slice) >= g) {
     refused = absl::InvalidArgumentError(absl::StrCat(
         name, ": input slice ", input_slice, " is outside [0, ", g, ")"));
   }
-  if (!refused.ok()) {
-    SkipOp(next_op_seq(), refused,
-           absl::Now() + (timeout > absl::ZeroDuration()
-                              ? timeout
-                              : config_.default_timeout))
-        .IgnoreError();  // the refusal is the caller's answer either way
-    return refused;
-  }
+  if (!refused.ok()) return Refuse(std::move(refused), timeout);
   Fingerprint fp;
   fp.kind = kind;
   fp.dtype = dtype;
   fp.count = whole;
   fp.algorithm = algorithm;
   return fp;
+}
+
+absl::Status Communicator::CheckRoot(absl::string_view name, int root,
+                                     absl::Duration timeout) {
+  if (root >= 0 && root < config_.world_size) return absl::OkStatus();
+  return Refuse(absl::InvalidArgumentError(absl::StrCat(
+                    name, ": root ", root, " is outside [0, ",
+                    config_.world_size, ")")),
+                timeout);
+}
+
+absl::StatusOr<OpResult> Communicator::Reduce(OpBuffer& buffer, size_t count,
+                                              DType dtype, ReduceOp op,
+                                              int root, absl::Duration timeout,
+                                              Algorithm algorithm) {
+  absl::Status refused;
+  if (!IsValidDType(static_cast<int>(dtype))) {
+    refused = absl::InvalidArgumentError("reduce: invalid dtype");
+  } else if (!IsValidReduceOp(static_cast<int>(op))) {
+    refused = absl::InvalidArgumentError("reduce: invalid reduce op");
+  } else if (absl::Status s = CheckReduction(dtype, op); !s.ok()) {
+    refused = absl::InvalidArgumentError(absl::StrCat("reduce: ", s.message()));
+  } else if (!Implements(OpKind::kReduce, algorithm)) {
+    refused = absl::UnimplementedError(
+        absl::StrCat("reduce: the ", AlgorithmName(algorithm),
+                     " algorithm does not implement it; use auto, ring or "
+                     "naive"));
+  }
+  if (!refused.ok()) return Refuse(std::move(refused), timeout);
+  HALKA_RETURN_IF_ERROR(CheckRoot("reduce", root, timeout));
+  Fingerprint fp;
+  fp.kind = OpKind::kReduce;
+  fp.dtype = dtype;
+  fp.count = count;
+  fp.op = op;
+  fp.root = root;
+  fp.algorithm = algorithm;
+  return Run(fp, &buffer, timeout);
+}
+
+absl::StatusOr<OpResult> Communicator::Gather(OpBuffer& buffer,
+                                              size_t send_count,
+                                              size_t recv_count,
+                                              int input_slice, DType dtype,
+                                              int root,
+                                              absl::Duration timeout,
+                                              Algorithm algorithm) {
+  absl::StatusOr<Fingerprint> fp =
+      SliceOpFingerprint(OpKind::kGather, recv_count, send_count, dtype,
+                         algorithm, timeout, input_slice);
+  if (!fp.ok()) return fp.status();
+  HALKA_RETURN_IF_ERROR(CheckRoot("gather", root, timeout));
+  fp->root = root;
+  return Run(*fp, &buffer, timeout, input_slice);
+}
+
+absl::StatusOr<OpResult> Communicator::Scatter(OpBuffer& buffer,
+                                               size_t send_count,
+                                               size_t recv_count, DType dtype,
+                                               int root,
+                                               absl::Duration timeout,
+                                               Algorithm algorithm) {
+  absl::StatusOr<Fingerprint> fp =
+      SliceOpFingerprint(OpKind::kScatter, send_count, recv_count, dtype,
+                         algorithm, timeout, /*input_slice=*/0);
+  if (!fp.ok()) return fp.status();
+  HALKA_RETURN_IF_ERROR(CheckRoot("scatter", root, timeout));
+  fp->root = root;
+  return Run(*fp, &buffer, timeout);
+}
+
+absl::StatusOr<OpResult> Communicator::AllToAll(OpBuffer& buffer,
+                                                size_t count, DType dtype,
+                                                absl::Duration timeout,
+                                                Algorithm algorithm) {
+  absl::StatusOr<Fingerprint> fp =
+      SliceOpFingerprint(OpKind::kAllToAll, count, 0, dtype, algorithm,
+                         timeout, /*input_slice=*/0);
+  if (!fp.ok()) return fp.status();
+  return Run(*fp, &buffer, timeout);
 }
 
 absl::StatusOr<OpResult> Communicator::AllGather(
@@ -374,8 +488,19 @@ absl::Status Communicator::RunAlgorithm(OpContext& op) {
       return RingAllGather(op);
     case OpKind::kReduceScatter:
       return RingReduceScatter(op);
+    case OpKind::kReduce:
+      return RootedReduce(op);
+    case OpKind::kGather:
+      return DirectGather(op);
+    case OpKind::kScatter:
+      return DirectScatter(op);
+    case OpKind::kAllToAll:
+      return PairwiseAllToAll(op);
     case OpKind::kBarrier:
       break;  // the fingerprint pass is the barrier
+    case OpKind::kSend:
+    case OpKind::kRecv:
+      return absl::InternalError("send/recv are not collectives");
   }
   return absl::OkStatus();
 }

@@ -90,6 +90,38 @@ class Communicator {
       ReduceOp op, absl::Duration timeout,
       Algorithm algorithm = Algorithm::kAuto);
 
+  // Reduce to `root` in place over `count` elements: on success the root's
+  // buffer holds the reduction (op; AVG divides by the world) of every
+  // rank's; the others' hold partial sums (ring) or are unchanged (naive,
+  // direct to the root). kAuto: naive up to config.eager_bytes, else ring.
+  // Gather over `buffer`, recv_count = world x send_count elements: this
+  // rank's contribution waits in slice `input_slice`; on success the
+  // root's slice i holds rank i's; no other rank's buffer is written.
+  // Scatter over `buffer`, send_count = world x recv_count elements: on
+  // success rank r's slice r holds the root's slice r; the root's buffer
+  // is not written. All-to-all over `count` = world x slice elements: on
+  // success slice k holds rank k's slice r (this rank's), and slice r is
+  // unchanged. Gather, scatter and all-to-all go straight between the two
+  // ranks concerned (kAuto or kNaive). Refused as AllGather (SkipOp):
+  // INVALID_ARGUMENT for counts that do not fit the world or a root outside
+  // it, UNIMPLEMENTED for an algorithm the collective lacks.
+  absl::StatusOr<OpResult> Reduce(OpBuffer& buffer, size_t count, DType dtype,
+                                  ReduceOp op, int root,
+                                  absl::Duration timeout,
+                                  Algorithm algorithm = Algorithm::kAuto);
+  absl::StatusOr<OpResult> Gather(OpBuffer& buffer, size_t send_count,
+                                  size_t recv_count, int input_slice,
+                                  DType dtype, int root,
+                                  absl::Duration timeout,
+                                  Algorithm algorithm = Algorithm::kAuto);
+  absl::StatusOr<OpResult> Scatter(OpBuffer& buffer, size_t send_count,
+                                   size_t recv_count, DType dtype, int root,
+                                   absl::Duration timeout,
+                                   Algorithm algorithm = Algorithm::kAuto);
+  absl::StatusOr<OpResult> AllToAll(OpBuffer& buffer, size_t count,
+                                    DType dtype, absl::Duration timeout,
+                                    Algorithm algorithm = Algorithm::kAuto);
+
   // Point to point (core/peer_messages.cc): `bytes` of `buffer` to rank
   // `to`, and the next message from rank `from` (-1: from whichever rank's
   // message arrived first; OpResult::peer says whose) into `buffer`. Only
@@ -161,6 +193,12 @@ class Communicator {
   absl::StatusOr<Fingerprint> SliceOpFingerprint(
       OpKind kind, size_t whole, size_t slice, DType dtype,
       Algorithm algorithm, absl::Duration timeout, int input_slice);
+  // A call refused before it reaches the ring: it takes its number and the
+  // peers' copies fail at once (SkipOp); returns `refused`.
+  absl::Status Refuse(absl::Status refused, absl::Duration timeout);
+  // OK, or (refused as above) INVALID_ARGUMENT for a root outside the world.
+  absl::Status CheckRoot(absl::string_view name, int root,
+                         absl::Duration timeout);
   // Gives `op` the sequence number of the operation the ring runs when this
   // rank has none (0): adopted from the peers' frames, or 1 alone.
   absl::Status AdoptOpSeq(OpContext& op);

@@ -23,6 +23,14 @@ absl::string_view OpKindName(OpKind kind) {
       return "send";
     case OpKind::kRecv:
       return "recv";
+    case OpKind::kReduce:
+      return "reduce";
+    case OpKind::kGather:
+      return "gather";
+    case OpKind::kScatter:
+      return "scatter";
+    case OpKind::kAllToAll:
+      return "all_to_all";
   }
   return "unknown_op";
 }
@@ -43,6 +51,12 @@ absl::string_view PhaseName(Phase phase) {
       return "ps push";
     case Phase::kPsPull:
       return "ps pull";
+    case Phase::kGather:
+      return "gather";
+    case Phase::kScatter:
+      return "scatter";
+    case Phase::kAllToAll:
+      return "all-to-all";
   }
   return "unknown-phase";
 }
@@ -86,9 +100,23 @@ std::string Fingerprint::ToString() const {
       }
       break;
     case OpKind::kBroadcast:
+    case OpKind::kGather:
+    case OpKind::kScatter:
       absl::StrAppend(&s, " ", DTypeName(dtype), "x", count, " root ", root);
       break;
+    case OpKind::kReduce:
+      absl::StrAppend(&s, " ", DTypeName(dtype), "x", count, " ",
+                      ReduceOpName(op), " root ", root);
+      if (algorithm != Algorithm::kAuto) {
+        absl::StrAppend(&s, " (", AlgorithmName(algorithm), ")");
+      }
+      break;
+    case OpKind::kAllToAll:
+      absl::StrAppend(&s, " ", DTypeName(dtype), "x", count);
+      break;
     case OpKind::kBarrier:
+    case OpKind::kSend:
+    case OpKind::kRecv:
       break;
   }
   return s;

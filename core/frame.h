@@ -59,6 +59,9 @@ enum class Phase : uint8_t {
   kNaive = 5,
   kPsPush = 6,
   kPsPull = 7,
+  kGather = 8,    // to a root (reduce, gather)
+  kScatter = 9,   // from a root
+  kAllToAll = 10,
 };
 absl::string_view PhaseName(Phase phase);  // "reduce-scatter", ...
 

@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
+#include "core/frame.h"
 
 namespace halka {
 
@@ -14,6 +15,8 @@ uint64_t BufferCount(const v1::OpSpec& spec) {
       return 0;
     case v1::ALL_GATHER:
     case v1::REDUCE_SCATTER:
+    case v1::GATHER:
+    case v1::SCATTER:
       return std::max(spec.count(), spec.recv_count());
     default:
       return spec.count();
@@ -22,17 +25,39 @@ uint64_t BufferCount(const v1::OpSpec& spec) {
 
 absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
                                         uint64_t max_op_bytes) {
-  const char* name = spec.kind() == v1::ALL_GATHER       ? "all_gather"
-                     : spec.kind() == v1::REDUCE_SCATTER ? "reduce_scatter"
-                                                         : "all_reduce";
+  const std::string name(OpKindName(static_cast<OpKind>(spec.kind())));
   switch (spec.kind()) {
     case v1::BARRIER:
       return uint64_t{0};
+    case v1::REDUCE:
+    case v1::GATHER:
+    case v1::SCATTER:
+      if (spec.root() < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": root ", spec.root(), " is negative"));
+      }
+      if (spec.kind() != v1::REDUCE) {
+        if (spec.algorithm() < v1::AUTO ||
+            spec.algorithm() > v1::Algorithm_MAX) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(name, ": unknown algorithm ", spec.algorithm()));
+        }
+        break;
+      }
+      [[fallthrough]];
     case v1::ALL_REDUCE:
     case v1::REDUCE_SCATTER:
       if (!IsValidReduceOp(spec.op())) {
         return absl::InvalidArgumentError(
             absl::StrCat(name, ": the reduce op must be set and valid"));
+      }
+      [[fallthrough]];
+    case v1::ALL_TO_ALL:
+      if (spec.kind() == v1::ALL_TO_ALL && spec.recv_count() != 0 &&
+          spec.recv_count() != spec.count()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, ": recv_count ", spec.recv_count(),
+            " must equal count ", spec.count(), " (or be 0)"));
       }
       [[fallthrough]];
     case v1::ALL_GATHER:
@@ -67,7 +92,8 @@ absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
     return absl::InvalidArgumentError(
         absl::StrCat("invalid dtype ", spec.dtype()));
   }
-  if (spec.kind() == v1::ALL_REDUCE || spec.kind() == v1::REDUCE_SCATTER) {
+  if (spec.kind() == v1::ALL_REDUCE || spec.kind() == v1::REDUCE_SCATTER ||
+      spec.kind() == v1::REDUCE) {
     absl::Status s = CheckReduction(static_cast<DType>(spec.dtype()),
                                     static_cast<ReduceOp>(spec.op()));
     if (!s.ok()) {
@@ -90,14 +116,25 @@ bool IsPointToPoint(const v1::OpSpec& spec) {
 
 uint64_t InlineUploadBytes(const v1::OpSpec& spec, uint64_t buffer_bytes) {
   if (spec.kind() == v1::RECV) return 0;
-  if (spec.kind() != v1::ALL_GATHER) return buffer_bytes;
+  if (spec.kind() != v1::ALL_GATHER && spec.kind() != v1::GATHER) {
+    return buffer_bytes;
+  }
   return spec.count() * DTypeSize(static_cast<DType>(spec.dtype()));
+}
+
+bool InlineUploadMayBeEmpty(const v1::OpSpec& spec) {
+  return spec.kind() == v1::SCATTER;
 }
 
 ByteRange InlineReplyRange(const v1::OpSpec& spec, int rank,
                            uint64_t buffer_bytes) {
   if (spec.kind() == v1::SEND) return ByteRange{0, 0};
-  if (spec.kind() != v1::REDUCE_SCATTER) return ByteRange{0, buffer_bytes};
+  if (spec.kind() == v1::REDUCE || spec.kind() == v1::GATHER) {
+    return rank == spec.root() ? ByteRange{0, buffer_bytes} : ByteRange{0, 0};
+  }
+  if (spec.kind() != v1::REDUCE_SCATTER && spec.kind() != v1::SCATTER) {
+    return ByteRange{0, buffer_bytes};
+  }
   const uint64_t slice =
       spec.recv_count() * DTypeSize(static_cast<DType>(spec.dtype()));
   const uint64_t offset = static_cast<uint64_t>(rank) * slice;

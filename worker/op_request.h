@@ -14,8 +14,9 @@
 namespace halka {
 
 // The elements of the buffer a call works on: `count`, and for an
-// all-gather or reduce-scatter the larger of count and recv_count (the
-// gathered result, or the data to reduce). 0 for a barrier.
+// all-gather, reduce-scatter, gather or scatter the larger of count and
+// recv_count (the gathered result, or the data to reduce or scatter). 0
+// for a barrier.
 uint64_t BufferCount(const v1::OpSpec& spec);
 
 // The payload bytes of the buffer `spec` describes (BufferCount x element
@@ -32,13 +33,18 @@ absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
 bool IsPointToPoint(const v1::OpSpec& spec);
 
 // Worker.RunInline of a valid spec whose buffer holds `buffer_bytes`: the
-// bytes the client uploads (an all-gather: its contribution, count
-// elements, which land in slice 0; a recv: none; otherwise the whole
-// buffer) ...
+// bytes the client uploads (an all-gather or gather: its contribution,
+// count elements, which land in slice 0; a recv: none; otherwise the whole
+// buffer), ...
 uint64_t InlineUploadBytes(const v1::OpSpec& spec, uint64_t buffer_bytes);
+// ... whether it may upload nothing instead (a scatter: only the root's
+// data is read; the others may send none) ...
+bool InlineUploadMayBeEmpty(const v1::OpSpec& spec);
 // ... and the bytes the reply streams back once the call ran as `rank`: a
-// reduce-scatter's slice `rank` (recv_count elements), otherwise the whole
-// buffer. An empty range when the slice lies outside the buffer.
+// reduce-scatter's or scatter's slice `rank` (recv_count elements); a
+// reduce's or gather's whole buffer on the root and nothing elsewhere;
+// otherwise the whole buffer. An empty range when the slice lies outside
+// the buffer.
 struct ByteRange {
   uint64_t offset = 0;
   uint64_t size = 0;

@@ -294,6 +294,25 @@ absl::StatusOr<OpResult> WorkerNode::RunOn(Ring& ring, const v1::OpSpec& spec,
                                  static_cast<DType>(spec.dtype()),
                                  static_cast<ReduceOp>(spec.op()), timeout,
                                  static_cast<Algorithm>(spec.algorithm()));
+    case v1::REDUCE:
+      return comm->Reduce(buffer, spec.count(),
+                          static_cast<DType>(spec.dtype()),
+                          static_cast<ReduceOp>(spec.op()), spec.root(),
+                          timeout, static_cast<Algorithm>(spec.algorithm()));
+    case v1::GATHER:
+      return comm->Gather(
+          buffer, spec.count(), spec.recv_count(),
+          static_cast<int>(std::min<uint64_t>(spec.input_slice(), INT32_MAX)),
+          static_cast<DType>(spec.dtype()), spec.root(), timeout,
+          static_cast<Algorithm>(spec.algorithm()));
+    case v1::SCATTER:
+      return comm->Scatter(buffer, spec.count(), spec.recv_count(),
+                           static_cast<DType>(spec.dtype()), spec.root(),
+                           timeout, static_cast<Algorithm>(spec.algorithm()));
+    case v1::ALL_TO_ALL:
+      return comm->AllToAll(buffer, spec.count(),
+                            static_cast<DType>(spec.dtype()), timeout,
+                            static_cast<Algorithm>(spec.algorithm()));
     default:  // refused by ValidateOpSpec
       return absl::InternalError(
           absl::StrCat("unknown operation kind ", spec.kind()));

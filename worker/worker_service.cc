@@ -218,8 +218,8 @@ absl::Status InlineBudget::Charge::Add(uint64_t bytes) {
 absl::StatusOr<std::vector<uint8_t>> WorkerService::Upload(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<v1::InlineReply, v1::InlineRequest>* stream,
-    v1::InlineRequest& msg, uint64_t bytes, absl::Time deadline,
-    InlineBudget::Charge& charge) {
+    v1::InlineRequest& msg, uint64_t bytes, bool may_be_empty,
+    absl::Time deadline, InlineBudget::Charge& charge) {
   // The upload shares the operation's deadline: past it the stream is
   // cancelled, whatever the client does.
   CallWatchdog::Armed armed(watchdog_, ctx, deadline);
@@ -253,7 +253,7 @@ absl::StatusOr<std::vector<uint8_t>> WorkerService::Upload(
         absl::StrCat("run_inline: the client went away during the upload: ",
                      missing()));
   }
-  if (buffer.size() != bytes) {
+  if (buffer.size() != bytes && !(may_be_empty && buffer.empty())) {
     return absl::InvalidArgumentError(
         absl::StrCat("run_inline: ", missing(), ", expected ", bytes));
   }
@@ -294,7 +294,7 @@ grpc::Status WorkerService::RunInline(
   InlineBudget::Charge charge(budget_);
   absl::StatusOr<std::vector<uint8_t>> buffer = Upload(
       ctx, stream, msg, InlineUploadBytes(spec, *checked),
-      CallDeadline(spec, arrival.at, node_->options().op_timeout), charge);
+      InlineUploadMayBeEmpty(spec), CallDeadline(spec, arrival.at, node_->options().op_timeout), charge);
   if (!buffer.ok()) return refuse(buffer.status());
   if (buffer->size() < *checked) {
     // An all-gather's result is larger than its upload.

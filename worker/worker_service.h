@@ -99,8 +99,8 @@ class WorkerService final : public v1::Worker::Service {
   absl::StatusOr<std::vector<uint8_t>> Upload(
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<v1::InlineReply, v1::InlineRequest>* stream,
-      v1::InlineRequest& msg, uint64_t bytes, absl::Time deadline,
-      InlineBudget::Charge& charge);
+      v1::InlineRequest& msg, uint64_t bytes, bool may_be_empty,
+      absl::Time deadline, InlineBudget::Charge& charge);
 
   WorkerNode* const node_;
   InlineBudget budget_;

@@ -53,8 +53,12 @@ double BusBandwidthFactor(OpKind kind, int world_size) {
       return 2.0 * (g - 1) / g;
     case OpKind::kAllGather:
     case OpKind::kReduceScatter:
+    case OpKind::kGather:
+    case OpKind::kScatter:
+    case OpKind::kAllToAll:
       return (g - 1) / g;
     case OpKind::kBroadcast:
+    case OpKind::kReduce:
     case OpKind::kSend:  // sendrecv
       return 1.0;
     case OpKind::kBarrier:
@@ -75,10 +79,14 @@ absl::StatusOr<OpKind> ParseCollective(const std::string& name) {
   if (name == "reducescatter") return OpKind::kReduceScatter;
   if (name == "broadcast") return OpKind::kBroadcast;
   if (name == "sendrecv") return OpKind::kSend;
+  if (name == "reduce") return OpKind::kReduce;
+  if (name == "gather") return OpKind::kGather;
+  if (name == "scatter") return OpKind::kScatter;
+  if (name == "alltoall") return OpKind::kAllToAll;
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown collective '", name,
-      "' (expected allreduce, allgather, reducescatter, broadcast or "
-      "sendrecv)"));
+      "' (expected allreduce, allgather, reducescatter, broadcast, "
+      "sendrecv, reduce, gather, scatter or alltoall)"));
 }
 
 namespace {
@@ -132,9 +140,10 @@ absl::Status AllocateRank(Client& client, const BenchCase& c,
                           int r, CaseBuffers& b) {
   const size_t bytes = b.bytes;
   b.inputs[r] = MakeRankData(c.dtype, c.op, input_count, r, options.seed);
-  if (c.kind == OpKind::kReduceScatter) {
+  if (c.kind == OpKind::kReduceScatter || c.kind == OpKind::kScatter) {
     b.outs[r].resize(std::max<size_t>(b.slice_bytes, 1));
   }
+  if (c.kind == OpKind::kReduce) b.outs[r].resize(std::max<size_t>(bytes, 1));
   if (c.kind == OpKind::kSend) {
     absl::StatusOr<HostBuffer> hb =
         options.zero_copy && bytes > 0 ? client.AllocateHostBuffer(bytes)
@@ -198,6 +207,28 @@ absl::StatusOr<OpInfo> RunOnce(Client& cl, const BenchCase& c,
     case OpKind::kBroadcast:
       return options.device ? cl.BroadcastDevice(buf, count, c.dtype, 0, oo)
                             : cl.Broadcast(buf, count, c.dtype, 0, oo);
+    case OpKind::kReduce:
+    case OpKind::kGather:
+    case OpKind::kScatter:
+    case OpKind::kAllToAll:
+      if (options.device) {
+        return absl::UnimplementedError(absl::StrCat(
+            CollectiveName(c.kind),
+            ": host memory only (the SDK has no device variant of it)"));
+      }
+      // Rooted at rank 0; a gather in place (the input in slice r), an
+      // all-to-all in place.
+      if (c.kind == OpKind::kReduce) {
+        return cl.Reduce(buf, out, count, c.dtype, c.op, 0, oo);
+      }
+      if (c.kind == OpKind::kGather) {
+        return cl.Gather(buf + static_cast<size_t>(r) * b.slice_bytes, slice,
+                         buf, count, c.dtype, 0, oo);
+      }
+      if (c.kind == OpKind::kScatter) {
+        return cl.Scatter(buf, count, out, slice, c.dtype, 0, oo);
+      }
+      return cl.AllToAll(buf, buf, count, c.dtype, oo);
     case OpKind::kSend: {  // sendrecv: to the next rank, from the previous
       if (options.device) {
         return absl::UnimplementedError(
@@ -236,10 +267,11 @@ std::string TimeRank(Client& cl, const BenchCase& c,
       failed = true;
     }
   };
-  // An all-gather's input goes to slice r (in place).
-  const size_t at = c.kind == OpKind::kAllGather
-                        ? static_cast<size_t>(r) * b.slice_bytes
-                        : 0;
+  // An all-gather's or gather's input goes to slice r (in place).
+  const size_t at =
+      c.kind == OpKind::kAllGather || c.kind == OpKind::kGather
+          ? static_cast<size_t>(r) * b.slice_bytes
+          : 0;
   for (int i = 0; i < total; ++i) {
     // Fresh inputs every time (outside the timed region) so that values
     // never drift out of range and the last result can be checked.
@@ -297,6 +329,30 @@ size_t CountWrong(const BenchCase& c, const CaseBuffers& b, int g,
         wrong += BitwiseDifferences(b.bufs[r], b.inputs[(r + g - 1) % g].data(),
                                     b.count, es);
         break;
+      case OpKind::kReduce:  // the root's result; the others get none
+        if (r == 0) {
+          wrong += CheckAllReduce(c.dtype, c.op, b.inputs, b.outs[0].data(),
+                                  b.count)
+                       .wrong;
+        }
+        break;
+      case OpKind::kGather:
+        if (r == 0) {
+          wrong += CheckAllGather(c.dtype, b.inputs, b.bufs[0], b.slice).wrong;
+        }
+        break;
+      case OpKind::kScatter:  // rank 0's slice r
+        wrong += BitwiseDifferences(
+            b.outs[r].data(), b.inputs[0].data() + r * b.slice_bytes, b.slice,
+            es);
+        break;
+      case OpKind::kAllToAll:  // slice k: rank k's slice r
+        for (int k = 0; k < g; ++k) {
+          wrong += BitwiseDifferences(b.bufs[r] + k * b.slice_bytes,
+                                      b.inputs[k].data() + r * b.slice_bytes,
+                                      b.slice, es);
+        }
+        break;
       default:
         // Rank 0 against the reference, every other rank against rank 0.
         wrong += r == 0 ? CheckAllReduce(c.dtype, c.op, b.inputs, b.bufs[0],
@@ -317,20 +373,24 @@ BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
   const int g = static_cast<int>(clients.size());
   const size_t es = DTypeSize(c.dtype);
   const bool sliced =
-      c.kind == OpKind::kAllGather || c.kind == OpKind::kReduceScatter;
+      c.kind == OpKind::kAllGather || c.kind == OpKind::kReduceScatter ||
+      c.kind == OpKind::kGather || c.kind == OpKind::kScatter ||
+      c.kind == OpKind::kAllToAll;
   BenchRow row;
   row.c = c;
   row.algorithm = std::string(AlgorithmName(c.algorithm));
   CaseBuffers b(g);
-  // An all-gather's or reduce-scatter's buffer is G equal slices.
+  // A sliced collective's buffer is G equal slices.
   b.slice = sliced ? c.bytes / es / static_cast<size_t>(g) : 0;
   row.count = sliced ? b.slice * static_cast<size_t>(g) : c.bytes / es;
   b.count = row.count;
   b.bytes = row.count * es;
   b.slice_bytes = b.slice * es;
-  // Each rank's input: an all-gather's slice, otherwise the whole buffer.
+  // Each rank's input: an all-gather's or gather's slice, otherwise the
+  // whole buffer.
   const size_t input_count =
-      c.kind == OpKind::kAllGather ? b.slice : row.count;
+      c.kind == OpKind::kAllGather || c.kind == OpKind::kGather ? b.slice
+                                                              : row.count;
   for (int r = 0; r < g; ++r) {
     absl::Status s = AllocateRank(*clients[r], c, options, input_count, r, b);
     if (!s.ok()) {
@@ -389,7 +449,8 @@ namespace {
 
 // The redop column: "none" where the collective reduces nothing.
 absl::string_view RedopName(const BenchCase& c) {
-  return c.kind == OpKind::kAllReduce || c.kind == OpKind::kReduceScatter
+  return c.kind == OpKind::kAllReduce || c.kind == OpKind::kReduceScatter ||
+                 c.kind == OpKind::kReduce
              ? ReduceOpName(c.op)
              : "none";
 }

@@ -22,17 +22,21 @@ struct BenchCase {
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   Algorithm algorithm = Algorithm::kAuto;
-  // broadcast: from rank 0; kSend: "sendrecv", each rank sends its buffer
-  // to the next rank and receives the previous rank's (nccl-tests').
+  // broadcast, reduce, gather, scatter: rooted at rank 0; kSend:
+  // "sendrecv", each rank sends its buffer to the next rank and receives
+  // the previous rank's (nccl-tests'). Gather, scatter and all-to-all:
+  // `bytes` is the whole buffer (G slices), as in nccl-tests.
   OpKind kind = OpKind::kAllReduce;
 };
 
 // nccl-tests' bus-bandwidth factor of `kind` on `world_size` ranks:
-// 2(G-1)/G for all-reduce, (G-1)/G for all-gather and reduce-scatter, 1 for
-// broadcast and sendrecv (0 for a barrier).
+// 2(G-1)/G for all-reduce, (G-1)/G for all-gather, reduce-scatter, gather,
+// scatter and all-to-all, 1 for broadcast, reduce and sendrecv (0 for a
+// barrier).
 double BusBandwidthFactor(OpKind kind, int world_size);
-// "allreduce", "allgather", "reducescatter", "broadcast", "sendrecv" (the
-// --coll names; sendrecv is OpKind::kSend). INVALID_ARGUMENT otherwise.
+// "allreduce", "allgather", "reducescatter", "broadcast", "sendrecv",
+// "reduce", "gather", "scatter", "alltoall" (the --coll names; sendrecv is
+// OpKind::kSend). INVALID_ARGUMENT otherwise.
 absl::StatusOr<OpKind> ParseCollective(const std::string& name);
 // The --coll name of `kind`.
 std::string CollectiveName(OpKind kind);

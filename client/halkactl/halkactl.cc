@@ -97,9 +97,9 @@ ABSL_FLAG(std::string, algo, "auto",
           "all-reduce algorithm: auto, ring, naive, ps, two_level (bench: also all)");
 ABSL_FLAG(std::string, coll, "allreduce",
           "bench: the collective: allreduce, allgather, reducescatter, "
-          "broadcast (from rank 0) or sendrecv (each rank to the next, "
-          "from the previous); sizes are the whole buffer, as in "
-          "nccl-tests");
+          "broadcast, reduce, gather, scatter (rooted at rank 0), alltoall "
+          "or sendrecv (each rank to the next, from the previous); sizes "
+          "are the whole buffer, as in nccl-tests");
 ABSL_FLAG(int, ps_shards, 1, "bench: parameter-server shards of the embedded "
           "cluster (with --algo=ps or all)");
 ABSL_FLAG(bool, device, false,

@@ -122,6 +122,36 @@ class PyClient {
                                         d, o, opt);
     });
   }
+  // Rooted collectives and all-to-all on host memory (0: no buffer).
+  OpInfo Reduce(uintptr_t send, uintptr_t recv, size_t n, int dtype, int op,
+                int root, double timeout_s, int algorithm) {
+    const DType d = ToDType(dtype);
+    const ReduceOp o = ToOp(op);
+    const OpOptions opt = Options(timeout_s, algorithm);
+    return Run([&] { return c_->Reduce(Ptr(send), Ptr(recv), n, d, o, root, opt); });
+  }
+  OpInfo Gather(uintptr_t send, size_t send_n, uintptr_t recv, size_t recv_n,
+                int dtype, int root, double timeout_s) {
+    const DType d = ToDType(dtype);
+    const OpOptions opt = Options(timeout_s, 0);
+    return Run([&] {
+      return c_->Gather(Ptr(send), send_n, Ptr(recv), recv_n, d, root, opt);
+    });
+  }
+  OpInfo Scatter(uintptr_t send, size_t send_n, uintptr_t recv, size_t recv_n,
+                 int dtype, int root, double timeout_s) {
+    const DType d = ToDType(dtype);
+    const OpOptions opt = Options(timeout_s, 0);
+    return Run([&] {
+      return c_->Scatter(Ptr(send), send_n, Ptr(recv), recv_n, d, root, opt);
+    });
+  }
+  OpInfo AllToAll(uintptr_t send, uintptr_t recv, size_t n, int dtype,
+                  double timeout_s) {
+    const DType d = ToDType(dtype);
+    const OpOptions opt = Options(timeout_s, 0);
+    return Run([&] { return c_->AllToAll(Ptr(send), Ptr(recv), n, d, opt); });
+  }
   // Point to point on host memory (a device tensor goes through the host).
   OpInfo Send(uintptr_t data, size_t n, int dtype, int to, int tag,
               double timeout_s) {
@@ -247,6 +277,10 @@ PYBIND11_MODULE(_halka, m) {
       .def("broadcast", &PyClient::Broadcast)
       .def("all_gather", &PyClient::AllGather)
       .def("reduce_scatter", &PyClient::ReduceScatter)
+      .def("reduce", &PyClient::Reduce)
+      .def("gather", &PyClient::Gather)
+      .def("scatter", &PyClient::Scatter)
+      .def("all_to_all", &PyClient::AllToAll)
       .def("barrier", &PyClient::Barrier)
       .def("send", &PyClient::Send)
       .def("recv", &PyClient::Recv)

@@ -306,8 +306,10 @@ class HalkaGroup : public HalkaBackendBase {
 
   // Queues an all-to-all of `in` (elems_in[d] elements for torch rank d,
   // one after another) into `out` (elems_out[s] from torch rank s): every
-  // rank's counts by one all-gather (int64, on the CPU), every rank's
-  // input padded to the largest by a second; then `place`.
+  // rank's counts by one all-gather (int64, on the CPU); then, on host
+  // tensors, halka's all-to-all with every part padded to the largest
+  // part any rank sends (each part straight to its rank), on CUDA tensors
+  // an all-gather of every rank's input padded to the largest; then `place`.
   c10::intrusive_ptr<c10d::Work> AllToAll(
       OpType type, at::Tensor in, at::Tensor out,
       std::vector<int64_t> elems_in, std::vector<int64_t> elems_out,
@@ -323,15 +325,18 @@ class HalkaGroup : public HalkaBackendBase {
       absl::Status s = AllGatherNow(mine, counts, o);
       if (!s.ok()) return s;
       const int64_t* c = counts.data_ptr<int64_t>();
-      int64_t widest = 1;
+      int64_t widest = 1, widest_part = 1;
       for (int h = 0; h < g; ++h) {
         int64_t sum = 0;
-        for (int dst = 0; dst < g; ++dst) sum += c[h * g + dst];
+        for (int dst = 0; dst < g; ++dst) {
+          sum += c[h * g + dst];
+          widest_part = std::max(widest_part, c[h * g + dst]);
+        }
         widest = std::max(widest, sum);
       }
-      // Every rank runs the second all-gather (the same size everywhere),
-      // also one whose output split is wrong: it fails alone, afterwards,
-      // and its peers are not left waiting.
+      // Every rank runs the data step (the same size everywhere), also one
+      // whose output split is wrong: it fails alone, afterwards, and its
+      // peers are not left waiting.
       absl::Status fits;
       for (int src = 0; src < g && fits.ok(); ++src) {
         const int64_t sent = c[to_halka_[src] * g + me];
@@ -340,6 +345,33 @@ class HalkaGroup : public HalkaBackendBase {
               "torch rank ", src, " sends ", sent, " elements to this rank, "
               "whose output split expects ", elems_out[static_cast<size_t>(src)]));
         }
+      }
+      if (!in.is_cuda()) {
+        // Part k of `parts` goes to halka rank k; part h of the result
+        // came from halka rank h.
+        at::Tensor parts = at::zeros({g * widest_part}, in.options());
+        int64_t from = 0;
+        for (int dst = 0; dst < g; ++dst) {
+          const int64_t n = elems_in[static_cast<size_t>(dst)];
+          parts.narrow(0, to_halka_[dst] * widest_part, n)
+              .copy_(in.narrow(0, from, n));
+          from += n;
+        }
+        const Elements e = Moved(parts);
+        s = client_->AllToAll(parts.data_ptr(), parts.data_ptr(),
+                              e.count(parts), e.dtype, o)
+                .status();
+        if (!s.ok()) return s;
+        if (!fits.ok()) return fits;
+        int64_t at = 0;
+        for (int src = 0; src < g; ++src) {
+          const int h = to_halka_[src];
+          const int64_t n = c[h * g + me];
+          out.narrow(0, at, n).copy_(parts.narrow(0, h * widest_part, n));
+          at += n;
+        }
+        place();
+        return absl::OkStatus();
       }
       at::Tensor padded = at::zeros({widest}, in.options());
       padded.narrow(0, 0, in.numel()).copy_(in);

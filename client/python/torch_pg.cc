@@ -276,12 +276,14 @@ class ProcessGroupHalka : public HalkaGroup {
                    Opts(opts.timeout), [out, c] { CopyBack(out, c); });
   }
 
-  // Composed from halka's collectives (halka has no rooted or
-  // point-to-point operations of its own), so each moves more bytes than a
-  // dedicated algorithm would; see the README's PyTorch section.
+  // Rooted collectives and all-to-all: halka's own on host tensors; on
+  // CUDA tensors (halka's reduce, gather, scatter and all-to-all take host
+  // memory only) composed from the device collectives, which moves more
+  // bytes; see the README's PyTorch section.
   //
-  // reduce: an all-reduce; the root's tensor gets the result, the others'
-  // stay as they were (the all-reduce runs on a copy there).
+  // reduce: halka's reduce to the root (host tensors; the others' tensors
+  // are not written). A CUDA tensor: an all-reduce on the device, on a copy
+  // away from the root.
   c10::intrusive_ptr<c10d::Work> reduce(
       std::vector<at::Tensor>& tensors,
       const c10d::ReduceOptions& opts) override {
@@ -290,9 +292,22 @@ class ProcessGroupHalka : public HalkaGroup {
     const ReduceOp op = ToOp(opts.reduceOp, "reduce");
     const OpOptions o = Opts(opts.timeout);
     const bool root = opts.rootRank == getRank();
+    const Elements e = Reduced(t, op, "reduce");
+    if (!t.is_cuda()) {
+      const at::Tensor src = Dense(t);
+      const int hroot = to_halka_[opts.rootRank];
+      return Enqueue(OpType::REDUCE, {t}, [this, t, src, root, hroot, e, op, o] {
+        void* data = src.data_ptr();
+        const absl::Status s =
+            client_->Reduce(data, root ? data : nullptr, e.count(src), e.dtype,
+                            op, hroot, o)
+                .status();
+        if (s.ok() && root) CopyBack(t, src);
+        return s;
+      });
+    }
     const at::Tensor target =
         root ? Dense(t) : t.clone(at::MemoryFormat::Contiguous);
-    const Elements e = Reduced(t, op, "reduce");
     return Enqueue(OpType::REDUCE, {t}, [this, t, root, target, e, op, o] {
       const absl::Status s = AllReduceNow(target, e, op, o);
       if (s.ok() && root) CopyBack(t, target);
@@ -322,19 +337,41 @@ class ProcessGroupHalka : public HalkaGroup {
                   "ProcessGroup halka: gather takes no output tensors on a "
                   "rank that is not the root");
     }
+    auto place = [this, outs](const at::Tensor& flat, int64_t n) {
+      if (outs.empty()) return;
+      for (int h = 0; h < getSize(); ++h) {
+        const at::Tensor& o = outs[to_torch_[h]];
+        o.copy_(flat.narrow(0, h * n, n).view_as(o));
+      }
+    };
+    if (!in.is_cuda()) {
+      // halka's gather: each rank's input straight to the root.
+      at::Tensor flat = root ? at::empty({getSize() * in.numel()}, in.options())
+                             : at::Tensor();
+      const int hroot = to_halka_[opts.rootRank];
+      const OpOptions o = Opts(opts.timeout);
+      return Enqueue(OpType::GATHER, std::vector<at::Tensor>(outs),
+                     [this, in, flat, hroot, o, place] {
+        const Elements e = Moved(in);
+        const size_t n = e.count(in);
+        const absl::Status s =
+            client_->Gather(in.data_ptr(), n,
+                            flat.defined() ? flat.data_ptr() : nullptr,
+                            n * static_cast<size_t>(getSize()), e.dtype, hroot,
+                            o)
+                .status();
+        if (s.ok() && flat.defined()) place(flat, in.numel());
+        return s;
+      });
+    }
     at::Tensor flat = at::empty({getSize() * in.numel()}, in.options());
     return Gather(OpType::GATHER, in, flat, outs, Opts(opts.timeout),
-                  [this, outs, flat, n = in.numel()] {
-                    if (outs.empty()) return;
-                    for (int h = 0; h < getSize(); ++h) {
-                      const at::Tensor& o = outs[to_torch_[h]];
-                      o.copy_(flat.narrow(0, h * n, n).view_as(o));
-                    }
-                  });
+                  [place, flat, n = in.numel()] { place(flat, n); });
   }
 
-  // scatter: the root's inputs, one after another in torch rank order, go
-  // to every rank by a broadcast; each rank keeps its own slice.
+  // scatter: halka's scatter (host tensors): the root's inputs, in halka
+  // rank order, each straight to its rank. A CUDA tensor: a broadcast of
+  // them all on the device, each rank keeping its own.
   c10::intrusive_ptr<c10d::Work> scatter(
       std::vector<at::Tensor>& outputs,
       std::vector<std::vector<at::Tensor>>& inputs,
@@ -343,29 +380,45 @@ class ProcessGroupHalka : public HalkaGroup {
     CheckRoot(opts.rootRank, "scatter");
     const bool root = opts.rootRank == getRank();
     const int64_t n = out.numel();
-    at::Tensor flat;
+    const int g = getSize();
+    at::Tensor flat;  // halka rank order
     if (root) {
       TORCH_CHECK(inputs.size() == 1 &&
-                      static_cast<int>(inputs[0].size()) == getSize(),
-                  "ProcessGroup halka: scatter needs one list of ", getSize(),
+                      static_cast<int>(inputs[0].size()) == g,
+                  "ProcessGroup halka: scatter needs one list of ", g,
                   " input tensors on the root");
+      for (const at::Tensor& i : inputs[0]) SameShape(i, out, "scatter");
       std::vector<at::Tensor> parts;
-      for (const at::Tensor& i : inputs[0]) {
-        SameShape(i, out, "scatter");
-        parts.push_back(i.reshape(-1));
+      for (int h = 0; h < g; ++h) {
+        parts.push_back(inputs[0][to_torch_[h]].reshape(-1));
       }
       flat = at::cat(parts);
     } else {
       TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
                   "ProcessGroup halka: scatter takes no input tensors on a "
                   "rank that is not the root");
-      flat = at::empty({getSize() * n}, out.options());
     }
     const int src = to_halka_[opts.rootRank];
+    const int me = to_halka_[getRank()];
     const OpOptions o = Opts(opts.timeout);
-    return Enqueue(OpType::SCATTER, {out}, [this, flat, out, src, o, n] {
+    if (!out.is_cuda()) {
+      const at::Tensor dense = Dense(out);
+      return Enqueue(OpType::SCATTER, {out}, [this, flat, out, dense, src, o, g] {
+        const Elements e = Moved(dense);
+        const size_t each = e.count(dense);
+        const absl::Status s =
+            client_->Scatter(flat.defined() ? flat.data_ptr() : nullptr,
+                             each * static_cast<size_t>(g), dense.data_ptr(),
+                             each, e.dtype, src, o)
+                .status();
+        if (s.ok()) CopyBack(out, dense);
+        return s;
+      });
+    }
+    if (!flat.defined()) flat = at::empty({g * n}, out.options());
+    return Enqueue(OpType::SCATTER, {out}, [this, flat, out, src, me, o, n] {
       absl::Status s = BroadcastNow(flat, src, o);
-      if (s.ok()) out.copy_(flat.narrow(0, getRank() * n, n).view_as(out));
+      if (s.ok()) out.copy_(flat.narrow(0, me * n, n).view_as(out));
       return s;
     });
   }

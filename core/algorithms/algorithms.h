@@ -91,6 +91,26 @@ absl::Status PsAllReduce(OpContext& op);
 // barrier has no data phase: the fingerprint pass is the barrier.)
 absl::Status ChainBroadcast(OpContext& op);
 
+// --- rooted.cc
+// Reduce to fp.root: direct (every other rank's whole buffer to the root,
+// reduced there in rank order; kNaive) or, kRing, a ring reduce-scatter
+// after which rank k sends its reduced segment k to the root. Only the
+// root's buffer holds the result; the others' hold partial sums (ring) or
+// are unchanged (direct).
+absl::Status RootedReduce(OpContext& op);
+// Gather to fp.root over a buffer of G slices: each rank's contribution
+// (slice op.input_slice()) goes straight to the root's slice of that
+// rank. The other ranks' buffers are not written.
+absl::Status DirectGather(OpContext& op);
+// Scatter from fp.root over a buffer of G slices: the root's slice k goes
+// straight to rank k's slice k. The root's buffer is not written.
+absl::Status DirectScatter(OpContext& op);
+// All-to-all over a buffer of G slices: slice k goes to rank k, and slice k
+// ends holding what rank k sent (its slice of this rank). Each rank sends
+// (G-1)/G of the buffer, one hop each; what arrives waits in a host scratch
+// copy until this rank's own sends are released.
+absl::Status PairwiseAllToAll(OpContext& op);
+
 }  // namespace halka
 
 #endif  // HALKA_CORE_ALGORITHMS_ALGORITHMS_H_

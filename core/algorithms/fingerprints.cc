@@ -77,7 +77,8 @@ absl::Status ExchangeAroundRing(OpContext& op) {
 // the fingerprints go alone.
 size_t EagerBytes(const OpContext& op) {
   const uint64_t bytes = op.fp().count * DTypeSize(op.fp().dtype);
-  const bool eager = op.algorithm() == Algorithm::kNaive && bytes > 0 &&
+  const bool eager = op.fp().kind == OpKind::kAllReduce &&
+                     op.algorithm() == Algorithm::kNaive && bytes > 0 &&
                      bytes <= op.config().eager_bytes;
   return eager ? static_cast<size_t>(bytes) : 0;
 }
@@ -142,6 +143,19 @@ absl::Status AwaitAllToAll(OpContext& op) {
 }  // namespace
 
 Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
+  switch (fp.kind) {
+    case OpKind::kGather:
+    case OpKind::kScatter:
+    case OpKind::kAllToAll:
+      return Algorithm::kNaive;  // straight to the peer: one hop
+    case OpKind::kReduce:
+      if (fp.algorithm != Algorithm::kAuto) return fp.algorithm;
+      return fp.count * DTypeSize(fp.dtype) <= config.eager_bytes
+                 ? Algorithm::kNaive
+                 : Algorithm::kRing;
+    default:
+      break;
+  }
   if (fp.kind != OpKind::kAllReduce) return Algorithm::kRing;
   if (fp.algorithm == Algorithm::kTwoLevel) {
     return TwoLevelUsable(config) ? Algorithm::kTwoLevel : Algorithm::kRing;

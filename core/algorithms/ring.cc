@@ -236,7 +236,8 @@ absl::Status RingReduceScatter(OpContext& op) {
 bool RingCanSendEarly(const OpContext& op) {
   const OpKind kind = op.fp().kind;
   const bool ring_kind =
-      (kind == OpKind::kAllReduce && op.algorithm() == Algorithm::kRing) ||
+      ((kind == OpKind::kAllReduce || kind == OpKind::kReduce) &&
+       op.algorithm() == Algorithm::kRing) ||
       kind == OpKind::kReduceScatter;
   return ring_kind && op.all_to_all() && op.world() > 1 && op.fp().count > 0;
 }

@@ -2,14 +2,17 @@
 # halkactl bench --coll=...: for every collective, an embedded 3-worker
 # cluster runs a short sweep; every row must succeed with #wrong 0, and
 # busbw must be algbw times nccl-tests' factor for that collective
-# (2(G-1)/G all-reduce, (G-1)/G all-gather and reduce-scatter, 1 broadcast
-# and sendrecv; rank 0 of sendrecv sends its whole buffer once).
+# (2(G-1)/G all-reduce, (G-1)/G all-gather, reduce-scatter, gather, scatter
+# and all-to-all, 1 broadcast, reduce and sendrecv; rank 0 of sendrecv
+# sends its whole buffer once, the root of a gather nothing, the root of a
+# scatter and every rank of an all-to-all (G-1)/G of the buffer).
 # Bounded: 3 sizes, 2 iterations each, 120 s per collective.
 set -euo pipefail
 halkactl=$1
 G=3
 fail() { echo "FAIL: $*" >&2; exit 1; }
-for spec in allreduce:4/3 allgather:2/3 reducescatter:2/3 broadcast:1 sendrecv:1; do
+for spec in allreduce:4/3 allgather:2/3 reducescatter:2/3 broadcast:1 sendrecv:1 \
+            reduce:1 gather:2/3 scatter:2/3 alltoall:2/3; do
   coll=${spec%%:*}
   factor=${spec#*:}
   out=$(timeout 120 "$halkactl" bench --coll="$coll" --workers=$G --op=max \
@@ -44,7 +47,10 @@ for line in out.splitlines():
     if coll == "sendrecv" and row["bytes_sent_rank0"] != row["size"]:
         sys.exit(f"FAIL: {what}: rank 0 sent {row['bytes_sent_rank0']} B, "
                  f"expected the buffer, {row['size']}")
-    if coll in ("allgather", "reducescatter") and \
+    if coll == "gather" and row["bytes_sent_rank0"] != 0:
+        sys.exit(f"FAIL: {what}: the root sent {row['bytes_sent_rank0']} B, "
+                 f"expected none")
+    if coll in ("allgather", "reducescatter", "scatter", "alltoall") and \
             row["bytes_sent_rank0"] != row["size"] * (G - 1) // G:
         sys.exit(f"FAIL: {what}: rank 0 sent {row['bytes_sent_rank0']} B, "
                  f"expected (G-1)/G x {row['size']}")

@@ -1,4 +1,5 @@
-// All-gather and reduce-scatter through the SDK and real gRPC on loopback:
+// All-gather, reduce-scatter, reduce, gather, scatter and all-to-all
+// through the SDK and real gRPC on loopback:
 // every dtype (and reduce op) against the reference, G = 1..4, in place and
 // out of place, over each transfer (zero-copy shared memory, staged shared
 // memory, inline); bad sizes, ranks that disagree, refused algorithms and a
@@ -162,6 +163,111 @@ TEST_P(SliceCollectives, ReduceScatterEveryDtypeAndOpInAndOutOfPlace) {
   }
 }
 
+// Reduce, gather, scatter and all-to-all through the SDK: every dtype
+// (reduce: every op), every root, over each transfer; a non-root's recv is
+// never written (a reduce's or gather's) and may be null; a non-root's
+// scatter send may be null.
+TEST_P(SliceCollectives, ReduceToEveryRootEveryDtypeAndOp) {
+  ASSERT_TRUE(h_->ok()) << h_->status();
+  const auto [g, via] = GetParam();
+  const size_t count = 45;
+  for (DType dtype : kAllDTypes) {
+    const size_t es = DTypeSize(dtype);
+    for (ReduceOp op : kAllReduceOps) {
+      const int root = static_cast<int>((static_cast<int>(op) + 1) % g);
+      std::vector<std::vector<uint8_t>> inputs =
+          MakeRanksData(dtype, op, count, g, 21);
+      std::vector<std::unique_ptr<RankMemory>> recv;
+      for (int r = 0; r < g; ++r) {
+        recv.push_back(std::make_unique<RankMemory>(h_->client(r), via, count * es));
+        std::memset(recv[r]->data(), 0xAB, count * es);
+      }
+      auto results = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+        // Odd non-root ranks pass no recv at all.
+        void* out = r != root && r % 2 == 1 ? nullptr : recv[r]->data();
+        return h_->client(r).Reduce(inputs[r].data(), out, count, dtype, op, root);
+      });
+      if (RefusedEverywhere(dtype, op, results)) continue;
+      const std::string what = absl::StrCat(DTypeName(dtype), " ", ReduceOpName(op),
+                                            " root ", root);
+      for (int r = 0; r < g; ++r) {
+        ASSERT_TRUE(results[r].ok()) << what << " rank " << r << ": " << results[r].status();
+        if (r == root) continue;
+        for (size_t i = 0; i < count * es; ++i) {
+          ASSERT_EQ(recv[r]->data()[i], 0xAB) << what << ": rank " << r << "'s recv written";
+        }
+      }
+      const CheckResult check = CheckAllReduce(dtype, op, inputs, recv[root]->data(), count);
+      EXPECT_EQ(check.wrong, 0u) << what << ": " << check.first;
+    }
+  }
+}
+
+TEST_P(SliceCollectives, GatherScatterAllToAllEveryDtype) {
+  ASSERT_TRUE(h_->ok()) << h_->status();
+  const auto [g, via] = GetParam();
+  const size_t sc = 23;  // not a multiple of the chunk
+  for (DType dtype : kAllDTypes) {
+    const size_t es = DTypeSize(dtype);
+    const int root = static_cast<int>(static_cast<int>(dtype) % g);
+    const std::string what = absl::StrCat(DTypeName(dtype), " root ", root);
+    std::vector<std::vector<uint8_t>> mine =
+        MakeRanksData(dtype, ReduceOp::kSum, sc, g, 31);
+    std::vector<std::vector<uint8_t>> whole =
+        MakeRanksData(dtype, ReduceOp::kSum, g * sc, g, 32);
+    // Gather: in place on even ranks (send is the rank's slice of recv).
+    std::vector<std::unique_ptr<RankMemory>> recv;
+    for (int r = 0; r < g; ++r) {
+      recv.push_back(std::make_unique<RankMemory>(h_->client(r), via, g * sc * es));
+      std::memset(recv[r]->data(), 0xAB, g * sc * es);
+      if (r % 2 == 0) std::memcpy(recv[r]->data() + r * sc * es, mine[r].data(), sc * es);
+    }
+    auto gathered = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+      const void* send = r % 2 == 0 ? recv[r]->data() + r * sc * es : mine[r].data();
+      return h_->client(r).Gather(send, sc, recv[r]->data(), g * sc, dtype, root);
+    });
+    for (int r = 0; r < g; ++r) {
+      ASSERT_TRUE(gathered[r].ok()) << what << " gather rank " << r << ": " << gathered[r].status();
+    }
+    const CheckResult check = CheckAllGather(dtype, mine, recv[root]->data(), sc);
+    EXPECT_EQ(check.wrong, 0u) << what << " gather: " << check.first;
+    // Scatter: the non-roots pass no send.
+    std::vector<std::vector<uint8_t>> part(g, std::vector<uint8_t>(sc * es, 0xCD));
+    auto scattered = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+      return h_->client(r).Scatter(r == root ? whole[r].data() : nullptr, g * sc,
+                                   part[r].data(), sc, dtype, root);
+    });
+    for (int r = 0; r < g; ++r) {
+      ASSERT_TRUE(scattered[r].ok()) << what << " scatter rank " << r << ": "
+                                     << scattered[r].status();
+      EXPECT_EQ(0, std::memcmp(part[r].data(), whole[root].data() + r * sc * es, sc * es))
+          << what << " scatter: rank " << r << " did not get the root's slice";
+    }
+    // All-to-all: out of place into plain memory, and in place in the
+    // rank's memory (zero copy where it is a HostBuffer).
+    for (bool in_place : {false, true}) {
+      std::vector<std::vector<uint8_t>> out(g, std::vector<uint8_t>(g * sc * es, 0));
+      for (int r = 0; r < g; ++r) std::memcpy(recv[r]->data(), whole[r].data(), g * sc * es);
+      auto swapped = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+        return in_place ? h_->client(r).AllToAll(recv[r]->data(), recv[r]->data(), g * sc, dtype)
+                        : h_->client(r).AllToAll(whole[r].data(), out[r].data(), g * sc, dtype);
+      });
+      for (int r = 0; r < g; ++r) {
+        ASSERT_TRUE(swapped[r].ok()) << what << " all_to_all rank " << r << ": "
+                                     << swapped[r].status();
+        const uint8_t* got = in_place ? recv[r]->data() : out[r].data();
+        for (int k = 0; k < g; ++k) {
+          EXPECT_EQ(0, std::memcmp(got + k * sc * es, whole[k].data() + r * sc * es, sc * es))
+              << what << " all_to_all" << (in_place ? " in place" : "") << ": rank " << r
+              << " slice " << k;
+        }
+        EXPECT_EQ(swapped[r]->bytes_sent, (g - 1) * sc * es) << what;
+        if (in_place && via == Via::kZeroCopy) EXPECT_TRUE(swapped[r]->zero_copy) << what;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Matrix, SliceCollectives,
     ::testing::Combine(::testing::Values(1, 2, 3, 4),
@@ -262,6 +368,52 @@ TEST(SliceErrors, BadSizesAreInvalidArgumentNamingTheWorldAndTheRingGoesOn) {
     ASSERT_TRUE(results[r].ok()) << results[r].status();
     EXPECT_EQ(recv[r][0], 6.0f);
   }
+}
+
+TEST(SliceErrors, RootedCallsWithBadArgumentsFailEveryRankNamingTheProblem) {
+  const int g = 3;
+  ClusterHarness h({g});
+  ASSERT_TRUE(h.ok()) << h.status();
+  std::vector<std::vector<float>> a(g, std::vector<float>(6, 1.0f)),
+      b(g, std::vector<float>(6, 0.0f));
+  // A root outside the world on one rank.
+  auto res = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+    OpOptions o;
+    o.timeout = absl::Seconds(10);
+    return h.client(r).Reduce(a[r].data(), b[r].data(), 6, DType::kFloat32,
+                              ReduceOp::kSum, r == 1 ? 5 : 0, o);
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_FALSE(res[r].ok()) << "rank " << r;
+  }
+  EXPECT_EQ(res[1].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(res[1].status().message(), HasSubstr("root 5 is outside [0, 3)"));
+  // A negative root is refused by the SDK itself.
+  absl::StatusOr<OpInfo> neg = h.client(0).Gather(a[0].data(), 2, b[0].data(), 6,
+                                                   DType::kFloat32, -1);
+  EXPECT_EQ(neg.status().code(), absl::StatusCode::kInvalidArgument);
+  // A scatter whose send_count is not world x recv_count names the world.
+  auto bad = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+    OpOptions o;
+    o.timeout = absl::Seconds(10);
+    return h.client(r).Scatter(a[r].data(), 5, b[r].data(), 2, DType::kFloat32, 0, o);
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_FALSE(bad[r].ok());
+    EXPECT_EQ(bad[r].status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(bad[r].status().message(), HasSubstr("world (3)"));
+  }
+  // The root passing a null recv to a reduce learns it, and the ring goes on.
+  auto null_root = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+    return h.client(r).Reduce(a[r].data(), r == 0 ? nullptr : b[r].data(), 6,
+                              DType::kFloat32, ReduceOp::kSum, 0);
+  });
+  ASSERT_FALSE(null_root[0].ok());
+  EXPECT_THAT(null_root[0].status().message(), HasSubstr("is the root"));
+  auto next = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+    return h.client(r).AllToAll(a[r].data(), b[r].data(), 6, DType::kFloat32);
+  });
+  for (int r = 0; r < g; ++r) EXPECT_TRUE(next[r].ok()) << next[r].status();
 }
 
 TEST(SliceErrors, RanksThatDisagreeFailNamingBoth) {

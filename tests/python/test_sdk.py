@@ -57,6 +57,15 @@ def reference(op, inputs):
     return r.astype(inputs[0].dtype)
 
 
+def _raised(fn):
+    """The halka error fn raises, or None."""
+    try:
+        fn()
+    except halka.Error as e:
+        return e
+    return None
+
+
 class SdkTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -161,6 +170,77 @@ class SdkTest(unittest.TestCase):
                     for r in range(WORLD):
                         np.testing.assert_array_equal(
                             outs[r], full[r * n:(r + 1) * n])
+
+    def test_reduce_to_every_root_every_dtype_and_op(self):
+        n = 131
+        for dtype in NUMPY_DTYPES:
+            for op in OPS:
+                if dtype == np.bool_ and op == "avg":
+                    continue  # refused: test_all_reduce_every_dtype_and_op
+                root = (NUMPY_DTYPES.index(dtype) + OPS.index(op)) % WORLD
+                with self.subTest(dtype=np.dtype(dtype).name, op=op, root=root):
+                    sends = [rank_data(r, dtype, n) for r in range(WORLD)]
+                    kept = [x.copy() for x in sends]
+                    outs = self.on_all(
+                        lambda r, c: c.reduce(sends[r], op=op, root=root))
+                    np.testing.assert_array_equal(outs[root], reference(op, sends))
+                    for r in range(WORLD):
+                        if r != root:
+                            self.assertIsNone(outs[r])
+                        np.testing.assert_array_equal(sends[r], kept[r])
+
+    def test_gather_scatter_all_to_all_every_dtype(self):
+        n = 97
+        for i, dtype in enumerate(NUMPY_DTYPES):
+            root = i % WORLD
+            with self.subTest(dtype=np.dtype(dtype).name, root=root):
+                mine = [rank_data(r, dtype, n) for r in range(WORLD)]
+                got = self.on_all(lambda r, c: c.gather(mine[r], root=root))
+                np.testing.assert_array_equal(got[root], np.concatenate(mine))
+                self.assertTrue(all(got[r] is None for r in range(WORLD)
+                                    if r != root))
+                whole = rank_data(root, dtype, WORLD * n)
+                parts = self.on_all(lambda r, c: c.scatter(
+                    np.zeros(n, dtype), whole if r == root else None, root=root))
+                for r in range(WORLD):
+                    np.testing.assert_array_equal(parts[r],
+                                                  whole[r * n:(r + 1) * n])
+                sends = [rank_data(r, dtype, WORLD * n) for r in range(WORLD)]
+                swapped = self.on_all(lambda r, c: c.all_to_all(sends[r]))
+                for r in range(WORLD):
+                    want = np.concatenate([sends[k][r * n:(r + 1) * n]
+                                           for k in range(WORLD)])
+                    np.testing.assert_array_equal(swapped[r], want)
+        # torch tensors, in place (where torch is installed).
+        try:
+            import torch
+        except ImportError:
+            return
+        xs = [torch.arange(WORLD * 4, dtype=torch.int64) + 100 * r
+              for r in range(WORLD)]
+        self.on_all(lambda r, c: c.all_to_all(xs[r], xs[r]))
+        for r in range(WORLD):
+            want = torch.cat([torch.arange(r * 4, r * 4 + 4) + 100 * k
+                              for k in range(WORLD)])
+            self.assertTrue(torch.equal(xs[r], want))
+
+    def test_rooted_errors(self):
+        c = self.clients[0]
+        with self.assertRaises(halka.InvalidArgumentError):
+            c.reduce(np.zeros(4, np.float32), np.zeros(3, np.float32))
+        with self.assertRaises(halka.InvalidArgumentError):
+            c.scatter(np.zeros(4, np.float32), np.zeros(5, np.float32))
+        with self.assertRaises(halka.InvalidArgumentError):
+            c.all_to_all(np.zeros(4, np.float32), np.zeros(8, np.float32))
+        # A root outside the world: every rank raises, the refused one
+        # naming it; the next call runs.
+        errs = self.on_all(lambda r, c: _raised(
+            lambda: c.gather(np.zeros(2, np.float32), root=WORLD + 1 if r == 0 else 0,
+                             timeout=10)))
+        self.assertTrue(all(e is not None for e in errs), errs)
+        self.assertIsInstance(errs[0], halka.InvalidArgumentError)
+        self.assertIn(f"root {WORLD + 1} is outside", str(errs[0]))
+        self.on_all(lambda r, c: c.barrier())
 
     def test_collective_shape_errors(self):
         c = self.clients[0]

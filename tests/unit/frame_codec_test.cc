@@ -345,7 +345,9 @@ TEST(FrameCodecTest, FingerprintWithPayloadEveryDType) {
 
 TEST(FrameCodecTest, FingerprintEveryKindAndAlgorithm) {
   for (OpKind kind : {OpKind::kAllReduce, OpKind::kBroadcast, OpKind::kBarrier,
-                      OpKind::kAllGather, OpKind::kReduceScatter}) {
+                      OpKind::kAllGather, OpKind::kReduceScatter,
+                      OpKind::kReduce, OpKind::kGather, OpKind::kScatter,
+                      OpKind::kAllToAll}) {
     for (Algorithm alg : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kNaive,
                           Algorithm::kParameterServer, Algorithm::kTwoLevel}) {
       FrameMeta meta = FingerprintMeta(0, DType::kFloat32);
@@ -664,10 +666,19 @@ TEST(FrameCodecHostileTest, InvalidFingerprintEnums) {
                    f->set_kind(static_cast<v1::OpKind>(0));
                  }),
                  "fingerprint kind 0");
+  // SEND and RECV are not collectives: no fingerprint of theirs exists.
   ExpectDataLoss(with([](v1::OpFingerprint* f) {
                    f->set_kind(static_cast<v1::OpKind>(6));
                  }),
                  "fingerprint kind 6");
+  ExpectDataLoss(with([](v1::OpFingerprint* f) {
+                   f->set_kind(static_cast<v1::OpKind>(7));
+                 }),
+                 "fingerprint kind 7");
+  ExpectDataLoss(with([](v1::OpFingerprint* f) {
+                   f->set_kind(static_cast<v1::OpKind>(v1::OpKind_MAX + 1));
+                 }),
+                 "fingerprint kind past the last");
   ExpectDataLoss(with([](v1::OpFingerprint* f) {
                    f->set_dtype(static_cast<v1::DType>(11));
                  }),

@@ -65,5 +65,56 @@ TEST(SliceRequests, BadFieldsAreRefused) {
             absl::StatusCode::kResourceExhausted);
 }
 
+TEST(RootedRequests, BuffersUploadsAndRepliesFollowTheRoot) {
+  v1::OpSpec reduce = Spec(v1::REDUCE, 6, 0);
+  reduce.set_root(2);
+  EXPECT_EQ(ValidateOpSpec(reduce, 1 << 20).value(), 48u);
+  EXPECT_EQ(InlineUploadBytes(reduce, 48), 48u);
+  // The root gets the result back; every other rank nothing.
+  EXPECT_EQ(InlineReplyRange(reduce, 2, 48).size, 48u);
+  EXPECT_EQ(InlineReplyRange(reduce, 0, 48).size, 0u);
+  v1::OpSpec gather = Spec(v1::GATHER, 5, 20);
+  gather.set_root(1);
+  EXPECT_EQ(ValidateOpSpec(gather, 1 << 20).value(), 160u);
+  EXPECT_EQ(InlineUploadBytes(gather, 160), 40u);  // the contribution
+  EXPECT_EQ(InlineReplyRange(gather, 1, 160).size, 160u);
+  EXPECT_EQ(InlineReplyRange(gather, 3, 160).size, 0u);
+  EXPECT_FALSE(InlineUploadMayBeEmpty(gather));
+  v1::OpSpec scatter = Spec(v1::SCATTER, 20, 5);
+  EXPECT_EQ(ValidateOpSpec(scatter, 1 << 20).value(), 160u);
+  EXPECT_EQ(InlineUploadBytes(scatter, 160), 160u);
+  EXPECT_TRUE(InlineUploadMayBeEmpty(scatter));  // a non-root sends none
+  const ByteRange mine = InlineReplyRange(scatter, 3, 160);
+  EXPECT_EQ(mine.offset, 120u);
+  EXPECT_EQ(mine.size, 40u);
+  EXPECT_EQ(InlineReplyRange(scatter, 4, 160).size, 0u);
+  const v1::OpSpec a2a = Spec(v1::ALL_TO_ALL, 20, 20);
+  EXPECT_EQ(ValidateOpSpec(a2a, 1 << 20).value(), 160u);
+  EXPECT_EQ(InlineReplyRange(a2a, 1, 160).size, 160u);
+}
+
+TEST(RootedRequests, BadFieldsAreRefused) {
+  v1::OpSpec neg = Spec(v1::SCATTER, 20, 5);
+  neg.set_root(-1);
+  EXPECT_EQ(ValidateOpSpec(neg, 1 << 20).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::OpSpec no_op = Spec(v1::REDUCE, 20, 0);
+  no_op.clear_op();
+  EXPECT_EQ(ValidateOpSpec(no_op, 1 << 20).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::OpSpec bool_avg = Spec(v1::REDUCE, 20, 0);
+  bool_avg.set_dtype(v1::BOOL);
+  bool_avg.set_op(v1::AVG);
+  EXPECT_EQ(ValidateOpSpec(bool_avg, 1 << 20).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const v1::OpSpec a2a = Spec(v1::ALL_TO_ALL, 20, 10);
+  EXPECT_EQ(ValidateOpSpec(a2a, 1 << 20).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::OpSpec unknown = Spec(v1::ALL_TO_ALL, 20, 20);
+  unknown.set_kind(static_cast<v1::OpKind>(v1::OpKind_MAX + 1));
+  EXPECT_EQ(ValidateOpSpec(unknown, 1 << 20).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace halka

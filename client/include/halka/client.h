@@ -204,6 +204,86 @@ class Client {
     });
   }
 
+  // Reduce to `root`: every rank contributes `count` elements of send; on
+  // success the root's recv holds their element-wise reduction (op; AVG
+  // divides by the world). recv is written on the root only and may be
+  // null elsewhere (INVALID_ARGUMENT, after the call, on a root whose recv
+  // is null); it may alias send; send is never changed (the worker reduces
+  // a staged copy). Small buffers (auto: up to the worker's eager size)
+  // go straight to the root; larger ones take a ring reduce-scatter and
+  // then each rank's reduced part to the root (algorithm ring or naive to
+  // force either).
+  absl::StatusOr<OpInfo> Reduce(const void* send, void* recv, size_t count,
+                                DType dtype, ReduceOp op, int root,
+                                OpOptions options = {});
+  template <typename S, typename T>
+  absl::StatusOr<OpInfo> Reduce(absl::Span<S> send, absl::Span<T> recv,
+                                ReduceOp op, int root,
+                                OpOptions options = {}) {
+    static_assert(std::is_same_v<std::remove_const_t<S>, T>,
+                  "send and recv must have the same element type");
+    return Reduce(send.data(), recv.data(), send.size(), DTypeOf<T>::value,
+                  op, root, options);
+  }
+
+  // Gather to `root`: every rank contributes send_count elements; on
+  // success the root's recv (recv_count = world x send_count elements, on
+  // every rank) holds rank r's at [r*send_count, (r+1)*send_count). recv
+  // is significant on the root only: elsewhere it may be null, and where
+  // it is given it may receive this rank's own contribution (zero copy
+  // from a HostBuffer stages it there) but nobody else's. In place when
+  // send == recv + rank*send_count elements. Each rank sends its
+  // contribution straight to the root.
+  absl::StatusOr<OpInfo> Gather(const void* send, size_t send_count,
+                                void* recv, size_t recv_count, DType dtype,
+                                int root, OpOptions options = {});
+  template <typename S, typename T>
+  absl::StatusOr<OpInfo> Gather(absl::Span<S> send, absl::Span<T> recv,
+                                int root, OpOptions options = {}) {
+    static_assert(std::is_same_v<std::remove_const_t<S>, T>,
+                  "send and recv must have the same element type");
+    return Gather(send.data(), send.size(), recv.data(), recv.size(),
+                  DTypeOf<T>::value, root, options);
+  }
+
+  // Scatter from `root`: the root's send holds send_count = world x
+  // recv_count elements (send_count the same on every rank); on success
+  // rank r's recv holds the root's [r*recv_count, (r+1)*recv_count). send
+  // is read on the root only and may be null elsewhere. The root sends
+  // each rank its slice straight.
+  absl::StatusOr<OpInfo> Scatter(const void* send, size_t send_count,
+                                 void* recv, size_t recv_count, DType dtype,
+                                 int root, OpOptions options = {});
+  template <typename S, typename T>
+  absl::StatusOr<OpInfo> Scatter(absl::Span<S> send, absl::Span<T> recv,
+                                 int root, OpOptions options = {}) {
+    static_assert(std::is_same_v<std::remove_const_t<S>, T>,
+                  "send and recv must have the same element type");
+    return Scatter(send.data(), send.size(), recv.data(), recv.size(),
+                   DTypeOf<T>::value, root, options);
+  }
+
+  // All-to-all: send and recv hold `count` = world x slice elements; on
+  // success recv's slice k holds rank k's slice r (this rank's), and slice
+  // r is send's slice r. count must be a multiple of the world
+  // (INVALID_ARGUMENT naming it). send == recv is in place (zero copy in a
+  // HostBuffer); otherwise they must not overlap. Each rank sends each
+  // other rank its slice straight: (G-1)/G of the buffer.
+  absl::StatusOr<OpInfo> AllToAll(const void* send, void* recv, size_t count,
+                                  DType dtype, OpOptions options = {});
+  template <typename S, typename T>
+  absl::StatusOr<OpInfo> AllToAll(absl::Span<S> send, absl::Span<T> recv,
+                                  OpOptions options = {}) {
+    static_assert(std::is_same_v<std::remove_const_t<S>, T>,
+                  "send and recv must have the same element type");
+    if (send.size() != recv.size()) {
+      return absl::InvalidArgumentError(
+          "all_to_all: send and recv must have the same length");
+    }
+    return AllToAll(send.data(), recv.data(), send.size(), DTypeOf<T>::value,
+                    options);
+  }
+
   // Copies `root`'s buffer into every rank's.
   absl::StatusOr<OpInfo> Broadcast(void* data, size_t count, DType dtype,
                                    int root, OpOptions options = {});

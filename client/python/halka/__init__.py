@@ -79,6 +79,13 @@ def _op(op):
         ) from None
 
 
+def _algorithm(name):
+    if name not in _ALGORITHMS:
+        raise InvalidArgumentError(
+            f"unknown algorithm {name!r}; one of {list(_ALGORITHMS)}")
+    return _ALGORITHMS[name]
+
+
 def _is_torch(x):
     return type(x).__module__.split(".")[0] == "torch"
 
@@ -158,16 +165,14 @@ class Client:
     def __init__(self, address):
         self._c = _halka.Client.connect(address)
         self.address = address
-        self.last_info = None  # all_gather's and reduce_scatter's OpInfo
+        # The OpInfo of the last call that returns its result instead.
+        self.last_info = None
 
     def all_reduce(self, x, op="sum", timeout=None, algorithm="auto"):
         """Reduces x over all ranks, in place. Returns an OpInfo."""
-        if algorithm not in _ALGORITHMS:
-            raise InvalidArgumentError(
-                f"unknown algorithm {algorithm!r}; one of {list(_ALGORITHMS)}")
+        a = _algorithm(algorithm)
         p, n, d, dev = _tensor(x, "all_reduce")
-        return self._c.all_reduce(p, n, d, _op(op), dev, _timeout(timeout),
-                                  _ALGORITHMS[algorithm])
+        return self._c.all_reduce(p, n, d, _op(op), dev, _timeout(timeout), a)
 
     def broadcast(self, x, root=0, timeout=None):
         """Copies rank root's x into every rank's x, in place."""
@@ -224,6 +229,77 @@ class Client:
         _same_kind("reduce_scatter", sd, rd, sdev, rdev)
         self.last_info = self._c.reduce_scatter(sp, sn, rp, rn, sd, _op(op),
                                                 sdev, _timeout(timeout))
+        return recv
+
+    def reduce(self, send, recv=None, op="sum", root=0, timeout=None,
+               algorithm="auto"):
+        """Reduces every rank's send (host memory, unchanged) into the root's
+        recv (send's size; None: a new array or tensor like send). Returns
+        recv on the root and None on the other ranks, whose recv is not
+        written."""
+        sp, sn, sd, sdev = _tensor(send, "reduce send", writable=False)
+        _host_only("reduce", sdev)
+        if recv is None:
+            recv = _empty_like(send, sn)
+        rp, rn, rd, rdev = _tensor(recv, "reduce recv")
+        _same_kind("reduce", sd, rd, sdev, rdev)
+        if rn != sn:
+            raise InvalidArgumentError(
+                f"reduce: recv has {rn} elements, send {sn}")
+        a = _algorithm(algorithm)
+        self.last_info = self._c.reduce(sp, rp, sn, sd, _op(op), int(root),
+                                        _timeout(timeout), a)
+        return recv if self.last_info.rank == int(root) else None
+
+    def gather(self, send, recv=None, root=0, timeout=None):
+        """Gathers every rank's send (host memory) to the root: its recv
+        (world x send's size; None: a new array or tensor like send) holds
+        rank r's send at [r*n, (r+1)*n). Returns recv on the root and None on
+        the other ranks."""
+        sp, sn, sd, sdev = _tensor(send, "gather send", writable=False)
+        _host_only("gather", sdev)
+        if recv is None:
+            recv = _empty_like(send, sn * self.world_size)
+        rp, rn, rd, rdev = _tensor(recv, "gather recv")
+        _same_kind("gather", sd, rd, sdev, rdev)
+        self.last_info = self._c.gather(sp, sn, rp, rn, sd, int(root),
+                                        _timeout(timeout))
+        return recv if self.last_info.rank == int(root) else None
+
+    def scatter(self, recv, send=None, root=0, timeout=None):
+        """The root's send (host memory, world x recv's size; None on the
+        other ranks) is cut into world slices; rank r's recv gets slice r.
+        Returns recv."""
+        rp, rn, rd, rdev = _tensor(recv, "scatter recv")
+        _host_only("scatter", rdev)
+        send_n = rn * self.world_size
+        sp = 0
+        if send is not None:
+            sp, sn, sd, sdev = _tensor(send, "scatter send", writable=False)
+            _same_kind("scatter", sd, rd, sdev, rdev)
+            if sn != send_n:
+                raise InvalidArgumentError(
+                    f"scatter: send has {sn} elements; the world "
+                    f"({self.world_size}) x recv's {rn} is {send_n}")
+        self.last_info = self._c.scatter(sp, send_n, rp, rn, rd, int(root),
+                                         _timeout(timeout))
+        return recv
+
+    def all_to_all(self, send, recv=None, timeout=None):
+        """send (host memory, world x n elements): slice k goes to rank k;
+        recv's slice k gets rank k's slice of this rank. recv None: a new
+        array or tensor like send; recv may be send itself (in place).
+        Returns recv."""
+        sp, sn, sd, sdev = _tensor(send, "all_to_all send", writable=False)
+        _host_only("all_to_all", sdev)
+        if recv is None:
+            recv = _empty_like(send, sn)
+        rp, rn, rd, rdev = _tensor(recv, "all_to_all recv")
+        _same_kind("all_to_all", sd, rd, sdev, rdev)
+        if rn != sn:
+            raise InvalidArgumentError(
+                f"all_to_all: recv has {rn} elements, send {sn}")
+        self.last_info = self._c.all_to_all(sp, rp, sn, sd, _timeout(timeout))
         return recv
 
     def info(self):

@@ -61,6 +61,10 @@ enum class OpKind : uint8_t {
   kReduceScatter = 5,
   kSend = 6,  // point to point: not a collective, takes no number
   kRecv = 7,
+  kReduce = 8,    // to one root
+  kGather = 9,    // to one root, slice r from rank r
+  kScatter = 10,  // from one root, its slice r to rank r
+  kAllToAll = 11, // slice k of rank r to slice r of rank k
 };
 
 // How a collective moves data. Values match halka.v1.Algorithm.

@@ -11,7 +11,8 @@ PKGS=(build-essential cmake ninja-build pkg-config
       openssl clang libclang-rt-14-dev  # TLS test certificates; libFuzzer
       # The Python package and its torch.distributed backend (client/python)
       python3-dev pybind11-dev python3-numpy
-      python3-torch libtorch-dev python3-sklearn)
+      python3-torch libtorch-dev python3-sklearn
+      debootstrap)  # the trixie root of the torch 2.x tests (python_torch2)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -125,6 +125,17 @@ std::shared_ptr<Ring> RingBook::Current() const {
   return ring_;
 }
 
+std::shared_ptr<Ring> RingBook::Ready(const CallInfo& call) const {
+  absl::MutexLock lock(&mu_);
+  if (!joined_ || ring_ == nullptr ||
+      ring_->generation != latest_.generation() ||
+      IsStaleCall(ring_->adopted, ring_->epoch, ring_->built, call.epoch,
+                  call.issued)) {
+    return nullptr;
+  }
+  return ring_;
+}
+
 absl::Status RingBook::Stale(uint64_t generation) const {
   return absl::AbortedError(absl::StrCat(
       "this call was made before worker ", options_.worker_id,

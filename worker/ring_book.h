@@ -122,6 +122,11 @@ class RingBook {
   // worker's re-admission: call again).
   absl::StatusOr<std::shared_ptr<Ring>> Acquire(const CallInfo& call);
   std::shared_ptr<Ring> Current() const;
+  // The ring Acquire(call) would return without building one (joined, the
+  // ring of the newest membership, the call not stale), else null: a call
+  // that needs no new ring (send, recv) takes it without waiting for the
+  // running operation.
+  std::shared_ptr<Ring> Ready(const CallInfo& call) const;
 
   // The inbox a peer's link of `generation` delivers into (peer threads).
   // A generation ahead of this worker gets an early inbox (and the running

@@ -74,9 +74,36 @@ absl::StatusOr<OpResult> WorkerNode::ExecuteOnDevice(
 
 void WorkerNode::AwaitTurn(uint64_t ticket) {
   auto mine = [this, ticket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_) {
+    AbsorbPassed();
     return turn_ >= ticket;
   };
   run_mu_.Await(absl::Condition(&mine));
+}
+
+void WorkerNode::AbsorbPassed() {
+  absl::MutexLock lock(&passed_mu_);
+  while (!passed_.empty() && *passed_.begin() <= turn_) {
+    if (*passed_.begin() == turn_) ++turn_;
+    passed_.erase(passed_.begin());
+  }
+}
+
+void WorkerNode::NextTurn() {
+  ++turn_;
+  AbsorbPassed();
+}
+
+void WorkerNode::PassTurn(uint64_t ticket) {
+  {
+    absl::MutexLock lock(&passed_mu_);
+    passed_.insert(ticket);
+  }
+  // Calls waiting for their turn look again when run_mu_ is next released:
+  // by the running call when it ends, or here when none runs.
+  if (run_mu_.TryLock()) {
+    AbsorbPassed();
+    run_mu_.Unlock();
+  }
 }
 
 absl::Status WorkerNode::Refuse(const Arrival& arrival, absl::Status status,
@@ -84,7 +111,7 @@ absl::Status WorkerNode::Refuse(const Arrival& arrival, absl::Status status,
   absl::MutexLock run_lock(&run_mu_);
   AwaitTurn(arrival.ticket);
   if (spec != nullptr && IsPointToPoint(*spec)) {  // takes no number
-    ++turn_;
+    NextTurn();
     return status;
   }
   const absl::Time deadline = arrival.at + options_.op_timeout;
@@ -98,7 +125,7 @@ absl::Status WorkerNode::Refuse(const Arrival& arrival, absl::Status status,
   } else {
     NoteCallerPlace(spec, SkipNumber(status, arrival, deadline));
   }
-  ++turn_;
+  NextTurn();
   return status;
 }
 
@@ -331,7 +358,7 @@ absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
           &spec, arrival, CallDeadline(spec, arrival.at, options_.op_timeout));
       !late.ok()) {
     RecordCall(0, late);
-    ++turn_;
+    NextTurn();
     return late;
   }
   absl::StatusOr<OpResult> result = RunInTurn(spec, buffer, arrival);
@@ -341,7 +368,7 @@ absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
   NoteCallerPlace(&spec, result.ok()
                              ? Taken{result->op_seq, result->generation}
                              : taken_);
-  ++turn_;
+  NextTurn();
   return result;
 }
 
@@ -428,19 +455,25 @@ absl::StatusOr<OpResult> WorkerNode::RunPeer(const v1::OpSpec& spec,
   const absl::Time deadline =
       CallDeadline(spec, arrival.at, options_.op_timeout);
   absl::StatusOr<uint64_t> bytes = ValidateOpSpec(spec, options_.max_op_bytes);
-  absl::StatusOr<std::shared_ptr<Ring>> ring;
-  {
-    // In its turn, it takes the ring the next collective would run on
-    // (built here if none has yet), leaving the numbering as it is; then
-    // it runs beside the calls after it: a recv that waits for its peer
-    // must not hold up this worker's collectives or sends.
+  // A send or recv takes no number and needs no agreement of its own: where
+  // the ring it would run on exists already, it takes it at once and runs
+  // beside whatever runs (a collective waiting for the peer that waits for
+  // this send must not hold it up), passing its turn to the calls after it.
+  CallInfo now;  // not NewCall: a running collective holds its ring's number
+  now.epoch = arrival.epoch;
+  absl::StatusOr<std::shared_ptr<Ring>> ring =
+      bytes.ok() ? book_->Ready(now) : nullptr;
+  if (!bytes.ok() || *ring != nullptr) {
+    PassTurn(arrival.ticket);
+  } else {
+    // No ring yet (or a newer membership's is still to be built): in its
+    // turn, it takes the ring the next collective would run on (built here
+    // if none has yet), leaving the numbering as it is.
     absl::MutexLock run_lock(&run_mu_);
     AwaitTurn(arrival.ticket);
-    if (bytes.ok()) {
-      CatchUp();
-      ring = book_->Acquire(NewCall(next_seq_, arrival, absl::InfiniteFuture()));
-    }
-    ++turn_;
+    CatchUp();
+    ring = book_->Acquire(NewCall(next_seq_, arrival, absl::InfiniteFuture()));
+    NextTurn();
   }
   if (!bytes.ok()) return bytes.status();
   if (!ring.ok()) return ring.status();

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -149,6 +150,14 @@ class WorkerNode {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   // Waits until `ticket` is the next call to run.
   void AwaitTurn(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // The running call's turn is over: the next ticket's comes (and those of
+  // the send/recv calls that passed theirs, see PassTurn).
+  void NextTurn() ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // Moves turn_ past the tickets that passed their turn.
+  void AbsorbPassed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // A send or recv that runs without waiting for its turn gives its ticket
+  // up, so that the calls after it do not wait for it (not under run_mu_).
+  void PassTurn(uint64_t ticket) ABSL_LOCKS_EXCLUDED(run_mu_);
   // Takes the next number for a call that does not reach the ring (on a
   // ring that still adopts, the peers' number, learnt by `deadline`), on
   // the ring of the newest membership: the one the peers run that call on.
@@ -210,6 +219,11 @@ class WorkerNode {
   // comes (each call before them is bounded by its own deadline).
   std::atomic<uint64_t> tickets_{0};
   uint64_t turn_ ABSL_GUARDED_BY(run_mu_) = 1;
+  // Tickets of sends and recvs that ran beside the running call instead of
+  // in their turn (PassTurn); turn_ skips them as it reaches them. Taken
+  // under run_mu_ or alone, never the other way round.
+  absl::Mutex passed_mu_ ABSL_ACQUIRED_AFTER(run_mu_);
+  std::set<uint64_t> passed_ ABSL_GUARDED_BY(passed_mu_);
   uint64_t running_seq_ ABSL_GUARDED_BY(run_mu_) = 0;  // the running call's
   // The number the running call took where this worker knew it before the
   // ring ran (0: none, or adopted from the peers), and that ring's

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "halka/client.h"
@@ -256,6 +257,42 @@ TEST_P(PointToPoint, SendsWaitForTheirRecvAcrossACollective) {
   for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(got, m);
   for (const auto& b : bufs) EXPECT_EQ(b[0], 6.0f);
+}
+
+// A send issued while this worker's collective runs goes out at once, not
+// after it: rank 0's all-reduce waits for rank 1's, which rank 1 calls
+// only after its recv of rank 0's send. Were the send queued behind the
+// all-reduce, every rank would wait for its deadline.
+TEST_P(PointToPoint, ASendDuringACollectiveDoesNotWaitForIt) {
+  std::vector<std::vector<float>> bufs(kWorld, std::vector<float>(100));
+  std::vector<uint8_t> got(3000);
+  const std::vector<uint8_t> m = Message(0, 1, 4, got.size());
+  OpOptions o;
+  o.timeout = absl::Seconds(15);
+  auto results = RunRanks<absl::Status>(kWorld, [&](int r) -> absl::Status {
+    auto& b = bufs[static_cast<size_t>(r)];
+    std::fill(b.begin(), b.end(), static_cast<float>(r + 1));
+    if (r == 1) {
+      absl::Status s =
+          client(1).Recv(got.data(), got.size(), DType::kUInt8, 0, 0, o).status();
+      if (!s.ok()) return s;
+      return client(1).AllReduce(absl::MakeSpan(b), ReduceOp::kSum, o).status();
+    }
+    if (r != 0) return client(r).AllReduce(absl::MakeSpan(b), ReduceOp::kSum, o).status();
+    auto sum = std::async(std::launch::async, [&] {
+      return client(0).AllReduce(absl::MakeSpan(b), ReduceOp::kSum, o).status();
+    });
+    // The all-reduce reaches the worker first (and waits there for rank 1).
+    absl::SleepFor(absl::Milliseconds(300));
+    absl::Status sent =
+        client(0).Send(m.data(), m.size(), DType::kUInt8, 1, 0, o).status();
+    absl::Status summed = sum.get();
+    return sent.ok() ? summed : sent;
+  });
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(got, m);
+  for (const auto& b : bufs) EXPECT_EQ(b[0], 6.0f);
+  SumEverywhere(1.0f);  // and the numbering is intact
 }
 
 // A recv waiting for its peer holds up neither the same worker's

@@ -422,7 +422,16 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   const absl::Duration elapsed = absl::Now() - start;
   // A peer already at a later operation has finished every earlier one:
   // skip to it, so that the ranks number the next call alike again.
-  next_op_seq_ = std::max(next_op_seq_, inbox_->MaxOpSeqSeen());
+  const uint64_t seen = inbox_->MaxOpSeqSeen();
+  if (next_op_seq_ == 0 && seen > 0 && inbox_->AbortSeen(seen)) {
+    // A rank new in the ring whose call found no operation to adopt: the
+    // newest one its peers ran was aborted (a peer's call was refused, and
+    // that is what this call paired with), so their next call is the one
+    // after it.
+    next_op_seq_ = seen + 1;
+  } else {
+    next_op_seq_ = std::max(next_op_seq_, seen);
+  }
   const std::string algorithm_name(AlgorithmName(algorithm));
   const LinkBytes moved = telemetry_.EndOp(
       absl::Now(), {fp.kind, algorithm_name, status, elapsed,

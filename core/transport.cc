@@ -248,6 +248,11 @@ uint64_t Inbox::MaxOpSeqSeen() {
   return max_seen_;
 }
 
+bool Inbox::AbortSeen(uint64_t op_seq) const {
+  absl::MutexLock lock(&mu_);
+  return aborts_.count(op_seq) > 0;
+}
+
 absl::StatusOr<uint64_t> Inbox::WaitFirstOpSeq(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   // The newest operation any peer has sent frames for and nobody aborted:

@@ -358,6 +358,45 @@ TEST(Inbox, CapsFramesQueuedPerSenderAndReportsTheNewest) {
   EXPECT_EQ(seq.status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
+// A rank new in a running ring (no number yet) whose first call finds no
+// operation to adopt, because the one its peers ran was aborted (a peer's
+// call was refused): its next call pairs with theirs, not with the aborted
+// one. (Found by the chaos scenario of system_faults: a restarted worker's
+// call met a peer's refused call; the numbering stayed split a round.)
+TEST(Numbering, ANewRankWhoseAdoptionMetARefusedCallPairsWithTheNextCall) {
+  const int g = 3;
+  InProcRing ring(g, 1024, [](CommConfig& c) {
+    if (c.rank == 2) c.first_op_seq = 0;  // just (re)joined
+  });
+  // Rank 0's call #1 is refused before it reaches the ring (its ABORT is
+  // at every peer before they call); rank 1's copy fails at once; rank 2,
+  // adopting, finds no live operation and fails at its deadline.
+  ASSERT_TRUE(ring.comms[0]
+                  ->SkipOp(1, absl::InvalidArgumentError("invalid dtype 99"),
+                           absl::Now() + absl::Seconds(5))
+                  .ok());
+  absl::SleepFor(absl::Milliseconds(50));
+  auto first = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) -> absl::StatusOr<OpResult> {
+    if (r == 0) return absl::InvalidArgumentError("refused");
+    std::vector<float> b(8, 1.0f);
+    return ring.comms[r]->AllReduce(b.data(), b.size(), DType::kFloat32,
+                                    ReduceOp::kSum,
+                                    r == 2 ? absl::Milliseconds(300)
+                                           : absl::Seconds(5));
+  });
+  EXPECT_EQ(first[2].status().code(), absl::StatusCode::kDeadlineExceeded)
+      << first[2].status();
+  for (int r = 0; r < g; ++r) EXPECT_FALSE(first[r].ok()) << "rank " << r;
+  // The next call runs on every rank, as one operation.
+  std::vector<std::vector<float>> bufs(g, std::vector<float>(8, 1.0f));
+  auto next = ring.AllReduce(bufs, 8, DType::kFloat32, ReduceOp::kSum);
+  for (int r = 0; r < g; ++r) {
+    ASSERT_TRUE(next[r].ok()) << "rank " << r << ": " << next[r].status();
+    EXPECT_EQ(next[r]->op_seq, 2u) << "rank " << r;
+    EXPECT_EQ(bufs[r][0], 3.0f);
+  }
+}
+
 // Pieces of point-to-point messages wait apart from the collectives'
 // frames: a collective waiting on the same sender neither sees them (no
 // "already started a later operation") nor drops them, DropBefore leaves

@@ -93,7 +93,8 @@ class Communicator {
   // Reduce to `root` in place over `count` elements: on success the root's
   // buffer holds the reduction (op; AVG divides by the world) of every
   // rank's; the others' hold partial sums (ring) or are unchanged (naive,
-  // direct to the root). kAuto: naive up to config.eager_bytes, else ring.
+  // direct to the root). kAuto: naive up to config.eager_bytes on worlds of
+  // at most config.all_to_all_max_world, else ring.
   // Gather over `buffer`, recv_count = world x send_count elements: this
   // rank's contribution waits in slice `input_slice`; on success the
   // root's slice i holds rank i's; no other rank's buffer is written.

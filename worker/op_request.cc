@@ -2,10 +2,10 @@
 
 #include <algorithm>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
-#include "core/frame.h"
 
 namespace halka {
 
@@ -25,7 +25,9 @@ uint64_t BufferCount(const v1::OpSpec& spec) {
 
 absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
                                         uint64_t max_op_bytes) {
-  const std::string name(OpKindName(static_cast<OpKind>(spec.kind())));
+  // "all_reduce", "gather", ... (the proto's names, as the engine's read).
+  std::string name = absl::AsciiStrToLower(v1::OpKind_Name(spec.kind()));
+  if (name.empty()) name = "operation";
   switch (spec.kind()) {
     case v1::BARRIER:
       return uint64_t{0};

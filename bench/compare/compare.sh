@@ -17,7 +17,8 @@
 #   mpi-vader  the same with `--mca btl vader,self` (Open MPI's same-host
 #              shared-memory transport)
 # Prints each side's table, then one side-by-side table: per G and size the
-# busbw (GB/s, nccl-tests' definition: algbw · 2(G-1)/G) of every side, the
+# busbw (GB/s, nccl-tests' definition: algbw · 2(G-1)/G for all-reduce,
+# see --coll) of every side, the
 # ratios halka/Gloo, halka/MPI-tcp, halka/MPI-vader, and every side's
 # #wrong.
 #
@@ -60,6 +61,11 @@
 #   --mpi-args "…"    extra mpirun flags for every MPI run (e.g. "--mca
 #                     btl_vader_single_copy_mechanism none" where the
 #                     kernel refuses cross-memory attach)
+#   --coll C          the collective: allreduce (default), reduce, gather,
+#                     scatter or alltoall (halkactl bench --coll and
+#                     mpi_bench --coll; sizes are the whole buffer, busbw
+#                     nccl-tests' factor for it). gloo_bench measures
+#                     all-reduce only: another collective has no Gloo side
 #   --timeout SECS    limit for each side's run per world size (default
 #                     1800); a run past it is killed, the other runs go
 #                     on, and the script fails at the end
@@ -79,6 +85,7 @@ GLOO_PREBUILT=""
 RUN_TIMEOUT=1800
 GLOO=1
 MPI=1
+COLL=allreduce
 MPI_TRANSPORTS="tcp vader"
 MPI_PREBUILT=""
 MPIRUN=mpirun
@@ -103,6 +110,7 @@ while [ $# -gt 0 ]; do
     --mpirun) MPIRUN="$2"; shift 2 ;;
     --mpi-args) MPI_ARGS="$2"; shift 2 ;;
     --timeout) RUN_TIMEOUT="$2"; shift 2 ;;
+    --coll) COLL="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "compare.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -114,6 +122,13 @@ for t in $MPI_TRANSPORTS; do
   esac
 done
 [ -n "$MPI_TRANSPORTS" ] || MPI=0
+case "$COLL" in
+  allreduce) ;;
+  reduce|gather|scatter|alltoall)
+    [ "$GLOO" = 1 ] && echo "compare.sh: --coll=$COLL: no Gloo side (gloo_bench measures all-reduce only)" >&2
+    GLOO=0 ;;
+  *) echo "compare.sh: unknown collective $COLL (allreduce, reduce, gather, scatter, alltoall)" >&2; exit 2 ;;
+esac
 
 [ -n "$HALKACTL" ] || HALKACTL="$BUILD/client/halkactl"
 [ -x "$HALKACTL" ] || { echo "compare.sh: no $HALKACTL; build halka first (scripts/build.sh)" >&2; exit 2; }
@@ -176,9 +191,9 @@ fail() {
   FAILED=1
 }
 for g in $WORLDS; do
-  echo "## G=$g halka: halkactl bench --workers=$g -b $MIN -e $MAX -f 4 -n $ITERS -w $WARMUP $HALKA_ARGS"
+  echo "## G=$g halka: halkactl bench --coll=$COLL --workers=$g -b $MIN -e $MAX -f 4 -n $ITERS -w $WARMUP $HALKA_ARGS"
   # shellcheck disable=SC2086
-  timeout -k 5 "$RUN_TIMEOUT" "$HALKACTL" bench --workers="$g" -b "$MIN" -e "$MAX" -f 4 \
+  timeout -k 5 "$RUN_TIMEOUT" "$HALKACTL" bench --coll="$COLL" --workers="$g" -b "$MIN" -e "$MAX" -f 4 \
     -n "$ITERS" -w "$WARMUP" --json $HALKA_ARGS 2>"$WORK/halka-$g.log" \
     | grep '^{' >"$WORK/halka-$g.json" || fail halka "$g"
   if [ "$GLOO" = 1 ]; then
@@ -199,7 +214,7 @@ for g in $WORLDS; do
     # shellcheck disable=SC2086
     timeout -k 5 "$RUN_TIMEOUT" "${cmd[@]}" $MPI_ARGS "$MPI_BENCH" --world="$g" \
       --min="$MIN" --max="$MAX" --factor=4 --iters="$ITERS" --warmup="$WARMUP" \
-      --label="$t" 2>"$WORK/mpi-$t-$g.log" </dev/null \
+      --label="$t" --coll="$COLL" 2>"$WORK/mpi-$t-$g.log" </dev/null \
       | grep '^{' >"$WORK/mpi-$t-$g.json" || fail "mpi-$t" "$g"
   done
 done

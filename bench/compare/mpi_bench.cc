@@ -1,6 +1,10 @@
-// Open MPI's MPI_Allreduce, measured the way gloo_bench.cc measures Gloo's
-// and `halkactl bench` measures halka's, so that bench/compare/compare.sh
-// can print the three side by side.
+// Open MPI's MPI_Allreduce (or, with --coll, MPI_Reduce, MPI_Gather,
+// MPI_Scatter or MPI_Alltoall, rooted at rank 0), measured the way
+// gloo_bench.cc measures Gloo's and `halkactl bench --coll` measures
+// halka's, so that bench/compare/compare.sh can print them side by side.
+// The size is the whole buffer, as in nccl-tests (a gather's result, a
+// scatter's input, an all-to-all's buffer); busbw uses nccl-tests' factors
+// (all-reduce 2(G-1)/G, reduce 1, the others (G-1)/G).
 //
 // G ranks are G processes started by mpirun (on one host; the transport is
 // mpirun's choice: compare.sh runs it once with `--mca btl tcp,self` over
@@ -15,7 +19,7 @@
 // bench's table instead.
 //
 //   mpirun -np 4 mpi_bench --min=1M --max=64M --factor=4 --iters=5 --warmup=1
-//              [--label=tcp] [--world=4] [--table]
+//              [--label=tcp] [--world=4] [--coll=allreduce] [--table]
 //
 // --label names the run in the algo field ("mpi-tcp"); --world, when given,
 // must equal the number of ranks mpirun started (a check, not a setting).
@@ -40,6 +44,7 @@ namespace {
 
 struct Flags : bench_args::SizeFlags {  // world 0: whatever mpirun started
   std::string label = "default";
+  std::string coll = "allreduce";
   bool table = false;
 };
 
@@ -50,7 +55,7 @@ struct Flags : bench_args::SizeFlags {  // world 0: whatever mpirun started
     std::fprintf(stderr,
                  "mpi_bench: %s\nusage: mpirun -np G mpi_bench [--world=G] "
                  "[--min=BYTES] [--max=BYTES] [--factor=F] [--iters=N] "
-                 "[--warmup=N] [--label=NAME] [--table]\n",
+                 "[--warmup=N] [--label=NAME] [--coll=C] [--table]\n",
                  why);
   }
   MPI_Abort(MPI_COMM_WORLD, 2);
@@ -68,9 +73,14 @@ Flags ParseFlags(int argc, char** argv) {
     auto [key, value] = bench_args::SplitFlag(arg, Usage);
     if (bench_args::ParseSizeFlag(key, value, f, Usage)) continue;
     if (key == "label") f.label = value;
+    else if (key == "coll") f.coll = value;
     else Usage(("unknown flag: --" + key).c_str());
   }
   if (f.min_bytes < 4 || f.min_bytes > f.max_bytes) Usage("bad size range");
+  if (f.coll != "allreduce" && f.coll != "reduce" && f.coll != "gather" &&
+      f.coll != "scatter" && f.coll != "alltoall") {
+    Usage("--coll is allreduce, reduce, gather, scatter or alltoall");
+  }
   // One MPI_Allreduce call takes an int count.
   if (f.max_bytes / sizeof(float) > static_cast<size_t>(2147483647)) {
     Usage("--max is past 2^31 floats");
@@ -99,22 +109,42 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
 
+  const std::string& coll = flags.coll;
+  const bool sliced = coll == "gather" || coll == "scatter" || coll == "alltoall";
   for (size_t bytes = flags.min_bytes; bytes <= flags.max_bytes;
        bytes *= static_cast<size_t>(flags.factor)) {
-    const size_t count = bytes / sizeof(float);
-    std::vector<float> buf(count);
+    // The size is the whole buffer (nccl-tests'): a gather's result, a
+    // scatter's input, an all-to-all's buffer, G slices of `slice`.
+    const size_t slice = sliced ? bytes / sizeof(float) / static_cast<size_t>(g) : 0;
+    const size_t count = sliced ? slice * static_cast<size_t>(g) : bytes / sizeof(float);
+    std::vector<float> buf(count), out(count);
     const int total = flags.warmup + flags.iters;
     std::vector<double> secs(total), slowest(total);
     std::string error;
     for (int it = 0; it < total; ++it) {
       for (size_t i = 0; i < count; ++i) {
-        buf[i] = bench_args::Input(i, rank);
+        buf[i] = bench_args::Input(i, coll == "scatter" ? 0 : rank);
       }
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
-      const int rc = MPI_Allreduce(MPI_IN_PLACE, buf.data(),
-                                   static_cast<int>(count), MPI_FLOAT,
-                                   MPI_SUM, MPI_COMM_WORLD);
+      const int n = static_cast<int>(count), s = static_cast<int>(slice);
+      int rc;
+      if (coll == "reduce") {
+        rc = MPI_Reduce(buf.data(), out.data(), n, MPI_FLOAT, MPI_SUM, 0,
+                        MPI_COMM_WORLD);
+      } else if (coll == "gather") {  // each rank's first slice to rank 0
+        rc = MPI_Gather(buf.data(), s, MPI_FLOAT, out.data(), s, MPI_FLOAT, 0,
+                        MPI_COMM_WORLD);
+      } else if (coll == "scatter") {
+        rc = MPI_Scatter(buf.data(), s, MPI_FLOAT, out.data(), s, MPI_FLOAT,
+                         0, MPI_COMM_WORLD);
+      } else if (coll == "alltoall") {
+        rc = MPI_Alltoall(buf.data(), s, MPI_FLOAT, out.data(), s, MPI_FLOAT,
+                          MPI_COMM_WORLD);
+      } else {
+        rc = MPI_Allreduce(MPI_IN_PLACE, buf.data(), n, MPI_FLOAT, MPI_SUM,
+                           MPI_COMM_WORLD);
+      }
       secs[it] = MPI_Wtime() - t0;
       if (rc != MPI_SUCCESS && error.empty()) {
         char text[MPI_MAX_ERROR_STRING];
@@ -125,8 +155,20 @@ int main(int argc, char** argv) {
     }
     // Check the last iteration's result against the exact reference.
     unsigned long long wrong = 0, nwrong = 0;
+    const size_t r = static_cast<size_t>(rank);
     for (size_t i = 0; i < count; ++i) {
-      if (buf[i] != bench_args::Expected(i, g)) ++wrong;
+      const size_t k = sliced ? i / slice : 0, j = sliced ? i % slice : i;
+      if (coll == "allreduce") {
+        if (buf[i] != bench_args::Expected(i, g)) ++wrong;
+      } else if (coll == "reduce") {
+        if (rank == 0 && out[i] != bench_args::Expected(i, g)) ++wrong;
+      } else if (coll == "gather") {  // slice k: rank k's first slice
+        if (rank == 0 && out[i] != bench_args::Input(j, static_cast<int>(k))) ++wrong;
+      } else if (coll == "scatter") {  // rank r: slice r of rank 0's
+        if (i < slice && out[i] != bench_args::Input(r * slice + i, 0)) ++wrong;
+      } else {  // alltoall, slice k: rank k's slice r
+        if (out[i] != bench_args::Input(r * slice + j, static_cast<int>(k))) ++wrong;
+      }
     }
     MPI_Reduce(secs.data(), slowest.data(), total, MPI_DOUBLE, MPI_MAX, 0,
                MPI_COMM_WORLD);
@@ -136,11 +178,16 @@ int main(int argc, char** argv) {
     double sum = 0;
     for (int it = flags.warmup; it < total; ++it) sum += slowest[it];
     const double t = sum / flags.iters;
-    const double algbw = static_cast<double>(bytes) / t / 1e9;
-    const double busbw = algbw * 2.0 * (g - 1) / g;
+    const double algbw = static_cast<double>(count * sizeof(float)) / t / 1e9;
+    // nccl-tests' bus-bandwidth factors.
+    const double factor = coll == "allreduce" ? 2.0 * (g - 1) / g
+                          : coll == "reduce"  ? 1.0
+                                              : static_cast<double>(g - 1) / g;
+    const double busbw = algbw * factor;
     if (flags.table) {
       std::printf("%12zu %12zu %9s %6s %6s %12.1f %9.3f %9.3f %7llu%s%s\n",
-                  bytes, count, "float32", "sum", algo.c_str(), t * 1e6,
+                  count * sizeof(float), count, "float32",
+                  sliced ? "none" : "sum", algo.c_str(), t * 1e6,
                   algbw, busbw, nwrong, error.empty() ? "" : "  FAILED: ",
                   error.c_str());
     } else {
@@ -148,12 +195,12 @@ int main(int argc, char** argv) {
         if (c == '"' || c == '\\') c = '\'';
       }
       std::printf(
-          "{\"size\":%zu,\"count\":%zu,\"type\":\"float32\",\"redop\":\"sum\","
-          "\"algo\":\"%s\",\"world_size\":%d,\"time_us\":%.3f,"
-          "\"algbw_gbs\":%.6f,\"busbw_gbs\":%.6f,\"wrong\":%llu,"
-          "\"error\":\"%s\"}\n",
-          bytes, count, algo.c_str(), g, t * 1e6, algbw, busbw, nwrong,
-          error.c_str());
+          "{\"coll\":\"%s\",\"size\":%zu,\"count\":%zu,\"type\":\"float32\","
+          "\"redop\":\"%s\",\"algo\":\"%s\",\"world_size\":%d,"
+          "\"time_us\":%.3f,\"algbw_gbs\":%.6f,\"busbw_gbs\":%.6f,"
+          "\"wrong\":%llu,\"error\":\"%s\"}\n",
+          coll.c_str(), count * sizeof(float), count, sliced ? "none" : "sum",
+          algo.c_str(), g, t * 1e6, algbw, busbw, nwrong, error.c_str());
     }
     std::fflush(stdout);
   }

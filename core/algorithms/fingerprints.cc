@@ -149,8 +149,11 @@ Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
     case OpKind::kAllToAll:
       return Algorithm::kNaive;  // straight to the peer: one hop
     case OpKind::kReduce:
+      // Straight to the root while the root's links stay few (as the
+      // naive all-reduce's), else the ring.
       if (fp.algorithm != Algorithm::kAuto) return fp.algorithm;
-      return fp.count * DTypeSize(fp.dtype) <= config.eager_bytes
+      return config.world_size <= config.all_to_all_max_world &&
+                     fp.count * DTypeSize(fp.dtype) <= config.eager_bytes
                  ? Algorithm::kNaive
                  : Algorithm::kRing;
     default:

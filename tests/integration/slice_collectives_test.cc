@@ -452,6 +452,62 @@ TEST(SliceErrors, RanksThatDisagreeFailNamingBoth) {
   }
 }
 
+// The same for reduce, gather, scatter and all-to-all: rank 2 dies while
+// ranks 0, 1 and 3 wait in the call; each survivor fails naming it, before
+// the deadline, whether it is the root or not.
+TEST(SliceErrors, KilledWorkerIsNamedInEveryRootedCollective) {
+  const int g = 4;
+  for (const char* coll : {"reduce", "gather", "scatter", "all_to_all"}) {
+    ClusterHarness h({g, /*ps_shards=*/0, /*chunk_bytes=*/1 << 20});
+    ASSERT_TRUE(h.ok()) << h.status();
+    const size_t n = 1 << 20;  // elements per slice
+    std::vector<std::vector<float>> a(g, std::vector<float>(g * n, 1.0f)),
+        b(g, std::vector<float>(g * n, 0.0f));
+    const std::string dead =
+        absl::StrCat("rank 2 (worker-2, ", h.cluster().worker_address(2), ")");
+    const std::vector<int> survivors = {0, 1, 3};
+    OpOptions oo;
+    oo.timeout = absl::Seconds(20);
+    const std::string which = coll;
+    auto running = halka::testing::StartRanks<absl::StatusOr<OpInfo>>(
+        survivors, [&](int r) -> absl::StatusOr<OpInfo> {
+          Client& c = h.client(r);
+          if (which == "reduce") {
+            return c.Reduce(a[r].data(), b[r].data(), g * n, DType::kFloat32,
+                            ReduceOp::kSum, 0, oo);
+          }
+          if (which == "gather") {
+            return c.Gather(a[r].data(), n, b[r].data(), g * n,
+                            DType::kFloat32, 0, oo);
+          }
+          if (which == "scatter") {
+            return c.Scatter(a[r].data(), g * n, b[r].data(), n,
+                             DType::kFloat32, 0, oo);
+          }
+          return c.AllToAll(a[r].data(), b[r].data(), g * n, DType::kFloat32,
+                            oo);
+        });
+    ASSERT_TRUE(halka::testing::WaitFor(
+        [&] {
+          for (int r : survivors) {
+            Communicator* comm = h.cluster().worker(r)->communicator();
+            if (comm == nullptr || !comm->GetProgress().busy) return false;
+          }
+          return true;
+        },
+        absl::Seconds(10)))
+        << which << ": ranks 0, 1 and 3 never all started";
+    const std::vector<absl::StatusOr<OpInfo>> results =
+        ClusterHarness::KillAndJoin(
+            running, [&] { h.cluster().KillWorker(2); }, oo.timeout);
+    for (size_t i = 0; i < survivors.size(); ++i) {
+      ASSERT_FALSE(results[i].ok()) << which << " rank " << survivors[i];
+      EXPECT_THAT(std::string(results[i].status().message()), HasSubstr(dead))
+          << which << " rank " << survivors[i] << ": " << results[i].status();
+    }
+  }
+}
+
 TEST(SliceErrors, KilledWorkerIsNamedByEverySurvivorBeforeTheDeadline) {
   const int g = 4;
   ClusterHarness h({g, /*ps_shards=*/0, /*chunk_bytes=*/1 << 20});

@@ -111,6 +111,29 @@ INSTANTIATE_TEST_SUITE_P(
                           ReduceOpName(std::get<2>(info.param)));
     });
 
+// Above all_to_all_max_world ranks, auto reduces on the ring even a small
+// buffer (the root would otherwise take a link from every rank at once).
+TEST(ReduceAuto, LargeWorldsTakeTheRing) {
+  const int g = 4;
+  InProcRing ring = MakeRing(g, false, 64 << 10, /*all_to_all_max_world=*/3);
+  std::vector<std::vector<uint8_t>> inputs =
+      MakeRanksData(DType::kInt32, ReduceOp::kSum, 10, g, 3);
+  std::vector<std::vector<uint8_t>> bufs = inputs;
+  Results results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    HostOpBuffer b(bufs[r].data());
+    return ring.comms[r]->Reduce(b, 10, DType::kInt32, ReduceOp::kSum, 1,
+                                 absl::ZeroDuration());
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_TRUE(results[r].ok()) << results[r].status();
+    EXPECT_EQ(results[r]->algorithm, "ring");
+  }
+  EXPECT_EQ(CheckAllReduce(DType::kInt32, ReduceOp::kSum, inputs,
+                           bufs[1].data(), 10)
+                .wrong,
+            0u);
+}
+
 // --- Gather, scatter, all-to-all: data movement, any dtype, bit for bit.
 using MoveParam = std::tuple<int, DType, bool>;
 class MoveTest : public ::testing::TestWithParam<MoveParam> {};

@@ -8,6 +8,7 @@
 #define HALKA_CLIENT_CLIENT_PROTO_H_
 
 #include "absl/status/statusor.h"
+#include "client/op_spec.h"
 #include "halka/client.h"
 #include "halka/ring.h"
 #include "halka/v1/rendezvous.pb.h"
@@ -19,6 +20,10 @@ struct ClientProto {
   // Worker.GetInfo and Worker.GetRingHealth through `client`'s channel.
   static absl::StatusOr<v1::InfoReply> Info(Client& client);
   static absl::StatusOr<v1::RingHealth> RingHealth(Client& client);
+  // One operation through `client`'s transfer (client.cc): the host
+  // collectives of client/collectives.cc run through it.
+  static absl::StatusOr<OpInfo> Run(Client& client, const v1::OpSpec& spec,
+                                    const OpIo& io);
 };
 
 // Field for field (client_proto.cc).

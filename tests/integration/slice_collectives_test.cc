@@ -452,6 +452,19 @@ TEST(SliceErrors, RanksThatDisagreeFailNamingBoth) {
   }
 }
 
+// Whether every rank of `ranks` runs an operation within 10 s.
+bool AllBusy(ClusterHarness& h, const std::vector<int>& ranks) {
+  return halka::testing::WaitFor(
+      [&] {
+        for (int r : ranks) {
+          Communicator* comm = h.cluster().worker(r)->communicator();
+          if (comm == nullptr || !comm->GetProgress().busy) return false;
+        }
+        return true;
+      },
+      absl::Seconds(10));
+}
+
 // The same for reduce, gather, scatter and all-to-all: rank 2 dies while
 // ranks 0, 1 and 3 wait in the call; each survivor fails naming it, before
 // the deadline, whether it is the root or not.
@@ -487,15 +500,7 @@ TEST(SliceErrors, KilledWorkerIsNamedInEveryRootedCollective) {
           return c.AllToAll(a[r].data(), b[r].data(), g * n, DType::kFloat32,
                             oo);
         });
-    ASSERT_TRUE(halka::testing::WaitFor(
-        [&] {
-          for (int r : survivors) {
-            Communicator* comm = h.cluster().worker(r)->communicator();
-            if (comm == nullptr || !comm->GetProgress().busy) return false;
-          }
-          return true;
-        },
-        absl::Seconds(10)))
+    ASSERT_TRUE(AllBusy(h, survivors))
         << which << ": ranks 0, 1 and 3 never all started";
     const std::vector<absl::StatusOr<OpInfo>> results =
         ClusterHarness::KillAndJoin(
@@ -525,15 +530,7 @@ TEST(SliceErrors, KilledWorkerIsNamedByEverySurvivorBeforeTheDeadline) {
         return h.client(r).AllGather(absl::MakeConstSpan(send[r]),
                                      absl::MakeSpan(recv[r]), oo);
       });
-  ASSERT_TRUE(halka::testing::WaitFor(
-      [&] {
-        for (int r : survivors) {
-          Communicator* comm = h.cluster().worker(r)->communicator();
-          if (comm == nullptr || !comm->GetProgress().busy) return false;
-        }
-        return true;
-      },
-      absl::Seconds(10)))
+  ASSERT_TRUE(AllBusy(h, survivors))
       << "ranks 0, 1 and 3 never all started the all-gather";
   const std::vector<absl::StatusOr<OpInfo>> results = ClusterHarness::KillAndJoin(
       running, [&] { h.cluster().KillWorker(2); }, oo.timeout);

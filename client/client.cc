@@ -217,8 +217,9 @@ Client::Impl::InFlight::InFlight(Impl& im, v1::OpSpec* spec) : im_(im) {
   // the indices cannot foresee: the worker would take the later one's
   // arrival for a lost call. They go unstamped (numbered as they arrive).
   // A send or recv takes no number: unstamped, and not counted as a call.
+  // A group's call takes no number of the job's: unstamped too.
   if (im.in_flight_.fetch_add(1) == 0 && spec->kind() != v1::SEND &&
-      spec->kind() != v1::RECV) {
+      spec->kind() != v1::RECV && spec->group_ranks_size() == 0) {
     spec->set_caller_id(im.caller_id_);
     spec->set_call_index(im.calls_sent_.fetch_add(1) + 1);
   } else {
@@ -230,6 +231,15 @@ Client::Impl::InFlight::InFlight(Impl& im, v1::OpSpec* spec) : im_(im) {
 Client::Impl::InFlight::~InFlight() { im_.in_flight_.fetch_sub(1); }
 
 namespace {
+
+// Takes `mu` (the staging object's) for a call that stages: waits for it,
+// or, for a group's call, only takes it when it is free.
+bool StagingFor(absl::Mutex& mu, const v1::OpSpec& spec)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (spec.group_ranks_size() > 0) return mu.TryLock();
+  mu.Lock();
+  return true;
+}
 
 // A reduce or gather whose root turned out to be this rank, called with a
 // null recv: the result had nowhere to go.
@@ -350,11 +360,18 @@ absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
       // The worker cannot see our shared memory (another host or
       // container): fall through to inline from now on.
       im.use_shm_ = false;
-    } else if (spec.kind() != v1::SEND && spec.kind() != v1::RECV) {
+    } else if (spec.kind() != v1::SEND && spec.kind() != v1::RECV &&
+               StagingFor(im.staging_mu_, spec)) {
       // Not a send or recv: the staging object is held for the whole call,
       // and a recv may wait long for its peer while this client's other
-      // threads run collectives; those go inline unless zero-copy.
-      absl::MutexLock lock(&im.staging_mu_);
+      // threads run collectives; those go inline unless zero-copy. A
+      // group's call runs beside the job's: it goes inline when another
+      // call holds the staging object.
+      struct Unlock {
+        absl::Mutex& mu;
+        ~Unlock() { mu.Unlock(); }
+      } unlock{im.staging_mu_};
+      im.staging_mu_.AssertHeld();
       if (absl::Status s = im.GrowStaging(io.buffer_bytes); !s.ok()) return s;
       // An all-gather's contribution goes to slice 0 (input_slice 0).
       if (io.send_bytes > 0) std::memcpy(im.staging_, io.send, io.send_bytes);

@@ -54,10 +54,11 @@ static_assert(static_cast<int>(Algorithm::kAuto) == v1::AUTO &&
               v1::Algorithm_MAX == v1::TWO_LEVEL,
               "halka::Algorithm must match halka.v1.Algorithm");
 
-// The operation's deadline (0: the worker's default).
-void SetOpTimeout(const OpOptions& options, v1::OpSpec* spec) {
+// The operation's deadline (0: the worker's default) and group.
+void SetOpOptions(const OpOptions& options, v1::OpSpec* spec) {
   spec->set_timeout_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(options.timeout)));
+  for (int r : options.group) spec->add_group_ranks(r);
 }
 
 }  // namespace
@@ -78,7 +79,7 @@ absl::StatusOr<v1::OpSpec> AllReduceSpec(size_t count, DType dtype,
   spec.set_count(count);
   spec.set_op(static_cast<v1::ReduceOp>(op));
   spec.set_algorithm(static_cast<v1::Algorithm>(options.algorithm));
-  SetOpTimeout(options, &spec);
+  SetOpOptions(options, &spec);
   return spec;
 }
 
@@ -117,7 +118,7 @@ absl::StatusOr<v1::OpSpec> SliceSpec(v1::OpKind kind, const void* send,
   spec.set_recv_count(recv_count);
   if (kind == v1::REDUCE_SCATTER) spec.set_op(static_cast<v1::ReduceOp>(op));
   spec.set_algorithm(static_cast<v1::Algorithm>(options.algorithm));
-  SetOpTimeout(options, &spec);
+  SetOpOptions(options, &spec);
   return spec;
 }
 
@@ -158,7 +159,7 @@ absl::StatusOr<v1::OpSpec> RootedSpec(v1::OpKind kind, size_t count,
   if (kind == v1::REDUCE) spec.set_op(static_cast<v1::ReduceOp>(op));
   if (kind != v1::ALL_TO_ALL) spec.set_root(root);
   spec.set_algorithm(static_cast<v1::Algorithm>(options.algorithm));
-  SetOpTimeout(options, &spec);
+  SetOpOptions(options, &spec);
   return spec;
 }
 
@@ -172,7 +173,7 @@ absl::StatusOr<v1::OpSpec> BroadcastSpec(size_t count, DType dtype, int root,
   spec.set_dtype(static_cast<v1::DType>(dtype));
   spec.set_count(count);
   spec.set_root(root);
-  SetOpTimeout(options, &spec);
+  SetOpOptions(options, &spec);
   return spec;
 }
 
@@ -188,20 +189,24 @@ absl::StatusOr<v1::OpSpec> PeerSpec(v1::OpKind kind, size_t count,
         name, ": peer rank ", peer, " is negative",
         kind == v1::RECV ? " (-1: any rank)" : ""));
   }
+  if (!options.group.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " names a job rank: it takes no group (OpOptions::group)"));
+  }
   v1::OpSpec spec;
   spec.set_kind(kind);
   spec.set_dtype(static_cast<v1::DType>(dtype));
   spec.set_count(count);
   spec.set_peer(peer);
   spec.set_tag(tag);
-  SetOpTimeout(options, &spec);
+  SetOpOptions(options, &spec);
   return spec;
 }
 
 v1::OpSpec BarrierSpec(const OpOptions& options) {
   v1::OpSpec spec;
   spec.set_kind(v1::BARRIER);
-  SetOpTimeout(options, &spec);
+  SetOpOptions(options, &spec);
   return spec;
 }
 

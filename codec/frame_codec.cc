@@ -72,7 +72,13 @@ absl::Status ParseHead(absl::string_view head, FrameMeta* m) {
                                  : ReduceOp::kSum;
   m->origin_rank = h.origin_rank();
   m->sender_rank = h.sender_rank();
+  m->group = h.group();
   if (m->kind == FrameKind::kPeer) {
+    if (h.group() != 0) {
+      return absl::DataLossError(absl::StrCat(
+          "frame: a message piece of group ", h.group(),
+          " (point-to-point messages belong to the job)"));
+    }
     // Bytes: a piece [offset, offset + count) of a message of
     // message_bytes, which DecodeFrame bounds by the payload's length.
     if (h.dtype() != v1::UINT8 || h.op_seq() == 0 ||
@@ -117,6 +123,7 @@ std::string EncodeFrameHead(const FrameMeta& meta) {
   h.set_origin_rank(meta.origin_rank);
   h.set_sender_rank(meta.sender_rank);
   if (meta.kind == FrameKind::kPeer) h.set_message_bytes(meta.message_bytes);
+  h.set_group(meta.group);
   if (meta.kind == FrameKind::kAbort) {
     h.set_abort_code(static_cast<uint32_t>(meta.abort_code));
     h.set_message(meta.message);
@@ -151,6 +158,7 @@ OutFrame EncodeOutFrame(const FrameMeta& meta,
   frame.keepalive = std::move(head);
   frame.data = meta.kind == FrameKind::kData && !payload.empty();
   frame.op_seq = meta.op_seq;
+  frame.group = meta.group;
   return frame;
 }
 

@@ -408,7 +408,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
     // are dropped (one part way out is copied), so that the ABORT goes next
     // and not behind them, and a slow link need not be cut to free the
     // buffer (its peer would then see a broken link, not the cause).
-    transport_->Withdraw(op.fp().op_seq);
+    transport_->Withdraw(OpId{op.fp().op_seq});
     op.SendAbort(status);
   }
   // On success the last frames are on their way to a live successor; on

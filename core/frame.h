@@ -82,6 +82,17 @@ struct FrameMeta {
   absl::StatusCode abort_code = absl::StatusCode::kOk;  // kAbort
   std::string message;                                  // kAbort
   uint64_t message_bytes = 0;  // kPeer: the whole message's bytes
+  // The group whose operation this frame belongs to (core/sub_ring.h): 0
+  // for the job's own operations and point-to-point messages. The ranks
+  // in a group's frames are the group's, except sender_rank on the wire.
+  uint64_t group = 0;
+};
+
+// One operation on a worker's links: the job's (group 0) or a group's, by
+// its sequence number (each group numbers its operations on its own).
+struct OpId {
+  uint64_t op_seq = 0;
+  uint64_t group = 0;
 };
 
 // A received frame. The payload may arrive in several pieces (the wire's
@@ -121,6 +132,11 @@ struct OutFrame {
   // Withdraw). Heads, fingerprints and aborts are never withdrawn.
   bool data = false;
   uint64_t op_seq = 0;
+  uint64_t group = 0;  // the operation's group (FrameMeta::group)
+  // Whether this is a data frame of operation `op` (Transport::Withdraw).
+  bool DataOf(const OpId& op) const {
+    return data && op_seq == op.op_seq && group == op.group;
+  }
   size_t Bytes() const {
     size_t n = 0;
     for (const auto& p : parts) n += p.size();

@@ -52,7 +52,9 @@ void LandingBoard::Withdraw(
 
 std::shared_ptr<Landing> LandingBoard::Claim(int from, const FrameMeta& meta,
                                              size_t payload_bytes) {
-  if (meta.kind != FrameKind::kData) return nullptr;
+  // A group's frames land nowhere: the board is the job's (a group's
+  // operation numbers its own, and would match the job's offers).
+  if (meta.kind != FrameKind::kData || meta.group != 0) return nullptr;
   absl::MutexLock lock(&mu_);
   auto it = offered_.find(KeyOf(from, meta));
   if (it == offered_.end() || it->second->bytes() != payload_bytes) {

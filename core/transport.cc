@@ -76,6 +76,7 @@ absl::Status Inbox::Enqueue(int from, InFrame frame) {
   if (from < 0 || from >= max_ranks_) {  // validated by the transport
     return absl::InvalidArgumentError(absl::StrCat("no rank ", from));
   }
+  if (frame.meta.group != 0) return RouteGroup(from, std::move(frame));
   if (frame.meta.kind == FrameKind::kPeer) {
     auto& q = peer_queues_[from];
     absl::Status s = Budget(from, frame.PayloadBytes(), q.size());
@@ -223,18 +224,119 @@ void Inbox::SetByteBudget(ByteBudget budget) {
   budget_ = budget;
 }
 
+Inbox::ByteBudget Inbox::byte_budget() const {
+  absl::MutexLock lock(&mu_);
+  return budget_;
+}
+
 uint64_t Inbox::queued_bytes() const {
   absl::MutexLock lock(&mu_);
   return total_queued_bytes_;
 }
 
+absl::Status Inbox::ToGroup(const GroupRoute& route, int from,
+                            InFrame frame) {
+  auto r = route.group_rank.find(from);
+  if (r == route.group_rank.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", from, " sent a frame of group ", frame.meta.group,
+        ", which it is not a member of"));
+  }
+  frame.meta.sender_rank = r->second;
+  frame.meta.group = 0;  // in the group's inbox, the group's own frames
+  return route.inbox->Deliver(r->second, std::move(frame));
+}
+
+absl::Status Inbox::RouteGroup(int from, InFrame frame) {
+  const uint64_t id = frame.meta.group;
+  if (auto g = groups_.find(id); g != groups_.end()) {
+    return ToGroup(g->second, from, std::move(frame));
+  }
+  const uint64_t bytes = frame.PayloadBytes();
+  const uint64_t limit = budget_.per_peer != 0 ? budget_.per_peer
+                                               : ByteBudget().per_peer;
+  if ((held_.count(id) == 0 && held_.size() >= kMaxHeldGroups) ||
+      held_frames_ >= kMaxQueuedFrames || held_bytes_ + bytes > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rank ", from, " sent a frame of group ", id, ", which no call of "
+        "this rank has started, past the limit of what is held for such "
+        "groups (", held_.size(), " groups, ", held_frames_, " frames, ",
+        held_bytes_, " bytes of at most ", limit, ")"));
+  }
+  // Held for a while: bytes of its own, not the link's (a same-host ring
+  // frees its space only as its records are let go of).
+  auto own = std::make_shared<std::vector<uint8_t>>();
+  own->reserve(bytes);
+  for (absl::Span<const uint8_t> p : frame.pieces) {
+    own->insert(own->end(), p.begin(), p.end());
+  }
+  if (frame.intact && !frame.intact()) {
+    return absl::DataLossError(absl::StrCat(
+        "a frame of group ", id, " from rank ", from, " was overwritten in "
+        "its shared memory before it was read"));
+  }
+  frame.pieces.clear();
+  if (!own->empty()) frame.pieces.push_back(absl::MakeConstSpan(*own));
+  frame.keepalive = std::move(own);
+  frame.intact = nullptr;
+  frame.landed = false;
+  held_[id].emplace_back(from, std::move(frame));
+  ++held_frames_;
+  held_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+absl::Status Inbox::AttachGroup(uint64_t id, std::vector<int> ranks,
+                                std::shared_ptr<Inbox> inbox) {
+  absl::MutexLock lock(&mu_);
+  if (id == 0 || groups_.count(id) > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group ", id, " cannot be attached (0, or attached)"));
+  }
+  GroupRoute route;
+  route.inbox = std::move(inbox);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    route.group_rank.emplace(ranks[i], static_cast<int>(i));
+  }
+  if (!interrupt_.ok()) route.inbox->Interrupt(interrupt_);
+  for (const auto& [peer, status] : link_failures_) {
+    if (auto r = route.group_rank.find(peer); r != route.group_rank.end()) {
+      route.inbox->LinkFailed(r->second, status);
+    }
+  }
+  // What came early goes first, in its order, under this lock: a frame
+  // that arrives meanwhile waits for it.
+  if (auto held = held_.find(id); held != held_.end()) {
+    for (auto& [from, frame] : held->second) {
+      --held_frames_;
+      held_bytes_ -= std::min(held_bytes_, uint64_t{frame.PayloadBytes()});
+      ToGroup(route, from, std::move(frame)).IgnoreError();  // as on arrival
+    }
+    held_.erase(held);
+  }
+  groups_.emplace(id, std::move(route));
+  return absl::OkStatus();
+}
+
+void Inbox::DetachGroup(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  groups_.erase(id);
+}
+
 void Inbox::LinkFailed(int peer, absl::Status status) {
   std::function<void(int, const absl::Status&)> hook;
+  std::vector<std::pair<std::shared_ptr<Inbox>, int>> groups;
   {
     absl::MutexLock lock(&mu_);
     link_failures_.emplace(peer, status);
     hook = hook_;
+    for (const auto& [id, route] : groups_) {
+      if (auto r = route.group_rank.find(peer); r != route.group_rank.end()) {
+        groups.emplace_back(route.inbox, r->second);
+      }
+    }
   }
+  for (auto& [inbox, rank] : groups) inbox->LinkFailed(rank, status);
   Bump();
   if (hook) hook(peer, status);
 }
@@ -279,16 +381,24 @@ absl::StatusOr<uint64_t> Inbox::WaitFirstOpSeq(absl::Time deadline) {
 }
 
 void Inbox::Interrupt(absl::Status status) {
+  std::vector<std::shared_ptr<Inbox>> groups;
   {
     absl::MutexLock lock(&mu_);
-    interrupt_ = std::move(status);
+    interrupt_ = status;
+    for (const auto& [id, route] : groups_) groups.push_back(route.inbox);
   }
+  for (auto& g : groups) g->Interrupt(status);
   Bump();
 }
 
 void Inbox::ClearInterrupt() {
-  absl::MutexLock lock(&mu_);
-  interrupt_ = absl::OkStatus();
+  std::vector<std::shared_ptr<Inbox>> groups;
+  {
+    absl::MutexLock lock(&mu_);
+    interrupt_ = absl::OkStatus();
+    for (const auto& [id, route] : groups_) groups.push_back(route.inbox);
+  }
+  for (auto& g : groups) g->ClearInterrupt();
 }
 
 void Inbox::ClearLinkFailures() {

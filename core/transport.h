@@ -41,12 +41,12 @@ class Transport {
                             absl::Span<const uint8_t> payload,
                             std::function<void()> on_released) = 0;
 
-  // Operation `op_seq` failed on this rank: on every link, its data frames
+  // Operation `op` failed on this rank: on every link, its data frames
   // that have not gone out are dropped and one part way out is copied
   // (LinkPath::Withdraw), so that its ABORT is next and its buffer is
   // released without cutting a link. A transport that copies at Send has
   // nothing to do. Thread-safe.
-  virtual void Withdraw(uint64_t op_seq) = 0;
+  virtual void Withdraw(const OpId& op) = 0;
 
   // Drops the frames queued for `to` and cancels its link, releasing every
   // payload promptly. The next Send reconnects. Thread-safe.
@@ -113,6 +113,7 @@ class Inbox {
     uint64_t total = uint64_t{4} << 30;     // 4 GiB
   };
   void SetByteBudget(ByteBudget budget);
+  ByteBudget byte_budget() const;
   uint64_t queued_bytes() const;
 
   // Where this generation's operations offer landings for their frames,
@@ -200,7 +201,42 @@ class Inbox {
   // The failure of the link to `peer` since the last ClearLinkFailures.
   absl::Status LinkFailure(int peer) const;
 
+  // Groups (core/sub_ring.h): from now on, the frames of group `id`
+  // (FrameMeta::group) go to `inbox`, their sender and sender_rank turned
+  // into the group's rank (job rank ranks[i] is group rank i); a frame of
+  // the group from a rank outside it is refused (INVALID_ARGUMENT). Frames
+  // of a group that arrived before it was attached here (a peer ran ahead)
+  // are handed over first, in their order. Link failures of its ranks and
+  // interrupts reach it too. INVALID_ARGUMENT when `id` is 0 or attached.
+  absl::Status AttachGroup(uint64_t id, std::vector<int> ranks,
+                           std::shared_ptr<Inbox> inbox);
+  // The group's frames are held again (as before AttachGroup, within the
+  // same bounds) until it is attached again.
+  void DetachGroup(uint64_t id);
+  // Frames held for groups that are not attached: at most kMaxHeldGroups
+  // groups, kMaxQueuedFrames frames, and the byte budget's per_peer bytes
+  // in all (a peer past them gets RESOURCE_EXHAUSTED, as above); they
+  // hold bytes of their own, not their link's.
+  static constexpr size_t kMaxHeldGroups = 64;
+
  private:
+  struct GroupRoute {
+    std::shared_ptr<Inbox> inbox;
+    std::map<int, int> group_rank;  // by job rank
+  };
+  // Routes a group's frame (mu_ held): to its inbox, or held.
+  absl::Status RouteGroup(int from, InFrame frame)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands a frame to an attached group's inbox as its rank's (mu_ held:
+  // the group's inbox never calls back into this one).
+  static absl::Status ToGroup(const GroupRoute& route, int from,
+                              InFrame frame);
+  std::map<uint64_t, GroupRoute> groups_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::deque<std::pair<int, InFrame>>> held_
+      ABSL_GUARDED_BY(mu_);
+  size_t held_frames_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+
   bool Ready(int from, uint64_t op_seq, absl::Span<const int> watch) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What a wait for `from`'s frame of `op_seq` returns now (kTimeout when

@@ -41,13 +41,13 @@ class LinkPath {
     one.push_back(std::move(frame));
     Send(std::move(one));
   }
-  // Operation `op_seq` failed: its data frames (OutFrame::data) that no
+  // Operation `op` failed: its data frames (OutFrame::data) that no
   // byte of has gone out are dropped (released, never sent), and one the
   // path is part way through is detached (DetachPayload) and finished, so
   // that the operation's buffer is free at once and what follows (its
   // ABORT) is not stuck behind frames nobody will use. Other frames keep
   // their order. Never from a frame's on_released.
-  virtual void Withdraw(uint64_t op_seq) = 0;
+  virtual void Withdraw(const OpId& op) = 0;
   // Ends the path: a frame being written may be cut, the rest are
   // released. Idempotent; never from a frame's on_released.
   virtual void Close() = 0;

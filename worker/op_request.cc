@@ -28,6 +28,17 @@ absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
   // "all_reduce", "gather", ... (the proto's names, as the engine's read).
   std::string name = absl::AsciiStrToLower(v1::OpKind_Name(spec.kind()));
   if (name.empty()) name = "operation";
+  if (spec.group_ranks_size() > 0) {
+    if (spec.kind() == v1::SEND || spec.kind() == v1::RECV) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " names job ranks: it takes no group (group_ranks)"));
+    }
+    if (spec.group_ranks_size() > kMaxGroupRanks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": a group of ", spec.group_ranks_size(),
+          " ranks, more than ", kMaxGroupRanks));
+    }
+  }
   switch (spec.kind()) {
     case v1::BARRIER:
       return uint64_t{0};
@@ -114,6 +125,10 @@ absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
 
 bool IsPointToPoint(const v1::OpSpec& spec) {
   return spec.kind() == v1::SEND || spec.kind() == v1::RECV;
+}
+
+bool IsGroupOp(const v1::OpSpec& spec) {
+  return spec.group_ranks_size() > 0 && !IsPointToPoint(spec);
 }
 
 uint64_t InlineUploadBytes(const v1::OpSpec& spec, uint64_t buffer_bytes) {

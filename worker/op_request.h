@@ -31,6 +31,10 @@ absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
 // SEND or RECV: only two ranks call; it takes no number of the job's
 // collectives (no SkipNumber on refusal, no caller place).
 bool IsPointToPoint(const v1::OpSpec& spec);
+// A collective of a group of the job's ranks (OpSpec.group_ranks), and the
+// most ranks a group may name.
+bool IsGroupOp(const v1::OpSpec& spec);
+inline constexpr int kMaxGroupRanks = 1 << 16;
 
 // Worker.RunInline of a valid spec whose buffer holds `buffer_bytes`: the
 // bytes the client uploads (an all-gather or gather: its contribution,

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/security.h"
@@ -56,7 +57,36 @@ std::shared_ptr<Ring> RingOf(const v1::Membership& m, int rank, bool adopted,
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<SubRing>> Ring::Group(std::vector<int> ranks) {
+  const uint64_t id = GroupId(ranks);
+  absl::MutexLock lock(&groups_mu_);
+  if (auto g = groups_.find(id); g != groups_.end()) {
+    if (g->second->ranks() != ranks) {
+      return absl::InternalError(absl::StrCat(
+          g->second->Name(), " and group [", absl::StrJoin(ranks, ","),
+          "] have the same id ", id, ": a hash collision"));
+    }
+    return g->second;
+  }
+  if (groups_.size() >= kMaxGroups) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this worker's ring (generation ", generation, ") has ", kMaxGroups,
+        " groups already, the most it makes"));
+  }
+  absl::StatusOr<std::unique_ptr<SubRing>> made =
+      SubRing::Attach(comm->config(), transport.get(), inbox.get(),
+                      std::move(ranks));
+  if (!made.ok()) return made.status();
+  std::shared_ptr<SubRing> group = std::move(*made);
+  groups_.emplace(id, group);
+  return group;
+}
+
 Ring::~Ring() {
+  {
+    absl::MutexLock lock(&groups_mu_);
+    groups_.clear();  // before the links and inbox they run on
+  }
   comm.reset();
   transport.reset();  // cancels the links and waits for them
 }

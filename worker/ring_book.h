@@ -32,6 +32,7 @@
 #include "common/log.h"
 #include "halka/v1/rendezvous.pb.h"
 #include "core/communicator.h"
+#include "core/sub_ring.h"
 #include "worker/worker_options.h"
 
 namespace halka {
@@ -60,7 +61,18 @@ struct Ring {
   bool adopted = false;
   uint64_t epoch = 0;  // the book's epoch when the ring was built
   absl::Time built;    // when this worker learned it was admitted
+  // The ring of the group of `ranks` (job ranks, the group's order;
+  // OpSpec.group_ranks) on this ring's links, made at its first call
+  // here. Errors: SubRing::Attach's; RESOURCE_EXHAUSTED past kMaxGroups
+  // groups on one ring.
+  absl::StatusOr<std::shared_ptr<SubRing>> Group(std::vector<int> ranks);
+  static constexpr size_t kMaxGroups = 4096;
   ~Ring();
+
+ private:
+  absl::Mutex groups_mu_;
+  std::map<uint64_t, std::shared_ptr<SubRing>> groups_
+      ABSL_GUARDED_BY(groups_mu_);
 };
 
 // A broken link to report to the rendezvous.

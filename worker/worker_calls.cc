@@ -9,6 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/cuda/device_memory.h"
 #include "worker/op_request.h"
@@ -50,6 +51,15 @@ absl::StatusOr<OpResult> WorkerNode::ExecuteOnDevice(
                   absl::InvalidArgumentError(
                       "send/recv take host memory (or a shm region), not a "
                       "device tensor: copy it to the host first"),
+                  &spec);
+  }
+  if (IsGroupOp(spec)) {
+    // As a send or recv: a group's collective runs beside the job's.
+    return Refuse(arrival,
+                  absl::InvalidArgumentError(
+                      "a group's collectives take host memory (or a shm "
+                      "region), not a device tensor: copy it to the host "
+                      "first"),
                   &spec);
   }
   if (device_ == nullptr) {
@@ -108,6 +118,9 @@ void WorkerNode::PassTurn(uint64_t ticket) {
 
 absl::Status WorkerNode::Refuse(const Arrival& arrival, absl::Status status,
                                const v1::OpSpec* spec) {
+  if (spec != nullptr && IsGroupOp(*spec)) {  // the group's number
+    return RunGroup(*spec, nullptr, arrival, status).status();
+  }
   absl::MutexLock run_lock(&run_mu_);
   AwaitTurn(arrival.ticket);
   if (spec != nullptr && IsPointToPoint(*spec)) {  // takes no number
@@ -276,17 +289,21 @@ void WorkerNode::RecordCall(uint64_t seq, const absl::Status& status) {
   if (changed) link_->BeatNow();
 }
 
-absl::StatusOr<OpResult> WorkerNode::RunOn(Ring& ring, const v1::OpSpec& spec,
+absl::StatusOr<OpResult> WorkerNode::RunOn(Communicator* comm,
+                                           const v1::OpSpec& spec,
                                            OpBuffer& buffer,
                                            absl::Time deadline) {
   // `spec` passed ValidateOpSpec (Run).
-  Communicator* comm = ring.comm.get();
   const absl::Duration timeout =
       std::max(deadline - absl::Now(), absl::Milliseconds(1));
   switch (spec.kind()) {
     case v1::ALL_REDUCE: {
       Algorithm algorithm = static_cast<Algorithm>(spec.algorithm());
-      if (algorithm == Algorithm::kAuto) algorithm = options_.default_algorithm;
+      // A group's auto is the engine's (the parameter server serves the
+      // job's ring only).
+      if (algorithm == Algorithm::kAuto && !IsGroupOp(spec)) {
+        algorithm = options_.default_algorithm;
+      }
       if (algorithm == Algorithm::kParameterServer) {
         absl::Status s = EnsureServers(deadline);
         if (!s.ok()) return s;
@@ -350,6 +367,7 @@ absl::StatusOr<OpResult> WorkerNode::Run(const v1::OpSpec& spec,
                                          OpBuffer& buffer,
                                          const Arrival& arrival) {
   if (IsPointToPoint(spec)) return RunPeer(spec, buffer, arrival);
+  if (IsGroupOp(spec)) return RunGroup(spec, buffer, arrival);
   absl::MutexLock run_lock(&run_mu_);
   AwaitTurn(arrival.ticket);
   running_seq_ = 0;
@@ -412,7 +430,7 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
     } else {
       taken_ = Taken{};  // adopted from the peers: not known before it ran
     }
-    absl::StatusOr<OpResult> result = RunOn(**ring, spec, buffer, deadline);
+    absl::StatusOr<OpResult> result = RunOn(comm, spec, buffer, deadline);
     next_seq_ = comm->next_op_seq();
     // Refused before it reached the ring's numbering (a broadcast root
     // outside the world, no parameter server): the number is still free,
@@ -459,22 +477,7 @@ absl::StatusOr<OpResult> WorkerNode::RunPeer(const v1::OpSpec& spec,
   // the ring it would run on exists already, it takes it at once and runs
   // beside whatever runs (a collective waiting for the peer that waits for
   // this send must not hold it up), passing its turn to the calls after it.
-  CallInfo now;  // not NewCall: a running collective holds its ring's number
-  now.epoch = arrival.epoch;
-  absl::StatusOr<std::shared_ptr<Ring>> ring =
-      bytes.ok() ? book_->Ready(now) : nullptr;
-  if (!bytes.ok() || *ring != nullptr) {
-    PassTurn(arrival.ticket);
-  } else {
-    // No ring yet (or a newer membership's is still to be built): in its
-    // turn, it takes the ring the next collective would run on (built here
-    // if none has yet), leaving the numbering as it is.
-    absl::MutexLock run_lock(&run_mu_);
-    AwaitTurn(arrival.ticket);
-    CatchUp();
-    ring = book_->Acquire(NewCall(next_seq_, arrival, absl::InfiniteFuture()));
-    NextTurn();
-  }
+  absl::StatusOr<std::shared_ptr<Ring>> ring = RingBeside(arrival, bytes.ok());
   if (!bytes.ok()) return bytes.status();
   if (!ring.ok()) return ring.status();
   const absl::Duration timeout =
@@ -483,6 +486,71 @@ absl::StatusOr<OpResult> WorkerNode::RunPeer(const v1::OpSpec& spec,
   return spec.kind() == v1::SEND
              ? comm->Send(buffer, *bytes, spec.peer(), spec.tag(), timeout)
              : comm->Recv(buffer, *bytes, spec.peer(), spec.tag(), timeout);
+}
+
+absl::StatusOr<std::shared_ptr<Ring>> WorkerNode::RingBeside(
+    const Arrival& arrival, bool needed) {
+  CallInfo now;  // not NewCall: a running collective holds its ring's number
+  now.epoch = arrival.epoch;
+  absl::StatusOr<std::shared_ptr<Ring>> ring =
+      needed ? book_->Ready(now) : nullptr;
+  if (!needed || *ring != nullptr) {
+    PassTurn(arrival.ticket);
+    return ring;
+  }
+  // No ring yet (or a newer membership's is still to be built): in its
+  // turn, it takes the ring the next collective would run on (built here
+  // if none has yet), leaving the numbering as it is.
+  absl::MutexLock run_lock(&run_mu_);
+  AwaitTurn(arrival.ticket);
+  CatchUp();
+  ring = book_->Acquire(NewCall(next_seq_, arrival, absl::InfiniteFuture()));
+  NextTurn();
+  return ring;
+}
+
+absl::StatusOr<OpResult> WorkerNode::RunGroup(const v1::OpSpec& spec,
+                                              OpBuffer* buffer,
+                                              const Arrival& arrival,
+                                              absl::Status refused) {
+  const absl::Time deadline =
+      CallDeadline(spec, arrival.at, options_.op_timeout);
+  const std::vector<int> ranks(spec.group_ranks().begin(),
+                               spec.group_ranks().end());
+  const std::string name =
+      absl::StrCat("group [", absl::StrJoin(ranks, ","), "]");
+  auto in_group = [&name](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat(name, ": ", s.message()));
+  };
+  if (refused.ok()) {
+    if (absl::StatusOr<uint64_t> bytes =
+            ValidateOpSpec(spec, options_.max_op_bytes);
+        !bytes.ok()) {
+      refused = bytes.status();
+    } else if (spec.kind() == v1::ALL_REDUCE &&
+               spec.algorithm() == v1::PS) {
+      refused = absl::InvalidArgumentError(
+          "all_reduce: the parameter server serves the whole job, not a "
+          "group");
+    }
+  }
+  // A group's calls take no number of the job's: like a send or recv, it
+  // runs beside the job's collectives, on the ring they run on, in its
+  // group's order (one operation of a group at a time).
+  absl::StatusOr<std::shared_ptr<Ring>> ring = RingBeside(arrival, true);
+  if (!ring.ok()) return refused.ok() ? in_group(ring.status()) : refused;
+  absl::StatusOr<std::shared_ptr<SubRing>> group = (*ring)->Group(ranks);
+  if (!group.ok()) return refused.ok() ? in_group(group.status()) : refused;
+  Communicator& comm = (*group)->comm();
+  if (!refused.ok()) {
+    // Its number in the group is given up: the members' copies fail at
+    // once, naming this rank.
+    comm.SkipOp(comm.next_op_seq(), refused, deadline).IgnoreError();
+    return refused;
+  }
+  absl::StatusOr<OpResult> result = RunOn(&comm, spec, *buffer, deadline);
+  if (!result.ok()) return in_group(result.status());
+  return result;
 }
 
 absl::Status WorkerNode::EnsureServers(absl::Time deadline) {

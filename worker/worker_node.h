@@ -136,7 +136,8 @@ class WorkerNode {
   // newer generation than the newest update this worker received.
   void CatchUp();
   void OnLinkFailed(uint64_t generation, int peer, const absl::Status& status);
-  absl::StatusOr<OpResult> RunOn(Ring& ring, const v1::OpSpec& spec,
+  // The collective `spec` on `comm` (the job's or a group's).
+  absl::StatusOr<OpResult> RunOn(Communicator* comm, const v1::OpSpec& spec,
                                  OpBuffer& buffer, absl::Time deadline);
   absl::StatusOr<OpResult> Run(const v1::OpSpec& spec, OpBuffer& buffer,
                                const Arrival& arrival);
@@ -144,6 +145,26 @@ class WorkerNode {
   // outside the turn (beside later calls) and the collectives' numbering.
   absl::StatusOr<OpResult> RunPeer(const v1::OpSpec& spec, OpBuffer& buffer,
                                    const Arrival& arrival)
+      ABSL_LOCKS_EXCLUDED(run_mu_);
+  // A collective of a group (OpSpec.group_ranks) on the group's ring in
+  // the job's current ring: beside the job's collectives, numbered by the
+  // group. With `refused` not OK (and a null buffer), the call is refused
+  // and gives its number in the group up (SkipOp). Errors name the group.
+  absl::StatusOr<OpResult> RunGroup(const v1::OpSpec& spec, OpBuffer* buffer,
+                                    const Arrival& arrival,
+                                    absl::Status refused = absl::OkStatus())
+      ABSL_LOCKS_EXCLUDED(run_mu_);
+  absl::StatusOr<OpResult> RunGroup(const v1::OpSpec& spec, OpBuffer& buffer,
+                                    const Arrival& arrival)
+      ABSL_LOCKS_EXCLUDED(run_mu_) {
+    return RunGroup(spec, &buffer, arrival);
+  }
+  // The ring a call that takes no number of the job's runs on: the current
+  // one at once, passing its turn (PassTurn), or, when none is ready, in
+  // its turn the one the next collective would run on. With `needed`
+  // false it only passes its turn (and returns null).
+  absl::StatusOr<std::shared_ptr<Ring>> RingBeside(const Arrival& arrival,
+                                                   bool needed)
       ABSL_LOCKS_EXCLUDED(run_mu_);
   absl::StatusOr<OpResult> RunInTurn(const v1::OpSpec& spec, OpBuffer& buffer,
                                      const Arrival& arrival)

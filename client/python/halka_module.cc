@@ -7,6 +7,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -74,16 +76,31 @@ OpInfo Run(F call) {
 
 class PyClient {
  public:
-  explicit PyClient(std::unique_ptr<Client> c) : c_(std::move(c)) {}
+  explicit PyClient(std::shared_ptr<Client> c, std::vector<int> group = {})
+      : c_(std::move(c)), group_(std::move(group)) {}
   static std::shared_ptr<PyClient> Connect(const std::string& target) {
     return std::make_shared<PyClient>(Check(Client::Connect(target)));
+  }
+  // The same connection, its collectives on a group of the job's ranks
+  // (OpOptions::group).
+  std::shared_ptr<PyClient> WithGroup(std::vector<int> ranks) const {
+    if (ranks.empty()) {
+      throw StatusException{
+          absl::InvalidArgumentError("a group needs at least one rank")};
+    }
+    return std::make_shared<PyClient>(c_, std::move(ranks));
+  }
+  OpOptions Opts(double timeout_s, int algorithm) const {
+    OpOptions o = Options(timeout_s, algorithm);
+    o.group = group_;
+    return o;
   }
 
   OpInfo AllReduce(uintptr_t p, size_t n, int dtype, int op, bool device,
                    double timeout_s, int algorithm) {
     const DType d = ToDType(dtype);
     const ReduceOp o = ToOp(op);
-    const OpOptions opt = Options(timeout_s, algorithm);
+    const OpOptions opt = Opts(timeout_s, algorithm);
     return Run([&] {
       return device ? c_->AllReduceDevice(Ptr(p), n, d, o, opt)
                     : c_->AllReduce(Ptr(p), n, d, o, opt);
@@ -92,7 +109,7 @@ class PyClient {
   OpInfo Broadcast(uintptr_t p, size_t n, int dtype, int root, bool device,
                    double timeout_s) {
     const DType d = ToDType(dtype);
-    const OpOptions opt = Options(timeout_s, 0);
+    const OpOptions opt = Opts(timeout_s, 0);
     return Run([&] {
       return device ? c_->BroadcastDevice(Ptr(p), n, d, root, opt)
                     : c_->Broadcast(Ptr(p), n, d, root, opt);
@@ -101,7 +118,7 @@ class PyClient {
   OpInfo AllGather(uintptr_t send, size_t send_n, uintptr_t recv,
                    size_t recv_n, int dtype, bool device, double timeout_s) {
     const DType d = ToDType(dtype);
-    const OpOptions opt = Options(timeout_s, 0);
+    const OpOptions opt = Opts(timeout_s, 0);
     return Run([&] {
       return device ? c_->AllGatherDevice(Ptr(send), send_n, Ptr(recv), recv_n,
                                           d, opt)
@@ -114,7 +131,7 @@ class PyClient {
                        double timeout_s) {
     const DType d = ToDType(dtype);
     const ReduceOp o = ToOp(op);
-    const OpOptions opt = Options(timeout_s, 0);
+    const OpOptions opt = Opts(timeout_s, 0);
     return Run([&] {
       return device ? c_->ReduceScatterDevice(Ptr(send), send_n, Ptr(recv),
                                               recv_n, d, o, opt)
@@ -127,13 +144,13 @@ class PyClient {
                 int root, double timeout_s, int algorithm) {
     const DType d = ToDType(dtype);
     const ReduceOp o = ToOp(op);
-    const OpOptions opt = Options(timeout_s, algorithm);
+    const OpOptions opt = Opts(timeout_s, algorithm);
     return Run([&] { return c_->Reduce(Ptr(send), Ptr(recv), n, d, o, root, opt); });
   }
   OpInfo Gather(uintptr_t send, size_t send_n, uintptr_t recv, size_t recv_n,
                 int dtype, int root, double timeout_s) {
     const DType d = ToDType(dtype);
-    const OpOptions opt = Options(timeout_s, 0);
+    const OpOptions opt = Opts(timeout_s, 0);
     return Run([&] {
       return c_->Gather(Ptr(send), send_n, Ptr(recv), recv_n, d, root, opt);
     });
@@ -141,7 +158,7 @@ class PyClient {
   OpInfo Scatter(uintptr_t send, size_t send_n, uintptr_t recv, size_t recv_n,
                  int dtype, int root, double timeout_s) {
     const DType d = ToDType(dtype);
-    const OpOptions opt = Options(timeout_s, 0);
+    const OpOptions opt = Opts(timeout_s, 0);
     return Run([&] {
       return c_->Scatter(Ptr(send), send_n, Ptr(recv), recv_n, d, root, opt);
     });
@@ -149,24 +166,36 @@ class PyClient {
   OpInfo AllToAll(uintptr_t send, uintptr_t recv, size_t n, int dtype,
                   double timeout_s) {
     const DType d = ToDType(dtype);
-    const OpOptions opt = Options(timeout_s, 0);
+    const OpOptions opt = Opts(timeout_s, 0);
     return Run([&] { return c_->AllToAll(Ptr(send), Ptr(recv), n, d, opt); });
   }
   // Point to point on host memory (a device tensor goes through the host).
+  // In a group's view, peers are group ranks: sent to and taken from the
+  // job rank the group names (a message has no group: a recv from any
+  // rank may take a non-member's, whose job rank OpInfo.peer then is, -1
+  // past the group's).
   OpInfo Send(uintptr_t data, size_t n, int dtype, int to, int tag,
               double timeout_s) {
     const DType d = ToDType(dtype);
     const OpOptions opt = Options(timeout_s, 0);
-    return Run([&] { return c_->Send(Ptr(data), n, d, to, tag, opt); });
+    const int peer = JobRank(to);
+    return Run([&] { return c_->Send(Ptr(data), n, d, peer, tag, opt); });
   }
   OpInfo Recv(uintptr_t data, size_t n, int dtype, int from, int tag,
               double timeout_s) {
     const DType d = ToDType(dtype);
     const OpOptions opt = Options(timeout_s, 0);
-    return Run([&] { return c_->Recv(Ptr(data), n, d, from, tag, opt); });
+    const int peer = from < 0 ? from : JobRank(from);
+    OpInfo info =
+        Run([&] { return c_->Recv(Ptr(data), n, d, peer, tag, opt); });
+    if (!group_.empty()) {
+      auto at = std::find(group_.begin(), group_.end(), info.peer);
+      info.peer = at == group_.end() ? -1 : static_cast<int>(at - group_.begin());
+    }
+    return info;
   }
   OpInfo Barrier(double timeout_s) {
-    const OpOptions opt = Options(timeout_s, 0);
+    const OpOptions opt = Opts(timeout_s, 0);
     return Run([&] { return c_->Barrier(opt); });
   }
   std::string InfoJson() {
@@ -187,7 +216,17 @@ class PyClient {
   }
 
  private:
-  std::unique_ptr<Client> c_;
+  // A group rank's job rank (the job's view: itself).
+  int JobRank(int rank) const {
+    if (group_.empty()) return rank;
+    if (rank < 0 || rank >= static_cast<int>(group_.size())) {
+      throw StatusException{absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, " is not a rank of this group of ", group_.size()))};
+    }
+    return group_[static_cast<size_t>(rank)];
+  }
+  std::shared_ptr<Client> c_;
+  const std::vector<int> group_;
 };
 
 class PyLocalCluster {
@@ -284,6 +323,7 @@ PYBIND11_MODULE(_halka, m) {
       .def("barrier", &PyClient::Barrier)
       .def("send", &PyClient::Send)
       .def("recv", &PyClient::Recv)
+      .def("with_group", &PyClient::WithGroup)
       .def("info_json", &PyClient::InfoJson)
       .def("ring_health_json", &PyClient::HealthJson);
 

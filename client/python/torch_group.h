@@ -59,34 +59,45 @@ inline std::set<HalkaGroup*>& LiveGroups() {
 
 class HalkaGroup : public HalkaBackendBase {
  public:
+  // `subgroup`: a group torch makes inside the default group (new_group,
+  // new_subgroups): it runs on the default group's connection as a halka
+  // group of the job's ranks (OpOptions::group), not a second cluster.
   HalkaGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-             int size, double timeout_s)
+             int size, double timeout_s, bool subgroup = false)
       : HalkaBackendBase(rank, size),
         timeout_(timeout_s > 0 ? absl::Seconds(timeout_s)
                                : kDefaultOpTimeout) {
-    const char* daemon = std::getenv("HALKA_WORKER");
-    int halka_rank = rank;
-    if (daemon != nullptr && *daemon != '\0') {
-      client_ = Must(Client::Connect(daemon), "connect to HALKA_WORKER");
-      const WorkerInfo info = Must(client_->Info(), "ask the worker");
-      TORCH_CHECK(info.world_size == size, "ProcessGroup halka: the worker ",
-                  daemon, " is in a job of ", info.world_size,
-                  " ranks, the process group has ", size);
-      halka_rank = info.rank;
+    if (subgroup) {
+      JoinSubgroup(store, rank, size);
     } else {
-      StartEmbedded(store, rank, size);
-    }
-    store->set(absl::StrCat("halka/rank/", rank), Bytes(absl::StrCat(halka_rank)));
-    to_halka_.resize(size);
-    to_torch_.assign(size, -1);
-    for (int r = 0; r < size; ++r) {
-      int h = -1;
-      TORCH_CHECK(absl::SimpleAtoi(Str(store->get(absl::StrCat("halka/rank/", r))), &h) &&
-                      h >= 0 && h < size && to_torch_[h] < 0,
-                  "ProcessGroup halka: torch rank ", r, " has no distinct halka rank");
-      to_halka_[r] = h;
-      to_torch_[h] = r;
-      identity_ = identity_ && h == r;
+      const char* daemon = std::getenv("HALKA_WORKER");
+      int halka_rank = rank;
+      if (daemon != nullptr && *daemon != '\0') {
+        client_ = Must(Client::Connect(daemon), "connect to HALKA_WORKER");
+        const WorkerInfo info = Must(client_->Info(), "ask the worker");
+        TORCH_CHECK(info.world_size == size, "ProcessGroup halka: the worker ",
+                    daemon, " is in a job of ", info.world_size,
+                    " ranks, the process group has ", size);
+        halka_rank = info.rank;
+      } else {
+        StartEmbedded(store, rank, size);
+      }
+      store->set(absl::StrCat("halka/rank/", rank),
+                 Bytes(absl::StrCat(halka_rank)));
+      to_halka_.resize(size);
+      to_torch_.assign(size, -1);
+      for (int r = 0; r < size; ++r) {
+        int h = -1;
+        TORCH_CHECK(absl::SimpleAtoi(Str(store->get(absl::StrCat("halka/rank/", r))), &h) &&
+                        h >= 0 && h < size && to_torch_[h] < 0,
+                    "ProcessGroup halka: torch rank ", r, " has no distinct halka rank");
+        to_halka_[r] = h;
+        to_torch_[h] = r;
+        identity_ = identity_ && h == r;
+      }
+      peer_ = to_halka_;
+      std::lock_guard<std::mutex> l(JobMu());
+      Job() = JobConnection{client_, halka_rank};
     }
     for (Lane* lane : {&ops_, &sends_, &recvs_}) {
       lane->thread = std::thread([this, lane] { Loop(*lane); });
@@ -198,6 +209,68 @@ class HalkaGroup : public HalkaBackendBase {
     rendezvous_.reset();
   }
 
+  // The process's default halka group's connection and job rank, which
+  // its subgroups run on (set by the newest default group).
+  struct JobConnection {
+    std::weak_ptr<Client> client;
+    int rank = -1;
+  };
+  static std::mutex& JobMu() {
+    static auto* mu = new std::mutex;
+    return *mu;
+  }
+  static JobConnection& Job() {
+    static auto* job = new JobConnection;
+    return *job;
+  }
+
+  // A subgroup: the default group's connection; every member publishes
+  // its job rank in the group's store, so group rank r (torch's) is job
+  // rank group_[r]. The group's collectives name their roots and slices
+  // by group rank (to_halka_ is the identity); sends and receives name
+  // job ranks (peer_).
+  void JoinSubgroup(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                    int size) {
+    int job_rank = -1;
+    {
+      std::lock_guard<std::mutex> l(JobMu());
+      client_ = Job().client.lock();
+      job_rank = Job().rank;
+    }
+    TORCH_CHECK(client_ != nullptr && job_rank >= 0,
+                "ProcessGroup halka: a new group needs the default process "
+                "group to be halka's (init_process_group(\"halka\")) and "
+                "alive");
+    store->set(absl::StrCat("halka/job_rank/", rank),
+               Bytes(absl::StrCat(job_rank)));
+    group_.assign(size, -1);
+    for (int r = 0; r < size; ++r) {
+      int h = -1;
+      TORCH_CHECK(absl::SimpleAtoi(Str(store->get(absl::StrCat("halka/job_rank/", r))), &h) &&
+                      h >= 0 &&
+                      std::find(group_.begin(), group_.end(), h) == group_.end(),
+                  "ProcessGroup halka: group rank ", r, " has no distinct "
+                  "job rank");
+      group_[r] = h;
+    }
+    to_halka_.resize(size);
+    to_torch_.resize(size);
+    for (int r = 0; r < size; ++r) {
+      to_halka_[r] = r;
+      to_torch_[r] = r;
+    }
+    peer_ = group_;
+  }
+
+  // The halka rank a send or recv names for torch rank `r` (a job rank),
+  // and the torch rank of the job rank a message came from (-1: none of
+  // this group's).
+  int PeerOf(int r) const { return peer_[static_cast<size_t>(r)]; }
+  int TorchOfPeer(int job_rank) const {
+    auto at = std::find(peer_.begin(), peer_.end(), job_rank);
+    return at == peer_.end() ? -1 : static_cast<int>(at - peer_.begin());
+  }
+
   template <typename T>
   static T Must(absl::StatusOr<T> v, const char* what) {
     TORCH_CHECK(v.ok(), "ProcessGroup halka: cannot ", what, ": ",
@@ -229,9 +302,11 @@ class HalkaGroup : public HalkaBackendBase {
     client_ = Must(Client::Connect(worker_->address()), "connect to the worker");
   }
 
+  // A collective's options: its deadline and, in a subgroup, the group.
   OpOptions Opts(std::chrono::milliseconds timeout) const {
     OpOptions o;
     o.timeout = timeout.count() > 0 ? absl::FromChrono(timeout) : timeout_;
+    o.group = group_;
     return o;
   }
 
@@ -403,11 +478,12 @@ class HalkaGroup : public HalkaBackendBase {
     TORCH_CHECK(peer == -1 || (peer >= 0 && peer < getSize() && peer != getRank()),
                 "ProcessGroup halka: ", OpName(type), ": rank ", peer,
                 " is not another rank of this group of ", getSize());
-    const OpOptions o = Opts(std::chrono::milliseconds(0));
+    OpOptions o = Opts(std::chrono::milliseconds(0));
+    o.group.clear();  // a message names job ranks
     auto work = c10::make_intrusive<HalkaWork>(
         type, std::vector<at::Tensor>{t});
     HalkaWork* w = work.get();  // lives while queued (the item holds it)
-    const int halka_peer = peer < 0 ? -1 : to_halka_[peer];
+    const int halka_peer = peer < 0 ? -1 : PeerOf(peer);
     return Enqueue(work, type, [this, t, send, halka_peer, tag, o, w] {
       at::Tensor host = t.is_cuda() || !t.is_contiguous()
                             ? t.to(at::kCPU).contiguous()
@@ -420,9 +496,15 @@ class HalkaGroup : public HalkaBackendBase {
       if (!info.ok()) return info.status();
       if (!send) {
         if (!host.is_same(t)) t.copy_(host);
-        if (info->peer >= 0 && info->peer < getSize()) {
-          w->set_source_rank(static_cast<int>(to_torch_[info->peer]));
+        const int source = TorchOfPeer(info->peer);
+        if (source < 0) {
+          // A recv from any rank of a subgroup took a message of a rank
+          // outside it (a message names no group).
+          return absl::FailedPreconditionError(absl::StrCat(
+              "recv from any rank took a message of job rank ", info->peer,
+              ", which is not in this group"));
         }
+        w->set_source_rank(source);
       }
       return absl::OkStatus();
     });
@@ -543,7 +625,9 @@ class HalkaGroup : public HalkaBackendBase {
   absl::Duration timeout_;
   std::unique_ptr<EmbeddedRendezvous> rendezvous_;
   std::unique_ptr<EmbeddedWorker> worker_;
-  std::unique_ptr<Client> client_;
+  std::shared_ptr<Client> client_;  // a subgroup shares the job's
+  std::vector<int> group_;  // a subgroup's job ranks, by torch rank; empty
+  std::vector<int> peer_;   // the job rank of each torch rank (send, recv)
   std::vector<int> to_halka_;  // by torch rank
   std::vector<int64_t> to_torch_;  // by halka rank
   bool identity_ = true;           // torch rank == halka rank everywhere

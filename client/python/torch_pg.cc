@@ -131,10 +131,10 @@ class ProcessGroupHalka : public HalkaGroup {
     };
     if (me != 0) {
       absl::Status s =
-          client_->Send(&token, 1, DType::kUInt8, to_halka_[0], tag,
+          client_->Send(&token, 1, DType::kUInt8, PeerOf(0), tag,
                         within(timeout)).status();
       if (s.ok()) {
-        s = client_->Recv(&token, 1, DType::kUInt8, to_halka_[0], tag,
+        s = client_->Recv(&token, 1, DType::kUInt8, PeerOf(0), tag,
                           within(left())).status();
       }
       TORCH_CHECK(s.ok(), "Rank ", me, " successfully reached "
@@ -151,7 +151,7 @@ class ProcessGroupHalka : public HalkaGroup {
                   "monitoredBarrier after ", timeout.count(), " ms.");
       absl::Status s =
           ms.count() > 0
-              ? client_->Recv(&token, 1, DType::kUInt8, to_halka_[r], tag,
+              ? client_->Recv(&token, 1, DType::kUInt8, PeerOf(r), tag,
                               within(ms)).status()
               : absl::DeadlineExceededError("no time left");
       if (s.ok()) continue;
@@ -164,7 +164,7 @@ class ProcessGroupHalka : public HalkaGroup {
                 " failed to pass monitoredBarrier in ", timeout.count(),
                 " ms (halka, the first: ", first_error, ")");
     for (int r = 1; r < getSize(); ++r) {
-      absl::Status s = client_->Send(&token, 1, DType::kUInt8, to_halka_[r],
+      absl::Status s = client_->Send(&token, 1, DType::kUInt8, PeerOf(r),
                                      tag, within(timeout)).status();
       TORCH_CHECK(s.ok(), "Rank 0 could not release rank ", r, " from "
                   "monitoredBarrier: ", s.ToString());
@@ -605,9 +605,11 @@ PYBIND11_MODULE(_halka_torch, m) {
   py::module_::import("torch.distributed");
   py::class_<halka::ProcessGroupHalka, halka::HalkaBackendBase,
              c10::intrusive_ptr<halka::ProcessGroupHalka>>(m, "ProcessGroupHalka")
-      .def(py::init<const c10::intrusive_ptr<c10d::Store>&, int, int, double>(),
+      .def(py::init<const c10::intrusive_ptr<c10d::Store>&, int, int, double,
+                    bool>(),
            py::arg("store"), py::arg("rank"), py::arg("size"),
-           py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>());
+           py::arg("timeout_s"), py::arg("subgroup") = false,
+           py::call_guard<py::gil_scoped_release>());
   m.def("_shutdown_all", &halka::torch_backend::HalkaGroup::ShutdownAll,
         "Stops every live halka group (halka.torch calls it at exit).");
 }

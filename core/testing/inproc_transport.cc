@@ -49,7 +49,7 @@ class InProcNetwork::Endpoint : public Transport {
     return absl::OkStatus();
   }
 
-  void Withdraw(uint64_t) override {}  // Send copies and delivers at once
+  void Withdraw(const OpId&) override {}  // Send copies and delivers at once
   void Reset(int) override {}
 
  private:

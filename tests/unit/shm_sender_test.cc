@@ -65,7 +65,7 @@ TEST(ShmSender, AFailedOperationsFramesLeaveAtOnceAndItsAbortIsNext) {
   sender.SendOne(frame(next, true, 8, false));
   absl::SleepFor(absl::Milliseconds(100));  // the writer is inside frame 0
   EXPECT_EQ(released.load(), 0);
-  sender.Withdraw(7);
+  sender.Withdraw(OpId{7});
   EXPECT_EQ(released.load(), 6);
   for (auto& b : buffers) std::fill(b.begin(), b.end(), uint8_t{0xEE});
   EXPECT_EQ(NextFrame(**rx), first);

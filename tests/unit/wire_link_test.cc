@@ -402,7 +402,7 @@ TEST_P(WireLinkTest, AFailedOperationsFramesLeaveAtOnceAndItsAbortIsNext) {
         next));
     absl::SleepFor(absl::Milliseconds(200));  // the socket is full by now
     EXPECT_LT(released.load(), kFrames) << "nothing waited behind the socket";
-    sender_->Withdraw(7);
+    sender_->Withdraw(OpId{7});
     // Every frame of operation 7 is let go within the writer's poll, while
     // the reader still reads nothing.
     for (int i = 0; i < 200 && released.load() < kFrames; ++i) {

@@ -102,7 +102,7 @@ class GrpcTransport::OutLink
 
   // The operation failed: its data frames leave the queue (the one gRPC
   // is writing stays: gRPC holds it), or the path withdraws them.
-  void Withdraw(uint64_t op_seq) {
+  void Withdraw(const OpId& op) {
     std::shared_ptr<LinkPath> path;
     std::deque<Pending> dropped;
     {
@@ -117,7 +117,7 @@ class GrpcTransport::OutLink
         queue_.pop_back();
       }
       for (Pending& p : rest) {
-        if (p.frame.data && p.frame.op_seq == op_seq) {
+        if (p.frame.DataOf(op)) {
           dropped.push_back(std::move(p));
         } else {
           queue_.push_back(std::move(p));
@@ -125,7 +125,7 @@ class GrpcTransport::OutLink
       }
     }
     for (Pending& p : dropped) p.Release();
-    if (path) path->Withdraw(op_seq);
+    if (path) path->Withdraw(op);
   }
 
   // The peer's answers to the offers (or the stream's end): the first
@@ -507,13 +507,13 @@ void GrpcTransport::SetServerAddresses(std::vector<std::string> addresses) {
   for (auto& l : stale) l->Cancel();
 }
 
-void GrpcTransport::Withdraw(uint64_t op_seq) {
+void GrpcTransport::Withdraw(const OpId& op) {
   std::vector<std::shared_ptr<OutLink>> all;
   {
     absl::MutexLock lock(&mu_);
     for (auto& [rank, link] : links_) all.push_back(link);
   }
-  for (auto& link : all) link->Withdraw(op_seq);
+  for (auto& link : all) link->Withdraw(op);
 }
 
 void GrpcTransport::Reset(int to) {

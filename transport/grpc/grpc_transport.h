@@ -54,7 +54,7 @@ class GrpcTransport : public Transport {
                     absl::Span<const uint8_t> payload,
                     std::function<void()> on_released) override;
   // Every link's own frames of the operation (OutLink::Withdraw).
-  void Withdraw(uint64_t op_seq) override;
+  void Withdraw(const OpId& op) override;
   void Reset(int to) override;
 
  private:

@@ -111,7 +111,7 @@ void ShmSender::Send(std::vector<OutFrame> frames) {
   for (OutFrame& f : released) Release(f);
 }
 
-void ShmSender::Withdraw(uint64_t op_seq) {
+void ShmSender::Withdraw(const OpId& op) {
   std::vector<OutFrame> dropped;
   std::vector<std::function<void()>> detached;
   {
@@ -119,7 +119,7 @@ void ShmSender::Withdraw(uint64_t op_seq) {
     absl::MutexLock lock(&mu_);
     std::deque<Queued> kept;
     for (Queued& q : queue_) {
-      if (!q.frame.data || q.frame.op_seq != op_seq) {
+      if (!q.frame.DataOf(op)) {
         kept.push_back(std::move(q));
       } else if (q.done > 0) {
         detached.push_back(DetachPayload(q.frame));  // `done` stays valid

@@ -79,7 +79,7 @@ class ShmSender : public LinkPath {
   void Send(std::vector<OutFrame> frames) override;
   // LinkPath: a queued frame the writer has begun (a frame larger than a
   // record) is copied; the others of the operation are dropped.
-  void Withdraw(uint64_t op_seq) override;
+  void Withdraw(const OpId& op) override;
   // Closes the ring (the receiver drains what was written), stops the
   // writer, waits for it, and releases every queued frame.
   void Close() override;

@@ -171,7 +171,7 @@ class WireSender : public LinkPath {
   // it being written is finished from a copy of its rest (the writer
   // thread copies it within 50 ms). A sealed record's payload is copied
   // when it is sealed, so the frame is released then already.
-  void Withdraw(uint64_t op_seq) override;
+  void Withdraw(const OpId& op) override;
   // Stops the thread (a write in progress is cut; an idle link ends with
   // its close record), waits for it, and releases what is still queued.
   // Never from the callbacks.
@@ -214,7 +214,7 @@ class WireSender : public LinkPath {
   // anything in queue_.
   std::shared_ptr<std::string> remainder_ ABSL_GUARDED_BY(mu_);
   // The last operation withdrawn (Withdraw); 0: none yet.
-  uint64_t withdrawn_op_ ABSL_GUARDED_BY(mu_) = 0;
+  OpId withdrawn_op_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> inline_frames_{0};
   std::atomic<uint64_t> inline_partial_{0};
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

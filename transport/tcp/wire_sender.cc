@@ -113,14 +113,14 @@ bool WireSender::TryInline(OutFrame& frame) {
   return true;
 }
 
-void WireSender::Withdraw(uint64_t op_seq) {
+void WireSender::Withdraw(const OpId& op) {
   std::vector<Frame> dropped;
   {
     absl::MutexLock lock(&mu_);
-    withdrawn_op_ = op_seq;
+    withdrawn_op_ = op;
     std::deque<Frame> kept;
     for (Frame& f : queue_) {
-      if (f.data && f.op_seq == op_seq) {
+      if (f.DataOf(op)) {
         dropped.push_back(std::move(f));
       } else {
         kept.push_back(std::move(f));
@@ -228,7 +228,7 @@ absl::Status WireSender::WriteAll(std::vector<iovec>& iov, Frame* frame) {
       bool withdrawn;
       {
         absl::MutexLock lock(&mu_);
-        withdrawn = withdrawn_op_ == frame->op_seq;
+        withdrawn = frame->DataOf(withdrawn_op_);
       }
       if (withdrawn) {
         for (size_t i = first; i < iov.size(); ++i) {

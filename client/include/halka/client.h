@@ -25,6 +25,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <vector>
 #include <type_traits>
 
 #include "absl/status/statusor.h"
@@ -58,6 +59,14 @@ struct OpOptions {
   // All-reduce only: kAuto lets the worker choose (naive one-shot for small
   // buffers, ring otherwise); kRing and kNaive force one.
   Algorithm algorithm = Algorithm::kAuto;
+  // A collective of a group of the job's ranks (torch's new_group): the
+  // job ranks in the group's order, this rank's among them; every member
+  // passes the same list. The call's roots, slices and world are then the
+  // group's (OpInfo::rank and world_size too), its operations are numbered
+  // by the group and run beside the job's collectives (and other groups'),
+  // one at a time: a client issues a group's calls one after another.
+  // Host memory only; not for Send and Recv. Empty: the whole job.
+  std::vector<int> group;
 };
 
 // What one operation did, as this rank saw it.

@@ -168,6 +168,23 @@ class Client:
         # The OpInfo of the last call that returns its result instead.
         self.last_info = None
 
+    def group(self, ranks):
+        """This connection's view of a group of the job's ranks (as torch's
+        new_group): `ranks` are job ranks in the group's order, this
+        rank's among them, and every member names the same list. The
+        view's collectives run on the group alone (roots, slices and
+        OpInfo.rank/world_size are the group's), numbered by the group,
+        beside the job's; its send/recv peers are group ranks. Host
+        memory only (a device tensor is refused). Issue a group's calls
+        one after another."""
+        ranks = tuple(int(r) for r in ranks)
+        view = object.__new__(type(self))
+        view.__dict__.update(self.__dict__)
+        view._c = self._c.with_group(list(ranks))
+        view.ranks = ranks
+        view.last_info = None
+        return view
+
     def all_reduce(self, x, op="sum", timeout=None, algorithm="auto"):
         """Reduces x over all ranks, in place. Returns an OpInfo."""
         a = _algorithm(algorithm)

@@ -52,8 +52,20 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
+def _in_halka_job():
+    """Whether a default process group of halka's runs: a group made now
+    (new_group, new_subgroups) is then a halka group of its ranks."""
+    try:
+        return _dist.is_initialized() and "halka" in str(_dist.get_backend())
+    except RuntimeError:
+        return False
+
+
 def _create_process_group(store, rank, world_size, timeout):
-    return ProcessGroupHalka(store, rank, world_size, timeout.total_seconds())
+    # A group inside halka's default group runs on its connection, as a
+    # group of the job's ranks; otherwise the group is a job of its own.
+    return ProcessGroupHalka(store, rank, world_size, timeout.total_seconds(),
+                             subgroup=_in_halka_job())
 
 
 if not hasattr(_dist.Backend, "HALKA"):

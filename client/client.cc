@@ -232,11 +232,14 @@ Client::Impl::InFlight::~InFlight() { im_.in_flight_.fetch_sub(1); }
 
 namespace {
 
-// Takes `mu` (the staging object's) for a call that stages: waits for it,
-// or, for a group's call, only takes it when it is free.
-bool StagingFor(absl::Mutex& mu, const v1::OpSpec& spec)
-    ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  if (spec.group_ranks_size() > 0) return mu.TryLock();
+// Takes `mu` (the staging object's) for a call that stages when it is
+// free: a call that finds it held goes inline instead of waiting, since the
+// call holding it may wait (in the worker) for a peer that waits for this
+// one (a group's call and the job's run beside each other). With
+// Transfer::kSharedMemory (no inline) it waits.
+bool StagingFor(absl::Mutex& mu, bool wait) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (mu.TryLock()) return true;
+  if (!wait) return false;
   mu.Lock();
   return true;
 }
@@ -361,12 +364,12 @@ absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
       // container): fall through to inline from now on.
       im.use_shm_ = false;
     } else if (spec.kind() != v1::SEND && spec.kind() != v1::RECV &&
-               StagingFor(im.staging_mu_, spec)) {
+               StagingFor(im.staging_mu_,
+                          im.options_.transfer == Transfer::kSharedMemory)) {
       // Not a send or recv: the staging object is held for the whole call,
       // and a recv may wait long for its peer while this client's other
-      // threads run collectives; those go inline unless zero-copy. A
-      // group's call runs beside the job's: it goes inline when another
-      // call holds the staging object.
+      // threads run collectives; those go inline unless zero-copy, as does
+      // a call that finds another holding the staging object (StagingFor).
       struct Unlock {
         absl::Mutex& mu;
         ~Unlock() { mu.Unlock(); }

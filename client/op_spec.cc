@@ -59,6 +59,7 @@ void SetOpOptions(const OpOptions& options, v1::OpSpec* spec) {
   spec->set_timeout_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(options.timeout)));
   for (int r : options.group) spec->add_group_ranks(r);
+  if (!options.group.empty()) spec->set_group_tag(options.group_tag);
 }
 
 }  // namespace

@@ -47,6 +47,22 @@ absl::StatusOr<uint64_t> Communicator::SkipOp(uint64_t seq,
     seq = *adopted;
   }
   next_op_seq_ = seq + 1;
+  SendSkip(seq, status);
+  return seq;
+}
+
+absl::StatusOr<uint64_t> Communicator::SkipNextOp(const absl::Status& status) {
+  absl::MutexLock lock(&op_mu_);
+  if (next_op_seq_ == 0) {
+    return absl::FailedPreconditionError(
+        "this rank adopts its peers' numbering: SkipOp");
+  }
+  const uint64_t seq = next_op_seq_++;
+  SendSkip(seq, status);
+  return seq;
+}
+
+void Communicator::SendSkip(uint64_t seq, const absl::Status& status) {
   // FAILED_PRECONDITION, not ABORTED: the ranks disagree on this call (one
   // refused it); nothing changed in the membership, and a re-run waits for
   // no new generation.
@@ -61,7 +77,6 @@ absl::StatusOr<uint64_t> Communicator::SkipOp(uint64_t seq,
     // Best effort: a peer whose link is down fails at its deadline.
     transport_->Send(to, meta, {}, [] {}).IgnoreError();
   }
-  return seq;
 }
 
 bool Communicator::AbortIfUntouched(absl::Status status) {

@@ -163,6 +163,9 @@ class Communicator {
   // of the wait (DEADLINE_EXCEEDED: no peer's operation reached this rank).
   absl::StatusOr<uint64_t> SkipOp(uint64_t seq, const absl::Status& status,
                                   absl::Time deadline);
+  // SkipOp of the number the next operation would take (next_op_seq(),
+  // read and given up under one lock); not for a rank that adopts (0).
+  absl::StatusOr<uint64_t> SkipNextOp(const absl::Status& status);
 
   // The sequence number the next operation will use (0: it adopts the
   // number of the operation its peers run), and a way to set it: the
@@ -194,6 +197,9 @@ class Communicator {
   absl::StatusOr<Fingerprint> SliceOpFingerprint(
       OpKind kind, size_t whole, size_t slice, DType dtype,
       Algorithm algorithm, absl::Duration timeout, int input_slice);
+  // SkipOp's ABORT frames for `seq`, to every peer (op_mu_ held).
+  void SendSkip(uint64_t seq, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   // A call refused before it reaches the ring: it takes its number and the
   // peers' copies fail at once (SkipOp); returns `refused`.
   absl::Status Refuse(absl::Status refused, absl::Duration timeout);

@@ -9,8 +9,8 @@
 
 namespace halka {
 
-uint64_t GroupId(absl::Span<const int> ranks) {
-  // FNV-1a over the list's length and ranks, then a final mix.
+uint64_t GroupId(absl::Span<const int> ranks, uint64_t tag) {
+  // FNV-1a over the tag, the list's length and ranks, then a final mix.
   uint64_t h = 0xcbf29ce484222325ull;
   auto mix = [&h](uint64_t v) {
     for (int i = 0; i < 8; ++i) {
@@ -18,6 +18,7 @@ uint64_t GroupId(absl::Span<const int> ranks) {
       h *= 0x100000001b3ull;
     }
   };
+  mix(tag);
   mix(ranks.size());
   for (int r : ranks) mix(static_cast<uint32_t>(r));
   h ^= h >> 33;
@@ -64,12 +65,13 @@ class SubRing::GroupTransport : public Transport {
   const int job_rank_;
 };
 
-SubRing::SubRing(uint64_t id, std::vector<int> ranks, Inbox* job_inbox)
-    : id_(id), ranks_(std::move(ranks)), job_inbox_(job_inbox) {}
+SubRing::SubRing(uint64_t id, uint64_t tag, std::vector<int> ranks,
+                 Inbox* job_inbox)
+    : id_(id), tag_(tag), ranks_(std::move(ranks)), job_inbox_(job_inbox) {}
 
 absl::StatusOr<std::unique_ptr<SubRing>> SubRing::Attach(
     const CommConfig& job, Transport* transport, Inbox* inbox,
-    std::vector<int> ranks) {
+    std::vector<int> ranks, uint64_t tag) {
   const std::string list = absl::StrCat("[", absl::StrJoin(ranks, ","), "]");
   if (ranks.empty()) {
     return absl::InvalidArgumentError("a group needs at least one rank");
@@ -91,8 +93,8 @@ absl::StatusOr<std::unique_ptr<SubRing>> SubRing::Attach(
         "group ", list, " does not hold this worker's rank ", job.rank,
         ": only a group's members call its collectives"));
   }
-  const uint64_t id = GroupId(ranks);
-  std::unique_ptr<SubRing> ring(new SubRing(id, ranks, inbox));
+  const uint64_t id = GroupId(ranks, tag);
+  std::unique_ptr<SubRing> ring(new SubRing(id, tag, ranks, inbox));
   CommConfig c = job;
   c.rank = me;
   c.world_size = static_cast<int>(ranks.size());
@@ -126,7 +128,8 @@ SubRing::~SubRing() {
 }
 
 std::string SubRing::Name() const {
-  return absl::StrCat("group [", absl::StrJoin(ranks_, ","), "]");
+  return absl::StrCat("group [", absl::StrJoin(ranks_, ","), "]",
+                      tag_ == 0 ? "" : absl::StrCat(" tag ", tag_));
 }
 
 }  // namespace halka

@@ -33,9 +33,10 @@
 
 namespace halka {
 
-// The id of the group of `ranks` (in the group's order): a 64-bit hash of
-// the list, never 0. Every member computes the same.
-uint64_t GroupId(absl::Span<const int> ranks);
+// The id of the group of `ranks` (in the group's order) tagged `tag`
+// (OpSpec.group_tag: groups of the same ranks are told apart by it): a
+// 64-bit hash of both, never 0. Every member computes the same.
+uint64_t GroupId(absl::Span<const int> ranks, uint64_t tag = 0);
 
 class SubRing {
  public:
@@ -45,12 +46,13 @@ class SubRing {
   // repeated or outside the job, or a list without job.rank.
   static absl::StatusOr<std::unique_ptr<SubRing>> Attach(
       const CommConfig& job, Transport* transport, Inbox* inbox,
-      std::vector<int> ranks);
+      std::vector<int> ranks, uint64_t tag = 0);
   ~SubRing();  // detaches the group from the job's inbox
   SubRing(const SubRing&) = delete;
   SubRing& operator=(const SubRing&) = delete;
 
   uint64_t id() const { return id_; }
+  uint64_t tag() const { return tag_; }
   const std::vector<int>& ranks() const { return ranks_; }
   Communicator& comm() { return *comm_; }
   // "group [0,2,3]".
@@ -58,9 +60,10 @@ class SubRing {
 
  private:
   class GroupTransport;
-  SubRing(uint64_t id, std::vector<int> ranks, Inbox* job_inbox);
+  SubRing(uint64_t id, uint64_t tag, std::vector<int> ranks, Inbox* job_inbox);
 
   const uint64_t id_;
+  const uint64_t tag_;
   const std::vector<int> ranks_;
   Inbox* const job_inbox_;
   std::shared_ptr<Inbox> inbox_;

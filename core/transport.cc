@@ -242,9 +242,16 @@ absl::Status Inbox::ToGroup(const GroupRoute& route, int from,
         "rank ", from, " sent a frame of group ", frame.meta.group,
         ", which it is not a member of"));
   }
+  const uint64_t id = frame.meta.group;
   frame.meta.sender_rank = r->second;
   frame.meta.group = 0;  // in the group's inbox, the group's own frames
-  return route.inbox->Deliver(r->second, std::move(frame));
+  absl::Status s = route.inbox->Deliver(r->second, std::move(frame));
+  if (!s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat("group ", id, " (job rank ", from,
+                               " is its rank ", r->second, "): ", s.message()));
+  }
+  return s;
 }
 
 absl::Status Inbox::RouteGroup(int from, InFrame frame) {
@@ -255,13 +262,22 @@ absl::Status Inbox::RouteGroup(int from, InFrame frame) {
   const uint64_t bytes = frame.PayloadBytes();
   const uint64_t limit = budget_.per_peer != 0 ? budget_.per_peer
                                                : ByteBudget().per_peer;
-  if ((held_.count(id) == 0 && held_.size() >= kMaxHeldGroups) ||
-      held_frames_ >= kMaxQueuedFrames || held_bytes_ + bytes > limit) {
+  // Past the bounds, the groups held longest are let go of first (a group
+  // no call here ever starts, a list one member got wrong, must not hold
+  // its room for good); a group's own frames past them are refused.
+  auto full = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return (held_.count(id) == 0 && held_.size() >= kMaxHeldGroups) ||
+           held_frames_ >= kMaxQueuedFrames || held_bytes_ + bytes > limit;
+  };
+  while (full() && !held_order_.empty() && held_order_.front() != id) {
+    DropHeld(held_order_.front());
+  }
+  if (full()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "rank ", from, " sent a frame of group ", id, ", which no call of "
         "this rank has started, past the limit of what is held for such "
-        "groups (", held_.size(), " groups, ", held_frames_, " frames, ",
-        held_bytes_, " bytes of at most ", limit, ")"));
+        "groups (", held_frames_, " frames, ", held_bytes_,
+        " bytes of at most ", limit, ")"));
   }
   // Held for a while: bytes of its own, not the link's (a same-host ring
   // frees its space only as its records are let go of).
@@ -280,7 +296,9 @@ absl::Status Inbox::RouteGroup(int from, InFrame frame) {
   frame.keepalive = std::move(own);
   frame.intact = nullptr;
   frame.landed = false;
-  held_[id].emplace_back(from, std::move(frame));
+  auto& held = held_[id];
+  if (held.empty()) held_order_.push_back(id);
+  held.emplace_back(from, std::move(frame));
   ++held_frames_;
   held_bytes_ += bytes;
   return absl::OkStatus();
@@ -313,9 +331,24 @@ absl::Status Inbox::AttachGroup(uint64_t id, std::vector<int> ranks,
       ToGroup(route, from, std::move(frame)).IgnoreError();  // as on arrival
     }
     held_.erase(held);
+    held_order_.erase(
+        std::find(held_order_.begin(), held_order_.end(), id));
   }
   groups_.emplace(id, std::move(route));
   return absl::OkStatus();
+}
+
+void Inbox::DropHeld(uint64_t id) {
+  auto held = held_.find(id);
+  if (held != held_.end()) {
+    for (const auto& [from, frame] : held->second) {
+      --held_frames_;
+      held_bytes_ -= std::min(held_bytes_, uint64_t{frame.PayloadBytes()});
+    }
+    held_.erase(held);
+  }
+  auto at = std::find(held_order_.begin(), held_order_.end(), id);
+  if (at != held_order_.end()) held_order_.erase(at);
 }
 
 void Inbox::DetachGroup(uint64_t id) {

@@ -215,8 +215,11 @@ class Inbox {
   void DetachGroup(uint64_t id);
   // Frames held for groups that are not attached: at most kMaxHeldGroups
   // groups, kMaxQueuedFrames frames, and the byte budget's per_peer bytes
-  // in all (a peer past them gets RESOURCE_EXHAUSTED, as above); they
-  // hold bytes of their own, not their link's.
+  // in all; past them the groups held longest are let go of (their frames
+  // dropped: a member's call that comes later waits for them in vain, to
+  // its deadline), and a frame that does not fit even then gets
+  // RESOURCE_EXHAUSTED, as above. They hold bytes of their own, not their
+  // link's.
   static constexpr size_t kMaxHeldGroups = 64;
 
  private:
@@ -234,6 +237,9 @@ class Inbox {
   std::map<uint64_t, GroupRoute> groups_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::deque<std::pair<int, InFrame>>> held_
       ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> held_order_ ABSL_GUARDED_BY(mu_);  // first held first
+  // Drops what is held for group `id`.
+  void DropHeld(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t held_frames_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 

@@ -57,11 +57,12 @@ std::shared_ptr<Ring> RingOf(const v1::Membership& m, int rank, bool adopted,
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<SubRing>> Ring::Group(std::vector<int> ranks) {
-  const uint64_t id = GroupId(ranks);
+absl::StatusOr<std::shared_ptr<SubRing>> Ring::Group(std::vector<int> ranks,
+                                                     uint64_t tag) {
+  const uint64_t id = GroupId(ranks, tag);
   absl::MutexLock lock(&groups_mu_);
   if (auto g = groups_.find(id); g != groups_.end()) {
-    if (g->second->ranks() != ranks) {
+    if (g->second->ranks() != ranks || g->second->tag() != tag) {
       return absl::InternalError(absl::StrCat(
           g->second->Name(), " and group [", absl::StrJoin(ranks, ","),
           "] have the same id ", id, ": a hash collision"));
@@ -75,11 +76,20 @@ absl::StatusOr<std::shared_ptr<SubRing>> Ring::Group(std::vector<int> ranks) {
   }
   absl::StatusOr<std::unique_ptr<SubRing>> made =
       SubRing::Attach(comm->config(), transport.get(), inbox.get(),
-                      std::move(ranks));
+                      std::move(ranks), tag);
   if (!made.ok()) return made.status();
   std::shared_ptr<SubRing> group = std::move(*made);
   groups_.emplace(id, group);
   return group;
+}
+
+void Ring::AbortUntouchedGroups(const absl::Status& status) {
+  std::vector<std::shared_ptr<SubRing>> groups;
+  {
+    absl::MutexLock lock(&groups_mu_);
+    for (const auto& [id, g] : groups_) groups.push_back(g);
+  }
+  for (const auto& g : groups) g->comm().AbortIfUntouched(status);
 }
 
 Ring::~Ring() {
@@ -292,9 +302,12 @@ absl::StatusOr<std::shared_ptr<Inbox>> RingBook::InboxFor(uint64_t generation) {
     // still comparing fingerprints waits for that peer in vain. Stop it
     // (it re-runs on the new ring); one past that point finishes here.
     if (ring_ != nullptr) {
-      ring_->comm->AbortIfUntouched(absl::AbortedError(absl::StrCat(
+      const absl::Status newer = absl::AbortedError(absl::StrCat(
           "a peer already runs generation ", generation, " of job ",
-          options_.job_id)));
+          options_.job_id));
+      ring_->comm->AbortIfUntouched(newer);
+      // The same for its groups' (RunGroup runs them again there).
+      ring_->AbortUntouchedGroups(newer);
     }
   }
   return inbox;

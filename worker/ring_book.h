@@ -65,7 +65,11 @@ struct Ring {
   // OpSpec.group_ranks) on this ring's links, made at its first call
   // here. Errors: SubRing::Attach's; RESOURCE_EXHAUSTED past kMaxGroups
   // groups on one ring.
-  absl::StatusOr<std::shared_ptr<SubRing>> Group(std::vector<int> ranks);
+  absl::StatusOr<std::shared_ptr<SubRing>> Group(std::vector<int> ranks,
+                                                 uint64_t tag);
+  // Aborts each group's running operation that has not touched its buffer
+  // (Communicator::AbortIfUntouched): a peer already runs a newer ring.
+  void AbortUntouchedGroups(const absl::Status& status);
   static constexpr size_t kMaxGroups = 4096;
   ~Ring();
 

@@ -83,16 +83,20 @@ class PyClient {
   }
   // The same connection, its collectives on a group of the job's ranks
   // (OpOptions::group).
-  std::shared_ptr<PyClient> WithGroup(std::vector<int> ranks) const {
+  std::shared_ptr<PyClient> WithGroup(std::vector<int> ranks,
+                                      uint64_t tag) const {
     if (ranks.empty()) {
       throw StatusException{
           absl::InvalidArgumentError("a group needs at least one rank")};
     }
-    return std::make_shared<PyClient>(c_, std::move(ranks));
+    auto view = std::make_shared<PyClient>(c_, std::move(ranks));
+    view->group_tag_ = tag;
+    return view;
   }
   OpOptions Opts(double timeout_s, int algorithm) const {
     OpOptions o = Options(timeout_s, algorithm);
     o.group = group_;
+    o.group_tag = group_tag_;
     return o;
   }
 
@@ -172,8 +176,7 @@ class PyClient {
   // Point to point on host memory (a device tensor goes through the host).
   // In a group's view, peers are group ranks: sent to and taken from the
   // job rank the group names (a message has no group: a recv from any
-  // rank may take a non-member's, whose job rank OpInfo.peer then is, -1
-  // past the group's).
+  // rank may take a non-member's, and OpInfo.peer is then -1).
   OpInfo Send(uintptr_t data, size_t n, int dtype, int to, int tag,
               double timeout_s) {
     const DType d = ToDType(dtype);
@@ -227,6 +230,7 @@ class PyClient {
   }
   std::shared_ptr<Client> c_;
   const std::vector<int> group_;
+  uint64_t group_tag_ = 0;
 };
 
 class PyLocalCluster {

@@ -130,7 +130,14 @@ class HalkaGroup : public HalkaBackendBase {
   // Unlist, alive, until this is done with it.
   static void ShutdownAll() {
     std::lock_guard<std::mutex> l(LiveGroupsMu());
-    for (HalkaGroup* g : LiveGroups()) g->Shutdown(/*abandon=*/true);
+    // The groups that own a worker first: stopping it ends its subgroups'
+    // running operations too (they share it), which would otherwise hold
+    // the exit until their deadline.
+    for (bool owners : {true, false}) {
+      for (HalkaGroup* g : LiveGroups()) {
+        if ((g->worker_ != nullptr) == owners) g->Shutdown(/*abandon=*/true);
+      }
+    }
     LiveGroups().clear();
   }
 
@@ -241,6 +248,16 @@ class HalkaGroup : public HalkaBackendBase {
                 "ProcessGroup halka: a new group needs the default process "
                 "group to be halka's (init_process_group(\"halka\")) and "
                 "alive");
+    // Groups of the same ranks (new_group([0, 1]) twice) are told apart
+    // by a tag the group's first rank draws.
+    if (rank == 0) {
+      std::random_device rd;
+      store->set("halka/group_tag",
+                 Bytes(absl::StrCat((uint64_t{rd()} << 32) | rd())));
+    }
+    TORCH_CHECK(absl::SimpleAtoi(Str(store->get("halka/group_tag")),
+                                 &group_tag_),
+                "ProcessGroup halka: the group's tag is not a number");
     store->set(absl::StrCat("halka/job_rank/", rank),
                Bytes(absl::StrCat(job_rank)));
     group_.assign(size, -1);
@@ -266,6 +283,19 @@ class HalkaGroup : public HalkaBackendBase {
   // and the torch rank of the job rank a message came from (-1: none of
   // this group's).
   int PeerOf(int r) const { return peer_[static_cast<size_t>(r)]; }
+  // The tag a message of this group carries: torch's own in the default
+  // group; in a subgroup one mixed with the group's tag, so that the
+  // group's messages and the default group's (or another group's) between
+  // the same two ranks do not match each other's receives.
+  int TagOf(int tag) const {
+    if (group_.empty()) return tag;
+    uint64_t h = group_tag_ ^ (static_cast<uint64_t>(static_cast<uint32_t>(tag)) *
+                               0x9e3779b97f4a7c15ull);
+    h ^= h >> 31;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 29;
+    return static_cast<int>(static_cast<uint32_t>(h));
+  }
   int TorchOfPeer(int job_rank) const {
     auto at = std::find(peer_.begin(), peer_.end(), job_rank);
     return at == peer_.end() ? -1 : static_cast<int>(at - peer_.begin());
@@ -307,6 +337,7 @@ class HalkaGroup : public HalkaBackendBase {
     OpOptions o;
     o.timeout = timeout.count() > 0 ? absl::FromChrono(timeout) : timeout_;
     o.group = group_;
+    o.group_tag = group_tag_;
     return o;
   }
 
@@ -341,10 +372,23 @@ class HalkaGroup : public HalkaBackendBase {
                 " root ", root, " is not a rank of this group of ", getSize());
   }
 
+  // Whether a CUDA tensor's collective goes through host memory: a
+  // subgroup's does (a halka group's collectives take host memory; they
+  // run beside the job's, which own the worker's device context).
+  bool Staged(const at::Tensor& t) const {
+    return t.is_cuda() && !group_.empty();
+  }
+
   // An all-reduce of t in place, on the group's thread (a CUDA tensor's
-  // memory stays on the device).
+  // memory stays on the device, except in a subgroup: a host copy).
   absl::Status AllReduceNow(const at::Tensor& t, Elements e, ReduceOp op,
                             const OpOptions& o) {
+    if (Staged(t)) {
+      at::Tensor h = t.to(at::kCPU);
+      absl::Status s = AllReduceNow(h, e, op, o);
+      if (s.ok()) t.copy_(h);
+      return s;
+    }
     const size_t n = e.count(t);
     const DType d = e.dtype;
     return (t.is_cuda() ? client_->AllReduceDevice(t.data_ptr(), n, d, op, o)
@@ -355,6 +399,12 @@ class HalkaGroup : public HalkaBackendBase {
   // A broadcast of t from halka rank `root`, on the group's thread.
   absl::Status BroadcastNow(const at::Tensor& t, int root,
                             const OpOptions& o) {
+    if (Staged(t)) {
+      at::Tensor h = t.to(at::kCPU);
+      absl::Status s = BroadcastNow(h, root, o);
+      if (s.ok()) t.copy_(h);
+      return s;
+    }
     const Elements e = Moved(t);
     const size_t n = e.count(t);
     const DType d = e.dtype;
@@ -364,9 +414,15 @@ class HalkaGroup : public HalkaBackendBase {
   }
 
   // An all-gather of `in` into `flat` on the group's thread (a CUDA
-  // tensor's memory stays on the device).
+  // tensor's memory stays on the device, except in a subgroup).
   absl::Status AllGatherNow(const at::Tensor& in, const at::Tensor& flat,
                             const OpOptions& o) {
+    if (Staged(in) || Staged(flat)) {
+      at::Tensor h = flat.to(at::kCPU);
+      absl::Status s = AllGatherNow(in.to(at::kCPU), h, o);
+      if (s.ok()) flat.copy_(h);
+      return s;
+    }
     const Elements e = Moved(in);
     const size_t n = e.count(in);
     const size_t total = e.count(flat);
@@ -484,6 +540,7 @@ class HalkaGroup : public HalkaBackendBase {
         type, std::vector<at::Tensor>{t});
     HalkaWork* w = work.get();  // lives while queued (the item holds it)
     const int halka_peer = peer < 0 ? -1 : PeerOf(peer);
+    tag = TagOf(tag);
     return Enqueue(work, type, [this, t, send, halka_peer, tag, o, w] {
       at::Tensor host = t.is_cuda() || !t.is_contiguous()
                             ? t.to(at::kCPU).contiguous()
@@ -535,6 +592,17 @@ class HalkaGroup : public HalkaBackendBase {
       const size_t n = e.count(send);
       const size_t m = e.count(out);
       const DType d = e.dtype;
+      if (Staged(send) || Staged(out)) {
+        at::Tensor h = out.to(at::kCPU);
+        absl::Status s = client_->ReduceScatter(send.to(at::kCPU).data_ptr(), n,
+                                                h.data_ptr(), m, d, op, o)
+                             .status();
+        if (s.ok()) {
+          out.copy_(h);
+          place();
+        }
+        return s;
+      }
       const absl::Status s =
           (send.is_cuda()
                   ? client_->ReduceScatterDevice(send.data_ptr(), n,
@@ -627,6 +695,7 @@ class HalkaGroup : public HalkaBackendBase {
   std::unique_ptr<EmbeddedWorker> worker_;
   std::shared_ptr<Client> client_;  // a subgroup shares the job's
   std::vector<int> group_;  // a subgroup's job ranks, by torch rank; empty
+  uint64_t group_tag_ = 0;  // a subgroup's (OpOptions::group_tag)
   std::vector<int> peer_;   // the job rank of each torch rank (send, recv)
   std::vector<int> to_halka_;  // by torch rank
   std::vector<int64_t> to_torch_;  // by halka rank

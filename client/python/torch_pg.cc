@@ -118,7 +118,7 @@ class ProcessGroupHalka : public HalkaGroup {
             : std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout_));
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     const int me = getRank();
-    const int tag = kMonitoredBarrierTag;
+    const int tag = TagOf(kMonitoredBarrierTag);
     uint8_t token = 1;
     auto left = [&] {
       return std::chrono::duration_cast<std::chrono::milliseconds>(

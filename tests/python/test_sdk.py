@@ -291,6 +291,47 @@ class SdkTest(unittest.TestCase):
             return True
         self.assertTrue(self.on_all(wrong)[3])
 
+    def test_groups_run_their_own_collectives(self):
+        # Groups [2, 0] and [1, 3] at once: each one's all-reduce, broadcast
+        # (group root 0: job ranks 2 and 1), all-gather (group order) and
+        # send/recv by group rank; then the job's own all-reduce.
+        groups = ([2, 0], [1, 3])
+        views = {r: self.clients[r].group(g) for g in groups for r in g}
+
+        def body(rank, c):
+            v = views[rank]
+            x = np.full(N, rank + 1, np.int64)
+            info = v.all_reduce(x)
+            b = np.full(7, float(rank), np.float32)
+            v.broadcast(b, root=0)
+            gathered = v.all_gather(np.full(3, rank, np.int32))
+            me = v.ranks.index(rank)
+            msg = np.zeros(2, np.float64)
+            if me == 0:
+                v.send(np.full(2, 9.5), 1, tag=4)
+            else:
+                self.assertEqual(v.recv(msg, 0, tag=4).peer, 0)
+            return x, info, b, gathered, msg
+        out = self.on_all(body)
+        for r in range(WORLD):
+            g = next(g for g in groups if r in g)
+            x, info, b, gathered, msg = out[r]
+            np.testing.assert_array_equal(x, np.full(N, sum(m + 1 for m in g)))
+            self.assertEqual((info.rank, info.world_size), (g.index(r), 2))
+            np.testing.assert_array_equal(b, np.full(7, float(g[0])))
+            np.testing.assert_array_equal(
+                np.asarray(gathered).reshape(2, 3)[:, 0], np.array(g))
+            if g.index(r) == 1:
+                np.testing.assert_array_equal(msg, np.full(2, 9.5))
+        with self.assertRaisesRegex(halka.InvalidArgumentError,
+                                    "does not hold this worker's rank 0"):
+            self.clients[0].group([1, 2]).all_reduce(np.ones(3, np.float32),
+                                                     timeout=5)
+        with self.assertRaisesRegex(halka.InvalidArgumentError, "rank 5"):
+            views[0].send(np.ones(2), 5)
+        ones = self.on_all(lambda r, c: c.all_reduce(np.ones(N, np.float32)))
+        self.assertTrue(all(i.world_size == WORLD for i in ones))
+
     def test_barrier(self):
         infos = self.on_all(lambda r, c: c.barrier(timeout=10))
         self.assertEqual(sorted(i.rank for i in infos), list(range(WORLD)))

@@ -39,8 +39,10 @@ InFrame GroupFrame(uint64_t group, uint64_t op_seq, int sender, int step,
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(5); }
 
-TEST(GroupId, TheSameListTheSameIdAnotherOrderAnother) {
+TEST(GroupId, TheSameListTheSameIdAnotherOrderOrTagAnother) {
   EXPECT_EQ(GroupId({0, 2, 3}), GroupId({0, 2, 3}));
+  EXPECT_EQ(GroupId({0, 2, 3}, 9), GroupId({0, 2, 3}, 9));
+  EXPECT_NE(GroupId({0, 2, 3}, 9), GroupId({0, 2, 3}, 10));
   EXPECT_NE(GroupId({0, 2, 3}), GroupId({0, 3, 2}));
   EXPECT_NE(GroupId({0, 2}), GroupId({0, 2, 3}));
   EXPECT_NE(GroupId({1}), 0u);
@@ -97,7 +99,7 @@ TEST(InboxGroups, EarlyFramesAreHeldThenHandedOverInOrder) {
   EXPECT_EQ(again->Next(1, 2, {}, Soon()).type, Inbox::Event::kFrame);
 }
 
-TEST(InboxGroups, WhatIsHeldForUnattachedGroupsIsBounded) {
+TEST(InboxGroups, WhatIsHeldForUnattachedGroupsIsBoundedOldestFirst) {
   Inbox job(4);
   Inbox::ByteBudget budget;
   budget.per_peer = 1000;
@@ -105,8 +107,14 @@ TEST(InboxGroups, WhatIsHeldForUnattachedGroupsIsBounded) {
   for (size_t g = 0; g < Inbox::kMaxHeldGroups; ++g) {
     ASSERT_TRUE(job.Deliver(1, GroupFrame(1000 + g, 1, 1, 0)).ok()) << g;
   }
+  // The 65th group lets go of the first.
   absl::Status s = job.Deliver(1, GroupFrame(5, 1, 1, 0));
-  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_TRUE(s.ok()) << s;
+  auto first = std::make_shared<Inbox>(2), last = std::make_shared<Inbox>(2);
+  ASSERT_TRUE(job.AttachGroup(1000, {0, 1}, first).ok());
+  ASSERT_TRUE(job.AttachGroup(5, {0, 1}, last).ok());
+  EXPECT_EQ(first->Next(1, 1, {}, absl::Now()).type, Inbox::Event::kTimeout);
+  EXPECT_EQ(last->Next(1, 1, {}, Soon()).type, Inbox::Event::kFrame);
   // Bytes: an attached group's held frames leave the count.
   Inbox other(4);
   other.SetByteBudget(budget);
@@ -116,6 +124,16 @@ TEST(InboxGroups, WhatIsHeldForUnattachedGroupsIsBounded) {
   auto group = std::make_shared<Inbox>(2);
   ASSERT_TRUE(other.AttachGroup(7, {0, 1}, group).ok());
   EXPECT_TRUE(other.Deliver(1, GroupFrame(8, 1, 1, 0, std::vector<uint8_t>(600))).ok());
+  // Room for a new group is made by letting go of the one held longest.
+  EXPECT_TRUE(other.Deliver(1, GroupFrame(9, 1, 1, 0, std::vector<uint8_t>(600))).ok());
+  auto nine = std::make_shared<Inbox>(2), eight = std::make_shared<Inbox>(2);
+  ASSERT_TRUE(other.AttachGroup(9, {0, 1}, nine).ok());
+  ASSERT_TRUE(other.AttachGroup(8, {0, 1}, eight).ok());
+  EXPECT_EQ(nine->Next(1, 1, {}, Soon()).type, Inbox::Event::kFrame);
+  EXPECT_EQ(eight->Next(1, 1, {}, absl::Now()).type, Inbox::Event::kTimeout);
+  // A frame larger than the room for held frames: refused.
+  s = other.Deliver(1, GroupFrame(10, 1, 1, 0, std::vector<uint8_t>(1200)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
 }
 
 TEST(InboxGroups, LinkFailuresAndInterruptsReachTheGroup) {
@@ -227,6 +245,51 @@ TEST(SubRings, GroupsAndTheJobRunAtOnceBitForBit) {
       }
     }
   }
+}
+
+// A member whose call is refused before it reaches the group gives its
+// number up (SkipNextOp): the other's copy fails at once naming it, and
+// the group's next call pairs.
+TEST(SubRings, ASkippedNumberFailsTheOthersAtOnceAndTheNextPairs) {
+  halka::testing::InProcRing ring(3, 64);
+  std::vector<std::unique_ptr<SubRing>> subs;
+  for (int r : {2, 0}) {
+    absl::StatusOr<std::unique_ptr<SubRing>> s = SubRing::Attach(
+        ring.comms[r]->config(), ring.net.transport(r), ring.net.inbox(r),
+        {2, 0}, /*tag=*/5);
+    ASSERT_TRUE(s.ok()) << s.status();
+    subs.push_back(std::move(*s));
+  }
+  std::vector<float> x(10, 1.0f), y(10, 2.0f);
+  const absl::Time start = absl::Now();
+  auto waiting = std::async(std::launch::async, [&] {
+    return subs[1]->comm().AllReduce(x.data(), x.size(), DType::kFloat32,
+                                     ReduceOp::kSum, absl::Seconds(20));
+  });
+  absl::StatusOr<uint64_t> skipped =
+      subs[0]->comm().SkipNextOp(absl::InvalidArgumentError("bad counts"));
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  EXPECT_EQ(*skipped, 1u);
+  absl::StatusOr<OpResult> failed = waiting.get();
+  ASSERT_FALSE(failed.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(failed.status().message(), "w2"))
+      << failed.status();
+  EXPECT_TRUE(absl::StrContains(failed.status().message(), "bad counts"))
+      << failed.status();
+  auto again = std::async(std::launch::async, [&] {
+    return subs[1]->comm().AllReduce(x.data(), x.size(), DType::kFloat32,
+                                     ReduceOp::kSum, absl::Seconds(20));
+  });
+  absl::StatusOr<OpResult> mine = subs[0]->comm().AllReduce(
+      y.data(), y.size(), DType::kFloat32, ReduceOp::kSum, absl::Seconds(20));
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  ASSERT_TRUE(again.get().ok());
+  EXPECT_EQ(mine->op_seq, 2u);
+  EXPECT_EQ(x, std::vector<float>(10, 3.0f));
+  EXPECT_EQ(y, x);
+  EXPECT_EQ(subs[0]->Name(), "group [2,0] tag 5");
 }
 
 TEST(SubRings, AttachRefusesWhatIsNotAGroupOfThisRank) {

@@ -213,8 +213,10 @@ class WireSender : public LinkPath {
   // The rest of a record the caller's thread began: written before
   // anything in queue_.
   std::shared_ptr<std::string> remainder_ ABSL_GUARDED_BY(mu_);
-  // The last operation withdrawn (Withdraw); 0: none yet.
-  OpId withdrawn_op_ ABSL_GUARDED_BY(mu_);
+  // The operations withdrawn last (Withdraw), oldest first: the job's and
+  // its groups' (a group's withdrawal must not hide the job's).
+  std::deque<OpId> withdrawn_ops_ ABSL_GUARDED_BY(mu_);
+  static constexpr size_t kWithdrawnRemembered = 16;
   std::atomic<uint64_t> inline_frames_{0};
   std::atomic<uint64_t> inline_partial_{0};
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

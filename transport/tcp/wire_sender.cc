@@ -117,7 +117,10 @@ void WireSender::Withdraw(const OpId& op) {
   std::vector<Frame> dropped;
   {
     absl::MutexLock lock(&mu_);
-    withdrawn_op_ = op;
+    withdrawn_ops_.push_back(op);
+    if (withdrawn_ops_.size() > kWithdrawnRemembered) {
+      withdrawn_ops_.pop_front();
+    }
     std::deque<Frame> kept;
     for (Frame& f : queue_) {
       if (f.DataOf(op)) {
@@ -228,7 +231,9 @@ absl::Status WireSender::WriteAll(std::vector<iovec>& iov, Frame* frame) {
       bool withdrawn;
       {
         absl::MutexLock lock(&mu_);
-        withdrawn = frame->DataOf(withdrawn_op_);
+        withdrawn = std::any_of(
+            withdrawn_ops_.begin(), withdrawn_ops_.end(),
+            [&](const OpId& op) { return frame->DataOf(op); });
       }
       if (withdrawn) {
         for (size_t i = first; i < iov.size(); ++i) {

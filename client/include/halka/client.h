@@ -67,6 +67,9 @@ struct OpOptions {
   // one at a time: a client issues a group's calls one after another.
   // Host memory only; not for Send and Recv. Empty: the whole job.
   std::vector<int> group;
+  // Tells apart groups of the same ranks (each with its own numbering and
+  // order of calls): every member of a group passes the same tag.
+  uint64_t group_tag = 0;
 };
 
 // What one operation did, as this rank saw it.

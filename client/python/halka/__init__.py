@@ -165,10 +165,12 @@ class Client:
     def __init__(self, address):
         self._c = _halka.Client.connect(address)
         self.address = address
+        # The job ranks of this view's group (group()); None: the job.
+        self.ranks = None
         # The OpInfo of the last call that returns its result instead.
         self.last_info = None
 
-    def group(self, ranks):
+    def group(self, ranks, tag=0):
         """This connection's view of a group of the job's ranks (as torch's
         new_group): `ranks` are job ranks in the group's order, this
         rank's among them, and every member names the same list. The
@@ -176,11 +178,12 @@ class Client:
         OpInfo.rank/world_size are the group's), numbered by the group,
         beside the job's; its send/recv peers are group ranks. Host
         memory only (a device tensor is refused). Issue a group's calls
-        one after another."""
+        one after another. `tag` tells apart groups of the same ranks
+        (each numbers its calls on its own): the same on every member."""
         ranks = tuple(int(r) for r in ranks)
         view = object.__new__(type(self))
         view.__dict__.update(self.__dict__)
-        view._c = self._c.with_group(list(ranks))
+        view._c = self._c.with_group(list(ranks), int(tag))
         view.ranks = ranks
         view.last_info = None
         return view
@@ -325,10 +328,15 @@ class Client:
 
     @property
     def rank(self):
-        return int(self.info().get("rank", 0))
+        """This rank: in a group's view (group()), its rank in the group."""
+        job_rank = int(self.info().get("rank", 0))
+        return job_rank if self.ranks is None else self.ranks.index(job_rank)
 
     @property
     def world_size(self):
+        """The job's world: in a group's view, the group's size."""
+        if self.ranks is not None:
+            return len(self.ranks)
         return int(self.info().get("world_size", 0))
 
     def ring_health(self):

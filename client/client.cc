@@ -177,6 +177,13 @@ class Client::Impl {
   // flight: only a request sent while no other is in flight is stamped.
   const uint64_t caller_id_ = NewCallerId();
   std::atomic<uint64_t> calls_sent_{0};
+  // Whether the worker runs a group's collectives (InfoReply.groups): 0 not
+  // asked yet, 1 yes, 2 no.
+  std::atomic<int> groups_{0};
+  // OK for a call of the job; for a group's call, OK once the worker said
+  // it runs groups (asked once), else FAILED_PRECONDITION: an older worker
+  // would run it as the job's.
+  absl::Status CheckGroups(const v1::OpSpec& spec);
   std::atomic<int> in_flight_{0};
 
   absl::Mutex device_mu_;  // held for a whole device reduce-scatter
@@ -310,8 +317,31 @@ absl::Status Client::Impl::GrowStaging(size_t bytes) {
   return absl::OkStatus();
 }
 
+absl::Status Client::Impl::CheckGroups(const v1::OpSpec& spec) {
+  if (spec.group_ranks_size() == 0 || groups_.load() == 1) {
+    return absl::OkStatus();
+  }
+  if (groups_.load() == 0) {
+    grpc::ClientContext ctx;
+    SetTimeout(ctx, absl::Seconds(10));
+    ctx.set_wait_for_ready(true);
+    v1::InfoReply reply;
+    grpc::Status s = stub_->GetInfo(&ctx, v1::InfoRequest(), &reply);
+    // A worker that cannot say yet (not joined) is asked again next time;
+    // the call goes on (it fails there the same way).
+    if (!s.ok()) return absl::OkStatus();
+    groups_.store(reply.groups() ? 1 : 2);
+  }
+  if (groups_.load() == 1) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the worker at ", target_, " is older than group collectives "
+      "(OpSpec.group_ranks): it would run this call as the whole job's; "
+      "upgrade it"));
+}
+
 absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
   Impl& im = *this;
+  if (absl::Status s = CheckGroups(spec); !s.ok()) return s;
   spec.set_issued_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
   const bool reduce_scatter = spec.kind() == v1::REDUCE_SCATTER;
   // The result is this rank's slice of the buffer.
@@ -467,6 +497,7 @@ absl::StatusOr<OpInfo> Client::Impl::RunDevice(
     absl::StatusOr<v1::OpSpec> checked, void* device_data) {
   if (!checked.ok()) return checked.status();
   v1::OpSpec& spec = *checked;
+  if (absl::Status s = CheckGroups(spec); !s.ok()) return s;
   spec.set_issued_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
   if (!IsLocalAddress(target_) &&
       options_.transfer != Transfer::kSharedMemory) {

@@ -81,7 +81,9 @@ void Communicator::SendSkip(uint64_t seq, const absl::Status& status) {
 
 bool Communicator::AbortIfUntouched(absl::Status status) {
   if (!progress_.RequestUntouchedAbort(status)) return false;
-  inbox_->Interrupt(std::move(status));
+  // This operation only: a group's running on the same links may be past
+  // that point (core/sub_ring.h).
+  inbox_->Interrupt(std::move(status), /*groups=*/false);
   return true;
 }
 

@@ -265,6 +265,12 @@ absl::Status Inbox::RouteGroup(int from, InFrame frame) {
   // Past the bounds, the groups held longest are let go of first (a group
   // no call here ever starts, a list one member got wrong, must not hold
   // its room for good); a group's own frames past them are refused.
+  if (bytes > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rank ", from, " sent a frame of ", bytes, " bytes of group ", id,
+        ", which no call of this rank has started: more than the ", limit,
+        " bytes held for such groups in all"));
+  }
   auto full = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return (held_.count(id) == 0 && held_.size() >= kMaxHeldGroups) ||
            held_frames_ >= kMaxQueuedFrames || held_bytes_ + bytes > limit;
@@ -413,12 +419,14 @@ absl::StatusOr<uint64_t> Inbox::WaitFirstOpSeq(absl::Time deadline) {
   return seq;
 }
 
-void Inbox::Interrupt(absl::Status status) {
+void Inbox::Interrupt(absl::Status status, bool to_groups) {
   std::vector<std::shared_ptr<Inbox>> groups;
   {
     absl::MutexLock lock(&mu_);
     interrupt_ = status;
-    for (const auto& [id, route] : groups_) groups.push_back(route.inbox);
+    if (to_groups) {
+      for (const auto& [id, route] : groups_) groups.push_back(route.inbox);
+    }
   }
   for (auto& g : groups) g->Interrupt(status);
   Bump();

@@ -139,8 +139,8 @@ class Inbox {
   size_t taps() const;
 
   // Sets an error that fails every wait until ClearInterrupt (a membership
-  // change, a shutdown).
-  void Interrupt(absl::Status status);
+  // change, a shutdown); with `groups`, the attached groups' too.
+  void Interrupt(absl::Status status, bool groups = true);
   void ClearInterrupt();
 
   // Forgets link failures (start of an operation: the transport reconnects

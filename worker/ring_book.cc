@@ -306,7 +306,8 @@ absl::StatusOr<std::shared_ptr<Inbox>> RingBook::InboxFor(uint64_t generation) {
           "a peer already runs generation ", generation, " of job ",
           options_.job_id));
       ring_->comm->AbortIfUntouched(newer);
-      // The same for its groups' (RunGroup runs them again there).
+      // The same for its groups' (they fail at once; their callers call
+      // again, on the new ring).
       ring_->AbortUntouchedGroups(newer);
     }
   }

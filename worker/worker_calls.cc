@@ -538,38 +538,27 @@ absl::StatusOr<OpResult> WorkerNode::RunGroup(const v1::OpSpec& spec,
   // A group's calls take no number of the job's: like a send or recv, it
   // runs beside the job's collectives, on the ring they run on, in its
   // group's order (one operation of a group at a time).
+  //
+  // A call the membership changed under fails (ABORTED or UNAVAILABLE,
+  // naming the change; at once when it was still comparing fingerprints,
+  // RingBook::InboxFor) and is not run again: the group's ranks may name
+  // other workers on the new ring, and its numbering starts over there.
+  // The caller calls again.
   absl::StatusOr<std::shared_ptr<Ring>> ring = RingBeside(arrival, true);
-  for (int attempt = 0;; ++attempt) {
-    if (!ring.ok()) return refused.ok() ? in_group(ring.status()) : refused;
-    absl::StatusOr<std::shared_ptr<SubRing>> group =
-        (*ring)->Group(ranks, spec.group_tag());
-    if (!group.ok()) return refused.ok() ? in_group(group.status()) : refused;
-    Communicator& comm = (*group)->comm();
-    if (!refused.ok()) {
-      // Its number in the group is given up: the members' copies fail at
-      // once, naming this rank.
-      comm.SkipNextOp(refused).IgnoreError();
-      return in_group(refused);
-    }
-    absl::StatusOr<OpResult> result = RunOn(&comm, spec, *buffer, deadline);
-    if (result.ok()) return result;
-    // Stopped before it touched the buffer because a peer runs a newer
-    // ring (a member joined or left): no member can have completed it, so
-    // it runs again on the newest ring's group, as the job's calls do.
-    if (!UntouchedSeq(result.status()).has_value() || attempt >= 2 ||
-        absl::Now() >= deadline ||
-        !book_->AwaitNewerGeneration(
-            (*ring)->generation,
-            std::min(deadline, absl::Now() + absl::Milliseconds(1500)))) {
-      return in_group(result.status());
-    }
-    log_.Info(absl::StrCat(name, ": its operation had not touched the buffer "
-                           "when the membership changed: running it on the "
-                           "new ring"));
-    // A place in line of its own (the first was given up): the new ring,
-    // built in that turn if no call has built it yet.
-    ring = RingBeside(Arrive(), true);
+  if (!ring.ok()) return refused.ok() ? in_group(ring.status()) : refused;
+  absl::StatusOr<std::shared_ptr<SubRing>> group =
+      (*ring)->Group(ranks, spec.group_tag());
+  if (!group.ok()) return refused.ok() ? in_group(group.status()) : refused;
+  Communicator& comm = (*group)->comm();
+  if (!refused.ok()) {
+    // Its number in the group is given up: the members' copies fail at
+    // once, naming this rank.
+    comm.SkipNextOp(refused).IgnoreError();
+    return in_group(refused);
   }
+  absl::StatusOr<OpResult> result = RunOn(&comm, spec, *buffer, deadline);
+  if (!result.ok()) return in_group(result.status());
+  return result;
 }
 
 absl::Status WorkerNode::EnsureServers(absl::Time deadline) {

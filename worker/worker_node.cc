@@ -343,6 +343,7 @@ absl::StatusOr<v1::InfoReply> WorkerNode::Describe() const {
   }
   const v1::Membership latest = book_->Latest();
   v1::InfoReply reply;
+  reply.set_groups(true);
   reply.set_job_id(options_.job_id);
   reply.set_worker_id(options_.worker_id);
   reply.set_rank(ring->rank);

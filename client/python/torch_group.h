@@ -418,7 +418,7 @@ class HalkaGroup : public HalkaBackendBase {
   absl::Status AllGatherNow(const at::Tensor& in, const at::Tensor& flat,
                             const OpOptions& o) {
     if (Staged(in) || Staged(flat)) {
-      at::Tensor h = flat.to(at::kCPU);
+      at::Tensor h = at::empty(flat.sizes(), flat.options().device(at::kCPU));
       absl::Status s = AllGatherNow(in.to(at::kCPU), h, o);
       if (s.ok()) flat.copy_(h);
       return s;
@@ -593,7 +593,7 @@ class HalkaGroup : public HalkaBackendBase {
       const size_t m = e.count(out);
       const DType d = e.dtype;
       if (Staged(send) || Staged(out)) {
-        at::Tensor h = out.to(at::kCPU);
+        at::Tensor h = at::empty(out.sizes(), out.options().device(at::kCPU));
         absl::Status s = client_->ReduceScatter(send.to(at::kCPU).data_ptr(), n,
                                                 h.data_ptr(), m, d, op, o)
                              .status();

@@ -296,6 +296,9 @@ class SdkTest(unittest.TestCase):
         # (group root 0: job ranks 2 and 1), all-gather (group order) and
         # send/recv by group rank; then the job's own all-reduce.
         groups = ([2, 0], [1, 3])
+        # The worker says it runs groups (the SDK refuses a group's call
+        # to one that does not: it would run it as the job's).
+        self.assertIs(self.clients[0].info().get("groups"), True)
         views = {r: self.clients[r].group(g) for g in groups for r in g}
 
         def body(rank, c):

@@ -131,9 +131,14 @@ TEST(InboxGroups, WhatIsHeldForUnattachedGroupsIsBoundedOldestFirst) {
   ASSERT_TRUE(other.AttachGroup(8, {0, 1}, eight).ok());
   EXPECT_EQ(nine->Next(1, 1, {}, Soon()).type, Inbox::Event::kFrame);
   EXPECT_EQ(eight->Next(1, 1, {}, absl::Now()).type, Inbox::Event::kTimeout);
-  // A frame larger than the room for held frames: refused.
+  // A frame larger than the room for held frames: refused, and nothing
+  // held is let go of for it.
+  ASSERT_TRUE(other.Deliver(1, GroupFrame(11, 1, 1, 0, {1})).ok());
   s = other.Deliver(1, GroupFrame(10, 1, 1, 0, std::vector<uint8_t>(1200)));
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  auto eleven = std::make_shared<Inbox>(2);
+  ASSERT_TRUE(other.AttachGroup(11, {0, 1}, eleven).ok());
+  EXPECT_EQ(eleven->Next(1, 1, {}, Soon()).type, Inbox::Event::kFrame);
 }
 
 TEST(InboxGroups, LinkFailuresAndInterruptsReachTheGroup) {
@@ -149,8 +154,13 @@ TEST(InboxGroups, LinkFailuresAndInterruptsReachTheGroup) {
   Inbox::Event ev = group->Next(0, 1, watch_both, Soon());
   ASSERT_EQ(ev.type, Inbox::Event::kLinkFailed);
   EXPECT_EQ(ev.peer, 1);  // job rank 3 is group rank 1
-  job.Interrupt(absl::AbortedError("membership changed"));
+  // An interrupt for the job's operation alone (AbortIfUntouched) stays
+  // there.
+  job.Interrupt(absl::AbortedError("the job's operation only"),
+                /*groups=*/false);
   group->ClearLinkFailures();
+  EXPECT_EQ(group->Next(0, 1, {}, absl::Now()).type, Inbox::Event::kTimeout);
+  job.Interrupt(absl::AbortedError("membership changed"));
   ev = group->Next(0, 1, {}, Soon());
   ASSERT_EQ(ev.type, Inbox::Event::kInterrupted);
   EXPECT_EQ(ev.status.code(), absl::StatusCode::kAborted);

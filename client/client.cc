@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/client_impl.h"
 #include "client/client_proto.h"
 #include "client/op_spec.h"
 #include "client/shm_session.h"
@@ -24,47 +25,6 @@
 #include "core/dtype.h"
 
 namespace halka {
-namespace {
-
-// Shared regions this process created, so that a span inside one is handed
-// over without a copy.
-struct Registry {
-  struct Region {
-    const uint8_t* base;
-    size_t size;
-    std::string name;
-    std::string capability;  // its owner page's (common/held_shm.h)
-  };
-  absl::Mutex mu;
-  std::vector<Region> regions ABSL_GUARDED_BY(mu);
-
-  bool Find(const void* p, size_t bytes, std::string* name, uint64_t* offset,
-            uint64_t* size, std::string* capability) {
-    const uint8_t* q = static_cast<const uint8_t*>(p);
-    absl::MutexLock lock(&mu);
-    for (const Region& r : regions) {
-      if (q >= r.base && q + bytes <= r.base + r.size) {
-        *name = r.name;
-        *offset = static_cast<uint64_t>(q - r.base);
-        *size = r.size;
-        *capability = r.capability;
-        return true;
-      }
-    }
-    return false;
-  }
-  void Remove(const std::string& name) {
-    absl::MutexLock lock(&mu);
-    for (size_t i = 0; i < regions.size(); ++i) {
-      if (regions[i].name == name) {
-        regions.erase(regions.begin() + static_cast<long>(i));
-        return;
-      }
-    }
-  }
-};
-
-}  // namespace
 
 HostBuffer::HostBuffer(HostBuffer&& other) noexcept { *this = std::move(other); }
 
@@ -99,6 +59,8 @@ bool CannotShare(const absl::Status& s) {
          s.code() == absl::StatusCode::kPermissionDenied;
 }
 
+}  // namespace
+
 // Random and never 0 (0: a call without a caller).
 uint64_t NewCallerId() {
   std::random_device rd;
@@ -107,89 +69,6 @@ uint64_t NewCallerId() {
     if (id != 0) return id;
   }
 }
-
-}  // namespace
-
-class Client::Impl {
- public:
-  Impl(const std::string& target, Options options)
-      : target_(target),
-        options_(options),
-        channel_(MakeChannel(target)),
-        stub_(v1::Worker::NewStub(channel_)),
-        registry_(std::make_shared<Registry>()),
-        session_(options.shm_spin) {
-    use_shm_ = options.transfer == Transfer::kSharedMemory ||
-               (options.transfer == Transfer::kAuto && IsLocalAddress(target));
-  }
-  ~Impl() {
-    FreeDeviceMemory(device_scratch_);
-    if (staging_ != nullptr) {
-      UnmapOwnedShm(staging_, staging_size_);
-      shm_unlink(staging_name_.c_str());
-    }
-  }
-
-  using Io = OpIo;  // what a call moves (client/op_spec.h)
-  absl::StatusOr<OpInfo> Run(v1::OpSpec spec, const Io& io);
-  // Streams the input in and the result back (Worker.RunInline).
-  absl::StatusOr<OpInfo> RunInline(v1::OpSpec spec, const Io& io);
-  // Runs a checked spec (or returns its error) on a device tensor.
-  absl::StatusOr<OpInfo> RunDevice(absl::StatusOr<v1::OpSpec> spec,
-                                   void* device_data);
-  // One Worker.Run call (shared memory, device tensor, or no data); it
-  // stamps the request (InFlight).
-  absl::StatusOr<OpInfo> RunShm(v1::RunRequest req, const char* transfer);
-  // A request on its way, from right before its send until its answer.
-  // Marks it with this client's id and next call index (OpSpec.caller_id,
-  // call_index), from which the worker tells a call lost on its way, when
-  // no other request of this client is in flight; else leaves it unmarked.
-  class InFlight {
-   public:
-    InFlight(Impl& im, v1::OpSpec* spec);
-    ~InFlight();
-    InFlight(const InFlight&) = delete;
-    InFlight& operator=(const InFlight&) = delete;
-
-   private:
-    Impl& im_;
-  };
-
-  std::string target_;
-  Options options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Worker::Stub> stub_;
-  std::shared_ptr<Registry> registry_;
-  std::atomic<bool> use_shm_{false};
-
-  absl::Mutex staging_mu_;  // held for a whole staged operation
-  void* staging_ ABSL_GUARDED_BY(staging_mu_) = nullptr;
-  size_t staging_size_ ABSL_GUARDED_BY(staging_mu_) = 0;
-  std::string staging_name_ ABSL_GUARDED_BY(staging_mu_);
-  std::string staging_capability_ ABSL_GUARDED_BY(staging_mu_);
-  // A staging object of >= `bytes` (a power of two from 1 MiB) in place.
-  absl::Status GrowStaging(size_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(staging_mu_);
-
-  SessionSlot session_;  // same-host workers (client/shm_session.h)
-
-  // This client's order of its calls (StampCall), and its requests in
-  // flight: only a request sent while no other is in flight is stamped.
-  const uint64_t caller_id_ = NewCallerId();
-  std::atomic<uint64_t> calls_sent_{0};
-  // Whether the worker runs a group's collectives (InfoReply.groups): 0 not
-  // asked yet, 1 yes, 2 no.
-  std::atomic<int> groups_{0};
-  // OK for a call of the job; for a group's call, OK once the worker said
-  // it runs groups (asked once), else FAILED_PRECONDITION: an older worker
-  // would run it as the job's.
-  absl::Status CheckGroups(const v1::OpSpec& spec);
-  std::atomic<int> in_flight_{0};
-
-  absl::Mutex device_mu_;  // held for a whole device reduce-scatter
-  void* device_scratch_ ABSL_GUARDED_BY(device_mu_) = nullptr;
-  size_t device_scratch_size_ ABSL_GUARDED_BY(device_mu_) = 0;
-};
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     const std::string& target, Options options) {
@@ -490,111 +369,6 @@ absl::StatusOr<OpInfo> Client::Impl::RunInline(v1::OpSpec spec,
     return checked.status();
   }
   info.transfer = "inline";
-  return info;
-}
-
-absl::StatusOr<OpInfo> Client::Impl::RunDevice(
-    absl::StatusOr<v1::OpSpec> checked, void* device_data) {
-  if (!checked.ok()) return checked.status();
-  v1::OpSpec& spec = *checked;
-  if (absl::Status s = CheckGroups(spec); !s.ok()) return s;
-  spec.set_issued_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
-  if (!IsLocalAddress(target_) &&
-      options_.transfer != Transfer::kSharedMemory) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "device tensors need a worker on this host; ", target_,
-        " is not a local address"));
-  }
-  v1::RunRequest req;
-  *req.mutable_spec() = spec;
-  if (std::max(spec.count(), spec.recv_count()) > 0) {
-    absl::StatusOr<DeviceHandle> h = ExportDevicePointer(device_data);
-    if (!h.ok()) return h.status();
-    v1::DeviceTensor* t = req.mutable_device_tensor();
-    t->set_device(h->device);
-    t->set_ipc_handle(h->ipc_handle);
-    t->set_offset(h->offset);
-    t->set_pid(h->pid);
-    t->set_pointer(h->pointer);
-  }
-  absl::StatusOr<OpInfo> info = RunShm(req, "cuda-ipc");
-  if (info.ok()) info->zero_copy = true;
-  return info;
-}
-
-absl::StatusOr<OpInfo> Client::AllReduceDevice(void* device_data, size_t count,
-                                               DType dtype, ReduceOp op,
-                                               OpOptions options) {
-  return impl_->RunDevice(AllReduceSpec(count, dtype, op, options),
-                          device_data);
-}
-
-absl::StatusOr<OpInfo> Client::BroadcastDevice(void* device_data, size_t count,
-                                               DType dtype, int root,
-                                               OpOptions options) {
-  return impl_->RunDevice(BroadcastSpec(count, dtype, root, options),
-                          device_data);
-}
-
-absl::StatusOr<OpInfo> Client::AllGatherDevice(const void* send,
-                                               size_t send_count, void* recv,
-                                               size_t recv_count, DType dtype,
-                                               OpOptions options) {
-  absl::StatusOr<v1::OpSpec> spec =
-      SliceSpec(v1::ALL_GATHER, send, send_count, recv, recv_count, dtype,
-                ReduceOp::kSum, options);
-  if (!spec.ok()) return spec.status();
-  const OpIo io = SliceIo(send, send_count, recv, recv_count, dtype);
-  if (!InPlaceSlice(io, &*spec) && io.send_bytes <= io.recv_bytes) {
-    if (absl::Status s = CopyDeviceMemory(recv, send, io.send_bytes); !s.ok()) {
-      return s;
-    }
-  }
-  return impl_->RunDevice(std::move(spec), recv);
-}
-
-absl::StatusOr<OpInfo> Client::ReduceScatterDevice(
-    const void* send, size_t send_count, void* recv, size_t recv_count,
-    DType dtype, ReduceOp op, OpOptions options) {
-  absl::StatusOr<v1::OpSpec> spec =
-      SliceSpec(v1::REDUCE_SCATTER, send, send_count, recv, recv_count, dtype,
-                op, options);
-  if (!spec.ok()) return spec.status();
-  const OpIo io = SliceIo(send, send_count, recv, recv_count, dtype);
-  if (io.buffer_bytes == 0) return impl_->RunDevice(std::move(spec), nullptr);
-  // The worker reduces in place: a scratch copy keeps `send` unchanged.
-  Impl& im = *impl_;
-  absl::MutexLock lock(&im.device_mu_);
-  if (im.device_scratch_size_ < io.buffer_bytes) {
-    FreeDeviceMemory(im.device_scratch_);
-    im.device_scratch_ = nullptr;
-    im.device_scratch_size_ = 0;
-    absl::StatusOr<void*> made = AllocateDeviceMemory(send, io.buffer_bytes);
-    if (!made.ok()) return made.status();
-    im.device_scratch_ = *made;
-    im.device_scratch_size_ = io.buffer_bytes;
-  }
-  if (absl::Status s =
-          CopyDeviceMemory(im.device_scratch_, send, io.send_bytes);
-      !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<OpInfo> info =
-      im.RunDevice(std::move(spec), im.device_scratch_);
-  if (!info.ok()) return info;
-  const size_t off = static_cast<size_t>(info->rank) * io.recv_bytes;
-  if (info->rank < 0 || off > io.buffer_bytes ||
-      io.recv_bytes > io.buffer_bytes - off) {
-    return absl::InternalError(absl::StrCat(
-        "the worker answered rank ", info->rank, ", outside the buffer"));
-  }
-  if (absl::Status s = CopyDeviceMemory(
-          recv, static_cast<uint8_t*>(im.device_scratch_) + off,
-          io.recv_bytes);
-      !s.ok()) {
-    return s;
-  }
-  info->zero_copy = false;
   return info;
 }
 

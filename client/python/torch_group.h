@@ -34,6 +34,7 @@
 #include "halka/client.h"
 #include "halka/embedded.h"
 #include "halka/types.h"
+#include "torch_subgroup.h"
 #include "torch_work.h"
 
 namespace halka::torch_backend {
@@ -68,7 +69,19 @@ class HalkaGroup : public HalkaBackendBase {
         timeout_(timeout_s > 0 ? absl::Seconds(timeout_s)
                                : kDefaultOpTimeout) {
     if (subgroup) {
-      JoinSubgroup(store, rank, size);
+      // The group's collectives name their roots and slices by group rank
+      // (to_halka_ is the identity); sends and receives name job ranks.
+      Subgroup sg = JoinSubgroup(store, rank, size);
+      client_ = std::move(sg.client);
+      group_ = std::move(sg.job_ranks);
+      group_tag_ = sg.tag;
+      to_halka_.resize(size);
+      to_torch_.resize(size);
+      for (int r = 0; r < size; ++r) {
+        to_halka_[r] = r;
+        to_torch_[r] = r;
+      }
+      peer_ = group_;
     } else {
       const char* daemon = std::getenv("HALKA_WORKER");
       int halka_rank = rank;
@@ -216,69 +229,6 @@ class HalkaGroup : public HalkaBackendBase {
     rendezvous_.reset();
   }
 
-  // The process's default halka group's connection and job rank, which
-  // its subgroups run on (set by the newest default group).
-  struct JobConnection {
-    std::weak_ptr<Client> client;
-    int rank = -1;
-  };
-  static std::mutex& JobMu() {
-    static auto* mu = new std::mutex;
-    return *mu;
-  }
-  static JobConnection& Job() {
-    static auto* job = new JobConnection;
-    return *job;
-  }
-
-  // A subgroup: the default group's connection; every member publishes
-  // its job rank in the group's store, so group rank r (torch's) is job
-  // rank group_[r]. The group's collectives name their roots and slices
-  // by group rank (to_halka_ is the identity); sends and receives name
-  // job ranks (peer_).
-  void JoinSubgroup(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                    int size) {
-    int job_rank = -1;
-    {
-      std::lock_guard<std::mutex> l(JobMu());
-      client_ = Job().client.lock();
-      job_rank = Job().rank;
-    }
-    TORCH_CHECK(client_ != nullptr && job_rank >= 0,
-                "ProcessGroup halka: a new group needs the default process "
-                "group to be halka's (init_process_group(\"halka\")) and "
-                "alive");
-    // Groups of the same ranks (new_group([0, 1]) twice) are told apart
-    // by a tag the group's first rank draws.
-    if (rank == 0) {
-      std::random_device rd;
-      store->set("halka/group_tag",
-                 Bytes(absl::StrCat((uint64_t{rd()} << 32) | rd())));
-    }
-    TORCH_CHECK(absl::SimpleAtoi(Str(store->get("halka/group_tag")),
-                                 &group_tag_),
-                "ProcessGroup halka: the group's tag is not a number");
-    store->set(absl::StrCat("halka/job_rank/", rank),
-               Bytes(absl::StrCat(job_rank)));
-    group_.assign(size, -1);
-    for (int r = 0; r < size; ++r) {
-      int h = -1;
-      TORCH_CHECK(absl::SimpleAtoi(Str(store->get(absl::StrCat("halka/job_rank/", r))), &h) &&
-                      h >= 0 &&
-                      std::find(group_.begin(), group_.end(), h) == group_.end(),
-                  "ProcessGroup halka: group rank ", r, " has no distinct "
-                  "job rank");
-      group_[r] = h;
-    }
-    to_halka_.resize(size);
-    to_torch_.resize(size);
-    for (int r = 0; r < size; ++r) {
-      to_halka_[r] = r;
-      to_torch_[r] = r;
-    }
-    peer_ = group_;
-  }
-
   // The halka rank a send or recv names for torch rank `r` (a job rank),
   // and the torch rank of the job rank a message came from (-1: none of
   // this group's).
@@ -378,16 +328,29 @@ class HalkaGroup : public HalkaBackendBase {
   bool Staged(const at::Tensor& t) const {
     return t.is_cuda() && !group_.empty();
   }
+  // Runs call(in, out) on host copies of `in` and `out` (one copy when
+  // they are the same tensor) and copies the result into `out` when it
+  // succeeded.
+  template <typename Call>
+  static absl::Status OnHost(const at::Tensor& in, const at::Tensor& out,
+                             Call&& call) {
+    at::Tensor hin = in.to(at::kCPU);
+    at::Tensor hout = in.is_same(out)
+                          ? hin
+                          : at::empty(out.sizes(), out.options().device(at::kCPU));
+    absl::Status s = call(hin, hout);
+    if (s.ok()) out.copy_(hout);
+    return s;
+  }
 
   // An all-reduce of t in place, on the group's thread (a CUDA tensor's
   // memory stays on the device, except in a subgroup: a host copy).
   absl::Status AllReduceNow(const at::Tensor& t, Elements e, ReduceOp op,
                             const OpOptions& o) {
     if (Staged(t)) {
-      at::Tensor h = t.to(at::kCPU);
-      absl::Status s = AllReduceNow(h, e, op, o);
-      if (s.ok()) t.copy_(h);
-      return s;
+      return OnHost(t, t, [&](const at::Tensor& h, const at::Tensor&) {
+        return AllReduceNow(h, e, op, o);
+      });
     }
     const size_t n = e.count(t);
     const DType d = e.dtype;
@@ -400,10 +363,9 @@ class HalkaGroup : public HalkaBackendBase {
   absl::Status BroadcastNow(const at::Tensor& t, int root,
                             const OpOptions& o) {
     if (Staged(t)) {
-      at::Tensor h = t.to(at::kCPU);
-      absl::Status s = BroadcastNow(h, root, o);
-      if (s.ok()) t.copy_(h);
-      return s;
+      return OnHost(t, t, [&](const at::Tensor& h, const at::Tensor&) {
+        return BroadcastNow(h, root, o);
+      });
     }
     const Elements e = Moved(t);
     const size_t n = e.count(t);
@@ -418,10 +380,9 @@ class HalkaGroup : public HalkaBackendBase {
   absl::Status AllGatherNow(const at::Tensor& in, const at::Tensor& flat,
                             const OpOptions& o) {
     if (Staged(in) || Staged(flat)) {
-      at::Tensor h = at::empty(flat.sizes(), flat.options().device(at::kCPU));
-      absl::Status s = AllGatherNow(in.to(at::kCPU), h, o);
-      if (s.ok()) flat.copy_(h);
-      return s;
+      return OnHost(in, flat, [&](const at::Tensor& hin, const at::Tensor& h) {
+        return AllGatherNow(hin, h, o);
+      });
     }
     const Elements e = Moved(in);
     const size_t n = e.count(in);
@@ -593,14 +554,13 @@ class HalkaGroup : public HalkaBackendBase {
       const size_t m = e.count(out);
       const DType d = e.dtype;
       if (Staged(send) || Staged(out)) {
-        at::Tensor h = at::empty(out.sizes(), out.options().device(at::kCPU));
-        absl::Status s = client_->ReduceScatter(send.to(at::kCPU).data_ptr(), n,
-                                                h.data_ptr(), m, d, op, o)
-                             .status();
-        if (s.ok()) {
-          out.copy_(h);
-          place();
-        }
+        absl::Status s = OnHost(send, out, [&](const at::Tensor& hin,
+                                               const at::Tensor& h) {
+          return client_->ReduceScatter(hin.data_ptr(), n, h.data_ptr(), m, d,
+                                        op, o)
+              .status();
+        });
+        if (s.ok()) place();
         return s;
       }
       const absl::Status s =

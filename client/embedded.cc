@@ -9,6 +9,7 @@ namespace halka {
 
 absl::StatusOr<std::unique_ptr<EmbeddedRendezvous>> EmbeddedRendezvous::Start(
     const std::string& listen) {
+  KeepGrpcForTheProcess();
   auto server = RendezvousServer::Start(listen);
   if (!server.ok()) return server.status();
   std::unique_ptr<EmbeddedRendezvous> r(new EmbeddedRendezvous());
@@ -31,6 +32,7 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Start(
         options.world_size, ")"));
   }
   TuneProcessForStreaming();
+  KeepGrpcForTheProcess();
   WorkerOptions wo;
   wo.job_id = options.job_id;
   wo.worker_id = absl::StrCat(options.job_id, "-rank-", options.rank);

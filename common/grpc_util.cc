@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -12,6 +13,16 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/security.h"
+#include "grpc/event_engine/event_engine.h"
+#include "grpcpp/version_info.h"
+
+#if GRPC_CPP_VERSION_MAJOR == 1 && GRPC_CPP_VERSION_MINOR == 51
+// gRPC 1.51 exports this (src/core/lib/event_engine/default_event_engine.h)
+// but installs no header that declares it.
+namespace grpc_event_engine::experimental {
+std::shared_ptr<EventEngine> GetDefaultEventEngine();
+}  // namespace grpc_event_engine::experimental
+#endif
 
 namespace halka {
 
@@ -111,6 +122,22 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder) {
   // Hostile input: one connection cannot open unbounded streams (a ring
   // needs one per edge and generation, the SDK a few).
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxConcurrentStreams);
+}
+
+void KeepGrpcForTheProcess() {
+  static const bool kept = [] {
+    grpc_init();
+#if GRPC_CPP_VERSION_MAJOR == 1 && GRPC_CPP_VERSION_MINOR == 51
+    // And gRPC's default EventEngine, which its last server's or channel's
+    // destruction otherwise destroys (stopping its thread pool) while
+    // that pool may still run a callback: a double free about once in
+    // 500 teardowns. Never freed.
+    new std::shared_ptr<grpc_event_engine::experimental::EventEngine>(
+        grpc_event_engine::experimental::GetDefaultEventEngine());
+#endif
+    return true;
+  }();
+  (void)kept;
 }
 
 void TuneProcessForStreaming() {

@@ -114,6 +114,16 @@ void ApplyStreamingArgs(const std::function<void(const char*, int)>& set);
 // HALKA_MUTEX_DEADLOCK_DETECTION=1 to keep it on while debugging.
 void TuneProcessForStreaming();
 
+// Holds one reference to gRPC's library for the rest of the process (one
+// grpc_init, never shut down) and, on gRPC 1.51, one to its default
+// EventEngine, so that destroying halka's last server or channel inside a
+// process that goes on (an embedded worker or rendezvous: torch's process
+// group) tears neither down while gRPC's own threads still run. On torch
+// 2.6 about one process-group teardown in 500 crashed there: a SIGSEGV in
+// grpc_completion_queue_next beside grpc_shutdown from ~Server, or a
+// double free beside ~PosixEventEngine. Idempotent; any thread.
+void KeepGrpcForTheProcess();
+
 // Sets a deadline `timeout` from now on a client context.
 void SetTimeout(grpc::ClientContext& ctx, absl::Duration timeout);
 

@@ -505,6 +505,8 @@ absl::Status Communicator::RunAlgorithm(OpContext& op) {
           return PsAllReduce(op);
         case Algorithm::kTwoLevel:
           return TwoLevelAllReduce(op);
+        case Algorithm::kTree:
+          return TreeAllReduce(op);
         default:
           return RingAllReduce(op);
       }

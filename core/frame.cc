@@ -73,18 +73,21 @@ absl::string_view AlgorithmName(Algorithm algorithm) {
       return "ps";
     case Algorithm::kTwoLevel:
       return "two_level";
+    case Algorithm::kTree:
+      return "tree";
   }
   return "unknown";
 }
 
 absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name) {
   for (Algorithm a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kNaive,
-                      Algorithm::kParameterServer, Algorithm::kTwoLevel}) {
+                      Algorithm::kParameterServer, Algorithm::kTwoLevel,
+                      Algorithm::kTree}) {
     if (name == AlgorithmName(a)) return a;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown algorithm '", name,
-                   "' (expected auto, ring, naive, ps or two_level)"));
+                   "' (expected auto, ring, naive, ps, two_level or tree)"));
 }
 
 std::string Fingerprint::ToString() const {

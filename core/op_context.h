@@ -128,6 +128,11 @@ class OpContext {
   // came from memory that was taken away under it (InFrame::intact): the
   // result is then not valid. Call once the algorithm is done.
   absl::Status CheckIntact() const;
+  // Host memory an algorithm may send from besides the buffer (the tree's
+  // partial results): it lives as long as the context, past the
+  // communicator's ReleaseEverything, so a failed operation's frames that
+  // still point into it are released before it goes.
+  std::vector<uint8_t>& send_scratch() { return send_scratch_; }
   // All-gather: the slice of the buffer that holds this rank's contribution.
   int input_slice() const { return input_slice_; }
   void set_input_slice(int slice) { input_slice_ = slice; }
@@ -261,6 +266,7 @@ class OpContext {
   std::vector<int> watch_;  // ranks whose broken link fails a wait
   std::shared_ptr<SendTracker> sends_ = std::make_shared<SendTracker>();
   std::vector<InFrame> eager_;
+  std::vector<uint8_t> send_scratch_;  // send_scratch()
   std::vector<std::shared_ptr<Landing>> landings_;  // offered, not withdrawn
   // One InFrame::intact per sending rank whose frames were read in place.
   std::vector<std::pair<int, std::function<bool()>>> intact_;

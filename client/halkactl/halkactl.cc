@@ -94,7 +94,7 @@ ABSL_FLAG(bool, session, true,
           "a shared-memory session (false: one gRPC call each)");
 ABSL_FLAG(int, repeat, 1, "allreduce: operations to run back to back");
 ABSL_FLAG(std::string, algo, "auto",
-          "all-reduce algorithm: auto, ring, naive, ps, two_level (bench: also all)");
+          "all-reduce algorithm: auto, ring, naive, ps, two_level, tree (bench: also all)");
 ABSL_FLAG(std::string, coll, "allreduce",
           "bench: the collective: allreduce, allgather, reducescatter, "
           "broadcast, reduce, gather, scatter (rooted at rank 0), alltoall "
@@ -239,7 +239,8 @@ absl::StatusOr<std::vector<BenchCase>> SweepCases() {
   std::vector<Algorithm> algos;
   const std::string algo = absl::GetFlag(FLAGS_algo);
   if (algo == "all") {
-    algos = {Algorithm::kRing, Algorithm::kParameterServer, Algorithm::kNaive};
+    algos = {Algorithm::kRing, Algorithm::kTree, Algorithm::kParameterServer,
+             Algorithm::kNaive};
   } else {
     auto a = ParseAlgorithm(algo);
     if (!a.ok()) return a.status();

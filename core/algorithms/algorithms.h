@@ -18,6 +18,7 @@
 #include "core/comm_types.h"
 #include "core/frame.h"
 #include "core/op_context.h"
+#include "core/ring_plan.h"
 
 namespace halka {
 
@@ -64,6 +65,9 @@ absl::Status TwoLevelAllReduce(OpContext& op);
 // Whether config.hosts allows it: at least 2 hosts, each with the same
 // number (at least 2) of ranks, every rank once.
 bool TwoLevelUsable(const CommConfig& config);
+// Whether config.hosts holds every rank of the world exactly once, in
+// hosts none of which is empty.
+bool HostsPartitionRanks(const CommConfig& config);
 // Whether the ring's first step may leave before the fingerprints agree:
 // an all-reduce or reduce-scatter on the ring with fingerprints all-to-all.
 // Its first step only reads this rank's own, unmodified chunks, so a
@@ -80,6 +84,33 @@ absl::Status RingSendFirstStep(OpContext& op);
 // in rank order (same bits everywhere). Eager: the copies came with the
 // fingerprints.
 absl::Status NaiveAllReduce(OpContext& op);
+
+// --- tree.cc
+// Tree all-reduce, for small buffers on many ranks: every rank of a host
+// sends its buffer to the host's leader (its first rank); the leaders
+// reduce up a binary tree (host i's parent is host (i-1)/2, in the order
+// of config().hosts, that is, ring order), chunk by chunk, pipelined; the
+// root's result goes back down the tree and from each leader to its
+// host's ranks. 2 + 2*ceil(log2 H) hops (H hosts) instead of the ring's
+// 2(G-1). Without at least 2 usable hosts every rank is a host of its
+// own: a binary tree over the ring's order. Only the root's result is
+// written anywhere (AVG divided there, once): every rank has the same
+// bits. A leader moves the whole buffer once per child and host rank.
+absl::Status TreeAllReduce(OpContext& op);
+// Whether config.hosts gives the tree its hosts: at least 2, none empty,
+// every rank exactly once (sizes may differ).
+bool TreeHostsUsable(const CommConfig& config);
+// This rank's place in the tree (host and local position -1: not in it).
+struct TreeShape {
+  std::vector<std::vector<int>> hosts;  // the tree's hosts, leader first
+  int host = -1;
+  int local = -1;
+  int leader = -1;             // this host's leader
+  std::vector<int> members;    // a leader's host ranks (not itself)
+  int parent = -1;             // a leader's parent leader; -1: the root
+  std::vector<int> children;   // a leader's child leaders
+};
+TreeShape TreeShapeOf(const CommConfig& config, const RingPath& path);
 
 // --- ps.cc
 // Pushes shard k of the buffer to parameter server k, takes the reduced

@@ -164,11 +164,13 @@ Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
     return TwoLevelUsable(config) ? Algorithm::kTwoLevel : Algorithm::kRing;
   }
   if (fp.algorithm != Algorithm::kAuto) return fp.algorithm;
+  // Small buffers: one hop (naive) while every rank may talk to every
+  // rank; on larger worlds the tree's 2 + 2*ceil(log2 H) hops, not the
+  // ring's 2(G-1) (docs/scaling.md's model: the alpha terms dominate).
   const uint64_t bytes = fp.count * DTypeSize(fp.dtype);
-  return config.world_size <= config.all_to_all_max_world &&
-                 bytes <= config.eager_bytes
-             ? Algorithm::kNaive
-             : Algorithm::kRing;
+  if (bytes > config.eager_bytes) return Algorithm::kRing;
+  return config.world_size <= config.all_to_all_max_world ? Algorithm::kNaive
+                                                          : Algorithm::kTree;
 }
 
 absl::Status ExchangeFingerprints(OpContext& op) {

@@ -251,13 +251,11 @@ absl::Status RingSendFirstStep(OpContext& op) {
   return absl::OkStatus();
 }
 
-bool TwoLevelUsable(const CommConfig& config) {
-  const auto& hosts = config.hosts;
-  if (hosts.size() < 2 || hosts[0].size() < 2) return false;
+bool HostsPartitionRanks(const CommConfig& config) {
   std::vector<bool> seen(static_cast<size_t>(config.world_size), false);
   size_t ranks = 0;
-  for (const std::vector<int>& h : hosts) {
-    if (h.size() != hosts[0].size()) return false;
+  for (const std::vector<int>& h : config.hosts) {
+    if (h.empty()) return false;
     for (int r : h) {
       if (r < 0 || r >= config.world_size || seen[static_cast<size_t>(r)]) {
         return false;
@@ -267,6 +265,15 @@ bool TwoLevelUsable(const CommConfig& config) {
     }
   }
   return ranks == static_cast<size_t>(config.world_size);
+}
+
+bool TwoLevelUsable(const CommConfig& config) {
+  const auto& hosts = config.hosts;
+  if (hosts.size() < 2 || hosts[0].size() < 2) return false;
+  for (const std::vector<int>& h : hosts) {
+    if (h.size() != hosts[0].size()) return false;
+  }
+  return HostsPartitionRanks(config);
 }
 
 absl::Status TwoLevelAllReduce(OpContext& op) {

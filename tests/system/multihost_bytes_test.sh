@@ -22,6 +22,11 @@
 #               (one per local position, over 1/g of the buffer each),
 #               all-gather inside each host: each host sends
 #               F2 = N * 2(H-1)/H * S, within [F2, 1.08 F2]
+#   tree        the same job, --algo=tree: a host's workers to its leader
+#               (shared memory), a binary tree of the leaders up and down:
+#               host h sends the buffer once per tree edge it has (its
+#               parent, when h > 0, and its children 2h+1, 2h+2 < H):
+#               N * edges * S, within [1.00, 1.08] of that
 #   rank order  the control: every worker names a host of its own
 #               (--host_id), the ring runs in rank order, and each host sends
 #               g edges' bytes: at least 0.97 * g * F
@@ -182,6 +187,18 @@ if (( PER >= 2 )); then
   log "two-level: $REPEAT all-reduces of $MIB MiB, $OP_MS ms each (wall, every rank)"
   expect_tx "two-level" "$F2" "2(H-1)/H of the buffer"
 fi
+# The tree: host h's leader sends the buffer up to its parent (h > 0) and
+# down to each child host (2h+1, 2h+2 < H); nothing else leaves a host.
+measure hostorder.tree tree
+log "tree: $REPEAT all-reduces of $MIB MiB, $OP_MS ms each (wall, every rank)"
+for (( h = 0; h < H; ++h )); do
+  edges=$(( (h > 0) + (2 * h + 1 < H) + (2 * h + 2 < H) ))
+  FT=$(( REPEAT * edges * BYTES ))
+  q=$(ratio "${TX[h]}" "$FT")
+  log "tree: host $h sent ${TX[h]} B = $q x its $edges tree edges' bytes ($FT B)"
+  awk -v q="$q" 'BEGIN { exit !(q >= 1.0 && q <= 1.08) }' ||
+    fail "tree: host $h sent $q x its tree edges' bytes (want 1.00..1.08)"
+done
 for (( r = 0; r < G; ++r )); do stop_timed "hostorder.w$r" TERM 15; done
 
 # ------------------------------------------------------------ rank order
@@ -195,4 +212,4 @@ for (( h = 0; h < H; ++h )); do
     fail "rank order: host $h sent $q x one edge's bytes (want >= $PER: the control must show g crossing edges)"
 done
 
-echo "PASS: $H hosts x $PER workers: host-ordered rings send one ring edge per host across hosts (rank order: $PER; two-level: 2(H-1)/H of the buffer)"
+echo "PASS: $H hosts x $PER workers: host-ordered rings send one ring edge per host across hosts (rank order: $PER; two-level: 2(H-1)/H of the buffer; tree: the buffer once per tree edge)"

@@ -7,13 +7,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "core/communicator.h"
+#include "core/telemetry.h"
 #include "core/testing/inproc_transport.h"
 #include "core/testing/reference.h"
 #include "gtest/gtest.h"
@@ -83,6 +86,69 @@ struct InProcRing {
                                      << " rank=" << r;
       }
     }
+  }
+
+  // An all-reduce of `count` elements of MakeRanksData(seed) with
+  // `algorithm` on every rank: each must succeed, report `ran` as its
+  // algorithm and end with rank 0's bytes, which must be within the
+  // reference's bound (a fatal failure at the first rank that does not).
+  void ExpectAllReduceAgrees(DType dtype, ReduceOp op, size_t count,
+                             Algorithm algorithm, const std::string& ran,
+                             uint32_t seed) {
+    std::vector<std::vector<uint8_t>> inputs =
+        MakeRanksData(dtype, op, count, g, seed);
+    std::vector<std::vector<uint8_t>> bufs = inputs;
+    Results results = AllReduce(bufs, count, dtype, op, algorithm);
+    for (int r = 0; r < g; ++r) {
+      ASSERT_TRUE(results[r].ok()) << results[r].status();
+      EXPECT_EQ(results[r]->algorithm, ran);
+      ASSERT_EQ(bufs[r], bufs[0]) << "rank " << r;
+    }
+    const CheckResult check =
+        CheckAllReduce(dtype, op, inputs, bufs[0].data(), count);
+    EXPECT_EQ(check.wrong, 0u) << check.first;
+  }
+
+  // ExpectAllReduceAgrees over float32, int64 and bfloat16 x SUM, AVG and
+  // MAX x 1, 5 and 1001 elements.
+  void ExpectAllReduceMatrixAgrees(Algorithm algorithm, const std::string& ran,
+                                   uint32_t seed) {
+    for (DType dtype : {DType::kFloat32, DType::kInt64, DType::kBFloat16}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+        for (size_t count : {size_t{1}, size_t{5}, size_t{1001}}) {
+          SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " op ",
+                                    static_cast<int>(op), " count ", count));
+          ExpectAllReduceAgrees(dtype, op, count, algorithm, ran, seed);
+        }
+      }
+    }
+  }
+
+  // A float32 SUM all-reduce of `count` elements with `algorithm` on every
+  // rank (each must succeed) and the payload
+  // bytes each rank sent to each peer while it ran (Telemetry's edges).
+  std::vector<std::map<int, uint64_t>> SentDuringAllReduce(
+      size_t count, Algorithm algorithm) {
+    std::vector<std::vector<uint8_t>> bufs =
+        MakeRanksData(DType::kFloat32, ReduceOp::kSum, count, g, 5);
+    std::vector<std::map<int, uint64_t>> sent(static_cast<size_t>(g));
+    for (int r = 0; r < g; ++r) sent[r] = SentBy(r);
+    Results results =
+        AllReduce(bufs, count, DType::kFloat32, ReduceOp::kSum, algorithm);
+    for (int r = 0; r < g; ++r) {
+      EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+      std::map<int, uint64_t> after = SentBy(r);
+      for (auto& [peer, bytes] : after) bytes -= sent[r][peer];
+      sent[r] = std::move(after);
+    }
+    return sent;
+  }
+  // The bytes rank r sent to each peer over the ring's life.
+  std::map<int, uint64_t> SentBy(int r) const {
+    std::map<int, uint64_t> sent;
+    const Telemetry t = comms[r]->GetTelemetry();
+    for (const auto& [peer, edge] : t.edges_total) sent[peer] = edge.bytes_sent;
+    return sent;
   }
 
   const int g;

@@ -349,7 +349,8 @@ TEST(FrameCodecTest, FingerprintEveryKindAndAlgorithm) {
                       OpKind::kReduce, OpKind::kGather, OpKind::kScatter,
                       OpKind::kAllToAll}) {
     for (Algorithm alg : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kNaive,
-                          Algorithm::kParameterServer, Algorithm::kTwoLevel}) {
+                          Algorithm::kParameterServer, Algorithm::kTwoLevel,
+                          Algorithm::kTree}) {
       FrameMeta meta = FingerprintMeta(0, DType::kFloat32);
       meta.fingerprint.kind = kind;
       meta.fingerprint.algorithm = alg;

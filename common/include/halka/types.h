@@ -74,6 +74,7 @@ enum class Algorithm : uint8_t {
   kNaive = 2,
   kParameterServer = 3,
   kTwoLevel = 4,  // per host, then across hosts, then per host (ring.cc)
+  kTree = 5,      // to the host's leader, a binary tree of leaders (tree.cc)
 };
 
 // A job's membership state. Values match halka.v1.JobState (the

@@ -1,0 +1,226 @@
+// The tree all-reduce (Algorithm::kTree, core/algorithms/tree.cc) on
+// in-process rings, with hosts (CommConfig::hosts, as the rendezvous
+// publishes them) and without: every rank ends with the same bits, within
+// the reference's bound (exact for integers, MIN and MAX), at any chunk
+// count; a host's ranks talk only to their leader, and only the tree's
+// edges between leaders cross hosts, each carrying the buffer once up and
+// once down; a mismatch touches no buffer; a rank that never calls is
+// named, and nobody hangs.
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/algorithms/algorithms.h"
+#include "core/communicator.h"
+#include "core/ring_plan.h"
+#include "core/telemetry.h"
+#include "core/testing/reference.h"
+#include "gtest/gtest.h"
+#include "tests/testing/hosts.h"
+#include "tests/testing/inproc_ring.h"
+
+namespace halka {
+namespace {
+
+using halka::testing::HostOf;
+using halka::testing::Hosts;
+using halka::testing::InProcRing;
+using halka::testing::Name;
+using halka::testing::OrderOf;
+using halka::testing::WorldOf;
+using halka::testing::RunRanks;
+
+// A ring of `hosts` (one host per rank, in rank order, when it is a list
+// of single ranks: the flat tree).
+InProcRing TreeRing(const Hosts& hosts, size_t chunk_bytes, int fp_world) {
+  return InProcRing(WorldOf(hosts), chunk_bytes, [&](CommConfig& c) {
+    c.ring_order = OrderOf(hosts);
+    c.hosts = hosts.size() >= 2 && hosts[0].size() == 1 &&
+                      WorldOf(hosts) == static_cast<int>(hosts.size())
+                  ? Hosts{}
+                  : hosts;
+    c.all_to_all_max_world = fp_world;
+  });
+}
+
+Hosts Flat(int g) {
+  Hosts h;
+  for (int r = 0; r < g; ++r) h.push_back({r});
+  return h;
+}
+
+// Flat trees of 2, 3, 5 and 8 ranks; hosts of 2x2, 4x2, 3x3, uneven
+// (3 + 1 + 2), interleaved in rank order, 5 hosts of 2.
+std::vector<Hosts> Shapes() {
+  return {Flat(2),
+          Flat(3),
+          Flat(5),
+          Flat(8),
+          {{0, 1}, {2, 3}},
+          {{0, 1}, {2, 3}, {4, 5}, {6, 7}},
+          {{0, 1, 2}, {3, 4, 5}, {6, 7, 8}},
+          {{0, 1, 2}, {3}, {4, 5}},
+          {{0, 3}, {1, 4}, {2, 5}},
+          {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}}};
+}
+
+TEST(Tree, EveryShapeCountOpAndDtypeAgreesEverywhereAndWithTheReference) {
+  for (const Hosts& hosts : Shapes()) {
+    for (int fp_world : {16, 1}) {  // fingerprints all-to-all, around the ring
+      SCOPED_TRACE(absl::StrCat(Name(hosts), " fp_world ", fp_world));
+      // 1001 elements in 40-byte chunks: more chunks than the leaders' lag,
+      // so results come down while partial sums still go up.
+      TreeRing(hosts, 40, fp_world)
+          .ExpectAllReduceMatrixAgrees(Algorithm::kTree, "tree", 13);
+    }
+  }
+}
+
+TEST(Tree, TheShapeIsABinaryTreeOfLeadersInHostOrder) {
+  CommConfig c;
+  c.world_size = 8;
+  c.hosts = {{6, 7}, {0, 1}, {4, 5}, {2, 3}};
+  const RingPath path(8, OrderOf(c.hosts));
+  c.rank = 6;  // host 0's leader: the root
+  TreeShape t = TreeShapeOf(c, path);
+  EXPECT_EQ(t.parent, -1);
+  EXPECT_EQ(t.children, (std::vector<int>{0, 4}));
+  EXPECT_EQ(t.members, (std::vector<int>{7}));
+  c.rank = 0;  // host 1's leader: children host 3
+  t = TreeShapeOf(c, path);
+  EXPECT_EQ(t.parent, 6);
+  EXPECT_EQ(t.children, (std::vector<int>{2}));
+  c.rank = 3;  // a member of host 3
+  t = TreeShapeOf(c, path);
+  EXPECT_EQ(t.leader, 2);
+  EXPECT_EQ(t.parent, -1);
+  EXPECT_TRUE(t.children.empty());
+  EXPECT_TRUE(t.members.empty());
+  // No usable hosts: every rank its own host, in ring order.
+  c.hosts = {{0, 1, 2, 3, 4, 5, 6, 7}};
+  c.rank = 5;
+  t = TreeShapeOf(c, RingPath(8, {3, 1, 5, 0, 2, 4, 6, 7}));
+  EXPECT_FALSE(TreeHostsUsable(c));
+  EXPECT_EQ(t.leader, 5);
+  EXPECT_EQ(t.parent, 3);  // position 2's parent is position 0
+  EXPECT_EQ(t.children, (std::vector<int>{4, 6}));  // positions 5 and 6
+}
+
+TEST(Tree, HostRanksTalkToTheirLeaderAndOnlyTreeEdgesCrossHosts) {
+  const std::vector<Hosts> shapes = {{{0, 1}, {2, 3}, {4, 5}, {6, 7}},
+                                     {{0, 1, 2}, {3}, {4, 5}},
+                                     {{0, 3}, {1, 4}, {2, 5}},
+                                     Flat(6)};
+  for (const Hosts& hosts : shapes) {
+    SCOPED_TRACE(Name(hosts));
+    InProcRing ring = TreeRing(hosts, 4096, 16);
+    const int g = ring.g;
+    const int h = static_cast<int>(hosts.size());
+    const size_t count = 6000;
+    const std::vector<std::map<int, uint64_t>> sent_by =
+        ring.SentDuringAllReduce(count, Algorithm::kTree);
+    uint64_t across = 0;
+    for (int r = 0; r < g; ++r) {
+      const TreeShape t = TreeShapeOf(ring.comms[r]->config(),
+                                      RingPath(g, OrderOf(hosts)));
+      std::vector<int> tree_peers = t.children;
+      if (t.parent >= 0) tree_peers.push_back(t.parent);
+      const int host = HostOf(hosts, r);
+      for (auto [peer, sent] : sent_by[r]) {
+        const bool talks = t.local != 0
+                               ? peer == t.leader
+                               : std::count(t.members.begin(), t.members.end(),
+                                            peer) > 0 ||
+                                     std::count(tree_peers.begin(),
+                                                tree_peers.end(), peer) > 0;
+        if (!talks) {
+          EXPECT_EQ(sent, 0u) << r << "->" << peer << " is no edge of the tree";
+          continue;
+        }
+        // Every edge carries the whole buffer, once (up or down).
+        EXPECT_EQ(sent, count * 4) << r << "->" << peer;
+        if (HostOf(hosts, peer) != host) across += sent;
+      }
+    }
+    // H-1 edges between leaders, each crossed by the buffer up and down.
+    EXPECT_EQ(across, 2u * static_cast<uint64_t>(h - 1) * count * 4);
+  }
+}
+
+// auto: up to eager_bytes the tree above all_to_all_max_world ranks (naive
+// at or below it), the ring above eager_bytes.
+TEST(Tree, AutoTakesTheTreeForSmallBuffersOnLargerWorlds) {
+  for (int fp_world : {3, 5}) {
+    InProcRing ring(5, 4096, [&](CommConfig& c) {
+      c.all_to_all_max_world = fp_world;
+      c.eager_bytes = 4096;
+    });
+    SCOPED_TRACE(absl::StrCat("all_to_all_max_world ", fp_world));
+    ring.ExpectAllReduceAgrees(DType::kFloat32, ReduceOp::kSum, 1024,
+                               Algorithm::kAuto, fp_world < 5 ? "tree" : "naive",
+                               3);
+    ring.ExpectAllReduceAgrees(DType::kFloat32, ReduceOp::kSum, 1025,
+                               Algorithm::kAuto, "ring", 3);
+  }
+}
+
+TEST(Tree, AMismatchTouchesNoBuffer) {
+  const Hosts hosts = {{0, 1}, {2, 3}, {4, 5}};
+  for (int fp_world : {16, 1}) {
+    InProcRing ring = TreeRing(hosts, 64, fp_world);
+    const int g = ring.g;
+    std::vector<std::vector<float>> bufs(g, std::vector<float>(300, 1.0f));
+    auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+      return ring.comms[r]->AllReduce(bufs[r].data(), r == 4 ? 299 : 300,
+                                      DType::kFloat32, ReduceOp::kSum,
+                                      absl::ZeroDuration(), Algorithm::kTree);
+    });
+    for (int r = 0; r < g; ++r) {
+      ASSERT_EQ(results[r].status().code(),
+                absl::StatusCode::kFailedPrecondition)
+          << results[r].status();
+      EXPECT_EQ(bufs[r], std::vector<float>(300, 1.0f)) << "rank " << r;
+    }
+    // The ring runs on: the next tree all-reduce is right everywhere.
+    auto again = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+      return ring.comms[r]->AllReduce(bufs[r].data(), 300, DType::kFloat32,
+                                      ReduceOp::kSum, absl::ZeroDuration(),
+                                      Algorithm::kTree);
+    });
+    for (int r = 0; r < g; ++r) {
+      ASSERT_TRUE(again[r].ok()) << again[r].status();
+      EXPECT_EQ(bufs[r], std::vector<float>(300, static_cast<float>(g)));
+    }
+  }
+}
+
+TEST(Tree, ARankThatNeverCallsIsNamedAndNobodyHangs) {
+  const Hosts hosts = {{0, 1}, {2, 3}, {4, 5}};
+  InProcRing ring = TreeRing(hosts, 64, 16);
+  const int g = ring.g;
+  const int missing = 3;  // a member of host 1, whose leader is a child
+  std::vector<std::vector<float>> bufs(g, std::vector<float>(500, 1.0f));
+  const absl::Time start = absl::Now();
+  auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    if (r == missing) return absl::StatusOr<OpResult>(absl::CancelledError("not called"));
+    return ring.comms[r]->AllReduce(bufs[r].data(), 500, DType::kFloat32,
+                                    ReduceOp::kSum, absl::Milliseconds(400),
+                                    Algorithm::kTree);
+  });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  for (int r = 0; r < g; ++r) {
+    if (r == missing) continue;
+    // Its deadline, or the abort of a rank whose deadline came first.
+    ASSERT_FALSE(results[r].ok()) << "rank " << r;
+    EXPECT_NE(results[r].status().message().find("rank 3"),
+              absl::string_view::npos)
+        << "rank " << r << ": " << results[r].status();
+    EXPECT_EQ(bufs[r], std::vector<float>(500, 1.0f)) << "rank " << r;
+  }
+}
+
+}  // namespace
+}  // namespace halka

@@ -389,12 +389,16 @@ void OpContext::SendAbort(const absl::Status& status) {
   const FrameMeta meta = AbortMeta(config_, fp_.op_seq, status.code(),
                                    std::string(status.message()));
   const int g = config_.world_size;
-  std::vector<int> targets;
-  if (all_to_all_) {
-    targets = watch_;
-  } else {
-    targets = {succ()};
-    if (g > 2) targets.push_back(pred());
+  // Every rank this operation watches (all of them with fingerprints
+  // all-to-all; else the ring's neighbours and the ranks an algorithm
+  // talks to beyond them: the tree's, two-level's cross-host ring's).
+  std::vector<int> targets = watch_;
+  if (!all_to_all_) {
+    for (int n : {succ(), pred()}) {
+      if (std::find(targets.begin(), targets.end(), n) == targets.end()) {
+        targets.push_back(n);
+      }
+    }
   }
   for (int k = 0; k < servers(); ++k) targets.push_back(g + k);
   for (int to : targets) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -219,6 +220,51 @@ TEST(Tree, ARankThatNeverCallsIsNamedAndNobodyHangs) {
               absl::string_view::npos)
         << "rank " << r << ": " << results[r].status();
     EXPECT_EQ(bufs[r], std::vector<float>(500, 1.0f)) << "rank " << r;
+  }
+}
+
+// A leader killed while the tree's data moves (every rank reduces slowly,
+// so it is mid-way): every survivor fails within 4 s of the kill, well
+// before its 10 s deadline, naming it, whether the ABORT goes to every rank
+// (fingerprints all-to-all) or to the ring's neighbours and the ranks the
+// tree watches (as on the large worlds auto runs the tree on).
+TEST(Tree, AKilledLeaderIsNamedByEverySurvivor) {
+  const Hosts hosts = {{0, 1}, {2, 3}, {4, 5}, {6, 7}};
+  const int dead = 2;  // host 1's leader: the root's child, host 3's parent
+  for (int fp_world : {16, 1}) {
+    SCOPED_TRACE(absl::StrCat("fp_world ", fp_world));
+    InProcRing ring(WorldOf(hosts), 1024, [&](CommConfig& c) {
+      c.ring_order = OrderOf(hosts);
+      c.hosts = hosts;
+      c.all_to_all_max_world = fp_world;
+      c.test_reduce_delay = absl::Milliseconds(20);
+    });
+    const int g = ring.g;
+    std::vector<std::vector<float>> bufs(g, std::vector<float>(64 << 10, 1.0f));
+    std::vector<absl::StatusOr<OpResult>> results(g);
+    std::vector<absl::Time> ended(g);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < g; ++r) {
+      threads.emplace_back([&, r] {
+        results[r] = ring.comms[r]->AllReduce(
+            bufs[r].data(), bufs[r].size(), DType::kFloat32, ReduceOp::kSum,
+            absl::Seconds(10), Algorithm::kTree);
+        ended[r] = absl::Now();
+      });
+    }
+    absl::SleepFor(absl::Milliseconds(300));
+    ring.net.Kill(dead);
+    const absl::Time killed = absl::Now();
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < g; ++r) {
+      if (r == dead) continue;
+      EXPECT_LT(ended[r] - killed, absl::Seconds(4))
+          << "rank " << r << " ended " << (ended[r] - killed) << " after the kill";
+      ASSERT_FALSE(results[r].ok()) << "rank " << r;
+      EXPECT_NE(results[r].status().message().find("rank 2 (w2"),
+                absl::string_view::npos)
+          << "rank " << r << ": " << results[r].status();
+    }
   }
 }
 

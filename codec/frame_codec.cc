@@ -19,6 +19,7 @@ void ToProto(const Fingerprint& fp, v1::OpFingerprint* out) {
   out->set_op(static_cast<v1::ReduceOp>(fp.op));
   out->set_root(fp.root);
   out->set_algorithm(static_cast<v1::Algorithm>(fp.algorithm));
+  out->set_resolved_algorithm(static_cast<v1::Algorithm>(fp.resolved));
 }
 
 absl::Status FromProto(const v1::OpFingerprint& in, Fingerprint* fp) {
@@ -27,7 +28,8 @@ absl::Status FromProto(const v1::OpFingerprint& in, Fingerprint* fp) {
       (in.kind() >= v1::ALL_REDUCE && in.kind() <= v1::REDUCE_SCATTER) ||
       (in.kind() >= v1::REDUCE && in.kind() <= v1::ALL_TO_ALL);
   if (!collective || !IsValidDType(in.dtype()) ||
-      !IsValidReduceOp(in.op()) || in.algorithm() < 0 || in.algorithm() > v1::Algorithm_MAX) {
+      !IsValidReduceOp(in.op()) || in.algorithm() < 0 || in.algorithm() > v1::Algorithm_MAX ||
+      in.resolved_algorithm() < 0 || in.resolved_algorithm() > v1::Algorithm_MAX) {
     return absl::DataLossError("frame: fingerprint with invalid enums");
   }
   fp->op_seq = in.op_seq();
@@ -37,6 +39,7 @@ absl::Status FromProto(const v1::OpFingerprint& in, Fingerprint* fp) {
   fp->op = static_cast<ReduceOp>(in.op());
   fp->root = in.root();
   fp->algorithm = static_cast<Algorithm>(in.algorithm());
+  fp->resolved = static_cast<Algorithm>(in.resolved_algorithm());
   return absl::OkStatus();
 }
 

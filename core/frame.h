@@ -33,6 +33,9 @@ struct Fingerprint {
   ReduceOp op = ReduceOp::kSum;
   int32_t root = 0;
   Algorithm algorithm = Algorithm::kAuto;  // as requested
+  // What the sender runs (OpFingerprint.resolved_algorithm); kAuto: not
+  // said (a worker older than the tree). Not compared by ==.
+  Algorithm resolved = Algorithm::kAuto;
 
   bool operator==(const Fingerprint& o) const {
     return op_seq == o.op_seq && kind == o.kind && dtype == o.dtype &&

@@ -95,6 +95,7 @@ OpContext::OpContext(const CommParts& parts, const Fingerprint& fp,
                   config_.world_size <= config_.all_to_all_max_world),
       servers_(std::move(servers)) {
   phase_start_ = start_;
+  fp_.resolved = algorithm_;  // what this rank's fingerprint says it runs
   const int g = config_.world_size;
   const int r = config_.rank;
   if (all_to_all_) {
@@ -391,16 +392,16 @@ void OpContext::SendAbort(const absl::Status& status) {
   const int g = config_.world_size;
   // Every rank this operation watches (all of them with fingerprints
   // all-to-all; else the ring's neighbours and the ranks an algorithm
-  // talks to beyond them: the tree's, two-level's cross-host ring's).
+  // talks to beyond them: the tree's, two-level's cross-host ring's), and
+  // the parameter-server shards; each once.
   std::vector<int> targets = watch_;
   if (!all_to_all_) {
-    for (int n : {succ(), pred()}) {
-      if (std::find(targets.begin(), targets.end(), n) == targets.end()) {
-        targets.push_back(n);
-      }
-    }
+    targets.push_back(succ());
+    targets.push_back(pred());
   }
   for (int k = 0; k < servers(); ++k) targets.push_back(g + k);
+  std::sort(targets.begin(), targets.end());
+  targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
   for (int to : targets) {
     if (to == abort_from_ || to == config_.rank) continue;
     // Best effort: a broken link cannot carry the news, and the other

@@ -26,6 +26,33 @@ absl::Status CheckFingerprints(OpContext& op,
           all[static_cast<size_t>(i)].ToString()));
     }
   }
+  // Ranks that agree on the call must also run it alike. A rank that does
+  // not say what it runs is older than the tree: its auto runs the ring
+  // where this rank's runs the tree. All-to-all, every fingerprint came
+  // straight from its rank; around the ring, an older rank also drops what
+  // the fingerprints it forwards said, so only the nearest upstream rank
+  // that says nothing is known to be older: the walk stops there.
+  const Algorithm runs = op.algorithm();
+  for (int s = 1; s < g; ++s) {
+    const int i = op.path().rank_at(op.position() - s);
+    const Fingerprint& f = all[static_cast<size_t>(i)];
+    const bool older = f.resolved == Algorithm::kAuto;
+    const Algorithm theirs =
+        !older ? f.resolved
+               : (runs == Algorithm::kTree && f.algorithm == Algorithm::kAuto
+                      ? Algorithm::kRing
+                      : runs);
+    if (theirs != runs) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          op.Where(), ": ranks would run ", all[0].ToString(),
+          " differently: this rank runs ", AlgorithmName(runs), ", ",
+          op.Who(i), " runs ", AlgorithmName(theirs),
+          older ? " (a worker older than the tree algorithm: its auto runs "
+                  "the ring; run one version of halka-worker in a job)"
+                : ""));
+    }
+    if (older && !op.all_to_all()) break;
+  }
   return absl::OkStatus();
 }
 

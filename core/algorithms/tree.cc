@@ -22,6 +22,10 @@ namespace {
 // the oldest result coming down: the tree stays pipelined, and what waits
 // in its inbox from the parent stays a few chunks.
 constexpr size_t kDownLag = 4;
+// How many chunks a host's other rank has sent up beyond the results it
+// has taken: what waits for its leader stays bounded (the leader's inbox
+// is shared by its host's ranks and children).
+constexpr int kUpWindow = 8;
 
 // Phases and steps of the tree's frames: in-host hops are step 0, hops
 // between leaders step 1; up is kGather (to the root), down kBroadcast.
@@ -90,20 +94,27 @@ class TreeWalk {
     return op_.ChunkMeta(Phase::kBroadcast, step, 0, c);
   }
 
-  // A host's other rank: its whole buffer up to the leader (segment ci per
-  // chunk), then the result down into it, chunk by chunk, each once the
-  // chunk's own send has left.
+  // A host's other rank: its buffer up to the leader (segment ci per
+  // chunk, at most kUpWindow chunks ahead of the results it has taken: the
+  // result of chunk ci needs only every rank's chunk ci), then the result
+  // down into it, chunk by chunk, each once the chunk's own send has left.
   absl::Status RunMember() {
     op_.Watch(t_.leader);
     op_.TrackSegments(chunks_.size());
     HALKA_ASSIGN_OR_RETURN(const uint8_t* own, op_.buffer().HostView(0, count_));
+    int up = 0;
+    auto send_up_to = [&](int last) -> absl::Status {
+      for (; up <= last && up < n_; ++up) {
+        const Range& c = chunks_[static_cast<size_t>(up)];
+        op_.SetLedger(Phase::kGather, kInHost, up, n_, -1);
+        HALKA_RETURN_IF_ERROR(op_.Send(t_.leader, Up(kInHost, c),
+                                       own + c.offset * es_, c.count * es_,
+                                       up));
+      }
+      return absl::OkStatus();
+    };
     for (int ci = 0; ci < n_; ++ci) {
-      const Range& c = chunks_[static_cast<size_t>(ci)];
-      op_.SetLedger(Phase::kGather, kInHost, ci, n_, -1);
-      HALKA_RETURN_IF_ERROR(op_.Send(t_.leader, Up(kInHost, c),
-                                     own + c.offset * es_, c.count * es_, ci));
-    }
-    for (int ci = 0; ci < n_; ++ci) {
+      HALKA_RETURN_IF_ERROR(send_up_to(ci + kUpWindow - 1));
       const Range& c = chunks_[static_cast<size_t>(ci)];
       op_.SetLedger(Phase::kBroadcast, kInHost, ci, n_, t_.leader);
       HALKA_ASSIGN_OR_RETURN(InFrame in,
@@ -124,6 +135,7 @@ class TreeWalk {
     for (int m : t_.members) op_.Watch(m);
     for (int c : t_.children) op_.Watch(c);
     if (t_.parent >= 0) op_.Watch(t_.parent);
+    op_.TrackSegments(chunks_.size());
     HALKA_ASSIGN_OR_RETURN(const uint8_t* own, op_.buffer().HostView(0, count_));
     // The scratch the result grows in is the context's: frames still
     // pointing into it when this fails are released before it goes.
@@ -164,7 +176,7 @@ class TreeWalk {
     }
     if (t_.parent >= 0) {
       op_.SetLedger(Phase::kGather, kAcross, ci, n_, -1);
-      return op_.Send(t_.parent, Up(kAcross, c), At(c), c.count * es_, -1);
+      return op_.Send(t_.parent, Up(kAcross, c), At(c), c.count * es_, ci);
     }
     if (op_.fp().op == ReduceOp::kAvg) {
       FinalizeAvg(dt_, At(c), c.count, op_.world());
@@ -184,6 +196,9 @@ class TreeWalk {
     const Range& c = chunks_[static_cast<size_t>(ci)];
     op_.SetLedger(Phase::kBroadcast, kAcross, ci, n_, t_.parent);
     HALKA_ASSIGN_OR_RETURN(InFrame in, op_.AwaitData(t_.parent, Down(kAcross, c)));
+    // The chunk's partial sum went up from here: the result overwrites it
+    // only once that send has left (it has, as a rule: the result needed it).
+    if (!op_.WaitForReleases(ci, op_.deadline())) return SendDeadline();
     ApplyPayload(dt_, op_.fp().op, /*reduce=*/false, At(c), in);
     return SendDown(ci);
   }

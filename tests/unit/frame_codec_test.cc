@@ -354,10 +354,12 @@ TEST(FrameCodecTest, FingerprintEveryKindAndAlgorithm) {
       FrameMeta meta = FingerprintMeta(0, DType::kFloat32);
       meta.fingerprint.kind = kind;
       meta.fingerprint.algorithm = alg;
+      meta.fingerprint.resolved = alg;  // what the sender runs
       meta.fingerprint.root = -1;
       absl::StatusOr<InFrame> f = DecodeFrame(EncodeFrame(meta, {}));
       ASSERT_TRUE(f.ok()) << f.status();
       ExpectMetaEq(f->meta, meta);
+      EXPECT_EQ(f->meta.fingerprint.resolved, alg);  // == leaves it out
     }
   }
 }

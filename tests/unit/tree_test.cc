@@ -168,6 +168,51 @@ TEST(Tree, AutoTakesTheTreeForSmallBuffersOnLargerWorlds) {
   }
 }
 
+// A worker older than the tree says nothing of what it runs, and its auto
+// runs the ring where a newer one's runs the tree: the newer ranks name it
+// before any data moves, and no rank reports success.
+TEST(Tree, AnOlderWorkerWhoseAutoRunsTheRingIsNamed) {
+  for (int fp_world : {16, 3}) {
+    SCOPED_TRACE(absl::StrCat("all_to_all_max_world ", fp_world));
+    InProcRing ring(5, 4096, [&](CommConfig& c) {
+      c.all_to_all_max_world = fp_world;
+      c.eager_bytes = 4096;
+    });
+    // What an older worker's fingerprint looks like: no resolved_algorithm.
+    ring.net.SetTamper(3, [](FrameMeta& m) {
+      if (m.kind == FrameKind::kFingerprint) {
+        m.fingerprint.resolved = Algorithm::kAuto;
+      }
+    });
+    const int g = ring.g;
+    const Algorithm runs = fp_world < g ? Algorithm::kTree : Algorithm::kNaive;
+    std::vector<std::vector<float>> bufs(g, std::vector<float>(100, 1.0f));
+    auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+      return ring.comms[r]->AllReduce(bufs[r].data(), 100, DType::kFloat32,
+                                      ReduceOp::kSum, absl::Seconds(5),
+                                      Algorithm::kAuto);
+    });
+    for (int r = 0; r < g; ++r) {
+      if (runs == Algorithm::kNaive) {
+        // Up to all_to_all_max_world both rules say naive: nothing differs.
+        ASSERT_TRUE(results[r].ok()) << results[r].status();
+        continue;
+      }
+      ASSERT_FALSE(results[r].ok()) << "rank " << r;
+      EXPECT_EQ(bufs[r], std::vector<float>(100, 1.0f)) << "rank " << r;
+      if (r == 3) continue;  // it checks its own view, which looks new
+      EXPECT_EQ(results[r].status().code(),
+                absl::StatusCode::kFailedPrecondition)
+          << results[r].status();
+      EXPECT_NE(results[r].status().message().find(
+                    "rank 3 (w3, inproc:3) runs ring (a worker older than the "
+                    "tree"),
+                absl::string_view::npos)
+          << results[r].status();
+    }
+  }
+}
+
 TEST(Tree, AMismatchTouchesNoBuffer) {
   const Hosts hosts = {{0, 1}, {2, 3}, {4, 5}};
   for (int fp_world : {16, 1}) {

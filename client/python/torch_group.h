@@ -34,6 +34,7 @@
 #include "halka/client.h"
 #include "halka/embedded.h"
 #include "halka/types.h"
+#include "torch_all_to_all.h"
 #include "torch_subgroup.h"
 #include "torch_work.h"
 
@@ -411,75 +412,33 @@ class HalkaGroup : public HalkaBackendBase {
     const int me = getRank();
     return Enqueue(type, std::move(outputs), [this, in, out, elems_in,
                                               elems_out, o, place, g, me] {
-      // counts[h][dst]: what halka rank h sends to torch rank dst.
       at::Tensor mine = at::tensor(elems_in, at::kLong);
       at::Tensor counts = at::empty({g * g}, at::kLong);
       absl::Status s = AllGatherNow(mine, counts, o);
       if (!s.ok()) return s;
-      const int64_t* c = counts.data_ptr<int64_t>();
-      int64_t widest = 1, widest_part = 1;
-      for (int h = 0; h < g; ++h) {
-        int64_t sum = 0;
-        for (int dst = 0; dst < g; ++dst) {
-          sum += c[h * g + dst];
-          widest_part = std::max(widest_part, c[h * g + dst]);
-        }
-        widest = std::max(widest, sum);
-      }
       // Every rank runs the data step (the same size everywhere), also one
       // whose output split is wrong: it fails alone, afterwards, and its
       // peers are not left waiting.
-      absl::Status fits;
-      for (int src = 0; src < g && fits.ok(); ++src) {
-        const int64_t sent = c[to_halka_[src] * g + me];
-        if (sent != elems_out[static_cast<size_t>(src)]) {
-          fits = absl::InvalidArgumentError(absl::StrCat(
-              "torch rank ", src, " sends ", sent, " elements to this rank, "
-              "whose output split expects ", elems_out[static_cast<size_t>(src)]));
-        }
-      }
+      const AllToAllLayout l(counts, to_halka_, me, elems_out);
       if (!in.is_cuda()) {
-        // Part k of `parts` goes to halka rank k; part h of the result
-        // came from halka rank h.
-        at::Tensor parts = at::zeros({g * widest_part}, in.options());
-        int64_t from = 0;
-        for (int dst = 0; dst < g; ++dst) {
-          const int64_t n = elems_in[static_cast<size_t>(dst)];
-          parts.narrow(0, to_halka_[dst] * widest_part, n)
-              .copy_(in.narrow(0, from, n));
-          from += n;
-        }
+        at::Tensor parts = l.Pack(in, elems_in);
         const Elements e = Moved(parts);
         s = client_->AllToAll(parts.data_ptr(), parts.data_ptr(),
                               e.count(parts), e.dtype, o)
                 .status();
         if (!s.ok()) return s;
-        if (!fits.ok()) return fits;
-        int64_t at = 0;
-        for (int src = 0; src < g; ++src) {
-          const int h = to_halka_[src];
-          const int64_t n = c[h * g + me];
-          out.narrow(0, at, n).copy_(parts.narrow(0, h * widest_part, n));
-          at += n;
-        }
+        if (!l.fits.ok()) return l.fits;
+        l.UnpackParts(parts, out);
         place();
         return absl::OkStatus();
       }
-      at::Tensor padded = at::zeros({widest}, in.options());
+      at::Tensor padded = at::zeros({l.widest}, in.options());
       padded.narrow(0, 0, in.numel()).copy_(in);
-      at::Tensor flat = at::empty({g * widest}, in.options());
+      at::Tensor flat = at::empty({g * l.widest}, in.options());
       s = AllGatherNow(padded, flat, o);
       if (!s.ok()) return s;
-      if (!fits.ok()) return fits;
-      int64_t at = 0;
-      for (int src = 0; src < g; ++src) {
-        const int h = to_halka_[src];
-        int64_t skip = 0;
-        for (int dst = 0; dst < me; ++dst) skip += c[h * g + dst];
-        const int64_t n = c[h * g + me];
-        out.narrow(0, at, n).copy_(flat.narrow(0, h * widest + skip, n));
-        at += n;
-      }
+      if (!l.fits.ok()) return l.fits;
+      l.UnpackGathered(flat, out);
       place();
       return absl::OkStatus();
     });

@@ -79,7 +79,10 @@ class TreeWalk {
         count_(static_cast<size_t>(op.fp().count)),
         chunks_(PlanChunks(Range{0, count_},
                            std::max<size_t>(1, op.config().chunk_bytes / es_))),
-        n_(static_cast<int>(chunks_.size())) {}
+        n_(static_cast<int>(chunks_.size())) {
+    for (int m : t_.members) sources_.emplace_back(m, kInHost);
+    for (int c : t_.children) sources_.emplace_back(c, kAcross);
+  }
 
   absl::Status Run() {
     if (t_.local != 0) return RunMember();
@@ -167,7 +170,7 @@ class TreeWalk {
   // parent (the root divides an AVG here, once).
   absl::Status ReduceUp(int ci) {
     const Range& c = chunks_[static_cast<size_t>(ci)];
-    for (const auto& [from, step] : Sources()) {
+    for (const auto& [from, step] : sources_) {
       op_.SetLedger(Phase::kGather, step, ci, n_, from);
       HALKA_ASSIGN_OR_RETURN(InFrame in, op_.AwaitData(from, Up(step, c)));
       const absl::Time t0 = absl::Now();
@@ -182,13 +185,6 @@ class TreeWalk {
       FinalizeAvg(dt_, At(c), c.count, op_.world());
     }
     return absl::OkStatus();
-  }
-
-  std::vector<std::pair<int, int>> Sources() const {
-    std::vector<std::pair<int, int>> s;
-    for (int m : t_.members) s.emplace_back(m, kInHost);
-    for (int c : t_.children) s.emplace_back(c, kAcross);
-    return s;
   }
 
   // The result's chunk ci from the parent into scratch, then on down.
@@ -232,6 +228,8 @@ class TreeWalk {
   const size_t count_;
   const std::vector<Range> chunks_;
   const int n_;
+  // A leader's partial results, in reduction order: (rank, step).
+  std::vector<std::pair<int, int>> sources_;
   std::vector<uint8_t>* scratch_ = nullptr;
   absl::Duration reduce_time_;
 };

@@ -37,11 +37,14 @@ absl::Status CheckFingerprints(OpContext& op,
     const int i = op.path().rank_at(op.position() - s);
     const Fingerprint& f = all[static_cast<size_t>(i)];
     const bool older = f.resolved == Algorithm::kAuto;
+    // (An older worker's auto runs naive or the ring: where this rank's
+    // auto runs the tree or two-level, the older one's runs the ring.)
+    const bool newer_auto =
+        runs == Algorithm::kTree || runs == Algorithm::kTwoLevel;
     const Algorithm theirs =
         !older ? f.resolved
-               : (runs == Algorithm::kTree && f.algorithm == Algorithm::kAuto
-                      ? Algorithm::kRing
-                      : runs);
+               : (newer_auto && f.algorithm == Algorithm::kAuto ? Algorithm::kRing
+                                                                : runs);
     if (theirs != runs) {
       return absl::FailedPreconditionError(absl::StrCat(
           op.Where(), ": ranks would run ", all[0].ToString(),
@@ -49,7 +52,10 @@ absl::Status CheckFingerprints(OpContext& op,
           op.Who(i), " runs ", AlgorithmName(theirs),
           older ? " (a worker older than the tree algorithm: its auto runs "
                   "the ring; run one version of halka-worker in a job)"
-                : ""));
+                : (f.algorithm == Algorithm::kAuto
+                       ? " (both ask for auto: a worker of another version "
+                         "of halka; run one version of halka-worker in a job)"
+                       : "")));
     }
     if (older && !op.all_to_all()) break;
   }
@@ -194,8 +200,13 @@ Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
   // Small buffers: one hop (naive) while every rank may talk to every
   // rank; on larger worlds the tree's 2 + 2*ceil(log2 H) hops, not the
   // ring's 2(G-1) (docs/scaling.md's model: the alpha terms dominate).
+  // Larger ones: on hosts of g >= 2 ranks each, two-level (2(H-1)/H of the
+  // buffer through each host's NIC, not the flat ring's 2(G-1)/G, in
+  // 2(H-1) network steps), else the ring.
   const uint64_t bytes = fp.count * DTypeSize(fp.dtype);
-  if (bytes > config.eager_bytes) return Algorithm::kRing;
+  if (bytes > config.eager_bytes) {
+    return TwoLevelUsable(config) ? Algorithm::kTwoLevel : Algorithm::kRing;
+  }
   return config.world_size <= config.all_to_all_max_world ? Algorithm::kNaive
                                                           : Algorithm::kTree;
 }

@@ -22,6 +22,8 @@
 #               (one per local position, over 1/g of the buffer each),
 #               all-gather inside each host: each host sends
 #               F2 = N * 2(H-1)/H * S, within [F2, 1.08 F2]
+#   auto        the same job, --algo=auto: two-level (above 64 KiB on hosts
+#               of equal g >= 2), the same F2
 #   tree        the same job, --algo=tree: a host's workers to its leader
 #               (shared memory), a binary tree of the leaders up and down:
 #               host h sends the buffer once per tree edge it has (its
@@ -186,6 +188,10 @@ if (( PER >= 2 )); then
   F2=$(( REPEAT * 2 * (H - 1) * BYTES / H ))
   log "two-level: $REPEAT all-reduces of $MIB MiB, $OP_MS ms each (wall, every rank)"
   expect_tx "two-level" "$F2" "2(H-1)/H of the buffer"
+  # auto takes two-level above 64 KiB on hosts of equal g >= 2.
+  measure hostorder.auto auto
+  log "auto: $REPEAT all-reduces of $MIB MiB, $OP_MS ms each (wall, every rank)"
+  expect_tx "auto (two-level)" "$F2" "2(H-1)/H of the buffer"
 fi
 # The tree: host h's leader sends the buffer up to its parent (h > 0) and
 # down to each child host (2h+1, 2h+2 < H); nothing else leaves a host.
@@ -212,4 +218,4 @@ for (( h = 0; h < H; ++h )); do
     fail "rank order: host $h sent $q x one edge's bytes (want >= $PER: the control must show g crossing edges)"
 done
 
-echo "PASS: $H hosts x $PER workers: host-ordered rings send one ring edge per host across hosts (rank order: $PER; two-level: 2(H-1)/H of the buffer; tree: the buffer once per tree edge)"
+echo "PASS: $H hosts x $PER workers: host-ordered rings send one ring edge per host across hosts (rank order: $PER; two-level and auto: 2(H-1)/H of the buffer; tree: the buffer once per tree edge)"

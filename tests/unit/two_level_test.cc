@@ -5,12 +5,13 @@
 // crosses between hosts is exactly 2(H-1)/H of the buffer per cross-host
 // ring, and goes only to the rank of the same local position on the next
 // host; hosts it cannot use (one host, one rank per host, uneven hosts)
-// run the flat ring.
+// run the flat ring; auto takes it above eager_bytes where it is usable.
 #include <algorithm>
 #include <map>
 #include <memory>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/algorithms/algorithms.h"
@@ -30,6 +31,7 @@ using halka::testing::Hosts;
 using halka::testing::InProcRing;
 using halka::testing::Name;
 using halka::testing::OrderOf;
+using halka::testing::RunRanks;
 using halka::testing::WorldOf;
 
 struct HostRing : InProcRing {
@@ -121,6 +123,74 @@ TEST(TwoLevel, HostsItCannotUseRunTheFlatRing) {
     }
     EXPECT_EQ(CheckAllReduce(DType::kInt64, ReduceOp::kSum, inputs,
                              bufs[0].data(), count).wrong, 0u);
+  }
+}
+
+// auto above eager_bytes: two-level on hosts it can use, the flat ring on
+// hosts it cannot; at or below eager_bytes as before (naive on these
+// worlds of at most all_to_all_max_world ranks).
+TEST(TwoLevel, AutoTakesItAboveEagerBytesWhereHostsAllowIt) {
+  const std::vector<std::pair<Hosts, bool>> shapes = {
+      {{{0, 1}, {2, 3}}, true},
+      {{{0, 3}, {1, 4}, {2, 5}}, true},
+      {{{0, 1, 2}, {3}}, false},
+      {{{0, 1, 2, 3}}, false},
+      {{{0}, {1}, {2}}, false}};
+  for (const auto& [hosts, usable] : shapes) {
+    for (int fp_world : {16, 1}) {
+      SCOPED_TRACE(absl::StrCat(Name(hosts), " fp_world ", fp_world));
+      InProcRing ring(WorldOf(hosts), 256, [&](CommConfig& c) {
+        c.ring_order = OrderOf(hosts);
+        c.hosts = hosts;
+        c.all_to_all_max_world = fp_world;
+        c.eager_bytes = 4096;
+      });
+      ring.ExpectAllReduceAgrees(DType::kFloat32, ReduceOp::kSum, 1025,
+                                 Algorithm::kAuto, usable ? "two_level" : "ring",
+                                 7);
+      ring.ExpectAllReduceAgrees(DType::kInt64, ReduceOp::kMax, 512,
+                                 Algorithm::kAuto,
+                                 fp_world == 16 ? "naive" : "tree", 8);
+    }
+  }
+}
+
+// A worker whose auto runs the ring where this one's runs two-level (an
+// older version): it says so in its fingerprint (resolved ring) or says
+// nothing (older than the tree); either way the others name it before any
+// data moves and no buffer changes.
+TEST(TwoLevel, AWorkerWhoseAutoRunsTheRingIsNamedBeforeAnyDataMoves) {
+  const Hosts hosts = {{0, 1}, {2, 3}};
+  for (Algorithm says : {Algorithm::kRing, Algorithm::kAuto}) {
+    SCOPED_TRACE(AlgorithmName(says));
+    InProcRing ring(4, 256, [&](CommConfig& c) {
+      c.ring_order = OrderOf(hosts);
+      c.hosts = hosts;
+      c.eager_bytes = 4096;
+    });
+    ring.net.SetTamper(2, [says](FrameMeta& m) {
+      if (m.kind == FrameKind::kFingerprint) m.fingerprint.resolved = says;
+    });
+    std::vector<std::vector<float>> bufs(4, std::vector<float>(2000, 1.0f));
+    auto results = RunRanks<absl::StatusOr<OpResult>>(4, [&](int r) {
+      return ring.comms[r]->AllReduce(bufs[r].data(), 2000, DType::kFloat32,
+                                      ReduceOp::kSum, absl::Seconds(5),
+                                      Algorithm::kAuto);
+    });
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_FALSE(results[r].ok()) << "rank " << r;
+      EXPECT_EQ(bufs[r], std::vector<float>(2000, 1.0f)) << "rank " << r;
+      if (r == 2) continue;  // it checks its own view, which looks new
+      EXPECT_EQ(results[r].status().code(),
+                absl::StatusCode::kFailedPrecondition)
+          << results[r].status();
+      EXPECT_TRUE(absl::StrContains(
+          results[r].status().message(),
+          absl::StrCat("this rank runs two_level, rank 2 (w2, inproc:2) runs ring (",
+                       says == Algorithm::kAuto ? "a worker older than the tree"
+                                                : "both ask for auto")))
+          << results[r].status();
+    }
   }
 }
 

@@ -75,10 +75,34 @@ def compare(gloo, halka, differ, skips):
     return problems, lines
 
 
+def log_of(log_path, name, lines=80):
+    """The last `lines` lines unittest's log holds for test `name` (from its
+    "name (...) ..." line to the next test's): its processes' stderr, the
+    harness's traceback of a process that timed out, halka's log lines."""
+    try:
+        with open(log_path, errors="replace") as f:
+            text = f.read().splitlines()
+    except OSError as e:
+        return [f"(no log: {e})"]
+    seg, inside = [], False
+    for line in text:
+        starts = line.startswith("test_") and " (__main__." in line
+        if starts:
+            inside = line.startswith(name + " (")
+        if inside:
+            seg.append(line)
+    return seg[-lines:] if seg else [f"(no lines for {name} in {log_path})"]
+
+
 def main(argv):
-    if len(argv) not in (3, 4):
+    log = None
+    if "--log" in argv:
+        at = argv.index("--log")
+        log = argv[at + 1] if at + 1 < len(argv) else None
+        argv = argv[:at] + argv[at + 2:]
+    if len(argv) not in (3, 4) or ("--log" in sys.argv and log is None):
         sys.exit("usage: compare_suite.py gloo.json halka.json "
-                 "[expectations.txt]")
+                 "[expectations.txt] [--log halka.log]")
     gloo = json.load(open(argv[1]))
     halka = json.load(open(argv[2]))
     differ, skips = load_expectations(
@@ -94,6 +118,13 @@ def main(argv):
         print("  " + line)
     for p in problems:
         print("PROBLEM " + p)
+    if log is not None:
+        # What halka's run printed for each failing test, so that a
+        # failure on a machine whose logs are gone still says where.
+        for name in sorted({p.split(":", 1)[0] for p in problems}):
+            if name in halka["tests"]:
+                print(f"--- halka's log of {name} (last lines) ---")
+                print("\n".join(log_of(log, name)))
     return 1 if problems else 0
 
 

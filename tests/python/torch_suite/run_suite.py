@@ -141,6 +141,12 @@ def make_case():
 
         @classmethod
         def _run(cls, *args, **kwargs):
+            # A test process still alive 10 s before the test's deadline
+            # prints every thread's Python stack (the harness then ends
+            # it), so that a hang names where it waits.
+            import faulthandler
+            faulthandler.dump_traceback_later(
+                max(ARGS.timeout - 10, 1), exit=False)
             turn_off_replicated_tensor()
             if os.environ.get("HALKA_SUITE_BACKEND") == "halka":
                 install_halka()

@@ -38,6 +38,7 @@ for pass in "${passes[@]}"; do
     tail -1 "$out/$b-$w.log"
   done
   [ -f "$out/gloo-$w.json" ] && [ -f "$out/halka-$w.json" ] || continue
-  "$py" "$here/compare_suite.py" "$out/gloo-$w.json" "$out/halka-$w.json" || rc=1
+  "$py" "$here/compare_suite.py" "$out/gloo-$w.json" "$out/halka-$w.json" \
+    --log "$out/halka-$w.log" || rc=1
 done
 exit $rc

@@ -94,7 +94,8 @@ ABSL_FLAG(bool, session, true,
           "a shared-memory session (false: one gRPC call each)");
 ABSL_FLAG(int, repeat, 1, "allreduce: operations to run back to back");
 ABSL_FLAG(std::string, algo, "auto",
-          "all-reduce algorithm: auto, ring, naive, ps, two_level, tree (bench: also all)");
+          "all-reduce algorithm: auto, ring, naive, ps, two_level, tree (bench: "
+          "also all = ring,tree,ps,naive, or a comma-separated list)");
 ABSL_FLAG(std::string, coll, "allreduce",
           "bench: the collective: allreduce, allgather, reducescatter, "
           "broadcast, reduce, gather, scatter (rooted at rank 0), alltoall "
@@ -242,9 +243,12 @@ absl::StatusOr<std::vector<BenchCase>> SweepCases() {
     algos = {Algorithm::kRing, Algorithm::kTree, Algorithm::kParameterServer,
              Algorithm::kNaive};
   } else {
-    auto a = ParseAlgorithm(algo);
-    if (!a.ok()) return a.status();
-    algos = {*a};
+    // One algorithm or a comma-separated list, in the order given.
+    for (absl::string_view name : absl::StrSplit(algo, ',')) {
+      auto a = ParseAlgorithm(std::string(name));
+      if (!a.ok()) return a.status();
+      algos.push_back(*a);
+    }
   }
   std::vector<BenchCase> cases;
   for (size_t s = std::max<size_t>(*lo, 1); s <= *hi; s *= static_cast<size_t>(f)) {

@@ -27,6 +27,10 @@
 #      succeeds with the job's certificate and token, and fails in
 #      plaintext, without a client certificate, with another CA's
 #      certificate (UNAVAILABLE) and with a wrong token (UNAUTHENTICATED)
+#   8. compose.hosts.yaml: two containers as two hosts of two workers each;
+#      health says "on 2 hosts", the bench (ring, two_level, tree, naive,
+#      auto) has #wrong 0 and auto ran naive up to 64 KiB and two_level
+#      above; every container exits 0 on SIGTERM
 #   always: tears the stack down and prunes dangling images and build cache;
 #   keeps debian:bookworm-slim and halka:latest for the next run.
 #
@@ -202,6 +206,7 @@ fi
 # for its services to turn healthy and for the bench to exit 0 with a table
 # whose every row has #wrong 0. Sets CID[service].
 LONG_RUNNING=(rendezvous worker-0 worker-1 worker-2 worker-3 ps)
+BENCH_ALGOS=(ring ps naive)  # each must have a row in the bench's table
 declare -A CID=()
 up_and_bench() {
   local all h s up_ms healthy_ms bench_rc bench_s rows nrows bad algo svc id t0
@@ -234,7 +239,7 @@ $(tail -n 30 "$WORK/up.log" | sed 's/^/    | /')"
   (( all )) || fail "the stack did not turn healthy"
   healthy_ms=$(( $(now_ms) - t0 ))
   summary "$1: stack up -d (deps healthy, bench started)" "$(secs "$up_ms") s"
-  summary "$1: time to healthy (6 services)" "$(secs "$healthy_ms") s"
+  summary "$1: time to healthy (${#LONG_RUNNING[@]} services)" "$(secs "$healthy_ms") s"
 
   log "waiting for the bench (at most ${BENCH_DEADLINE_S}s)"
   bench_rc=$(timeout "$BENCH_DEADLINE_S" docker wait "${CID[bench]}") ||
@@ -254,11 +259,12 @@ $(tail -n 30 "$WORK/up.log" | sed 's/^/    | /')"
   bad=$(awk '$9 != "0"' <<<"$rows")
   [[ -z $bad ]] || fail "rows with #wrong != 0:
 $bad"
-  for algo in ring ps naive; do
+  for algo in "${BENCH_ALGOS[@]}"; do
     awk -v a="$algo" '$5 == a' <<<"$rows" | grep -q . || fail "no $algo row in the bench table"
   done
   grep -q '#wrong' "$WORK/bench.log" || fail "no table header in the bench log"
-  summary "$1: bench table" "$nrows rows (ring, ps, naive), all #wrong 0"
+  summary "$1: bench table" "$nrows rows ($(IFS=,; echo "${BENCH_ALGOS[*]}")), all #wrong 0"
+  BENCH_ROWS=$rows
 }
 # The plaintext stack runs with the observability profile (Prometheus).
 export COMPOSE_PROFILES=observability
@@ -409,4 +415,41 @@ probe "with a certificate of another CA" 1 'UNAVAILABLE' \
 probe "with a wrong token" 1 'UNAUTHENTICATED' \
   -e HALKA_TLS_CA=$T/ca.pem -e HALKA_TLS_CERT=$T/bench.pem \
   -e HALKA_TLS_KEY=$T/bench.key -e HALKA_JOB_TOKEN=not-the-token
+
+# ------------------------------------------------------------ 8. two hosts
+# compose.hosts.yaml: two containers as hosts, two workers each (sharing
+# the container's network and IPC namespaces). The ring keeps each host's
+# ranks adjacent, health says "on 2 hosts", and the bench's sweep (1 KiB..
+# 4 MiB by 8: five sizes; ring, two_level, tree, naive, auto) ran what it
+# asked for: auto is naive up to 64 KiB (3 sizes) and two-level above (2).
+compose down --volumes --remove-orphans --timeout 10 >/dev/null 2>&1 ||
+  fail "compose down (TLS stack) failed"
+STACK_UP=0
+HOSTS_FILE=$ROOT/deploy/compose/compose.hosts.yaml
+"${COMPOSE[@]}" -f "$HOSTS_FILE" config -q ||
+  fail "${COMPOSE[*]} config rejects compose.hosts.yaml"
+node "$VALIDATOR/compose-validate.mjs" "$HOSTS_FILE" ||
+  fail "compose.hosts.yaml does not validate against the Compose Specification schema"
+PROJECT=${PROJECT%tls}hosts
+COMPOSE_FILES=(-f "$HOSTS_FILE")
+LONG_RUNNING=(rendezvous host-a host-b)
+BENCH_ALGOS=(ring two_level tree naive)
+up_and_bench "two hosts"
+grep -qE "on 2 hosts" "$WORK/bench.log" ||
+  fail "the two-host job's health does not say 'on 2 hosts':
+$(head -n 12 "$WORK/bench.log" | sed 's/^/    | /')"
+count_rows() { awk -v a="$1" '$5 == a' <<<"$BENCH_ROWS" | grep -c .; }
+for want in ring:5 two_level:7 tree:5 naive:8; do
+  n=$(count_rows "${want%%:*}")
+  [[ $n == "${want##*:}" ]] ||
+    fail "two hosts: $n ${want%%:*} rows, expected ${want##*:} (auto: naive up to 64 KiB, two_level above)"
+done
+summary "two hosts: health, auto's choice" "on 2 hosts; auto ran naive (<= 64 KiB), two_level (> 64 KiB)"
+t0=$(now_ms)
+compose stop --timeout 10 >/dev/null 2>&1 || fail "compose stop (two hosts) failed"
+for s in rendezvous host-a host-b; do
+  code=$(docker inspect -f '{{.State.ExitCode}}' "${CID[$s]}")
+  [[ $code == 0 ]] || fail "$s exited $code on SIGTERM (expected 0)"
+done
+summary "two hosts: SIGTERM, 3 containers exit 0" "$(secs "$(( $(now_ms) - t0 ))") s"
 exit 0

@@ -24,6 +24,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
@@ -244,8 +245,9 @@ absl::StatusOr<std::vector<BenchCase>> SweepCases() {
              Algorithm::kNaive};
   } else {
     // One algorithm or a comma-separated list, in the order given.
-    for (absl::string_view name : absl::StrSplit(algo, ',')) {
-      auto a = ParseAlgorithm(std::string(name));
+    for (absl::string_view name :
+         absl::StrSplit(algo, ',', absl::SkipWhitespace())) {
+      auto a = ParseAlgorithm(std::string(absl::StripAsciiWhitespace(name)));
       if (!a.ok()) return a.status();
       algos.push_back(*a);
     }

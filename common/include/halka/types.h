@@ -70,7 +70,7 @@ enum class OpKind : uint8_t {
 // How a collective moves data. Values match halka.v1.Algorithm.
 enum class Algorithm : uint8_t {
   kAuto = 0,   // up to CommConfig::eager_bytes naive (G <= 16) or tree
-               // (G > 16), else ring
+               // (G > 16), else two-level (TwoLevelUsable) or ring
   kRing = 1,
   kNaive = 2,
   kParameterServer = 3,

@@ -75,9 +75,9 @@ def compare(gloo, halka, differ, skips):
     return problems, lines
 
 
-def log_of(log_path, name, lines=80):
+def log_of(log_path, name, lines=150):
     """The last `lines` lines unittest's log holds for test `name` (from its
-    "name (...) ..." line to the next test's): its processes' stderr, the
+    "name (...) ..." line to the next test's or to unittest's summary): its processes' stderr, the
     harness's traceback of a process that timed out, halka's log lines."""
     try:
         with open(log_path, errors="replace") as f:
@@ -89,6 +89,8 @@ def log_of(log_path, name, lines=80):
         starts = line.startswith("test_") and " (__main__." in line
         if starts:
             inside = line.startswith(name + " (")
+        elif line.startswith(("======", "------", "Ran ")):
+            inside = False  # unittest's summary after the last test
         if inside:
             seg.append(line)
     return seg[-lines:] if seg else [f"(no lines for {name} in {log_path})"]

@@ -5,6 +5,7 @@ and every test halka skips must be skipped for a reason that file lists
 fails the comparison (the list must say what is true now). Prints one line
 per test that differs, and a summary."""
 
+import argparse
 import json
 import os
 import sys
@@ -97,18 +98,18 @@ def log_of(log_path, name, lines=150):
 
 
 def main(argv):
-    log = None
-    if "--log" in argv:
-        at = argv.index("--log")
-        log = argv[at + 1] if at + 1 < len(argv) else None
-        argv = argv[:at] + argv[at + 2:]
-    if len(argv) not in (3, 4) or ("--log" in sys.argv and log is None):
-        sys.exit("usage: compare_suite.py gloo.json halka.json "
-                 "[expectations.txt] [--log halka.log]")
-    gloo = json.load(open(argv[1]))
-    halka = json.load(open(argv[2]))
-    differ, skips = load_expectations(
-        argv[3] if len(argv) == 4 else os.path.join(HERE, "expectations.txt"))
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("gloo")
+    p.add_argument("halka")
+    p.add_argument("expectations", nargs="?",
+                   default=os.path.join(HERE, "expectations.txt"))
+    p.add_argument("--log", help="halka's run_suite.py log: print each "
+                   "failing test's lines")
+    args = p.parse_args(argv[1:])
+    log = args.log
+    gloo = json.load(open(args.gloo))
+    halka = json.load(open(args.halka))
+    differ, skips = load_expectations(args.expectations)
     problems, lines = compare(gloo, halka, differ, skips)
     def count(r, outcome):
         return sum(1 for t in r["tests"].values() if t["outcome"] == outcome)

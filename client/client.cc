@@ -218,24 +218,117 @@ absl::Status Client::Impl::CheckGroups(const v1::OpSpec& spec) {
       "upgrade it"));
 }
 
+namespace {
+
+// Whether a call's worker buffer differs from its result's memory (a
+// reduce-scatter's or scatter's slice, a reduce's root-only result, an
+// all-to-all out of place): then it is staged and the result copied out.
+bool Stages(const v1::OpSpec& spec, const OpIo& io) {
+  return spec.kind() == v1::REDUCE_SCATTER || spec.kind() == v1::SCATTER ||
+         spec.kind() == v1::REDUCE ||
+         (spec.kind() == v1::ALL_TO_ALL && io.send != io.recv);
+}
+
+// A staged call's result, from the worker's buffer `base` into io.recv:
+// the whole result, or this rank's slice of a sliced one; nothing on a
+// rank other than a root-only result's root.
+absl::Status CopyOutResult(const v1::OpSpec& spec, const OpIo& io,
+                           const OpInfo& info, const uint8_t* base) {
+  if (io.recv_bytes == 0 || (io.root_only >= 0 && info.rank != io.root_only)) {
+    return absl::OkStatus();
+  }
+  const bool sliced =
+      spec.kind() == v1::REDUCE_SCATTER || spec.kind() == v1::SCATTER;
+  const size_t off =
+      sliced ? static_cast<size_t>(std::max(info.rank, 0)) * io.recv_bytes : 0;
+  if (info.rank < 0 || off > io.buffer_bytes ||
+      io.recv_bytes > io.buffer_bytes - off) {
+    return absl::InternalError(absl::StrCat(
+        "the worker answered rank ", info.rank, ", outside the buffer"));
+  }
+  std::memcpy(io.recv, base + off, io.recv_bytes);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::shared_ptr<InProcessWorker> Client::Impl::InProcess() {
+  if (!options_.in_process || options_.transfer != Transfer::kAuto) {
+    return nullptr;
+  }
+  absl::MutexLock lock(&in_process_mu_);
+  if (in_process_ == nullptr || in_process_->closed()) {
+    // A worker that stopped stays this client's (its calls then fail
+    // UNAVAILABLE at once), unless another serves its address now.
+    std::shared_ptr<InProcessWorker> found = InProcessWorker::Find(target_);
+    if (found != nullptr) in_process_ = std::move(found);
+  }
+  return in_process_;
+}
+
+absl::StatusOr<OpInfo> Client::Impl::RunInProcess(InProcessWorker& w,
+                                                  v1::OpSpec spec,
+                                                  const Io& io) {
+  const bool send = spec.kind() == v1::SEND;
+  void* own = send ? const_cast<void*>(io.send) : io.recv;
+  const size_t own_bytes = send ? io.send_bytes : io.recv_bytes;
+  const bool staged = io.buffer_bytes > 0 &&
+                      (Stages(spec, io) || own == nullptr ||
+                       own_bytes != io.buffer_bytes);
+  // A staged call's buffer: this client's scratch when free, else its own.
+  std::vector<uint8_t> mine;
+  std::vector<uint8_t>* scratch = nullptr;
+  const bool have_scratch = staged && scratch_mu_.TryLock();
+  struct Unlock {
+    absl::Mutex& mu;
+    bool held;
+    ~Unlock() {
+      if (held) mu.Unlock();
+    }
+  } unlock{scratch_mu_, have_scratch};
+  void* data = own;
+  if (staged) {
+    scratch = have_scratch ? &in_process_scratch_ : &mine;
+    if (scratch->size() < io.buffer_bytes) scratch->resize(io.buffer_bytes);
+    if (io.send_bytes > 0) std::memcpy(scratch->data(), io.send, io.send_bytes);
+    data = scratch->data();
+  } else if (spec.kind() == v1::ALL_GATHER || spec.kind() == v1::GATHER) {
+    PlaceContribution(io, &spec);
+  }
+  v1::RunRequest req;
+  *req.mutable_spec() = std::move(spec);
+  const InFlight in_flight(*this, req.mutable_spec());
+  v1::RunReply reply;
+  std::optional<absl::Status> ran =
+      w.Run(req, data, io.buffer_bytes, &reply);
+  if (!ran.has_value()) {
+    return absl::UnavailableError(absl::StrCat(
+        "the worker at ", target_, " (in this process) is stopping"));
+  }
+  if (!ran->ok()) return *ran;
+  OpInfo info = ToOpInfo(reply.stats());
+  info.transfer = "in-process";
+  info.zero_copy = !staged;
+  if (staged) {
+    if (absl::StatusOr<OpInfo> checked = CheckRootResult(io, info);
+        !checked.ok()) {
+      return checked.status();
+    }
+    if (absl::Status s = CopyOutResult(req.spec(), io, info, scratch->data());
+        !s.ok()) {
+      return s;
+    }
+  }
+  return info;
+}
+
 absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
   Impl& im = *this;
   if (absl::Status s = CheckGroups(spec); !s.ok()) return s;
   spec.set_issued_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
-  const bool reduce_scatter = spec.kind() == v1::REDUCE_SCATTER;
-  // The result is this rank's slice of the buffer.
-  const bool sliced = reduce_scatter || spec.kind() == v1::SCATTER;
-  // Where the result lies in the worker's buffer once it ran as `rank`.
-  auto result_offset = [&](int rank) -> absl::StatusOr<size_t> {
-    const size_t off =
-        sliced ? static_cast<size_t>(rank) * io.recv_bytes : 0;
-    if (rank < 0 || off > io.buffer_bytes ||
-        io.recv_bytes > io.buffer_bytes - off) {
-      return absl::InternalError(absl::StrCat(
-          "the worker answered rank ", rank, ", outside the buffer"));
-    }
-    return off;
-  };
+  if (std::shared_ptr<InProcessWorker> w = InProcess()) {
+    return RunInProcess(*w, std::move(spec), io);
+  }
   if (im.use_shm_ && io.buffer_bytes > 0) {
     v1::RunRequest req;
     *req.mutable_spec() = spec;
@@ -251,9 +344,7 @@ absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
     const bool send = spec.kind() == v1::SEND;
     const void* shared = send ? io.send : io.recv;
     const size_t shared_bytes = send ? io.send_bytes : io.recv_bytes;
-    const bool stages = sliced || spec.kind() == v1::REDUCE ||
-                        (spec.kind() == v1::ALL_TO_ALL && io.send != io.recv);
-    if (!stages && shared != nullptr && shared_bytes == io.buffer_bytes &&
+    if (!Stages(spec, io) && shared != nullptr && shared_bytes == io.buffer_bytes &&
         im.registry_->Find(shared, io.buffer_bytes, &name, &offset, &size,
                            &capability)) {
       if (spec.kind() == v1::ALL_GATHER || spec.kind() == v1::GATHER) {
@@ -293,12 +384,10 @@ absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
       req.set_shm_capability(im.staging_capability_);
       absl::StatusOr<OpInfo> info = RunShm(req, "shm-staged");
       if (info.ok()) info = CheckRootResult(io, *info);
-      if (info.ok() && io.recv_bytes > 0 &&
-          (io.root_only < 0 || info->rank == io.root_only)) {
-        absl::StatusOr<size_t> off = result_offset(info->rank);
-        if (!off.ok()) return off.status();
-        std::memcpy(io.recv, static_cast<uint8_t*>(im.staging_) + *off,
-                    io.recv_bytes);
+      if (info.ok()) {
+        absl::Status s = CopyOutResult(
+            spec, io, *info, static_cast<const uint8_t*>(im.staging_));
+        if (!s.ok()) return s;
       }
       if (info.ok() || !CannotShare(info.status()) ||
           im.options_.transfer == Transfer::kSharedMemory) {

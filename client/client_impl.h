@@ -23,6 +23,7 @@
 #include "client/op_spec.h"
 #include "client/shm_session.h"
 #include "common/grpc_util.h"
+#include "common/in_process.h"
 #include "common/held_shm.h"
 #include "core/cuda/device_memory.h"
 #include "halka/client.h"
@@ -146,6 +147,20 @@ class Client::Impl {
   // would run it as the job's.
   absl::Status CheckGroups(const v1::OpSpec& spec);
   std::atomic<int> in_flight_{0};
+
+  // The worker of this process this client dials (common/in_process.h),
+  // looked up until found (then kept: once it stopped, calls fail
+  // UNAVAILABLE unless another took its address); null when
+  // Options::in_process is off or the transfer is forced.
+  std::shared_ptr<InProcessWorker> InProcess();
+  // Runs the call on that worker, on this thread, over the caller's
+  // buffer where it is the whole operation's (else over in_process_scratch_).
+  absl::StatusOr<OpInfo> RunInProcess(InProcessWorker& w, v1::OpSpec spec,
+                                      const Io& io);
+  absl::Mutex in_process_mu_;
+  std::shared_ptr<InProcessWorker> in_process_ ABSL_GUARDED_BY(in_process_mu_);
+  absl::Mutex scratch_mu_;  // held for a whole in-process staged call
+  std::vector<uint8_t> in_process_scratch_ ABSL_GUARDED_BY(scratch_mu_);
 
   absl::Mutex device_mu_;  // held for a whole device reduce-scatter
   void* device_scratch_ ABSL_GUARDED_BY(device_mu_) = nullptr;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "common/in_process.h"
 #include "common/prometheus.h"
 #include "common/security.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
@@ -154,6 +155,14 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(
   node->link_ = std::make_unique<RendezvousLink>(
       node->options_, node->log_, node->address_, node->incarnation_,
       std::move(cb));
+  // A client of this process dialling address() runs its calls here
+  // directly (common/in_process.h).
+  WorkerService* api = node->api_service_.get();
+  node->in_process_ = InProcessWorker::Register(
+      node->address_, [api](const v1::RunRequest& req, void* data,
+                            size_t bytes, v1::RunReply* reply) {
+        return api->RunInProcess(req, data, bytes, reply);
+      });
   return node;
 }
 
@@ -300,6 +309,12 @@ std::string WorkerNode::MetricsText() {
            "or RunInline, one gRPC call each)");
   w.Sample("halka_worker_session_calls_total", base,
            static_cast<double>(api_service_->session_calls()));
+  w.Family("halka_worker_in_process_calls_total", "counter",
+           "calls from a client in this worker's own process, run on the "
+           "caller's thread (an embedded worker: halka.torch, "
+           "EmbeddedWorker, halkactl bench)");
+  w.Sample("halka_worker_in_process_calls_total", base,
+           static_cast<double>(api_service_->in_process_calls()));
   return text + w.Text();
 }
 
@@ -388,6 +403,9 @@ void WorkerNode::Shutdown(bool leave) {
   if (shut_down_) return;
   shut_down_ = true;
   const absl::Time t0 = absl::Now();
+  // New in-process calls fail UNAVAILABLE from here; running ones end
+  // with the ring's abort below and are waited for before the server.
+  if (in_process_) in_process_->Close();
   if (server_ == nullptr || link_ == nullptr) {
     // Create failed part way (e.g. an unusable --device): nothing joined.
     if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now()));
@@ -407,6 +425,7 @@ void WorkerNode::Shutdown(bool leave) {
   }
   const absl::Time t3 = absl::Now();
   api_service_->StopSessions();  // each ends once its call has answered
+  if (in_process_) in_process_->Drain();
   // A clean stop lets in-flight calls finish briefly; a simulated death
   // cancels them at once.
   server_->Shutdown(absl::ToChronoTime(

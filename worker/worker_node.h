@@ -30,6 +30,7 @@
 
 namespace halka {
 
+class InProcessWorker;
 class PeerService;
 class WorkerService;
 class DeviceContext;
@@ -223,6 +224,7 @@ class WorkerNode {
   std::unique_ptr<WireListener> wire_listener_;
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<WorkerService> api_service_;
+  std::shared_ptr<InProcessWorker> in_process_;  // closed by Shutdown
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<DeviceContext> device_;  // null: host tensors only

@@ -74,6 +74,37 @@ grpc::Status WorkerService::RunOne(const v1::RunRequest& req,
   return grpc::Status::OK;
 }
 
+absl::Status WorkerService::RunInProcess(const v1::RunRequest& req,
+                                         void* data, size_t bytes,
+                                         v1::RunReply* reply) {
+  const WorkerNode::Arrival arrival = node_->Arrive();
+  const v1::OpSpec& spec = req.spec();
+  if (req.has_device_tensor() || !req.shm_name().empty()) {
+    return node_->Refuse(
+        arrival,
+        absl::InvalidArgumentError(
+            "an in-process call carries its buffer, not a device tensor "
+            "or a shared-memory object"),
+        &spec);
+  }
+  absl::StatusOr<uint64_t> need =
+      ValidateOpSpec(spec, node_->options().max_op_bytes);
+  if (!need.ok()) return node_->Refuse(arrival, need.status(), &spec);
+  if (*need > bytes || (*need > 0 && data == nullptr)) {
+    return node_->Refuse(
+        arrival,
+        absl::InvalidArgumentError(absl::StrCat(
+            "the operation needs a buffer of ", *need, " bytes; the call "
+            "gave ", data == nullptr ? 0 : bytes)),
+        &spec);
+  }
+  in_process_calls_.fetch_add(1);
+  auto result = node_->Execute(spec, data, arrival);
+  if (!result.ok()) return result.status();
+  *reply->mutable_stats() = ToStats(*result);
+  return absl::OkStatus();
+}
+
 namespace {
 
 // How long a session's thread sleeps on its requests ring before it looks

@@ -71,6 +71,12 @@ class WorkerService final : public v1::Worker::Service {
   // Wakes every session and makes it end once its running operation (if
   // any) has answered; refuses new ones. Before the server shuts down.
   void StopSessions();
+  // A same-process client's call (common/in_process.h): as Run, over
+  // `data` (`bytes` long) instead of a shared-memory object; on the
+  // caller's thread.
+  absl::Status RunInProcess(const v1::RunRequest& req, void* data,
+                            size_t bytes, v1::RunReply* reply);
+  uint64_t in_process_calls() const { return in_process_calls_.load(); }
   int open_sessions() const { return sessions_.open(); }
   uint64_t session_calls() const { return session_calls_.load(); }
   grpc::Status GetInfo(grpc::ServerContext* ctx, const v1::InfoRequest* req,
@@ -113,6 +119,7 @@ class WorkerService final : public v1::Worker::Service {
   absl::Mutex sessions_mu_;
   std::set<std::shared_ptr<ShmRing>> session_rings_ ABSL_GUARDED_BY(sessions_mu_);
   std::atomic<uint64_t> session_calls_{0};
+  std::atomic<uint64_t> in_process_calls_{0};
   // Set once, under sessions_mu_ (so no session registers after it);
   // read by every session before each request.
   std::atomic<bool> sessions_stopping_{false};

@@ -93,6 +93,10 @@ ABSL_FLAG(bool, wire_landing, true,
 ABSL_FLAG(bool, session, true,
           "bench/allreduce: operations reach a worker on this host through "
           "a shared-memory session (false: one gRPC call each)");
+ABSL_FLAG(bool, in_process, true,
+          "demo/bench: the clients run their calls on the embedded workers "
+          "directly, on their own threads (false: through a session or a "
+          "gRPC call, as to a worker in another process)");
 ABSL_FLAG(int, repeat, 1, "allreduce: operations to run back to back");
 ABSL_FLAG(std::string, algo, "auto",
           "all-reduce algorithm: auto, ring, naive, ps, two_level, tree (bench: "
@@ -265,6 +269,7 @@ absl::StatusOr<std::vector<BenchCase>> SweepCases() {
 absl::StatusOr<Client::Options> ClientOptionsFromFlags() {
   Client::Options co;
   co.session = absl::GetFlag(FLAGS_session);
+  co.in_process = absl::GetFlag(FLAGS_in_process);
   const std::string transfer = absl::GetFlag(FLAGS_transfer);
   if (transfer == "shm") {
     co.transfer = Client::Transfer::kSharedMemory;

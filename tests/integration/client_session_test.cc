@@ -44,6 +44,14 @@ float Expected(int world, int round, size_t i) {
   return s;
 }
 
+// A client that reaches its worker as one in another process would (the
+// workers here share the test's process): through the session.
+Client::Options NotInProcess() {
+  Client::Options co;
+  co.in_process = false;
+  return co;
+}
+
 std::unique_ptr<LocalCluster> StartCluster(int workers,
                                            absl::Duration op_timeout) {
   LocalCluster::Options o;
@@ -62,6 +70,7 @@ void AllReduceRounds(LocalCluster& cluster, const std::vector<bool>& with_sessio
   for (int r = 0; r < g; ++r) {
     Client::Options co;
     co.session = with_session[static_cast<size_t>(r)];
+    co.in_process = false;  // the session is what this test is about
     clients.push_back(cluster.Connect(r, co).value());
   }
   const size_t kCounts[] = {1024, 65536, 262144};
@@ -114,7 +123,7 @@ TEST(ClientSession, OffWhenAskedAndMixedRanksAgree) {
 TEST(ClientSession, AnOperationsOwnErrorComesBackAsFromRun) {
   auto cluster = StartCluster(2, absl::Seconds(30));
   std::vector<std::unique_ptr<Client>> clients;
-  for (int r = 0; r < 2; ++r) clients.push_back(cluster->Connect(r).value());
+  for (int r = 0; r < 2; ++r) clients.push_back(cluster->Connect(r, NotInProcess()).value());
   // Ranks disagree on the count: both fail naming the pair, through their
   // sessions, and the sessions stay usable for the next round.
   auto failed = RunRanks<absl::StatusOr<OpInfo>>(2, [&](int r) {
@@ -151,8 +160,8 @@ void OneRoundOpensTheSession(Client& client, Client& peer) {
 TEST(ClientSession, AWorkerStoppedMidCallFailsTheCallInsteadOfHanging) {
   // A long operation deadline: only the worker's stop can end the call.
   auto cluster = StartCluster(2, absl::Seconds(120));
-  auto client = cluster->Connect(0).value();
-  auto peer = cluster->Connect(1).value();
+  auto client = cluster->Connect(0, NotInProcess()).value();
+  auto peer = cluster->Connect(1, NotInProcess()).value();
   // One round first, so that rank 0's session is open.
   ASSERT_NO_FATAL_FAILURE(OneRoundOpensTheSession(*client, *peer));
   // Rank 0 calls alone (rank 1 never does) and waits for its peer; its
@@ -175,8 +184,8 @@ TEST(ClientSession, AWorkerStoppedMidCallFailsTheCallInsteadOfHanging) {
 // operation's plus 30 s) before it failed.
 TEST(ClientSession, ACallAfterTheWorkerDiedFailsAtOnce) {
   auto cluster = StartCluster(2, absl::Seconds(120));
-  auto client = cluster->Connect(0).value();
-  auto peer = cluster->Connect(1).value();
+  auto client = cluster->Connect(0, NotInProcess()).value();
+  auto peer = cluster->Connect(1, NotInProcess()).value();
   ASSERT_NO_FATAL_FAILURE(OneRoundOpensTheSession(*client, *peer));
   cluster->KillWorker(0);
   absl::SleepFor(absl::Milliseconds(200));  // the session's end is seen

@@ -224,8 +224,11 @@ TEST(Transfers, InlineSharedAndZeroCopyGiveTheSameBits) {
     h.AllReduceOnce(DType::kFloat32, ReduceOp::kSum, 3000017, Algorithm::kRing, 21);
     h.AllReduceOnce(DType::kBFloat16, ReduceOp::kMax, 77, Algorithm::kAuto, 22);
   }
-  // Zero copy: buffers from AllocateHostBuffer are reduced in place.
-  ClusterHarness h({g});
+  // Zero copy: buffers from AllocateHostBuffer are reduced in place (by a
+  // worker that is not the caller's process: in_process off).
+  ClusterOptions zo{g};
+  zo.in_process = false;
+  ClusterHarness h(zo);
   ASSERT_TRUE(h.ok()) << h.status();
   std::vector<HostBuffer> bufs;
   for (int r = 0; r < g; ++r) {

@@ -203,10 +203,11 @@ TEST(RingHealth, MetricsAndRingPageOverHttp) {
             6.0 * 2 * (g - 1) * (1 << 20));
   EXPECT_GT(s["halka_edge_wait_seconds_total{" + b + ",peer=\"3\"}"], 0);
   EXPECT_EQ(s["halka_worker_generation{" + b + "}"], 1);
-  // The client's calls came through its session with its worker (same
-  // host), which is still open.
-  EXPECT_EQ(s["halka_worker_sessions{" + b + "}"], 1);
-  EXPECT_EQ(s["halka_worker_session_calls_total{" + b + "}"], 6);
+  // The client's calls ran in its worker's process, on its own thread
+  // (common/in_process.h): no session was opened.
+  EXPECT_EQ(s["halka_worker_in_process_calls_total{" + b + "}"], 6);
+  EXPECT_EQ(s["halka_worker_sessions{" + b + "}"], 0);
+  EXPECT_EQ(s["halka_worker_session_calls_total{" + b + "}"], 0);
   // The slow rank's reduce time per edge shows the delay.
   const std::map<std::string, double> s2 =
       ParseProm(Curl("http://" + c.cluster->metrics_address(2) + "/metrics"));

@@ -45,6 +45,9 @@ struct ClusterOptions {
   // Small by default: many chunks per segment.
   size_t chunk_bytes = 4096;
   Client::Transfer transfer = Client::Transfer::kAuto;
+  // Calls run on the caller's thread in the workers' (this) process; off:
+  // they take the transfer a worker in another process would.
+  bool in_process = true;
   absl::Duration op_timeout = absl::Seconds(30);
   // Peer links through shared memory (the default) or gRPC over TCP.
   bool shm_links = true;
@@ -71,6 +74,7 @@ class ClusterHarness {
     cluster_ = std::move(*cluster);
     Client::Options co;
     co.transfer = options.transfer;
+    co.in_process = options.in_process;
     for (int r = 0; r < options.workers; ++r) {
       absl::StatusOr<std::unique_ptr<Client>> client = cluster_->Connect(r, co);
       if (!client.ok()) {

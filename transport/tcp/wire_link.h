@@ -257,12 +257,13 @@ class WireReceiver {
 
  private:
   void Loop();
-  // Reads exactly n bytes, polling so that Stop is seen: OK; OUT_OF_RANGE
+  // Reads exactly n bytes, polling (once the socket has nothing) so that
+  // Stop is seen: OK; OUT_OF_RANGE
   // at a clean end before any byte (`clean_end`); CANCELLED once stopped
   // and drained; UNAVAILABLE otherwise.
   absl::Status ReadFull(uint8_t* p, size_t n, bool* clean_end);
-  // The same through `take`, which reads at most `want` bytes once (after
-  // poll said the socket is readable) and returns what read() would.
+  // The same through `take`, which reads at most `want` bytes once without
+  // blocking and returns what recv(MSG_DONTWAIT) would.
   absl::Status ReadFull(size_t n, bool* clean_end,
                         absl::FunctionRef<ssize_t(size_t got, size_t want)> take);
   // The rest of a record of n bytes whose length is `head`: OK with *frame

@@ -87,26 +87,38 @@ absl::Status WireReceiver::ReadFull(
     size_t n, bool* clean_end,
     absl::FunctionRef<ssize_t(size_t got, size_t want)> take) {
   size_t got = 0;
+  // Read first, poll only once the socket has nothing: a record's bytes
+  // are usually there together, and each poll is a system call more.
+  bool wait = false;
   while (got < n) {
-    // Until Stop's wake-up, wait for bytes with no timeout: an idle link
-    // costs no wake-ups (the socket's keepalive and user timeout still end
-    // a dead connection). After it (and without an eventfd), 50 ms slices,
-    // so that the drain's end is seen. poll skips a negative fd.
-    const bool woken = woken_ || wake_fd_ < 0;
-    pollfd pf[2] = {{fd_, POLLIN, 0}, {woken ? -1 : wake_fd_, POLLIN, 0}};
-    const int ready = poll(pf, 2, woken ? 50 : -1);
-    if (ready < 0 && errno != EINTR) return absl::UnavailableError(Errno("poll"));
-    if (pf[1].revents != 0) woken_ = true;
-    if (ready <= 0 || pf[0].revents == 0) {
-      if (Stopped()) return absl::CancelledError("stopped");
-      continue;
+    if (wait) {
+      // Until Stop's wake-up, wait for bytes with no timeout: an idle link
+      // costs no wake-ups (the socket's keepalive and user timeout still
+      // end a dead connection). After it (and without an eventfd), 50 ms
+      // slices, so that the drain's end is seen. poll skips a negative fd.
+      const bool woken = woken_ || wake_fd_ < 0;
+      pollfd pf[2] = {{fd_, POLLIN, 0}, {woken ? -1 : wake_fd_, POLLIN, 0}};
+      const int ready = poll(pf, 2, woken ? 50 : -1);
+      if (ready < 0 && errno != EINTR) {
+        return absl::UnavailableError(Errno("poll"));
+      }
+      if (pf[1].revents != 0) woken_ = true;
+      if (ready <= 0 || pf[0].revents == 0) {
+        if (Stopped()) return absl::CancelledError("stopped");
+        continue;
+      }
     }
     const ssize_t r = take(got, n - got);
     if (r > 0) {
       got += static_cast<size_t>(r);
+      wait = false;
       continue;
     }
-    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      wait = true;
+      continue;
+    }
     if (r == 0 && got == 0 && clean_end != nullptr) {
       *clean_end = true;
       return absl::OutOfRangeError("end");
@@ -119,7 +131,7 @@ absl::Status WireReceiver::ReadFull(
 
 absl::Status WireReceiver::ReadFull(uint8_t* p, size_t n, bool* clean_end) {
   return ReadFull(n, clean_end, [this, p](size_t got, size_t want) {
-    return ::read(fd_, p + got, want);
+    return recv(fd_, p + got, want, MSG_DONTWAIT);
   });
 }
 

@@ -84,7 +84,8 @@ struct OpInfo {
   int world_size = 0;
   uint64_t generation = 0;
   bool zero_copy = false;       // the worker reduced the caller's memory
-  std::string transfer;         // "shm", "shm-staged" or "inline"
+  std::string transfer;         // "shm", "shm-staged", "inline" or
+                                // "in-process"
   bool session = false;         // sent through the shared-memory session
   int peer = -1;                // Send: the rank it went to; Recv: from
 };
@@ -129,6 +130,12 @@ class Client {
     // sleeps on it (0-1 ms; 0: it sleeps at once). Pays only on a host
     // with idle cores; the worker's --shm_spin_us is the worker side's.
     absl::Duration shm_spin = absl::ZeroDuration();
+    // With the worker in this very process (EmbeddedWorker, LocalCluster,
+    // halka.torch's embedded worker) and transfer kAuto: run each call on
+    // the caller's thread, over the caller's buffer (no session, no gRPC
+    // call, no copy into shared memory; OpInfo.transfer "in-process").
+    // Off: the calls take the paths a worker in another process would.
+    bool in_process = true;
   };
 
   // `target`: "host:port" or "unix:/path" of the local worker. Connecting

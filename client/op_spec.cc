@@ -52,7 +52,9 @@ static_assert(static_cast<int>(Algorithm::kAuto) == v1::AUTO &&
               static_cast<int>(Algorithm::kParameterServer) == v1::PS &&
               static_cast<int>(Algorithm::kTwoLevel) == v1::TWO_LEVEL &&
               static_cast<int>(Algorithm::kTree) == v1::TREE &&
-              v1::Algorithm_MAX == v1::TREE,
+              static_cast<int>(Algorithm::kRecursiveDoubling) ==
+                  v1::RECURSIVE_DOUBLING &&
+              v1::Algorithm_MAX == v1::RECURSIVE_DOUBLING,
               "halka::Algorithm must match halka.v1.Algorithm");
 
 // The operation's deadline (0: the worker's default) and group.

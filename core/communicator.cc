@@ -366,6 +366,12 @@ namespace {
 absl::Status AgreeOnFingerprints(OpContext& op, const Fingerprint& fp,
                                  OpBuffer* buffer,
                                  std::optional<absl::Status>* begun) {
+  // Recursive doubling's frames carry the fingerprints: its whole
+  // exchange is the agreement (the buffer is written only afterwards).
+  if (fp.kind == OpKind::kAllReduce &&
+      op.algorithm() == Algorithm::kRecursiveDoubling) {
+    return DoublingExchange(op);
+  }
   if (!RingCanSendEarly(op)) return ExchangeFingerprints(op);
   absl::Status status = SendFingerprints(op);
   if (status.ok()) *begun = buffer->Begin(fp.dtype, fp.op, fp.count);
@@ -507,6 +513,8 @@ absl::Status Communicator::RunAlgorithm(OpContext& op) {
           return TwoLevelAllReduce(op);
         case Algorithm::kTree:
           return TreeAllReduce(op);
+        case Algorithm::kRecursiveDoubling:
+          return DoublingAllReduce(op);
         default:
           return RingAllReduce(op);
       }

@@ -75,6 +75,8 @@ absl::string_view AlgorithmName(Algorithm algorithm) {
       return "two_level";
     case Algorithm::kTree:
       return "tree";
+    case Algorithm::kRecursiveDoubling:
+      return "recursive_doubling";
   }
   return "unknown";
 }
@@ -82,12 +84,13 @@ absl::string_view AlgorithmName(Algorithm algorithm) {
 absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name) {
   for (Algorithm a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kNaive,
                       Algorithm::kParameterServer, Algorithm::kTwoLevel,
-                      Algorithm::kTree}) {
+                      Algorithm::kTree, Algorithm::kRecursiveDoubling}) {
     if (name == AlgorithmName(a)) return a;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown algorithm '", name,
-                   "' (expected auto, ring, naive, ps, two_level or tree)"));
+                   "' (expected auto, ring, naive, ps, two_level, tree or "
+                   "recursive_doubling)"));
 }
 
 std::string Fingerprint::ToString() const {

@@ -183,7 +183,8 @@ absl::Status OpContext::Send(int to, const FrameMeta& meta,
 absl::StatusOr<InFrame> OpContext::Await(int from, const std::string& detail) {
   SetLedger(phase_, step_, chunk_, chunks_, from);
   const absl::Time t0 = absl::Now();
-  Inbox::Event ev = inbox_->Next(from, fp_.op_seq, watch_, deadline_);
+  Inbox::Event ev =
+      inbox_->Next(from, fp_.op_seq, watch_, deadline_ + wait_slack_);
   const absl::Time t1 = absl::Now();
   // Time this process did not run is not time `from` kept it waiting.
   const absl::Duration stalled = StallMonitor::Get().StalledBetween(t0, t1);

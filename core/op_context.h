@@ -115,6 +115,7 @@ class OpContext {
   OpBuffer& buffer() { return *buffer_; }
   absl::Time start() const { return start_; }
   absl::Time deadline() const { return deadline_; }
+  absl::Duration timeout() const { return timeout_; }
   // The plan: which algorithm runs (every rank resolves it alike), whether
   // fingerprints (and aborts) go to every rank at once, and how many
   // parameter-server shards take part.
@@ -133,6 +134,14 @@ class OpContext {
   // communicator's ReleaseEverything, so a failed operation's frames that
   // still point into it are released before it goes.
   std::vector<uint8_t>& send_scratch() { return send_scratch_; }
+  // How long past the deadline the next waits (Await) end (0, the
+  // default): an algorithm whose later waits wait on ranks that wait
+  // themselves lets the earlier waits, nearer the cause, fail first and
+  // name it in their ABORT.
+  void set_wait_slack(absl::Duration slack) { wait_slack_ = slack; }
+  // Recursive doubling: which half of send_scratch() holds the result.
+  int result_half() const { return result_half_; }
+  void set_result_half(int half) { result_half_ = half; }
   // All-gather: the slice of the buffer that holds this rank's contribution.
   int input_slice() const { return input_slice_; }
   void set_input_slice(int slice) { input_slice_ = slice; }
@@ -267,6 +276,8 @@ class OpContext {
   std::shared_ptr<SendTracker> sends_ = std::make_shared<SendTracker>();
   std::vector<InFrame> eager_;
   std::vector<uint8_t> send_scratch_;  // send_scratch()
+  int result_half_ = 0;
+  absl::Duration wait_slack_;
   std::vector<std::shared_ptr<Landing>> landings_;  // offered, not withdrawn
   // One InFrame::intact per sending rank whose frames were read in place.
   std::vector<std::pair<int, std::function<bool()>>> intact_;

@@ -99,8 +99,9 @@ ABSL_FLAG(bool, in_process, true,
           "gRPC call, as to a worker in another process)");
 ABSL_FLAG(int, repeat, 1, "allreduce: operations to run back to back");
 ABSL_FLAG(std::string, algo, "auto",
-          "all-reduce algorithm: auto, ring, naive, ps, two_level, tree (bench: "
-          "also all = ring,tree,ps,naive, or a comma-separated list)");
+          "all-reduce algorithm: auto, ring, naive, ps, two_level, tree, "
+          "recursive_doubling (bench: also all = ring,tree,ps,naive, or a "
+          "comma-separated list)");
 ABSL_FLAG(std::string, coll, "allreduce",
           "bench: the collective: allreduce, allgather, reducescatter, "
           "broadcast, reduce, gather, scatter (rooted at rank 0), alltoall "

@@ -14,6 +14,8 @@
 #ifndef HALKA_CORE_ALGORITHMS_ALGORITHMS_H_
 #define HALKA_CORE_ALGORITHMS_ALGORITHMS_H_
 
+#include <vector>
+
 #include "absl/status/status.h"
 #include "core/comm_types.h"
 #include "core/frame.h"
@@ -84,6 +86,28 @@ absl::Status RingSendFirstStep(OpContext& op);
 // in rank order (same bits everywhere). Eager: the copies came with the
 // fingerprints.
 absl::Status NaiveAllReduce(OpContext& op);
+
+// --- doubling.cc
+// Recursive-doubling all-reduce, for small buffers: with p the largest
+// power of two <= G, log2 p rounds in which each of p ranks swaps its
+// whole partial result with one partner, by position on the ring's path
+// (a host's ranks first; position 2i+1, for i < G - p, first folds into
+// position 2i and takes the result back last: 2 more steps for those). Every frame is a fingerprint frame carrying the partial result,
+// checked against this rank's (CheckFingerprintPair) before it is
+// reduced: the agreement needs no round of its own, and a disagreement
+// fails the pair that meets it, whose ABORTs reach every rank (each watches
+// its partners). Each swap reduces the lower position's partial result first
+// (lo op hi on both sides): every rank ends with the same bits.
+// DoublingExchange runs it all in the fingerprint phase into
+// op.send_scratch(), so that nothing touches the buffer before every
+// frame agreed; DoublingAllReduce then writes the result (AVG divided)
+// into the buffer.
+absl::Status DoublingExchange(OpContext& op);
+absl::Status DoublingAllReduce(OpContext& op);
+// FAILED_PRECONDITION unless `theirs` (rank from's fingerprint) is this
+// rank's call, run alike (fingerprints.cc).
+absl::Status CheckFingerprintPair(OpContext& op, int from,
+                                  const Fingerprint& theirs);
 
 // --- tree.cc
 // Tree all-reduce, for small buffers on many ranks: every rank of a host

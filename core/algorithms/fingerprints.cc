@@ -12,6 +12,45 @@
 namespace halka {
 namespace {
 
+// What a rank whose fingerprint is `f` runs, as this rank sees it: the
+// algorithm its fingerprint names, or, for a worker older than the tree
+// (which says nothing), what its auto runs.
+Algorithm TheirAlgorithm(const OpContext& op, const Fingerprint& f) {
+  const Algorithm runs = op.algorithm();
+  if (f.resolved != Algorithm::kAuto) return f.resolved;
+  // (An older worker's auto runs naive or the ring: where this rank's auto
+  // runs the tree or two-level it runs the ring, where recursive doubling
+  // naive.)
+  if (f.algorithm == Algorithm::kAuto) {
+    if (runs == Algorithm::kTree || runs == Algorithm::kTwoLevel) {
+      return Algorithm::kRing;
+    }
+    if (runs == Algorithm::kRecursiveDoubling) return Algorithm::kNaive;
+  }
+  return runs;
+}
+
+// FAILED_PRECONDITION unless rank i, whose fingerprint is f, runs the call
+// as this rank does.
+absl::Status CheckRunsAlike(OpContext& op, const Fingerprint& all0, int i,
+                            const Fingerprint& f) {
+  const Algorithm runs = op.algorithm();
+  const bool older = f.resolved == Algorithm::kAuto;
+  const Algorithm theirs = TheirAlgorithm(op, f);
+  if (theirs == runs) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      op.Where(), ": ranks would run ", all0.ToString(),
+      " differently: this rank runs ", AlgorithmName(runs), ", ", op.Who(i),
+      " runs ", AlgorithmName(theirs),
+      older ? absl::StrCat(" (a worker older than the tree algorithm: its "
+                           "auto runs ", AlgorithmName(theirs),
+                           "; run one version of halka-worker in a job)")
+            : std::string(f.algorithm == Algorithm::kAuto
+                   ? " (both ask for auto: a worker of another version "
+                     "of halka; run one version of halka-worker in a job)"
+                   : "")));
+}
+
 absl::Status CheckFingerprints(OpContext& op,
                                const std::vector<Fingerprint>& all) {
   const int g = op.world();
@@ -32,32 +71,11 @@ absl::Status CheckFingerprints(OpContext& op,
   // straight from its rank; around the ring, an older rank also drops what
   // the fingerprints it forwards said, so only the nearest upstream rank
   // that says nothing is known to be older: the walk stops there.
-  const Algorithm runs = op.algorithm();
   for (int s = 1; s < g; ++s) {
     const int i = op.path().rank_at(op.position() - s);
     const Fingerprint& f = all[static_cast<size_t>(i)];
-    const bool older = f.resolved == Algorithm::kAuto;
-    // (An older worker's auto runs naive or the ring: where this rank's
-    // auto runs the tree or two-level, the older one's runs the ring.)
-    const bool newer_auto =
-        runs == Algorithm::kTree || runs == Algorithm::kTwoLevel;
-    const Algorithm theirs =
-        !older ? f.resolved
-               : (newer_auto && f.algorithm == Algorithm::kAuto ? Algorithm::kRing
-                                                                : runs);
-    if (theirs != runs) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          op.Where(), ": ranks would run ", all[0].ToString(),
-          " differently: this rank runs ", AlgorithmName(runs), ", ",
-          op.Who(i), " runs ", AlgorithmName(theirs),
-          older ? " (a worker older than the tree algorithm: its auto runs "
-                  "the ring; run one version of halka-worker in a job)"
-                : (f.algorithm == Algorithm::kAuto
-                       ? " (both ask for auto: a worker of another version "
-                         "of halka; run one version of halka-worker in a job)"
-                       : "")));
-    }
-    if (older && !op.all_to_all()) break;
+    HALKA_RETURN_IF_ERROR(CheckRunsAlike(op, all[0], i, f));
+    if (f.resolved == Algorithm::kAuto && !op.all_to_all()) break;
   }
   return absl::OkStatus();
 }
@@ -175,6 +193,17 @@ absl::Status AwaitAllToAll(OpContext& op) {
 
 }  // namespace
 
+absl::Status CheckFingerprintPair(OpContext& op, int from,
+                                  const Fingerprint& theirs) {
+  const Fingerprint& mine = op.fp();
+  if (theirs != mine) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        op.Where(), ": ranks disagree on the operation: this rank calls ",
+        mine.ToString(), " but ", op.Who(from), " calls ", theirs.ToString()));
+  }
+  return CheckRunsAlike(op, mine, from, theirs);
+}
+
 Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
   switch (fp.kind) {
     case OpKind::kGather:
@@ -197,9 +226,12 @@ Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
     return TwoLevelUsable(config) ? Algorithm::kTwoLevel : Algorithm::kRing;
   }
   if (fp.algorithm != Algorithm::kAuto) return fp.algorithm;
-  // Small buffers: one hop (naive) while every rank may talk to every
-  // rank; on larger worlds the tree's 2 + 2*ceil(log2 H) hops, not the
-  // ring's 2(G-1) (docs/scaling.md's model: the alpha terms dominate).
+  // Small buffers: recursive doubling while every rank may talk to every
+  // rank (log2 G swaps of one frame each: G log2 G frames in all where
+  // naive's one hop takes G(G-1), and each frame costs the CPU wake-ups that
+  // dominate a small operation; docs/performance.md); on larger worlds the
+  // tree's 2 + 2*ceil(log2 H) hops, not the ring's 2(G-1) (docs/scaling.md's
+  // model: the alpha terms dominate).
   // Larger ones: on hosts of g >= 2 ranks each, two-level (2(H-1)/H of the
   // buffer through each host's NIC, not the flat ring's 2(G-1)/G, in
   // 2(H-1) network steps), else the ring.
@@ -207,8 +239,9 @@ Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
   if (bytes > config.eager_bytes) {
     return TwoLevelUsable(config) ? Algorithm::kTwoLevel : Algorithm::kRing;
   }
-  return config.world_size <= config.all_to_all_max_world ? Algorithm::kNaive
-                                                          : Algorithm::kTree;
+  return config.world_size <= config.all_to_all_max_world
+             ? Algorithm::kRecursiveDoubling
+             : Algorithm::kTree;
 }
 
 absl::Status ExchangeFingerprints(OpContext& op) {

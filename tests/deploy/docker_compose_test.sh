@@ -29,7 +29,7 @@
 #      certificate (UNAVAILABLE) and with a wrong token (UNAUTHENTICATED)
 #   8. compose.hosts.yaml: two containers as two hosts of two workers each;
 #      health says "on 2 hosts", the bench (ring, two_level, tree, naive,
-#      auto) has #wrong 0 and auto ran naive up to 64 KiB and two_level
+#      auto) has #wrong 0 and auto ran recursive_doubling up to 64 KiB and two_level
 #      above; every container exits 0 on SIGTERM
 #   always: tears the stack down and prunes dangling images and build cache;
 #   keeps debian:bookworm-slim and halka:latest for the next run.
@@ -421,7 +421,8 @@ probe "with a wrong token" 1 'UNAUTHENTICATED' \
 # the container's network and IPC namespaces). The ring keeps each host's
 # ranks adjacent, health says "on 2 hosts", and the bench's sweep (1 KiB..
 # 4 MiB by 8: five sizes; ring, two_level, tree, naive, auto) ran what it
-# asked for: auto is naive up to 64 KiB (3 sizes) and two-level above (2).
+# asked for: auto is recursive doubling up to 64 KiB (3 sizes) and
+# two-level above (2).
 compose down --volumes --remove-orphans --timeout 10 >/dev/null 2>&1 ||
   fail "compose down (TLS stack) failed"
 STACK_UP=0
@@ -439,12 +440,12 @@ grep -qE "on 2 hosts" "$WORK/bench.log" ||
   fail "the two-host job's health does not say 'on 2 hosts':
 $(head -n 12 "$WORK/bench.log" | sed 's/^/    | /')"
 count_rows() { awk -v a="$1" '$5 == a' <<<"$BENCH_ROWS" | grep -c .; }
-for want in ring:5 two_level:7 tree:5 naive:8; do
+for want in ring:5 two_level:7 tree:5 naive:5 recursive_doubling:3; do
   n=$(count_rows "${want%%:*}")
   [[ $n == "${want##*:}" ]] ||
-    fail "two hosts: $n ${want%%:*} rows, expected ${want##*:} (auto: naive up to 64 KiB, two_level above)"
+    fail "two hosts: $n ${want%%:*} rows, expected ${want##*:} (auto: recursive_doubling up to 64 KiB, two_level above)"
 done
-summary "two hosts: health, auto's choice" "on 2 hosts; auto ran naive (<= 64 KiB), two_level (> 64 KiB)"
+summary "two hosts: health, auto's choice" "on 2 hosts; auto ran recursive_doubling (<= 64 KiB), two_level (> 64 KiB)"
 t0=$(now_ms)
 compose stop --timeout 10 >/dev/null 2>&1 || fail "compose stop (two hosts) failed"
 for s in rendezvous host-a host-b; do

@@ -150,7 +150,8 @@ TEST(TwoLevel, AutoTakesItAboveEagerBytesWhereHostsAllowIt) {
                                  7);
       ring.ExpectAllReduceAgrees(DType::kInt64, ReduceOp::kMax, 512,
                                  Algorithm::kAuto,
-                                 fp_world == 16 ? "naive" : "tree", 8);
+                                 fp_world == 16 ? "recursive_doubling" : "tree",
+                                 8);
     }
   }
 }

@@ -56,8 +56,8 @@ struct OpOptions {
   // Deadline of the operation; zero: the worker's default (normally
   // kDefaultOpTimeout).
   absl::Duration timeout = absl::ZeroDuration();
-  // All-reduce only: kAuto lets the worker choose (naive one-shot or tree
-  // for small buffers; two-level on hosts of equal size >= 2, else the
+  // All-reduce only: kAuto lets the worker choose (recursive doubling or
+  // tree for small buffers; two-level on hosts of equal size >= 2, else the
   // ring, for larger ones); the others force one.
   Algorithm algorithm = Algorithm::kAuto;
   // A collective of a group of the job's ranks (torch's new_group): the

@@ -69,13 +69,15 @@ enum class OpKind : uint8_t {
 
 // How a collective moves data. Values match halka.v1.Algorithm.
 enum class Algorithm : uint8_t {
-  kAuto = 0,   // up to CommConfig::eager_bytes naive (G <= 16) or tree
-               // (G > 16), else two-level (TwoLevelUsable) or ring
+  kAuto = 0,   // up to CommConfig::eager_bytes recursive doubling
+               // (G <= 16) or tree (G > 16), else two-level
+               // (TwoLevelUsable) or ring
   kRing = 1,
   kNaive = 2,
   kParameterServer = 3,
   kTwoLevel = 4,  // per host, then across hosts, then per host (ring.cc)
   kTree = 5,      // to the host's leader, a binary tree of leaders (tree.cc)
+  kRecursiveDoubling = 6,  // log2 G whole-buffer swaps (doubling.cc)
 };
 
 // A job's membership state. Values match halka.v1.JobState (the

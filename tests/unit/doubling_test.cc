@@ -1,0 +1,206 @@
+// Recursive doubling (core/algorithms/doubling.cc): the same bits on every
+// rank and within the reference's bound for every world (powers of two and
+// the ranks that fold in beyond them), dtype and op; each rank talks only
+// to its partners, in host order, with the payload the plan says; a
+// mismatch touches no buffer; a rank that never calls or dies is named by
+// every other, and nobody hangs, whether fingerprints would go all-to-all
+// or around the ring.
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/communicator.h"
+#include "core/testing/reference.h"
+#include "gtest/gtest.h"
+#include "tests/testing/hosts.h"
+#include "tests/testing/inproc_ring.h"
+
+namespace halka {
+namespace {
+
+using halka::testing::Hosts;
+using halka::testing::InProcRing;
+using halka::testing::OrderOf;
+using halka::testing::RunRanks;
+using halka::testing::WorldOf;
+
+constexpr Algorithm kRd = Algorithm::kRecursiveDoubling;
+
+InProcRing FlatRing(int g, int fp_world) {
+  return InProcRing(g, 40, [&](CommConfig& c) {
+    c.all_to_all_max_world = fp_world;
+  });
+}
+
+TEST(Doubling, EveryWorldCountOpAndDtypeAgreesEverywhereAndWithTheReference) {
+  for (int g : {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16}) {
+    for (int fp_world : {16, 1}) {
+      SCOPED_TRACE(absl::StrCat("g ", g, " fp_world ", fp_world));
+      FlatRing(g, fp_world)
+          .ExpectAllReduceMatrixAgrees(kRd, "recursive_doubling", 17);
+    }
+  }
+}
+
+// The partners by position on the ring's path: with hosts {0,3},{1,4},{2,5}
+// the path is 0 3 1 4 2 5, so the two fold-ins stay inside hosts.
+TEST(Doubling, PartnersFollowTheRingsPathAndSendWhatThePlanSays) {
+  const Hosts hosts = {{0, 3}, {1, 4}, {2, 5}};
+  InProcRing ring(WorldOf(hosts), 64, [&](CommConfig& c) {
+    c.ring_order = OrderOf(hosts);
+    c.hosts = hosts;
+  });
+  const size_t count = 1000;
+  const uint64_t bytes = count * 4;
+  auto sent = ring.SentDuringAllReduce(count, kRd);
+  // G = 6: p = 4, positions 0..3 (ranks 0 3 1 4) fold in pairs: position 1
+  // (rank 3) into 0 (rank 0), position 3 (rank 4) into 2 (rank 1); virtual
+  // ranks 0..3 are positions 0, 2, 4, 5 (ranks 0, 1, 2, 5).
+  const std::map<int, std::map<int, uint64_t>> want = {
+      {0, {{3, bytes}, {1, bytes}, {2, bytes}}},  // back to 3; v1; v2
+      {3, {{0, bytes}}},                          // folds into 0
+      {1, {{4, bytes}, {0, bytes}, {5, bytes}}},  // back to 4; v0; v3
+      {4, {{1, bytes}}},
+      {2, {{5, bytes}, {0, bytes}}},  // v2: v3, v0
+      {5, {{2, bytes}, {1, bytes}}},  // v3: v2, v1
+  };
+  for (int r = 0; r < ring.g; ++r) {
+    std::map<int, uint64_t> nonzero;
+    for (const auto& [peer, b] : sent[r]) {
+      if (b > 0) nonzero[peer] = b;
+    }
+    EXPECT_EQ(nonzero, want.at(r)) << "rank " << r;
+  }
+}
+
+TEST(Doubling, AMismatchTouchesNoBufferAndTheRingRunsOn) {
+  for (int fp_world : {16, 1}) {
+    SCOPED_TRACE(absl::StrCat("fp_world ", fp_world));
+    InProcRing ring = FlatRing(6, fp_world);
+    const int g = ring.g;
+    std::vector<std::vector<float>> bufs(g, std::vector<float>(300, 1.0f));
+    auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+      return ring.comms[r]->AllReduce(bufs[r].data(), r == 4 ? 299 : 300,
+                                      DType::kFloat32, ReduceOp::kSum,
+                                      absl::Seconds(10), kRd);
+    });
+    for (int r = 0; r < g; ++r) {
+      ASSERT_FALSE(results[r].ok()) << "rank " << r;
+      // The pair that met it: FAILED_PRECONDITION naming both calls; the
+      // others: the ABORT that reached them, which carries that text.
+      EXPECT_NE(results[r].status().message().find("float32x299"),
+                absl::string_view::npos)
+          << "rank " << r << ": " << results[r].status();
+      EXPECT_EQ(bufs[r], std::vector<float>(300, 1.0f)) << "rank " << r;
+    }
+    auto again = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+      return ring.comms[r]->AllReduce(bufs[r].data(), 300, DType::kFloat32,
+                                      ReduceOp::kSum, absl::Seconds(10), kRd);
+    });
+    for (int r = 0; r < g; ++r) {
+      ASSERT_TRUE(again[r].ok()) << again[r].status();
+      EXPECT_EQ(bufs[r], std::vector<float>(300, static_cast<float>(g)));
+    }
+  }
+}
+
+TEST(Doubling, AnAlgorithmMismatchIsNamed) {
+  InProcRing ring = FlatRing(4, 16);
+  std::vector<std::vector<float>> bufs(4, std::vector<float>(50, 1.0f));
+  auto results = RunRanks<absl::StatusOr<OpResult>>(4, [&](int r) {
+    return ring.comms[r]->AllReduce(bufs[r].data(), 50, DType::kFloat32,
+                                    ReduceOp::kSum, absl::Seconds(10),
+                                    r == 2 ? Algorithm::kNaive : kRd);
+  });
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_FALSE(results[r].ok()) << "rank " << r;
+    EXPECT_EQ(bufs[r], std::vector<float>(50, 1.0f)) << "rank " << r;
+  }
+  // Rank 2's partner in the first round (rank 3) sees its naive frame.
+  EXPECT_EQ(results[3].status().code(), absl::StatusCode::kFailedPrecondition)
+      << results[3].status();
+}
+
+TEST(Doubling, ARankThatNeverCallsIsNamedAndNobodyHangs) {
+  // G = 5: position 1 folds into 0; 3 is a virtual rank.
+  for (int missing : {1, 3}) {
+    for (int fp_world : {16, 1}) {
+      SCOPED_TRACE(absl::StrCat("missing ", missing, " fp_world ", fp_world));
+      InProcRing ring = FlatRing(5, fp_world);
+      const int g = ring.g;
+      std::vector<std::vector<float>> bufs(g, std::vector<float>(500, 1.0f));
+      const absl::Time start = absl::Now();
+      auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+        if (r == missing) {
+          return absl::StatusOr<OpResult>(absl::CancelledError("not called"));
+        }
+        return ring.comms[r]->AllReduce(bufs[r].data(), 500, DType::kFloat32,
+                                        ReduceOp::kSum,
+                                        absl::Milliseconds(400), kRd);
+      });
+      EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+      for (int r = 0; r < g; ++r) {
+        if (r == missing) continue;
+        ASSERT_FALSE(results[r].ok()) << "rank " << r;
+        EXPECT_NE(results[r].status().message().find(
+                      absl::StrCat("rank ", missing)),
+                  absl::string_view::npos)
+            << "rank " << r << ": " << results[r].status();
+        EXPECT_EQ(bufs[r], std::vector<float>(500, 1.0f)) << "rank " << r;
+      }
+    }
+  }
+}
+
+// A rank killed while the partial results move (every rank reduces
+// slowly): within 4 s of the kill, before its 10 s deadline, every
+// survivor either fails naming it or, where every partial result it needed
+// had left the dead rank before it died, ends with the whole, right sum.
+TEST(Doubling, AKilledRankIsNamedByEverySurvivor) {
+  const int dead = 5;
+  for (int fp_world : {16, 1}) {
+    SCOPED_TRACE(absl::StrCat("fp_world ", fp_world));
+    InProcRing ring(8, 1024, [&](CommConfig& c) {
+      c.all_to_all_max_world = fp_world;
+      c.test_reduce_delay = absl::Milliseconds(150);
+    });
+    const int g = ring.g;
+    std::vector<std::vector<float>> bufs(g, std::vector<float>(4096, 1.0f));
+    std::vector<absl::StatusOr<OpResult>> results(g);
+    std::vector<absl::Time> ended(g);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < g; ++r) {
+      threads.emplace_back([&, r] {
+        results[r] = ring.comms[r]->AllReduce(
+            bufs[r].data(), bufs[r].size(), DType::kFloat32, ReduceOp::kSum,
+            absl::Seconds(10), kRd);
+        ended[r] = absl::Now();
+      });
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+    ring.net.Kill(dead);
+    const absl::Time killed = absl::Now();
+    for (auto& t : threads) t.join();
+    int failed = 0;
+    for (int r = 0; r < g; ++r) {
+      if (r == dead) continue;
+      EXPECT_LT(ended[r] - killed, absl::Seconds(4))
+          << "rank " << r << " ended " << (ended[r] - killed) << " after the kill";
+      if (results[r].ok()) {
+        EXPECT_EQ(bufs[r], std::vector<float>(4096, static_cast<float>(g)))
+            << "rank " << r;
+        continue;
+      }
+      ++failed;
+      EXPECT_NE(results[r].status().message().find("rank 5 (w5"),
+                absl::string_view::npos)
+          << "rank " << r << ": " << results[r].status();
+    }
+    // Its partner of the second round waits for it at least.
+    EXPECT_GE(failed, 1);
+  }
+}
+
+}  // namespace
+}  // namespace halka

@@ -1,5 +1,7 @@
 #include "common/in_process.h"
 
+#include <unistd.h>
+
 #include <map>
 
 namespace halka {
@@ -23,6 +25,7 @@ std::shared_ptr<InProcessWorker> InProcessWorker::Register(
     const std::string& address, RunFn run) {
   auto w = std::make_shared<InProcessWorker>(std::move(run));
   w->address_ = address;
+  w->pid_ = static_cast<int>(getpid());
   Listing& l = TheListing();
   absl::MutexLock lock(&l.mu);
   l.by_address[address] = w;
@@ -39,7 +42,9 @@ std::shared_ptr<InProcessWorker> InProcessWorker::Find(
     if (it == l.by_address.end()) return nullptr;
     w = it->second.lock();
   }
-  if (w == nullptr || w->closed()) return nullptr;
+  if (w == nullptr || w->closed() || w->pid_ != static_cast<int>(getpid())) {
+    return nullptr;
+  }
   return w;
 }
 

@@ -62,6 +62,8 @@ class InProcessWorker {
  private:
   const RunFn run_;
   std::string address_;  // set once by Register
+  int pid_ = 0;          // the process that registered it (a fork's child
+                         // does not find it: its worker's threads are gone)
   mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int inside_ ABSL_GUARDED_BY(mu_) = 0;

@@ -39,9 +39,9 @@ struct CommConfig {
   // Largest buffer one operation may carry (RESOURCE_EXHAUSTED above it).
   uint64_t max_op_bytes = uint64_t{16} << 30;
   // Up to this world size, fingerprints go to every rank at once (one hop
-  // instead of G-1), and AUTO all-reduces of at most eager_bytes run naive
-  // with the data riding on the fingerprint frames: one hop in all; on
-  // larger worlds AUTO all-reduces of at most eager_bytes run the tree.
+  // instead of G-1), and AUTO all-reduces of at most eager_bytes run
+  // recursive doubling (the fingerprints riding on its frames); on larger
+  // worlds AUTO all-reduces of at most eager_bytes run the tree.
   int all_to_all_max_world = 16;
   size_t eager_bytes = 64 << 10;
   // FOR TESTS ONLY: sleeps this long per received data chunk while reducing

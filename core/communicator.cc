@@ -368,8 +368,11 @@ absl::Status AgreeOnFingerprints(OpContext& op, const Fingerprint& fp,
                                  std::optional<absl::Status>* begun) {
   // Recursive doubling's frames carry the fingerprints: its whole
   // exchange is the agreement (the buffer is written only afterwards).
+  // The buffer is begun first (it is only read until every frame agreed).
   if (fp.kind == OpKind::kAllReduce &&
       op.algorithm() == Algorithm::kRecursiveDoubling) {
+    *begun = buffer->Begin(fp.dtype, fp.op, fp.count);
+    if (!(*begun)->ok()) return **begun;
     return DoublingExchange(op);
   }
   if (!RingCanSendEarly(op)) return ExchangeFingerprints(op);
@@ -438,7 +441,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   // failure nobody will read them, so give the wire a moment (for the
   // ABORT frames to healthy peers), not a deadline; a link still holding
   // the buffer after that (a gRPC stream's write in flight) is cut.
-  op.ReleaseEverything(status.ok() ? op.deadline()
+  op.ReleaseEverything(status.ok() ? op.release_deadline()
                                     : absl::Now() + absl::Milliseconds(250));
 
   op.EndTrace();

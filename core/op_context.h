@@ -16,6 +16,7 @@
 #ifndef HALKA_CORE_OP_CONTEXT_H_
 #define HALKA_CORE_OP_CONTEXT_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -138,7 +139,14 @@ class OpContext {
   // default): an algorithm whose later waits wait on ranks that wait
   // themselves lets the earlier waits, nearer the cause, fail first and
   // name it in their ABORT.
-  void set_wait_slack(absl::Duration slack) { wait_slack_ = slack; }
+  void set_wait_slack(absl::Duration slack) {
+    wait_slack_ = slack;
+    max_wait_slack_ = std::max(max_wait_slack_, slack);
+  }
+  // The deadline plus the largest slack any wait had: what a wait for the
+  // links to let go of frames allows (a wait may have ended in its slack
+  // with its result whole).
+  absl::Time release_deadline() const { return deadline_ + max_wait_slack_; }
   // Recursive doubling: which half of send_scratch() holds the result.
   int result_half() const { return result_half_; }
   void set_result_half(int half) { result_half_ = half; }
@@ -278,6 +286,7 @@ class OpContext {
   std::vector<uint8_t> send_scratch_;  // send_scratch()
   int result_half_ = 0;
   absl::Duration wait_slack_;
+  absl::Duration max_wait_slack_;
   std::vector<std::shared_ptr<Landing>> landings_;  // offered, not withdrawn
   // One InFrame::intact per sending rank whose frames were read in place.
   std::vector<std::pair<int, std::function<bool()>>> intact_;

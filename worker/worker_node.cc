@@ -404,7 +404,8 @@ void WorkerNode::Shutdown(bool leave) {
   shut_down_ = true;
   const absl::Time t0 = absl::Now();
   // New in-process calls fail UNAVAILABLE from here; running ones end
-  // with the ring's abort below and are waited for before the server.
+  // with the ring's abort below and are waited for after the server's
+  // shutdown.
   if (in_process_) in_process_->Close();
   if (server_ == nullptr || link_ == nullptr) {
     // Create failed part way (e.g. an unusable --device): nothing joined.
@@ -425,11 +426,13 @@ void WorkerNode::Shutdown(bool leave) {
   }
   const absl::Time t3 = absl::Now();
   api_service_->StopSessions();  // each ends once its call has answered
-  if (in_process_) in_process_->Drain();
   // A clean stop lets in-flight calls finish briefly; a simulated death
   // cancels them at once.
   server_->Shutdown(absl::ToChronoTime(
       absl::Now() + (leave ? absl::Milliseconds(100) : absl::ZeroDuration())));
+  // In-process calls end with the ring's abort (one waiting for its turn
+  // behind a gRPC call, once the server's shutdown has cancelled that).
+  if (in_process_) in_process_->Drain();
   server_->Wait();
   if (wire_listener_) wire_listener_->Stop();
   log_.Info(absl::StrFormat(

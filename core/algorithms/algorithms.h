@@ -102,6 +102,9 @@ absl::Status NaiveAllReduce(OpContext& op);
 // op.send_scratch(), so that nothing touches the buffer before every
 // frame agreed; DoublingAllReduce then writes the result (AVG divided)
 // into the buffer.
+// Asked for on a larger buffer, an all-reduce runs the ring (each frame
+// carries the whole buffer, and a frame holds at most 32 MiB).
+inline constexpr uint64_t kDoublingMaxBytes = uint64_t{16} << 20;
 absl::Status DoublingExchange(OpContext& op);
 absl::Status DoublingAllReduce(OpContext& op);
 // FAILED_PRECONDITION unless `theirs` (rank from's fingerprint) is this

@@ -147,7 +147,7 @@ absl::Status DoublingExchange(OpContext& op) {
     HALKA_RETURN_IF_ERROR(CheckFrame(op, from, step, bytes, in));
     const int next = 1 - cur;
     // The next half last held what went out two rounds ago.
-    if (!op.WaitForReleases(next, op.deadline())) {
+    if (!op.WaitForReleases(next, op.release_deadline())) {
       return absl::DeadlineExceededError(absl::StrCat(
           op.Where(), ": deadline exceeded before a link let go of this "
                       "rank's partial result"));
@@ -221,14 +221,17 @@ absl::Status DoublingAllReduce(OpContext& op) {
   if (op.world() == 1 || count == 0) return absl::OkStatus();
   uint8_t* result = op.send_scratch().data() +
                     static_cast<size_t>(op.result_half()) * bytes;
-  // A frame of the last round may still hold the result (the one sent back
-  // to a rank that folded in): it must not change until let go.
-  if (!op.WaitForReleases(-1, op.deadline())) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        op.Where(), ": deadline exceeded before the peers took this rank's "
-                    "result"));
+  if (fp.op == ReduceOp::kAvg) {
+    // A frame of the last round may still hold the result (the one sent
+    // back to a rank that folded in): it must not change until let go.
+    // (Writing it back only reads it.)
+    if (!op.WaitForReleases(-1, op.release_deadline())) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          op.Where(), ": deadline exceeded before the peers took this "
+                      "rank's result"));
+    }
+    FinalizeAvg(fp.dtype, result, count, op.world());
   }
-  if (fp.op == ReduceOp::kAvg) FinalizeAvg(fp.dtype, result, count, op.world());
   return op.buffer().WriteBack(result, 0, count);
 }
 

@@ -225,6 +225,10 @@ Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
   if (fp.algorithm == Algorithm::kTwoLevel) {
     return TwoLevelUsable(config) ? Algorithm::kTwoLevel : Algorithm::kRing;
   }
+  if (fp.algorithm == Algorithm::kRecursiveDoubling &&
+      fp.count * DTypeSize(fp.dtype) > kDoublingMaxBytes) {
+    return Algorithm::kRing;  // each frame would carry the whole buffer
+  }
   if (fp.algorithm != Algorithm::kAuto) return fp.algorithm;
   // Small buffers: recursive doubling while every rank may talk to every
   // rank (log2 G swaps of one frame each: G log2 G frames in all where

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/algorithms/algorithms.h"
 #include "core/communicator.h"
 #include "core/testing/reference.h"
 #include "gtest/gtest.h"
@@ -72,6 +73,24 @@ TEST(Doubling, PartnersFollowTheRingsPathAndSendWhatThePlanSays) {
     }
     EXPECT_EQ(nonzero, want.at(r)) << "rank " << r;
   }
+}
+
+// Each frame carries the whole buffer: asked for above kDoublingMaxBytes
+// (frames hold at most 32 MiB), an all-reduce runs the ring.
+TEST(Doubling, AskedForOnALargeBufferRunsTheRing) {
+  CommConfig c;
+  c.world_size = 4;
+  Fingerprint fp;
+  fp.kind = OpKind::kAllReduce;
+  fp.dtype = DType::kFloat32;
+  fp.algorithm = kRd;
+  fp.count = kDoublingMaxBytes / 4;
+  EXPECT_EQ(ResolveAlgorithm(c, fp), kRd);
+  fp.count += 1;
+  EXPECT_EQ(ResolveAlgorithm(c, fp), Algorithm::kRing);
+  fp.algorithm = Algorithm::kAuto;
+  fp.count = 100;
+  EXPECT_EQ(ResolveAlgorithm(c, fp), kRd);
 }
 
 TEST(Doubling, AMismatchTouchesNoBufferAndTheRingRunsOn) {

@@ -10,10 +10,12 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/communicator.h"
 #include "core/telemetry.h"
@@ -59,6 +61,37 @@ struct InProcRing {
       return comms[r]->AllReduce(bufs[r].data(), count, dtype, op,
                                  absl::ZeroDuration(), algorithm);
     });
+  }
+
+  // Every rank's float32 SUM all-reduce of its whole bufs[r] with
+  // `algorithm` and `timeout`, while rank `dead` is killed `kill_after`
+  // into it: the results by rank, and how long after the kill each rank's
+  // call returned.
+  struct KilledRun {
+    Results results;
+    std::vector<absl::Duration> after_kill;
+  };
+  KilledRun AllReduceKilling(std::vector<std::vector<float>>& bufs,
+                             Algorithm algorithm, absl::Duration timeout,
+                             int dead, absl::Duration kill_after) {
+    KilledRun run;
+    run.results.resize(static_cast<size_t>(g));
+    std::vector<absl::Time> ended(static_cast<size_t>(g));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < g; ++r) {
+      threads.emplace_back([&, r] {
+        run.results[r] = comms[r]->AllReduce(
+            bufs[r].data(), bufs[r].size(), DType::kFloat32, ReduceOp::kSum,
+            timeout, algorithm);
+        ended[r] = absl::Now();
+      });
+    }
+    absl::SleepFor(kill_after);
+    net.Kill(dead);
+    const absl::Time killed = absl::Now();
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < g; ++r) run.after_kill.push_back(ended[r] - killed);
+    return run;
   }
 
   // Every rank's broadcast from `root` into its bufs[r], by rank.

@@ -6,7 +6,6 @@
 // every other, and nobody hangs, whether fingerprints would go all-to-all
 // or around the ring.
 #include <map>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -186,26 +185,14 @@ TEST(Doubling, AKilledRankIsNamedByEverySurvivor) {
     });
     const int g = ring.g;
     std::vector<std::vector<float>> bufs(g, std::vector<float>(4096, 1.0f));
-    std::vector<absl::StatusOr<OpResult>> results(g);
-    std::vector<absl::Time> ended(g);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < g; ++r) {
-      threads.emplace_back([&, r] {
-        results[r] = ring.comms[r]->AllReduce(
-            bufs[r].data(), bufs[r].size(), DType::kFloat32, ReduceOp::kSum,
-            absl::Seconds(10), kRd);
-        ended[r] = absl::Now();
-      });
-    }
-    absl::SleepFor(absl::Milliseconds(50));
-    ring.net.Kill(dead);
-    const absl::Time killed = absl::Now();
-    for (auto& t : threads) t.join();
+    const InProcRing::KilledRun run = ring.AllReduceKilling(
+        bufs, kRd, absl::Seconds(10), dead, absl::Milliseconds(50));
+    const InProcRing::Results& results = run.results;
     int failed = 0;
     for (int r = 0; r < g; ++r) {
       if (r == dead) continue;
-      EXPECT_LT(ended[r] - killed, absl::Seconds(4))
-          << "rank " << r << " ended " << (ended[r] - killed) << " after the kill";
+      EXPECT_LT(run.after_kill[r], absl::Seconds(4))
+          << "rank " << r << " ended " << run.after_kill[r] << " after the kill";
       if (results[r].ok()) {
         EXPECT_EQ(bufs[r], std::vector<float>(4096, static_cast<float>(g)))
             << "rank " << r;

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <map>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -292,25 +291,14 @@ TEST(Tree, AKilledLeaderIsNamedByEverySurvivor) {
     });
     const int g = ring.g;
     std::vector<std::vector<float>> bufs(g, std::vector<float>(64 << 10, 1.0f));
-    std::vector<absl::StatusOr<OpResult>> results(g);
-    std::vector<absl::Time> ended(g);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < g; ++r) {
-      threads.emplace_back([&, r] {
-        results[r] = ring.comms[r]->AllReduce(
-            bufs[r].data(), bufs[r].size(), DType::kFloat32, ReduceOp::kSum,
-            absl::Seconds(10), Algorithm::kTree);
-        ended[r] = absl::Now();
-      });
-    }
-    absl::SleepFor(absl::Milliseconds(300));
-    ring.net.Kill(dead);
-    const absl::Time killed = absl::Now();
-    for (auto& t : threads) t.join();
+    const InProcRing::KilledRun run = ring.AllReduceKilling(
+        bufs, Algorithm::kTree, absl::Seconds(10), dead,
+        absl::Milliseconds(300));
+    const InProcRing::Results& results = run.results;
     for (int r = 0; r < g; ++r) {
       if (r == dead) continue;
-      EXPECT_LT(ended[r] - killed, absl::Seconds(4))
-          << "rank " << r << " ended " << (ended[r] - killed) << " after the kill";
+      EXPECT_LT(run.after_kill[r], absl::Seconds(4))
+          << "rank " << r << " ended " << run.after_kill[r] << " after the kill";
       ASSERT_FALSE(results[r].ok()) << "rank " << r;
       EXPECT_NE(results[r].status().message().find("rank 2 (w2"),
                 absl::string_view::npos)

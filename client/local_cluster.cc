@@ -64,6 +64,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     wo.shm_spin = options.shm_spin;
     wo.wire_links = options.wire_links;
     wo.wire_landing = options.wire_landing;
+    wo.wire_tap = options.wire_tap;
     wo.op_timeout = options.op_timeout;
     wo.join_timeout = absl::Seconds(30);
     if (i == options.slow_rank) wo.test_reduce_delay = options.test_reduce_delay;

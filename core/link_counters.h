@@ -31,6 +31,9 @@ struct WireLinkCounts {
   // Frames whose payload a wire reader put straight into an operation's
   // buffer (core/landing.h).
   std::atomic<uint64_t> landed{0};
+  // Frames an operation's own thread read off a wire connection while it
+  // waited (the reader's tap, transport/tcp/wire_link.h): no hand-off.
+  std::atomic<uint64_t> tapped{0};
   // Connections to the wire listener that sat silent (no token) and were
   // closed to make room for a newer one.
   std::atomic<uint64_t> evicted{0};

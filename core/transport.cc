@@ -1,6 +1,11 @@
 #include "core/transport.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +25,11 @@ Inbox::Inbox(int max_ranks, std::shared_ptr<LinkCounters> counters)
       counters_(counters != nullptr ? std::move(counters)
                                     : std::make_shared<LinkCounters>()) {}
 
+Inbox::~Inbox() {
+  const int fd = wake_fd_.load();
+  if (fd >= 0) close(fd);
+}
+
 void Inbox::SetSpinBeforeSleep(absl::Duration spin) {
   spin_ns_.store(absl::ToInt64Nanoseconds(
       std::clamp(spin, absl::ZeroDuration(), absl::Milliseconds(1))));
@@ -37,6 +47,9 @@ void Inbox::SetLinkFailureHook(
 
 void Inbox::AddTap(std::shared_ptr<InboxTap> tap) {
   absl::MutexLock lock(&taps_mu_);
+  if (tap->polled() && wake_fd_.load() < 0) {
+    wake_fd_.store(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  }
   EraseIf(taps_, [](const std::shared_ptr<InboxTap>& t) {
     return t->over();
   });
@@ -63,6 +76,10 @@ size_t Inbox::taps() const {
 void Inbox::Bump() {
   events_.fetch_add(1);
   if (sleepers_.load() != 0) FutexWakeAll(&events_, /*shared=*/false);
+  if (poll_sleepers_.load() != 0) {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_.load(), &one, sizeof(one));
+  }
 }
 
 absl::Status Inbox::Deliver(int from, InFrame frame) {
@@ -474,13 +491,39 @@ bool Inbox::Ready(int from, uint64_t op_seq,
 Inbox::Event Inbox::Next(int from, uint64_t op_seq,
                          absl::Span<const int> watch, absl::Time deadline) {
   std::vector<std::shared_ptr<InboxTap>> taps = Taps();
-  // Without futex_waitv this thread could only drain the rings before it
-  // waits, beside readers that wake for the same records: measured, that
-  // was slower than leaving the rings to their readers (docs/performance.md).
-  if (!taps.empty() && taps.size() <= kMaxTapsWaited && FutexWaitAnyWorks()) {
-    std::optional<Event> ev =
-        NextWithTaps(from, op_seq, watch, deadline, std::move(taps));
+  // Sockets (polled taps) and words cannot be slept on together: with
+  // both, the words are the operation's and the sockets their readers'.
+  size_t polled = 0;
+  bool aside = false;
+  for (const auto& t : taps) {
+    if (!t->polled()) continue;
+    ++polled;
+    if (t->reading_aside()) aside = true;
+  }
+  const bool poll = polled == taps.size() && polled > 0 && !aside &&
+                    wake_fd_.load() >= 0;
+  if (!poll) {
+    for (const auto& t : taps) {
+      if (t->polled()) t->LeaveToReader();
+    }
+  }
+  if (poll) {
+    std::optional<Event> ev = NextWithTaps(from, op_seq, watch, deadline,
+                                           std::move(taps), /*polled=*/true);
     if (ev.has_value()) return *std::move(ev);
+  } else if (polled < taps.size()) {
+    EraseIf(taps, [](const std::shared_ptr<InboxTap>& t) {
+      return t->polled();
+    });
+    // Without futex_waitv this thread could only drain the rings before it
+    // waits, beside readers that wake for the same records: measured, that
+    // was slower than leaving the rings to their readers
+    // (docs/performance.md).
+    if (taps.size() <= kMaxTapsWaited && FutexWaitAnyWorks()) {
+      std::optional<Event> ev = NextWithTaps(
+          from, op_seq, watch, deadline, std::move(taps), /*polled=*/false);
+      if (ev.has_value()) return *std::move(ev);
+    }
   }
   absl::MutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -512,9 +555,51 @@ bool DrainTaps(std::vector<std::shared_ptr<InboxTap>>& taps,
 
 }  // namespace
 
+bool Inbox::PollSleep(const std::vector<std::shared_ptr<InboxTap>>& taps,
+                      uint32_t events, absl::Time wake_by) {
+  const int wake_fd = wake_fd_.load();
+  if (wake_fd < 0) return false;
+  // Announced before events_ is looked at again: a Bump after that sees a
+  // sleeper and makes wake_fd readable; one before it changed events_.
+  poll_sleepers_.fetch_add(1);
+  for (auto& t : taps) {
+    if (t != nullptr) t->Sleeping(true);
+  }
+  std::vector<pollfd> fds;
+  fds.push_back({wake_fd, POLLIN, 0});
+  for (auto& t : taps) {
+    if (t != nullptr) fds.push_back({t->PollFd(), POLLIN, 0});
+  }
+  if (events_.load() == events) {
+    const absl::Duration left = wake_by - absl::Now();
+    const int ms = left <= absl::ZeroDuration()
+                       ? 0
+                       : static_cast<int>(absl::ToInt64Milliseconds(
+                             left + absl::Microseconds(999)));
+    if (poll(fds.data(), fds.size(), ms) < 0 && errno != EINTR) {
+      // Cannot sleep on them (should never happen): the readers deliver.
+      poll_sleepers_.fetch_sub(1);
+      for (auto& t : taps) {
+        if (t != nullptr) t->Sleeping(false);
+      }
+      return false;
+    }
+  }
+  for (auto& t : taps) {
+    if (t != nullptr) t->Sleeping(false);
+  }
+  poll_sleepers_.fetch_sub(1);
+  if (fds[0].revents != 0) {  // emptied: a later Bump wakes the next sleep
+    uint64_t n;
+    (void)!read(wake_fd, &n, sizeof(n));
+  }
+  return true;
+}
+
 std::optional<Inbox::Event> Inbox::NextWithTaps(
     int from, uint64_t op_seq, absl::Span<const int> watch,
-    absl::Time deadline, std::vector<std::shared_ptr<InboxTap>> taps) {
+    absl::Time deadline, std::vector<std::shared_ptr<InboxTap>> taps,
+    bool polled) {
   // This thread takes the taps' records and sleeps on their words (their
   // readers stand aside) until it returns. Should the sleep on several
   // words fail, it leaves them to their readers (nullopt: Next waits on
@@ -536,6 +621,14 @@ std::optional<Inbox::Event> Inbox::NextWithTaps(
       }
     }
     if (took) continue;  // look again before sleeping
+    if (polled) {
+      // No missed wake-up to count here: a socket stays readable.
+      if (!PollSleep(taps, events,
+                     std::min(deadline, absl::Now() + kLongestSleep))) {
+        break;
+      }
+      continue;
+    }
     words.clear();
     words.push_back(FutexWaiter{&events_, events, /*shared=*/false});
     for (size_t i = 0; i < taps.size(); ++i) {

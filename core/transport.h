@@ -78,6 +78,22 @@ class InboxTap {
   virtual void Attach(bool attached) = 0;
   // Over for good (its link stopped or failed): the inbox forgets it.
   virtual bool over() = 0;
+  // A tap on a socket (a wire link, transport/tcp/wire_link.h) instead of
+  // a word: the waiting thread sleeps in poll() on PollFd() (what to watch
+  // now: the socket, or an eventfd while the tap's reader has the socket),
+  // with Sleeping around the sleep; Seq and Waiter are not used. The inbox
+  // sleeps on such taps only when every tap it has is one (poll() cannot
+  // wait on futex words), and none is reading_aside(); otherwise their
+  // readers deliver.
+  virtual bool polled() const { return false; }
+  virtual int PollFd() { return -1; }
+  // A polled tap whose records the waiting thread would not read now (its
+  // link carries large records: its reader reads them beside the
+  // operation). A wait then leaves every polled tap to its reader.
+  virtual bool reading_aside() { return false; }
+  // This wait leaves the tap to its reader: the reader stops standing
+  // aside for an operation that waited on the tap a moment ago.
+  virtual void LeaveToReader() {}
 };
 
 // Received frames, per sending rank, and link failures. Filled by the
@@ -91,6 +107,9 @@ class Inbox {
   // core/link_counters.h); null: counters of its own.
   explicit Inbox(int max_ranks = 1 << 16,
                  std::shared_ptr<LinkCounters> counters = nullptr);
+  ~Inbox();
+  Inbox(const Inbox&) = delete;
+  Inbox& operator=(const Inbox&) = delete;
   int max_ranks() const { return max_ranks_; }
   const std::shared_ptr<LinkCounters>& counters() const { return counters_; }
 
@@ -257,10 +276,16 @@ class Inbox {
   static constexpr absl::Duration kLongestSleep = absl::Milliseconds(50);
   // Next with taps: drains them, sleeps on them and on events_.
   // nullopt when it could not sleep on the taps' words (Next then waits on
-  // the inbox alone).
+  // the inbox alone). With `polled`, the taps are polled() ones: it sleeps
+  // in poll() on their fds and on wake_fd_.
   std::optional<Event> NextWithTaps(
       int from, uint64_t op_seq, absl::Span<const int> watch,
-      absl::Time deadline, std::vector<std::shared_ptr<InboxTap>> taps);
+      absl::Time deadline, std::vector<std::shared_ptr<InboxTap>> taps,
+      bool polled);
+  // One sleep of NextWithTaps on polled taps (until wake_by): false when
+  // it could not sleep (no eventfd).
+  bool PollSleep(const std::vector<std::shared_ptr<InboxTap>>& taps,
+                 uint32_t events, absl::Time wake_by);
   std::vector<std::shared_ptr<InboxTap>> Taps() const;
   // After any change a wait looks for (a frame, an abort, a link failure,
   // an interrupt): wakes a thread sleeping in NextWithTaps.
@@ -304,6 +329,11 @@ class Inbox {
   // Counts the changes Bump reports; NextWithTaps sleeps on it.
   std::atomic<uint32_t> events_{0};
   std::atomic<uint32_t> sleepers_{0};
+  // Threads asleep in poll() on polled taps, and the eventfd Bump makes
+  // readable for them (-1 if none could be made: polled taps are then
+  // left to their readers).
+  std::atomic<uint32_t> poll_sleepers_{0};
+  std::atomic<int> wake_fd_{-1};  // made with the first polled tap
 };
 
 }  // namespace halka

@@ -42,7 +42,8 @@ std::vector<std::unique_ptr<PathAcceptor>> MakePathAcceptors(
   std::vector<std::unique_ptr<PathAcceptor>> acceptors;
   acceptors.push_back(MakeShmAcceptor(setup.accept_shm, setup.shm_spin));
   acceptors.push_back(MakeWireAcceptor(setup.wire, setup.wire_sealed,
-                                       setup.wire_landing, setup.counters));
+                                       setup.wire_landing, setup.wire_tap,
+                                       setup.counters));
   return acceptors;
 }
 

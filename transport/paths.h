@@ -59,6 +59,9 @@ struct AcceptSetup {
   // The wire readers may land payloads in operations' buffers
   // (core/landing.h).
   bool wire_landing = true;
+  // The operations' threads read the wire links' small frames themselves
+  // (WireReceiver::tap).
+  bool wire_tap = true;
   // The worker's counters (wire.landed); null: not counted.
   std::shared_ptr<LinkCounters> counters;
 };

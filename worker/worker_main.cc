@@ -48,6 +48,10 @@ ABSL_FLAG(int64_t, shm_spin_us, 0,
           "microseconds a reader of a same-host ring (a link's reader, an "
           "operation waiting on its rings, a session) polls it before it "
           "sleeps (0-1000; 0: sleeps at once). Pays only with idle cores");
+ABSL_FLAG(bool, wire_tap, true,
+          "an operation's thread reads its wire links' small frames (whole, "
+          "at most 256 KiB) off their sockets itself while it waits; false: "
+          "each link's reader thread hands every frame over");
 ABSL_FLAG(bool, wire_landing, true,
           "wire links' readers write all-gather and broadcast chunks straight "
           "into the operation's buffer (no copy on the operation's thread); "
@@ -120,6 +124,7 @@ halka::WorkerOptions OptionsFromFlags() {
   o.shm_spin = absl::Microseconds(absl::GetFlag(FLAGS_shm_spin_us));
   o.wire_links = absl::GetFlag(FLAGS_wire_links);
   o.wire_landing = absl::GetFlag(FLAGS_wire_landing);
+  o.wire_tap = absl::GetFlag(FLAGS_wire_tap);
   o.wire_port = absl::GetFlag(FLAGS_wire_port);
   o.op_timeout = absl::GetFlag(FLAGS_op_timeout);
   o.join_timeout = absl::GetFlag(FLAGS_join_timeout);

@@ -55,6 +55,10 @@ void WriteLinkCounters(const PrometheusWriter::Labels& base,
               "an operation's buffer (all-gather chunks that came after "
               "their landing was offered)",
               load(links.wire.landed)},
+        Total{"halka_wire_frames_tapped_total",
+              "frames an operation's own thread read off a wire link while "
+              "it waited (no hand-off from the link's reader thread)",
+              load(links.wire.tapped)},
         Total{"halka_wire_silent_connections_evicted_total",
               "connections to the wire listener that showed no token and "
               "were closed to make room for a newer one (a steady rise is a "

@@ -186,6 +186,7 @@ absl::Status WorkerNode::ServePeerLinks() {
   peer.wire = wire_listener_.get();
   peer.wire_sealed = o.security->server_tls();
   peer.wire_landing = o.wire_landing;
+  peer.wire_tap = o.wire_tap;
   peer.counters = counters_;
   peer_service_ = std::make_unique<PeerService>(
       o.job_id,

@@ -51,6 +51,10 @@ struct WorkerOptions {
   // unchanged (all-gather and broadcast chunks) straight into its buffer
   // (core/landing.h); off: every payload is copied there.
   bool wire_landing = true;
+  // The operation's thread reads its wire links' small frames itself while
+  // it waits (WireReceiver::tap, Inbox::AddTap); off: their readers hand
+  // every frame over.
+  bool wire_tap = true;
   // The wire links' listening port on the listen host (0: ephemeral).
   int wire_port = 0;
   absl::Duration op_timeout = kDefaultOpTimeout;

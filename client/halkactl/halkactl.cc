@@ -86,6 +86,10 @@ ABSL_FLAG(int64_t, shm_spin_us, 0,
 ABSL_FLAG(bool, wire_links, true,
           "embedded cluster: links that are not through shared memory take "
           "a TCP connection of their own; false: the gRPC stream");
+ABSL_FLAG(bool, wire_tap, true,
+          "embedded cluster: an operation's thread reads its wire links' "
+          "small frames itself while it waits; false: each link's reader "
+          "thread hands every frame over (to compare)");
 ABSL_FLAG(bool, wire_landing, true,
           "embedded cluster: wire links' readers write all-gather and "
           "broadcast chunks straight into the operation's buffer; false: "
@@ -299,6 +303,7 @@ int Demo() {
   lo.shm_links = absl::GetFlag(FLAGS_shm_links);
   lo.wire_links = absl::GetFlag(FLAGS_wire_links);
   lo.wire_landing = absl::GetFlag(FLAGS_wire_landing);
+  lo.wire_tap = absl::GetFlag(FLAGS_wire_tap);
   // stdout is flushed before each step that logs (to stderr), so that
   // `halkactl demo 2>&1 | ...` reads in order: start, the workers' join
   // lines, the table, the ring health, the shutdown lines, the verdict.
@@ -368,6 +373,7 @@ absl::Status StartEmbedded(const std::vector<BenchCase>& cases,
   lo.shm_spin = absl::Microseconds(absl::GetFlag(FLAGS_shm_spin_us));
   lo.wire_links = absl::GetFlag(FLAGS_wire_links);
   lo.wire_landing = absl::GetFlag(FLAGS_wire_landing);
+  lo.wire_tap = absl::GetFlag(FLAGS_wire_tap);
   for (const BenchCase& bc : cases) {
     if (bc.algorithm == Algorithm::kParameterServer) {
       lo.ps_shards = absl::GetFlag(FLAGS_ps_shards);

@@ -330,6 +330,22 @@ TEST_F(ElasticTest, NewcomersRefusedFirstCallTakesTheRingsNumber) {
   auto back = WorkerNode::Start(Options(3, 2, 4));
   ASSERT_TRUE(back.ok()) << back.status();
   workers_[3] = std::move(*back);
+  // Every member hears of w3's admission first: a round that the others
+  // began on the ring before it (they had not heard yet) runs there, without
+  // w3, and succeeds (seen in a loaded CI-like run).
+  const uint64_t admitted = workers_[3]->Describe()->membership_generation();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (WorkerNode* w : Live()) {
+          absl::StatusOr<v1::InfoReply> info = w->Describe();
+          if (!info.ok() || info->membership_generation() < admitted) {
+            return false;
+          }
+        }
+        return true;
+      },
+      absl::Seconds(10), absl::Milliseconds(5)))
+      << "the members did not hear of w3's admission";
   // One round: w3's call is refused, the others call correctly.
   ASSERT_EQ(Live().size(), 4u);
   RoundWithARefusal("w3");

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -512,9 +513,190 @@ INSTANTIATE_TEST_SUITE_P(PlainAndSealed, WireLinkTest, ::testing::Bool(),
                            return i.param ? "Sealed" : "Plain";
                          });
 
+// The operation's thread reads the link's small frames itself while it
+// waits in Inbox::Next (the receiver's tap): the reader thread hands over
+// only what the tap leaves (records over kTapRecordBytes, bytes still
+// coming). The frames come in order and intact either way.
+class WireTapTest : public WireLinkTest {
+ protected:
+  static constexpr int kFrom = 1;
+  void TearDown() override {
+    WireLinkTest::TearDown();
+    inbox_->RemoveTap(tap_.get());
+  }
+  std::string ExpectTapped() {
+    token_ = listener_->Expect([this](int fd) {
+      absl::MutexLock lock(&mu_);
+      receiver_ = std::make_unique<WireReceiver>(
+          fd, key_,
+          [this](absl::StatusOr<InFrame> f) {
+            if (!f.ok()) return f.status();
+            return inbox_->Deliver(kFrom, *std::move(f));
+          },
+          [this](const absl::Status& s) { inbox_->LinkFailed(kFrom, s); },
+          nullptr, -1, counters_);
+      tap_ = receiver_->tap();
+      if (tap_ != nullptr) inbox_->AddTap(tap_);
+    });
+    return token_;
+  }
+  Inbox::Event Wait(uint64_t seq, absl::Duration timeout = absl::Seconds(20)) {
+    const int watch[] = {kFrom};
+    return inbox_->Next(kFrom, seq, watch, absl::Now() + timeout);
+  }
+
+  std::shared_ptr<LinkCounters> counters_ = std::make_shared<LinkCounters>();
+  std::shared_ptr<Inbox> inbox_ = std::make_shared<Inbox>(4, counters_);
+  std::shared_ptr<InboxTap> tap_;
+};
+
+TEST_P(WireTapTest, SmallFramesComeThroughTheTapAndLargeOnesFromTheReader) {
+  ASSERT_TRUE(Connect(ExpectTapped(), key_).ok());
+  {
+    absl::MutexLock lock(&mu_);
+    ASSERT_NE(tap_, nullptr) << "no eventfd: the link has no tap";
+    ASSERT_TRUE(tap_->polled());
+  }
+  // Three rounds: small frames (the tap's), then large ones with small ones
+  // between (over kTapRecordBytes: the reader's, and the link stays the
+  // reader's for a while after each), then, once that is over, small ones
+  // again. Each frame is sent once the operation waits for it, so that
+  // the reader stands aside.
+  const std::vector<size_t> rounds[] = {
+      {4, 4096, 16384, 0, 4, 4096, 16384, 0, 4, 4096, 16384, 0},
+      {(size_t{1} << 20) + 4, 4, 65540, 300 << 10, 4096, (size_t{1} << 20) + 4},
+      {4, 4096, 16384, 0, 4, 4096, 16384, 0, 4, 4096, 16384, 0}};
+  std::atomic<int> released{0};
+  uint64_t seq = 0;
+  size_t small = 0;
+  uint64_t tapped[3];
+  for (int round = 0; round < 3; ++round) {
+    if (round == 2) absl::SleepFor(absl::Milliseconds(300));
+    std::vector<std::vector<uint8_t>> sent;
+    for (size_t n : rounds[round]) {
+      sent.push_back(Bytes(n, static_cast<uint8_t>(seq + sent.size())));
+      if (n <= 16384) ++small;
+    }
+    std::atomic<size_t> taken{0};
+    std::thread writer([&, first = seq] {
+      for (size_t i = 0; i < sent.size(); ++i) {
+        const absl::Time until = absl::Now() + absl::Seconds(20);
+        while (taken.load() < i && absl::Now() < until) {
+          absl::SleepFor(absl::Microseconds(200));
+        }
+        absl::SleepFor(absl::Milliseconds(1));  // the wait is in poll()
+        sender_->SendOne(DataFrame(first + i + 1, sent[i], &released));
+      }
+    });
+    for (size_t i = 0; i < sent.size(); ++i) {
+      Inbox::Event ev = Wait(++seq);
+      EXPECT_EQ(ev.type, Inbox::Event::kFrame)
+          << "round " << round << " frame " << i << ": " << ev.status;
+      if (ev.type != Inbox::Event::kFrame) break;
+      EXPECT_EQ(ev.frame.meta.op_seq, seq);
+      EXPECT_EQ(PayloadOf(ev.frame),
+                std::string(sent[i].begin(), sent[i].end()))
+          << "round " << round << " frame " << i;
+      taken.fetch_add(1);
+    }
+    taken.store(sent.size());
+    writer.join();
+    tapped[round] = counters_->wire.tapped.load();
+  }
+  EXPECT_GT(tapped[0], 0u) << "no small frame came through the tap";
+  EXPECT_GT(tapped[2], tapped[1])
+      << "the link stayed its reader's after the large frames";
+  EXPECT_LE(tapped[2], small)
+      << "a frame over the tap's bound was read on the waiting thread";
+  absl::MutexLock lock(&mu_);
+  EXPECT_TRUE(errors_.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(PlainAndSealed, WireTapTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Sealed" : "Plain";
+                         });
+
+// The same on a raw plain connection, which the test cuts or stops.
+class WireTapRawTest : public WireTapTest {
+ protected:
+  void DialTapped() {
+    ExpectTapped();
+    DialWithToken(listener_->port(), token_, &fd_);
+  }
+  // One plain record of a frame of operation `seq`.
+  void WriteFrame(uint64_t seq) {
+    const FrameMeta m =
+        testing::DataChunkMeta(3, seq, Phase::kReduceScatter, 0, 16);
+    grpc::ByteBuffer buffer = EncodeFrame(m, Bytes(64, 9));
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(buffer.Dump(&slices).ok());
+    std::vector<uint8_t> rec(4);
+    for (const grpc::Slice& sl : slices) {
+      rec.insert(rec.end(), sl.begin(), sl.begin() + sl.size());
+    }
+    const uint32_t n = rec.size() - 4;
+    for (int i = 0; i < 4; ++i) rec[i] = static_cast<uint8_t>(n >> (8 * i));
+    ASSERT_EQ(write(fd_, rec.data(), rec.size()),
+              static_cast<ssize_t>(rec.size()));
+  }
+};
+
+// A connection cut while the operation holds the tap (its reader stands
+// aside) fails the wait at once, naming why: the reader reports what the
+// tap found.
+TEST_P(WireTapRawTest, ACutWhileTheOperationWaitsFailsItAtOnce) {
+  DialTapped();
+  WriteFrame(1);
+  ASSERT_EQ(Wait(1).type, Inbox::Event::kFrame);
+  std::thread cutter([this] {
+    absl::SleepFor(absl::Milliseconds(100));
+    close(fd_);  // no close record: as a peer that died
+    fd_ = -1;
+  });
+  const absl::Time start = absl::Now();
+  Inbox::Event ev = Wait(2, absl::Seconds(15));
+  const absl::Duration took = absl::Now() - start;
+  cutter.join();
+  EXPECT_EQ(ev.type, Inbox::Event::kLinkFailed) << ev.type << " " << ev.status;
+  EXPECT_THAT(ev.status.message(), HasSubstr("close record"));
+  EXPECT_LT(took, absl::Seconds(5));
+  EXPECT_TRUE(tap_->over());
+}
+
+// The receiver stopped while an operation waits on its tap: the wait goes
+// on to its deadline without the link (no crash, no callback after Stop),
+// and the tap is over.
+TEST_P(WireTapRawTest, StoppedWhileTheOperationWaits) {
+  DialTapped();
+  WriteFrame(1);
+  ASSERT_EQ(Wait(1).type, Inbox::Event::kFrame);
+  std::thread stopper([this] {
+    absl::SleepFor(absl::Milliseconds(100));
+    std::unique_ptr<WireReceiver> r;
+    {
+      absl::MutexLock lock(&mu_);
+      r = std::move(receiver_);
+    }
+    r.reset();
+  });
+  const absl::Time start = absl::Now();
+  Inbox::Event ev = Wait(2, absl::Seconds(1));
+  stopper.join();
+  EXPECT_EQ(ev.type, Inbox::Event::kTimeout) << ev.type << " " << ev.status;
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(900));
+  EXPECT_TRUE(tap_->over());
+  absl::MutexLock lock(&mu_);
+  EXPECT_TRUE(errors_.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Plain, WireTapRawTest, ::testing::Values(false),
+                         [](const ::testing::TestParamInfo<bool>&) {
+                           return "Plain";
+                         });
+
 // A listener and one raw client connection to it (which writes what it
 // likes), and the receiver the listener starts for it.
-// A raw client that presents a valid token, then sends what it likes.
 class HostileWireTest : public ::testing::Test, protected RawWireFixture {
  protected:
   void SetUp() override {

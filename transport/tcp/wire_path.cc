@@ -63,14 +63,17 @@ class WireOffer final : public PathOffer {
 };
 
 // A wire link's serving end: the token the listener expects, then the
-// connection's reader (set once, on the listener's thread).
+// connection's reader (set once, on the listener's thread), whose tap the
+// link's inbox drains and sleeps on (the operation's thread reads the
+// link's small frames itself while it waits).
 class WireInPath final : public InPath {
  public:
-  WireInPath(WireListener* listener, InPathEnd end, bool landing,
+  WireInPath(WireListener* listener, InPathEnd end, bool landing, bool tap,
              std::shared_ptr<LinkCounters> counters)
       : listener_(listener),
         end_(std::move(end)),
         landing_(landing),
+        tap_(tap),
         counters_(std::move(counters)) {}
   ~WireInPath() override { Stop(); }
 
@@ -78,19 +81,22 @@ class WireInPath final : public InPath {
   std::string Expect(const WipedKey& key) {
     token_ = listener_->Expect([this, key](int fd) {
       // On the listener's thread, before Forget (Stop) can return.
+      const InPathEnd& end = end_;
       receiver_ = std::make_unique<WireReceiver>(
           fd, key.str(),
-          [this](absl::StatusOr<InFrame> f) {
-            absl::Status s = end_.deliver(std::move(f));
-            if (!s.ok()) end_.rejected(s);
+          [end](absl::StatusOr<InFrame> f) {
+            absl::Status s = end.deliver(std::move(f));
+            if (!s.ok()) end.rejected(s);
             return s;
           },
-          [this](const absl::Status& s) {
-            end_.failed(absl::Status(
+          [end](const absl::Status& s) {
+            end.failed(absl::Status(
                 s.code(), absl::StrCat("wire link: ", s.message())));
           },
           // All-gather and broadcast chunks land in the operation's buffer.
           landing_ ? end_.inbox->landings() : nullptr, end_.from, counters_);
+      tapped_ = tap_ ? receiver_->tap() : nullptr;
+      if (tapped_ != nullptr) end_.inbox->AddTap(tapped_);
     });
     return token_;
   }
@@ -100,24 +106,29 @@ class WireInPath final : public InPath {
     if (!token_.empty()) listener_->Forget(token_);
     token_.clear();
     if (receiver_) receiver_->Stop();
+    if (tapped_ != nullptr) end_.inbox->RemoveTap(tapped_.get());
+    tapped_ = nullptr;
   }
 
  private:
   WireListener* const listener_;
   const InPathEnd end_;
   const bool landing_;
+  const bool tap_;
   const std::shared_ptr<LinkCounters> counters_;
   std::string token_;
   std::unique_ptr<WireReceiver> receiver_;
+  std::shared_ptr<InboxTap> tapped_;
 };
 
 class WireAcceptor final : public PathAcceptor {
  public:
   WireAcceptor(WireListener* listener, bool sealed_only, bool landing,
-               std::shared_ptr<LinkCounters> counters)
+               bool tap, std::shared_ptr<LinkCounters> counters)
       : listener_(listener),
         sealed_only_(sealed_only),
         landing_(landing),
+        tap_(tap),
         counters_(std::move(counters)) {}
   PathKind kind() const override { return PathKind::kWire; }
   const char* offer_key() const override { return kLinkWireOfferKey; }
@@ -135,7 +146,7 @@ class WireAcceptor final : public PathAcceptor {
       return {"no: this worker serves TLS: a wire link must be sealed", {}};
     }
     auto path = std::make_unique<WireInPath>(listener_, std::move(end),
-                                             landing_, counters_);
+                                             landing_, tap_, counters_);
     const std::string token = path->Expect(key);
     if (token.empty()) return {"no: the wire listener is stopped", {}};
     return {FormatWireAnswer(listener_->port(), token), std::move(path)};
@@ -145,6 +156,7 @@ class WireAcceptor final : public PathAcceptor {
   WireListener* const listener_;
   const bool sealed_only_;
   const bool landing_;
+  const bool tap_;
   const std::shared_ptr<LinkCounters> counters_;
 };
 
@@ -163,9 +175,9 @@ std::unique_ptr<PathOffer> MakeWireOffer(
 }
 
 std::unique_ptr<PathAcceptor> MakeWireAcceptor(
-    WireListener* listener, bool sealed_only, bool landing,
+    WireListener* listener, bool sealed_only, bool landing, bool tap,
     std::shared_ptr<LinkCounters> counters) {
-  return std::make_unique<WireAcceptor>(listener, sealed_only, landing,
+  return std::make_unique<WireAcceptor>(listener, sealed_only, landing, tap,
                                         std::move(counters));
 }
 

@@ -31,9 +31,10 @@ std::unique_ptr<PathOffer> MakeWireOffer(
 // Takes wire offers on `listener` (null: refuses them all); only sealed
 // ones when `sealed_only`. With `landing`, the readers put payloads
 // straight into the operations' buffers (core/landing.h), counted in
-// `counters` (may be null).
+// `counters` (may be null). With `tap`, the operations' threads read the
+// links' small frames themselves while they wait (WireReceiver::tap).
 std::unique_ptr<PathAcceptor> MakeWireAcceptor(
-    WireListener* listener, bool sealed_only, bool landing,
+    WireListener* listener, bool sealed_only, bool landing, bool tap,
     std::shared_ptr<LinkCounters> counters);
 
 }  // namespace halka

@@ -37,6 +37,8 @@ class LocalCluster {
     bool wire_links = true;
     // WorkerOptions::wire_landing.
     bool wire_landing = true;
+    // WorkerOptions::wire_tap.
+    bool wire_tap = true;
     absl::Duration op_timeout = kDefaultOpTimeout;
     absl::Duration heartbeat_interval = absl::Milliseconds(500);
     absl::Duration heartbeat_timeout = absl::Seconds(5);

@@ -44,6 +44,12 @@ struct CommConfig {
   // worlds AUTO all-reduces of at most eager_bytes run the tree.
   int all_to_all_max_world = 16;
   size_t eager_bytes = 64 << 10;
+  // On a ring without usable hosts (no two-level) of at most
+  // all_to_all_max_world ranks, AUTO all-reduces above eager_bytes and up to
+  // this size run recursive doubling too: log2 G steps of the whole buffer
+  // cost less than the ring's 2(G-1) steps of 1/G of it there
+  // (docs/performance.md: G = 2-8, 128-256 KiB, TCP and same-host).
+  size_t doubling_bytes = 256 << 10;
   // FOR TESTS ONLY: sleeps this long per received data chunk while reducing
   // it, to make this rank a straggler on purpose (worker flag
   // --test_reduce_delay).

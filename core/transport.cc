@@ -185,6 +185,7 @@ InFrame Inbox::PopFront(int from, std::deque<InFrame>& q) {
 
 Inbox::Event Inbox::NextPeer(int from, absl::Time deadline,
                               bool heed_interrupt, std::optional<int> tag) {
+  LeaveSocketsToReaders();
   absl::MutexLock lock(&mu_);
   // The sender whose piece is next: `from`, or the earliest arrival.
   auto pick = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> int {
@@ -336,6 +337,7 @@ absl::Status Inbox::AttachGroup(uint64_t id, std::vector<int> ranks,
   }
   GroupRoute route;
   route.inbox = std::move(inbox);
+  route.inbox->job_inbox_.store(this);
   for (size_t i = 0; i < ranks.size(); ++i) {
     route.group_rank.emplace(ranks[i], static_cast<int>(i));
   }
@@ -376,7 +378,18 @@ void Inbox::DropHeld(uint64_t id) {
 
 void Inbox::DetachGroup(uint64_t id) {
   absl::MutexLock lock(&mu_);
-  groups_.erase(id);
+  auto it = groups_.find(id);
+  if (it == groups_.end()) return;
+  it->second.inbox->job_inbox_.store(nullptr);
+  groups_.erase(it);
+}
+
+void Inbox::LeaveSocketsToReaders() {
+  for (const auto& t : Taps()) {
+    if (t->polled()) t->LeaveToReader();
+  }
+  // A group's frames come through the job's links.
+  if (Inbox* job = job_inbox_.load()) job->LeaveSocketsToReaders();
 }
 
 void Inbox::LinkFailed(int peer, absl::Status status) {
@@ -412,6 +425,7 @@ bool Inbox::AbortSeen(uint64_t op_seq) const {
 }
 
 absl::StatusOr<uint64_t> Inbox::WaitFirstOpSeq(absl::Time deadline) {
+  LeaveSocketsToReaders();
   absl::MutexLock lock(&mu_);
   // The newest operation any peer has sent frames for and nobody aborted:
   // older frames belong to operations the ring already finished or failed.
@@ -502,11 +516,7 @@ Inbox::Event Inbox::Next(int from, uint64_t op_seq,
   }
   const bool poll = polled == taps.size() && polled > 0 && !aside &&
                     wake_fd_.load() >= 0;
-  if (!poll) {
-    for (const auto& t : taps) {
-      if (t->polled()) t->LeaveToReader();
-    }
-  }
+  if (!poll) LeaveSocketsToReaders();
   if (poll) {
     std::optional<Event> ev = NextWithTaps(from, op_seq, watch, deadline,
                                            std::move(taps), /*polled=*/true);
@@ -622,7 +632,8 @@ std::optional<Inbox::Event> Inbox::NextWithTaps(
     }
     if (took) continue;  // look again before sleeping
     if (polled) {
-      // No missed wake-up to count here: a socket stays readable.
+      // No missed wake-up to count here: what wakes the sleep (a socket's
+      // bytes, a turn's end, a Bump) stays readable until taken.
       if (!PollSleep(taps, events,
                      std::min(deadline, absl::Now() + kLongestSleep))) {
         break;

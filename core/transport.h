@@ -329,6 +329,14 @@ class Inbox {
   // Counts the changes Bump reports; NextWithTaps sleeps on it.
   std::atomic<uint32_t> events_{0};
   std::atomic<uint32_t> sleepers_{0};
+  // The wire links' readers take their sockets back at once (polled taps'
+  // LeaveToReader), this inbox's and, for a group's, the job inbox's
+  // (whose links carry the group's frames): before a wait that does not
+  // read them (NextPeer, WaitFirstOpSeq, a Next that does not poll).
+  void LeaveSocketsToReaders();
+  // A group's inbox: the job's inbox that routes its frames (AttachGroup;
+  // null once detached). The job's inbox outlives its groups' (SubRing).
+  std::atomic<Inbox*> job_inbox_{nullptr};
   // Threads asleep in poll() on polled taps, and the eventfd Bump makes
   // readable for them (-1 if none could be made: polled taps are then
   // left to their readers).

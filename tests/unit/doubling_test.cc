@@ -76,20 +76,51 @@ TEST(Doubling, PartnersFollowTheRingsPathAndSendWhatThePlanSays) {
 
 // Each frame carries the whole buffer: asked for above kDoublingMaxBytes
 // (frames hold at most 32 MiB), an all-reduce runs the ring.
-TEST(Doubling, AskedForOnALargeBufferRunsTheRing) {
-  CommConfig c;
-  c.world_size = 4;
+// What a float32 all-reduce of `bytes` asked to run `algo` resolves to
+// on a ring of `c`.
+Algorithm ResolvedAt(const CommConfig& c, Algorithm algo, uint64_t bytes) {
   Fingerprint fp;
   fp.kind = OpKind::kAllReduce;
   fp.dtype = DType::kFloat32;
-  fp.algorithm = kRd;
-  fp.count = kDoublingMaxBytes / 4;
-  EXPECT_EQ(ResolveAlgorithm(c, fp), kRd);
-  fp.count += 1;
-  EXPECT_EQ(ResolveAlgorithm(c, fp), Algorithm::kRing);
-  fp.algorithm = Algorithm::kAuto;
-  fp.count = 100;
-  EXPECT_EQ(ResolveAlgorithm(c, fp), kRd);
+  fp.algorithm = algo;
+  fp.count = bytes / 4;
+  return ResolveAlgorithm(c, fp);
+}
+
+TEST(Doubling, AskedForOnALargeBufferRunsTheRing) {
+  CommConfig c;
+  c.world_size = 4;
+  EXPECT_EQ(ResolvedAt(c, kRd, kDoublingMaxBytes), kRd);
+  EXPECT_EQ(ResolvedAt(c, kRd, kDoublingMaxBytes + 4), Algorithm::kRing);
+  EXPECT_EQ(ResolvedAt(c, Algorithm::kAuto, 400), kRd);
+}
+
+// auto: up to doubling_bytes (256 KiB) on a flat ring of at most
+// all_to_all_max_world ranks, then the ring; on hosts that two-level can
+// use, two-level above eager_bytes; above all_to_all_max_world, the tree up
+// to eager_bytes and the ring above.
+TEST(Doubling, AutoRunsItUpToDoublingBytesWhereTwoLevelCannotRun) {
+  CommConfig c;
+  c.world_size = 4;
+  auto at = [&](uint64_t bytes) {
+    return ResolvedAt(c, Algorithm::kAuto, bytes);
+  };
+  EXPECT_EQ(at(64 << 10), kRd);
+  EXPECT_EQ(at((64 << 10) + 4), kRd);
+  EXPECT_EQ(at(c.doubling_bytes), kRd);
+  EXPECT_EQ(at(c.doubling_bytes + 4), Algorithm::kRing);
+  c.hosts = {{0, 1}, {2, 3}};
+  EXPECT_EQ(at(64 << 10), kRd);
+  EXPECT_EQ(at((64 << 10) + 4), Algorithm::kTwoLevel);
+  c.hosts.clear();
+  c.world_size = 17;
+  EXPECT_EQ(at(64 << 10), Algorithm::kTree);
+  EXPECT_EQ(at((64 << 10) + 4), Algorithm::kRing);
+  // A doubling size below eager_bytes leaves eager_bytes the bound.
+  c.world_size = 4;
+  c.doubling_bytes = 0;
+  EXPECT_EQ(at(64 << 10), kRd);
+  EXPECT_EQ(at((64 << 10) + 4), Algorithm::kRing);
 }
 
 TEST(Doubling, AMismatchTouchesNoBufferAndTheRingRunsOn) {

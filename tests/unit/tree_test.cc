@@ -151,12 +151,14 @@ TEST(Tree, HostRanksTalkToTheirLeaderAndOnlyTreeEdgesCrossHosts) {
 }
 
 // auto: up to eager_bytes the tree above all_to_all_max_world ranks
-// (recursive doubling at or below it), the ring above eager_bytes.
+// (recursive doubling at or below it), the ring above eager_bytes (with
+// doubling_bytes 0; doubling_test covers recursive doubling up to it).
 TEST(Tree, AutoTakesTheTreeForSmallBuffersOnLargerWorlds) {
   for (int fp_world : {3, 5}) {
     InProcRing ring(5, 4096, [&](CommConfig& c) {
       c.all_to_all_max_world = fp_world;
       c.eager_bytes = 4096;
+      c.doubling_bytes = 0;
     });
     SCOPED_TRACE(absl::StrCat("all_to_all_max_world ", fp_world));
     ring.ExpectAllReduceAgrees(DType::kFloat32, ReduceOp::kSum, 1024,

@@ -267,11 +267,14 @@ class WireReceiver {
   // operation offered a landing for go straight into its buffer
   // (core/landing.h): the frame then says `landed`, and counts in
   // `counters` (its worker's wire.landed; null: not counted). Frames the
-  // tap read count in wire.tapped.
+  // tap read count in wire.tapped. A frame on_frame refuses ends the link;
+  // with `on_rejected`, the reader thread reports the refusal there (after
+  // read_mu_ is released), else on_frame reports it itself.
   WireReceiver(int fd, std::string key, OnFrame on_frame, OnError on_error,
                std::shared_ptr<LandingBoard> landings = nullptr,
                int from = -1,
-               std::shared_ptr<LinkCounters> counters = nullptr);
+               std::shared_ptr<LinkCounters> counters = nullptr,
+               OnError on_rejected = nullptr);
   ~WireReceiver();  // Stop(); the connection is shut down
   // Delivers what arrives within 250 ms (the sender's last frames may
   // trail the stream's end), then stops and joins.

@@ -84,17 +84,15 @@ class WireInPath final : public InPath {
       const InPathEnd& end = end_;
       receiver_ = std::make_unique<WireReceiver>(
           fd, key.str(),
-          [end](absl::StatusOr<InFrame> f) {
-            absl::Status s = end.deliver(std::move(f));
-            if (!s.ok()) end.rejected(s);
-            return s;
-          },
+          end.deliver,
           [end](const absl::Status& s) {
             end.failed(absl::Status(
                 s.code(), absl::StrCat("wire link: ", s.message())));
           },
           // All-gather and broadcast chunks land in the operation's buffer.
-          landing_ ? end_.inbox->landings() : nullptr, end_.from, counters_);
+          landing_ ? end_.inbox->landings() : nullptr, end_.from, counters_,
+          // A refused frame ends the stream, from the reader thread.
+          end.rejected);
       tapped_ = tap_ ? receiver_->tap() : nullptr;
       if (tapped_ != nullptr) end_.inbox->AddTap(tapped_);
     });

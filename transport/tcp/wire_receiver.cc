@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,6 +46,14 @@ constexpr absl::Duration kLargeHold = absl::Milliseconds(100);
 // the drain's end is seen).
 constexpr int kDrainPollMs = 50;
 
+// The monotonic clock (a step of the wall clock must not hold the reader
+// aside, or the tap off), in nanoseconds.
+int64_t MonotonicNanos() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
 }  // namespace
 
 // The reader's state, shared by its thread and the inbox tap (which may
@@ -53,7 +62,7 @@ class WireReceiver::Core final : public InboxTap {
  public:
   Core(int fd, std::string key, OnFrame on_frame, OnError on_error,
        std::shared_ptr<LandingBoard> landings, int from,
-       std::shared_ptr<LinkCounters> counters)
+       std::shared_ptr<LinkCounters> counters, OnError on_rejected)
       : fd_(fd),
         wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
         turn_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
@@ -61,6 +70,7 @@ class WireReceiver::Core final : public InboxTap {
                           : std::make_unique<WireSeal>(std::move(key))),
         on_frame_(std::move(on_frame)),
         on_error_(std::move(on_error)),
+        on_rejected_(std::move(on_rejected)),
         landings_(from >= 0 ? std::move(landings) : nullptr),
         from_(from),
         counters_(std::move(counters)) {
@@ -77,13 +87,20 @@ class WireReceiver::Core final : public InboxTap {
   uint32_t Seq() override { return 0; }
   FutexWaiter Waiter(uint32_t) override { return {nullptr, 0, false}; }
   bool polled() const override { return turn_fd_ >= 0; }
+  // After Sleeping(true): the turn eventfd is emptied first, so that only
+  // a TurnBack from now on makes it readable (one that ran before left
+  // reader_turn_ false, and the socket is watched).
   int PollFd() override {
+    uint64_t n;
+    (void)!read(turn_fd_, &n, sizeof(n));
     return reader_turn_.load() || large() ? turn_fd_ : fd_;
   }
-  void Sleeping(bool sleeping) override { sleeping_.store(sleeping); }
+  void Sleeping(bool sleeping) override {
+    sleeping_.fetch_add(sleeping ? 1 : -1);
+  }
   void Attach(bool attached) override {
     if (!attached) {
-      detached_at_ns_.store(absl::GetCurrentTimeNanos(),
+      detached_at_ns_.store(MonotonicNanos(),
                             std::memory_order_relaxed);
     }
     attached_.fetch_add(attached ? 1 : -1);
@@ -94,7 +111,7 @@ class WireReceiver::Core final : public InboxTap {
   bool tap_active() const {
     if (large()) return false;
     return attached_.load() > 0 ||
-           absl::GetCurrentTimeNanos() -
+           MonotonicNanos() -
                    detached_at_ns_.load(std::memory_order_relaxed) <
                absl::ToInt64Nanoseconds(kParkSlice);
   }
@@ -182,6 +199,7 @@ class WireReceiver::Core final : public InboxTap {
   std::unique_ptr<WireSeal> seal_;
   const OnFrame on_frame_;
   const OnError on_error_;
+  const OnError on_rejected_;  // may be null
   const std::shared_ptr<LandingBoard> landings_;  // null: nothing lands
   const int from_;
   const std::shared_ptr<LinkCounters> counters_;  // may be null
@@ -192,8 +210,10 @@ class WireReceiver::Core final : public InboxTap {
   std::vector<uint8_t> scratch_ ABSL_GUARDED_BY(read_mu_);
   // A close record came: what follows is the connection's end.
   bool closed_ = false;
-  // What ended the link, for the reader thread to report.
+  // What ended the link, for the reader thread to report: a failure
+  // (on_error), or on_frame's refusal of a frame (on_rejected).
   absl::Status failure_ ABSL_GUARDED_BY(read_mu_);
+  absl::Status refused_ ABSL_GUARDED_BY(read_mu_);
   bool reading_on_tap_ = false;  // read_mu_'s holder is the tap
   bool woken_ = false;           // the reader's own: Stop's wake-up was seen
   // The socket is the reader's (a record the tap leaves, or the reader is
@@ -206,15 +226,15 @@ class WireReceiver::Core final : public InboxTap {
   // read (while the operation may wait for that send elsewhere).
   std::atomic<int64_t> large_until_ns_{0};
   bool large() const {
-    return absl::GetCurrentTimeNanos() <
+    return MonotonicNanos() <
            large_until_ns_.load(std::memory_order_relaxed);
   }
   void SawLarge() {
-    large_until_ns_.store(absl::GetCurrentTimeNanos() +
+    large_until_ns_.store(MonotonicNanos() +
                               absl::ToInt64Nanoseconds(kLargeHold),
                           std::memory_order_relaxed);
   }
-  std::atomic<bool> sleeping_{false};
+  std::atomic<int> sleeping_{0};  // waits asleep on this tap
   std::atomic<int> attached_{0};
   std::atomic<int64_t> detached_at_ns_{0};
   std::atomic<bool> over_{false};
@@ -227,10 +247,12 @@ class WireReceiver::Core final : public InboxTap {
 WireReceiver::WireReceiver(int fd, std::string key, OnFrame on_frame,
                            OnError on_error,
                            std::shared_ptr<LandingBoard> landings, int from,
-                           std::shared_ptr<LinkCounters> counters)
+                           std::shared_ptr<LinkCounters> counters,
+                           OnError on_rejected)
     : core_(std::make_shared<Core>(fd, std::move(key), std::move(on_frame),
                                    std::move(on_error), std::move(landings),
-                                   from, std::move(counters))) {
+                                   from, std::move(counters),
+                                   std::move(on_rejected))) {
   // The thread holds the core: should Stop run on it (a callback that
   // ends the link), it outlives this object.
   thread_ = std::thread([core = core_] { core->ReaderLoop(); });
@@ -284,7 +306,9 @@ bool WireReceiver::Core::stopping() {
 
 void WireReceiver::Core::Park() {
   absl::MutexLock lock(&mu_);
-  if (!stopping_ && !reader_turn_.load()) {
+  // Looked at again under mu_: a hand-over, LeaveToReader and the tap's
+  // end signal under it.
+  if (!stopping_ && !reader_turn_.load() && !over_.load() && tap_active()) {
     park_cv_.WaitWithTimeout(&mu_, kParkSlice);
   }
 }
@@ -299,7 +323,7 @@ void WireReceiver::Core::TurnBack() {
   // Stored before sleeping_ is looked at, as the tap announces its sleep
   // before it asks PollFd: one of the two sees the other.
   reader_turn_.store(false);
-  if (sleeping_.load() && !large()) Signal(turn_fd_);
+  if (sleeping_.load() > 0) Signal(turn_fd_);
 }
 
 absl::Status WireReceiver::Core::WaitReadable() {
@@ -547,11 +571,11 @@ absl::Status WireReceiver::Core::Record(const uint8_t head[4], bool* took) {
   if (reading_on_tap_ && counters_ != nullptr) {
     counters_->wire.tapped.fetch_add(1, std::memory_order_relaxed);
   }
-  // on_frame reports its own refusal; the link ends with it.
-  if (!on_frame_(*std::move(frame)).ok()) {
-    return absl::AbortedError("the frame was refused");
-  }
-  return absl::OkStatus();
+  // A refusal ends the link: on_frame reported it, or on_rejected will.
+  absl::Status s = on_frame_(*std::move(frame));
+  if (s.ok()) return s;
+  refused_ = std::move(s);
+  return absl::AbortedError("the frame was refused");
 }
 
 void WireReceiver::Core::ReadRecords(bool tap, bool* took) {
@@ -587,8 +611,9 @@ void WireReceiver::Core::ReadRecords(bool tap, bool* took) {
   reading_on_tap_ = false;
   if (s.ok()) return;
   // The link is over: its normal end (OUT_OF_RANGE), stopped (CANCELLED),
-  // refused by on_frame (ABORTED: reported by it), or failed: the reader
-  // thread reports that (so that no callback runs after Stop returns).
+  // a frame refused (ABORTED: refused_), or failed: the reader thread
+  // reports the last two (so that no callback runs after Stop returns, nor
+  // under read_mu_).
   over_.store(true);
   if (!absl::IsOutOfRange(s) && !absl::IsCancelled(s) && !absl::IsAborted(s)) {
     failure_ = s;
@@ -622,7 +647,7 @@ bool WireReceiver::Core::ReaderPass() {
     }
     wait = WaitReadable();
   }
-  absl::Status failed;
+  absl::Status failed, refused;
   {
     absl::MutexLock lock(&read_mu_);
     if (!wait.ok()) {
@@ -639,8 +664,12 @@ bool WireReceiver::Core::ReaderPass() {
     }
     if (!over_.load()) return true;
     failed = std::exchange(failure_, absl::OkStatus());
+    refused = std::exchange(refused_, absl::OkStatus());
   }
-  if (!failed.ok() && !stopping()) on_error_(failed);
+  if (!stopping()) {
+    if (!failed.ok()) on_error_(failed);
+    if (!refused.ok() && on_rejected_ != nullptr) on_rejected_(refused);
+  }
   return false;
 }
 

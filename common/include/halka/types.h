@@ -71,7 +71,8 @@ enum class OpKind : uint8_t {
 enum class Algorithm : uint8_t {
   kAuto = 0,   // up to CommConfig::eager_bytes recursive doubling
                // (G <= 16) or tree (G > 16), else two-level
-               // (TwoLevelUsable) or ring
+               // (TwoLevelUsable), recursive doubling up to
+               // CommConfig::doubling_bytes (G <= 16), or ring
   kRing = 1,
   kNaive = 2,
   kParameterServer = 3,

@@ -471,7 +471,9 @@ int main(int argc, char** argv) {
                     << (fault.empty() ? "" : " kind=" + fault)
                     << " gen=" << o.info.generation
                     << " world=" << o.info.world_size
-                    << " rank=" << o.info.rank << " msg=" << OneLine(o.msg)
+                    << " rank=" << o.info.rank
+                    << " algo=" << o.info.algorithm
+                    << " msg=" << OneLine(o.msg)
                     << std::endl;
         }
         call->done.store(true);

@@ -31,7 +31,7 @@ import sys
 
 LINE = re.compile(r"^call op=(-?\d+) slot=(\d+) t_ms=(\d+) ms=(\d+) "
                   r"outcome=(\w+)(?: kind=(\S+))? gen=(\d+) world=(\d+) "
-                  r"rank=(-?\d+) msg=(.*)$")
+                  r"rank=(-?\d+)(?: algo=(\S*))? msg=(.*)$")
 RESULT = re.compile(r"^RESULT (.*)$")
 SPLIT_SIGNS = ("already started operation", "waits in #")
 # The operation number a member's own error names.
@@ -51,11 +51,12 @@ def load(path):
             m = LINE.match(line.rstrip("\n"))
             if not m:
                 continue
-            op, slot, t, ms, outcome, kind, gen, world, rank, msg = m.groups()
+            (op, slot, t, ms, outcome, kind, gen, world, rank, algo,
+             msg) = m.groups()
             calls.append(dict(op=int(op), slot=int(slot), t=int(t), ms=int(ms),
                               end=int(t) + int(ms), outcome=outcome,
                               kind=kind or "", gen=int(gen), world=int(world),
-                              msg=msg))
+                              algo=algo or "", msg=msg))
     ops = {}
     for c in calls:
         if c["op"] >= 0:  # op=-1: a call still running at the end (a hang)

@@ -23,6 +23,12 @@
 #               goes on, no operation fails
 #   rdvrestart  SIGKILL the rendezvous mid-run and start a new one: the
 #               workers re-register, the job goes on at its generation
+#   chaos_hosts the chaos scenario with the 4 workers as 2 hosts of 2
+#               (--host_id): auto runs two_level while both hosts are
+#               whole (512 KiB buffers, above eager_bytes) and the flat
+#               ring while a worker is down, so the hierarchy is rebuilt
+#               at every generation; the same checks, and at least one
+#               correct two_level operation
 #   chaos       200 all-reduces (1000 with --full) while random workers are
 #               SIGKILLed and restarted, and in 10% of the operations
 #               (CHAOS_BAD_CALLS=share to change) one random member makes a
@@ -51,13 +57,14 @@ for a in "$@"; do
     *) SCENARIOS+=("$a") ;;
   esac
 done
-(( ${#SCENARIOS[@]} )) || SCENARIOS=(sigkill sigstop linkdown loss tbf partition rdvrestart chaos)
+(( ${#SCENARIOS[@]} )) || SCENARIOS=(sigkill sigstop linkdown loss tbf partition rdvrestart chaos chaos_hosts)
 DRIVER=$BUILD/tests/halka-fault-driver
 REPORT=$HERE/fault_report.py
 [[ -x "$DRIVER" ]] || { echo "FAIL: missing $DRIVER"; exit 1; }
 command -v python3 >/dev/null 2>&1 || { echo "FAIL: python3 is needed"; exit 1; }
 
 G=4
+HOSTS_OF_TWO=0  # 1: workers w0,w1 say --host_id=h0, w2,w3 h1
 P="ft$$-"
 NET=198.18.77
 ADDR_RDV=$NET.2
@@ -99,9 +106,11 @@ start_worker() {  # start_worker R
   local r=$1
   SEQ=$(( SEQ + 1 ))
   WNAME[r]="w$r.$SEQ"
+  local host=()
+  (( HOSTS_OF_TWO )) && host=(--host_id="h$(( r / 2 ))")
   start_daemon "${WNAME[r]}" ip netns exec "${P}w$r" "$WORKER_BIN" --rendezvous="$RDV" \
     --job="$JOB" --worker_id="w$r" --listen="$(addr_worker "$r"):7000" \
-    --op_timeout=10s --join_timeout=60s "${MODE_FLAGS[@]}"
+    --op_timeout=10s --join_timeout=60s "${MODE_FLAGS[@]}" "${host[@]}"
 }
 
 wait_joined() {  # wait_joined R
@@ -323,10 +332,11 @@ scenario_rdvrestart() {
   end_job
 }
 
-scenario_chaos() {
+scenario_chaos() {  # scenario_chaos [NAME]
+  local name=${1:-chaos}
   local ops=200 count=$(( 64 * 1024 )) r victim t_end down=() alive
   (( FULL )) && { ops=1000; count=$(( 1024 * 1024 )); }
-  new_job chaos elastic
+  new_job "$name" elastic
   start_driver "$ops" "$count" --bad_calls="${CHAOS_BAD_CALLS:-0.1}"
   local kills=0 restarts=0 deadline=$(( $(now_ns) + 600 * 1000000000 ))
   declare -A dead_since=()
@@ -350,24 +360,40 @@ scenario_chaos() {
   for r in "${!dead_since[@]}"; do start_worker "$r"; restarts=$(( restarts + 1 )); done
   wait_bg 120 "$DNAME"
   local chaos_log="$SYS_LOG/$DNAME.out"
-  log "[chaos] $kills SIGKILLs, $restarts restarts during $(grep -c '^call' "$SYS_LOG/$DNAME.out") calls"
-  log "[chaos] $(grep '^RESULT' "$SYS_LOG/$DNAME.out")"
+  log "[$name] $kills SIGKILLs, $restarts restarts during $(grep -c '^call' "$SYS_LOG/$DNAME.out") calls"
+  log "[$name] $(grep '^RESULT' "$SYS_LOG/$DNAME.out")"
   # After the chaos: the whole ring recovers and is correct.
   t_end=$(now_ms)
   start_driver 100000 "$count"
-  wait_ready "$t_end" $G 3 60 || { SYS_FAILED=1; log "[chaos] the ring did not recover to $G ranks"; }
+  wait_ready "$t_end" $G 3 60 || { SYS_FAILED=1; log "[$name] the ring did not recover to $G ranks"; }
   stop_driver >/dev/null
-  check --name "chaos-after" --heal "$t_end"
+  check --name "$name-after" --heal "$t_end"
   # The chaos run itself: no wrong result, no hang (errors are expected).
-  out=$(python3 "$REPORT" check "$chaos_log" --slots $G --name "chaos-$ops-ops")
+  out=$(python3 "$REPORT" check "$chaos_log" --slots $G --name "$name-$ops-ops")
   rc=$?
   printf '%s\n' "$out"
   local faults split
   faults=$(grep -o '^RESULT .* faults=[0-9]*' "$chaos_log" | grep -o '[0-9]*$')
   split=$(grep -o '^RESULT .* split=[0-9]*' "$chaos_log" | grep -o '[0-9]*$')
-  RESULTS+=("$(head -n 1 <<<"$out") ($kills kills, $restarts restarts, ${faults:-?} bad calls, split ${split:-?})")
+  local algos
+  algos=$(grep -o 'outcome=ok .* algo=[a-z_]*' "$chaos_log" | grep -o 'algo=[a-z_]*' |
+    sort | uniq -c | awk '{printf "%s%s %s", sep, $2, $1; sep=", "}')
+  log "[$name] correct calls by algorithm: ${algos:-none}"
+  RESULTS+=("$(head -n 1 <<<"$out") ($kills kills, $restarts restarts, ${faults:-?} bad calls, split ${split:-?}; ok calls: ${algos:-none})")
   (( rc == 0 )) || SYS_FAILED=1
+  if (( HOSTS_OF_TWO )) && ! grep -q 'outcome=ok .* algo=two_level' "$chaos_log"; then
+    SYS_FAILED=1
+    log "[$name] no operation ran two_level: the hierarchical path was not exercised"
+  fi
   end_job
+}
+
+# The same chaos on 2 hosts of 2 workers (by --host_id): two-level while
+# both hosts are whole, the flat ring while one is short.
+scenario_chaos_hosts() {
+  HOSTS_OF_TWO=1
+  scenario_chaos chaos_hosts
+  HOSTS_OF_TWO=0
 }
 
 for s in "${SCENARIOS[@]}"; do

@@ -36,8 +36,8 @@
 // more in a row (mismatch_run) is a split that outlived a round.
 //
 // Output, one line per call, then one summary line:
-//   call op=3 slot=2 t_ms=<start, Unix ms> ms=12 outcome=ok gen=2 world=3 rank=1 msg=
-//   call op=4 slot=1 t_ms=... ms=3 outcome=fault kind=dtype gen=0 world=0 rank=0 msg=INVALID_ARGUMENT: ...
+//   call op=3 slot=2 t_ms=<start, Unix ms> ms=12 outcome=ok gen=2 world=3 rank=1 algo=ring msg=
+//   call op=4 slot=1 t_ms=... ms=3 outcome=fault kind=dtype gen=0 world=0 rank=0 algo= msg=INVALID_ARGUMENT: ...
 //   RESULT ops=200 calls=800 ok=700 error=80 down=20 wrong=0 hang=0 skipped=0 faults=20 split=0 recovered=19 mismatch=0 mismatch_run=0
 // (recovered: operations right after a bad one that succeeded on every
 // member.) Exit status: 0 when wrong, hang and split are 0 and

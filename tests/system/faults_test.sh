@@ -39,6 +39,9 @@
 #               with "already started operation #N while this rank waits in
 #               #M". Prints the counts.
 #
+# FAULT_WORKER_FLAGS (environment): more flags for every worker (e.g.
+# "--wire_tap=false", to compare).
+#
 # Exit: 0 pass, 1 fail, 77 skip (not root, no netns/veth/bridge).
 set -u -o pipefail
 
@@ -110,7 +113,8 @@ start_worker() {  # start_worker R
   (( HOSTS_OF_TWO )) && host=(--host_id="h$(( r / 2 ))")
   start_daemon "${WNAME[r]}" ip netns exec "${P}w$r" "$WORKER_BIN" --rendezvous="$RDV" \
     --job="$JOB" --worker_id="w$r" --listen="$(addr_worker "$r"):7000" \
-    --op_timeout=10s --join_timeout=60s "${MODE_FLAGS[@]}" "${host[@]}"
+    --op_timeout=10s --join_timeout=60s "${MODE_FLAGS[@]}" "${host[@]}" \
+    ${FAULT_WORKER_FLAGS:-}
 }
 
 wait_joined() {  # wait_joined R
@@ -376,12 +380,12 @@ scenario_chaos() {  # scenario_chaos [NAME]
   faults=$(grep -o '^RESULT .* faults=[0-9]*' "$chaos_log" | grep -o '[0-9]*$')
   split=$(grep -o '^RESULT .* split=[0-9]*' "$chaos_log" | grep -o '[0-9]*$')
   local algos
-  algos=$(grep -o 'outcome=ok .* algo=[a-z_]*' "$chaos_log" | grep -o 'algo=[a-z_]*' |
+  algos=$(sed -n 's/^call .* outcome=ok .* algo=\([a-z_]*\) msg=.*/\1/p' "$chaos_log" |
     sort | uniq -c | awk '{printf "%s%s %s", sep, $2, $1; sep=", "}')
   log "[$name] correct calls by algorithm: ${algos:-none}"
   RESULTS+=("$(head -n 1 <<<"$out") ($kills kills, $restarts restarts, ${faults:-?} bad calls, split ${split:-?}; ok calls: ${algos:-none})")
   (( rc == 0 )) || SYS_FAILED=1
-  if (( HOSTS_OF_TWO )) && ! grep -q 'outcome=ok .* algo=two_level' "$chaos_log"; then
+  if (( HOSTS_OF_TWO )) && ! grep -q '^call .* outcome=ok .* algo=two_level msg=' "$chaos_log"; then
     SYS_FAILED=1
     log "[$name] no operation ran two_level: the hierarchical path was not exercised"
   fi
@@ -391,9 +395,9 @@ scenario_chaos() {  # scenario_chaos [NAME]
 # The same chaos on 2 hosts of 2 workers (by --host_id): two-level while
 # both hosts are whole, the flat ring while one is short.
 scenario_chaos_hosts() {
-  HOSTS_OF_TWO=1
+  # Seen by start_worker through bash's dynamic scope, and gone on return.
+  local HOSTS_OF_TWO=1
   scenario_chaos chaos_hosts
-  HOSTS_OF_TWO=0
 }
 
 for s in "${SCENARIOS[@]}"; do

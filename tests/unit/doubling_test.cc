@@ -123,6 +123,41 @@ TEST(Doubling, AutoRunsItUpToDoublingBytesWhereTwoLevelCannotRun) {
   EXPECT_EQ(at((64 << 10) + 4), Algorithm::kRing);
 }
 
+// A worker of the previous version, whose auto runs the ring above 64 KiB
+// (here: doubling_bytes 0 on rank 2), meets this one's recursive doubling
+// at 128 KiB: every rank fails before any buffer changes, the others name
+// what rank 2 runs, well before the deadline; on 4 ranks and on 5 (one
+// folds in).
+TEST(Doubling, AnAutoThatRunsTheRingAbove64KiBIsNamed) {
+  for (int g : {4, 5}) {
+    SCOPED_TRACE(absl::StrCat("G ", g));
+    InProcRing ring(g, 1 << 20, [](CommConfig& c) {
+      if (c.rank == 2) c.doubling_bytes = 0;
+    });
+    constexpr size_t kCount = (128 << 10) / 4;
+    std::vector<std::vector<float>> bufs(g, std::vector<float>(kCount, 1.0f));
+    const absl::Time t0 = absl::Now();
+    auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+      return ring.comms[r]->AllReduce(bufs[r].data(), kCount, DType::kFloat32,
+                                      ReduceOp::kSum, absl::Seconds(20),
+                                      Algorithm::kAuto);
+    });
+    EXPECT_LT(absl::Now() - t0, absl::Seconds(10));
+    for (int r = 0; r < g; ++r) {
+      ASSERT_FALSE(results[r].ok()) << "rank " << r;
+      EXPECT_EQ(bufs[r], std::vector<float>(kCount, 1.0f)) << "rank " << r;
+      const absl::StatusCode code = results[r].status().code();
+      EXPECT_TRUE(code == absl::StatusCode::kFailedPrecondition ||
+                  code == absl::StatusCode::kAborted)
+          << "rank " << r << ": " << results[r].status();
+      if (r == 2) continue;  // its own view: the others run another thing
+      EXPECT_NE(results[r].status().message().find("runs ring"),
+                absl::string_view::npos)
+          << "rank " << r << ": " << results[r].status();
+    }
+  }
+}
+
 TEST(Doubling, AMismatchTouchesNoBufferAndTheRingRunsOn) {
   for (int fp_world : {16, 1}) {
     SCOPED_TRACE(absl::StrCat("fp_world ", fp_world));

@@ -29,9 +29,9 @@ using wire_record::SplitParts;
 
 // Frames up to this size (head and payload) may be written by the caller's
 // thread; larger ones always go to the writer thread, which can block. A
-// 64 KiB payload and its head: every frame of an eager all-reduce
-// (recursive doubling, up to 64 KiB), whose operation waits for the
-// partner's frame right after it sends.
+// 64 KiB payload and its head: every frame of a recursive doubling of at
+// most 64 KiB, whose operation waits for the partner's frame right after
+// it sends.
 constexpr size_t kInlineBytes = (64 + 1) * 1024;
 
 // HALKA_WIRE_INLINE=0 turns the caller's writes off (every frame goes to

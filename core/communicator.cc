@@ -449,12 +449,21 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   // A peer already at a later operation has finished every earlier one:
   // skip to it, so that the ranks number the next call alike again.
   const uint64_t seen = inbox_->MaxOpSeqSeen();
-  if (next_op_seq_ == 0 && seen > 0 && inbox_->AbortSeen(seen)) {
+  const std::optional<absl::StatusCode> seen_abort =
+      seen > 0 ? inbox_->AbortSeen(seen) : std::nullopt;
+  if (next_op_seq_ == 0 && seen_abort.has_value()) {
     // A rank new in the ring whose call found no operation to adopt: the
-    // newest one its peers ran was aborted (a peer's call was refused, and
-    // that is what this call paired with), so their next call is the one
-    // after it.
-    next_op_seq_ = seen + 1;
+    // newest one its peers ran was aborted. Refused (a peer's call ended
+    // before the ring, or the calls disagreed: FAILED_PRECONDITION, which
+    // nobody runs again), that is what this call paired with, so their
+    // next call is the one after it. Aborted by a membership change
+    // (ABORTED, UNAVAILABLE, ...), the peers' untouched calls run again
+    // under that same number on the new ring: this rank adopts it there
+    // (taking the next number instead split the numbering for good under
+    // churn: system_faults' chaos, a rank one ahead of the rest).
+    if (*seen_abort == absl::StatusCode::kFailedPrecondition) {
+      next_op_seq_ = seen + 1;
+    }
   } else {
     next_op_seq_ = std::max(next_op_seq_, seen);
   }

@@ -419,9 +419,11 @@ uint64_t Inbox::MaxOpSeqSeen() {
   return max_seen_;
 }
 
-bool Inbox::AbortSeen(uint64_t op_seq) const {
+std::optional<absl::StatusCode> Inbox::AbortSeen(uint64_t op_seq) const {
   absl::MutexLock lock(&mu_);
-  return aborts_.count(op_seq) > 0;
+  auto it = aborts_.find(op_seq);
+  if (it == aborts_.end()) return std::nullopt;
+  return it->second.meta.abort_code;
 }
 
 absl::StatusOr<uint64_t> Inbox::WaitFirstOpSeq(absl::Time deadline) {

@@ -193,9 +193,10 @@ class Inbox {
   // Takes what the taps hold first (their readers may stand aside).
   uint64_t MaxOpSeqSeen();
 
-  // Whether a peer's ABORT for operation `op_seq` is here (Next has not
-  // dropped it: DropBefore keeps those of op_seq and later).
-  bool AbortSeen(uint64_t op_seq) const;
+  // The code of the (first) peer's ABORT for operation `op_seq` that is
+  // here (Next has not dropped it: DropBefore keeps those of op_seq and
+  // later); nullopt if none.
+  std::optional<absl::StatusCode> AbortSeen(uint64_t op_seq) const;
 
   // For a rank that enters a running ring: waits until a peer's frame of
   // an operation that nobody aborted arrives and returns the newest such

@@ -397,6 +397,38 @@ TEST(Numbering, ANewRankWhoseAdoptionMetARefusedCallPairsWithTheNextCall) {
   }
 }
 
+// A rank new in the ring whose call found only a peer's ABORT for the
+// newest operation: a refusal (FAILED_PRECONDITION) moves the peers on, so
+// its next call takes the number after it (the test above); an abort of a
+// membership change (ABORTED) does not (the peers' untouched calls run
+// again under that number on the new ring), so it stays ready to adopt.
+TEST(Numbering, ANewRankTakesTheNextNumberOnlyAfterARefusal) {
+  for (absl::StatusCode code : {absl::StatusCode::kFailedPrecondition,
+                                absl::StatusCode::kAborted,
+                                absl::StatusCode::kUnavailable}) {
+    SCOPED_TRACE(absl::StatusCodeToString(code));
+    const int g = 3;
+    InProcRing ring(g, 1024, [](CommConfig& c) {
+      if (c.rank == 2) c.first_op_seq = 0;  // just (re)joined
+    });
+    InFrame abort;
+    abort.meta.kind = FrameKind::kAbort;
+    abort.meta.op_seq = 7;
+    abort.meta.origin_rank = 0;
+    abort.meta.sender_rank = 0;
+    abort.meta.abort_code = code;
+    abort.meta.message = "rank 0's call #7 ended";
+    ASSERT_TRUE(ring.net.inbox(2)->Deliver(0, abort).ok());
+    std::vector<float> b(8, 1.0f);
+    absl::StatusOr<OpResult> r = ring.comms[2]->AllReduce(
+        b.data(), b.size(), DType::kFloat32, ReduceOp::kSum,
+        absl::Milliseconds(200));
+    EXPECT_FALSE(r.ok());
+    EXPECT_EQ(ring.comms[2]->next_op_seq(),
+              code == absl::StatusCode::kFailedPrecondition ? 8u : 0u);
+  }
+}
+
 // Pieces of point-to-point messages wait apart from the collectives'
 // frames: a collective waiting on the same sender neither sees them (no
 // "already started a later operation") nor drops them, DropBefore leaves

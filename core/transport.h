@@ -275,6 +275,13 @@ class Inbox {
   static constexpr size_t kMaxTapsWaited = 127;
   // The longest one sleep on the taps' words lasts (as a ring's reader).
   static constexpr absl::Duration kLongestSleep = absl::Milliseconds(50);
+  // Next's wait on the taps (core/inbox_taps.cc): on the polled ones when
+  // every tap is one and none reads aside, else on the words (the sockets
+  // left to their readers); nullopt when it could not (Next then waits on
+  // the inbox alone).
+  std::optional<Event> NextOnTaps(int from, uint64_t op_seq,
+                                  absl::Span<const int> watch,
+                                  absl::Time deadline);
   // Next with taps: drains them, sleeps on them and on events_.
   // nullopt when it could not sleep on the taps' words (Next then waits on
   // the inbox alone). With `polled`, the taps are polled() ones: it sleeps

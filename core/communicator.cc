@@ -159,7 +159,8 @@ bool Implements(OpKind kind, Algorithm algorithm) {
   switch (kind) {
     case OpKind::kAllGather:
     case OpKind::kReduceScatter:
-      return algorithm == Algorithm::kRing;
+      return algorithm == Algorithm::kRing ||
+             algorithm == Algorithm::kTwoLevel;
     case OpKind::kReduce:
       return algorithm == Algorithm::kRing || algorithm == Algorithm::kNaive;
     case OpKind::kGather:
@@ -198,7 +199,9 @@ absl::StatusOr<Fingerprint> Communicator::SliceOpFingerprint(
     refused = absl::UnimplementedError(absl::StrCat(
         name, ": the ", AlgorithmName(algorithm),
         " algorithm does not implement it; use auto",
-        Implements(kind, Algorithm::kRing) ? " or ring" : " or naive"));
+        Implements(kind, Algorithm::kTwoLevel)
+            ? ", ring or two_level"
+            : (Implements(kind, Algorithm::kRing) ? " or ring" : " or naive")));
   } else if (kind == OpKind::kAllToAll && whole % g != 0) {
     refused = absl::InvalidArgumentError(absl::StrCat(
         name, ": count ", whole, " must be a multiple of the ring's world (",
@@ -533,9 +536,12 @@ absl::Status Communicator::RunAlgorithm(OpContext& op) {
     case OpKind::kBroadcast:
       return ChainBroadcast(op);
     case OpKind::kAllGather:
-      return RingAllGather(op);
+      return op.algorithm() == Algorithm::kTwoLevel ? TwoLevelAllGather(op)
+                                                    : RingAllGather(op);
     case OpKind::kReduceScatter:
-      return RingReduceScatter(op);
+      return op.algorithm() == Algorithm::kTwoLevel
+                 ? TwoLevelReduceScatter(op)
+                 : RingReduceScatter(op);
     case OpKind::kReduce:
       return RootedReduce(op);
     case OpKind::kGather:

@@ -44,6 +44,11 @@
 #include "seal/wire_seal.h"
 
 ABSL_FLAG(int, workers, 4, "embedded cluster size (demo, bench)");
+ABSL_FLAG(int, hosts, 0,
+          "bench: the embedded workers name this many hosts, rank r host "
+          "'h<r mod H>' (--host_id), so that the ring runs in host order and "
+          "two_level can run; the links between them are what --shm_links "
+          "says, all on this machine. 0: one host");
 ABSL_FLAG(std::string, worker, "",
           "worker address(es); bench takes one per rank, comma-separated");
 ABSL_FLAG(std::string, rendezvous, "", "rendezvous host:port (health)");
@@ -374,6 +379,14 @@ absl::Status StartEmbedded(const std::vector<BenchCase>& cases,
   lo.wire_links = absl::GetFlag(FLAGS_wire_links);
   lo.wire_landing = absl::GetFlag(FLAGS_wire_landing);
   lo.wire_tap = absl::GetFlag(FLAGS_wire_tap);
+  const int hosts = absl::GetFlag(FLAGS_hosts);
+  if (hosts < 0 || hosts > lo.workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--hosts=", hosts, " must be in [0, --workers=", lo.workers, "]"));
+  }
+  for (int r = 0; hosts > 0 && r < lo.workers; ++r) {
+    lo.hosts.push_back(absl::StrCat("h", r % hosts));
+  }
   for (const BenchCase& bc : cases) {
     if (bc.algorithm == Algorithm::kParameterServer) {
       lo.ps_shards = absl::GetFlag(FLAGS_ps_shards);

@@ -64,6 +64,18 @@ absl::Status RingAllGather(OpContext& op);
 // in one order that every rank receives: bit-identical everywhere. AVG
 // divides once, by the world, in the cross-host reduce-scatter.
 absl::Status TwoLevelAllReduce(OpContext& op);
+// Two-level reduce-scatter and all-gather on the same hosts: rank r's
+// slice is planned as the flat ring's (PlanSegments over the world), and a
+// host ring's segment k is the column of slices of local position k on
+// every host. Reduce-scatter: the host ring reduce-scatters the columns
+// (this rank ends with its own column summed over its host), then the
+// cross-host ring of its local position reduce-scatters that column (its
+// own slice summed everywhere; AVG divides there, once). All-gather: the
+// cross-host ring gathers the column, then the host ring the columns.
+// Each host's NIC carries (H-1)/H of the buffer, where the flat ring in
+// host order carries (G-1)/G; H-1 network steps instead of G-1.
+absl::Status TwoLevelReduceScatter(OpContext& op);
+absl::Status TwoLevelAllGather(OpContext& op);
 // Whether config.hosts allows it: at least 2 hosts, each with the same
 // number (at least 2) of ranks, every rank once.
 bool TwoLevelUsable(const CommConfig& config);

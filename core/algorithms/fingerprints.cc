@@ -222,6 +222,14 @@ Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
                      fp.count * DTypeSize(fp.dtype) <= config.eager_bytes
                  ? Algorithm::kNaive
                  : Algorithm::kRing;
+    case OpKind::kReduceScatter:
+    case OpKind::kAllGather:
+      // Two-level wherever the hosts allow it, at every size: (g-1) steps
+      // inside the host and H-1 across, against the flat ring's G-1 that
+      // each cross a host boundary somewhere, and (H-1)/H of the buffer
+      // through each host's NIC against (G-1)/G.
+      if (fp.algorithm == Algorithm::kRing) return Algorithm::kRing;
+      return TwoLevelUsable(config) ? Algorithm::kTwoLevel : Algorithm::kRing;
     default:
       break;
   }

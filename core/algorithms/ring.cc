@@ -28,6 +28,11 @@ struct RingGroup {
   // position (so that segment r is rank r's slice).
   int seg_base = -1;
   int avg_divisor = 0;  // AVG: the last reduce-scatter step divides by it
+  // Where non-empty (one entry per position), segment i is these element
+  // ranges, not the i-th of `range` split evenly: a two-level
+  // reduce-scatter's or all-gather's segment inside a host is a column of
+  // rank slices, one per host, that need not be adjacent in the buffer.
+  std::vector<std::vector<Range>> segments;
 };
 
 // The segments and chunks of one ring operation, planned as for ring
@@ -49,9 +54,19 @@ struct RingPlan {
         ranks(std::move(group.ranks)) {
     const size_t chunk_elems =
         std::max<size_t>(1, op.config().chunk_bytes / es);
+    chunks.resize(static_cast<size_t>(g));
+    if (!group.segments.empty()) {
+      for (int i = 0; i < g; ++i) {
+        for (const Range& part : group.segments[static_cast<size_t>(i)]) {
+          for (const Range& c : PlanChunks(part, chunk_elems)) {
+            chunks[static_cast<size_t>(i)].push_back(c);
+          }
+        }
+      }
+      return;
+    }
     std::vector<Range> segments = PlanSegments(group.range.count, g);
     for (Range& seg : segments) seg.offset += group.range.offset;
-    chunks.resize(static_cast<size_t>(g));
     for (int i = 0; i < g; ++i) {
       chunks[static_cast<size_t>(SegAt(i))] =
           PlanChunks(segments[static_cast<size_t>(SegAt(i))], chunk_elems);
@@ -236,9 +251,9 @@ absl::Status RingReduceScatter(OpContext& op) {
 bool RingCanSendEarly(const OpContext& op) {
   const OpKind kind = op.fp().kind;
   const bool ring_kind =
-      ((kind == OpKind::kAllReduce || kind == OpKind::kReduce) &&
-       op.algorithm() == Algorithm::kRing) ||
-      kind == OpKind::kReduceScatter;
+      (kind == OpKind::kAllReduce || kind == OpKind::kReduce ||
+       kind == OpKind::kReduceScatter) &&
+      op.algorithm() == Algorithm::kRing;
   return ring_kind && op.all_to_all() && op.world() > 1 && op.fp().count > 0;
 }
 
@@ -276,74 +291,182 @@ bool TwoLevelUsable(const CommConfig& config) {
   return HostsPartitionRanks(config);
 }
 
-absl::Status TwoLevelAllReduce(OpContext& op) {
+namespace {
+
+// Where this rank sits in config().hosts, and the rings a two-level
+// collective runs: its host's ranks, and the ranks at its local position
+// on every host (its cross-host ring).
+struct HostPlace {
+  int h = 0;       // hosts
+  int g = 0;       // ranks per host
+  int host = -1;   // this rank's host
+  int local = -1;  // its position there
+  std::vector<int> across;  // hosts[i][local], i = 0..h-1
+
+  const std::vector<int>& mine(const OpContext& op) const {
+    return op.config().hosts[static_cast<size_t>(host)];
+  }
+};
+
+absl::StatusOr<HostPlace> PlaceOnHosts(OpContext& op, absl::string_view what) {
   const std::vector<std::vector<int>>& hosts = op.config().hosts;
   if (!TwoLevelUsable(op.config())) {
     return absl::InternalError(
-        absl::StrCat(op.Where(), ": two-level all-reduce without usable hosts"));
+        absl::StrCat(op.Where(), ": two-level ", what, " without usable hosts"));
   }
-  const int h = static_cast<int>(hosts.size());
-  const int g = static_cast<int>(hosts[0].size());
-  int host = -1, local = -1;
-  for (int i = 0; i < h && host < 0; ++i) {
-    for (int j = 0; j < g; ++j) {
+  HostPlace p;
+  p.h = static_cast<int>(hosts.size());
+  p.g = static_cast<int>(hosts[0].size());
+  for (int i = 0; i < p.h && p.host < 0; ++i) {
+    for (int j = 0; j < p.g; ++j) {
       if (hosts[static_cast<size_t>(i)][static_cast<size_t>(j)] == op.rank()) {
-        host = i;
-        local = j;
+        p.host = i;
+        p.local = j;
       }
     }
   }
-  const size_t count = static_cast<size_t>(op.fp().count);
-  if (count == 0) return absl::OkStatus();
-  // Segments 0..g-1: the host's parts; g..g+h-1: a part's shares across
-  // the hosts.
-  op.TrackSegments(static_cast<size_t>(g + h));
-  RingGroup in_host;
-  in_host.ranks = hosts[static_cast<size_t>(host)];
-  in_host.position = in_host.plan_position = local;
-  in_host.range = Range{0, count};
-  in_host.seg_base = 0;
-  std::vector<int> across;
-  for (int i = 0; i < h; ++i) {
-    across.push_back(hosts[static_cast<size_t>(i)][static_cast<size_t>(local)]);
+  for (int i = 0; i < p.h; ++i) {
+    p.across.push_back(
+        hosts[static_cast<size_t>(i)][static_cast<size_t>(p.local)]);
   }
-  for (int k : {Mod(local + 1, g), Mod(local - 1, g)}) {
-    op.Watch(in_host.ranks[static_cast<size_t>(k)]);
+  // Segments 0..g-1: the host ring's; g..g+h-1: the cross-host ring's.
+  op.TrackSegments(static_cast<size_t>(p.g + p.h));
+  const std::vector<int>& mine = p.mine(op);
+  for (int k : {Mod(p.local + 1, p.g), Mod(p.local - 1, p.g)}) {
+    op.Watch(mine[static_cast<size_t>(k)]);
   }
-  for (int k : {Mod(host + 1, h), Mod(host - 1, h)}) {
-    op.Watch(across[static_cast<size_t>(k)]);
+  for (int k : {Mod(p.host + 1, p.h), Mod(p.host - 1, p.h)}) {
+    op.Watch(p.across[static_cast<size_t>(k)]);
   }
-  const RingPlan host_plan(op, in_host);
-  // 1. Reduce-scatter inside the host: this rank ends with the host's sum
-  //    of part local+1 (no AVG division yet).
-  HALKA_RETURN_IF_ERROR(RingSteps(op, 0, g - 1, host_plan, false));
-  // 2. That part's all-reduce across the hosts.
-  RingGroup cross;
-  cross.ranks = std::move(across);
-  cross.position = cross.plan_position = host;
-  cross.range = PlanSegments(count, g)[static_cast<size_t>(Mod(local + 1, g))];
-  cross.seg_base = g;
-  cross.avg_divisor = op.world();
-  HALKA_RETURN_IF_ERROR(
-      RingSteps(op, 0, 2 * (h - 1), RingPlan(op, std::move(cross)), false));
-  // 3. All-gather inside the host, starting with that part.
-  return RingSteps(op, g - 1, 2 * (g - 1), host_plan, false);
+  return p;
 }
 
-absl::Status RingAllGather(OpContext& op) {
+// The ring over this rank's host, planned as for local position
+// `plan_position`, over `range` split evenly or over `segments`.
+RingGroup InHost(const OpContext& op, const HostPlace& p, int plan_position) {
+  RingGroup in_host;
+  in_host.ranks = p.mine(op);
+  in_host.position = p.local;
+  in_host.plan_position = plan_position;
+  in_host.range = Range{0, static_cast<size_t>(op.fp().count)};
+  in_host.seg_base = 0;
+  return in_host;
+}
+
+RingGroup AcrossHosts(const HostPlace& p, int plan_position, Range range,
+                      int avg_divisor) {
+  RingGroup cross;
+  cross.ranks = p.across;
+  cross.position = p.host;
+  cross.plan_position = plan_position;
+  cross.range = range;
+  cross.seg_base = p.g;
+  cross.avg_divisor = avg_divisor;
+  return cross;
+}
+
+// A reduce-scatter's or all-gather's slices as two-level rings see them:
+// the cross-host ring's segment i is the slice of hosts[i][local]; the
+// host ring's segment k is column k, the slices of hosts[i][k] for every
+// host i.
+struct SliceColumns {
+  std::vector<std::vector<Range>> across;   // [i] = {slice of hosts[i][local]}
+  std::vector<std::vector<Range>> columns;  // [k] = slices of hosts[*][k]
+};
+
+SliceColumns ColumnsOf(const OpContext& op, const HostPlace& p) {
+  const std::vector<Range> slices =
+      PlanSegments(static_cast<size_t>(op.fp().count), op.world());
+  const std::vector<std::vector<int>>& hosts = op.config().hosts;
+  SliceColumns c;
+  c.columns.resize(static_cast<size_t>(p.g));
+  for (int i = 0; i < p.h; ++i) {
+    const std::vector<int>& host = hosts[static_cast<size_t>(i)];
+    c.across.push_back(
+        {slices[static_cast<size_t>(host[static_cast<size_t>(p.local)])]});
+    for (int k = 0; k < p.g; ++k) {
+      c.columns[static_cast<size_t>(k)].push_back(
+          slices[static_cast<size_t>(host[static_cast<size_t>(k)])]);
+    }
+  }
+  return c;
+}
+
+// An all-gather's contribution moves from its input slice to this rank's.
+absl::Status MoveInputSlice(OpContext& op) {
   const int g = op.world();
   const int r = op.rank();
   const size_t slice = static_cast<size_t>(op.fp().count) / static_cast<size_t>(g);
   const int from = op.input_slice();
-  if (slice > 0 && from != r) {
-    // This rank's contribution waits in slice `from`: it goes to slice r
-    // before the ring moves it (the slices are disjoint).
-    HALKA_ASSIGN_OR_RETURN(
-        const uint8_t* in,
-        op.buffer().HostView(static_cast<size_t>(from) * slice, slice));
-    HALKA_RETURN_IF_ERROR(
-        op.buffer().WriteBack(in, static_cast<size_t>(r) * slice, slice));
-  }
+  if (slice == 0 || from == r) return absl::OkStatus();
+  // This rank's contribution waits in slice `from`: it goes to slice r
+  // before the ring moves it (the slices are disjoint).
+  HALKA_ASSIGN_OR_RETURN(
+      const uint8_t* in,
+      op.buffer().HostView(static_cast<size_t>(from) * slice, slice));
+  return op.buffer().WriteBack(in, static_cast<size_t>(r) * slice, slice);
+}
+
+}  // namespace
+
+absl::Status TwoLevelAllReduce(OpContext& op) {
+  HALKA_ASSIGN_OR_RETURN(HostPlace p, PlaceOnHosts(op, "all-reduce"));
+  const size_t count = static_cast<size_t>(op.fp().count);
+  if (count == 0) return absl::OkStatus();
+  const RingPlan host_plan(op, InHost(op, p, p.local));
+  // 1. Reduce-scatter inside the host: this rank ends with the host's sum
+  //    of part local+1 (no AVG division yet).
+  HALKA_RETURN_IF_ERROR(RingSteps(op, 0, p.g - 1, host_plan, false));
+  // 2. That part's all-reduce across the hosts.
+  const Range part =
+      PlanSegments(count, p.g)[static_cast<size_t>(Mod(p.local + 1, p.g))];
+  HALKA_RETURN_IF_ERROR(RingSteps(
+      op, 0, 2 * (p.h - 1),
+      RingPlan(op, AcrossHosts(p, p.host, part, op.world())), false));
+  // 3. All-gather inside the host, starting with that part.
+  return RingSteps(op, p.g - 1, 2 * (p.g - 1), host_plan, false);
+}
+
+absl::Status TwoLevelReduceScatter(OpContext& op) {
+  HALKA_ASSIGN_OR_RETURN(HostPlace p, PlaceOnHosts(op, "reduce-scatter"));
+  if (op.fp().count == 0) return absl::OkStatus();
+  SliceColumns c = ColumnsOf(op, p);
+  // 1. Reduce-scatter inside the host over the columns, planned as the
+  //    position before this one's, so that this rank ends with its own
+  //    column (its slice and the same local position's slices on the other
+  //    hosts) summed over its host.
+  RingGroup in_host = InHost(op, p, Mod(p.local - 1, p.g));
+  in_host.segments = std::move(c.columns);
+  HALKA_RETURN_IF_ERROR(
+      RingSteps(op, 0, p.g - 1, RingPlan(op, std::move(in_host)), false));
+  // 2. The column's reduce-scatter across the hosts: this rank ends with
+  //    its own slice summed over every rank (AVG divides here, once).
+  RingGroup cross = AcrossHosts(p, Mod(p.host - 1, p.h), Range{}, op.world());
+  cross.segments = std::move(c.across);
+  return RingSteps(op, 0, p.h - 1, RingPlan(op, std::move(cross)), false);
+}
+
+absl::Status TwoLevelAllGather(OpContext& op) {
+  HALKA_ASSIGN_OR_RETURN(HostPlace p, PlaceOnHosts(op, "all-gather"));
+  if (op.fp().count == 0) return absl::OkStatus();
+  HALKA_RETURN_IF_ERROR(MoveInputSlice(op));
+  SliceColumns c = ColumnsOf(op, p);
+  // 1. All-gather across the hosts: this rank ends with its column (the
+  //    slices of its local position on every host).
+  RingGroup cross = AcrossHosts(p, Mod(p.host - 1, p.h), Range{}, 0);
+  cross.segments = std::move(c.across);
+  HALKA_RETURN_IF_ERROR(RingSteps(op, p.h - 1, 2 * (p.h - 1),
+                                  RingPlan(op, std::move(cross)), false));
+  // 2. All-gather of the columns inside the host.
+  RingGroup in_host = InHost(op, p, Mod(p.local - 1, p.g));
+  in_host.segments = std::move(c.columns);
+  return RingSteps(op, p.g - 1, 2 * (p.g - 1), RingPlan(op, std::move(in_host)),
+                   false);
+}
+
+absl::Status RingAllGather(OpContext& op) {
+  HALKA_RETURN_IF_ERROR(MoveInputSlice(op));
+  const int g = op.world();
   return FlatSteps(op, g - 1, 2 * (g - 1), Mod(op.position() - 1, g));
 }
 

@@ -6,6 +6,10 @@
 // ring, and goes only to the rank of the same local position on the next
 // host; hosts it cannot use (one host, one rank per host, uneven hosts)
 // run the flat ring; auto takes it above eager_bytes where it is usable.
+// Its reduce-scatter and all-gather (TwoLevelSlices): every rank's slice
+// within the reference (all-gather: exact), only the cross-host rings of
+// the same local position crossing hosts, with (H-1)/H of the buffer per
+// host; auto takes them wherever the hosts allow.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -16,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "core/algorithms/algorithms.h"
 #include "core/communicator.h"
+#include "core/op_buffer.h"
 #include "core/ring_plan.h"
 #include "core/telemetry.h"
 #include "core/testing/reference.h"
@@ -50,6 +55,15 @@ std::vector<Hosts> Shapes() {
           {{0, 1}, {2, 3}, {4, 5}, {6, 7}},
           {{0, 3}, {1, 4}, {2, 5}},
           {{0, 2, 4, 6}, {1, 3, 5, 7}}};
+}
+
+// Shapes, and whether two-level can run on them.
+std::vector<std::pair<Hosts, bool>> UsableOrNot() {
+  return {{{{0, 1}, {2, 3}}, true},
+          {{{0, 3}, {1, 4}, {2, 5}}, true},
+          {{{0, 1, 2}, {3}}, false},
+          {{{0, 1, 2, 3}}, false},
+          {{{0}, {1}, {2}}, false}};
 }
 
 TEST(TwoLevel, EveryShapeCountOpAndDtypeAgreesEverywhereAndWithTheReference) {
@@ -130,13 +144,7 @@ TEST(TwoLevel, HostsItCannotUseRunTheFlatRing) {
 // hosts it cannot; at or below eager_bytes as before (naive on these
 // worlds of at most all_to_all_max_world ranks).
 TEST(TwoLevel, AutoTakesItAboveEagerBytesWhereHostsAllowIt) {
-  const std::vector<std::pair<Hosts, bool>> shapes = {
-      {{{0, 1}, {2, 3}}, true},
-      {{{0, 3}, {1, 4}, {2, 5}}, true},
-      {{{0, 1, 2}, {3}}, false},
-      {{{0, 1, 2, 3}}, false},
-      {{{0}, {1}, {2}}, false}};
-  for (const auto& [hosts, usable] : shapes) {
+  for (const auto& [hosts, usable] : UsableOrNot()) {
     for (int fp_world : {16, 1}) {
       SCOPED_TRACE(absl::StrCat(Name(hosts), " fp_world ", fp_world));
       InProcRing ring(WorldOf(hosts), 256, [&](CommConfig& c) {
@@ -191,6 +199,184 @@ TEST(TwoLevel, AWorkerWhoseAutoRunsTheRingIsNamedBeforeAnyDataMoves) {
           absl::StrCat("this rank runs two_level, rank 2 (w2, inproc:2) runs ring (",
                        says == Algorithm::kAuto ? "a worker older than the tree"
                                                 : "both ask for auto")))
+          << results[r].status();
+    }
+  }
+}
+
+// One reduce-scatter or all-gather of `slice` elements per rank on every
+// rank of `ring`, checked against the reference on every rank; each must
+// report `ran`.
+void ExpectSlicesAgree(InProcRing& ring, OpKind kind, DType dtype,
+                       ReduceOp op, size_t slice, Algorithm algorithm,
+                       const std::string& ran, uint32_t seed) {
+  const int g = ring.g;
+  const size_t es = DTypeSize(dtype);
+  const size_t whole = static_cast<size_t>(g) * slice;
+  std::vector<std::vector<uint8_t>> inputs, bufs;
+  if (kind == OpKind::kReduceScatter) {
+    inputs = MakeRanksData(dtype, op, whole, g, seed);
+    bufs = inputs;
+  } else {
+    // Each rank's contribution waits in slice (r+1) mod g, not its own.
+    for (int r = 0; r < g; ++r) {
+      inputs.push_back(MakeRankData(dtype, ReduceOp::kSum, slice, r, seed));
+      bufs.emplace_back(whole * es, 0xEE);
+      std::copy(inputs[r].begin(), inputs[r].end(),
+                bufs[r].begin() + static_cast<long>(((r + 1) % g) * slice * es));
+    }
+  }
+  auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    HostOpBuffer b(bufs[r].data());
+    return kind == OpKind::kReduceScatter
+               ? ring.comms[r]->ReduceScatter(b, whole, slice, dtype, op,
+                                              absl::ZeroDuration(), algorithm)
+               : ring.comms[r]->AllGather(b, slice, whole, (r + 1) % g, dtype,
+                                          absl::ZeroDuration(), algorithm);
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    EXPECT_EQ(results[r]->algorithm, ran) << "rank " << r;
+    const CheckResult check =
+        kind == OpKind::kReduceScatter
+            ? CheckReduceScatter(dtype, op, inputs,
+                                 bufs[r].data() + r * slice * es, r, slice)
+            : CheckAllGather(dtype, inputs, bufs[r].data(), slice);
+    EXPECT_EQ(check.wrong, 0u) << "rank " << r << ": " << check.first;
+  }
+}
+
+TEST(TwoLevelSlices, EveryShapeDtypeOpAndSliceAgreesWithTheReference) {
+  for (const Hosts& hosts : Shapes()) {
+    for (int fp_world : {16, 1}) {
+      HostRing ring(hosts, 40, fp_world);
+      for (DType dtype : {DType::kFloat32, DType::kInt64, DType::kBFloat16}) {
+        for (size_t slice : {size_t{1}, size_t{7}, size_t{301}}) {
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+            SCOPED_TRACE(absl::StrCat(Name(hosts), " fp_world ", fp_world, " ",
+                                      DTypeName(dtype), " op ",
+                                      static_cast<int>(op), " slice ", slice));
+            ExpectSlicesAgree(ring, OpKind::kReduceScatter, dtype, op, slice,
+                              Algorithm::kTwoLevel, "two_level", 21);
+            if (::testing::Test::HasFatalFailure()) return;
+          }
+          SCOPED_TRACE(absl::StrCat(Name(hosts), " fp_world ", fp_world, " ",
+                                    DTypeName(dtype), " slice ", slice));
+          ExpectSlicesAgree(ring, OpKind::kAllGather, dtype, ReduceOp::kSum,
+                            slice, Algorithm::kTwoLevel, "two_level", 22);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+// The payload bytes each rank sent to each peer during one reduce-scatter
+// or all-gather of `slice` float32 elements per rank with `algorithm`.
+std::vector<std::map<int, uint64_t>> SentDuringSlices(InProcRing& ring,
+                                                      OpKind kind,
+                                                      size_t slice,
+                                                      Algorithm algorithm) {
+  std::vector<std::map<int, uint64_t>> before;
+  for (int r = 0; r < ring.g; ++r) before.push_back(ring.SentBy(r));
+  ExpectSlicesAgree(ring, kind, DType::kFloat32, ReduceOp::kSum, slice,
+                    algorithm, std::string(AlgorithmName(algorithm)), 23);
+  std::vector<std::map<int, uint64_t>> sent;
+  for (int r = 0; r < ring.g; ++r) {
+    std::map<int, uint64_t> after = ring.SentBy(r);
+    for (auto& [peer, bytes] : after) bytes -= before[r][peer];
+    sent.push_back(std::move(after));
+  }
+  return sent;
+}
+
+TEST(TwoLevelSlices, OnlyTheCrossHostRingsCrossHostsWithTheirColumnOnly) {
+  for (const Hosts& hosts : Shapes()) {
+    for (OpKind kind : {OpKind::kReduceScatter, OpKind::kAllGather}) {
+      SCOPED_TRACE(absl::StrCat(Name(hosts), " ", OpKindName(kind)));
+      HostRing ring(hosts, 1024, 16);
+      const int g = ring.g;
+      const int h = static_cast<int>(hosts.size());
+      const size_t slice = 500;
+      const auto sent =
+          SentDuringSlices(ring, kind, slice, Algorithm::kTwoLevel);
+      if (::testing::Test::HasFatalFailure()) return;
+      uint64_t across = 0, total = 0;
+      for (int r = 0; r < g; ++r) {
+        const int host = HostOf(hosts, r);
+        const auto& mine = hosts[static_cast<size_t>(host)];
+        const int local = static_cast<int>(
+            std::find(mine.begin(), mine.end(), r) - mine.begin());
+        const int cross_succ = hosts[static_cast<size_t>((host + 1) % h)]
+                                    [static_cast<size_t>(local)];
+        for (auto [peer, bytes] : sent[r]) {
+          total += bytes;
+          if (HostOf(hosts, peer) == host) continue;
+          EXPECT_EQ(peer == cross_succ ? bytes : 0u, bytes)
+              << r << "->" << peer << " crosses hosts";
+          across += bytes;
+        }
+      }
+      // Each rank's cross-host ring moves H-1 slices of its column per
+      // rank; inside a host each rank moves g-1 columns of H slices.
+      EXPECT_EQ(across, static_cast<uint64_t>(g) * (h - 1) * slice * 4)
+          << "payload bytes across hosts";
+      const uint64_t per_host_ring =
+          static_cast<uint64_t>(g) * (hosts[0].size() - 1) * h * slice * 4;
+      EXPECT_EQ(total - across, per_host_ring) << "payload bytes inside hosts";
+    }
+  }
+}
+
+TEST(TwoLevelSlices, AutoTakesThemWhereHostsAllowAndRingIsKeptOnRequest) {
+  for (const auto& [hosts, usable] : UsableOrNot()) {
+    SCOPED_TRACE(Name(hosts));
+    HostRing ring(hosts, 256, 16);
+    for (OpKind kind : {OpKind::kReduceScatter, OpKind::kAllGather}) {
+      for (size_t slice : {size_t{3}, size_t{2000}}) {
+        ExpectSlicesAgree(ring, kind, DType::kFloat32, ReduceOp::kSum, slice,
+                          Algorithm::kAuto, usable ? "two_level" : "ring", 24);
+        ExpectSlicesAgree(ring, kind, DType::kInt64, ReduceOp::kSum, slice,
+                          Algorithm::kTwoLevel, usable ? "two_level" : "ring",
+                          25);
+        ExpectSlicesAgree(ring, kind, DType::kInt64, ReduceOp::kMax, slice,
+                          Algorithm::kRing, "ring", 26);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// A worker whose reduce-scatter runs the ring where this one's auto runs
+// two-level (an older version) is named before any data moves, and no
+// buffer changes.
+TEST(TwoLevelSlices, AWorkerWhoseAutoRunsTheRingIsNamedBeforeAnyDataMoves) {
+  const Hosts hosts = {{0, 1}, {2, 3}};
+  for (OpKind kind : {OpKind::kReduceScatter, OpKind::kAllGather}) {
+    SCOPED_TRACE(OpKindName(kind));
+    HostRing ring(hosts, 256, 16);
+    ring.net.SetTamper(1, [](FrameMeta& m) {
+      if (m.kind == FrameKind::kFingerprint) {
+        m.fingerprint.resolved = Algorithm::kRing;
+      }
+    });
+    std::vector<std::vector<float>> bufs(4, std::vector<float>(800, 1.0f));
+    auto results = RunRanks<absl::StatusOr<OpResult>>(4, [&](int r) {
+      HostOpBuffer b(bufs[r].data());
+      return kind == OpKind::kReduceScatter
+                 ? ring.comms[r]->ReduceScatter(b, 800, 200, DType::kFloat32,
+                                                ReduceOp::kSum,
+                                                absl::Seconds(5))
+                 : ring.comms[r]->AllGather(b, 200, 800, r, DType::kFloat32,
+                                            absl::Seconds(5));
+    });
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_FALSE(results[r].ok()) << "rank " << r;
+      EXPECT_EQ(bufs[r], std::vector<float>(800, 1.0f)) << "rank " << r;
+      if (r == 1) continue;
+      EXPECT_TRUE(absl::StrContains(results[r].status().message(),
+                                    "this rank runs two_level, rank 1 (w1, "
+                                    "inproc:1) runs ring"))
           << results[r].status();
     }
   }

@@ -56,9 +56,11 @@ struct OpOptions {
   // Deadline of the operation; zero: the worker's default (normally
   // kDefaultOpTimeout).
   absl::Duration timeout = absl::ZeroDuration();
-  // All-reduce only: kAuto lets the worker choose (recursive doubling or
-  // tree for small buffers; two-level on hosts of equal size >= 2, else the
-  // ring, for larger ones); the others force one.
+  // kAuto lets the worker choose. All-reduce: recursive doubling or tree
+  // for small buffers; two-level on hosts of equal size >= 2, else the
+  // ring, for larger ones. Reduce-scatter and all-gather: two-level on such
+  // hosts, else the ring. The others force one (a collective that does not
+  // implement it is refused, UNIMPLEMENTED).
   Algorithm algorithm = Algorithm::kAuto;
   // A collective of a group of the job's ranks (torch's new_group): the
   // job ranks in the group's order, this rank's among them; every member

@@ -5,6 +5,7 @@
 //                      --worker=ADDR,ADDR,...] [--dtype] [--op] [--json]
 //                      [--coll=allreduce|allgather|reducescatter|broadcast]
 //   halkactl allreduce --worker=ADDR [--count] [--dtype] [--op] [--check]
+//                      [--coll=allreduce|reducescatter|allgather]
 //   halkactl health    --rendezvous=ADDR --job=ID   (or --worker=ADDR)
 //                      [--json] [--watch [--interval=2s] [--watch_count=N]]
 //   halkactl healthcheck --worker=ADDR   grpc.health.v1 status (for probes)
@@ -115,7 +116,9 @@ ABSL_FLAG(std::string, coll, "allreduce",
           "bench: the collective: allreduce, allgather, reducescatter, "
           "broadcast, reduce, gather, scatter (rooted at rank 0), alltoall "
           "or sendrecv (each rank to the next, from the previous); sizes "
-          "are the whole buffer, as in nccl-tests");
+          "are the whole buffer, as in nccl-tests. allreduce: allreduce, "
+          "reducescatter (--count is the whole input, world x slice) or "
+          "allgather (--count is each rank's contribution)");
 ABSL_FLAG(int, ps_shards, 1, "bench: parameter-server shards of the embedded "
           "cluster (with --algo=ps or all)");
 ABSL_FLAG(bool, device, false,
@@ -481,14 +484,15 @@ int BenchCommand() {
 
 // allreduce's line for one operation: what ran, how, how long, what moved
 // and how many elements came out wrong.
-void PrintAllReduce(int rank, int g, const OpInfo& info, DType dtype,
-                    ReduceOp op, int64_t count, double ms, absl::Time t1,
-                    size_t wrong) {
-  std::printf("rank %d/%d: all_reduce #%llu %s x %lld %s algo=%s via %s in "
+void PrintAllReduce(int rank, int g, OpKind kind, const OpInfo& info,
+                    DType dtype, ReduceOp op, int64_t count, double ms,
+                    absl::Time t1, size_t wrong) {
+  std::printf("rank %d/%d: %s #%llu %s x %lld %s algo=%s via %s in "
               "%.2f ms (worker_ms=%.2f end_unix_ms=%.3f), sent %llu B, "
               "received %llu B, "
               "#wrong %zu\n",
-              rank, g, static_cast<unsigned long long>(info.op_seq),
+              rank, g, std::string(OpKindName(kind)).c_str(),
+              static_cast<unsigned long long>(info.op_seq),
               std::string(DTypeName(dtype)).c_str(),
               static_cast<long long>(count),
               std::string(ReduceOpName(op)).c_str(), info.algorithm.c_str(),
@@ -516,6 +520,19 @@ int AllReduceCommand() {
   if (count < 0) return Fail(absl::InvalidArgumentError("--count must be >= 0"));
   auto algo = ParseAlgorithm(absl::GetFlag(FLAGS_algo));
   if (!algo.ok()) return Fail(algo.status());
+  auto kind = ParseCollective(absl::GetFlag(FLAGS_coll));
+  if (!kind.ok()) return Fail(kind.status());
+  if (*kind != OpKind::kAllReduce && *kind != OpKind::kReduceScatter &&
+      *kind != OpKind::kAllGather) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "allreduce runs --coll=allreduce, reducescatter or allgather, not ",
+        absl::GetFlag(FLAGS_coll))));
+  }
+  const bool on_device = absl::GetFlag(FLAGS_device);
+  if (on_device && *kind != OpKind::kAllReduce) {
+    return Fail(absl::InvalidArgumentError(
+        "allreduce --device runs --coll=allreduce only"));
+  }
   absl::StatusOr<Client::Options> co = ClientOptionsFromFlags();
   if (!co.ok()) return Fail(co.status());
   auto client = Client::Connect(worker, *co);
@@ -526,17 +543,56 @@ int AllReduceCommand() {
   const int rank = info->rank;
   // Every rank generates every rank's input, so each can check the result
   // on its own.
+  const size_t n = static_cast<size_t>(count);
+  if (*kind == OpKind::kReduceScatter && n % static_cast<size_t>(g) != 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "reducescatter: --count=", n, " must be a multiple of the world (", g,
+        ")")));
+  }
   std::vector<std::vector<uint8_t>> inputs;
   for (int r = 0; r < g; ++r) {
-    inputs.push_back(MakeRankData(*dtype, *op, static_cast<size_t>(count), r, 99));
+    inputs.push_back(MakeRankData(
+        *dtype, *kind == OpKind::kAllGather ? ReduceOp::kSum : *op, n, r, 99));
   }
   OpOptions oo;
   oo.timeout = absl::GetFlag(FLAGS_timeout);
   oo.algorithm = *algo;
   const int repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
+  const size_t es = DTypeSize(*dtype);
+  const size_t slice = n / static_cast<size_t>(g);
   for (int i = 0; i < repeat; ++i) {
+    if (*kind != OpKind::kAllReduce) {
+      const std::vector<uint8_t>& in = inputs[static_cast<size_t>(rank)];
+      std::vector<uint8_t> out(
+          (*kind == OpKind::kAllGather ? n * static_cast<size_t>(g) : slice) *
+          es);
+      const absl::Time t0 = absl::Now();
+      auto res = *kind == OpKind::kAllGather
+                     ? (*client)->AllGather(in.data(), n, out.data(),
+                                            n * static_cast<size_t>(g), *dtype,
+                                            oo)
+                     : (*client)->ReduceScatter(in.data(), n, out.data(),
+                                                slice, *dtype, *op, oo);
+      const absl::Time t1 = absl::Now();
+      const double ms = absl::ToDoubleMilliseconds(t1 - t0);
+      if (!res.ok()) {
+        std::fprintf(stderr, "halkactl: rank %d: %s failed after %.0f ms: %s\n",
+                     rank, std::string(OpKindName(*kind)).c_str(), ms,
+                     res.status().ToString().c_str());
+        return 1;
+      }
+      size_t wrong = 0;
+      if (absl::GetFlag(FLAGS_check)) {
+        wrong = *kind == OpKind::kAllGather
+                    ? CheckAllGather(*dtype, inputs, out.data(), n).wrong
+                    : CheckReduceScatter(*dtype, *op, inputs, out.data(), rank,
+                                         slice).wrong;
+      }
+      PrintAllReduce(rank, g, *kind, *res, *dtype, *op, count, ms, t1, wrong);
+      if (wrong > 0) return 1;
+      continue;
+    }
     std::vector<uint8_t> buf = inputs[static_cast<size_t>(rank)];
-    const bool on_device = absl::GetFlag(FLAGS_device);
     CudaBuffer device;
     if (on_device && !buf.empty()) {
       auto d = CudaBuffer::Allocate(buf.size());
@@ -568,7 +624,7 @@ int AllReduceCommand() {
       wrong = CheckAllReduce(*dtype, *op, inputs, buf.data(),
                              static_cast<size_t>(count)).wrong;
     }
-    PrintAllReduce(rank, g, *res, *dtype, *op, count, ms, t1, wrong);
+    PrintAllReduce(rank, g, *kind, *res, *dtype, *op, count, ms, t1, wrong);
     if (wrong > 0) return 1;
   }
   return 0;

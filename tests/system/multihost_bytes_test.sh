@@ -22,6 +22,10 @@
 #               (one per local position, over 1/g of the buffer each),
 #               all-gather inside each host: each host sends
 #               F2 = N * 2(H-1)/H * S, within [F2, 1.08 F2]
+#   slices      the same job, reduce-scatter and all-gather of the same
+#               whole buffer: on the flat ring each host sends one edge's
+#               FR = N * (G-1)/G * S, two-level FS = N * (H-1)/H * S, each
+#               within [1.00, 1.08] of it
 #   auto        the same job, --algo=auto: two-level (above 64 KiB on hosts
 #               of equal g >= 2), the same F2
 #   tree        the same job, --algo=tree: a host's workers to its leader
@@ -104,25 +108,33 @@ tx_bytes() {  # tx_bytes HOST: what the host's NIC has sent so far
   ip netns exec "${P}h$1" cat /sys/class/net/eth0/statistics/tx_bytes
 }
 
-# allreduce_all NAME REPEAT [ALGO]: every rank runs REPEAT checked all-reduces
-# (ALGO, default ring) at once; fails unless each rank printed REPEAT lines
-# with #wrong 0.
+# allreduce_all NAME REPEAT [ALGO [COLL]]: every rank runs REPEAT checked
+# collectives (COLL: allreduce, default, reducescatter or allgather of the
+# same whole buffer; ALGO, default ring) at once; fails unless each rank
+# printed REPEAT lines with #wrong 0.
 allreduce_all() {
-  local r h names=() algo=${3:-ring}
+  local r h names=() algo=${3:-ring} coll=${4:-allreduce} count=$COUNT kind ran
+  case $coll in
+    allreduce) kind=all_reduce ;;
+    reducescatter) kind=reduce_scatter ;;
+    allgather) kind=all_gather; count=$(( COUNT / G )) ;;
+  esac
   for (( r = 0; r < G; ++r )); do
     h=$(host_of $r)
     run_bg "$1.r$r" ip netns exec "${P}h$h" timeout --foreground -s KILL 170 \
       "$CTL_BIN" allreduce --worker="$(addr_host $h):$(port_of $r)" --algo="$algo" \
-      --count=$COUNT --dtype=float32 --op=sum --repeat="$2" --timeout=60s \
-      --transfer=shm --check=true
+      --coll="$coll" --count=$count --dtype=float32 --op=sum --repeat="$2" \
+      --timeout=60s --transfer=shm --check=true
     names+=("$1.r$r")
   done
   wait_bg 180 "${names[@]}"
   for (( r = 0; r < G; ++r )); do
     [[ "$(bg_rc "$1.r$r")" == 0 ]] ||
-      fail "$1: halkactl allreduce on rank $r exited $(bg_rc "$1.r$r"): $(tail -n 5 "$SYS_LOG/$1.r$r.err" "$SYS_LOG/$1.r$r.out")"
-    assert_eq "$(grep -cE "^rank $r/$G: all_reduce #[0-9]+ .*#wrong 0\$" "$SYS_LOG/$1.r$r.out")" \
-      "$2" "$1: rank $r's all_reduce lines with #wrong 0"
+      fail "$1: halkactl allreduce --coll=$coll on rank $r exited $(bg_rc "$1.r$r"): $(tail -n 5 "$SYS_LOG/$1.r$r.err" "$SYS_LOG/$1.r$r.out")"
+    ran=$algo
+    [[ $algo == auto ]] && ran='[a-z_]+'
+    assert_eq "$(grep -cE "^rank $r/$G: $kind #[0-9]+ .* algo=$ran .*#wrong 0\$" "$SYS_LOG/$1.r$r.out")" \
+      "$2" "$1: rank $r's $kind lines with algo=$algo and #wrong 0"
   done
 }
 # run_job TAG HOST_ID_MODE: G workers (rank r on host r mod H), one warm-up
@@ -146,14 +158,14 @@ run_job() {
   measure "$tag" ring
   JOB=$job
 }
-# measure TAG ALGO: one warm-up all-reduce (opens every link it uses), then
-# REPEAT timed ones; sets TX[h] and OP_MS.
+# measure TAG ALGO [COLL]: one warm-up collective (opens every link it
+# uses), then REPEAT timed ones; sets TX[h] and OP_MS.
 measure() {
-  local tag=$1 algo=$2 h before=() t0
-  allreduce_all "$tag.warm" 1 "$algo"
+  local tag=$1 algo=$2 coll=${3:-allreduce} h before=() t0
+  allreduce_all "$tag.warm" 1 "$algo" "$coll"
   for (( h = 0; h < H; ++h )); do before[h]=$(tx_bytes $h); done
   t0=$(now_ns)
-  allreduce_all "$tag.timed" "$REPEAT" "$algo"
+  allreduce_all "$tag.timed" "$REPEAT" "$algo" "$coll"
   OP_MS=$(awk -v ms="$(ms_since "$t0")" -v n="$REPEAT" 'BEGIN { printf "%.1f", ms / n }')
   for (( h = 0; h < H; ++h )); do TX[h]=$(( $(tx_bytes $h) - before[h] )); done
 }
@@ -192,6 +204,18 @@ if (( PER >= 2 )); then
   measure hostorder.auto auto
   log "auto: $REPEAT all-reduces of $MIB MiB, $OP_MS ms each (wall, every rank)"
   expect_tx "auto (two-level)" "$F2" "2(H-1)/H of the buffer"
+  # Reduce-scatter and all-gather of the same whole buffer: two-level sends
+  # (H-1)/H of it per host (the flat ring in host order: (G-1)/G).
+  FS=$(( REPEAT * (H - 1) * BYTES / H ))
+  FR=$(( REPEAT * (G - 1) * BYTES / G ))
+  for coll in reducescatter allgather; do
+    measure "hostorder.$coll.ring" ring "$coll"
+    log "ring $coll: $REPEAT of $MIB MiB, $OP_MS ms each (wall, every rank)"
+    expect_tx "ring $coll" "$FR" "(G-1)/G of the buffer"
+    measure "hostorder.$coll" two_level "$coll"
+    log "two-level $coll: $REPEAT of $MIB MiB, $OP_MS ms each (wall, every rank)"
+    expect_tx "two-level $coll" "$FS" "(H-1)/H of the buffer"
+  done
 fi
 # The tree: host h's leader sends the buffer up to its parent (h > 0) and
 # down to each child host (2h+1, 2h+2 < H); nothing else leaves a host.
@@ -218,4 +242,4 @@ for (( h = 0; h < H; ++h )); do
     fail "rank order: host $h sent $q x one edge's bytes (want >= $PER: the control must show g crossing edges)"
 done
 
-echo "PASS: $H hosts x $PER workers: host-ordered rings send one ring edge per host across hosts (rank order: $PER; two-level and auto: 2(H-1)/H of the buffer; tree: the buffer once per tree edge)"
+echo "PASS: $H hosts x $PER workers: host-ordered rings send one ring edge per host across hosts (rank order: $PER; two-level and auto: 2(H-1)/H of the buffer, its reduce-scatter and all-gather (H-1)/H; tree: the buffer once per tree edge)"

@@ -457,10 +457,94 @@ BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
   return row;
 }
 
-std::string BenchHeader() {
-  return absl::StrFormat("%12s %12s %9s %6s %6s %12s %9s %9s %7s", "size",
-                         "count", "type", "redop", "algo", "time(us)",
-                         "algbw", "busbw", "#wrong");
+std::string BenchHeader(bool with_model) {
+  std::string h = absl::StrFormat("%12s %12s %9s %6s %6s %12s %9s %9s %7s",
+                                  "size", "count", "type", "redop", "algo",
+                                  "time(us)", "algbw", "busbw", "#wrong");
+  if (with_model) {
+    absl::StrAppend(&h, absl::StrFormat("  %10s %8s  %-18s %10s", "model(us)",
+                                        "meas/mod", "model_best",
+                                        "best(us)"));
+  }
+  return h;
+}
+
+absl::StatusOr<BenchModel> ProbeBenchModel(const std::vector<Client*>& clients,
+                                           const BenchOptions& options) {
+  BenchModel m;
+  auto info = clients.at(0)->Info();
+  if (!info.ok()) return info.status();
+  m.shape.world = info->world_size;
+  std::vector<std::string> hosts;
+  for (const Member& member : info->members) {
+    if (member.host.empty()) {
+      hosts.clear();
+      m.shape.host_sizes.clear();
+      break;
+    }
+    auto at = std::find(hosts.begin(), hosts.end(), member.host);
+    if (at == hosts.end()) {
+      hosts.push_back(member.host);
+      m.shape.host_sizes.push_back(1);
+    } else {
+      ++m.shape.host_sizes[static_cast<size_t>(at - hosts.begin())];
+    }
+  }
+  // alpha: an 8-byte sendrecv (every rank to the next at once: the slowest
+  // edge); B: 4 MiB less alpha.
+  BenchOptions probe = options;
+  probe.check = true;
+  const size_t big = size_t{4} << 20;
+  double t[2] = {0, 0};
+  const size_t sizes[2] = {8, big};
+  for (int i = 0; i < 2; ++i) {
+    probe.iterations = i == 0 ? 20 : 5;
+    probe.warmup = i == 0 ? 3 : 1;
+    BenchCase c{sizes[i], DType::kFloat32, ReduceOp::kSum, Algorithm::kAuto,
+                OpKind::kSend};
+    BenchRow row = RunBenchCase(clients, c, probe);
+    if (!row.error.empty() || row.wrong > 0) {
+      return absl::InternalError(absl::StrCat(
+          "the model's sendrecv probe of ", sizes[i], " bytes failed: ",
+          row.error.empty() ? absl::StrCat(row.wrong, " wrong") : row.error));
+    }
+    t[i] = row.time_us * 1e-6;
+  }
+  if (t[1] <= t[0]) {
+    return absl::InternalError(absl::StrFormat(
+        "the model's probe is not usable: 4 MiB took %.1f us, 8 B %.1f us",
+        t[1] * 1e6, t[0] * 1e6));
+  }
+  m.links.net.alpha_s = t[0];
+  m.links.net.bytes_per_s = static_cast<double>(big) / (t[1] - t[0]);
+  m.links.local = m.links.net;
+  m.how = absl::StrCat(
+      "model: ", m.shape.world, " ranks",
+      m.shape.host_sizes.empty()
+          ? std::string(", hosts not known")
+          : absl::StrCat(" on ", m.shape.hosts(), " host",
+                         m.shape.hosts() == 1 ? "" : "s"),
+      "; one level probed by sendrecv around the ring (8 B: alpha, 4 MiB: B), "
+      "used for links inside and between hosts: ",
+      DescribeLevel(m.links.net));
+  return m;
+}
+
+void ApplyModel(const BenchModel& model, int world_size, BenchRow& row) {
+  RingShape shape = model.shape;
+  shape.world = world_size;
+  const double bytes =
+      static_cast<double>(row.count * DTypeSize(row.c.dtype));
+  absl::StatusOr<Algorithm> ran = ParseAlgorithm(row.algorithm);
+  if (ran.ok()) {
+    if (auto t = PredictSeconds(shape, row.c.kind, *ran, bytes, model.links)) {
+      row.model_us = *t * 1e6;
+    }
+  }
+  if (auto best = BestByModel(shape, row.c.kind, bytes, model.links)) {
+    row.model_best = std::string(AlgorithmName(best->algorithm));
+    row.model_best_us = best->seconds * 1e6;
+  }
 }
 
 namespace {
@@ -475,17 +559,31 @@ absl::string_view RedopName(const BenchCase& c) {
 
 }  // namespace
 
-std::string FormatBenchRow(const BenchRow& row) {
+std::string FormatBenchRow(const BenchRow& row, bool with_model) {
   if (!row.error.empty()) {
     return absl::StrFormat("%12d %12d %9s %6s %6s  FAILED: %s", row.c.bytes,
                            row.count, DTypeName(row.c.dtype),
                            RedopName(row.c), row.algorithm, row.error);
   }
-  return absl::StrFormat("%12d %12d %9s %6s %6s %12.1f %9.3f %9.3f %7d",
-                         row.count * DTypeSize(row.c.dtype), row.count,
-                         DTypeName(row.c.dtype), RedopName(row.c),
-                         row.algorithm, row.time_us, row.algbw_gbs,
-                         row.busbw_gbs, row.wrong);
+  std::string line = absl::StrFormat(
+      "%12d %12d %9s %6s %6s %12.1f %9.3f %9.3f %7d",
+      row.count * DTypeSize(row.c.dtype), row.count, DTypeName(row.c.dtype),
+      RedopName(row.c), row.algorithm, row.time_us, row.algbw_gbs,
+      row.busbw_gbs, row.wrong);
+  if (with_model) {
+    const bool predicted = row.model_us > 0;
+    absl::StrAppend(
+        &line,
+        absl::StrFormat(
+            "  %10s %8s  %-18s %10s",
+            predicted ? absl::StrFormat("%.1f", row.model_us) : "-",
+            predicted ? absl::StrFormat("%.2f", row.time_us / row.model_us)
+                      : "-",
+            row.model_best.empty() ? "-" : row.model_best,
+            row.model_best_us >= 0 ? absl::StrFormat("%.1f", row.model_best_us)
+                                   : "-"));
+  }
+  return line;
 }
 
 std::string BenchRowJson(const BenchRow& row, int world_size) {
@@ -494,11 +592,13 @@ std::string BenchRowJson(const BenchRow& row, int world_size) {
       "\"redop\":\"%s\","
       "\"algo\":\"%s\",\"world_size\":%d,\"time_us\":%.3f,\"algbw_gbs\":%.6f,"
       "\"busbw_gbs\":%.6f,\"wrong\":%d,\"bytes_sent_rank0\":%d,"
+      "\"model_us\":%.3f,\"model_best\":\"%s\",\"model_best_us\":%.3f,"
       "\"error\":\"%s\"}",
       CollectiveName(row.c.kind),
       row.count * DTypeSize(row.c.dtype), row.count, DTypeName(row.c.dtype),
       RedopName(row.c), row.algorithm, world_size, row.time_us,
-      row.algbw_gbs, row.busbw_gbs, row.wrong, row.bytes_sent,
+      row.algbw_gbs, row.busbw_gbs, row.wrong, row.bytes_sent, row.model_us,
+      row.model_best, row.model_best_us,
       absl::StrReplaceAll(row.error, {{"\\", "\\\\"}, {"\"", "\\\""}}));
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/cost_model.h"
 #include "halka/client.h"
 
 namespace halka {
@@ -62,15 +63,34 @@ struct BenchRow {
   uint64_t bytes_sent = 0; // by rank 0, one operation
   uint64_t bytes_received = 0;
   std::string error;       // non-empty when the operation failed
+  // With a model (--model): what it predicts for the algorithm that ran,
+  // and the algorithm it would pick with its prediction (< 0: none).
+  double model_us = -1;
+  std::string model_best;
+  double model_best_us = -1;
 };
+
+// The latency-bandwidth model a bench compares with (--model): the ring's
+// shape from the workers' membership (hosts as the members name them) and
+// the links' alpha and B, probed by sendrecv around the ring (8 B, then
+// 4 MiB): one level, the ring's slowest edge, used for both levels.
+struct BenchModel {
+  RingShape shape;
+  LinkModel links;
+  std::string how;  // one line: what was probed, the values
+};
+absl::StatusOr<BenchModel> ProbeBenchModel(const std::vector<Client*>& clients,
+                                           const BenchOptions& options);
+// Fills row.model_us, model_best and model_best_us.
+void ApplyModel(const BenchModel& model, int world_size, BenchRow& row);
 
 // Runs one case on every client (one per rank, in rank order).
 BenchRow RunBenchCase(const std::vector<Client*>& clients, const BenchCase& c,
                       const BenchOptions& options);
 
-// nccl-tests-style table.
-std::string BenchHeader();
-std::string FormatBenchRow(const BenchRow& row);
+// nccl-tests-style table; with_model: the model's columns after #wrong.
+std::string BenchHeader(bool with_model = false);
+std::string FormatBenchRow(const BenchRow& row, bool with_model = false);
 std::string BenchRowJson(const BenchRow& row, int world_size);
 
 // "8", "1K", "64M", "1G" -> bytes. INVALID_ARGUMENT otherwise.

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,11 @@
 #include "seal/wire_seal.h"
 
 ABSL_FLAG(int, workers, 4, "embedded cluster size (demo, bench)");
+ABSL_FLAG(bool, model, false,
+          "bench: probe the links (sendrecv around the ring, 8 B and 4 MiB) "
+          "and print the latency-bandwidth model's prediction for the "
+          "algorithm that ran next to the measured time, and the algorithm "
+          "the model would pick (docs/scaling.md)");
 ABSL_FLAG(int, hosts, 0,
           "bench: the embedded workers name this many hosts, rank r host "
           "'h<r mod H>' (--host_id), so that the ring runs in host order and "
@@ -207,6 +213,13 @@ absl::Status UseCertificates(const std::string& dir, LocalCluster::Options& lo) 
 int Bench(const std::vector<Client*>& clients, const std::vector<BenchCase>& cases,
           const BenchOptions& options, bool json) {
   const int g = static_cast<int>(clients.size());
+  std::optional<BenchModel> model;
+  if (absl::GetFlag(FLAGS_model)) {
+    absl::StatusOr<BenchModel> m = ProbeBenchModel(clients, options);
+    if (!m.ok()) return Fail(m.status());
+    model = std::move(*m);
+    if (!json) std::printf("# %s\n", model->how.c_str());
+  }
   if (!json && !cases.empty()) {
     const OpKind kind = cases[0].kind;
     const char* factor =
@@ -218,7 +231,7 @@ int Bench(const std::vector<Client*>& clients, const std::vector<BenchCase>& cas
                 CollectiveName(kind).c_str(), g,
                 options.iterations,
                 options.warmup, factor);
-    std::printf("%s\n", BenchHeader().c_str());
+    std::printf("%s\n", BenchHeader(model.has_value()).c_str());
   }
   int bad = 0;
   for (const BenchCase& c : cases) {
@@ -229,12 +242,13 @@ int Bench(const std::vector<Client*>& clients, const std::vector<BenchCase>& cas
                    std::string(ReduceOpName(c.op)).c_str());
     }
     BenchRow row = RunBenchCase(clients, c, options);
+    if (model.has_value() && row.error.empty()) ApplyModel(*model, g, row);
     if (!row.error.empty() || row.wrong > 0) ++bad;
     if (json) {
       std::printf("%s\n", BenchRowJson(row, g).c_str());
     } else {
       if (live) std::fprintf(stderr, "%60s\r", "");
-      std::printf("%s\n", FormatBenchRow(row).c_str());
+      std::printf("%s\n", FormatBenchRow(row, model.has_value()).c_str());
     }
     std::fflush(stdout);
   }

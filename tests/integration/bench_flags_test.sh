@@ -6,6 +6,10 @@
 # TLS); --shm_spin_us runs right too. Refused with a clear error: --tls_dir
 # without --tls, a directory without the certificates, --shm_spin_us out
 # of 0-1000, and either flag with --worker (external workers).
+# --hosts=H: the embedded workers name H hosts and auto runs two_level on
+# them; --model: the probe's line, and on every row the model's prediction
+# for the algorithm that ran (its ratio to the measured time) and the
+# algorithm it would pick.
 set -euo pipefail
 halkactl=$1
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -46,6 +50,26 @@ out=$(timeout 120 "$halkactl" bench --workers=2 -b 4K -e 64K -f 16 -n 20 -w 2 \
   fail "wrong elements with --shm_spin_us: $out"
 echo "ok: --shm_spin_us=50 runs right"
 
+out=$(timeout 120 "$halkactl" bench --workers=4 --hosts=2 --model -b 4K -e 1M \
+        -f 16 -n 5 -w 1 --algo=ring,auto --shm_links=false 2>"$dir/log") ||
+  fail "bench --hosts=2 --model exited $?: $(tail -5 "$dir/log")"
+grep -qE '^# model: 4 ranks on 2 hosts; .*alpha [0-9.]+ us, B [0-9.]+ GB/s$' \
+  <<<"$out" || fail "no model line: $out"
+grep -qE '^ +size .*#wrong +model\(us\) meas/mod +model_best +best\(us\)$' \
+  <<<"$out" || fail "no model columns in the header: $out"
+rows=$(awk '$1 ~ /^[0-9]+$/' <<<"$out")
+(( $(wc -l <<<"$rows") == 6 )) || fail "rows: $out"
+# size count type redop algo time algbw busbw #wrong model ratio best best_us
+(( $(awk 'NF == 13 && $9 == 0 && $10 > 0 && $11 > 0 && $13 > 0' <<<"$rows" | wc -l) == 6 )) ||
+  fail "rows without a prediction, or wrong: $rows"
+# auto on 2 hosts of 2: two_level above 64 KiB (the 1 MiB row), and the
+# model's pick is one of the algorithms an all-reduce has.
+[[ $(awk '$1 == 1048576 && NR % 2 == 0 {print $5}' <<<"$rows") == two_level ]] ||
+  fail "auto at 1 MiB on 2 hosts did not run two_level: $rows"
+(( $(awk '$12 !~ /^(ring|recursive_doubling|tree|naive|two_level)$/' <<<"$rows" | wc -l) == 0 )) ||
+  fail "the model picked no all-reduce algorithm: $rows"
+echo "ok: --hosts=2 --model: $(grep '^# model' <<<"$out")"
+
 refused() {  # refused WHAT EXPECTED-TEXT ARGS...
   local what=$1 text=$2
   shift 2
@@ -60,3 +84,4 @@ refused "--shm_spin_us with --worker" "set up the embedded cluster" \
   --worker=127.0.0.1:1 --shm_spin_us=20
 refused "--tls_dir with --worker" "set up the embedded cluster" \
   --worker=127.0.0.1:1 --tls --tls_dir="$dir/certs"
+refused "--hosts above --workers" "must be in \[0, --workers=2\]" --workers=2 --hosts=3

@@ -1,0 +1,168 @@
+// The latency-bandwidth model (core/cost_model.h) against figures worked
+// out by hand from docs/scaling.md's table: each algorithm's steps and
+// bytes, the level a flat algorithm moves at, two-level's two levels, what
+// the model cannot predict, and the choice it makes as alpha or the size
+// changes.
+#include "core/cost_model.h"
+
+#include "core/frame.h"
+#include "gtest/gtest.h"
+
+namespace halka {
+namespace {
+
+constexpr double kTol = 1e-12;
+
+LinkModel OneLevel(double alpha_s, double bytes_per_s) {
+  LinkModel m;
+  m.local = LevelCost{alpha_s, bytes_per_s};
+  m.net = m.local;
+  return m;
+}
+
+// Inside a host: 1 us, 10 GB/s; between hosts: 100 us, 1 GB/s.
+LinkModel TwoLevels() {
+  LinkModel m;
+  m.local = LevelCost{1e-6, 1e10};
+  m.net = LevelCost{1e-4, 1e9};
+  return m;
+}
+
+double Predict(const RingShape& shape, OpKind kind, Algorithm a, double s,
+               const LinkModel& m) {
+  std::optional<double> t = PredictSeconds(shape, kind, a, s, m);
+  EXPECT_TRUE(t.has_value()) << AlgorithmName(a);
+  return t.value_or(-1);
+}
+
+TEST(CostModel, FlatAllReducesOnOneHost) {
+  const RingShape one_host{4, {4}};
+  const LinkModel m = OneLevel(10e-6, 1e9);
+  const double s = 4e6;
+  // 2(G-1) steps of S/G.
+  EXPECT_NEAR(Predict(one_host, OpKind::kAllReduce, Algorithm::kRing, s, m),
+              6 * (10e-6 + 1e6 / 1e9), kTol);
+  // log2 4 = 2 swaps of the whole buffer.
+  EXPECT_NEAR(Predict(one_host, OpKind::kAllReduce,
+                      Algorithm::kRecursiveDoubling, s, m),
+              2 * (10e-6 + 4e6 / 1e9), kTol);
+  // One hop, G-1 copies through one link.
+  EXPECT_NEAR(Predict(one_host, OpKind::kAllReduce, Algorithm::kNaive, s, m),
+              10e-6 + 3 * 4e6 / 1e9, kTol);
+  // A binary tree of 4: 2 ceil(log2 4) hops, an inner node's link 3 S.
+  EXPECT_NEAR(Predict(one_host, OpKind::kAllReduce, Algorithm::kTree, s, m),
+              4 * 10e-6 + 3 * 4e6 / 1e9, kTol);
+  // 6 ranks: 4 is the largest power of two; 2 swaps and the fold in and out.
+  EXPECT_NEAR(Predict(RingShape{6, {6}}, OpKind::kAllReduce,
+                      Algorithm::kRecursiveDoubling, s, m),
+              4 * (10e-6 + 4e6 / 1e9), kTol);
+  // One rank: nothing moves.
+  EXPECT_EQ(Predict(RingShape{1, {1}}, OpKind::kAllReduce, Algorithm::kRing,
+                    s, m),
+            0.0);
+}
+
+TEST(CostModel, FlatAlgorithmsOnSeveralHostsMoveAtTheNetLevel) {
+  const RingShape hosts{4, {2, 2}};
+  const LinkModel m = TwoLevels();
+  EXPECT_NEAR(Predict(hosts, OpKind::kAllReduce, Algorithm::kRing, 4e6, m),
+              6 * (1e-4 + 1e6 / 1e9), kTol);
+  // On one host the same ring moves at the local level.
+  EXPECT_NEAR(Predict(RingShape{4, {4}}, OpKind::kAllReduce, Algorithm::kRing,
+                      4e6, m),
+              6 * (1e-6 + 1e6 / 1e10), kTol);
+  // Hosts not known, a model of one level (the net's): that level.
+  LinkModel net_only;
+  net_only.net = m.net;
+  EXPECT_NEAR(Predict(RingShape{4, {}}, OpKind::kAllReduce, Algorithm::kRing,
+                      4e6, net_only),
+              6 * (1e-4 + 1e6 / 1e9), kTol);
+}
+
+TEST(CostModel, TwoLevelAllReduceAndItsSlices) {
+  const LinkModel m = TwoLevels();
+  const double s = 4e6;
+  // 2 x 2: 2(g-1) steps of S/g inside, 2(H-1) steps of S/H across.
+  EXPECT_NEAR(Predict(RingShape{4, {2, 2}}, OpKind::kAllReduce,
+                      Algorithm::kTwoLevel, s, m),
+              2 * (1e-6 + 2e6 / 1e10) + 2 * (1e-4 + 2e6 / 1e9), kTol);
+  // 2 x 4 reduce-scatter and all-gather: g-1 steps of a column (S/g)
+  // inside, H-1 steps of S/H across.
+  for (OpKind kind : {OpKind::kReduceScatter, OpKind::kAllGather}) {
+    EXPECT_NEAR(Predict(RingShape{8, {4, 4}}, kind, Algorithm::kTwoLevel, s, m),
+                3 * (1e-6 + 1e6 / 1e10) + 1 * (1e-4 + 2e6 / 1e9), kTol);
+    EXPECT_NEAR(Predict(RingShape{8, {4, 4}}, kind, Algorithm::kRing, s, m),
+                7 * (1e-4 + 0.5e6 / 1e9), kTol);
+  }
+  // Where two-level cannot run it runs, and is predicted as, the ring.
+  const RingShape uneven{4, {3, 1}};
+  EXPECT_EQ(Predict(uneven, OpKind::kAllReduce, Algorithm::kTwoLevel, s, m),
+            Predict(uneven, OpKind::kAllReduce, Algorithm::kRing, s, m));
+  EXPECT_FALSE(uneven.two_level_usable());
+  EXPECT_TRUE((RingShape{6, {3, 3}}).two_level_usable());
+  // The tree on hosts: 2 hops to and from the leader inside, 2 ceil(log2 H)
+  // across, H = 2: the root's one child, S each way.
+  EXPECT_NEAR(Predict(RingShape{4, {2, 2}}, OpKind::kAllReduce,
+                      Algorithm::kTree, s, m),
+              2 * 1e-4 + 4e6 / 1e9 + 2 * 1e-6 + 4e6 / 1e10, kTol);
+}
+
+TEST(CostModel, WhatItCannotPredictIsSaid) {
+  const LinkModel m = TwoLevels();
+  const RingShape hosts{4, {2, 2}};
+  EXPECT_FALSE(PredictSeconds(hosts, OpKind::kAllReduce,
+                              Algorithm::kParameterServer, 1e6, m));
+  EXPECT_FALSE(PredictSeconds(hosts, OpKind::kGather, Algorithm::kNaive, 1e6, m));
+  EXPECT_FALSE(
+      PredictSeconds(hosts, OpKind::kReduceScatter, Algorithm::kTree, 1e6, m));
+  // Two-level needs both levels.
+  LinkModel net_only;
+  net_only.net = m.net;
+  EXPECT_FALSE(PredictSeconds(hosts, OpKind::kAllReduce, Algorithm::kTwoLevel,
+                              1e6, net_only));
+  EXPECT_FALSE(PredictSeconds(hosts, OpKind::kAllReduce, Algorithm::kRing, 1e6,
+                              LinkModel{}));
+  EXPECT_FALSE(BestByModel(hosts, OpKind::kAllReduce, 1e6, LinkModel{}));
+  EXPECT_EQ(DescribeLevel(LevelCost{}), "not known");
+  EXPECT_EQ(DescribeLevel(m.net), "alpha 100.0 us, B 1.000 GB/s");
+}
+
+TEST(CostModel, TheChoiceFollowsSizeAndLatency) {
+  const LinkModel m = TwoLevels();
+  const RingShape hosts{8, {4, 4}};
+  // Large buffers on hosts: two-level (the least through the NIC).
+  auto big = BestByModel(hosts, OpKind::kAllReduce, 64e6, m);
+  ASSERT_TRUE(big.has_value());
+  EXPECT_EQ(big->algorithm, Algorithm::kTwoLevel);
+  EXPECT_NEAR(big->seconds,
+              *PredictSeconds(hosts, OpKind::kAllReduce, Algorithm::kTwoLevel,
+                              64e6, m),
+              kTol);
+  // Small ones: the fewest network steps: naive's one hop (against the
+  // tree's and two-level's 2, recursive doubling's 3 at the net level).
+  auto small = BestByModel(hosts, OpKind::kAllReduce, 64, m);
+  ASSERT_TRUE(small.has_value());
+  EXPECT_EQ(small->algorithm, Algorithm::kNaive);
+  // With cheap hops and a mid-size buffer, two-level's S/H across beats
+  // naive's (G-1) S through one link.
+  EXPECT_EQ(BestByModel(hosts, OpKind::kAllReduce, 1e6, m)->algorithm,
+            Algorithm::kTwoLevel);
+  // One host, cheap latency, large buffer: the ring; tiny buffer: a
+  // one-hop or log2 G algorithm, never the ring's 2(G-1) steps.
+  const RingShape one{8, {8}};
+  EXPECT_EQ(BestByModel(one, OpKind::kAllReduce, 64e6, OneLevel(1e-6, 1e9))
+                ->algorithm,
+            Algorithm::kRing);
+  const Algorithm tiny =
+      BestByModel(one, OpKind::kAllReduce, 8, OneLevel(50e-6, 1e9))->algorithm;
+  EXPECT_NE(tiny, Algorithm::kRing);
+  EXPECT_EQ(tiny, Algorithm::kNaive);  // one hop of 8 bytes
+  // Slices on hosts: two-level; without hosts: the ring.
+  EXPECT_EQ(BestByModel(hosts, OpKind::kReduceScatter, 1e6, m)->algorithm,
+            Algorithm::kTwoLevel);
+  EXPECT_EQ(BestByModel(RingShape{8, {}}, OpKind::kAllGather, 1e6, m)->algorithm,
+            Algorithm::kRing);
+}
+
+}  // namespace
+}  // namespace halka

@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include "core/cost_model.h"
+
 namespace halka {
 namespace {
 
@@ -166,6 +168,13 @@ RingHealth ToRingHealth(const v1::RingHealth& r) {
   h.ring_order.assign(r.ring_order().begin(), r.ring_order().end());
   for (const v1::HostGroup& g : r.hosts()) {
     h.hosts.push_back(HostGroup{g.host(), {g.ranks().begin(), g.ranks().end()}});
+  }
+  if (r.has_link_model()) {
+    const v1::LinkModel& lm = r.link_model();
+    LinkModel m;
+    m.local = LevelCost{lm.local_alpha_us() * 1e-6, lm.local_bytes_per_s()};
+    m.net = LevelCost{lm.net_alpha_us() * 1e-6, lm.net_bytes_per_s()};
+    h.link_model = DescribeLinkModel(m);
   }
   return h;
 }

@@ -20,6 +20,12 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   TuneProcessForStreaming();
   // The workers get this cluster's configuration as their own
   // (WorkerOptions::security); the rendezvous and shards, the process's.
+  std::optional<LinkModel> link_model;
+  if (!options.link_model.empty()) {
+    absl::StatusOr<LinkModel> m = ParseLinkModel(options.link_model);
+    if (!m.ok()) return m.status();
+    link_model = *m;
+  }
   std::optional<SecurityConfig> security;
   if (!options.tls_cert.empty() || !options.tls_key.empty() ||
       !options.tls_ca.empty() || !options.job_token.empty()) {
@@ -36,6 +42,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   RendezvousOptions ro;
   ro.heartbeat_interval = options.heartbeat_interval;
   ro.heartbeat_timeout = options.heartbeat_timeout;
+  ro.link_model = link_model;
   auto rv = RendezvousServer::Start("127.0.0.1:0", ro,
                                     options.metrics ? -1 : 0);
   if (!rv.ok()) return rv.status();

@@ -6,10 +6,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/time/time.h"
+#include "core/cost_model.h"
 #include "core/frame.h"
 
 namespace halka {
@@ -50,6 +52,11 @@ struct CommConfig {
   // cost less than the ring's 2(G-1) steps of 1/G of it there
   // (docs/performance.md: G = 2-8, 128-256 KiB, TCP and same-host).
   size_t doubling_bytes = 256 << 10;
+  // The job's link model (Membership.link_model), the same on every rank:
+  // set, AUTO all-reduces, reduce-scatters and all-gathers run the
+  // algorithm it predicts fastest among those that may run here
+  // (ResolveAlgorithm); unset, the rules above.
+  std::optional<LinkModel> link_model;
   // FOR TESTS ONLY: sleeps this long per received data chunk while reducing
   // it, to make this rank a straggler on purpose (worker flag
   // --test_reduce_delay).

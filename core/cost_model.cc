@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 
 namespace halka {
 namespace {
@@ -31,10 +34,19 @@ const LevelCost* FlatLevel(const RingShape& shape, const LinkModel& m) {
   return nullptr;
 }
 
-// What the busiest link of a binary tree of n nodes carries, in buffers
-// each way: the root of 2 nodes has one child (1), of 3 two (2); from 4
-// on an inner node has a parent and two children (3).
-double TreeLoad(int n) { return n <= 2 ? 1.0 : (n == 3 ? 2.0 : 3.0); }
+// What the busiest link of a binary tree of n nodes (node i's children
+// 2i+1, 2i+2, as tree.cc) carries, in buffers each way: the root of 2
+// nodes has one child (1); of 3 or 4 the root has two children, node 1 a
+// parent and at most one child (2); from 5 on node 1 has a parent and two
+// children (3).
+double TreeLoad(int n) { return n <= 2 ? 1.0 : (n <= 4 ? 2.0 : 3.0); }
+
+int Widest(const RingShape& shape) {
+  return shape.host_sizes.empty()
+             ? 1
+             : *std::max_element(shape.host_sizes.begin(),
+                                 shape.host_sizes.end());
+}
 
 std::optional<double> AllReduce(const RingShape& shape, Algorithm algorithm,
                                 double s, const LinkModel& m) {
@@ -52,11 +64,27 @@ std::optional<double> AllReduce(const RingShape& shape, Algorithm algorithm,
       if (flat == nullptr) return std::nullopt;
       const int p = 1 << FloorLog2(g_world);
       const int steps = FloorLog2(g_world) + (p == g_world ? 0 : 2);
-      return steps * flat->Message(s);
+      if (shape.hosts() < 2) return steps * flat->Message(s);
+      // Partners by ring position: with g a power of two, the first
+      // log2 g rounds stay inside the host; every later round (and the
+      // fold in and out) sends g whole buffers through each host's NIC.
+      const int g = shape.per_host();
+      const int inside =
+          g >= 2 && (g & (g - 1)) == 0 && m.local.known() ? FloorLog2(g) : 0;
+      const int nic = std::max(Widest(shape), 1);
+      return inside * m.local.Message(s) +
+             (steps - inside) * (flat->alpha_s + nic * s / flat->bytes_per_s);
     }
-    case Algorithm::kNaive:
+    case Algorithm::kNaive: {
       if (flat == nullptr) return std::nullopt;
-      return flat->alpha_s + (g_world - 1) * s / flat->bytes_per_s;
+      // One hop; each rank's G-1 copies, of which a host's NIC carries
+      // g (G-g) (its g ranks' copies for the other hosts).
+      const int g = Widest(shape);
+      const double copies =
+          shape.hosts() < 2 ? g_world - 1.0
+                            : static_cast<double>(g) * (g_world - g);
+      return flat->alpha_s + copies * s / flat->bytes_per_s;
+    }
     case Algorithm::kTree: {
       if (shape.hosts() < 2) {
         if (flat == nullptr) return std::nullopt;
@@ -66,8 +94,7 @@ std::optional<double> AllReduce(const RingShape& shape, Algorithm algorithm,
       if (!m.net.known()) return std::nullopt;
       double t = 2.0 * CeilLog2(shape.hosts()) * m.net.alpha_s +
                  TreeLoad(shape.hosts()) * s / m.net.bytes_per_s;
-      const int widest =
-          *std::max_element(shape.host_sizes.begin(), shape.host_sizes.end());
+      const int widest = Widest(shape);
       if (widest >= 2) {
         // A host's ranks to its leader and back: the leader's inbox takes
         // g-1 buffers, and sends g-1.
@@ -145,18 +172,8 @@ std::optional<double> PredictSeconds(const RingShape& shape, OpKind kind,
 }
 
 std::optional<ModelChoice> BestByModel(const RingShape& shape, OpKind kind,
-                                       double bytes, const LinkModel& model) {
-  std::vector<Algorithm> candidates = {Algorithm::kRing};
-  if (kind == OpKind::kAllReduce) {
-    candidates.insert(candidates.end(),
-                      {Algorithm::kRecursiveDoubling, Algorithm::kTree,
-                       Algorithm::kNaive});
-  }
-  if ((kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter ||
-       kind == OpKind::kAllGather) &&
-      shape.two_level_usable()) {
-    candidates.push_back(Algorithm::kTwoLevel);
-  }
+                                       double bytes, const LinkModel& model,
+                                       const std::vector<Algorithm>& candidates) {
   std::optional<ModelChoice> best;
   for (Algorithm a : candidates) {
     const std::optional<double> t = PredictSeconds(shape, kind, a, bytes, model);
@@ -167,10 +184,74 @@ std::optional<ModelChoice> BestByModel(const RingShape& shape, OpKind kind,
   return best;
 }
 
+std::vector<Algorithm> AutoCandidates(const RingShape& shape, OpKind kind,
+                                      double bytes, int all_to_all_max_world,
+                                      double doubling_max_bytes) {
+  std::vector<Algorithm> candidates = {Algorithm::kRing};
+  if (kind != OpKind::kAllReduce && kind != OpKind::kReduceScatter &&
+      kind != OpKind::kAllGather) {
+    return candidates;
+  }
+  if (shape.two_level_usable()) candidates.push_back(Algorithm::kTwoLevel);
+  if (kind == OpKind::kAllReduce) {
+    candidates.push_back(Algorithm::kTree);
+    if (shape.world <= all_to_all_max_world) {
+      candidates.push_back(Algorithm::kNaive);
+      if (bytes <= doubling_max_bytes) {
+        candidates.push_back(Algorithm::kRecursiveDoubling);
+      }
+    }
+  }
+  return candidates;
+}
+
+std::optional<ModelChoice> BestByModel(const RingShape& shape, OpKind kind,
+                                       double bytes, const LinkModel& model) {
+  return BestByModel(shape, kind, bytes, model,
+                     AutoCandidates(shape, kind, bytes));
+}
+
 std::string DescribeLevel(const LevelCost& level) {
   if (!level.known()) return "not known";
   return absl::StrFormat("alpha %.1f us, B %.3f GB/s", level.alpha_s * 1e6,
                          level.bytes_per_s / 1e9);
+}
+
+std::string DescribeLinkModel(const LinkModel& model) {
+  return absl::StrCat("local: ", DescribeLevel(model.local),
+                      "; net: ", DescribeLevel(model.net));
+}
+
+absl::StatusOr<LinkModel> ParseLinkModel(const std::string& text) {
+  LinkModel m;
+  bool any = false;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(part, absl::MaxSplits('=', 1));
+    LevelCost* level = kv.first == "local" ? &m.local
+                       : kv.first == "net" ? &m.net
+                                           : nullptr;
+    std::pair<absl::string_view, absl::string_view> ab =
+        absl::StrSplit(kv.second, absl::MaxSplits(':', 1));
+    double alpha_us = -1, gbps = 0;
+    if (level == nullptr || !absl::SimpleAtod(ab.first, &alpha_us) ||
+        !absl::SimpleAtod(ab.second, &gbps) || !(alpha_us >= 0) ||
+        !(gbps > 0) || std::isinf(alpha_us) || std::isinf(gbps)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "link model: '", part,
+          "' is not local=ALPHA_US:GBPS or net=ALPHA_US:GBPS (alpha in "
+          "microseconds, at least 0; the rate in GB/s, above 0)"));
+    }
+    level->alpha_s = alpha_us * 1e-6;
+    level->bytes_per_s = gbps * 1e9;
+    any = true;
+  }
+  if (!any) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "link model: '", text,
+        "' names no level (local=ALPHA_US:GBPS,net=ALPHA_US:GBPS)"));
+  }
+  return m;
 }
 
 }  // namespace halka

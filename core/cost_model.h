@@ -3,11 +3,17 @@
 // ranks over H hosts of g ranks, given each level's per-message latency α
 // and rate B. Pure functions, no I/O.
 //
-// Levels: kLocal is a link between two ranks of one host (shared memory),
-// kNet a link between hosts. A flat algorithm on ranks spread over two or
-// more hosts moves at the pace of its slowest edge, which is taken to be a
-// net edge; on one host (or hosts not known and a model that has only one
-// level) its edges are local.
+// Levels: `local` is a link between two ranks of one host (shared
+// memory), `net` a link between hosts. A flat algorithm on ranks spread
+// over two or more hosts moves at the pace of its slowest edge, taken to
+// be a net edge; on one host, or with hosts not known, at the local level
+// where the model has it (else the net level). Where several of a host's
+// ranks send across hosts at once the host's NIC is charged for all of
+// them: two-level's g rings, naive's g (G-g) copies, recursive doubling's
+// cross-host rounds (g buffers; its first log2 g rounds stay inside the
+// host when g is a power of two). The ring in host order crosses each
+// host boundary once each way, and the tree moves one buffer per tree
+// edge, so both are charged per link.
 #ifndef HALKA_CORE_COST_MODEL_H_
 #define HALKA_CORE_COST_MODEL_H_
 
@@ -16,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "halka/types.h"
 
 namespace halka {
@@ -58,10 +65,19 @@ std::optional<double> PredictSeconds(const RingShape& shape, OpKind kind,
                                      Algorithm algorithm, double bytes,
                                      const LinkModel& model);
 
+// What AUTO may run for `kind` of `bytes` on `shape`, as
+// ResolveAlgorithm allows it: the ring; two-level where the hosts allow
+// it (all-reduce, reduce-scatter, all-gather); for an all-reduce the tree,
+// and naive and recursive doubling (up to doubling_max_bytes, where a
+// frame may carry the whole buffer) on worlds of at most
+// all_to_all_max_world.
+std::vector<Algorithm> AutoCandidates(
+    const RingShape& shape, OpKind kind, double bytes,
+    int all_to_all_max_world = 16,
+    double doubling_max_bytes = 16.0 * (1 << 20));
+
 // The algorithm with the least predicted time for `kind` of `bytes` on
-// `shape` among those the collective implements (all-reduce: ring,
-// recursive doubling, tree, two-level where usable, naive; reduce-scatter
-// and all-gather: ring, two-level where usable), and its prediction.
+// `shape` among AutoCandidates (the defaults), and its prediction.
 // nullopt where nothing can be predicted.
 struct ModelChoice {
   Algorithm algorithm = Algorithm::kRing;
@@ -70,8 +86,23 @@ struct ModelChoice {
 std::optional<ModelChoice> BestByModel(const RingShape& shape, OpKind kind,
                                        double bytes, const LinkModel& model);
 
-// "α 38 µs, B 1.21 GB/s" for a level; "not known" where it is not.
+// The same over the algorithms in `candidates` only (those that can run
+// where the caller asks).
+std::optional<ModelChoice> BestByModel(const RingShape& shape, OpKind kind,
+                                       double bytes, const LinkModel& model,
+                                       const std::vector<Algorithm>& candidates);
+
+// "alpha 38.0 us, B 1.210 GB/s" for a level; "not known" where it is not.
 std::string DescribeLevel(const LevelCost& level);
+// "local: alpha 1.0 us, B 10.000 GB/s; net: alpha 100.0 us, B 1.000 GB/s".
+std::string DescribeLinkModel(const LinkModel& model);
+
+// "local=ALPHA_US:GBPS,net=ALPHA_US:GBPS" (either part may be left out:
+// that level is not known), e.g. "local=5:8,net=60:1.2": 5 us and 8 GB/s
+// inside a host. INVALID_ARGUMENT, naming the part, for anything else:
+// an unknown level, a missing or negative alpha, a rate that is not above
+// zero, nothing at all.
+absl::StatusOr<LinkModel> ParseLinkModel(const std::string& text);
 
 }  // namespace halka
 

@@ -27,6 +27,15 @@ ABSL_FLAG(int, metrics_port, 0,
           "serve HTTP on this port: /metrics (Prometheus), / (live ring "
           "page), /api/health?job=J; 0: off (env HALKA_METRICS_PORT)");
 
+ABSL_FLAG(std::string, link_model, "",
+          "the jobs' link model, local=ALPHA_US:GBPS,net=ALPHA_US:GBPS (per "
+          "message latency in microseconds and rate in GB/s inside a host "
+          "and between hosts; halkactl bench --model measures them): every "
+          "member's auto then ranks the all-reduce, reduce-scatter and "
+          "all-gather algorithms by the model's predicted time "
+          "(docs/scaling.md); empty: auto's counting rules (env "
+          "HALKA_LINK_MODEL)");
+
 int main(int argc, char** argv) {
   absl::Notification* stop = halka::StartDaemon(
       argc, argv,
@@ -39,6 +48,16 @@ int main(int argc, char** argv) {
   options.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
   options.elastic_settle = absl::GetFlag(FLAGS_elastic_settle);
   options.join_answer_window = absl::GetFlag(FLAGS_join_answer_window);
+  if (const std::string lm = absl::GetFlag(FLAGS_link_model); !lm.empty()) {
+    absl::StatusOr<halka::LinkModel> m = halka::ParseLinkModel(lm);
+    if (!m.ok()) {
+      halka::LogError(absl::StrCat("--link_model: ", m.status().message()));
+      return 2;
+    }
+    options.link_model = *m;
+    halka::LogInfo(absl::StrCat("link model for every job: ",
+                                halka::DescribeLinkModel(*m)));
+  }
   auto started = halka::RendezvousServer::Start(
       absl::GetFlag(FLAGS_listen), options, absl::GetFlag(FLAGS_metrics_port));
   if (!started.ok()) {

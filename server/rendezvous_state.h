@@ -45,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "halka/types.h"
+#include "core/cost_model.h"
 #include "core/host_ring.h"
 
 namespace halka {
@@ -67,6 +68,9 @@ struct RendezvousOptions {
   // A member answered this long ago without a beat stops holding its
   // place in the window (old workers beat only after one interval).
   absl::Duration join_answer_ack_wait = absl::Milliseconds(100);
+  // The link model every job's memberships carry (Membership.link_model;
+  // --link_model): auto ranks by it on every rank. Unset: none.
+  std::optional<LinkModel> link_model;
 };
 
 struct JoinArgs {
@@ -114,6 +118,7 @@ struct MembershipView {
   // member named one). Empty while forming.
   std::vector<int> ring_order;
   std::vector<HostGroup> hosts;
+  std::optional<LinkModel> link_model;  // RendezvousOptions::link_model
 };
 
 struct Assignment {

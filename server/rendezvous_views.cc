@@ -29,6 +29,7 @@ MembershipView RendezvousState::ViewOf(const Job& job, absl::Time now) const {
   v.max_world_size = job.max;
   v.world_size = static_cast<int>(job.members.size());
   v.change = job.change;
+  v.link_model = options_.link_model;
   const int live = Live(job);
   v.state = job.generation == 0 ? JobState::kForming
             : !job.active       ? JobState::kWaiting

@@ -26,6 +26,7 @@ CommConfig CommConfigFor(const WorkerOptions& o, const Ring& ring,
   c.members = ring.members;
   c.ring_order = ring.ring_order;
   c.hosts = ring.hosts;
+  c.link_model = ring.link_model;
   c.chunk_bytes = o.chunk_bytes;
   c.default_timeout = o.op_timeout;
   c.max_op_bytes = o.max_op_bytes;
@@ -51,6 +52,13 @@ std::shared_ptr<Ring> RingOf(const v1::Membership& m, int rank, bool adopted,
   ring->ring_order.assign(m.ring_order().begin(), m.ring_order().end());
   for (const v1::HostGroup& h : m.hosts()) {
     ring->hosts.emplace_back(h.ranks().begin(), h.ranks().end());
+  }
+  if (m.has_link_model()) {
+    const v1::LinkModel& lm = m.link_model();
+    LinkModel model;
+    model.local = LevelCost{lm.local_alpha_us() * 1e-6, lm.local_bytes_per_s()};
+    model.net = LevelCost{lm.net_alpha_us() * 1e-6, lm.net_bytes_per_s()};
+    ring->link_model = model;
   }
   return ring;
 }

@@ -53,6 +53,8 @@ struct Ring {
   // The hosts in ring order with their ranks (Membership.hosts):
   // CommConfig::hosts, for the two-level all-reduce.
   std::vector<std::vector<int>> hosts;
+  // The job's link model (Membership.link_model): CommConfig::link_model.
+  std::optional<LinkModel> link_model;
   std::shared_ptr<Inbox> inbox;
   std::unique_ptr<GrpcTransport> transport;
   std::unique_ptr<Communicator> comm;

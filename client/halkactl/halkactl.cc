@@ -472,11 +472,12 @@ int BenchCommand() {
   std::vector<Client*> clients;
   const std::string workers = absl::GetFlag(FLAGS_worker);
   if (!workers.empty() && (absl::GetFlag(FLAGS_shm_spin_us) != 0 ||
-                           !absl::GetFlag(FLAGS_tls_dir).empty())) {
+                           !absl::GetFlag(FLAGS_tls_dir).empty() ||
+                           absl::GetFlag(FLAGS_hosts) != 0)) {
     return Fail(absl::InvalidArgumentError(
-        "--shm_spin_us and --tls_dir set up the embedded cluster; with "
-        "--worker, give them to the workers (halka-worker --shm_spin_us, "
-        "--tls_ca/--tls_cert/--tls_key)"));
+        "--shm_spin_us, --tls_dir and --hosts set up the embedded cluster; "
+        "with --worker, give them to the workers (halka-worker "
+        "--shm_spin_us, --tls_ca/--tls_cert/--tls_key, --host_id)"));
   }
   if (workers.empty()) {
     absl::Status s = StartEmbedded(*cases, *co, cert_dir, &cluster, owned);

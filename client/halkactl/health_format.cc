@@ -201,6 +201,10 @@ std::string FormatVerdict(const RingHealth& h) {
 std::string FormatHealth(const RingHealth& h) {
   std::string out = FormatVerdict(h);
   absl::StrAppend(&out, FormatMembers(h), FormatRingPath(h));
+  if (!h.link_model.empty()) {
+    absl::StrAppend(&out, "link model (auto ranks by it): ", h.link_model,
+                    "\n");
+  }
   if (!h.change.empty()) {
     absl::StrAppend(&out, "last membership change: ", h.change, "\n");
   }

@@ -1,11 +1,13 @@
 // Fingerprint exchanges: before any data moves, every rank learns every
 // other rank's fingerprint, so ranks that disagree fail alike, naming both.
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/algorithms/algorithms.h"
+#include "core/cost_model.h"
 #include "core/ring_plan.h"
 #include "core/status_macros.h"
 
@@ -208,6 +210,34 @@ absl::Status CheckFingerprintPair(OpContext& op, int from,
   return CheckRunsAlike(op, mine, from, theirs);
 }
 
+namespace {
+
+// AUTO by the job's link model: the algorithm it predicts fastest for this
+// call among those that may run on this ring (two-level where the hosts
+// allow it; for an all-reduce the tree anywhere, naive and recursive
+// doubling where every rank may talk to every rank). nullopt without a
+// model, or where it cannot predict (a level it lacks): the counting rules.
+std::optional<Algorithm> ByLinkModel(const CommConfig& config,
+                                     const Fingerprint& fp) {
+  if (!config.link_model.has_value()) return std::nullopt;
+  RingShape shape;
+  shape.world = config.world_size;
+  if (HostsPartitionRanks(config)) {
+    for (const std::vector<int>& h : config.hosts) {
+      shape.host_sizes.push_back(static_cast<int>(h.size()));
+    }
+  }
+  const double bytes = static_cast<double>(fp.count * DTypeSize(fp.dtype));
+  std::optional<ModelChoice> best = BestByModel(
+      shape, fp.kind, bytes, *config.link_model,
+      AutoCandidates(shape, fp.kind, bytes, config.all_to_all_max_world,
+                     static_cast<double>(kDoublingMaxBytes)));
+  if (!best.has_value()) return std::nullopt;
+  return best->algorithm;
+}
+
+}  // namespace
+
 Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
   switch (fp.kind) {
     case OpKind::kGather:
@@ -229,6 +259,9 @@ Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
       // each cross a host boundary somewhere, and (H-1)/H of the buffer
       // through each host's NIC against (G-1)/G.
       if (fp.algorithm == Algorithm::kRing) return Algorithm::kRing;
+      if (fp.algorithm == Algorithm::kAuto) {
+        if (std::optional<Algorithm> a = ByLinkModel(config, fp)) return *a;
+      }
       return TwoLevelUsable(config) ? Algorithm::kTwoLevel : Algorithm::kRing;
     default:
       break;
@@ -242,6 +275,7 @@ Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
     return Algorithm::kRing;  // each frame would carry the whole buffer
   }
   if (fp.algorithm != Algorithm::kAuto) return fp.algorithm;
+  if (std::optional<Algorithm> a = ByLinkModel(config, fp)) return *a;
   // Small buffers: recursive doubling while every rank may talk to every
   // rank (log2 G swaps of one frame each: G log2 G frames in all where
   // naive's one hop takes G(G-1), and each frame costs the CPU wake-ups that

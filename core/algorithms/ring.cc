@@ -32,6 +32,8 @@ struct RingGroup {
   // ranges, not the i-th of `range` split evenly: a two-level
   // reduce-scatter's or all-gather's segment inside a host is a column of
   // rank slices, one per host, that need not be adjacent in the buffer.
+  // Only with seg_base >= 0 (segment i is position i's), as InHost and
+  // AcrossHosts make them.
   std::vector<std::vector<Range>> segments;
 };
 

@@ -84,4 +84,6 @@ refused "--shm_spin_us with --worker" "set up the embedded cluster" \
   --worker=127.0.0.1:1 --shm_spin_us=20
 refused "--tls_dir with --worker" "set up the embedded cluster" \
   --worker=127.0.0.1:1 --tls --tls_dir="$dir/certs"
+refused "--hosts with --worker" "set up the embedded cluster" \
+  --worker=127.0.0.1:1 --hosts=2
 refused "--hosts above --workers" "must be in \[0, --workers=2\]" --workers=2 --hosts=3

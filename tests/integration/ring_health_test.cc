@@ -398,6 +398,67 @@ TEST(RingHealth, InterleavedHostsRunInHostOrder) {
   ASSERT_EQ(sdk->hosts.size(), 2u);
   EXPECT_EQ(sdk->hosts[1].host, "B");
   EXPECT_EQ(sdk->members[3].host, "B");
+  EXPECT_EQ(sdk->link_model, "") << "no --link_model, no model";
+}
+
+// The rendezvous's link model reaches every member with the membership:
+// auto runs what it ranks first (here naive for 64 bytes, where the
+// counting rules run recursive doubling; two-level for a reduce-scatter),
+// the same on every rank, and health shows the model. A model the
+// rendezvous cannot read stops the cluster before it starts.
+TEST(RingHealth, TheJobsLinkModelDrivesAutoAndHealthShowsIt) {
+  const int g = 4;
+  LocalCluster::Options o;
+  o.workers = g;
+  o.heartbeat_interval = absl::Milliseconds(200);
+  o.hosts = {"A", "A", "B", "B"};
+  o.link_model = "local=1:10,net=100:1";
+  auto cluster = LocalCluster::Start(o).value();
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int r = 0; r < g; ++r) clients.push_back(cluster->Connect(r).value());
+  std::vector<std::vector<float>> small(g, std::vector<float>(16));
+  auto ar = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+    small[r].assign(16, static_cast<float>(r + 1));
+    return clients[r]->AllReduce(absl::MakeSpan(small[r]), ReduceOp::kSum);
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_TRUE(ar[r].ok()) << ar[r].status();
+    EXPECT_EQ(ar[r]->algorithm, "naive") << "rank " << r;
+    EXPECT_EQ(small[r], std::vector<float>(16, 10.0f)) << "rank " << r;
+  }
+  const size_t slice = 1000;
+  std::vector<std::vector<float>> out(g, std::vector<float>(slice));
+  auto rs = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+    std::vector<float> send(g * slice);
+    for (size_t i = 0; i < send.size(); ++i) {
+      send[i] = static_cast<float>(i / slice * 10 + r);
+    }
+    return clients[r]->ReduceScatter(absl::MakeConstSpan(send),
+                                     absl::MakeSpan(out[r]), ReduceOp::kSum);
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_TRUE(rs[r].ok()) << rs[r].status();
+    EXPECT_EQ(rs[r]->algorithm, "two_level") << "rank " << r;
+    EXPECT_EQ(out[r], std::vector<float>(slice, static_cast<float>(
+                                                    g * r * 10 + 0 + 1 + 2 + 3)))
+        << "rank " << r;
+  }
+  const v1::RingHealth h = GetHealth(*cluster);
+  ASSERT_TRUE(h.has_link_model());
+  EXPECT_DOUBLE_EQ(h.link_model().local_alpha_us(), 1.0);
+  EXPECT_DOUBLE_EQ(h.link_model().net_bytes_per_s(), 1e9);
+  const std::string table = FormatHealth(ToRingHealth(h));
+  EXPECT_THAT(table,
+              HasSubstr("link model (auto ranks by it): local: alpha 1.0 us, "
+                        "B 10.000 GB/s; net: alpha 100.0 us, B 1.000 GB/s\n"))
+      << table;
+
+  LocalCluster::Options bad = o;
+  bad.link_model = "local=1:10,wan=3:1";
+  absl::StatusOr<std::unique_ptr<LocalCluster>> refused = LocalCluster::Start(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("'wan=3:1'"));
 }
 
 }  // namespace

@@ -74,6 +74,9 @@ sys_binaries "$BUILD_ARG"
 G=$(( H * PER ))
 COUNT=$(( MIB * 262144 ))          # float32
 BYTES=$(( MIB * 1048576 ))
+# Reduce-scatter and all-gather: the whole buffer in G equal slices.
+SCOUNT=$(( COUNT - COUNT % G ))
+SBYTES=$(( SCOUNT * 4 ))
 P="mh$$-"                          # unique per run; interface names stay short
 NET=198.18.41
 ADDR_RDV=$NET.2
@@ -116,8 +119,9 @@ allreduce_all() {
   local r h names=() algo=${3:-ring} coll=${4:-allreduce} count=$COUNT kind ran
   case $coll in
     allreduce) kind=all_reduce ;;
-    reducescatter) kind=reduce_scatter ;;
-    allgather) kind=all_gather; count=$(( COUNT / G )) ;;
+    reducescatter) kind=reduce_scatter; count=$SCOUNT ;;
+    allgather) kind=all_gather; count=$(( SCOUNT / G )) ;;
+    *) fail "allreduce_all: unknown collective $coll" ;;
   esac
   for (( r = 0; r < G; ++r )); do
     h=$(host_of $r)
@@ -206,8 +210,8 @@ if (( PER >= 2 )); then
   expect_tx "auto (two-level)" "$F2" "2(H-1)/H of the buffer"
   # Reduce-scatter and all-gather of the same whole buffer: two-level sends
   # (H-1)/H of it per host (the flat ring in host order: (G-1)/G).
-  FS=$(( REPEAT * (H - 1) * BYTES / H ))
-  FR=$(( REPEAT * (G - 1) * BYTES / G ))
+  FS=$(( REPEAT * (H - 1) * SBYTES / H ))
+  FR=$(( REPEAT * (G - 1) * SBYTES / G ))
   for coll in reducescatter allgather; do
     measure "hostorder.$coll.ring" ring "$coll"
     log "ring $coll: $REPEAT of $MIB MiB, $OP_MS ms each (wall, every rank)"

@@ -2,9 +2,12 @@
 // out by hand from docs/scaling.md's table: each algorithm's steps and
 // bytes, the level a flat algorithm moves at, two-level's two levels, what
 // the model cannot predict, and the choice it makes as alpha or the size
-// changes.
+// changes; its text form (--link_model); and auto ranking by a job's
+// model (ResolveAlgorithm with CommConfig::link_model).
 #include "core/cost_model.h"
 
+#include "core/algorithms/algorithms.h"
+#include "core/comm_types.h"
 #include "core/frame.h"
 #include "gtest/gtest.h"
 
@@ -49,9 +52,13 @@ TEST(CostModel, FlatAllReducesOnOneHost) {
   // One hop, G-1 copies through one link.
   EXPECT_NEAR(Predict(one_host, OpKind::kAllReduce, Algorithm::kNaive, s, m),
               10e-6 + 3 * 4e6 / 1e9, kTol);
-  // A binary tree of 4: 2 ceil(log2 4) hops, an inner node's link 3 S.
+  // A binary tree of 4 (children 2i+1, 2i+2): 2 ceil(log2 4) hops, the
+  // root's two children 2 S; of 5, node 1's parent and two children 3 S.
   EXPECT_NEAR(Predict(one_host, OpKind::kAllReduce, Algorithm::kTree, s, m),
-              4 * 10e-6 + 3 * 4e6 / 1e9, kTol);
+              4 * 10e-6 + 2 * 4e6 / 1e9, kTol);
+  EXPECT_NEAR(Predict(RingShape{5, {5}}, OpKind::kAllReduce, Algorithm::kTree,
+                      s, m),
+              6 * 10e-6 + 3 * 4e6 / 1e9, kTol);
   // 6 ranks: 4 is the largest power of two; 2 swaps and the fold in and out.
   EXPECT_NEAR(Predict(RingShape{6, {6}}, OpKind::kAllReduce,
                       Algorithm::kRecursiveDoubling, s, m),
@@ -77,6 +84,25 @@ TEST(CostModel, FlatAlgorithmsOnSeveralHostsMoveAtTheNetLevel) {
   EXPECT_NEAR(Predict(RingShape{4, {}}, OpKind::kAllReduce, Algorithm::kRing,
                       4e6, net_only),
               6 * (1e-4 + 1e6 / 1e9), kTol);
+}
+
+// Where a host's ranks send across hosts at once, its NIC carries them all.
+TEST(CostModel, NaiveAndRecursiveDoublingOnHostsShareTheHostsNic) {
+  const LinkModel m = TwoLevels();
+  const double s = 4e6;
+  // 2 x 4: each host's 4 ranks send their buffer to the other host's 4.
+  EXPECT_NEAR(Predict(RingShape{8, {4, 4}}, OpKind::kAllReduce,
+                      Algorithm::kNaive, s, m),
+              1e-4 + 16 * s / 1e9, kTol);
+  // 2 x 4 recursive doubling: log2 4 = 2 rounds inside the host, 1 round
+  // of 4 buffers through the NIC.
+  EXPECT_NEAR(Predict(RingShape{8, {4, 4}}, OpKind::kAllReduce,
+                      Algorithm::kRecursiveDoubling, s, m),
+              2 * (1e-6 + s / 1e10) + (1e-4 + 4 * s / 1e9), kTol);
+  // 2 x 3 (g not a power of two): every round and the fold at the NIC.
+  EXPECT_NEAR(Predict(RingShape{6, {3, 3}}, OpKind::kAllReduce,
+                      Algorithm::kRecursiveDoubling, s, m),
+              4 * (1e-4 + 3 * s / 1e9), kTol);
 }
 
 TEST(CostModel, TwoLevelAllReduceAndItsSlices) {
@@ -123,6 +149,26 @@ TEST(CostModel, WhatItCannotPredictIsSaid) {
   EXPECT_FALSE(PredictSeconds(hosts, OpKind::kAllReduce, Algorithm::kRing, 1e6,
                               LinkModel{}));
   EXPECT_FALSE(BestByModel(hosts, OpKind::kAllReduce, 1e6, LinkModel{}));
+  // Only what auto may run: recursive doubling up to 16 MiB, naive and
+  // recursive doubling up to 16 ranks. At G = 2 one swap (or naive's one
+  // hop, the same cost) beats the ring's two steps at any size, but above
+  // 16 MiB recursive doubling is not a candidate.
+  const LinkModel one = OneLevel(1e-5, 1e9);
+  EXPECT_NE(BestByModel(RingShape{2, {2}}, OpKind::kAllReduce, 1e6, one)
+                ->algorithm,
+            Algorithm::kRing);
+  EXPECT_NE(BestByModel(RingShape{2, {2}}, OpKind::kAllReduce, 64e6, one)
+                ->algorithm,
+            Algorithm::kRecursiveDoubling);
+  for (Algorithm a : AutoCandidates(RingShape{2, {2}}, OpKind::kAllReduce, 64e6)) {
+    EXPECT_NE(a, Algorithm::kRecursiveDoubling);
+  }
+  for (Algorithm a : AutoCandidates(RingShape{32, {}}, OpKind::kAllReduce, 8)) {
+    EXPECT_NE(a, Algorithm::kNaive);
+    EXPECT_NE(a, Algorithm::kRecursiveDoubling);
+  }
+  EXPECT_EQ(AutoCandidates(RingShape{4, {2, 2}}, OpKind::kBroadcast, 8),
+            std::vector<Algorithm>{Algorithm::kRing});
   EXPECT_EQ(DescribeLevel(LevelCost{}), "not known");
   EXPECT_EQ(DescribeLevel(m.net), "alpha 100.0 us, B 1.000 GB/s");
 }
@@ -162,6 +208,104 @@ TEST(CostModel, TheChoiceFollowsSizeAndLatency) {
             Algorithm::kTwoLevel);
   EXPECT_EQ(BestByModel(RingShape{8, {}}, OpKind::kAllGather, 1e6, m)->algorithm,
             Algorithm::kRing);
+}
+
+TEST(CostModel, ItsTextFormAndWhatIsRefused) {
+  absl::StatusOr<LinkModel> m = ParseLinkModel("local=5:8,net=60:1.25");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_NEAR(m->local.alpha_s, 5e-6, kTol);
+  EXPECT_NEAR(m->local.bytes_per_s, 8e9, 1e-3);
+  EXPECT_NEAR(m->net.alpha_s, 60e-6, kTol);
+  EXPECT_NEAR(m->net.bytes_per_s, 1.25e9, 1e-3);
+  EXPECT_EQ(DescribeLinkModel(*m),
+            "local: alpha 5.0 us, B 8.000 GB/s; net: alpha 60.0 us, B 1.250 GB/s");
+  absl::StatusOr<LinkModel> net = ParseLinkModel("net=0:1");
+  ASSERT_TRUE(net.ok()) << net.status();
+  EXPECT_FALSE(net->local.known());
+  EXPECT_TRUE(net->net.known());
+  for (const char* bad : {"", ",", "wan=1:1", "local=1", "local=:1",
+                          "local=-1:1", "local=1:0", "local=1:-2", "net=x:1",
+                          "net=1:inf", "local=1:1,net"}) {
+    absl::StatusOr<LinkModel> r = ParseLinkModel(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("link model"), std::string::npos)
+        << r.status();
+  }
+}
+
+// A 2 x 2 job's config, with or without a link model.
+CommConfig HostsOfTwo(std::optional<LinkModel> model) {
+  CommConfig c;
+  c.world_size = 4;
+  c.hosts = {{0, 1}, {2, 3}};
+  c.link_model = model;
+  return c;
+}
+
+Fingerprint Call(OpKind kind, uint64_t count,
+                 Algorithm algorithm = Algorithm::kAuto) {
+  Fingerprint fp;
+  fp.kind = kind;
+  fp.dtype = DType::kFloat32;
+  fp.count = count;
+  fp.algorithm = algorithm;
+  return fp;
+}
+
+TEST(CostModel, AutoRanksByTheJobsModelWhereItHasOne) {
+  const CommConfig counting = HostsOfTwo(std::nullopt);
+  const CommConfig model = HostsOfTwo(TwoLevels());
+  // 64 bytes: the counting rules run recursive doubling; the model ranks
+  // naive's one network hop first.
+  EXPECT_EQ(ResolveAlgorithm(counting, Call(OpKind::kAllReduce, 16)),
+            Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(ResolveAlgorithm(model, Call(OpKind::kAllReduce, 16)),
+            Algorithm::kNaive);
+  // 4 MB: both two-level.
+  EXPECT_EQ(ResolveAlgorithm(model, Call(OpKind::kAllReduce, 1 << 20)),
+            Algorithm::kTwoLevel);
+  // Links inside the host slow, between hosts fast: the model keeps the
+  // 4 MB all-reduce and a reduce-scatter off two-level, the rules do not.
+  const CommConfig slow_local = HostsOfTwo(LinkModel{
+      LevelCost{1e-3, 1e7}, LevelCost{1e-6, 1e11}});
+  EXPECT_EQ(ResolveAlgorithm(counting, Call(OpKind::kAllReduce, 1 << 20)),
+            Algorithm::kTwoLevel);
+  EXPECT_EQ(ResolveAlgorithm(slow_local, Call(OpKind::kAllReduce, 1 << 20)),
+            Algorithm::kRing);
+  EXPECT_EQ(ResolveAlgorithm(counting, Call(OpKind::kReduceScatter, 4000)),
+            Algorithm::kTwoLevel);
+  EXPECT_EQ(ResolveAlgorithm(slow_local, Call(OpKind::kReduceScatter, 4000)),
+            Algorithm::kRing);
+  EXPECT_EQ(ResolveAlgorithm(model, Call(OpKind::kAllGather, 4000)),
+            Algorithm::kTwoLevel);
+  // Whatever it ranks first is what BestByModel says among what may run.
+  for (uint64_t count : {uint64_t{1}, uint64_t{1} << 10, uint64_t{1} << 16,
+                         uint64_t{1} << 22}) {
+    const auto best = BestByModel(RingShape{4, {2, 2}}, OpKind::kAllReduce,
+                                  static_cast<double>(count * 4), TwoLevels());
+    ASSERT_TRUE(best.has_value());
+    EXPECT_EQ(ResolveAlgorithm(model, Call(OpKind::kAllReduce, count)),
+              best->algorithm)
+        << count;
+  }
+  // Recursive doubling and naive only where every rank may talk to every
+  // rank: above all_to_all_max_world, the tree at 64 bytes.
+  CommConfig wide = HostsOfTwo(TwoLevels());
+  wide.all_to_all_max_world = 2;
+  const Algorithm small = ResolveAlgorithm(wide, Call(OpKind::kAllReduce, 16));
+  EXPECT_NE(small, Algorithm::kNaive);
+  EXPECT_NE(small, Algorithm::kRecursiveDoubling);
+  // Asked-for algorithms are not the model's business.
+  EXPECT_EQ(ResolveAlgorithm(model,
+                             Call(OpKind::kAllReduce, 16, Algorithm::kRing)),
+            Algorithm::kRing);
+  EXPECT_EQ(ResolveAlgorithm(slow_local, Call(OpKind::kReduceScatter, 4000,
+                                              Algorithm::kTwoLevel)),
+            Algorithm::kTwoLevel);
+  // A model that cannot predict (no level known): the counting rules.
+  EXPECT_EQ(ResolveAlgorithm(HostsOfTwo(LinkModel{}),
+                             Call(OpKind::kAllReduce, 16)),
+            Algorithm::kRecursiveDoubling);
 }
 
 }  // namespace

@@ -209,7 +209,7 @@ TEST(TwoLevel, AWorkerWhoseAutoRunsTheRingIsNamedBeforeAnyDataMoves) {
 // report `ran`.
 void ExpectSlicesAgree(InProcRing& ring, OpKind kind, DType dtype,
                        ReduceOp op, size_t slice, Algorithm algorithm,
-                       const std::string& ran, uint32_t seed) {
+                       const std::string& ran, uint32_t seed, int shift = 1) {
   const int g = ring.g;
   const size_t es = DTypeSize(dtype);
   const size_t whole = static_cast<size_t>(g) * slice;
@@ -218,12 +218,14 @@ void ExpectSlicesAgree(InProcRing& ring, OpKind kind, DType dtype,
     inputs = MakeRanksData(dtype, op, whole, g, seed);
     bufs = inputs;
   } else {
-    // Each rank's contribution waits in slice (r+1) mod g, not its own.
+    // Each rank's contribution waits in slice (r+shift) mod g: its own, or
+    // another.
     for (int r = 0; r < g; ++r) {
       inputs.push_back(MakeRankData(dtype, ReduceOp::kSum, slice, r, seed));
       bufs.emplace_back(whole * es, 0xEE);
       std::copy(inputs[r].begin(), inputs[r].end(),
-                bufs[r].begin() + static_cast<long>(((r + 1) % g) * slice * es));
+                bufs[r].begin() +
+                    static_cast<long>(((r + shift) % g) * slice * es));
     }
   }
   auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
@@ -231,8 +233,9 @@ void ExpectSlicesAgree(InProcRing& ring, OpKind kind, DType dtype,
     return kind == OpKind::kReduceScatter
                ? ring.comms[r]->ReduceScatter(b, whole, slice, dtype, op,
                                               absl::ZeroDuration(), algorithm)
-               : ring.comms[r]->AllGather(b, slice, whole, (r + 1) % g, dtype,
-                                          absl::ZeroDuration(), algorithm);
+               : ring.comms[r]->AllGather(b, slice, whole, (r + shift) % g,
+                                          dtype, absl::ZeroDuration(),
+                                          algorithm);
   });
   for (int r = 0; r < g; ++r) {
     ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
@@ -262,9 +265,12 @@ TEST(TwoLevelSlices, EveryShapeDtypeOpAndSliceAgreesWithTheReference) {
           }
           SCOPED_TRACE(absl::StrCat(Name(hosts), " fp_world ", fp_world, " ",
                                     DTypeName(dtype), " slice ", slice));
-          ExpectSlicesAgree(ring, OpKind::kAllGather, dtype, ReduceOp::kSum,
-                            slice, Algorithm::kTwoLevel, "two_level", 22);
-          if (::testing::Test::HasFatalFailure()) return;
+          for (int shift : {0, 1}) {
+            ExpectSlicesAgree(ring, OpKind::kAllGather, dtype, ReduceOp::kSum,
+                              slice, Algorithm::kTwoLevel, "two_level", 22,
+                              shift);
+            if (::testing::Test::HasFatalFailure()) return;
+          }
         }
       }
     }

@@ -52,6 +52,10 @@ class LocalCluster {
     // {"A", "B", "A", "B"} for ranks interleaved over two hosts: the ring
     // then passes A's ranks, then B's. Empty: this host, for every rank.
     std::vector<std::string> hosts;
+    // The job's link model (halka-rendezvous --link_model, e.g.
+    // "local=5:8,net=60:1.2"); "": none (auto counts). Start fails
+    // INVALID_ARGUMENT on text ParseLinkModel refuses.
+    std::string link_model;
     // Serve HTTP (/metrics; on the rendezvous also the ring page) on free
     // ports; see metrics_address().
     bool metrics = false;

@@ -134,6 +134,9 @@ struct RingHealth {
   // the hosts in ring order with their ranks (empty: a member named none).
   std::vector<int> ring_order;
   std::vector<HostGroup> hosts;
+  // The job's link model, as auto uses it ("local: alpha 5.0 us, B 8.000
+  // GB/s; net: ..."); "": none (auto's counting rules).
+  std::string link_model;
 };
 
 }  // namespace halka

@@ -23,6 +23,12 @@
 #               goes on, no operation fails
 #   rdvrestart  SIGKILL the rendezvous mid-run and start a new one: the
 #               workers re-register, the job goes on at its generation
+#   sigkill_hosts, sigstop_hosts
+#               sigkill and sigstop with the 4 workers as 2 hosts of 2
+#               (--host_id) and the driver asking for auto: two_level
+#               (16 MiB) while both hosts are whole, the flat ring of 3
+#               while the victim is out; the same checks, and at least one
+#               correct two_level operation
 #   chaos_hosts the chaos scenario with the 4 workers as 2 hosts of 2
 #               (--host_id): auto runs two_level while both hosts are
 #               whole (512 KiB buffers, above eager_bytes) and the flat
@@ -60,7 +66,7 @@ for a in "$@"; do
     *) SCENARIOS+=("$a") ;;
   esac
 done
-(( ${#SCENARIOS[@]} )) || SCENARIOS=(sigkill sigstop linkdown loss tbf partition rdvrestart chaos chaos_hosts)
+(( ${#SCENARIOS[@]} )) || SCENARIOS=(sigkill sigstop linkdown loss tbf partition rdvrestart chaos chaos_hosts sigkill_hosts sigstop_hosts)
 DRIVER=$BUILD/tests/halka-fault-driver
 REPORT=$HERE/fault_report.py
 [[ -x "$DRIVER" ]] || { echo "FAIL: missing $DRIVER"; exit 1; }
@@ -198,15 +204,18 @@ check() {  # check ARGS... : fault_report.py check on this driver's output
 
 # A worker that dies (or freezes, or drops off the network) in the middle
 # of a 16 MiB ring all-reduce, then comes back.
-#   lose_and_heal NAME VICTIM_RANK INJECT_CMD HEAL_CMD HOLD_S [EXTRA_MS]
+#   lose_and_heal NAME VICTIM_RANK INJECT_CMD HEAL_CMD HOLD_S [EXTRA_MS [ALGO]]
 # EXTRA_MS widens the bound for a survivor that was writing to the victim
 # when it went silent: its last frames point into the caller's buffer, and
 # the call returns only once gRPC lets go of them (the connection fails:
 # TCP_USER_TIMEOUT = the 5 s keepalive timeout; or the peer reads again).
+# ALGO: what the driver asks for (ring; auto on hosts of two runs
+# two_level while both hosts are whole, and at least one such call must be
+# correct).
 lose_and_heal() {
-  local name=$1 v=$2 inject=$3 heal=$4 hold=$5 extra=${6:-0} t_fault t_heal
+  local name=$1 v=$2 inject=$3 heal=$4 hold=$5 extra=${6:-0} algo=${7:-ring} t_fault t_heal
   new_job "$name" elastic
-  start_driver 100000 $(( 2 * 1024 * 1024 )) --algorithm=ring
+  start_driver 100000 $(( 2 * 1024 * 1024 )) --algorithm="$algo"
   wait_ready 0 $G 3 60 || fail "[$name] no correct operations before the fault"
   t_fault=$(now_ms)
   eval "$inject"
@@ -220,6 +229,12 @@ lose_and_heal() {
   stop_driver >/dev/null
   check --name "$name" --fault "$t_fault" --victim "w$v" --victim-slot "$v" \
     --bound $(( BOUND_MS + extra )) --world-after $(( G - 1 )) --heal "$t_heal"
+  if (( HOSTS_OF_TWO )); then
+    local two_level
+    two_level=$(grep -c '^call .* outcome=ok .* algo=two_level msg=' "$SYS_LOG/$DNAME.out")
+    log "[$name] correct two_level calls: $two_level"
+    (( two_level > 0 )) || { SYS_FAILED=1; log "[$name] no operation ran two_level"; }
+  fi
   end_job
 }
 
@@ -390,6 +405,22 @@ scenario_chaos() {  # scenario_chaos [NAME]
     log "[$name] no operation ran two_level: the hierarchical path was not exercised"
   fi
   end_job
+}
+
+# The same faults on 2 hosts of 2 workers (by --host_id), the driver
+# asking for auto: two-level while both hosts are whole, the flat ring
+# while one is short. `local` is seen by start_worker through bash's
+# dynamic scope, and gone on return.
+scenario_sigkill_hosts() {
+  local HOSTS_OF_TWO=1
+  lose_and_heal sigkill_hosts 2 'kill -KILL "${SYS_PID[${WNAME[2]}]}"' \
+    'start_worker 2; wait_joined 2' 3 0 auto
+}
+
+scenario_sigstop_hosts() {
+  local HOSTS_OF_TWO=1
+  lose_and_heal sigstop_hosts 1 'kill -STOP "${SYS_PID[${WNAME[1]}]}"' \
+    'kill -CONT "${SYS_PID[${WNAME[1]}]}"' 6 6000 auto
 }
 
 # The same chaos on 2 hosts of 2 workers (by --host_id): two-level while

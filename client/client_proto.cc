@@ -113,6 +113,7 @@ OpInfo ToOpInfo(const v1::OpStats& s) {
   info.world_size = s.world_size();
   info.generation = s.generation();
   info.peer = s.peer();
+  info.model_seconds = s.model_seconds();
   return info;
 }
 
@@ -165,6 +166,8 @@ RingHealth ToRingHealth(const v1::RingHealth& r) {
   h.diagnosis = ToDiagnosis(r.diagnosis());
   h.last_algorithm = r.last_algorithm();
   h.last_chunk_bytes = r.last_chunk_bytes();
+  h.last_op_seconds = r.last_op_seconds();
+  h.last_model_seconds = r.last_model_seconds();
   h.ring_order.assign(r.ring_order().begin(), r.ring_order().end());
   for (const v1::HostGroup& g : r.hosts()) {
     h.hosts.push_back(HostGroup{g.host(), {g.ranks().begin(), g.ranks().end()}});

@@ -86,6 +86,9 @@ struct OpResult {
   int rank = 0;
   int world_size = 1;
   int peer = -1;  // Send: the rank it went to; Recv: the rank it came from
+  // What the job's link model (CommConfig::link_model) predicted for the
+  // algorithm that ran, in seconds; 0: no model, or no prediction for it.
+  double model_seconds = 0;
 };
 
 // The progress ledger: what the current operation is doing right now.

@@ -471,11 +471,12 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
     next_op_seq_ = std::max(next_op_seq_, seen);
   }
   const std::string algorithm_name(AlgorithmName(algorithm));
+  const double model_seconds = ModelSeconds(config_, fp, algorithm);
   const LinkBytes moved = telemetry_.EndOp(
       absl::Now(), {fp.kind, algorithm_name, status, elapsed,
                     config_.chunk_bytes, bytes, config_.generation,
                     op.fp().op_seq, op.fp().ToString(), start,
-                    op.fingerprint_end()});
+                    op.fingerprint_end(), model_seconds});
   progress_.Finish();
   if (!status.ok()) {
     if (untouched) {
@@ -484,11 +485,13 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
     }
     return status;
   }
-  return OpResult{/*op_seq=*/op.fp().op_seq, /*algorithm=*/algorithm_name,
+  OpResult result{/*op_seq=*/op.fp().op_seq, /*algorithm=*/algorithm_name,
                   /*bytes_sent=*/moved.sent,
                   /*bytes_received=*/moved.received, /*elapsed=*/elapsed,
                   /*generation=*/config_.generation, /*rank=*/config_.rank,
                   /*world_size=*/config_.world_size};
+  result.model_seconds = model_seconds;
+  return result;
 }
 
 std::vector<PeerInfo> Communicator::ServersFor(Algorithm algorithm) const {

@@ -23,12 +23,14 @@ int FloorLog2(int n) {
   return k;
 }
 
-// The level a flat algorithm moves at: between hosts where there are two
-// or more, else inside the one host; the other level where that one is
-// not known (a model of one level).
+// The level a flat algorithm moves at: inside the host where every rank is
+// on one, else (two or more hosts, or hosts not known: a group's ring)
+// between hosts; the other level where that one is not known (a model of
+// one level).
 const LevelCost* FlatLevel(const RingShape& shape, const LinkModel& m) {
-  const LevelCost& first = shape.hosts() >= 2 ? m.net : m.local;
-  const LevelCost& second = shape.hosts() >= 2 ? m.local : m.net;
+  const bool one_host = shape.hosts() == 1;
+  const LevelCost& first = one_host ? m.local : m.net;
+  const LevelCost& second = one_host ? m.net : m.local;
   if (first.known()) return &first;
   if (second.known()) return &second;
   return nullptr;

@@ -6,8 +6,8 @@
 // Levels: `local` is a link between two ranks of one host (shared
 // memory), `net` a link between hosts. A flat algorithm on ranks spread
 // over two or more hosts moves at the pace of its slowest edge, taken to
-// be a net edge; on one host, or with hosts not known, at the local level
-// where the model has it (else the net level). Where several of a host's
+// be a net edge, and so with hosts not known (a group's ring); on one host
+// at the local level (each where the model has it, else the other). Where several of a host's
 // ranks send across hosts at once the host's NIC is charged for all of
 // them: two-level's g rings, naive's g (G-g) copies, recursive doubling's
 // cross-host rounds (g buffers; its first log2 g rounds stay inside the

@@ -182,6 +182,8 @@ LinkBytes OpTelemetry::EndOp(absl::Time now, const OpEnd& end) {
   t.last_algorithm = end.algorithm;
   t.last_chunk_bytes = end.chunk_bytes;
   t.last_op_bytes = end.op_bytes;
+  t.last_op_seconds = secs;
+  t.last_model_seconds = end.model_seconds;
   t.bytes_sent += moved.sent;
   t.bytes_received += moved.received;
   if (end.status.ok()) {

@@ -62,6 +62,10 @@ struct Telemetry {
   std::string last_algorithm;   // "" before the first operation
   uint64_t last_chunk_bytes = 0;
   uint64_t last_op_bytes = 0;
+  // The last operation's time, and what the job's link model predicted
+  // for it (0: no model or no prediction).
+  double last_op_seconds = 0;
+  double last_model_seconds = 0;
   // The last kMaxArrivals operations that succeeded, oldest first.
   std::vector<OpArrival> arrivals;
   // Time this process did not run (StallMonitor) over the window.
@@ -106,6 +110,7 @@ class OpTelemetry {
     std::string description;
     absl::Time start;
     absl::Time fingerprint_end = absl::InfinitePast();  // never: past
+    double model_seconds = 0;  // the link model's prediction; 0: none
   };
   static constexpr size_t kMaxArrivals = 256;
 

@@ -140,6 +140,8 @@ void FillRingHealth(const std::string& job_id, const MembershipView& h,
     if (!t->last_algorithm().empty()) {
       reply->set_last_algorithm(t->last_algorithm());
       reply->set_last_chunk_bytes(t->last_chunk_bytes());
+      reply->set_last_op_seconds(t->last_op_seconds());
+      reply->set_last_model_seconds(t->last_model_seconds());
     }
     if (!m.alive || m.telemetry.empty()) continue;
     LastOpInput op;

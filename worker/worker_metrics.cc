@@ -193,6 +193,8 @@ v1::WorkerTelemetry TelemetryProto(const Telemetry& tel, const Progress& p,
     x->set_end_unix_us(absl::ToUnixMicros(a.end));
   }
   t.set_last_algorithm(tel.last_algorithm);
+  t.set_last_op_seconds(tel.last_op_seconds);
+  t.set_last_model_seconds(tel.last_model_seconds);
   t.set_last_chunk_bytes(tel.last_chunk_bytes);
   t.set_last_op_bytes(tel.last_op_bytes);
   t.set_awaited_rank(-1);

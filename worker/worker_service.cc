@@ -24,6 +24,7 @@ v1::OpStats ToStats(const OpResult& r) {
   s.set_rank(r.rank);
   s.set_world_size(r.world_size);
   s.set_peer(r.peer);
+  s.set_model_seconds(r.model_seconds);
   return s;
 }
 

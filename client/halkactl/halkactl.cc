@@ -502,8 +502,13 @@ int BenchCommand() {
 void PrintAllReduce(int rank, int g, OpKind kind, const OpInfo& info,
                     DType dtype, ReduceOp op, int64_t count, double ms,
                     absl::Time t1, size_t wrong) {
+  // model_ms only where the job has a link model: what it predicted.
+  const std::string model =
+      info.model_seconds > 0
+          ? absl::StrFormat(" model_ms=%.3f", info.model_seconds * 1e3)
+          : "";
   std::printf("rank %d/%d: %s #%llu %s x %lld %s algo=%s via %s in "
-              "%.2f ms (worker_ms=%.2f end_unix_ms=%.3f), sent %llu B, "
+              "%.2f ms (worker_ms=%.2f%s end_unix_ms=%.3f), sent %llu B, "
               "received %llu B, "
               "#wrong %zu\n",
               rank, g, std::string(OpKindName(kind)).c_str(),
@@ -512,7 +517,7 @@ void PrintAllReduce(int rank, int g, OpKind kind, const OpInfo& info,
               static_cast<long long>(count),
               std::string(ReduceOpName(op)).c_str(), info.algorithm.c_str(),
               (info.transfer + (info.session ? "+session" : "")).c_str(),
-              ms, info.seconds * 1e3,
+              ms, info.seconds * 1e3, model.c_str(),
               // Wall clock when the result came back (before the check):
               // with worker_ms it places every rank's operation on one
               // time line (netns_scaling.sh: time from the last rank's

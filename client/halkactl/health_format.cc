@@ -215,8 +215,16 @@ std::string FormatHealth(const RingHealth& h) {
   absl::StrAppend(&out, FormatLinks(h));
   if (!h.last_algorithm.empty()) {
     absl::StrAppend(&out, absl::StrFormat(
-                              "last operations: algorithm %s, chunk %d bytes\n",
+                              "last operations: algorithm %s, chunk %d bytes",
                               h.last_algorithm, h.last_chunk_bytes));
+    if (h.last_model_seconds > 0) {
+      absl::StrAppend(&out, absl::StrFormat(
+                                "; the last took %.3f ms, the link model "
+                                "predicted %.3f ms",
+                                h.last_op_seconds * 1e3,
+                                h.last_model_seconds * 1e3));
+    }
+    absl::StrAppend(&out, "\n");
   }
   absl::StrAppend(&out, FormatEdges(h), FormatRanks(h));
   if (!h.diagnosis.summary.empty()) {

@@ -28,6 +28,11 @@ namespace halka {
 // Which algorithm an operation runs; every rank resolves the same way from
 // the fingerprint and the configuration alone.
 Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp);
+// What the job's link model (config.link_model) predicts for `fp` run with
+// `algorithm` (as ResolveAlgorithm resolved it), in seconds; 0 without a
+// model or a prediction.
+double ModelSeconds(const CommConfig& config, const Fingerprint& fp,
+                    Algorithm algorithm);
 // Passes every rank's fingerprint to every rank: at once when
 // op.all_to_all() (with the whole buffer riding along for an eager naive
 // all-reduce, kept in op.eager()), else once around the ring (G-1 hops).

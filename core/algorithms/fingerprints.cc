@@ -217,9 +217,7 @@ namespace {
 // allow it; for an all-reduce the tree anywhere, naive and recursive
 // doubling where every rank may talk to every rank). nullopt without a
 // model, or where it cannot predict (a level it lacks): the counting rules.
-std::optional<Algorithm> ByLinkModel(const CommConfig& config,
-                                     const Fingerprint& fp) {
-  if (!config.link_model.has_value()) return std::nullopt;
+RingShape ShapeOf(const CommConfig& config) {
   RingShape shape;
   shape.world = config.world_size;
   if (HostsPartitionRanks(config)) {
@@ -227,6 +225,13 @@ std::optional<Algorithm> ByLinkModel(const CommConfig& config,
       shape.host_sizes.push_back(static_cast<int>(h.size()));
     }
   }
+  return shape;
+}
+
+std::optional<Algorithm> ByLinkModel(const CommConfig& config,
+                                     const Fingerprint& fp) {
+  if (!config.link_model.has_value()) return std::nullopt;
+  const RingShape shape = ShapeOf(config);
   const double bytes = static_cast<double>(fp.count * DTypeSize(fp.dtype));
   std::optional<ModelChoice> best = BestByModel(
       shape, fp.kind, bytes, *config.link_model,
@@ -237,6 +242,15 @@ std::optional<Algorithm> ByLinkModel(const CommConfig& config,
 }
 
 }  // namespace
+
+double ModelSeconds(const CommConfig& config, const Fingerprint& fp,
+                    Algorithm algorithm) {
+  if (!config.link_model.has_value()) return 0;
+  return PredictSeconds(ShapeOf(config), fp.kind, algorithm,
+                        static_cast<double>(fp.count * DTypeSize(fp.dtype)),
+                        *config.link_model)
+      .value_or(0);
+}
 
 Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
   switch (fp.kind) {

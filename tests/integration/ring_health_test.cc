@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -335,6 +336,7 @@ TEST(RingHealth, InterleavedHostsRunInHostOrder) {
   for (int r = 0; r < g; ++r) {
     ASSERT_TRUE(ar[r].ok()) << ar[r].status();
     EXPECT_EQ(ar[r]->rank, r);
+    EXPECT_EQ(ar[r]->model_seconds, 0) << "no link model, no prediction";
     EXPECT_EQ(bufs[r], std::vector<float>(n, 10.0f)) << "rank " << r;
   }
   // Reduce-scatter: rank r gets slice r; all-gather: slice i is rank i's;
@@ -421,9 +423,13 @@ TEST(RingHealth, TheJobsLinkModelDrivesAutoAndHealthShowsIt) {
     small[r].assign(16, static_cast<float>(r + 1));
     return clients[r]->AllReduce(absl::MakeSpan(small[r]), ReduceOp::kSum);
   });
+  // What the model predicted for it, on every rank: naive on 2 x 2, one
+  // net hop and 2 x 2 copies of 64 bytes through a host's NIC.
+  const double predicted = 100e-6 + 4 * 64 / 1e9;
   for (int r = 0; r < g; ++r) {
     ASSERT_TRUE(ar[r].ok()) << ar[r].status();
     EXPECT_EQ(ar[r]->algorithm, "naive") << "rank " << r;
+    EXPECT_NEAR(ar[r]->model_seconds, predicted, 1e-12) << "rank " << r;
     EXPECT_EQ(small[r], std::vector<float>(16, 10.0f)) << "rank " << r;
   }
   const size_t slice = 1000;
@@ -443,7 +449,18 @@ TEST(RingHealth, TheJobsLinkModelDrivesAutoAndHealthShowsIt) {
                                                     g * r * 10 + 0 + 1 + 2 + 3)))
         << "rank " << r;
   }
-  const v1::RingHealth h = GetHealth(*cluster);
+  // The reduce-scatter's prediction reaches health with the heartbeats.
+  const double rs_predicted = rs[0]->model_seconds;
+  EXPECT_GT(rs_predicted, 0);
+  v1::RingHealth h;
+  for (int i = 0; i < 50; ++i) {
+    h = GetHealth(*cluster);
+    if (h.last_model_seconds() == rs_predicted) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(h.last_algorithm(), "two_level");
+  EXPECT_DOUBLE_EQ(h.last_model_seconds(), rs_predicted);
+  EXPECT_GT(h.last_op_seconds(), 0);
   ASSERT_TRUE(h.has_link_model());
   EXPECT_DOUBLE_EQ(h.link_model().local_alpha_us(), 1.0);
   EXPECT_DOUBLE_EQ(h.link_model().net_bytes_per_s(), 1e9);
@@ -451,6 +468,15 @@ TEST(RingHealth, TheJobsLinkModelDrivesAutoAndHealthShowsIt) {
   EXPECT_THAT(table,
               HasSubstr("link model (auto ranks by it): local: alpha 1.0 us, "
                         "B 10.000 GB/s; net: alpha 100.0 us, B 1.000 GB/s\n"))
+      << table;
+  EXPECT_THAT(table, HasSubstr(absl::StrFormat(
+                         "last operations: algorithm two_level, chunk %d "
+                         "bytes; the last took ",
+                         h.last_chunk_bytes())))
+      << table;
+  EXPECT_THAT(table, HasSubstr(absl::StrFormat(
+                         ", the link model predicted %.3f ms\n",
+                         rs_predicted * 1e3)))
       << table;
 
   LocalCluster::Options bad = o;

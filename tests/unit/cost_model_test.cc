@@ -78,7 +78,14 @@ TEST(CostModel, FlatAlgorithmsOnSeveralHostsMoveAtTheNetLevel) {
   EXPECT_NEAR(Predict(RingShape{4, {4}}, OpKind::kAllReduce, Algorithm::kRing,
                       4e6, m),
               6 * (1e-6 + 1e6 / 1e10), kTol);
-  // Hosts not known, a model of one level (the net's): that level.
+  // Hosts not known (a group's ring): the net level, not the local one.
+  EXPECT_NEAR(Predict(RingShape{4, {}}, OpKind::kAllReduce, Algorithm::kRing,
+                      4e6, m),
+              6 * (1e-4 + 1e6 / 1e9), kTol);
+  // A model of one level: that level, wherever the ranks are.
+  EXPECT_NEAR(Predict(RingShape{4, {4}}, OpKind::kAllReduce, Algorithm::kRing,
+                      4e6, LinkModel{LevelCost{}, m.net}),
+              6 * (1e-4 + 1e6 / 1e9), kTol);
   LinkModel net_only;
   net_only.net = m.net;
   EXPECT_NEAR(Predict(RingShape{4, {}}, OpKind::kAllReduce, Algorithm::kRing,
@@ -302,6 +309,17 @@ TEST(CostModel, AutoRanksByTheJobsModelWhereItHasOne) {
   EXPECT_EQ(ResolveAlgorithm(slow_local, Call(OpKind::kReduceScatter, 4000,
                                               Algorithm::kTwoLevel)),
             Algorithm::kTwoLevel);
+  // What it predicted for what ran (0 without a model).
+  EXPECT_DOUBLE_EQ(
+      ModelSeconds(model, Call(OpKind::kAllReduce, 16), Algorithm::kNaive),
+      *PredictSeconds(RingShape{4, {2, 2}}, OpKind::kAllReduce,
+                      Algorithm::kNaive, 64, TwoLevels()));
+  EXPECT_EQ(ModelSeconds(counting, Call(OpKind::kAllReduce, 16),
+                         Algorithm::kRecursiveDoubling),
+            0);
+  EXPECT_EQ(ModelSeconds(model, Call(OpKind::kAllReduce, 16),
+                         Algorithm::kParameterServer),
+            0);
   // A model that cannot predict (no level known): the counting rules.
   EXPECT_EQ(ResolveAlgorithm(HostsOfTwo(LinkModel{}),
                              Call(OpKind::kAllReduce, 16)),

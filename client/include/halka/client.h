@@ -90,6 +90,10 @@ struct OpInfo {
                                 // "in-process"
   bool session = false;         // sent through the shared-memory session
   int peer = -1;                // Send: the rank it went to; Recv: from
+  // What the job's link model predicted for the algorithm that ran
+  // (halka-rendezvous --link_model), in seconds; 0: no model or no
+  // prediction.
+  double model_seconds = 0;
 };
 
 // Host memory shared with the local worker: collectives on it copy nothing.

@@ -129,6 +129,10 @@ struct RingHealth {
   Diagnosis diagnosis;
   std::string last_algorithm;            // what the last operations used
   uint64_t last_chunk_bytes = 0;
+  // The last operation's time on the member that reported it, and what
+  // the job's link model predicted for it (0: no model or no prediction).
+  double last_op_seconds = 0;
+  double last_model_seconds = 0;
   // The ring's path: ring_order[p] is the rank at ring position p (each
   // host's ranks adjacent; rank order when a member named no host), and
   // the hosts in ring order with their ranks (empty: a member named none).

@@ -188,7 +188,8 @@ std::optional<ModelChoice> BestByModel(const RingShape& shape, OpKind kind,
 
 std::vector<Algorithm> AutoCandidates(const RingShape& shape, OpKind kind,
                                       double bytes, int all_to_all_max_world,
-                                      double doubling_max_bytes) {
+                                      double doubling_max_bytes,
+                                      double naive_max_bytes) {
   std::vector<Algorithm> candidates = {Algorithm::kRing};
   if (kind != OpKind::kAllReduce && kind != OpKind::kReduceScatter &&
       kind != OpKind::kAllGather) {
@@ -198,10 +199,12 @@ std::vector<Algorithm> AutoCandidates(const RingShape& shape, OpKind kind,
   if (kind == OpKind::kAllReduce) {
     candidates.push_back(Algorithm::kTree);
     if (shape.world <= all_to_all_max_world) {
-      candidates.push_back(Algorithm::kNaive);
+      // Recursive doubling before naive: at G = 2 the two cost the same
+      // and ties go to the earlier.
       if (bytes <= doubling_max_bytes) {
         candidates.push_back(Algorithm::kRecursiveDoubling);
       }
+      if (bytes <= naive_max_bytes) candidates.push_back(Algorithm::kNaive);
     }
   }
   return candidates;
@@ -217,6 +220,20 @@ std::string DescribeLevel(const LevelCost& level) {
   if (!level.known()) return "not known";
   return absl::StrFormat("alpha %.1f us, B %.3f GB/s", level.alpha_s * 1e6,
                          level.bytes_per_s / 1e9);
+}
+
+bool SameLinkModel(const std::optional<LinkModel>& a,
+                   const std::optional<LinkModel>& b) {
+  if (!a.has_value() || !b.has_value()) return a.has_value() == b.has_value();
+  // Within a part in 10^9: the wire carries alpha in microseconds, so a
+  // model read back from a membership may differ in its last bits.
+  auto close = [](double x, double y) {
+    return std::fabs(x - y) <= 1e-9 * std::max(std::fabs(x), std::fabs(y));
+  };
+  auto same = [&](const LevelCost& x, const LevelCost& y) {
+    return close(x.alpha_s, y.alpha_s) && close(x.bytes_per_s, y.bytes_per_s);
+  };
+  return same(a->local, b->local) && same(a->net, b->net);
 }
 
 std::string DescribeLinkModel(const LinkModel& model) {
@@ -246,6 +263,10 @@ absl::StatusOr<LinkModel> ParseLinkModel(const std::string& text) {
     }
     level->alpha_s = alpha_us * 1e-6;
     level->bytes_per_s = gbps * 1e9;
+    if (!std::isfinite(level->bytes_per_s)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("link model: '", part, "': the rate is too large"));
+    }
     any = true;
   }
   if (!any) {

@@ -66,15 +66,18 @@ std::optional<double> PredictSeconds(const RingShape& shape, OpKind kind,
                                      const LinkModel& model);
 
 // What AUTO may run for `kind` of `bytes` on `shape`, as
-// ResolveAlgorithm allows it: the ring; two-level where the hosts allow
-// it (all-reduce, reduce-scatter, all-gather); for an all-reduce the tree,
-// and naive and recursive doubling (up to doubling_max_bytes, where a
-// frame may carry the whole buffer) on worlds of at most
-// all_to_all_max_world.
+// ResolveAlgorithm allows it, in the order ties go: the ring; two-level
+// where the hosts allow it (all-reduce, reduce-scatter, all-gather); for
+// an all-reduce the tree, and on worlds of at most all_to_all_max_world
+// recursive doubling (up to doubling_max_bytes, where a frame may carry
+// the whole buffer) and naive (up to naive_max_bytes, the eager size: it
+// stages a whole copy of the buffer and does not pipeline, which the
+// model does not price).
 std::vector<Algorithm> AutoCandidates(
     const RingShape& shape, OpKind kind, double bytes,
     int all_to_all_max_world = 16,
-    double doubling_max_bytes = 16.0 * (1 << 20));
+    double doubling_max_bytes = 16.0 * (1 << 20),
+    double naive_max_bytes = 64.0 * 1024);
 
 // The algorithm with the least predicted time for `kind` of `bytes` on
 // `shape` among AutoCandidates (the defaults), and its prediction.
@@ -91,6 +94,11 @@ std::optional<ModelChoice> BestByModel(const RingShape& shape, OpKind kind,
 std::optional<ModelChoice> BestByModel(const RingShape& shape, OpKind kind,
                                        double bytes, const LinkModel& model,
                                        const std::vector<Algorithm>& candidates);
+
+// Whether two optional models are the same (both none, or every value
+// equal within a part in 10^9: read back from a membership's microseconds).
+bool SameLinkModel(const std::optional<LinkModel>& a,
+                   const std::optional<LinkModel>& b);
 
 // "alpha 38.0 us, B 1.210 GB/s" for a level; "not known" where it is not.
 std::string DescribeLevel(const LevelCost& level);

@@ -101,6 +101,22 @@ absl::Status RendezvousState::Restore(const std::string& job_id,
   job.change = absl::StrCat("generation ", job.generation,
                             ": restored from the members' claims after the "
                             "rendezvous restarted");
+  if (!SameLinkModel(claim.link_model, options_.link_model)) {
+    // Every rank of a generation must rank by one model: the claimed ring
+    // ran with another, so the restored one is a new generation, which
+    // every member rebuilds with this rendezvous's model.
+    ++job.generation;
+    job.change = absl::StrCat(
+        "generation ", claim.generation, "->", job.generation,
+        ": restored from the members' claims after the rendezvous "
+        "restarted, with another link model (",
+        options_.link_model ? DescribeLinkModel(*options_.link_model)
+                            : std::string("none"),
+        "; the ring ran with ",
+        claim.link_model ? DescribeLinkModel(*claim.link_model)
+                         : std::string("none"),
+        ")");
+  }
   events_.push_back(absl::StrCat("job ", job_id, ": ", job.change));
   jobs_.emplace(job_id, std::move(job));
   return absl::OkStatus();

@@ -35,6 +35,12 @@ RingClaim ClaimFrom(const v1::Membership& m) {
     v.host = x.host();
     c.members.push_back(std::move(v));
   }
+  if (m.has_link_model()) {
+    const v1::LinkModel& lm = m.link_model();
+    c.link_model = LinkModel{
+        LevelCost{lm.local_alpha_us() * 1e-6, lm.local_bytes_per_s()},
+        LevelCost{lm.net_alpha_us() * 1e-6, lm.net_bytes_per_s()}};
+  }
   return c;
 }
 

@@ -137,6 +137,8 @@ struct RingClaim {
   int min_world_size = 0;
   int max_world_size = 0;
   std::vector<MemberView> members;  // ring order
+  // The link model the claimed generation ran with (Membership.link_model).
+  std::optional<LinkModel> link_model;
 };
 
 class RendezvousState {

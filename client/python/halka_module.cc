@@ -307,6 +307,7 @@ PYBIND11_MODULE(_halka, m) {
       .def_readonly("zero_copy", &OpInfo::zero_copy)
       .def_readonly("transfer", &OpInfo::transfer)
       .def_readonly("peer", &OpInfo::peer)
+      .def_readonly("model_seconds", &OpInfo::model_seconds)
       .def("__repr__", [](const OpInfo& i) {
         return absl::StrCat("OpInfo(op_seq=", i.op_seq, ", algorithm='",
                             i.algorithm, "', rank=", i.rank, ", world_size=",

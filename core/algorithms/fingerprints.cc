@@ -18,8 +18,15 @@ namespace {
 // algorithm its fingerprint names, or, for a worker older than the tree
 // (which says nothing), what its auto runs.
 Algorithm TheirAlgorithm(const OpContext& op, const Fingerprint& f) {
-  const Algorithm runs = op.algorithm();
   if (f.resolved != Algorithm::kAuto) return f.resolved;
+  // Such a worker knows no link model: what this rank's counting rules
+  // would run is where its guess starts.
+  Algorithm runs = op.algorithm();
+  if (op.config().link_model.has_value() && f.algorithm == Algorithm::kAuto) {
+    CommConfig rules = op.config();
+    rules.link_model.reset();
+    runs = ResolveAlgorithm(rules, op.fp());
+  }
   // (An older worker's auto runs naive or the ring: where this rank's auto
   // runs the tree or two-level it runs the ring, where recursive doubling
   // naive.)
@@ -212,11 +219,8 @@ absl::Status CheckFingerprintPair(OpContext& op, int from,
 
 namespace {
 
-// AUTO by the job's link model: the algorithm it predicts fastest for this
-// call among those that may run on this ring (two-level where the hosts
-// allow it; for an all-reduce the tree anywhere, naive and recursive
-// doubling where every rank may talk to every rank). nullopt without a
-// model, or where it cannot predict (a level it lacks): the counting rules.
+// The ring's shape as the cost model sees it: the host sizes where the
+// hosts partition the ranks, else none known.
 RingShape ShapeOf(const CommConfig& config) {
   RingShape shape;
   shape.world = config.world_size;
@@ -228,15 +232,28 @@ RingShape ShapeOf(const CommConfig& config) {
   return shape;
 }
 
+// AUTO by the job's link model: the algorithm it predicts fastest for this
+// call among those that may run on this ring (AutoCandidates). nullopt
+// without a model, or with one that cannot price every candidate (a level
+// it lacks): the counting rules.
 std::optional<Algorithm> ByLinkModel(const CommConfig& config,
                                      const Fingerprint& fp) {
   if (!config.link_model.has_value()) return std::nullopt;
   const RingShape shape = ShapeOf(config);
   const double bytes = static_cast<double>(fp.count * DTypeSize(fp.dtype));
-  std::optional<ModelChoice> best = BestByModel(
-      shape, fp.kind, bytes, *config.link_model,
+  const std::vector<Algorithm> candidates =
       AutoCandidates(shape, fp.kind, bytes, config.all_to_all_max_world,
-                     static_cast<double>(kDoublingMaxBytes)));
+                     static_cast<double>(kDoublingMaxBytes),
+                     static_cast<double>(config.eager_bytes));
+  // Only a model that prices every candidate ranks them (one that lacks
+  // the level two-level or the tree needs would drop them unseen).
+  for (Algorithm a : candidates) {
+    if (!PredictSeconds(shape, fp.kind, a, bytes, *config.link_model)) {
+      return std::nullopt;
+    }
+  }
+  std::optional<ModelChoice> best =
+      BestByModel(shape, fp.kind, bytes, *config.link_model, candidates);
   if (!best.has_value()) return std::nullopt;
   return best->algorithm;
 }

@@ -233,7 +233,11 @@ lose_and_heal() {
     local two_level
     two_level=$(grep -c '^call .* outcome=ok .* algo=two_level msg=' "$SYS_LOG/$DNAME.out")
     log "[$name] correct two_level calls: $two_level"
-    (( two_level > 0 )) || { SYS_FAILED=1; log "[$name] no operation ran two_level"; }
+    if (( two_level == 0 )); then
+      SYS_FAILED=1
+      RESULTS+=("SCENARIO $name: FAILED: no correct two_level call (the hierarchical path was not exercised)")
+      log "[$name] no operation ran two_level"
+    fi
   fi
   end_job
 }

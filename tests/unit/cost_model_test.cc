@@ -217,6 +217,21 @@ TEST(CostModel, TheChoiceFollowsSizeAndLatency) {
             Algorithm::kRing);
 }
 
+TEST(CostModel, SameLinkModelReadsBackWhatAMembershipCarries) {
+  const LinkModel m = *ParseLinkModel("local=3:7.5,net=47:1.1");
+  // As the rendezvous writes it (microseconds) and a worker reads it back.
+  LinkModel back = m;
+  back.local.alpha_s = (m.local.alpha_s * 1e6) * 1e-6;
+  back.net.alpha_s = (m.net.alpha_s * 1e6) * 1e-6;
+  EXPECT_TRUE(SameLinkModel(m, back));
+  EXPECT_TRUE(SameLinkModel(std::nullopt, std::nullopt));
+  EXPECT_FALSE(SameLinkModel(m, std::nullopt));
+  EXPECT_FALSE(SameLinkModel(std::nullopt, m));
+  LinkModel other = m;
+  other.net.bytes_per_s *= 1.001;
+  EXPECT_FALSE(SameLinkModel(m, other));
+}
+
 TEST(CostModel, ItsTextFormAndWhatIsRefused) {
   absl::StatusOr<LinkModel> m = ParseLinkModel("local=5:8,net=60:1.25");
   ASSERT_TRUE(m.ok()) << m.status();
@@ -232,7 +247,7 @@ TEST(CostModel, ItsTextFormAndWhatIsRefused) {
   EXPECT_TRUE(net->net.known());
   for (const char* bad : {"", ",", "wan=1:1", "local=1", "local=:1",
                           "local=-1:1", "local=1:0", "local=1:-2", "net=x:1",
-                          "net=1:inf", "local=1:1,net"}) {
+                          "net=1:inf", "local=1:1,net", "net=1:1e300"}) {
     absl::StatusOr<LinkModel> r = ParseLinkModel(bad);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(r.status().message().find("link model"), std::string::npos)
@@ -320,6 +335,25 @@ TEST(CostModel, AutoRanksByTheJobsModelWhereItHasOne) {
   EXPECT_EQ(ModelSeconds(model, Call(OpKind::kAllReduce, 16),
                          Algorithm::kParameterServer),
             0);
+  // A model of one level on hosts cannot price two-level or the tree: the
+  // counting rules (two-level at 4 MB), not a ranking without them.
+  EXPECT_EQ(ResolveAlgorithm(HostsOfTwo(LinkModel{LevelCost{}, TwoLevels().net}),
+                             Call(OpKind::kAllReduce, 1 << 20)),
+            Algorithm::kTwoLevel);
+  EXPECT_EQ(ResolveAlgorithm(HostsOfTwo(LinkModel{TwoLevels().local, LevelCost{}}),
+                             Call(OpKind::kReduceScatter, 4000)),
+            Algorithm::kTwoLevel);
+  // Two ranks: recursive doubling's one swap ties naive's one hop and goes
+  // first; naive only up to eager_bytes; above 16 MiB the ring.
+  CommConfig two;
+  two.world_size = 2;
+  two.link_model = OneLevel(1e-5, 1e9);
+  EXPECT_EQ(ResolveAlgorithm(two, Call(OpKind::kAllReduce, 16)),
+            Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(ResolveAlgorithm(two, Call(OpKind::kAllReduce, 1 << 20)),
+            Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(ResolveAlgorithm(two, Call(OpKind::kAllReduce, 16 << 20)),
+            Algorithm::kRing);
   // A model that cannot predict (no level known): the counting rules.
   EXPECT_EQ(ResolveAlgorithm(HostsOfTwo(LinkModel{}),
                              Call(OpKind::kAllReduce, 16)),

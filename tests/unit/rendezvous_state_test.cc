@@ -738,11 +738,12 @@ TEST_F(RendezvousStateTest, RestartUnderSameIdAndAddressReplacesOldProcess) {
   EXPECT_EQ(state_.Join(other, now_).code(), absl::StatusCode::kAlreadyExists);
 }
 
-TEST_F(RendezvousStateTest, RestoreFromClaimKeepsGenerationAndRanks) {
+// Three members' claim of generation 7 (elastic min..max).
+RingClaim ClaimOfThree(int min, int max) {
   RingClaim c;
   c.generation = 7;
-  c.min_world_size = 2;
-  c.max_world_size = 4;
+  c.min_world_size = min;
+  c.max_world_size = max;
   for (int i = 0; i < 3; ++i) {
     MemberView v;
     v.rank = i;
@@ -751,6 +752,11 @@ TEST_F(RendezvousStateTest, RestoreFromClaimKeepsGenerationAndRanks) {
     v.since_generation = 1;
     c.members.push_back(v);
   }
+  return c;
+}
+
+TEST_F(RendezvousStateTest, RestoreFromClaimKeepsGenerationAndRanks) {
+  RingClaim c = ClaimOfThree(2, 4);
   EXPECT_EQ(state_.Heartbeat("e", "w0", "", now_).status().code(),
             absl::StatusCode::kNotFound);
   ASSERT_TRUE(state_.Restore("e", c, now_).ok());
@@ -775,6 +781,45 @@ TEST_F(RendezvousStateTest, RestoreFromClaimKeepsGenerationAndRanks) {
   bad.members[1].rank = 2;
   EXPECT_EQ(state_.Restore("x", bad, now_).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A rendezvous restarted with another link model than the claimed ring
+// ran with restores it as the next generation (every member rebuilds with
+// one model); with the same model, at its generation.
+TEST(RendezvousRestore, AnotherLinkModelMakesTheNextGeneration) {
+  const RingClaim c = ClaimOfThree(3, 3);
+  const LinkModel model = *ParseLinkModel("local=2:8,net=50:1.2");
+  RendezvousOptions with_model;
+  with_model.link_model = model;
+  const absl::Time now = absl::FromUnixSeconds(1000);
+  {
+    RendezvousState s(with_model);
+    ASSERT_TRUE(s.Restore("e", c, now).ok());  // the ring ran with none
+    auto h = s.Health("e", now);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(h->generation, 8u);
+    EXPECT_THAT(h->change, HasSubstr("generation 7->8: restored"));
+    EXPECT_THAT(h->change, HasSubstr("another link model"));
+    ASSERT_TRUE(h->link_model.has_value());
+    EXPECT_TRUE(SameLinkModel(h->link_model, model));
+  }
+  {
+    RendezvousState s(with_model);
+    RingClaim same = c;
+    same.link_model = model;
+    same.link_model->net.alpha_s = (model.net.alpha_s * 1e6) * 1e-6;
+    ASSERT_TRUE(s.Restore("e", same, now).ok());
+    EXPECT_EQ(s.Health("e", now)->generation, 7u);
+  }
+  {
+    RendezvousState s;  // restarted without one
+    RingClaim had = c;
+    had.link_model = model;
+    ASSERT_TRUE(s.Restore("e", had, now).ok());
+    auto h = s.Health("e", now);
+    EXPECT_EQ(h->generation, 8u);
+    EXPECT_FALSE(h->link_model.has_value());
+  }
 }
 
 TEST_F(RendezvousStateTest, StaggeredSilenceOfAWholeJobIsAPartition) {

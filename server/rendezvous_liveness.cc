@@ -57,6 +57,22 @@ absl::StatusOr<HeartbeatResult> RendezvousState::Heartbeat(
   return out;
 }
 
+bool RendezvousState::CatchUp(const std::string& job_id,
+                              const std::string& worker_id, uint64_t held) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || held <= it->second.generation) return false;
+  Job& job = it->second;
+  const uint64_t was = job.generation;
+  job.generation = held + 1;
+  job.change = absl::StrCat(
+      "generation ", was, "->", job.generation, ": worker ", worker_id,
+      " holds generation ", held, ", newer than the one restored from the "
+      "first claim after the rendezvous restarted; every member takes the "
+      "next");
+  events_.push_back(absl::StrCat("job ", job_id, ": ", job.change));
+  return true;
+}
+
 absl::Status RendezvousState::Restore(const std::string& job_id,
                                       const RingClaim& claim, absl::Time now) {
   if (jobs_.count(job_id)) return absl::OkStatus();

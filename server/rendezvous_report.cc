@@ -140,14 +140,14 @@ void FillRingHealth(const std::string& job_id, const MembershipView& h,
     if (!t->last_algorithm().empty()) {
       reply->set_last_algorithm(t->last_algorithm());
       reply->set_last_chunk_bytes(t->last_chunk_bytes());
-    }
-    // The last operation's time beside its prediction: from a live
-    // member whose last operation succeeded (a failed one's time is its
-    // deadline or its fault, not the algorithm's).
-    if (m.alive && !t->last_algorithm().empty() &&
-        t->last_op_outcome() != v1::OP_OUTCOME_FAILED) {
-      reply->set_last_op_seconds(t->last_op_seconds());
-      reply->set_last_model_seconds(t->last_model_seconds());
+      // The last operation's time beside its prediction, from the same
+      // member, where it is live and its last operation succeeded (a
+      // failed one's time is its deadline or its fault, not the
+      // algorithm's).
+      const bool timed = m.alive &&
+                         t->last_op_outcome() != v1::OP_OUTCOME_FAILED;
+      reply->set_last_op_seconds(timed ? t->last_op_seconds() : 0);
+      reply->set_last_model_seconds(timed ? t->last_model_seconds() : 0);
     }
     if (!m.alive || m.telemetry.empty()) continue;
     LastOpInput op;

@@ -341,6 +341,14 @@ grpc::Status RendezvousService::HeartbeatLocked(
     r = state_.Heartbeat(req.job_id(), req.worker_id(), telemetry, now);
   }
   if (!r.ok()) return ToGrpcStatus(r.status());
+  if (req.generation() > r->generation &&
+      state_.CatchUp(req.job_id(), req.worker_id(), req.generation())) {
+    // A member ahead of a restored job (its first claim was stale): a
+    // ring with a number of its own for everyone, not two rings under one.
+    Publish();
+    r = state_.Heartbeat(req.job_id(), req.worker_id(), telemetry, now);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+  }
   reply->set_generation(r->generation);
   for (int d : r->dead_ranks) reply->add_dead_ranks(d);
   return grpc::Status::OK;

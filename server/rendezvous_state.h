@@ -201,9 +201,18 @@ class RendezvousState {
                                             absl::Time now);
 
   // Re-creates a job the rendezvous forgot (it restarted) from a member's
-  // claim, at the claimed generation, every claimed member alive as of
-  // `now`. No-op when the job exists. Errors: INVALID_ARGUMENT (a claim
-  // that is not a ring), RESOURCE_EXHAUSTED.
+  // claim, at the claimed generation (the next one when the claimed ring
+  // ran with another link model than options().link_model), every claimed
+  // member alive as of `now`. No-op when the job exists. Errors:
+  // INVALID_ARGUMENT (a claim that is not a ring), RESOURCE_EXHAUSTED.
+  // A member of `job_id` holds `held`, a generation newer than the job's
+  // (the job was restored from a claim older than the ring the previous
+  // rendezvous last published): the job moves past both, to held + 1, so
+  // that every member, whichever ring it holds, gets the next membership.
+  // True when it moved (publish it).
+  bool CatchUp(const std::string& job_id, const std::string& worker_id,
+               uint64_t held);
+
   absl::Status Restore(const std::string& job_id, const RingClaim& claim,
                        absl::Time now);
 

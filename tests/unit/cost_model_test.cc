@@ -227,8 +227,13 @@ TEST(CostModel, SameLinkModelReadsBackWhatAMembershipCarries) {
   EXPECT_TRUE(SameLinkModel(std::nullopt, std::nullopt));
   EXPECT_FALSE(SameLinkModel(m, std::nullopt));
   EXPECT_FALSE(SameLinkModel(std::nullopt, m));
+  // Within a part in 10^9, not beyond.
+  LinkModel near = m;
+  near.net.alpha_s *= 1 + 1e-12;
+  near.local.bytes_per_s *= 1 - 1e-12;
+  EXPECT_TRUE(SameLinkModel(m, near));
   LinkModel other = m;
-  other.net.bytes_per_s *= 1.001;
+  other.net.bytes_per_s *= 1 + 1e-8;
   EXPECT_FALSE(SameLinkModel(m, other));
 }
 

@@ -809,7 +809,9 @@ TEST(RendezvousRestore, AnotherLinkModelMakesTheNextGeneration) {
     same.link_model = model;
     same.link_model->net.alpha_s = (model.net.alpha_s * 1e6) * 1e-6;
     ASSERT_TRUE(s.Restore("e", same, now).ok());
-    EXPECT_EQ(s.Health("e", now)->generation, 7u);
+    auto h = s.Health("e", now);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(h->generation, 7u);
   }
   {
     RendezvousState s;  // restarted without one
@@ -817,9 +819,28 @@ TEST(RendezvousRestore, AnotherLinkModelMakesTheNextGeneration) {
     had.link_model = model;
     ASSERT_TRUE(s.Restore("e", had, now).ok());
     auto h = s.Health("e", now);
+    ASSERT_TRUE(h.ok()) << h.status();
     EXPECT_EQ(h->generation, 8u);
     EXPECT_FALSE(h->link_model.has_value());
   }
+}
+
+// A member ahead of a restored job (the first claim was stale): the job
+// moves past both numbers; members at or behind it change nothing.
+TEST(RendezvousRestore, AMemberAheadOfTheRestoredJobMovesItPastBoth) {
+  RendezvousState s;
+  const absl::Time now = absl::FromUnixSeconds(1000);
+  ASSERT_TRUE(s.Restore("e", ClaimOfThree(3, 3), now).ok());  // at 7
+  EXPECT_FALSE(s.CatchUp("e", "w0", 7));
+  EXPECT_FALSE(s.CatchUp("e", "w0", 6));
+  EXPECT_FALSE(s.CatchUp("nope", "w0", 9));
+  EXPECT_TRUE(s.CatchUp("e", "w1", 8));
+  auto h = s.Health("e", now);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->generation, 9u);
+  EXPECT_THAT(h->change, HasSubstr("generation 7->9: worker w1 holds "
+                                   "generation 8"));
+  EXPECT_FALSE(s.CatchUp("e", "w2", 9));  // now the job's own
 }
 
 TEST_F(RendezvousStateTest, StaggeredSilenceOfAWholeJobIsAPartition) {

@@ -561,7 +561,15 @@ class WireTapTest : public WireLinkTest {
 TEST_P(WireTapTest, SmallFramesComeThroughTheTapAndLargeOnesFromTheReader) {
   ASSERT_TRUE(Connect(ExpectTapped(), key_).ok());
   {
+    // Connect returns once this end is connected; the listener's thread
+    // makes the receiver (and its tap) when it accepts, maybe after that.
     absl::MutexLock lock(&mu_);
+    auto accepted = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return receiver_ != nullptr;
+    };
+    ASSERT_TRUE(
+        mu_.AwaitWithTimeout(absl::Condition(&accepted), absl::Seconds(10)))
+        << "the listener never accepted";
     ASSERT_NE(tap_, nullptr) << "no eventfd: the link has no tap";
     ASSERT_TRUE(tap_->polled());
   }

@@ -4,6 +4,7 @@
 
 #include <utility>
 
+#include "codec/membership_codec.h"
 #include "core/cost_model.h"
 
 namespace halka {
@@ -173,11 +174,7 @@ RingHealth ToRingHealth(const v1::RingHealth& r) {
     h.hosts.push_back(HostGroup{g.host(), {g.ranks().begin(), g.ranks().end()}});
   }
   if (r.has_link_model()) {
-    const v1::LinkModel& lm = r.link_model();
-    LinkModel m;
-    m.local = LevelCost{lm.local_alpha_us() * 1e-6, lm.local_bytes_per_s()};
-    m.net = LevelCost{lm.net_alpha_us() * 1e-6, lm.net_bytes_per_s()};
-    h.link_model = DescribeLinkModel(m);
+    h.link_model = DescribeLinkModel(LinkModelFromProto(r.link_model()));
   }
   return h;
 }

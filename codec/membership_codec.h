@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/cost_model.h"
 #include "halka/v1/common.pb.h"
 
 namespace halka {
@@ -43,6 +44,13 @@ v1::Membership MakeMembershipDelta(const v1::Membership& base,
 // of the base's or the delta's range, or a down rank out of the ring).
 absl::StatusOr<v1::Membership> ApplyMembershipDelta(const v1::Membership& base,
                                                     const v1::Membership& delta);
+
+// A job's link model (Membership.link_model, RingHealth.link_model) on the
+// wire (alpha in microseconds) and as the cost model holds it (seconds).
+// Every reader converts alike, so the ranks of a generation hold the same
+// bits.
+LinkModel LinkModelFromProto(const v1::LinkModel& m);
+void LinkModelToProto(const LinkModel& m, v1::LinkModel* out);
 
 }  // namespace halka
 

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "codec/membership_codec.h"
 #include "server/ring_diagnosis.h"
 
 namespace halka {
@@ -45,14 +46,6 @@ v1::JobState ToProto(JobState s) {
   return static_cast<v1::JobState>(s);
 }
 
-static void FillLinkModel(const MembershipView& v, v1::LinkModel* out) {
-  const LinkModel& m = *v.link_model;
-  out->set_local_alpha_us(m.local.alpha_s * 1e6);
-  out->set_local_bytes_per_s(m.local.bytes_per_s);
-  out->set_net_alpha_us(m.net.alpha_s * 1e6);
-  out->set_net_bytes_per_s(m.net.bytes_per_s);
-}
-
 void FillMembership(const std::string& job_id, const MembershipView& v,
                     v1::Membership* out) {
   out->set_job_id(job_id);
@@ -65,7 +58,9 @@ void FillMembership(const std::string& job_id, const MembershipView& v,
   out->set_change(v.change);
   for (const MemberView& m : v.lost) FillMember(m, out->add_lost());
   FillHostRing(v, out->mutable_ring_order(), out->mutable_hosts());
-  if (v.link_model.has_value()) FillLinkModel(v, out->mutable_link_model());
+  if (v.link_model.has_value()) {
+    LinkModelToProto(*v.link_model, out->mutable_link_model());
+  }
 }
 
 namespace {
@@ -127,7 +122,9 @@ void FillRingHealth(const std::string& job_id, const MembershipView& h,
   // Health always says the order (rank order when the view leaves it out).
   FillHostRing(h, reply->mutable_ring_order(), reply->mutable_hosts(),
                /*rank_order_too=*/h.state != JobState::kForming);
-  if (h.link_model.has_value()) FillLinkModel(h, reply->mutable_link_model());
+  if (h.link_model.has_value()) {
+    LinkModelToProto(*h.link_model, reply->mutable_link_model());
+  }
   std::vector<RankInput> inputs;
   std::vector<LastOpInput> last_ops;
   std::vector<std::vector<ArrivalInput>> arrivals(

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "codec/membership_codec.h"
 #include "common/grpc_util.h"
 #include "common/security.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
@@ -35,12 +36,7 @@ RingClaim ClaimFrom(const v1::Membership& m) {
     v.host = x.host();
     c.members.push_back(std::move(v));
   }
-  if (m.has_link_model()) {
-    const v1::LinkModel& lm = m.link_model();
-    c.link_model = LinkModel{
-        LevelCost{lm.local_alpha_us() * 1e-6, lm.local_bytes_per_s()},
-        LevelCost{lm.net_alpha_us() * 1e-6, lm.net_bytes_per_s()}};
-  }
+  if (m.has_link_model()) c.link_model = LinkModelFromProto(m.link_model());
   return c;
 }
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "codec/membership_codec.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/security.h"
@@ -53,13 +54,7 @@ std::shared_ptr<Ring> RingOf(const v1::Membership& m, int rank, bool adopted,
   for (const v1::HostGroup& h : m.hosts()) {
     ring->hosts.emplace_back(h.ranks().begin(), h.ranks().end());
   }
-  if (m.has_link_model()) {
-    const v1::LinkModel& lm = m.link_model();
-    LinkModel model;
-    model.local = LevelCost{lm.local_alpha_us() * 1e-6, lm.local_bytes_per_s()};
-    model.net = LevelCost{lm.net_alpha_us() * 1e-6, lm.net_bytes_per_s()};
-    ring->link_model = model;
-  }
+  if (m.has_link_model()) ring->link_model = LinkModelFromProto(m.link_model());
   return ring;
 }
 

@@ -246,14 +246,15 @@ std::optional<Algorithm> ByLinkModel(const CommConfig& config,
                      static_cast<double>(kDoublingMaxBytes),
                      static_cast<double>(config.eager_bytes));
   // Only a model that prices every candidate ranks them (one that lacks
-  // the level two-level or the tree needs would drop them unseen).
+  // the level two-level or the tree needs would drop them unseen). Ties go
+  // to the earlier candidate.
+  std::optional<ModelChoice> best;
   for (Algorithm a : candidates) {
-    if (!PredictSeconds(shape, fp.kind, a, bytes, *config.link_model)) {
-      return std::nullopt;
-    }
+    const std::optional<double> t =
+        PredictSeconds(shape, fp.kind, a, bytes, *config.link_model);
+    if (!t.has_value()) return std::nullopt;
+    if (!best.has_value() || *t < best->seconds) best = ModelChoice{a, *t};
   }
-  std::optional<ModelChoice> best =
-      BestByModel(shape, fp.kind, bytes, *config.link_model, candidates);
   if (!best.has_value()) return std::nullopt;
   return best->algorithm;
 }

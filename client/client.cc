@@ -18,6 +18,7 @@
 #include "client/client_proto.h"
 #include "client/op_spec.h"
 #include "client/shm_session.h"
+#include "common/clock.h"
 #include "common/grpc_util.h"
 #include "common/held_shm.h"
 #include "halka/v1/worker.grpc.pb.h"
@@ -148,7 +149,7 @@ absl::StatusOr<OpInfo> Client::Impl::RunShm(v1::RunRequest req,
                                             const char* transfer) {
   const InFlight in_flight(*this, req.mutable_spec());
   v1::RunReply reply;
-  const absl::Time deadline = absl::Now() + CallTimeout(req.spec());
+  const absl::Time deadline = halka::Now() + CallTimeout(req.spec());
   Impl& im = *this;
   std::optional<absl::StatusOr<v1::RunReply>> via;
   bool session_ended = false;
@@ -325,7 +326,7 @@ absl::StatusOr<OpInfo> Client::Impl::RunInProcess(InProcessWorker& w,
 absl::StatusOr<OpInfo> Client::Impl::Run(v1::OpSpec spec, const Io& io) {
   Impl& im = *this;
   if (absl::Status s = CheckGroups(spec); !s.ok()) return s;
-  spec.set_issued_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
+  spec.set_issued_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(halka::Now())));
   if (std::shared_ptr<InProcessWorker> w = InProcess()) {
     return RunInProcess(*w, std::move(spec), io);
   }

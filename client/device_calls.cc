@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/client_impl.h"
 #include "client/op_spec.h"
+#include "common/clock.h"
 #include "core/cuda/device_memory.h"
 
 namespace halka {
@@ -18,7 +19,7 @@ absl::StatusOr<OpInfo> Client::Impl::RunDevice(
   if (!checked.ok()) return checked.status();
   v1::OpSpec& spec = *checked;
   if (absl::Status s = CheckGroups(spec); !s.ok()) return s;
-  spec.set_issued_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
+  spec.set_issued_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(halka::Now())));
   if (!IsLocalAddress(target_) &&
       options_.transfer != Transfer::kSharedMemory) {
     return absl::FailedPreconditionError(absl::StrCat(

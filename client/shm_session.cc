@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/grpc_util.h"
 
 namespace halka {
@@ -126,7 +127,7 @@ absl::StatusOr<v1::RunReply> ShmSession::Run(const v1::RunRequest& req,
   *sent = true;
   ++seq_;
   for (;;) {
-    const absl::Duration left = deadline - absl::Now();
+    const absl::Duration left = deadline - halka::Now();
     absl::StatusOr<std::optional<ShmRing::Record>> rec =
         replies_->Next(std::max(left, absl::ZeroDuration()));
     if (!rec.ok()) {
@@ -181,16 +182,16 @@ std::optional<absl::StatusOr<v1::RunReply>> SessionSlot::TryRun(
   } unlock{mu_};
   mu_.AssertHeld();
   if (session_ == nullptr) {
-    if (absl::Now() < retry_at_) return std::nullopt;
+    if (halka::Now() < retry_at_) return std::nullopt;
     // Opening starts a call without a deadline (the session's): connect
     // first, within the time this call allows.
-    const absl::Time open_by = std::min(absl::Now() + kOpenTimeout, deadline);
+    const absl::Time open_by = std::min(halka::Now() + kOpenTimeout, deadline);
     if (!channel.WaitForConnected(absl::ToChronoTime(open_by))) {
-      retry_at_ = absl::Now() + kRetryAfter;
+      retry_at_ = halka::Now() + kRetryAfter;
       return std::nullopt;
     }
     absl::StatusOr<std::unique_ptr<ShmSession>> opened =
-        ShmSession::Open(stub, open_by - absl::Now(), spin_);
+        ShmSession::Open(stub, open_by - halka::Now(), spin_);
     if (!opened.ok()) {
       // A worker without sessions, or one that cannot map our rings, will
       // not change its mind; one that was busy or not up yet may.
@@ -200,7 +201,7 @@ std::optional<absl::StatusOr<v1::RunReply>> SessionSlot::TryRun(
                          c == absl::StatusCode::kNotFound ||
                          c == absl::StatusCode::kPermissionDenied ||
                          c == absl::StatusCode::kInvalidArgument;
-      retry_at_ = final ? absl::InfiniteFuture() : absl::Now() + kRetryAfter;
+      retry_at_ = final ? absl::InfiniteFuture() : halka::Now() + kRetryAfter;
       return std::nullopt;
     }
     session_ = std::move(*opened);

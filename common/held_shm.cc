@@ -73,7 +73,12 @@ absl::StatusOr<HeldShm> MakeLocked(const std::string& name, size_t bytes,
     return fail("name", errno);
   }
   renamed = true;
-  void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // Reserved objects (link rings) are mapped populated: their pages are
+  // written from the first frame on, and a minor fault costs about 14 us
+  // on a VM (a 4 KiB frame's copy into a fresh page of the ring took
+  // longer than the rest of its all-reduce).
+  void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE,
+                 reserve ? MAP_SHARED | MAP_POPULATE : MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return fail("map", errno);
   close(fd);  // the mapping keeps the file, and the lock, open
   return HeldShm{p, size};

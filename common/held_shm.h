@@ -39,7 +39,9 @@ std::string NewHeldShmName();
 // `bytes` rounded up to whole pages (at least one) and maps it. reserve:
 // allocate the pages now (posix_fallocate), so that a full /dev/shm fails
 // here and not as SIGBUS on a later write. A failure removes the half-made
-// object. Errors: RESOURCE_EXHAUSTED naming the failing step.
+// object; a reserved object is also mapped populated (MAP_POPULATE: no
+// page fault on its first writes). Errors: RESOURCE_EXHAUSTED naming the
+// failing step.
 struct HeldShm {
   void* data;
   size_t size;

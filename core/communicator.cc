@@ -9,6 +9,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "core/algorithms/algorithms.h"
 #include "core/status_macros.h"
 
@@ -177,7 +178,7 @@ bool Implements(OpKind kind, Algorithm algorithm) {
 absl::Status Communicator::Refuse(absl::Status refused,
                                   absl::Duration timeout) {
   SkipOp(next_op_seq(), refused,
-         absl::Now() + (timeout > absl::ZeroDuration() ? timeout
+         halka::Now() + (timeout > absl::ZeroDuration() ? timeout
                                                        : config_.default_timeout))
       .IgnoreError();  // the refusal is the caller's answer either way
   return refused;
@@ -348,7 +349,7 @@ void Communicator::ClearAbort() { inbox_->ClearInterrupt(); }
 Progress Communicator::GetProgress() const { return progress_.Get(); }
 
 Telemetry Communicator::GetTelemetry() const {
-  return telemetry_.Snapshot(absl::Now());
+  return telemetry_.Snapshot(halka::Now());
 }
 
 std::vector<TraceOp> Communicator::GetTrace() const {
@@ -399,7 +400,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
         config_.max_op_bytes));
   }
   absl::MutexLock op_lock(&op_mu_);
-  const absl::Time start = absl::Now();
+  const absl::Time start = halka::Now();
   const Algorithm algorithm = ResolveAlgorithm(config_, fp);
   Fingerprint numbered = fp;
   numbered.op_seq = next_op_seq_;
@@ -445,10 +446,10 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   // ABORT frames to healthy peers), not a deadline; a link still holding
   // the buffer after that (a gRPC stream's write in flight) is cut.
   op.ReleaseEverything(status.ok() ? op.release_deadline()
-                                    : absl::Now() + absl::Milliseconds(250));
+                                    : halka::Now() + absl::Milliseconds(250));
 
   op.EndTrace();
-  const absl::Duration elapsed = absl::Now() - start;
+  const absl::Duration elapsed = halka::Now() - start;
   // A peer already at a later operation has finished every earlier one:
   // skip to it, so that the ranks number the next call alike again.
   const uint64_t seen = inbox_->MaxOpSeqSeen();
@@ -473,7 +474,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   const std::string algorithm_name(AlgorithmName(algorithm));
   const double model_seconds = ModelSeconds(config_, fp, algorithm);
   const LinkBytes moved = telemetry_.EndOp(
-      absl::Now(), {fp.kind, algorithm_name, status, elapsed,
+      halka::Now(), {fp.kind, algorithm_name, status, elapsed,
                     config_.chunk_bytes, bytes, config_.generation,
                     op.fp().op_seq, op.fp().ToString(), start,
                     op.fingerprint_end(), model_seconds});

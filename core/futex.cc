@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "common/clock.h"
 
 namespace halka {
 
@@ -106,7 +107,7 @@ bool FutexWaitAny(absl::Span<const FutexWaiter> words, absl::Time deadline) {
     waiters[i].flags = FUTEX2_SIZE_U32 | (words[i].shared ? 0 : FUTEX2_PRIVATE);
   }
   // futex_waitv takes an absolute time on the clock it is given.
-  const absl::Duration left = deadline - absl::Now();
+  const absl::Duration left = deadline - halka::Now();
   if (left <= absl::ZeroDuration()) return true;
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);

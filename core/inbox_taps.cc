@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "core/transport.h"
 
 namespace halka {
@@ -97,7 +98,7 @@ bool Inbox::PollSleep(const std::vector<std::shared_ptr<InboxTap>>& taps,
     if (t != nullptr) fds.push_back({t->PollFd(), POLLIN, 0});
   }
   if (events_.load() == events) {
-    const absl::Duration left = wake_by - absl::Now();
+    const absl::Duration left = wake_by - halka::Now();
     const int ms = left <= absl::ZeroDuration()
                        ? 0
                        : static_cast<int>(absl::ToInt64Milliseconds(
@@ -141,7 +142,7 @@ std::optional<Inbox::Event> Inbox::NextWithTaps(
     if (DrainTaps(taps, seqs, &took)) pruned = true;
     {
       absl::MutexLock lock(&mu_);
-      if (Ready(from, op_seq, watch) || absl::Now() >= deadline) {
+      if (Ready(from, op_seq, watch) || halka::Now() >= deadline) {
         ev = EventLocked(from, op_seq, watch);
         break;
       }
@@ -151,7 +152,7 @@ std::optional<Inbox::Event> Inbox::NextWithTaps(
       // No missed wake-up to count here: what wakes the sleep (a socket's
       // bytes, a turn's end, a Bump) stays readable until taken.
       if (!PollSleep(taps, events,
-                     std::min(deadline, absl::Now() + kLongestSleep))) {
+                     std::min(deadline, halka::Now() + kLongestSleep))) {
         break;
       }
       continue;
@@ -164,7 +165,7 @@ std::optional<Inbox::Event> Inbox::NextWithTaps(
     // --shm_spin_us: poll the words before sleeping, as a ring's reader
     // would (on a host with idle cores, to save the wake-up).
     if (SpinUntilAnyMoves(words, std::min(spin_before_sleep(),
-                                          deadline - absl::Now()))) {
+                                          deadline - halka::Now()))) {
       continue;
     }
     // Announce the sleep before the kernel compares the words: whoever
@@ -176,13 +177,13 @@ std::optional<Inbox::Event> Inbox::NextWithTaps(
     // Never longer than a reader would sleep: should a wake-up ever be
     // lost (a kernel's, a sandbox's, or ours), it costs one poll interval,
     // not the operation's deadline.
-    const absl::Time wake_by = std::min(deadline, absl::Now() + kLongestSleep);
+    const absl::Time wake_by = std::min(deadline, halka::Now() + kLongestSleep);
     const bool slept = FutexWaitAny(words, wake_by);
     for (auto& t : taps) {
       if (t != nullptr) t->Sleeping(false);
     }
     sleepers_.fetch_sub(1);
-    if (slept && wake_by < deadline && absl::Now() >= wake_by) {
+    if (slept && wake_by < deadline && halka::Now() >= wake_by) {
       // Woken by the clock: had a word moved meanwhile, its wake-up was
       // missed (a diagnostic; a word that moved just as the clock ran out
       // counts too).

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/clock.h"
 #include "core/ring_plan.h"
 #include "core/stall_monitor.h"
 
@@ -41,7 +42,7 @@ void ProgressLedger::Set(Phase phase, int step, int chunk, int chunks,
   progress_.chunks = chunks;
   if (progress_.awaited_rank != awaited) {
     progress_.awaited_rank = awaited;
-    progress_.waiting_since = absl::Now();
+    progress_.waiting_since = halka::Now();
   }
 }
 
@@ -156,11 +157,11 @@ absl::Status OpContext::Send(int to, const FrameMeta& meta,
     ++tracker->total;
     if (segment >= 0) ++tracker->per_segment[static_cast<size_t>(segment)];
   }
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = halka::Now();
   absl::Status s = transport_->Send(
       to, meta, absl::MakeConstSpan(payload, bytes),
       [tracker, segment, to, bytes, t0] {
-        const absl::Time released = absl::Now();
+        const absl::Time released = halka::Now();
         absl::MutexLock lock(&tracker->mu);
         absl::Time& last = tracker->last_release[to];
         tracker->wire.push_back(
@@ -169,7 +170,7 @@ absl::Status OpContext::Send(int to, const FrameMeta& meta,
         --tracker->total;
         if (segment >= 0) --tracker->per_segment[static_cast<size_t>(segment)];
       });
-  const absl::Time t1 = absl::Now();
+  const absl::Time t1 = halka::Now();
   telemetry_->BookSend(t1, to, bytes, t1 - t0, s.ok());
   Trace(TraceSpan::Kind::kSend, to, bytes, t0, t1);
   if (!s.ok()) {
@@ -182,10 +183,10 @@ absl::Status OpContext::Send(int to, const FrameMeta& meta,
 
 absl::StatusOr<InFrame> OpContext::Await(int from, const std::string& detail) {
   SetLedger(phase_, step_, chunk_, chunks_, from);
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = halka::Now();
   Inbox::Event ev =
       inbox_->Next(from, fp_.op_seq, watch_, deadline_ + wait_slack_);
-  const absl::Time t1 = absl::Now();
+  const absl::Time t1 = halka::Now();
   // Time this process did not run is not time `from` kept it waiting.
   const absl::Duration stalled = StallMonitor::Get().StalledBetween(t0, t1);
   const absl::Duration waited = std::max(absl::ZeroDuration(),
@@ -331,7 +332,7 @@ bool OpContext::WaitForReleases(int segment, absl::Time deadline) {
     return segment < 0 ? t->total == 0
                        : t->per_segment[static_cast<size_t>(segment)] == 0;
   };
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = halka::Now();
   bool done;
   {
     absl::MutexLock lock(&t->mu);
@@ -344,7 +345,7 @@ bool OpContext::WaitForReleases(int segment, absl::Time deadline) {
 // Waiting for the wire to let go of a segment (or of every frame) is a
 // window stall: a timeline span when it takes 10 us or more.
 void OpContext::TraceStall(absl::Time t0) {
-  const absl::Time t1 = absl::Now();
+  const absl::Time t1 = halka::Now();
   if (t1 - t0 >= absl::Microseconds(10)) {
     Trace(TraceSpan::Kind::kWindow, -1, 0, t0, t1);
   }
@@ -356,7 +357,7 @@ void OpContext::ReleaseEverything(absl::Time deadline) {
   auto released = [t]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu) {
     return t->total == 0;
   };
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = halka::Now();
   // A peer that stopped reading still holds frames that point into the
   // caller's buffer. Cancelling the links releases them at once; the buffer
   // must not be handed back before that.
@@ -417,7 +418,7 @@ void OpContext::SendAbort(const absl::Status& status) {
 void OpContext::SetLedger(Phase phase, int step, int chunk, int chunks,
                           int awaited) {
   if (phase != phase_) {
-    const absl::Time now = absl::Now();
+    const absl::Time now = halka::Now();
     Trace(TraceSpan::Kind::kPhase, -1, 0, phase_start_, now);
     if (phase_ == Phase::kFingerprint) fingerprint_end_ = now;
     phase_start_ = now;
@@ -434,7 +435,7 @@ absl::Duration OpContext::RecordReduce(int peer, absl::Duration spent) {
     absl::SleepFor(config_.test_reduce_delay);
     spent += config_.test_reduce_delay;
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = halka::Now();
   telemetry_->BookReduce(now, peer, spent);
   Trace(TraceSpan::Kind::kReduce, peer, 0, now - spent, now);
   return spent;
@@ -467,7 +468,7 @@ void OpContext::EndTrace() {
     telemetry_->BookWire(w.end, w.peer, std::max(busy, absl::ZeroDuration()));
     Trace(TraceSpan::Kind::kWire, w.peer, w.bytes, w.start, w.end);
   }
-  Trace(TraceSpan::Kind::kPhase, -1, 0, phase_start_, absl::Now());
+  Trace(TraceSpan::Kind::kPhase, -1, 0, phase_start_, halka::Now());
 }
 
 void OpContext::RecordReduceTotal(absl::Duration spent) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "core/communicator.h"
 
 namespace halka {
@@ -29,7 +30,7 @@ OpResult PeerResult(const CommConfig& config, const char* what, int peer,
   r.op_seq = seq;
   r.algorithm = what;
   (sent ? r.bytes_sent : r.bytes_received) = bytes;
-  r.elapsed = absl::Now() - start;
+  r.elapsed = halka::Now() - start;
   r.generation = config.generation;
   r.rank = config.rank;
   r.world_size = config.world_size;
@@ -62,7 +63,7 @@ absl::Status Communicator::CheckPeer(int peer, bool any,
 absl::StatusOr<OpResult> Communicator::Send(OpBuffer& buffer, size_t bytes,
                                             int to, int tag,
                                             absl::Duration timeout) {
-  const absl::Time start = absl::Now();
+  const absl::Time start = halka::Now();
   const absl::Time deadline = start + Bounded(timeout, config_);
   if (absl::Status s = CheckPeer(to, false, "send"); !s.ok()) return s;
   if (bytes > config_.max_op_bytes) {
@@ -182,7 +183,7 @@ void Communicator::EndRecvTurn() {
 absl::StatusOr<OpResult> Communicator::Recv(OpBuffer& buffer, size_t bytes,
                                             int from, int tag,
                                             absl::Duration timeout) {
-  const absl::Time start = absl::Now();
+  const absl::Time start = halka::Now();
   const absl::Time deadline = start + Bounded(timeout, config_);
   if (absl::Status s = CheckPeer(from, true, "recv"); !s.ok()) return s;
   auto whom = [this](int r) {
@@ -240,7 +241,7 @@ absl::StatusOr<OpResult> Communicator::Recv(OpBuffer& buffer, size_t bytes,
                                                ev.status.message()));
       }
       interrupted = ev.status;
-      drain_until = std::min(deadline, absl::Now() + kLeaveGrace);
+      drain_until = std::min(deadline, halka::Now() + kLeaveGrace);
       continue;
     }
     if (ev.type == Inbox::Event::kLinkFailed) {

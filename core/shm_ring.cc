@@ -19,6 +19,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "openssl/crypto.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -252,10 +253,7 @@ bool ShmRing::TryWriteRecord(absl::Span<const absl::Span<const uint8_t>> parts,
   return true;
 }
 
-bool ShmRing::TryWrite(absl::Span<const absl::Span<const uint8_t>> parts,
-                       size_t total) {
-  // Where the records would end, wrap fillers included.
-  uint64_t pos = head_;
+uint64_t ShmRing::EndOfRecords(uint64_t pos, size_t total) const {
   size_t left = total;
   do {
     const size_t piece = std::min(left, MaxRecordPayload());
@@ -264,7 +262,24 @@ bool ShmRing::TryWrite(absl::Span<const absl::Span<const uint8_t>> parts,
     pos += (to_end < rec ? to_end : 0) + rec;
     left -= piece;
   } while (left > 0);
-  if (pos - head_ > FreeBytes()) return false;
+  return pos;
+}
+
+bool ShmRing::TryWrite(absl::Span<const absl::Span<const uint8_t>> parts,
+                       size_t total) {
+  const size_t free = FreeBytes();
+  // An empty ring (every record released) takes the frame at its start,
+  // after a WRAP filler, where that costs no room the frame needs: frames
+  // that each find the ring empty (small ones) then reuse its first pages,
+  // warm in both ends' caches, instead of walking all of it. Readers skip
+  // the filler as any other.
+  const size_t off = static_cast<size_t>(head_ % capacity_);
+  if (free == capacity_ && off != 0 && EndOfRecords(0, total) <= off) {
+    PutRecord(head_, kWrap, 0, parts, 0, 0);
+    head_ += capacity_ - off;
+  }
+  // Where the records would end, wrap fillers included.
+  if (EndOfRecords(head_, total) - head_ > FreeBytes()) return false;
   size_t done = 0;
   do {
     head_ = PlaceRecord(head_, parts, total, &done);
@@ -285,7 +300,7 @@ void ShmRing::WaitForSpace(uint32_t seq, absl::Duration timeout) {
 absl::StatusOr<std::optional<ShmRing::Record>> ShmRing::Next(
     absl::Duration timeout) {
   Header* h = header();
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = halka::Now() + timeout;
   for (;;) {
     const uint32_t seq = h->head_seq.load();
     const uint64_t head = h->head.load(std::memory_order_acquire);
@@ -346,11 +361,11 @@ absl::StatusOr<std::optional<ShmRing::Record>> ShmRing::Next(
       if (h->head.load(std::memory_order_acquire) != read_) continue;
       return std::optional<Record>();
     }
-    absl::Duration left = deadline - absl::Now();
+    absl::Duration left = deadline - halka::Now();
     if (left <= absl::ZeroDuration()) return std::optional<Record>();
     if (spin_ns_.load(std::memory_order_relaxed) > 0) {
       if (SpinForRecord(left)) continue;
-      left = deadline - absl::Now();  // the poll took some of it
+      left = deadline - halka::Now();  // the poll took some of it
       if (left <= absl::ZeroDuration()) return std::optional<Record>();
     }
     WaitForData(seq, left);  // `seq` was read before `head`

@@ -14,8 +14,10 @@
 // bytes of records. A record is a 64-byte head (payload bytes, flags, the
 // whole frame's bytes) and its payload, padded to 64 bytes, so payloads
 // start 64-byte aligned. A record never wraps: one that does not fit
-// before the end is preceded by a WRAP record that fills the rest. Frames
-// larger than capacity/4 travel as several records (FIRST ... LAST).
+// before the end is preceded by a WRAP record that fills the rest, and a
+// frame that finds the ring empty starts at its beginning the same way
+// (so small frames reuse the same warm pages). Frames larger than
+// capacity/4 travel as several records (FIRST ... LAST).
 //
 // Positions are byte counts since creation (never wrap in practice: 2^64).
 // The producer publishes a record by storing `head` (release), bumps
@@ -180,6 +182,9 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
   uint64_t PlaceRecord(uint64_t pos,
                        absl::Span<const absl::Span<const uint8_t>> parts,
                        size_t total, size_t* done);
+  // The position after a frame of `total` bytes whose records start at
+  // `pos` (WRAP fillers included).
+  uint64_t EndOfRecords(uint64_t pos, size_t total) const;
   size_t FreeBytes() const;
   void Publish(uint64_t new_head);
   // Polls for a record or a close for up to spin_before_sleep() (at most

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <thread>
 
+#include "common/clock.h"
+
 namespace halka {
 namespace {
 
@@ -23,7 +25,7 @@ StallMonitor& StallMonitor::Get() {
     auto* m = new StallMonitor();
     {
       absl::MutexLock lock(&m->mu_);
-      m->last_tick_ = absl::Now();
+      m->last_tick_ = halka::Now();
     }
     std::thread([m] { m->Run(); }).detach();
     return m;
@@ -34,7 +36,7 @@ StallMonitor& StallMonitor::Get() {
 void StallMonitor::Run() {
   for (;;) {
     absl::SleepFor(kTick);
-    const absl::Time now = absl::Now();
+    const absl::Time now = halka::Now();
     absl::MutexLock lock(&mu_);
     if (now - last_tick_ > kTick + kSlack) {
       stalls_.push_back({last_tick_ + kTick, now});
@@ -48,7 +50,7 @@ void StallMonitor::Run() {
 }
 
 absl::Duration StallMonitor::StalledBetween(absl::Time from, absl::Time to) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = halka::Now();
   absl::MutexLock lock(&mu_);
   absl::Duration d;
   for (const Interval& s : stalls_) d += Overlap(s.from, s.to, from, to);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/time/clock.h"
+#include "common/clock.h"
 
 namespace halka {
 
@@ -20,7 +21,7 @@ void CallWatchdog::Loop() {
   absl::MutexLock lock(&mu_);
   while (!stop_) {
     absl::Time next = absl::InfiniteFuture();
-    const absl::Time now = absl::Now();
+    const absl::Time now = halka::Now();
     for (auto& [id, e] : entries_) {
       if (e.fired) continue;
       if (e.deadline <= now) {

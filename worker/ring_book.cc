@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "codec/membership_codec.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/security.h"
 #include "core/ring_plan.h"
@@ -147,7 +148,7 @@ MembershipUpdate RingBook::Update(const v1::Membership& m) {
   for (const v1::Member& x : m.members()) {
     if (x.worker_id() == options_.worker_id && x.address() == address_ &&
         x.since_generation() == m.generation()) {
-      admitted_at_ = absl::Now();  // new in this generation
+      admitted_at_ = halka::Now();  // new in this generation
     }
   }
   return u;

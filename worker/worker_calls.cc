@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "core/cuda/device_memory.h"
 #include "worker/op_request.h"
 #include "worker/worker_node.h"
@@ -19,7 +20,7 @@ namespace halka {
 
 WorkerNode::Arrival WorkerNode::Arrive() {
   Arrival a;
-  a.at = absl::Now();
+  a.at = halka::Now();
   a.epoch = book_->epoch();
   // Not under run_mu_ (held for a whole operation): a call that arrives
   // while another runs gets its place in line at once.
@@ -295,7 +296,7 @@ absl::StatusOr<OpResult> WorkerNode::RunOn(Communicator* comm,
                                            absl::Time deadline) {
   // `spec` passed ValidateOpSpec (Run).
   const absl::Duration timeout =
-      std::max(deadline - absl::Now(), absl::Milliseconds(1));
+      std::max(deadline - halka::Now(), absl::Milliseconds(1));
   switch (spec.kind()) {
     case v1::ALL_REDUCE: {
       Algorithm algorithm = static_cast<Algorithm>(spec.algorithm());
@@ -452,12 +453,12 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
     // generation may still be on its way (the rendezvous probes a broken
     // link's peer first): wait for it briefly.
     const std::optional<uint64_t> n = UntouchedSeq(result.status());
-    if (!n.has_value() || attempt >= 4 || absl::Now() >= deadline) {
+    if (!n.has_value() || attempt >= 4 || halka::Now() >= deadline) {
       return result;
     }
     if (!book_->AwaitNewerGeneration(
             (*ring)->generation,
-            std::min(deadline, absl::Now() + absl::Milliseconds(1500)))) {
+            std::min(deadline, halka::Now() + absl::Milliseconds(1500)))) {
       return result;
     }
     log_.Info(absl::StrCat("operation #", *n, " had not touched the buffer when "
@@ -481,7 +482,7 @@ absl::StatusOr<OpResult> WorkerNode::RunPeer(const v1::OpSpec& spec,
   if (!bytes.ok()) return bytes.status();
   if (!ring.ok()) return ring.status();
   const absl::Duration timeout =
-      std::max(deadline - absl::Now(), absl::Milliseconds(1));
+      std::max(deadline - halka::Now(), absl::Milliseconds(1));
   Communicator* comm = (*ring)->comm.get();
   return spec.kind() == v1::SEND
              ? comm->Send(buffer, *bytes, spec.peer(), spec.tag(), timeout)
@@ -579,7 +580,7 @@ absl::Status WorkerNode::EnsureServers(absl::Time deadline) {
       log_.Info(message);  // "waiting for parameter server of job X"
       said = true;
     }
-    if (absl::Now() + absl::Milliseconds(200) >= deadline || link_->stopped()) {
+    if (halka::Now() + absl::Milliseconds(200) >= deadline || link_->stopped()) {
       return absl::DeadlineExceededError(absl::StrCat(
           "all_reduce (ps): no parameter server before the deadline: ",
           message));

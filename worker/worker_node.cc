@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/grpc_util.h"
 #include "common/in_process.h"
 #include "common/prometheus.h"
@@ -239,7 +240,7 @@ absl::Status WorkerNode::Join() {
                                               log_);
   }
   v1::JoinReply reply;
-  absl::Status s = link_->Join(absl::Now() + o.join_timeout, &reply);
+  absl::Status s = link_->Join(halka::Now() + o.join_timeout, &reply);
   if (!s.ok()) return s;
   book_->MarkJoined();
   OnMembership(reply.membership());
@@ -323,7 +324,7 @@ v1::WorkerTelemetry WorkerNode::CollectTelemetry() {
   std::shared_ptr<Ring> ring = book_->Current();
   if (ring == nullptr) return v1::WorkerTelemetry();
   v1::WorkerTelemetry t = TelemetryProto(
-      ring->comm->GetTelemetry(), ring->comm->GetProgress(), absl::Now());
+      ring->comm->GetTelemetry(), ring->comm->GetProgress(), halka::Now());
   absl::MutexLock lock(&calls_mu_);
   t.set_calls_received(calls_received_);
   t.set_last_op_seq(last_call_seq_);
@@ -403,34 +404,34 @@ void WorkerNode::Shutdown(bool leave) {
   shm_reaper_.reset();
   if (shut_down_) return;
   shut_down_ = true;
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = halka::Now();
   // New in-process calls fail UNAVAILABLE from here; running ones end
   // with the ring's abort below and are waited for after the server's
   // shutdown.
   if (in_process_) in_process_->Close();
   if (server_ == nullptr || link_ == nullptr) {
     // Create failed part way (e.g. an unusable --device): nothing joined.
-    if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now()));
+    if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(halka::Now()));
     return;
   }
   const bool joined = book_->joined();
   std::shared_ptr<Ring> ring = book_->Current();
   if (ring) ring->comm->Abort(absl::UnavailableError("worker is shutting down"));
   link_->Stop();
-  const absl::Time t1 = absl::Now();
+  const absl::Time t1 = halka::Now();
   if (joined && leave) link_->Leave();
-  const absl::Time t2 = absl::Now();
+  const absl::Time t2 = halka::Now();
   {
     std::vector<std::shared_ptr<Ring>> rings = book_->Stop();
     ring.reset();
     rings.clear();  // closes the links, outside the book's lock
   }
-  const absl::Time t3 = absl::Now();
+  const absl::Time t3 = halka::Now();
   api_service_->StopSessions();  // each ends once its call has answered
   // A clean stop lets in-flight calls finish briefly; a simulated death
   // cancels them at once.
   server_->Shutdown(absl::ToChronoTime(
-      absl::Now() + (leave ? absl::Milliseconds(100) : absl::ZeroDuration())));
+      halka::Now() + (leave ? absl::Milliseconds(100) : absl::ZeroDuration())));
   // In-process calls end with the ring's abort (one waiting for its turn
   // behind a gRPC call, once the server's shutdown has cancelled that).
   if (in_process_) in_process_->Drain();
@@ -438,10 +439,10 @@ void WorkerNode::Shutdown(bool leave) {
   if (wire_listener_) wire_listener_->Stop();
   log_.Info(absl::StrFormat(
       "stopped in %.0f ms (threads %.0f, leave %.0f, links %.0f, server %.0f)",
-      absl::ToDoubleMilliseconds(absl::Now() - t0),
+      absl::ToDoubleMilliseconds(halka::Now() - t0),
       absl::ToDoubleMilliseconds(t1 - t0), absl::ToDoubleMilliseconds(t2 - t1),
       absl::ToDoubleMilliseconds(t3 - t2),
-      absl::ToDoubleMilliseconds(absl::Now() - t3)));
+      absl::ToDoubleMilliseconds(halka::Now() - t3)));
 }
 
 void WorkerNode::Wait() { server_->Wait(); }

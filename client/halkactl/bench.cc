@@ -14,6 +14,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "core/cuda/cuda_reduce.h"
 #include "core/dtype.h"
 #include "core/frame.h"
@@ -40,9 +41,9 @@ class CyclicBarrier {
       }
       return;
     }
-    const absl::Time until = absl::Now() + kPoll;
+    const absl::Time until = halka::Now() + kPoll;
     while (generation_.load(std::memory_order_acquire) == gen) {
-      if (absl::Now() >= until) {
+      if (halka::Now() >= until) {
         absl::MutexLock lock(&mu_);
         auto passed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return generation_.load(std::memory_order_acquire) != gen;
@@ -304,7 +305,7 @@ std::string TimeRank(Client& cl, const BenchCase& c,
     // rank's. (None after it: a rank's buffer is its own again once
     // its call returned, so the next copy needs no wait.)
     barrier.Wait();
-    const absl::Time t0 = absl::Now();
+    const absl::Time t0 = halka::Now();
     if (!failed) {
       OpOptions oo;
       oo.timeout = options.timeout;
@@ -313,7 +314,7 @@ std::string TimeRank(Client& cl, const BenchCase& c,
       fail(res.status());
       if (res.ok()) info = *res;
     }
-    times[i] = absl::ToDoubleMicroseconds(absl::Now() - t0);
+    times[i] = absl::ToDoubleMicroseconds(halka::Now() - t0);
     if (options.device && bytes > 0 && !failed && i + 1 == total) {
       fail(c.kind == OpKind::kReduceScatter
                ? CudaCopyToHost(b.outs[r].data(), b.device_out[r].data(),

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "core/algorithms/algorithms.h"
 #include "core/payload.h"
 #include "core/reduce.h"
@@ -152,7 +153,7 @@ absl::Status DoublingExchange(OpContext& op) {
           op.Where(), ": deadline exceeded before a link let go of this "
                       "rank's partial result"));
     }
-    const absl::Time t0 = absl::Now();
+    const absl::Time t0 = halka::Now();
     if (at > pos) {
       std::memcpy(half[next], half[cur], bytes);
       ApplyPayload(dt, fp.op, /*reduce=*/true, half[next], in);
@@ -160,7 +161,7 @@ absl::Status DoublingExchange(OpContext& op) {
       ApplyPayload(dt, fp.op, /*reduce=*/false, half[next], in);
       ReduceInto(dt, fp.op, half[next], half[cur], count);
     }
-    reduce_time += op.RecordReduce(from, absl::Now() - t0);
+    reduce_time += op.RecordReduce(from, halka::Now() - t0);
     cur = next;
     return absl::OkStatus();
   };

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "core/algorithms/algorithms.h"
 #include "core/payload.h"
 #include "core/reduce.h"
@@ -52,13 +53,13 @@ absl::Status NaiveAllReduce(OpContext& op) {
       op.SetLedger(Phase::kNaive, 0, static_cast<int>(ci),
                    static_cast<int>(cs.size()), k == r ? -1 : k);
       if (k == r) {
-        const absl::Time t0 = absl::Now();
+        const absl::Time t0 = halka::Now();
         if (reduce) {
           ReduceInto(dt, fp.op, dst, own + c.offset * es, c.count);
         } else {
           std::memcpy(dst, own + c.offset * es, c.count * es);
         }
-        reduce_time += absl::Now() - t0;
+        reduce_time += halka::Now() - t0;
         continue;
       }
       InFrame in;
@@ -68,9 +69,9 @@ absl::Status NaiveAllReduce(OpContext& op) {
         HALKA_ASSIGN_OR_RETURN(
             in, op.AwaitData(k, op.ChunkMeta(Phase::kNaive, 0, 0, c)));
       }
-      const absl::Time t0 = absl::Now();
+      const absl::Time t0 = halka::Now();
       ApplyPayload(dt, fp.op, reduce, dst, in);
-      reduce_time += op.RecordReduce(k, absl::Now() - t0);
+      reduce_time += op.RecordReduce(k, halka::Now() - t0);
     }
   }
   if (fp.op == ReduceOp::kAvg) FinalizeAvg(dt, scratch.data(), count, g);

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "core/algorithms/algorithms.h"
 #include "core/ring_plan.h"
 #include "core/status_macros.h"
@@ -203,7 +204,7 @@ absl::Status RingSteps(OpContext& op, int first, int end,
           InFrame in,
           op.AwaitData(plan.pred,
                        op.ChunkMeta(phase, step, plan.tracked(seg), c)));
-      const absl::Time t0 = absl::Now();
+      const absl::Time t0 = halka::Now();
       HALKA_RETURN_IF_ERROR(buf.Apply(reduce, c.offset, c.count, in));
       if (last_rs && fp.op == ReduceOp::kAvg && plan.avg_divisor > 0) {
         // The owner divides once, before the all-gather, so every rank
@@ -211,7 +212,7 @@ absl::Status RingSteps(OpContext& op, int first, int end,
         HALKA_RETURN_IF_ERROR(
             buf.FinalizeAvg(c.offset, c.count, plan.avg_divisor));
       }
-      reduce_time += op.RecordReduce(plan.pred, absl::Now() - t0);
+      reduce_time += op.RecordReduce(plan.pred, halka::Now() - t0);
       if (t + 1 < end) {
         HALKA_RETURN_IF_ERROR(SendChunk(op, plan, t + 1, seg, c));
       }

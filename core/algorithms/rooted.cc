@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "core/algorithms/algorithms.h"
 #include "core/payload.h"
 #include "core/ring_plan.h"
@@ -62,10 +63,10 @@ absl::Status TakeRange(OpContext& op, int from, Phase phase, int step,
     HALKA_ASSIGN_OR_RETURN(
         InFrame in,
         op.AwaitData(from, op.ChunkMeta(phase, step, segment, cs[ci])));
-    const absl::Time t0 = absl::Now();
+    const absl::Time t0 = halka::Now();
     HALKA_RETURN_IF_ERROR(
         op.buffer().Apply(reduce, cs[ci].offset, cs[ci].count, in));
-    *reduce_time += op.RecordReduce(from, absl::Now() - t0);
+    *reduce_time += op.RecordReduce(from, halka::Now() - t0);
   }
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "core/algorithms/algorithms.h"
 #include "core/payload.h"
 #include "core/reduce.h"
@@ -173,9 +174,9 @@ class TreeWalk {
     for (const auto& [from, step] : sources_) {
       op_.SetLedger(Phase::kGather, step, ci, n_, from);
       HALKA_ASSIGN_OR_RETURN(InFrame in, op_.AwaitData(from, Up(step, c)));
-      const absl::Time t0 = absl::Now();
+      const absl::Time t0 = halka::Now();
       ApplyPayload(dt_, op_.fp().op, /*reduce=*/true, At(c), in);
-      reduce_time_ += op_.RecordReduce(from, absl::Now() - t0);
+      reduce_time_ += op_.RecordReduce(from, halka::Now() - t0);
     }
     if (t_.parent >= 0) {
       op_.SetLedger(Phase::kGather, kAcross, ci, n_, -1);

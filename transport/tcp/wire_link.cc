@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/grpc_util.h"
 #include "codec/frame_codec.h"
 #include "transport/tcp/wire_record.h"
@@ -98,7 +99,7 @@ void AcceptPending(int listen_fd, std::vector<PendingConn>& pending,
         break;
       }
     }
-    pending.push_back({c, absl::Now() + kHandshakeTime, ""});
+    pending.push_back({c, halka::Now() + kHandshakeTime, ""});
     ++live;
   }
 }
@@ -120,7 +121,7 @@ bool ReadToken(PendingConn& p) {
 // came, else why not.
 std::string WaitFor(int fd, short events, absl::Time deadline) {
   for (;;) {
-    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - halka::Now());
     if (ms <= 0) return "timed out after 2 s";
     pollfd p{fd, events, 0};
     const int r = poll(&p, 1, static_cast<int>(ms));
@@ -270,7 +271,7 @@ std::string WireListener::Expect(OnConnected on_connected) {
   if (!token.ok()) return "";
   absl::MutexLock lock(&mu_);
   if (stop_) return "";
-  expected_[*token] = Waiting{std::move(on_connected), absl::Now() + kTokenLife};
+  expected_[*token] = Waiting{std::move(on_connected), halka::Now() + kTokenLife};
   return WireHex(*token);
 }
 
@@ -291,7 +292,7 @@ void WireListener::Loop() {
     {
       absl::MutexLock lock(&mu_);
       if (stop_) break;
-      const absl::Time now = absl::Now();
+      const absl::Time now = halka::Now();
       for (auto it = expected_.begin(); it != expected_.end();) {
         it = it->second.expires < now ? expected_.erase(it) : std::next(it);
       }
@@ -299,7 +300,7 @@ void WireListener::Loop() {
     if (fds[1].revents & POLLIN) {
       AcceptPending(fd_, pending, live, counters_->wire.evicted);
     }
-    const absl::Time now = absl::Now();
+    const absl::Time now = halka::Now();
     std::vector<PendingConn> still;
     for (size_t i = 0; i < pending.size(); ++i) {
       PendingConn& p = pending[i];
@@ -369,7 +370,7 @@ absl::Status WireSender::Connect() {
     return absl::UnavailableError(
         absl::StrCat("cannot resolve ", host_, ": ", gai_strerror(rc)));
   }
-  const absl::Time deadline = absl::Now() + kHandshakeTime;
+  const absl::Time deadline = halka::Now() + kHandshakeTime;
   std::string why = "no address";
   int fd = -1;
   for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {

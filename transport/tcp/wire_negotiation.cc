@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "transport/tcp/wire_link.h"
 
@@ -40,8 +41,8 @@ absl::StatusOr<std::string> ParseWireOffer(const std::string& offer) {
 void WireFallbacks::Note(const std::string& address, const absl::Status& why) {
   {
     absl::MutexLock lock(&mu_);
-    auto [it, first] = last_.emplace(address, absl::Now());
-    it->second = absl::Now();
+    auto [it, first] = last_.emplace(address, halka::Now());
+    it->second = halka::Now();
     if (!first) return;
   }
   const std::string line = absl::StrCat(
@@ -59,7 +60,7 @@ void WireFallbacks::Note(const std::string& address, const absl::Status& why) {
 bool WireFallbacks::RecentlyFailed(const std::string& address) const {
   absl::MutexLock lock(&mu_);
   auto it = last_.find(address);
-  return it != last_.end() && absl::Now() - it->second < absl::Minutes(1);
+  return it != last_.end() && halka::Now() - it->second < absl::Minutes(1);
 }
 
 }  // namespace halka

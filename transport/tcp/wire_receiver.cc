@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "codec/frame_codec.h"
+#include "common/clock.h"
 #include "core/status_macros.h"
 #include "transport/tcp/wire_link.h"
 #include "transport/tcp/wire_record.h"
@@ -287,7 +288,7 @@ void WireReceiver::Core::BeginStop() {
       // What the sender wrote before the link ended is still delivered:
       // the stream's end may overtake the data, which comes on another
       // connection. Bounded: a sender that keeps writing cannot hold it.
-      drain_until_ = absl::Now() + absl::Milliseconds(250);
+      drain_until_ = halka::Now() + absl::Milliseconds(250);
     }
     park_cv_.SignalAll();
   }
@@ -296,7 +297,7 @@ void WireReceiver::Core::BeginStop() {
 
 bool WireReceiver::Core::Stopped() {
   absl::MutexLock lock(&mu_);
-  return stopping_ && absl::Now() >= drain_until_;
+  return stopping_ && halka::Now() >= drain_until_;
 }
 
 bool WireReceiver::Core::stopping() {

@@ -80,7 +80,11 @@ TEST(ShmRing, RecordsWrapAndSpaceFreesOnlyOverTheReleasedPrefix) {
   Pair p = MakePair(64 << 10);
   std::vector<std::vector<uint8_t>> sent;
   std::vector<ShmRing::Record> got;
-  // Fill about three quarters, consume it all, then fill across the end.
+  // Fill about three quarters, consume it all, then fill across the end
+  // (a small frame held meanwhile keeps the ring from being empty, which
+  // would start the second round at the ring's beginning).
+  std::vector<uint8_t> small = Pattern(100, 7);
+  ShmRing::Record keeper;
   for (int round = 0; round < 2; ++round) {
     for (int i = 0; i < 6; ++i) {
       sent.push_back(Pattern(7000 + 1000 * i, 10 + sent.size()));
@@ -97,9 +101,45 @@ TEST(ShmRing, RecordsWrapAndSpaceFreesOnlyOverTheReleasedPrefix) {
     for (size_t k = got.size(); k-- > 1;) p.rx->Release(got[k].id);
     EXPECT_FALSE(p.tx->TryWrite({absl::MakeConstSpan(probe)}, probe.size()))
         << "round " << round;
+    if (round == 0) {
+      ASSERT_TRUE(p.tx->TryWrite({absl::MakeConstSpan(small)}, small.size()));
+      keeper = MustNext(*p.rx);
+    }
     p.rx->Release(got[0].id);
     got.clear();
   }
+  p.rx->Release(keeper.id);
+}
+
+TEST(ShmRing, AFrameThatFindsTheRingEmptyStartsAtItsBeginning) {
+  Pair p = MakePair(64 << 10);
+  const std::vector<uint8_t> a = Pattern(4096, 1), b = Pattern(4096, 2),
+                             c = Pattern(4096, 3), big = Pattern(12000, 4);
+  auto send = [&](const std::vector<uint8_t>& v) {
+    EXPECT_TRUE(p.tx->TryWrite({absl::MakeConstSpan(v)}, v.size()));
+    ShmRing::Record r = MustNext(*p.rx);
+    EXPECT_EQ(r.bytes, v.size());
+    EXPECT_EQ(std::memcmp(r.data, v.data(), v.size()), 0);
+    return r;
+  };
+  const ShmRing::Record ra = send(a);
+  p.rx->Release(ra.id);
+  // Empty: the next frame takes the same place (after a WRAP filler that
+  // the reader skips), not the next one.
+  const ShmRing::Record rb = send(b);
+  EXPECT_EQ(rb.data, ra.data);
+  // Not empty (b held): c follows b.
+  const ShmRing::Record rc = send(c);
+  EXPECT_EQ(rc.data, rb.data + ShmRing::kRecordHead + 4096);
+  p.rx->Release(rb.id);
+  p.rx->Release(rc.id);
+  // Empty again, but a frame larger than the room before the position
+  // would lose space at the beginning: it follows c.
+  const ShmRing::Record rbig = send(big);
+  EXPECT_EQ(rbig.data, rc.data + ShmRing::kRecordHead + 4096);
+  p.rx->Release(rbig.id);
+  // Every byte written went through the positions the reader saw.
+  EXPECT_EQ(p.rx->read_position(), p.tx->Published());
 }
 
 TEST(ShmRing, LargeFramesTravelAsSeveralRecordsInOrder) {

@@ -253,6 +253,10 @@ bool ShmRing::TryWriteRecord(absl::Span<const absl::Span<const uint8_t>> parts,
   return true;
 }
 
+size_t ShmRing::RewindAfter() const {
+  return std::min(capacity_ / 4, size_t{256} << 10);
+}
+
 uint64_t ShmRing::EndOfRecords(uint64_t pos, size_t total) const {
   size_t left = total;
   do {
@@ -267,14 +271,16 @@ uint64_t ShmRing::EndOfRecords(uint64_t pos, size_t total) const {
 
 bool ShmRing::TryWrite(absl::Span<const absl::Span<const uint8_t>> parts,
                        size_t total) {
-  const size_t free = FreeBytes();
-  // An empty ring (every record released) takes the frame at its start,
-  // after a WRAP filler, where that costs no room the frame needs: frames
-  // that each find the ring empty (small ones) then reuse its first pages,
-  // warm in both ends' caches, instead of walking all of it. Readers skip
-  // the filler as any other.
+  // An empty ring (every record released) that the writer has walked at
+  // least RewindAfter() into takes the frame at its start, after a WRAP
+  // filler: frames that each find the ring empty (small ones) then reuse
+  // its first pages, warm in both ends' caches, instead of walking all of
+  // it. Until the reader skips the filler, the ring holds only the room
+  // before the old position: the frame takes at most half of it, so that
+  // the frames after it still fit. Readers skip the filler as any other.
   const size_t off = static_cast<size_t>(head_ % capacity_);
-  if (free == capacity_ && off != 0 && EndOfRecords(0, total) <= off) {
+  if (off >= RewindAfter() && FreeBytes() == capacity_ &&
+      EndOfRecords(0, total) <= off / 2) {
     PutRecord(head_, kWrap, 0, parts, 0, 0);
     head_ += capacity_ - off;
   }

@@ -15,8 +15,9 @@
 // whole frame's bytes) and its payload, padded to 64 bytes, so payloads
 // start 64-byte aligned. A record never wraps: one that does not fit
 // before the end is preceded by a WRAP record that fills the rest, and a
-// frame that finds the ring empty starts at its beginning the same way
-// (so small frames reuse the same warm pages). Frames larger than
+// small frame that finds the ring empty past its first quarter (at most
+// 256 KiB) starts at its beginning the same way (so small frames cycle
+// over the same warm pages). Frames larger than
 // capacity/4 travel as several records (FIRST ... LAST).
 //
 // Positions are byte counts since creation (never wrap in practice: 2^64).
@@ -182,6 +183,9 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
   uint64_t PlaceRecord(uint64_t pos,
                        absl::Span<const absl::Span<const uint8_t>> parts,
                        size_t total, size_t* done);
+  // How far into the ring an empty ring's next frame may go back to its
+  // start (TryWrite): a quarter of it, at most 256 KiB.
+  size_t RewindAfter() const;
   // The position after a frame of `total` bytes whose records start at
   // `pos` (WRAP fillers included).
   uint64_t EndOfRecords(uint64_t pos, size_t total) const;

@@ -111,34 +111,40 @@ TEST(ShmRing, RecordsWrapAndSpaceFreesOnlyOverTheReleasedPrefix) {
   p.rx->Release(keeper.id);
 }
 
-TEST(ShmRing, AFrameThatFindsTheRingEmptyStartsAtItsBeginning) {
-  Pair p = MakePair(64 << 10);
-  const std::vector<uint8_t> a = Pattern(4096, 1), b = Pattern(4096, 2),
-                             c = Pattern(4096, 3), big = Pattern(12000, 4);
-  auto send = [&](const std::vector<uint8_t>& v) {
+TEST(ShmRing, AFrameThatFindsTheRingEmptyPastAQuarterStartsAtItsBeginning) {
+  Pair p = MakePair(64 << 10);  // rewinds past 16 KiB
+  const size_t rec = ShmRing::kRecordHead + 4096;
+  auto send = [&](uint32_t seed, size_t n = 4096) {
+    const std::vector<uint8_t> v = Pattern(n, seed);
     EXPECT_TRUE(p.tx->TryWrite({absl::MakeConstSpan(v)}, v.size()));
     ShmRing::Record r = MustNext(*p.rx);
     EXPECT_EQ(r.bytes, v.size());
     EXPECT_EQ(std::memcmp(r.data, v.data(), v.size()), 0);
     return r;
   };
-  const ShmRing::Record ra = send(a);
-  p.rx->Release(ra.id);
-  // Empty: the next frame takes the same place (after a WRAP filler that
-  // the reader skips), not the next one.
-  const ShmRing::Record rb = send(b);
-  EXPECT_EQ(rb.data, ra.data);
-  // Not empty (b held): c follows b.
-  const ShmRing::Record rc = send(c);
-  EXPECT_EQ(rc.data, rb.data + ShmRing::kRecordHead + 4096);
-  p.rx->Release(rb.id);
-  p.rx->Release(rc.id);
-  // Empty again, but a frame larger than the room before the position
-  // would lose space at the beginning: it follows c.
-  const ShmRing::Record rbig = send(big);
-  EXPECT_EQ(rbig.data, rc.data + ShmRing::kRecordHead + 4096);
-  p.rx->Release(rbig.id);
-  // Every byte written went through the positions the reader saw.
+  // Frames released one by one walk the first quarter (four of them end
+  // at 16,640 bytes); the fifth finds the ring empty past it and goes back
+  // to the start, after a WRAP filler the reader skips.
+  const ShmRing::Record first = send(1);
+  p.rx->Release(first.id);
+  for (uint32_t k = 1; k < 4; ++k) {
+    const ShmRing::Record r = send(1 + k);
+    EXPECT_EQ(r.data, first.data + k * rec) << "frame " << k;
+    p.rx->Release(r.id);
+  }
+  const ShmRing::Record back = send(5);
+  EXPECT_EQ(back.data, first.data);
+  // Not empty (back held): the next follows it, however far in.
+  const ShmRing::Record next = send(6);
+  EXPECT_EQ(next.data, back.data + rec);
+  p.rx->Release(back.id);
+  p.rx->Release(next.id);
+  // Walk past the quarter again; a frame larger than half the room before
+  // the position stays where it is.
+  for (uint32_t k = 0; k < 2; ++k) p.rx->Release(send(7 + k).id);
+  const ShmRing::Record big = send(9, 12000);  // 4 frames in: 16,640 bytes
+  EXPECT_EQ(big.data, first.data + 4 * rec);
+  p.rx->Release(big.id);
   EXPECT_EQ(p.rx->read_position(), p.tx->Published());
 }
 

@@ -154,6 +154,19 @@ class WireReceiver::Core final : public InboxTap {
   // One record from its head on (head: its 4 length bytes, read).
   absl::Status Record(const uint8_t head[4], bool* took)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
+  // The tap on a plaintext link: one recv(MSG_PEEK) of up to a whole tap
+  // record shows whether the next record is there whole, and one recv
+  // takes it into the frame's own buffer (Peek, the head's and the body's
+  // reads, and the empty socket's last look took five system calls). OK
+  // with *more when the peek saw bytes past that record; *stop when the
+  // record is not the tap's (nothing there, the reader's turn, a close
+  // record for Record's path: *close).
+  absl::Status TapPlainRecord(bool* took, bool* more, bool* stop, bool* close)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
+  // A frame read whole: counted and handed to on_frame_ (a refusal ends
+  // the link: ABORTED, with refused_ set).
+  absl::Status Deliver(absl::StatusOr<InFrame> frame, bool* took)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
   // The connection ended between records: OK after the close record (the
   // link's normal end), UNAVAILABLE otherwise.
   absl::Status AtEnd() const;
@@ -568,15 +581,68 @@ absl::Status WireReceiver::Core::Record(const uint8_t head[4], bool* took) {
   std::optional<absl::StatusOr<InFrame>> frame;
   HALKA_RETURN_IF_ERROR(ReadRecord(n, head, &frame));
   if (!frame.has_value()) return absl::OkStatus();  // revoked: dropped
+  return Deliver(*std::move(frame), took);
+}
+
+absl::Status WireReceiver::Core::Deliver(absl::StatusOr<InFrame> frame,
+                                         bool* took) {
   *took = true;
   if (reading_on_tap_ && counters_ != nullptr) {
     counters_->wire.tapped.fetch_add(1, std::memory_order_relaxed);
   }
   // A refusal ends the link: on_frame reported it, or on_rejected will.
-  absl::Status s = on_frame_(*std::move(frame));
+  absl::Status s = on_frame_(std::move(frame));
   if (s.ok()) return s;
   refused_ = std::move(s);
   return absl::AbortedError("the frame was refused");
+}
+
+absl::Status WireReceiver::Core::TapPlainRecord(bool* took, bool* more,
+                                                bool* stop, bool* close) {
+  *more = *stop = *close = false;
+  constexpr size_t kMax = 4 + kTapRecordBytes;
+  std::shared_ptr<uint8_t[]> buf(new uint8_t[kMax]);
+  const ssize_t r = recv(fd_, buf.get(), kMax, MSG_PEEK | MSG_DONTWAIT);
+  if (r == 0) {
+    absl::Status end = AtEnd();
+    return end.ok() ? absl::OutOfRangeError("end") : end;
+  }
+  if (r < 0) {
+    *stop = true;
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+      return absl::OkStatus();
+    }
+    return absl::UnavailableError(Errno("read"));
+  }
+  *stop = true;
+  if (r < 4) {
+    HandOver();  // a head still coming: the reader's
+    return absl::OkStatus();
+  }
+  const size_t n = GetU32(buf.get());
+  if (n == 0) {  // the close record: Record's path
+    *close = true;
+    return absl::OkStatus();
+  }
+  if (n > kTapRecordBytes) SawLarge();
+  if (n > kTapRecordBytes || static_cast<size_t>(r) < 4 + n) {
+    HandOver();  // large, or its bytes still coming: the reader's
+    return absl::OkStatus();
+  }
+  if (closed_) return absl::DataLossError("a record after the link's close record");
+  // The peeked bytes are the record's: take them (the same bytes again).
+  const ssize_t got = recv(fd_, buf.get(), 4 + n, MSG_DONTWAIT);
+  if (got != static_cast<ssize_t>(4 + n)) {
+    return absl::InternalError(absl::StrCat(
+        "wire tap: a record's ", 4 + n, " peeked bytes were not there (",
+        got < 0 ? Errno("read") : absl::StrCat(got, " read"), ")"));
+  }
+  *stop = false;
+  *more = static_cast<size_t>(r) > 4 + n;
+  const absl::Span<const uint8_t> bytes(buf.get() + 4, n);
+  absl::StatusOr<InFrame> frame =
+      DecodeFrame(absl::MakeConstSpan(&bytes, 1), std::move(buf));
+  return Deliver(std::move(frame), took);
 }
 
 void WireReceiver::Core::ReadRecords(bool tap, bool* took) {
@@ -584,6 +650,15 @@ void WireReceiver::Core::ReadRecords(bool tap, bool* took) {
   absl::Status s;
   for (;;) {
     uint8_t head[4];
+    if (tap && seal_ == nullptr) {
+      bool more = false, stop = false, close = false;
+      s = TapPlainRecord(took, &more, &stop, &close);
+      if (!s.ok() || (stop && !close)) break;
+      if (!close) {
+        if (more) continue;
+        break;  // the socket held nothing past it: no look that finds none
+      }
+    }
     if (tap) {
       bool ready = false, hand_over = false;
       s = Peek(&ready, &hand_over);
@@ -647,6 +722,11 @@ bool WireReceiver::Core::ReaderPass() {
       return true;
     }
     wait = WaitReadable();
+    // A tap attached while this thread slept in poll: the bytes are the
+    // waiting operation's (it polls the socket too); stand aside.
+    if (wait.ok() && tap_active() && !stopping() && !reader_turn_.load()) {
+      return true;
+    }
   }
   absl::Status failed, refused;
   {

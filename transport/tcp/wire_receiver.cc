@@ -151,6 +151,10 @@ class WireReceiver::Core final : public InboxTap {
   // (*hand_over). OK with neither: nothing there. An error: the peer ended
   // the connection (AtEnd's verdict), or the socket failed.
   absl::Status Peek(bool* ready, bool* hand_over);
+  // What a recv(MSG_PEEK) that returned r <= 0 (errno as it left it)
+  // means: OK (nothing there now), the end (AtEnd's verdict, or
+  // OUT_OF_RANGE), or the socket's failure.
+  absl::Status PeekedNothing(ssize_t r) const;
   // One record from its head on (head: its 4 length bytes, read).
   absl::Status Record(const uint8_t head[4], bool* took)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
@@ -536,20 +540,22 @@ absl::Status WireReceiver::Core::AtEnd() const {
       "record (cut by the network or a third party, or the peer died)");
 }
 
-absl::Status WireReceiver::Core::Peek(bool* ready, bool* hand_over) {
-  *ready = *hand_over = false;
-  uint8_t head[4];
-  const ssize_t r = recv(fd_, head, sizeof(head), MSG_PEEK | MSG_DONTWAIT);
+absl::Status WireReceiver::Core::PeekedNothing(ssize_t r) const {
   if (r == 0) {
     absl::Status end = AtEnd();
     return end.ok() ? absl::OutOfRangeError("end") : end;
   }
-  if (r < 0) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-      return absl::OkStatus();
-    }
-    return absl::UnavailableError(Errno("read"));
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+    return absl::OkStatus();
   }
+  return absl::UnavailableError(Errno("read"));
+}
+
+absl::Status WireReceiver::Core::Peek(bool* ready, bool* hand_over) {
+  *ready = *hand_over = false;
+  uint8_t head[4];
+  const ssize_t r = recv(fd_, head, sizeof(head), MSG_PEEK | MSG_DONTWAIT);
+  if (r <= 0) return PeekedNothing(r);
   int queued = 0;
   if (r < 4 || ioctl(fd_, FIONREAD, &queued) != 0) {
     *hand_over = true;  // a head still coming: the reader's
@@ -603,18 +609,8 @@ absl::Status WireReceiver::Core::TapPlainRecord(bool* took, bool* more,
   constexpr size_t kMax = 4 + kTapRecordBytes;
   std::shared_ptr<uint8_t[]> buf(new uint8_t[kMax]);
   const ssize_t r = recv(fd_, buf.get(), kMax, MSG_PEEK | MSG_DONTWAIT);
-  if (r == 0) {
-    absl::Status end = AtEnd();
-    return end.ok() ? absl::OutOfRangeError("end") : end;
-  }
-  if (r < 0) {
-    *stop = true;
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-      return absl::OkStatus();
-    }
-    return absl::UnavailableError(Errno("read"));
-  }
   *stop = true;
+  if (r <= 0) return PeekedNothing(r);
   if (r < 4) {
     HandOver();  // a head still coming: the reader's
     return absl::OkStatus();

@@ -1,5 +1,7 @@
 #include "worker/ring_book.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -241,6 +243,9 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
   const CommConfig c = CommConfigFor(options_, *ring, numbering.first_op_seq);
   auto early = early_.find(ring->generation);
   ring->inbox = early != early_.end() ? early->second : NewInbox();
+  ring->inbox->SetSpinBeforeSleep(OperationSpin(options_.shm_spin, ring->rank,
+                                                ring->world, ring->hosts,
+                                                CpusOfThisProcess()));
   early_.erase(early_.begin(), early_.upper_bound(ring->generation));
   reported_.erase(reported_.begin(),
                   reported_.lower_bound({ring->generation, -1}));
@@ -334,6 +339,25 @@ std::unique_ptr<GrpcTransport> RingBook::NewTransport(const Ring& ring) const {
   return std::make_unique<GrpcTransport>(options_.job_id, ring.generation,
                                          ring.rank, std::move(addresses),
                                          ring.inbox.get(), std::move(links));
+}
+
+absl::Duration OperationSpin(absl::Duration shm_spin, int rank, int world,
+                             const std::vector<std::vector<int>>& hosts,
+                             int cpus) {
+  if (shm_spin != kShmSpinAuto) return std::max(shm_spin, absl::ZeroDuration());
+  // This host's ranks of the ring (every rank where hosts are not known).
+  size_t here = static_cast<size_t>(world);
+  for (const std::vector<int>& h : hosts) {
+    if (std::find(h.begin(), h.end(), rank) != h.end()) here = h.size();
+  }
+  return here <= static_cast<size_t>(std::max(cpus, 1)) ? kShmAutoSpin
+                                                          : absl::ZeroDuration();
+}
+
+int CpusOfThisProcess() {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  return sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
 }
 
 std::shared_ptr<Inbox> RingBook::NewInbox() const {

@@ -109,6 +109,18 @@ struct CallInfo {
   uint64_t numbered_generation = 0;
 };
 
+// How long an operation of `rank` (of `world`, on `hosts`) polls its
+// same-host rings before it sleeps (Inbox::SetSpinBeforeSleep): the
+// worker's shm_spin, or with kShmSpinAuto kShmAutoSpin where this host's
+// ranks of the ring (all `world` where hosts are not known) are no more
+// than `cpus`, else none: a spinning rank must not take the core of a
+// rank it waits for.
+absl::Duration OperationSpin(absl::Duration shm_spin, int rank, int world,
+                             const std::vector<std::vector<int>>& hosts,
+                             int cpus);
+// The CPUs this process may run on (sched_getaffinity; 1 if unknown).
+int CpusOfThisProcess();
+
 class RingBook {
  public:
   using LinkFailedFn =

@@ -44,10 +44,11 @@ ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "bytes per frame on the wire");
 ABSL_FLAG(bool, shm_links, true,
           "carry peer links to workers on this host (same network "
           "namespace and /dev/shm) through shared memory; false: gRPC/TCP");
-ABSL_FLAG(int64_t, shm_spin_us, 0,
+ABSL_FLAG(int64_t, shm_spin_us, -1,
           "microseconds a reader of a same-host ring (a link's reader, an "
           "operation waiting on its rings, a session) polls it before it "
-          "sleeps (0-1000; 0: sleeps at once). Pays only with idle cores");
+          "sleeps (0-1000; 0: sleeps at once). -1 (auto): an operation "
+          "polls 50 us where this host's ranks have a CPU each, else 0");
 ABSL_FLAG(bool, wire_tap, true,
           "an operation's thread reads its wire links' small frames (whole, "
           "at most 256 KiB) off their sockets itself while it waits; false: "

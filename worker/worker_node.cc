@@ -47,10 +47,11 @@ absl::Status CheckOptions(const WorkerOptions& options) {
   if (options.world_size < 1) {
     return absl::InvalidArgumentError("worker: --world_size must be >= 1");
   }
-  if (options.shm_spin < absl::ZeroDuration() ||
+  if ((options.shm_spin < absl::ZeroDuration() &&
+       options.shm_spin != kShmSpinAuto) ||
       options.shm_spin > absl::Milliseconds(1)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "worker: --shm_spin_us must be 0-1000, got ",
+        "worker: --shm_spin_us must be -1 (auto) or 0-1000, got ",
         absl::ToInt64Microseconds(options.shm_spin)));
   }
   if ((options.min_world_size > 0) != (options.max_world_size > 0) ||
@@ -183,7 +184,7 @@ absl::Status WorkerNode::ServePeerLinks() {
   }
   PeerService::Options peer;
   peer.accept_shm = o.shm_links;
-  peer.shm_spin = o.shm_spin;
+  peer.shm_spin = std::max(o.shm_spin, absl::ZeroDuration());  // readers
   peer.wire = wire_listener_.get();
   peer.wire_sealed = o.security->server_tls();
   peer.wire_landing = o.wire_landing;

@@ -15,6 +15,10 @@
 
 namespace halka {
 
+// WorkerOptions::shm_spin's automatic choice, and what it polls for.
+inline constexpr absl::Duration kShmSpinAuto = absl::Microseconds(-1);
+inline constexpr absl::Duration kShmAutoSpin = absl::Microseconds(50);
+
 struct WorkerOptions {
   std::string job_id = "default";
   std::string worker_id;          // default: hostname-pid
@@ -41,8 +45,12 @@ struct WorkerOptions {
   // its operations waiting on them, its SDK sessions' requests rings) poll
   // a ring before they sleep (ShmRing::set_spin_before_sleep,
   // Inbox::SetSpinBeforeSleep): this worker's own, also when workers share
-  // a process. 0: they sleep at once.
-  absl::Duration shm_spin = absl::ZeroDuration();
+  // a process. 0: they sleep at once. kShmSpinAuto (the default): an
+  // operation waiting on its rings polls them for kShmAutoSpin where this
+  // host's ranks of the ring are no more than the CPUs this process may
+  // run on (each can have a core), and sleeps at once elsewhere; the
+  // links' readers and the sessions sleep at once.
+  absl::Duration shm_spin = kShmSpinAuto;
   // Peer links to other hosts carry their frames on a TCP connection of
   // their own (sealed with AES-OCB under TLS), not on the gRPC stream
   // (transport/tcp/wire_link.h); off: on the gRPC stream.

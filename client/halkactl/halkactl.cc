@@ -92,10 +92,11 @@ ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "embedded cluster: bytes per frame");
 ABSL_FLAG(bool, shm_links, true,
           "embedded cluster: peer links through shared memory (the workers "
           "share this host); false: over loopback TCP (see --wire_links)");
-ABSL_FLAG(int64_t, shm_spin_us, 0,
+ABSL_FLAG(int64_t, shm_spin_us, -1,
           "embedded cluster: microseconds a reader of a same-host ring "
           "(links, an operation waiting on its rings, sessions) polls it "
-          "before it sleeps (0-1000; 0: sleeps at once)");
+          "before it sleeps (0-1000; 0: sleeps at once; -1, auto: an "
+          "operation polls 50 us where this host's ranks have a CPU each)");
 ABSL_FLAG(bool, wire_links, true,
           "embedded cluster: links that are not through shared memory take "
           "a TCP connection of their own; false: the gRPC stream");
@@ -427,7 +428,8 @@ absl::Status StartEmbedded(const std::vector<BenchCase>& cases,
   auto c = LocalCluster::Start(lo);
   if (!c.ok()) return c.status();
   *cluster = std::move(*c);
-  co.shm_spin = lo.shm_spin;  // the clients' session rings poll as long
+  // The clients' session rings poll as long (auto: not at all).
+  co.shm_spin = std::max(lo.shm_spin, absl::ZeroDuration());
   for (int r = 0; r < (*cluster)->size(); ++r) {
     auto cl = (*cluster)->Connect(r, co);
     if (!cl.ok()) return cl.status();
@@ -472,7 +474,7 @@ int BenchCommand() {
   std::vector<std::unique_ptr<Client>> owned;
   std::vector<Client*> clients;
   const std::string workers = absl::GetFlag(FLAGS_worker);
-  if (!workers.empty() && (absl::GetFlag(FLAGS_shm_spin_us) != 0 ||
+  if (!workers.empty() && (absl::GetFlag(FLAGS_shm_spin_us) != -1 ||
                            !absl::GetFlag(FLAGS_tls_dir).empty() ||
                            absl::GetFlag(FLAGS_hosts) != 0)) {
     return Fail(absl::InvalidArgumentError(

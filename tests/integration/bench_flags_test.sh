@@ -79,7 +79,8 @@ refused() {  # refused WHAT EXPECTED-TEXT ARGS...
   grep -q -- "$text" "$dir/err" || fail "$what: unclear error: $(cat "$dir/err")"
   echo "ok: $what refused: $(tail -1 "$dir/err")"
 }
-refused "--shm_spin_us=5000" "must be 0-1000, got 5000" --workers=2 --shm_spin_us=5000
+refused "--shm_spin_us=5000" "must be -1 (auto) or 0-1000, got 5000" --workers=2 --shm_spin_us=5000
+refused "--shm_spin_us=-7" "must be -1 (auto) or 0-1000, got -7" --workers=2 --shm_spin_us=-7
 refused "--shm_spin_us with --worker" "set up the embedded cluster" \
   --worker=127.0.0.1:1 --shm_spin_us=20
 refused "--tls_dir with --worker" "set up the embedded cluster" \

@@ -16,6 +16,7 @@
 #include "tests/testing/link_counts.h"
 #include "tests/testing/run_ranks.h"
 #include "transport/tcp/wire_link.h"
+#include "worker/ring_book.h"
 #include "worker/worker_node.h"
 
 namespace halka {
@@ -201,6 +202,29 @@ TEST(PerNodeState, AWorkerKeepsTheSecurityItWasCreatedWith) {
   EXPECT_TRUE(AllReduceCorrect(*second->cluster, second->clients, Algorithm::kRing));
   EXPECT_GE(CountsOf(*first->cluster).wire_accepted, 3u);
   SetSecurityConfig(SecurityConfig());  // as the process had it
+}
+
+// --shm_spin_us=-1, the worker's default: an operation polls its rings
+// only where this host's ranks of the ring each have a CPU; an explicit
+// value is kept as it is.
+TEST(OperationSpin, AutoPollsOnlyWhereThisHostsRanksHaveACpuEach) {
+  const absl::Duration none = absl::ZeroDuration();
+  EXPECT_EQ(WorkerOptions().shm_spin, kShmSpinAuto);
+  // Hosts not known: every rank counts as this host's.
+  EXPECT_EQ(OperationSpin(kShmSpinAuto, 0, 2, {}, 2), kShmAutoSpin);
+  EXPECT_EQ(OperationSpin(kShmSpinAuto, 1, 4, {}, 2), none);
+  EXPECT_EQ(OperationSpin(kShmSpinAuto, 1, 2, {}, 0), none);  // 1 CPU at least
+  // Hosts known: the rank's own host's count.
+  const std::vector<std::vector<int>> twos = {{0, 1}, {2, 3}, {4, 5}, {6, 7}};
+  const std::vector<std::vector<int>> fours = {{0, 1, 2, 3}, {4, 5, 6, 7}};
+  EXPECT_EQ(OperationSpin(kShmSpinAuto, 5, 8, twos, 2), kShmAutoSpin);
+  EXPECT_EQ(OperationSpin(kShmSpinAuto, 5, 8, fours, 2), none);
+  EXPECT_EQ(OperationSpin(kShmSpinAuto, 5, 8, fours, 64), kShmAutoSpin);
+  // Explicit values win, whatever the CPUs.
+  EXPECT_EQ(OperationSpin(absl::Microseconds(20), 0, 64, {}, 1),
+            absl::Microseconds(20));
+  EXPECT_EQ(OperationSpin(none, 0, 2, {}, 64), none);
+  EXPECT_GE(CpusOfThisProcess(), 1);
 }
 
 }  // namespace

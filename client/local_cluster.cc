@@ -8,6 +8,7 @@
 #include "common/security.h"
 #include "server/parameter_server.h"
 #include "server/rendezvous_service.h"
+#include "worker/ring_book.h"
 #include "worker/worker_node.h"
 
 namespace halka {
@@ -68,7 +69,13 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     wo.listen = "127.0.0.1:0";
     wo.chunk_bytes = options.chunk_bytes;
     wo.shm_links = options.shm_links;
-    wo.shm_spin = options.shm_spin;
+    // Auto decided here: every worker of the cluster is on this machine,
+    // also where they name several hosts (--hosts), which the workers'
+    // own rule would count apart.
+    wo.shm_spin = options.shm_spin == kShmSpinAuto
+                      ? OperationSpin(kShmSpinAuto, 0, options.workers, {},
+                                      CpusOfThisProcess())
+                      : options.shm_spin;
     wo.wire_links = options.wire_links;
     wo.wire_landing = options.wire_landing;
     wo.wire_tap = options.wire_tap;

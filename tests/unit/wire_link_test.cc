@@ -532,6 +532,10 @@ class WireTapTest : public WireLinkTest {
           [this](absl::StatusOr<InFrame> f) {
             if (!f.ok()) return f.status();
             delivered_.fetch_add(1);
+            {
+              absl::MutexLock lock(&seq_mu_);
+              delivered_seqs_.push_back(f->meta.op_seq);
+            }
             return inbox_->Deliver(kFrom, *std::move(f));
           },
           [this](const absl::Status& s) {
@@ -569,6 +573,9 @@ class WireTapTest : public WireLinkTest {
   std::shared_ptr<Inbox> inbox_ = std::make_shared<Inbox>(4, counters_);
   std::shared_ptr<InboxTap> tap_;
   std::atomic<int> delivered_{0};
+  // The operations of the frames delivered, in the order they were.
+  absl::Mutex seq_mu_;
+  std::vector<uint64_t> delivered_seqs_ ABSL_GUARDED_BY(seq_mu_);
 };
 
 TEST_P(WireTapTest, SmallFramesComeThroughTheTapAndLargeOnesFromTheReader) {
@@ -642,7 +649,7 @@ class WireTapRawTest : public WireTapTest {
   void DialTapped() {
     ExpectTapped();
     DialWithToken(listener_->port(), token_, &fd_);
-    WaitAccepted();
+    ASSERT_NO_FATAL_FAILURE(WaitAccepted());
   }
   // One plain record: a float32 data frame of operation `seq` with
   // `elements` elements.
@@ -671,7 +678,7 @@ class WireTapRawTest : public WireTapTest {
 // aside) fails the wait at once, naming why: the reader reports what the
 // tap found.
 TEST_P(WireTapRawTest, ACutWhileTheOperationWaitsFailsItAtOnce) {
-  DialTapped();
+  ASSERT_NO_FATAL_FAILURE(DialTapped());
   WriteFrame(1);
   ASSERT_EQ(Wait(1).type, Inbox::Event::kFrame);
   std::thread cutter([this] {
@@ -693,7 +700,7 @@ TEST_P(WireTapRawTest, ACutWhileTheOperationWaitsFailsItAtOnce) {
 // on to its deadline without the link, and nothing is delivered or
 // reported after Stop (a frame written after it stays unread).
 TEST_P(WireTapRawTest, StoppedWhileTheOperationWaits) {
-  DialTapped();
+  ASSERT_NO_FATAL_FAILURE(DialTapped());
   WriteFrame(1);
   ASSERT_EQ(Wait(1).type, Inbox::Event::kFrame);
   std::thread stopper([this] {
@@ -720,7 +727,7 @@ TEST_P(WireTapRawTest, StoppedWhileTheOperationWaits) {
 // reader's: the waiting operation sleeps meanwhile, costing no CPU, even
 // after an earlier hand-over made the reader signal the end of its turn.
 TEST_P(WireTapRawTest, AStalledRecordCostsTheWaitNoCpu) {
-  DialTapped();
+  ASSERT_NO_FATAL_FAILURE(DialTapped());
   auto thread_cpu = [] {
     timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -748,12 +755,12 @@ TEST_P(WireTapRawTest, AStalledRecordCostsTheWaitNoCpu) {
   EXPECT_TRUE(errors_.empty()) << errors_.front();
 }
 
-// Several whole records that arrive in one write are taken in order, and
-// a record whose second half comes later is still delivered whole after
-// them (the tap on a plain link peeks whole records, several at a look,
-// and leaves a partial one to the reader).
+// Several whole records that arrive in one write are delivered in order,
+// and a record whose second half comes later is still delivered whole
+// after them (the tap on a plain link peeks whole records, several at a
+// look, and leaves a partial one to the reader).
 TEST_P(WireTapRawTest, RecordsThatArriveTogetherAreTakenInOrder) {
-  DialTapped();
+  ASSERT_NO_FATAL_FAILURE(DialTapped());
   // A first frame while the operation waits; the batch comes while it
   // waits again: the reader stands aside, so all of it is the tap's.
   std::thread first([this] {
@@ -772,12 +779,19 @@ TEST_P(WireTapRawTest, RecordsThatArriveTogetherAreTakenInOrder) {
   const std::vector<uint8_t> last = Record(7, 512);
   const size_t half = last.size() / 2;
   bytes.insert(bytes.end(), last.begin(), last.begin() + half);
+  std::atomic<bool> waiting{false};
   std::thread batch([&] {
+    // Once this thread is about to wait (it attaches the tap at once).
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (!waiting.load() && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
     absl::SleepFor(absl::Milliseconds(20));
     ASSERT_EQ(write(fd_, bytes.data(), bytes.size()),
               static_cast<ssize_t>(bytes.size()));
   });
   for (uint64_t seq = 2; seq <= 6; ++seq) {
+    if (seq == 2) waiting.store(true);
     ev = Wait(seq);
     if (seq == 2) batch.join();
     ASSERT_EQ(ev.type, Inbox::Event::kFrame) << seq << " " << ev.status;
@@ -795,6 +809,10 @@ TEST_P(WireTapRawTest, RecordsThatArriveTogetherAreTakenInOrder) {
   rest.join();
   ASSERT_EQ(ev.type, Inbox::Event::kFrame) << ev.status;
   EXPECT_EQ(ev.frame.meta.count, 512u);
+  {
+    absl::MutexLock lock(&seq_mu_);
+    EXPECT_EQ(delivered_seqs_, (std::vector<uint64_t>{1, 2, 3, 4, 5, 6, 7}));
+  }
   absl::MutexLock lock(&mu_);
   EXPECT_TRUE(errors_.empty()) << errors_.front();
 }

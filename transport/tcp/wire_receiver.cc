@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -226,6 +227,8 @@ class WireReceiver::Core final : public InboxTap {
   absl::Mutex read_mu_;
   // A revoked landing's bytes; sealed, the staging of a landed payload.
   std::vector<uint8_t> scratch_ ABSL_GUARDED_BY(read_mu_);
+  // TapPlainRecord's look at the socket (4 + kTapRecordBytes).
+  std::vector<uint8_t> peeked_ ABSL_GUARDED_BY(read_mu_);
   // A close record came: what follows is the connection's end.
   bool closed_ = false;
   // What ended the link, for the reader thread to report: a failure
@@ -606,16 +609,16 @@ absl::Status WireReceiver::Core::Deliver(absl::StatusOr<InFrame> frame,
 absl::Status WireReceiver::Core::TapPlainRecord(bool* took, bool* more,
                                                 bool* stop, bool* close) {
   *more = *stop = *close = false;
-  constexpr size_t kMax = 4 + kTapRecordBytes;
-  std::shared_ptr<uint8_t[]> buf(new uint8_t[kMax]);
-  const ssize_t r = recv(fd_, buf.get(), kMax, MSG_PEEK | MSG_DONTWAIT);
+  peeked_.resize(4 + kTapRecordBytes);
+  const ssize_t r =
+      recv(fd_, peeked_.data(), peeked_.size(), MSG_PEEK | MSG_DONTWAIT);
   *stop = true;
   if (r <= 0) return PeekedNothing(r);
   if (r < 4) {
     HandOver();  // a head still coming: the reader's
     return absl::OkStatus();
   }
-  const size_t n = GetU32(buf.get());
+  const size_t n = GetU32(peeked_.data());
   if (n == 0) {  // the close record: Record's path
     *close = true;
     return absl::OkStatus();
@@ -626,8 +629,15 @@ absl::Status WireReceiver::Core::TapPlainRecord(bool* took, bool* more,
     return absl::OkStatus();
   }
   if (closed_) return absl::DataLossError("a record after the link's close record");
-  // The peeked bytes are the record's: take them (the same bytes again).
-  const ssize_t got = recv(fd_, buf.get(), 4 + n, MSG_DONTWAIT);
+  // The peeked bytes are the record's: take them, the frame into a buffer
+  // of its own size (the frame keeps it; the inbox counts its payload).
+  std::shared_ptr<uint8_t[]> buf(new uint8_t[n]);
+  uint8_t head[4];
+  iovec iov[2] = {{head, 4}, {buf.get(), n}};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 2;
+  const ssize_t got = recvmsg(fd_, &msg, MSG_DONTWAIT);
   if (got != static_cast<ssize_t>(4 + n)) {
     return absl::InternalError(absl::StrCat(
         "wire tap: a record's ", 4 + n, " peeked bytes were not there (",
@@ -635,7 +645,7 @@ absl::Status WireReceiver::Core::TapPlainRecord(bool* took, bool* more,
   }
   *stop = false;
   *more = static_cast<size_t>(r) > 4 + n;
-  const absl::Span<const uint8_t> bytes(buf.get() + 4, n);
+  const absl::Span<const uint8_t> bytes(buf.get(), n);
   absl::StatusOr<InFrame> frame =
       DecodeFrame(absl::MakeConstSpan(&bytes, 1), std::move(buf));
   return Deliver(std::move(frame), took);
@@ -719,8 +729,11 @@ bool WireReceiver::Core::ReaderPass() {
     }
     wait = WaitReadable();
     // A tap attached while this thread slept in poll: the bytes are the
-    // waiting operation's (it polls the socket too); stand aside.
+    // waiting operation's (it polls the socket too); stand aside. A tap
+    // asleep on turn_fd_ (it last saw a large record) does not poll the
+    // socket: wake it to look again.
     if (wait.ok() && tap_active() && !stopping() && !reader_turn_.load()) {
+      if (sleeping_.load() > 0) Signal(turn_fd_);
       return true;
     }
   }

@@ -31,7 +31,10 @@ class LocalCluster {
     bool shm_links = true;
     // Each worker's WorkerOptions::shm_spin (its own: the rings of its
     // links and SDK sessions; a client's replies ring polls as long as its
-    // Client::Options::shm_spin says).
+    // Client::Options::shm_spin says). -1 us: auto, as a worker's, with
+    // every worker of this cluster counted as this machine's whatever
+    // hosts they name (their operations poll 50 us where the cluster's
+    // workers are no more than this process's CPUs).
     absl::Duration shm_spin = absl::ZeroDuration();
     // Links that are not same-host on a TCP connection of their own.
     bool wire_links = true;

@@ -8,7 +8,6 @@
 #include "common/security.h"
 #include "server/parameter_server.h"
 #include "server/rendezvous_service.h"
-#include "worker/ring_book.h"
 #include "worker/worker_node.h"
 
 namespace halka {
@@ -69,13 +68,11 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     wo.listen = "127.0.0.1:0";
     wo.chunk_bytes = options.chunk_bytes;
     wo.shm_links = options.shm_links;
-    // Auto decided here: every worker of the cluster is on this machine,
-    // also where they name several hosts (--hosts), which the workers'
-    // own rule would count apart.
-    wo.shm_spin = options.shm_spin == kShmSpinAuto
-                      ? OperationSpin(kShmSpinAuto, 0, options.workers, {},
-                                      CpusOfThisProcess())
-                      : options.shm_spin;
+    // Auto counts every worker of the cluster as this machine's, also
+    // where they name several hosts (--hosts), which the workers' own rule
+    // would count apart.
+    wo.shm_spin = options.shm_spin;
+    if (options.shm_spin == kShmSpinAuto) wo.machine_ranks = options.workers;
     wo.wire_links = options.wire_links;
     wo.wire_landing = options.wire_landing;
     wo.wire_tap = options.wire_tap;

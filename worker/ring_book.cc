@@ -243,9 +243,12 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
   const CommConfig c = CommConfigFor(options_, *ring, numbering.first_op_seq);
   auto early = early_.find(ring->generation);
   ring->inbox = early != early_.end() ? early->second : NewInbox();
-  ring->inbox->SetSpinBeforeSleep(OperationSpin(options_.shm_spin, ring->rank,
-                                                ring->world, ring->hosts,
-                                                CpusOfThisProcess()));
+  ring->inbox->SetSpinBeforeSleep(
+      options_.machine_ranks > 0
+          ? OperationSpin(options_.shm_spin, 0, options_.machine_ranks, {},
+                          CpusOfThisProcess())
+          : OperationSpin(options_.shm_spin, ring->rank, ring->world,
+                          ring->hosts, CpusOfThisProcess()));
   early_.erase(early_.begin(), early_.upper_bound(ring->generation));
   reported_.erase(reported_.begin(),
                   reported_.lower_bound({ring->generation, -1}));

@@ -51,6 +51,11 @@ struct WorkerOptions {
   // run on (each can have a core), and sleeps at once elsewhere; the
   // links' readers and the sessions sleep at once.
   absl::Duration shm_spin = kShmSpinAuto;
+  // For kShmSpinAuto: how many ranks of the ring share this machine's
+  // cores; 0: this host's ranks as the ring's hosts say (LocalCluster sets
+  // its worker count: its workers share one machine whatever hosts they
+  // name).
+  int machine_ranks = 0;
   // Peer links to other hosts carry their frames on a TCP connection of
   // their own (sealed with AES-OCB under TLS), not on the gRPC stream
   // (transport/tcp/wire_link.h); off: on the gRPC stream.

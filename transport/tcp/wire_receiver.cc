@@ -1,11 +1,10 @@
-// The serving end of a wire link (transport/tcp/wire_link.h): reads records off
-// the connection, opens sealed ones, lands payloads that an operation
-// offered a place for (core/landing.h) and hands frames on.
+// The serving end of a wire link (transport/tcp/wire_link.h): its reader
+// thread reads records off the connection, opens sealed ones, lands
+// payloads that an operation offered a place for (core/landing.h) and
+// hands frames on. The waiting operation's own reads (the tap) are in
+// transport/tcp/wire_tap.cc; the state both share in wire_receiver_core.h.
 #include <poll.h>
-#include <sys/eventfd.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -21,6 +20,7 @@
 #include "common/clock.h"
 #include "core/status_macros.h"
 #include "transport/tcp/wire_link.h"
+#include "transport/tcp/wire_receiver_core.h"
 #include "transport/tcp/wire_record.h"
 
 namespace halka {
@@ -30,240 +30,12 @@ using wire_record::Errno;
 using wire_record::GetU32;
 using wire_record::kMaxRecordBytes;
 using wire_record::Signal;
-
-// The most a wire reader reads into a landing at once: what an operation
-// that takes its landings back may wait for (one read, or, sealed, the
-// payload's one decryption: well under a millisecond).
-constexpr size_t kLandingPiece = 256 << 10;
-// The staging buffer of sealed landings a link keeps between records.
-constexpr size_t kKeptStaging = 4 << 20;
-// How long the reader stands aside at a time while the tap is attached,
-// and after its last detach: frames that come between operations wait at
-// most twice this long for the reader (the next operation's wait takes
-// them at once).
-constexpr absl::Duration kParkSlice = absl::Milliseconds(5);
-// How long a link stays its reader's after a record over kTapRecordBytes.
-constexpr absl::Duration kLargeHold = absl::Milliseconds(100);
-// How long the reader waits for bytes at a time once Stop woke it (so that
-// the drain's end is seen).
-constexpr int kDrainPollMs = 50;
-
-// The monotonic clock (a step of the wall clock must not hold the reader
-// aside, or the tap off), in nanoseconds.
-int64_t MonotonicNanos() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
+using wire_receiver_detail::kDrainPollMs;
+using wire_receiver_detail::kKeptStaging;
+using wire_receiver_detail::kLandingPiece;
+using wire_receiver_detail::kParkSlice;
 
 }  // namespace
-
-// The reader's state, shared by its thread and the inbox tap (which may
-// outlive the WireReceiver: the socket is closed when both are done).
-class WireReceiver::Core final : public InboxTap {
- public:
-  Core(int fd, std::string key, OnFrame on_frame, OnError on_error,
-       std::shared_ptr<LandingBoard> landings, int from,
-       std::shared_ptr<LinkCounters> counters, OnError on_rejected)
-      : fd_(fd),
-        wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
-        turn_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
-        seal_(key.empty() ? nullptr
-                          : std::make_unique<WireSeal>(std::move(key))),
-        on_frame_(std::move(on_frame)),
-        on_error_(std::move(on_error)),
-        on_rejected_(std::move(on_rejected)),
-        landings_(from >= 0 ? std::move(landings) : nullptr),
-        from_(from),
-        counters_(std::move(counters)) {
-    if (landings_ != nullptr) landings_->AddSource(from_);
-  }
-  ~Core() override {
-    if (landings_ != nullptr) landings_->RemoveSource(from_);
-    close(fd_);
-    if (wake_fd_ >= 0) close(wake_fd_);
-    if (turn_fd_ >= 0) close(turn_fd_);
-  }
-
-  // InboxTap, polled: Seq and Waiter are not used.
-  uint32_t Seq() override { return 0; }
-  FutexWaiter Waiter(uint32_t) override { return {nullptr, 0, false}; }
-  bool polled() const override { return turn_fd_ >= 0; }
-  // After Sleeping(true): the turn eventfd is emptied first, so that only
-  // a TurnBack from now on makes it readable (one that ran before left
-  // reader_turn_ false, and the socket is watched).
-  int PollFd() override {
-    uint64_t n;
-    (void)!read(turn_fd_, &n, sizeof(n));
-    return reader_turn_.load() || large() ? turn_fd_ : fd_;
-  }
-  void Sleeping(bool sleeping) override {
-    sleeping_.fetch_add(sleeping ? 1 : -1);
-  }
-  void Attach(bool attached) override {
-    if (!attached) {
-      detached_at_ns_.store(MonotonicNanos(),
-                            std::memory_order_relaxed);
-    }
-    attached_.fetch_add(attached ? 1 : -1);
-  }
-  // Attached now, or within the last kParkSlice: an operation's waits come
-  // one after another (and the next operation's soon after), so the socket
-  // stays the tap's between them rather than its reader's for a moment.
-  bool tap_active() const {
-    if (large()) return false;
-    return attached_.load() > 0 ||
-           MonotonicNanos() -
-                   detached_at_ns_.load(std::memory_order_relaxed) <
-               absl::ToInt64Nanoseconds(kParkSlice);
-  }
-  bool over() override { return over_.load(); }
-  bool reading_aside() override { return large(); }
-  void LeaveToReader() override {
-    if (detached_at_ns_.load(std::memory_order_relaxed) == 0) return;
-    detached_at_ns_.store(0, std::memory_order_relaxed);
-    absl::MutexLock lock(&mu_);
-    park_cv_.SignalAll();
-  }
-  bool Drain(bool* took) override;
-
-  void ReaderLoop();
-  void BeginStop();
-  // After the reader thread is gone: no callback runs again.
-  void End() {
-    absl::MutexLock lock(&read_mu_);
-    over_.store(true);
-  }
-  void Shutdown() { shutdown(fd_, SHUT_RDWR); }
-
- private:
-  // What the reader does with one pass: false once it is over.
-  bool ReaderPass();
-  // Reads every record there is now (the reader: also one whose bytes are
-  // still coming, and what follows it until the socket is empty between
-  // records; the tap: only whole records of at most kTapRecordBytes, the
-  // reader's turn for any other). Delivers under read_mu_. An error that
-  // ends the connection goes to failure_ (the reader thread reports it,
-  // outside the lock, not once stopping), and the link is over.
-  void ReadRecords(bool tap, bool* took)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
-  // The next record's bytes on the socket (recv MSG_PEEK and FIONREAD, no
-  // wait): whether the tap may read it whole (*ready), or the reader's turn
-  // (*hand_over). OK with neither: nothing there. An error: the peer ended
-  // the connection (AtEnd's verdict), or the socket failed.
-  absl::Status Peek(bool* ready, bool* hand_over);
-  // What a recv(MSG_PEEK) that returned r <= 0 (errno as it left it)
-  // means: OK (nothing there now), the end (AtEnd's verdict, or
-  // OUT_OF_RANGE), or the socket's failure.
-  absl::Status PeekedNothing(ssize_t r) const;
-  // One record from its head on (head: its 4 length bytes, read).
-  absl::Status Record(const uint8_t head[4], bool* took)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
-  // The tap on a plaintext link: one recv(MSG_PEEK) of up to a whole tap
-  // record shows whether the next record is there whole, and one recv
-  // takes it into the frame's own buffer (Peek, the head's and the body's
-  // reads, and the empty socket's last look took five system calls). OK
-  // with *more when the peek saw bytes past that record; *stop when the
-  // record is not the tap's (nothing there, the reader's turn, a close
-  // record for Record's path: *close).
-  absl::Status TapPlainRecord(bool* took, bool* more, bool* stop, bool* close)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
-  // A frame read whole: counted and handed to on_frame_ (a refusal ends
-  // the link: ABORTED, with refused_ set).
-  absl::Status Deliver(absl::StatusOr<InFrame> frame, bool* took)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
-  // The connection ended between records: OK after the close record (the
-  // link's normal end), UNAVAILABLE otherwise.
-  absl::Status AtEnd() const;
-  // Waits (without the lock) until the socket has bytes: OK; CANCELLED
-  // once stopped and drained; UNAVAILABLE if poll fails.
-  absl::Status WaitReadable();
-  // Reads exactly n bytes (waiting, as WaitReadable, once the socket has
-  // nothing: only the reader ever waits, the tap reads what is there):
-  // OK; OUT_OF_RANGE at a clean end before any byte (`clean_end`);
-  // CANCELLED once stopped and drained; UNAVAILABLE otherwise.
-  absl::Status ReadFull(uint8_t* p, size_t n, bool* clean_end);
-  // The same through `take`, which reads at most `want` bytes once without
-  // blocking and returns what recv(MSG_DONTWAIT) would.
-  absl::Status ReadFull(size_t n, bool* clean_end,
-                        absl::FunctionRef<ssize_t(size_t got, size_t want)> take);
-  // The rest of a record of n bytes whose length is `head`: OK with *frame
-  // set to what DecodeFrame made of it, or left empty (the frame's landing
-  // was revoked while it came: its operation has ended, the frame is
-  // dropped); otherwise the error that ends the connection.
-  absl::Status ReadRecord(size_t n, const uint8_t* head,
-                          std::optional<absl::StatusOr<InFrame>>* frame);
-  // Reads a landed payload into its place (plain) or into scratch_, opens
-  // it there and copies it into place once authentic (sealed).
-  absl::Status LandPlain(Landing& landing, bool* revoked);
-  absl::Status LandSealed(Landing& landing, absl::Span<const uint8_t> aad,
-                          bool* revoked);
-  // The link's close record (its 0-byte head read); sealed, its tag.
-  absl::Status ReadCloseRecord(const uint8_t head[4]);
-  bool Stopped();
-  bool stopping();
-  // The reader's wait while the tap is attached and the socket is the
-  // tap's: Stop and a hand-over wake it.
-  void Park();
-  // The socket is the reader's until it finds it empty between records.
-  void HandOver() ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
-  // The reader's turn is over: a tap asleep on turn_fd_ looks again.
-  void TurnBack() ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
-
-  const int fd_;
-  const int wake_fd_;  // an eventfd Stop writes; -1 if none could be made
-  // An eventfd the reader writes when its turn ends while a tap sleeps;
-  // -1 if none could be made (the link then has no tap).
-  const int turn_fd_;
-  std::unique_ptr<WireSeal> seal_;
-  const OnFrame on_frame_;
-  const OnError on_error_;
-  const OnError on_rejected_;  // may be null
-  const std::shared_ptr<LandingBoard> landings_;  // null: nothing lands
-  const int from_;
-  const std::shared_ptr<LinkCounters> counters_;  // may be null
-
-  // Who reads: one record at a time, and its delivery, under read_mu_.
-  absl::Mutex read_mu_;
-  // A revoked landing's bytes; sealed, the staging of a landed payload.
-  std::vector<uint8_t> scratch_ ABSL_GUARDED_BY(read_mu_);
-  // TapPlainRecord's look at the socket (4 + kTapRecordBytes).
-  std::vector<uint8_t> peeked_ ABSL_GUARDED_BY(read_mu_);
-  // A close record came: what follows is the connection's end.
-  bool closed_ = false;
-  // What ended the link, for the reader thread to report: a failure
-  // (on_error), or on_frame's refusal of a frame (on_rejected).
-  absl::Status failure_ ABSL_GUARDED_BY(read_mu_);
-  absl::Status refused_ ABSL_GUARDED_BY(read_mu_);
-  bool reading_on_tap_ = false;  // read_mu_'s holder is the tap
-  bool woken_ = false;           // the reader's own: Stop's wake-up was seen
-  // The socket is the reader's (a record the tap leaves, or the reader is
-  // inside one): the tap sleeps on turn_fd_, not on the socket.
-  std::atomic<bool> reader_turn_{false};
-  // A record over kTapRecordBytes came within kLargeHold: the socket is
-  // the reader's. A transfer of large chunks is read beside the
-  // operation's reduction, the tap would only hand each over, and a
-  // record larger than the socket's buffer holds its sender until it is
-  // read (while the operation may wait for that send elsewhere).
-  std::atomic<int64_t> large_until_ns_{0};
-  bool large() const {
-    return MonotonicNanos() <
-           large_until_ns_.load(std::memory_order_relaxed);
-  }
-  void SawLarge() {
-    large_until_ns_.store(MonotonicNanos() +
-                              absl::ToInt64Nanoseconds(kLargeHold),
-                          std::memory_order_relaxed);
-  }
-  std::atomic<int> sleeping_{0};  // waits asleep on this tap
-  std::atomic<int> attached_{0};
-  std::atomic<int64_t> detached_at_ns_{0};
-  std::atomic<bool> over_{false};
-  absl::Mutex mu_;
-  absl::CondVar park_cv_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Time drain_until_ ABSL_GUARDED_BY(mu_);
-};
 
 WireReceiver::WireReceiver(int fd, std::string key, OnFrame on_frame,
                            OnError on_error,
@@ -323,28 +95,6 @@ bool WireReceiver::Core::Stopped() {
 bool WireReceiver::Core::stopping() {
   absl::MutexLock lock(&mu_);
   return stopping_;
-}
-
-void WireReceiver::Core::Park() {
-  absl::MutexLock lock(&mu_);
-  // Looked at again under mu_: a hand-over, LeaveToReader and the tap's
-  // end signal under it.
-  if (!stopping_ && !reader_turn_.load() && !over_.load() && tap_active()) {
-    park_cv_.WaitWithTimeout(&mu_, kParkSlice);
-  }
-}
-
-void WireReceiver::Core::HandOver() {
-  if (reader_turn_.exchange(true)) return;
-  absl::MutexLock lock(&mu_);
-  park_cv_.Signal();
-}
-
-void WireReceiver::Core::TurnBack() {
-  // Stored before sleeping_ is looked at, as the tap announces its sleep
-  // before it asks PollFd: one of the two sees the other.
-  reader_turn_.store(false);
-  if (sleeping_.load() > 0) Signal(turn_fd_);
 }
 
 absl::Status WireReceiver::Core::WaitReadable() {
@@ -543,42 +293,6 @@ absl::Status WireReceiver::Core::AtEnd() const {
       "record (cut by the network or a third party, or the peer died)");
 }
 
-absl::Status WireReceiver::Core::PeekedNothing(ssize_t r) const {
-  if (r == 0) {
-    absl::Status end = AtEnd();
-    return end.ok() ? absl::OutOfRangeError("end") : end;
-  }
-  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-    return absl::OkStatus();
-  }
-  return absl::UnavailableError(Errno("read"));
-}
-
-absl::Status WireReceiver::Core::Peek(bool* ready, bool* hand_over) {
-  *ready = *hand_over = false;
-  uint8_t head[4];
-  const ssize_t r = recv(fd_, head, sizeof(head), MSG_PEEK | MSG_DONTWAIT);
-  if (r <= 0) return PeekedNothing(r);
-  int queued = 0;
-  if (r < 4 || ioctl(fd_, FIONREAD, &queued) != 0) {
-    *hand_over = true;  // a head still coming: the reader's
-    return absl::OkStatus();
-  }
-  const size_t n = GetU32(head);
-  // The record's bytes on the connection (wire_link.h): sealed, the
-  // head's length word and two tags (one for a close record).
-  const size_t tags = seal_ == nullptr ? 0 : (n == 0 ? 1 : 2);
-  const size_t total =
-      4 + n + (seal_ == nullptr || n == 0 ? 0 : 4) + tags * WireSeal::kTagBytes;
-  if (n > kTapRecordBytes) SawLarge();
-  if (n > kTapRecordBytes || static_cast<size_t>(queued) < total) {
-    *hand_over = true;
-  } else {
-    *ready = true;
-  }
-  return absl::OkStatus();
-}
-
 absl::Status WireReceiver::Core::Record(const uint8_t head[4], bool* took) {
   const size_t n = GetU32(head);
   if (closed_) return absl::DataLossError("a record after the link's close record");
@@ -604,51 +318,6 @@ absl::Status WireReceiver::Core::Deliver(absl::StatusOr<InFrame> frame,
   if (s.ok()) return s;
   refused_ = std::move(s);
   return absl::AbortedError("the frame was refused");
-}
-
-absl::Status WireReceiver::Core::TapPlainRecord(bool* took, bool* more,
-                                                bool* stop, bool* close) {
-  *more = *stop = *close = false;
-  peeked_.resize(4 + kTapRecordBytes);
-  const ssize_t r =
-      recv(fd_, peeked_.data(), peeked_.size(), MSG_PEEK | MSG_DONTWAIT);
-  *stop = true;
-  if (r <= 0) return PeekedNothing(r);
-  if (r < 4) {
-    HandOver();  // a head still coming: the reader's
-    return absl::OkStatus();
-  }
-  const size_t n = GetU32(peeked_.data());
-  if (n == 0) {  // the close record: Record's path
-    *close = true;
-    return absl::OkStatus();
-  }
-  if (n > kTapRecordBytes) SawLarge();
-  if (n > kTapRecordBytes || static_cast<size_t>(r) < 4 + n) {
-    HandOver();  // large, or its bytes still coming: the reader's
-    return absl::OkStatus();
-  }
-  if (closed_) return absl::DataLossError("a record after the link's close record");
-  // The peeked bytes are the record's: take them, the frame into a buffer
-  // of its own size (the frame keeps it; the inbox counts its payload).
-  std::shared_ptr<uint8_t[]> buf(new uint8_t[n]);
-  uint8_t head[4];
-  iovec iov[2] = {{head, 4}, {buf.get(), n}};
-  msghdr msg{};
-  msg.msg_iov = iov;
-  msg.msg_iovlen = 2;
-  const ssize_t got = recvmsg(fd_, &msg, MSG_DONTWAIT);
-  if (got != static_cast<ssize_t>(4 + n)) {
-    return absl::InternalError(absl::StrCat(
-        "wire tap: a record's ", 4 + n, " peeked bytes were not there (",
-        got < 0 ? Errno("read") : absl::StrCat(got, " read"), ")"));
-  }
-  *stop = false;
-  *more = static_cast<size_t>(r) > 4 + n;
-  const absl::Span<const uint8_t> bytes(buf.get(), n);
-  absl::StatusOr<InFrame> frame =
-      DecodeFrame(absl::MakeConstSpan(&bytes, 1), std::move(buf));
-  return Deliver(std::move(frame), took);
 }
 
 void WireReceiver::Core::ReadRecords(bool tap, bool* took) {
@@ -700,24 +369,6 @@ void WireReceiver::Core::ReadRecords(bool tap, bool* took) {
   if (!absl::IsOutOfRange(s) && !absl::IsCancelled(s) && !absl::IsAborted(s)) {
     failure_ = s;
   }
-}
-
-bool WireReceiver::Core::Drain(bool* took) {
-  if (over_.load()) return false;
-  if (reader_turn_.load() || large() || !read_mu_.TryLock()) {
-    return true;  // the reader reads: it delivers, and gives the turn back
-  }
-  if (!over_.load()) ReadRecords(/*tap=*/true, took);
-  const bool over = over_.load();
-  read_mu_.Unlock();
-  if (over) {
-    // The reader ends too, and reports a failure: its poll sees the
-    // shut-down socket, or its park is cut short.
-    shutdown(fd_, SHUT_RDWR);
-    absl::MutexLock lock(&mu_);
-    park_cv_.SignalAll();
-  }
-  return !over;
 }
 
 bool WireReceiver::Core::ReaderPass() {

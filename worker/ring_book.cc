@@ -243,12 +243,12 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
   const CommConfig c = CommConfigFor(options_, *ring, numbering.first_op_seq);
   auto early = early_.find(ring->generation);
   ring->inbox = early != early_.end() ? early->second : NewInbox();
-  ring->inbox->SetSpinBeforeSleep(
+  ring->inbox->SetSpinBeforeSleep(OperationSpin(
+      options_.shm_spin,
       options_.machine_ranks > 0
-          ? OperationSpin(options_.shm_spin, 0, options_.machine_ranks, {},
-                          CpusOfThisProcess())
-          : OperationSpin(options_.shm_spin, ring->rank, ring->world,
-                          ring->hosts, CpusOfThisProcess()));
+          ? options_.machine_ranks
+          : RanksOnHost(ring->rank, ring->world, ring->hosts),
+      CpusOfThisProcess()));
   early_.erase(early_.begin(), early_.upper_bound(ring->generation));
   reported_.erase(reported_.begin(),
                   reported_.lower_bound({ring->generation, -1}));
@@ -344,17 +344,19 @@ std::unique_ptr<GrpcTransport> RingBook::NewTransport(const Ring& ring) const {
                                          ring.inbox.get(), std::move(links));
 }
 
-absl::Duration OperationSpin(absl::Duration shm_spin, int rank, int world,
-                             const std::vector<std::vector<int>>& hosts,
+int RanksOnHost(int rank, int world, const std::vector<std::vector<int>>& hosts) {
+  for (const std::vector<int>& h : hosts) {
+    if (std::find(h.begin(), h.end(), rank) != h.end()) {
+      return static_cast<int>(h.size());
+    }
+  }
+  return world;
+}
+
+absl::Duration OperationSpin(absl::Duration shm_spin, int ranks_here,
                              int cpus) {
   if (shm_spin != kShmSpinAuto) return std::max(shm_spin, absl::ZeroDuration());
-  // This host's ranks of the ring (every rank where hosts are not known).
-  size_t here = static_cast<size_t>(world);
-  for (const std::vector<int>& h : hosts) {
-    if (std::find(h.begin(), h.end(), rank) != h.end()) here = h.size();
-  }
-  return here <= static_cast<size_t>(std::max(cpus, 1)) ? kShmAutoSpin
-                                                          : absl::ZeroDuration();
+  return ranks_here <= std::max(cpus, 1) ? kShmAutoSpin : absl::ZeroDuration();
 }
 
 int CpusOfThisProcess() {
@@ -365,7 +367,6 @@ int CpusOfThisProcess() {
 
 std::shared_ptr<Inbox> RingBook::NewInbox() const {
   auto inbox = std::make_shared<Inbox>(1 << 16, counters_);
-  inbox->SetSpinBeforeSleep(options_.shm_spin);
   inbox->SetByteBudget(Inbox::ByteBudget{options_.max_queued_bytes_per_peer,
                                          options_.max_queued_bytes});
   return inbox;

@@ -109,14 +109,15 @@ struct CallInfo {
   uint64_t numbered_generation = 0;
 };
 
-// How long an operation of `rank` (of `world`, on `hosts`) polls its
-// same-host rings before it sleeps (Inbox::SetSpinBeforeSleep): the
-// worker's shm_spin, or with kShmSpinAuto kShmAutoSpin where this host's
-// ranks of the ring (all `world` where hosts are not known) are no more
-// than `cpus`, else none: a spinning rank must not take the core of a
-// rank it waits for.
-absl::Duration OperationSpin(absl::Duration shm_spin, int rank, int world,
-                             const std::vector<std::vector<int>>& hosts,
+// How many ranks of the ring share `rank`'s host (of `world`, on `hosts`
+// in ring order; all `world` where hosts are not known).
+int RanksOnHost(int rank, int world, const std::vector<std::vector<int>>& hosts);
+// How long an operation polls its same-host rings before it sleeps
+// (Inbox::SetSpinBeforeSleep): the worker's shm_spin, or with kShmSpinAuto
+// kShmAutoSpin where the `ranks_here` that share this machine's cores are
+// no more than `cpus`, else none: a spinning rank must not take the core
+// of a rank it waits for.
+absl::Duration OperationSpin(absl::Duration shm_spin, int ranks_here,
                              int cpus);
 // The CPUs this process may run on (sched_getaffinity; 1 if unknown).
 int CpusOfThisProcess();
@@ -193,8 +194,8 @@ class RingBook {
   std::vector<std::shared_ptr<Ring>> Stop();
 
  private:
-  // A new inbox with the byte budget (Inbox::ByteBudget) and the shm_spin
-  // of the options, counting in the worker's counters.
+  // A new inbox with the byte budget (Inbox::ByteBudget), counting in the
+  // worker's counters; Build sets its spin (OperationSpin) for its ring.
   std::shared_ptr<Inbox> NewInbox() const;
   // The ring's transport: its links with the worker's options, security,
   // counters and wire fallbacks.

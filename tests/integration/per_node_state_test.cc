@@ -210,20 +210,22 @@ TEST(PerNodeState, AWorkerKeepsTheSecurityItWasCreatedWith) {
 TEST(OperationSpin, AutoPollsOnlyWhereThisHostsRanksHaveACpuEach) {
   const absl::Duration none = absl::ZeroDuration();
   EXPECT_EQ(WorkerOptions().shm_spin, kShmSpinAuto);
-  // Hosts not known: every rank counts as this host's.
-  EXPECT_EQ(OperationSpin(kShmSpinAuto, 0, 2, {}, 2), kShmAutoSpin);
-  EXPECT_EQ(OperationSpin(kShmSpinAuto, 1, 4, {}, 2), none);
-  EXPECT_EQ(OperationSpin(kShmSpinAuto, 1, 2, {}, 0), none);  // 1 CPU at least
-  // Hosts known: the rank's own host's count.
+  // The ranks on a rank's host: its own host's count, or all where hosts
+  // are not known.
   const std::vector<std::vector<int>> twos = {{0, 1}, {2, 3}, {4, 5}, {6, 7}};
   const std::vector<std::vector<int>> fours = {{0, 1, 2, 3}, {4, 5, 6, 7}};
-  EXPECT_EQ(OperationSpin(kShmSpinAuto, 5, 8, twos, 2), kShmAutoSpin);
-  EXPECT_EQ(OperationSpin(kShmSpinAuto, 5, 8, fours, 2), none);
-  EXPECT_EQ(OperationSpin(kShmSpinAuto, 5, 8, fours, 64), kShmAutoSpin);
+  EXPECT_EQ(RanksOnHost(5, 8, twos), 2);
+  EXPECT_EQ(RanksOnHost(5, 8, fours), 4);
+  EXPECT_EQ(RanksOnHost(1, 4, {}), 4);
+  // Auto polls where they are no more than the CPUs (1 at least).
+  EXPECT_EQ(OperationSpin(kShmSpinAuto, 2, 2), kShmAutoSpin);
+  EXPECT_EQ(OperationSpin(kShmSpinAuto, 4, 2), none);
+  EXPECT_EQ(OperationSpin(kShmSpinAuto, 4, 64), kShmAutoSpin);
+  EXPECT_EQ(OperationSpin(kShmSpinAuto, 2, 0), none);
   // Explicit values win, whatever the CPUs.
-  EXPECT_EQ(OperationSpin(absl::Microseconds(20), 0, 64, {}, 1),
+  EXPECT_EQ(OperationSpin(absl::Microseconds(20), 64, 1),
             absl::Microseconds(20));
-  EXPECT_EQ(OperationSpin(none, 0, 2, {}, 64), none);
+  EXPECT_EQ(OperationSpin(none, 2, 64), none);
   EXPECT_GE(CpusOfThisProcess(), 1);
 }
 

@@ -326,13 +326,14 @@ void WireReceiver::Core::ReadRecords(bool tap, bool* took) {
   for (;;) {
     uint8_t head[4];
     if (tap && seal_ == nullptr) {
-      bool more = false, stop = false, close = false;
-      s = TapPlainRecord(took, &more, &stop, &close);
-      if (!s.ok() || (stop && !close)) break;
-      if (!close) {
-        if (more) continue;
-        break;  // the socket held nothing past it: no look that finds none
+      absl::StatusOr<TapRead> next = TapPlainRecord(took);
+      if (!next.ok()) {
+        s = next.status();
+        break;
       }
+      if (*next == TapRead::kMore) continue;
+      if (*next == TapRead::kDone) break;
+      // kClose: the close record takes the path below.
     }
     if (tap) {
       bool ready = false, hand_over = false;

@@ -142,8 +142,8 @@ class WireReceiver::Core final : public InboxTap {
   // outside the lock, not once stopping), and the link is over.
   void ReadRecords(bool tap, bool* took)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
-  // The next record's bytes on the socket (recv MSG_PEEK and FIONREAD, no
-  // wait): whether the tap may read it whole (*ready), or the reader's turn
+  // The tap on a sealed link: the next record's bytes on the socket (recv
+  // MSG_PEEK and FIONREAD, no wait): whether the tap may read it whole (*ready), or the reader's turn
   // (*hand_over). OK with neither: nothing there. An error: the peer ended
   // the connection (AtEnd's verdict), or the socket failed.
   absl::Status Peek(bool* ready, bool* hand_over);
@@ -155,13 +155,15 @@ class WireReceiver::Core final : public InboxTap {
   absl::Status Record(const uint8_t head[4], bool* took)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
   // The tap on a plaintext link: one recv(MSG_PEEK) of up to a whole tap
-  // record shows whether the next record is there whole, and one recv
+  // record shows whether the next record is there whole, and one recvmsg
   // takes it into the frame's own buffer (Peek, the head's and the body's
-  // reads, and the empty socket's last look took five system calls). OK
-  // with *more when the peek saw bytes past that record; *stop when the
-  // record is not the tap's (nothing there, the reader's turn, a close
-  // record for Record's path: *close).
-  absl::Status TapPlainRecord(bool* took, bool* more, bool* stop, bool* close)
+  // reads, and the empty socket's last look took five system calls).
+  // kMore: a record taken and more bytes behind it; kDone: nothing more
+  // for the tap now (a record taken with nothing behind it, nothing there,
+  // or the reader's turn); kClose: the close record is next (Record's
+  // path). An error ends the link.
+  enum class TapRead { kMore, kDone, kClose };
+  absl::StatusOr<TapRead> TapPlainRecord(bool* took)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
   // A frame read whole: counted and handed to on_frame_ (a refusal ends
   // the link: ABORTED, with refused_ set).

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "codec/frame_codec.h"
+#include "core/status_macros.h"
 #include "transport/tcp/wire_receiver_core.h"
 #include "transport/tcp/wire_record.h"
 
@@ -82,27 +83,25 @@ absl::Status WireReceiver::Core::Peek(bool* ready, bool* hand_over) {
   return absl::OkStatus();
 }
 
-absl::Status WireReceiver::Core::TapPlainRecord(bool* took, bool* more,
-                                                bool* stop, bool* close) {
-  *more = *stop = *close = false;
+absl::StatusOr<WireReceiver::Core::TapRead>
+WireReceiver::Core::TapPlainRecord(bool* took) {
   peeked_.resize(4 + kTapRecordBytes);
   const ssize_t r =
       recv(fd_, peeked_.data(), peeked_.size(), MSG_PEEK | MSG_DONTWAIT);
-  *stop = true;
-  if (r <= 0) return PeekedNothing(r);
+  if (r <= 0) {
+    HALKA_RETURN_IF_ERROR(PeekedNothing(r));
+    return TapRead::kDone;  // nothing there now
+  }
   if (r < 4) {
     HandOver();  // a head still coming: the reader's
-    return absl::OkStatus();
+    return TapRead::kDone;
   }
   const size_t n = GetU32(peeked_.data());
-  if (n == 0) {  // the close record: Record's path
-    *close = true;
-    return absl::OkStatus();
-  }
+  if (n == 0) return TapRead::kClose;
   if (n > kTapRecordBytes) SawLarge();
   if (n > kTapRecordBytes || static_cast<size_t>(r) < 4 + n) {
     HandOver();  // large, or its bytes still coming: the reader's
-    return absl::OkStatus();
+    return TapRead::kDone;
   }
   if (closed_) return absl::DataLossError("a record after the link's close record");
   // The peeked bytes are the record's: take them, the frame into a buffer
@@ -119,12 +118,12 @@ absl::Status WireReceiver::Core::TapPlainRecord(bool* took, bool* more,
         "wire tap: a record's ", 4 + n, " peeked bytes were not there (",
         got < 0 ? Errno("read") : absl::StrCat(got, " read"), ")"));
   }
-  *stop = false;
-  *more = static_cast<size_t>(r) > 4 + n;
   const absl::Span<const uint8_t> bytes(buf.get(), n);
-  absl::StatusOr<InFrame> frame =
-      DecodeFrame(absl::MakeConstSpan(&bytes, 1), std::move(buf));
-  return Deliver(std::move(frame), took);
+  HALKA_RETURN_IF_ERROR(Deliver(
+      DecodeFrame(absl::MakeConstSpan(&bytes, 1), std::move(buf)), took));
+  // The peek held more: look again; else the socket was empty behind it
+  // (no look that finds nothing).
+  return static_cast<size_t>(r) > 4 + n ? TapRead::kMore : TapRead::kDone;
 }
 
 bool WireReceiver::Core::Drain(bool* took) {

@@ -1,7 +1,8 @@
 """One rank of the DDP equality test (test_ddp.py): the same seeded
-training (train_ddp.py's model and data) once over halka and once over gloo,
-in the same processes; writes this rank's losses and parameter digest to
-OUT_DIR/rank<R>.json. Runs under torchrun (env) or mp.spawn (run())."""
+training (train_ddp.py's model and data) over halka and over gloo, in the
+same processes, once in float32 and once in float64; writes this rank's
+losses and parameter digests to OUT_DIR/rank<R>.json. Runs under torchrun
+(env) or mp.spawn (run())."""
 
 import datetime
 import hashlib
@@ -29,8 +30,12 @@ def digest(model):
     return h.hexdigest()
 
 
-def one_backend(group, x, y):
-    model = train_ddp.make_model(hidden=128, seed=1)
+DTYPES = ("float32", "float64")
+
+
+def one_backend(group, x, y, dtype):
+    model = train_ddp.make_model(hidden=128, seed=1).to(dtype)
+    x = x.to(dtype)
     ddp = train_ddp.wrap(model, group, BUCKET_KIB)
     losses = train_ddp.train(ddp, x, y, epochs=100, batch=8, lr=0.05,
                              max_steps=STEPS)
@@ -44,12 +49,15 @@ def run(rank, world, out_dir):
     gloo = dist.new_group(backend="gloo")
     x, y, _, _ = train_ddp.load_digits_split()
     x, y = train_ddp.shard(x, y, rank, world)
-    h_losses, h_digest = one_backend(None, x, y)
-    g_losses, g_digest = one_backend(gloo, x, y)
+    out = {"backend": dist.get_backend()}
+    for name in DTYPES:
+        dtype = getattr(torch, name)
+        h_losses, h_digest = one_backend(None, x, y, dtype)
+        g_losses, g_digest = one_backend(gloo, x, y, dtype)
+        out[name] = {"halka": h_losses, "gloo": g_losses,
+                     "halka_digest": h_digest, "gloo_digest": g_digest}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"halka": h_losses, "gloo": g_losses,
-                   "halka_digest": h_digest, "gloo_digest": g_digest,
-                   "backend": dist.get_backend()}, f)
+        json.dump(out, f)
     dist.destroy_process_group()
 
 

@@ -1,8 +1,20 @@
 """DDP over halka against DDP over gloo: the same seeded training (200
 steps, 16 KiB gradient buckets, so several buckets per step are in flight)
-on 2 processes (mp.spawn) and 4 processes (torchrun). The losses agree to
-1e-6 at every step, and the final parameters are bitwise identical on every
-rank."""
+on 2 processes (mp.spawn) and 4 processes (torchrun), in float32 and in
+float64. The final parameters are bitwise identical on every rank.
+
+How close halka's losses come to gloo's depends on the order of the sums:
+- 2 ranks: a sum of two is the same in any order, so halka's losses must
+  equal gloo's bit for bit, in both types.
+- 4 ranks: halka and gloo add the four gradients in different orders (gloo
+  a ring, halka the algorithm it picks for the size), so a step's gradient
+  can differ in its last bit, and training carries that forward. In float64
+  that stays below 1e-12 over 200 steps, so the float64 run is the tight
+  check: a bucket reduced twice, missed or put in the wrong place changes
+  a step's gradient in its leading digits, not its last one. float32, the
+  type users train in, is checked to 1e-5: its rounding alone was measured
+  at up to 1.1e-6 by step 164 (torch 2.6) and 8.3e-7 (torch 1.13), about
+  18 ulps of a loss near 0.8."""
 
 import json
 import os
@@ -24,22 +36,32 @@ def _spawned(rank, world, out_dir):
 
 
 class DdpTest(unittest.TestCase):
+    # Largest |loss(halka) - loss(gloo)| allowed at 4 ranks (docstring).
+    BOUND = {"float32": 1e-5, "float64": 1e-12}
+
     def check(self, out_dir, world):
-        results = []
+        loaded = []
         for r in range(world):
             with open(os.path.join(out_dir, f"rank{r}.json")) as f:
-                results.append(json.load(f))
-        for r, res in enumerate(results):
+                loaded.append(json.load(f))
+        for res in loaded:
             self.assertEqual(res["backend"], "halka")
+        for dtype in ddp_equal_worker.DTYPES:
+            self.check_dtype([res[dtype] for res in loaded], world, dtype)
+
+    def check_dtype(self, results, world, dtype):
+        bound = 0.0 if world == 2 else self.BOUND[dtype]
+        for r, res in enumerate(results):
             self.assertEqual(len(res["halka"]), ddp_equal_worker.STEPS)
             self.assertEqual(len(res["gloo"]), ddp_equal_worker.STEPS)
             for step, (h, g) in enumerate(zip(res["halka"], res["gloo"])):
-                self.assertLessEqual(abs(h - g), 1e-6,
-                                     f"rank {r} step {step}: halka {h} gloo {g}")
+                self.assertLessEqual(
+                    abs(h - g), bound,
+                    f"{dtype} rank {r} step {step}: halka {h!r} gloo {g!r}")
         worst = max(abs(h - g) for res in results
                     for h, g in zip(res["halka"], res["gloo"]))
-        print(f"{world} ranks: {ddp_equal_worker.STEPS} steps, largest "
-              f"|loss(halka) - loss(gloo)| = {worst:.3g}")
+        print(f"{world} ranks, {dtype}: {ddp_equal_worker.STEPS} steps, largest "
+              f"|loss(halka) - loss(gloo)| = {worst:.3g} (bound {bound:g})")
         # Training moved (the check is not comparing constants).
         self.assertLess(results[0]["halka"][-1], results[0]["halka"][0])
         digests = {res["halka_digest"] for res in results}

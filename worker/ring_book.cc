@@ -3,10 +3,17 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "codec/membership_codec.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
@@ -359,10 +366,95 @@ absl::Duration OperationSpin(absl::Duration shm_spin, int ranks_here,
   return ranks_here <= std::max(cpus, 1) ? kShmAutoSpin : absl::ZeroDuration();
 }
 
+std::optional<int> CpusOfQuota(absl::string_view cpu_max) {
+  std::vector<absl::string_view> words =
+      absl::StrSplit(cpu_max, absl::ByAnyChar(" \t\n"), absl::SkipEmpty());
+  int64_t quota = 0;
+  int64_t period = 0;
+  if (words.size() != 2 || !absl::SimpleAtoi(words[0], &quota) ||
+      !absl::SimpleAtoi(words[1], &period) || quota <= 0 || period <= 0) {
+    return std::nullopt;  // "max", v1's "-1" or not a quota
+  }
+  return static_cast<int>(std::max<int64_t>(1, (quota + period - 1) / period));
+}
+
+namespace {
+
+std::optional<std::string> ReadSmallFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::string text((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  return text;
+}
+
+// The lowest quota at `dir` and its parents up to `root` (inclusive),
+// reading each level's quota with `at`.
+std::optional<int> LowestOnTheWayUp(
+    const std::string& root, std::string dir,
+    const std::function<std::optional<int>(const std::string&)>& at) {
+  std::optional<int> lowest;
+  while (true) {
+    std::optional<int> here = at(dir);
+    if (here.has_value() && (!lowest.has_value() || *here < *lowest)) {
+      lowest = here;
+    }
+    if (dir.size() <= root.size()) return lowest;
+    dir = dir.substr(0, dir.rfind('/'));
+  }
+}
+
+}  // namespace
+
+std::optional<int> CgroupCpuLimit(const std::string& cgroup_fs,
+                                  absl::string_view proc_self_cgroup) {
+  // Lines "<id>:<controllers>:<path>": v2's is "0::<path>", v1's cpu
+  // controller's names "cpu" among its controllers.
+  for (absl::string_view line :
+       absl::StrSplit(proc_self_cgroup, '\n', absl::SkipEmpty())) {
+    std::vector<absl::string_view> f = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (f.size() != 3 || f[2].empty() || f[2][0] != '/') continue;
+    std::string path(f[2] == "/" ? "" : f[2]);
+    if (f[0] == "0" && f[1].empty()) {
+      std::optional<int> v2 = LowestOnTheWayUp(
+          cgroup_fs, cgroup_fs + path, [](const std::string& dir) {
+            std::optional<std::string> t = ReadSmallFile(dir + "/cpu.max");
+            return t.has_value() ? CpusOfQuota(*t) : std::nullopt;
+          });
+      if (v2.has_value()) return v2;
+      continue;
+    }
+    for (absl::string_view c : absl::StrSplit(f[1], ',')) {
+      if (c != "cpu") continue;
+      for (const char* mount : {"/cpu", "/cpu,cpuacct"}) {
+        const std::string root = cgroup_fs + mount;
+        std::optional<int> v1 = LowestOnTheWayUp(
+            root, root + path, [](const std::string& dir) {
+              std::optional<std::string> q =
+                  ReadSmallFile(dir + "/cpu.cfs_quota_us");
+              std::optional<std::string> p =
+                  ReadSmallFile(dir + "/cpu.cfs_period_us");
+              if (!q.has_value() || !p.has_value()) return std::optional<int>();
+              return CpusOfQuota(absl::StrCat(absl::StripAsciiWhitespace(*q),
+                                              " ", *p));
+            });
+        if (v1.has_value()) return v1;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 int CpusOfThisProcess() {
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
-  return sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  int n = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  std::optional<std::string> self = ReadSmallFile("/proc/self/cgroup");
+  if (self.has_value()) {
+    std::optional<int> limit = CgroupCpuLimit("/sys/fs/cgroup", *self);
+    if (limit.has_value()) n = std::min(n, *limit);
+  }
+  return std::max(n, 1);
 }
 
 std::shared_ptr<Inbox> RingBook::NewInbox() const {

@@ -27,6 +27,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/log.h"
@@ -119,8 +120,21 @@ int RanksOnHost(int rank, int world, const std::vector<std::vector<int>>& hosts)
 // of a rank it waits for.
 absl::Duration OperationSpin(absl::Duration shm_spin, int ranks_here,
                              int cpus);
-// The CPUs this process may run on (sched_getaffinity; 1 if unknown).
+// The CPUs this process may use: those it may run on (sched_getaffinity;
+// 1 if unknown), fewer where its cgroup's CPU quota allows less
+// (CgroupCpuLimit; a container's or pod's CPU limit).
 int CpusOfThisProcess();
+// A cgroup v2 cpu.max text ("<quota> <period>", microseconds): the CPUs
+// the quota allows, rounded up (1 at least); nullopt for "max" (no quota)
+// or text that is not a quota.
+std::optional<int> CpusOfQuota(absl::string_view cpu_max);
+// The smallest CPU quota on the way from the process's cgroup (named by
+// the text of /proc/self/cgroup) up to the root of the cgroup v2 file
+// system mounted at `cgroup_fs` (cpu.max in each directory; a v1 "cpu"
+// hierarchy's cpu.cfs_quota_us and cpu.cfs_period_us where there is no v2
+// entry). nullopt where no level sets one or nothing can be read.
+std::optional<int> CgroupCpuLimit(const std::string& cgroup_fs,
+                                  absl::string_view proc_self_cgroup);
 
 class RingBook {
  public:

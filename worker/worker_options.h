@@ -48,7 +48,8 @@ struct WorkerOptions {
   // a process. 0: they sleep at once. kShmSpinAuto (the default): an
   // operation waiting on its rings polls them for kShmAutoSpin where this
   // host's ranks of the ring are no more than the CPUs this process may
-  // run on (each can have a core), and sleeps at once elsewhere; the
+  // use (CpusOfThisProcess: its affinity, its cgroup's CPU quota; each can
+  // have a core), and sleeps at once elsewhere; the
   // links' readers and the sessions sleep at once.
   absl::Duration shm_spin = kShmSpinAuto;
   // For kShmSpinAuto: how many ranks of the ring share this machine's

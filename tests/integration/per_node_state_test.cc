@@ -3,6 +3,8 @@
 // fallbacks, keeps the shm_spin and the security configuration it was
 // created with. Several embedded clusters (each a rendezvous and its
 // workers) run side by side in this one process, configured differently.
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -227,6 +229,52 @@ TEST(OperationSpin, AutoPollsOnlyWhereThisHostsRanksHaveACpuEach) {
             absl::Microseconds(20));
   EXPECT_EQ(OperationSpin(none, 2, 64), none);
   EXPECT_GE(CpusOfThisProcess(), 1);
+}
+
+// A container's CPU limit counts: auto must not poll with 4 ranks on a
+// pod limited to 2 CPUs of a 64-CPU node.
+TEST(OperationSpin, ACgroupsCpuQuotaLimitsTheCpusAutoCounts) {
+  EXPECT_EQ(CpusOfQuota("max 100000\n"), std::nullopt);
+  EXPECT_EQ(CpusOfQuota("200000 100000\n"), 2);
+  EXPECT_EQ(CpusOfQuota("150000 100000"), 2);  // rounded up
+  EXPECT_EQ(CpusOfQuota("5000 100000"), 1);
+  EXPECT_EQ(CpusOfQuota("-1 100000"), std::nullopt);  // v1: no quota
+  EXPECT_EQ(CpusOfQuota("garbage"), std::nullopt);
+  EXPECT_EQ(CpusOfQuota(""), std::nullopt);
+
+  char dir_template[] = "/tmp/halka_cgroup_XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string fs = dir_template;
+  auto write = [](const std::string& path, const std::string& text) {
+    std::ofstream(path) << text;
+  };
+  // v2: the pod's level limits to 3 CPUs, the container's below it to
+  // none of its own: the lowest on the way up counts.
+  std::filesystem::create_directories(fs + "/kubepods/pod1/ctr");
+  write(fs + "/kubepods/cpu.max", "max 100000\n");
+  write(fs + "/kubepods/pod1/cpu.max", "300000 100000\n");
+  write(fs + "/kubepods/pod1/ctr/cpu.max", "max 100000\n");
+  EXPECT_EQ(CgroupCpuLimit(fs, "0::/kubepods/pod1/ctr\n"), 3);
+  // A tighter level below wins.
+  write(fs + "/kubepods/pod1/ctr/cpu.max", "100000 100000\n");
+  EXPECT_EQ(CgroupCpuLimit(fs, "0::/kubepods/pod1/ctr\n"), 1);
+  // Inside a cgroup namespace the process's path is "/": the mount's root.
+  write(fs + "/cpu.max", "200000 100000\n");
+  EXPECT_EQ(CgroupCpuLimit(fs, "0::/\n"), 2);
+  // No quota anywhere, or nothing to read.
+  EXPECT_EQ(CgroupCpuLimit(fs, "0::/elsewhere\n"), 2);  // only the root's
+  std::filesystem::remove(fs + "/cpu.max");
+  EXPECT_EQ(CgroupCpuLimit(fs, "0::/elsewhere\n"), std::nullopt);
+  EXPECT_EQ(CgroupCpuLimit(fs, "not a cgroup line\n"), std::nullopt);
+  // v1: the cpu controller's own hierarchy.
+  std::filesystem::create_directories(fs + "/cpu,cpuacct/docker/abc");
+  write(fs + "/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "250000\n");
+  write(fs + "/cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(CgroupCpuLimit(fs, "12:memory:/docker/abc\n"
+                               "4:cpu,cpuacct:/docker/abc\n"), 3);
+  write(fs + "/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "-1\n");
+  EXPECT_EQ(CgroupCpuLimit(fs, "4:cpu,cpuacct:/docker/abc\n"), std::nullopt);
+  std::filesystem::remove_all(fs);
 }
 
 }  // namespace

@@ -319,11 +319,17 @@ Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
   // 2(H-1) network steps); else recursive doubling still up to
   // doubling_bytes where every rank may talk to every rank (its log2 G
   // steps against the ring's 2(G-1): measured faster up to 256 KiB), and
-  // the ring above.
+  // the ring above. Not for two ranks on one host: there the ring's two
+  // half-size steps cost one same-host hop more (microseconds) and save
+  // copying and reducing half the buffer, measured faster from 128 KiB
+  // (docs/performance.md).
   const uint64_t bytes = fp.count * DTypeSize(fp.dtype);
   if (bytes > config.eager_bytes) {
     if (TwoLevelUsable(config)) return Algorithm::kTwoLevel;
+    const bool two_on_one_host =
+        config.world_size == 2 && config.hosts.size() == 1;
     return config.world_size <= config.all_to_all_max_world &&
+                   !two_on_one_host &&
                    bytes <= std::max<uint64_t>(config.doubling_bytes,
                                                config.eager_bytes)
                ? Algorithm::kRecursiveDoubling

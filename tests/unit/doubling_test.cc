@@ -123,6 +123,33 @@ TEST(Doubling, AutoRunsItUpToDoublingBytesWhereTwoLevelCannotRun) {
   EXPECT_EQ(at((64 << 10) + 4), Algorithm::kRing);
 }
 
+// Two ranks on one host: recursive doubling only up to eager_bytes (the
+// ring's extra same-host hop costs less than reducing the other half);
+// two ranks on two hosts, or whose hosts are not known, keep it up to
+// doubling_bytes.
+TEST(Doubling, TwoRanksOnOneHostRunTheRingAboveEagerBytes) {
+  CommConfig c;
+  c.world_size = 2;
+  auto at = [&](uint64_t bytes) {
+    return ResolvedAt(c, Algorithm::kAuto, bytes);
+  };
+  c.hosts = {{0, 1}};
+  EXPECT_EQ(at(64 << 10), kRd);
+  EXPECT_EQ(at((64 << 10) + 4), Algorithm::kRing);
+  EXPECT_EQ(at(c.doubling_bytes), Algorithm::kRing);
+  // Forced, it still runs.
+  EXPECT_EQ(ResolvedAt(c, Algorithm::kRecursiveDoubling, c.doubling_bytes),
+            kRd);
+  c.hosts = {{0}, {1}};
+  EXPECT_EQ(at(c.doubling_bytes), kRd);
+  c.hosts.clear();
+  EXPECT_EQ(at(c.doubling_bytes), kRd);
+  // Four ranks on one host keep it (measured faster there).
+  c.world_size = 4;
+  c.hosts = {{0, 1, 2, 3}};
+  EXPECT_EQ(at(c.doubling_bytes), kRd);
+}
+
 // A worker of the previous version, whose auto runs the ring above 64 KiB
 // (here: doubling_bytes 0 on rank 2), meets this one's recursive doubling
 // at 128 KiB: every rank fails before any buffer changes, the others name

@@ -72,7 +72,8 @@ enum class Algorithm : uint8_t {
   kAuto = 0,   // up to CommConfig::eager_bytes recursive doubling
                // (G <= 16) or tree (G > 16), else two-level
                // (TwoLevelUsable), recursive doubling up to
-               // CommConfig::doubling_bytes (G <= 16), or ring
+               // CommConfig::doubling_bytes (G <= 16; not two ranks on
+               // one host), or ring
   kRing = 1,
   kNaive = 2,
   kParameterServer = 3,

@@ -50,7 +50,8 @@ struct CommConfig {
   // all_to_all_max_world ranks, AUTO all-reduces above eager_bytes and up to
   // this size run recursive doubling too: log2 G steps of the whole buffer
   // cost less than the ring's 2(G-1) steps of 1/G of it there
-  // (docs/performance.md: G = 2-8, 128-256 KiB, TCP and same-host).
+  // (docs/performance.md: G = 2-8, 128-256 KiB, TCP and same-host), except
+  // on two ranks on one host (ResolveAlgorithm: the ring from eager_bytes).
   size_t doubling_bytes = 256 << 10;
   // The job's link model (Membership.link_model), the same on every rank:
   // set, AUTO all-reduces, reduce-scatters and all-gathers run the

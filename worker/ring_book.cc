@@ -6,6 +6,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -375,7 +376,8 @@ std::optional<int> CpusOfQuota(absl::string_view cpu_max) {
       !absl::SimpleAtoi(words[1], &period) || quota <= 0 || period <= 0) {
     return std::nullopt;  // "max", v1's "-1" or not a quota
   }
-  return static_cast<int>(std::max<int64_t>(1, (quota + period - 1) / period));
+  return static_cast<int>(std::clamp<int64_t>(
+      quota / period, 1, std::numeric_limits<int>::max()));
 }
 
 namespace {
@@ -426,7 +428,11 @@ std::optional<int> CgroupCpuLimit(const std::string& cgroup_fs,
     }
     for (absl::string_view c : absl::StrSplit(f[1], ',')) {
       if (c != "cpu") continue;
-      for (const char* mount : {"/cpu", "/cpu,cpuacct"}) {
+      // The hierarchy's mount is named by its controllers as listed here
+      // ("cpu,cpuacct"); distributions also link /cpu to it.
+      for (const std::string& mount :
+           {absl::StrCat("/", f[1]), std::string("/cpu"),
+            std::string("/cpu,cpuacct")}) {
         const std::string root = cgroup_fs + mount;
         std::optional<int> v1 = LowestOnTheWayUp(
             root, root + path, [](const std::string& dir) {

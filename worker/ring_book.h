@@ -124,15 +124,21 @@ absl::Duration OperationSpin(absl::Duration shm_spin, int ranks_here,
 // 1 if unknown), fewer where its cgroup's CPU quota allows less
 // (CgroupCpuLimit; a container's or pod's CPU limit).
 int CpusOfThisProcess();
-// A cgroup v2 cpu.max text ("<quota> <period>", microseconds): the CPUs
-// the quota allows, rounded up (1 at least); nullopt for "max" (no quota)
-// or text that is not a quota.
+// A cgroup v2 cpu.max text ("<quota> <period>", microseconds): the whole
+// CPUs the quota allows, rounded down (1 at least: a rank that spins on a
+// fraction of a CPU burns the quota and gets the cgroup throttled for the
+// rest of the period); nullopt for "max" (no quota) or text that is not a
+// quota.
 std::optional<int> CpusOfQuota(absl::string_view cpu_max);
-// The smallest CPU quota on the way from the process's cgroup (named by
-// the text of /proc/self/cgroup) up to the root of the cgroup v2 file
-// system mounted at `cgroup_fs` (cpu.max in each directory; a v1 "cpu"
-// hierarchy's cpu.cfs_quota_us and cpu.cfs_period_us where there is no v2
-// entry). nullopt where no level sets one or nothing can be read.
+// The smallest CPU quota on the way from the process's cgroup up to the
+// root of its hierarchy, the root included (a container in its own cgroup
+// namespace, or with its cgroup bind-mounted at the root, finds its quota
+// there). The cgroups come from the text of /proc/self/cgroup, in its
+// order: its v2 line ("0::<path>": cpu.max in each directory under
+// `cgroup_fs`) and a v1 line whose controllers include "cpu"
+// (cpu.cfs_quota_us and cpu.cfs_period_us under `cgroup_fs`/<controllers>,
+// /cpu or /cpu,cpuacct); the first that sets a quota counts. nullopt where
+// none does or nothing can be read.
 std::optional<int> CgroupCpuLimit(const std::string& cgroup_fs,
                                   absl::string_view proc_self_cgroup);
 

@@ -45,7 +45,10 @@
 #   --warmup N        warm-up iterations per size (default 20)
 #   --gloo-algo A     ring_chunked (default), ring, halving_doubling
 #   --halka-args "…"  extra flags for halkactl bench (e.g. "--algo=ring",
-#                     "--shm_links=false": TCP against TCP)
+#                     "--shm_links=false": TCP against TCP); {G} in them
+#                     becomes the world size ("--shm_links=false
+#                     --hosts={G}": every rank its own host, so that
+#                     `auto` chooses as between hosts, not as on one)
 #   --out DIR         also keep the raw JSON rows there
 #   --halkactl PATH   this halkactl instead of BUILD/client/halkactl
 #   --gloo-bench PATH a gloo_bench built beforehand (no apt, no g++: a
@@ -191,10 +194,11 @@ fail() {
   FAILED=1
 }
 for g in $WORLDS; do
-  echo "## G=$g halka: halkactl bench --coll=$COLL --workers=$g -b $MIN -e $MAX -f 4 -n $ITERS -w $WARMUP $HALKA_ARGS"
+  halka_args=${HALKA_ARGS//\{G\}/$g}
+  echo "## G=$g halka: halkactl bench --coll=$COLL --workers=$g -b $MIN -e $MAX -f 4 -n $ITERS -w $WARMUP $halka_args"
   # shellcheck disable=SC2086
   timeout -k 5 "$RUN_TIMEOUT" "$HALKACTL" bench --coll="$COLL" --workers="$g" -b "$MIN" -e "$MAX" -f 4 \
-    -n "$ITERS" -w "$WARMUP" --json $HALKA_ARGS 2>"$WORK/halka-$g.log" \
+    -n "$ITERS" -w "$WARMUP" --json $halka_args 2>"$WORK/halka-$g.log" \
     | grep '^{' >"$WORK/halka-$g.json" || fail halka "$g"
   if [ "$GLOO" = 1 ]; then
     echo "## G=$g gloo: gloo_bench --world=$g --algo=$GLOO_ALGO"

@@ -321,8 +321,10 @@ Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
   // steps against the ring's 2(G-1): measured faster up to 256 KiB), and
   // the ring above. Not for two ranks on one host: there the ring's two
   // half-size steps cost one same-host hop more (microseconds) and save
-  // copying and reducing half the buffer, measured faster from 128 KiB
-  // (docs/performance.md).
+  // copying and reducing half the buffer, measured as fast at 128 KiB and
+  // faster at 256 KiB (docs/performance.md). The rule reads the ring's
+  // hosts, the same on every rank; a group's sub-ring knows no hosts and
+  // keeps recursive doubling.
   const uint64_t bytes = fp.count * DTypeSize(fp.dtype);
   if (bytes > config.eager_bytes) {
     if (TwoLevelUsable(config)) return Algorithm::kTwoLevel;

@@ -3,8 +3,11 @@
 // fallbacks, keeps the shm_spin and the security configuration it was
 // created with. Several embedded clusters (each a rendezvous and its
 // workers) run side by side in this one process, configured differently.
+#include <stdlib.h>
+
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -236,8 +239,10 @@ TEST(OperationSpin, AutoPollsOnlyWhereThisHostsRanksHaveACpuEach) {
 TEST(OperationSpin, ACgroupsCpuQuotaLimitsTheCpusAutoCounts) {
   EXPECT_EQ(CpusOfQuota("max 100000\n"), std::nullopt);
   EXPECT_EQ(CpusOfQuota("200000 100000\n"), 2);
-  EXPECT_EQ(CpusOfQuota("150000 100000"), 2);  // rounded up
-  EXPECT_EQ(CpusOfQuota("5000 100000"), 1);
+  EXPECT_EQ(CpusOfQuota("150000 100000"), 1);  // whole CPUs only
+  EXPECT_EQ(CpusOfQuota("5000 100000"), 1);     // 1 at least
+  EXPECT_EQ(CpusOfQuota("1000000000000000 1000"),
+            std::numeric_limits<int>::max());  // no overflow
   EXPECT_EQ(CpusOfQuota("-1 100000"), std::nullopt);  // v1: no quota
   EXPECT_EQ(CpusOfQuota("garbage"), std::nullopt);
   EXPECT_EQ(CpusOfQuota(""), std::nullopt);
@@ -255,6 +260,10 @@ TEST(OperationSpin, ACgroupsCpuQuotaLimitsTheCpusAutoCounts) {
   write(fs + "/kubepods/pod1/cpu.max", "300000 100000\n");
   write(fs + "/kubepods/pod1/ctr/cpu.max", "max 100000\n");
   EXPECT_EQ(CgroupCpuLimit(fs, "0::/kubepods/pod1/ctr\n"), 3);
+  // A looser level below does not lift the pod's limit (the lowest, not
+  // the first found on the way up).
+  write(fs + "/kubepods/pod1/ctr/cpu.max", "400000 100000\n");
+  EXPECT_EQ(CgroupCpuLimit(fs, "0::/kubepods/pod1/ctr\n"), 3);
   // A tighter level below wins.
   write(fs + "/kubepods/pod1/ctr/cpu.max", "100000 100000\n");
   EXPECT_EQ(CgroupCpuLimit(fs, "0::/kubepods/pod1/ctr\n"), 1);
@@ -271,9 +280,24 @@ TEST(OperationSpin, ACgroupsCpuQuotaLimitsTheCpusAutoCounts) {
   write(fs + "/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "250000\n");
   write(fs + "/cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000\n");
   EXPECT_EQ(CgroupCpuLimit(fs, "12:memory:/docker/abc\n"
-                               "4:cpu,cpuacct:/docker/abc\n"), 3);
+                               "4:cpu,cpuacct:/docker/abc\n"), 2);
   write(fs + "/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "-1\n");
   EXPECT_EQ(CgroupCpuLimit(fs, "4:cpu,cpuacct:/docker/abc\n"), std::nullopt);
+  // Docker on v1 bind-mounts the container's cgroup at the hierarchy's
+  // root: the host's path in /proc/self/cgroup names no directory here,
+  // and the walk up reaches the root's quota.
+  write(fs + "/cpu,cpuacct/cpu.cfs_quota_us", "200000\n");
+  write(fs + "/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(CgroupCpuLimit(fs, "4:cpu,cpuacct:/docker/other\n"), 2);
+  // A hierarchy mounted under its controllers' names in another order.
+  std::filesystem::create_directories(fs + "/cpuacct,cpu");
+  write(fs + "/cpuacct,cpu/cpu.cfs_quota_us", "300000\n");
+  write(fs + "/cpuacct,cpu/cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(CgroupCpuLimit(fs, "3:cpuacct,cpu:/\n"), 3);
+  // Hybrid: a v2 line without the cpu controller (no cpu.max on its way)
+  // and the v1 cpu line, which counts.
+  std::filesystem::create_directories(fs + "/unified/x");
+  EXPECT_EQ(CgroupCpuLimit(fs, "0::/unified/x\n4:cpu,cpuacct:/\n"), 2);
   std::filesystem::remove_all(fs);
 }
 

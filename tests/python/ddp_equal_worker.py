@@ -20,7 +20,12 @@ import halka.torch  # noqa: E402,F401
 import train_ddp  # noqa: E402
 
 STEPS = 200
-BUCKET_KIB = 16  # 26 K parameters (104 KB): 7 buckets per step
+# 26 K parameters in 6 tensors; DDP never splits a tensor, so a 16 KiB cap
+# makes 2-3 buckets a step, the largest the 128 x 128 weight with what
+# closes it (about 70 KB in float32, 140 KB in float64): above eager_bytes,
+# so 2 ranks on one host reduce it with the ring and 4 with recursive
+# doubling, the smaller ones with recursive doubling.
+BUCKET_KIB = 16
 
 
 def digest(model):

@@ -57,8 +57,9 @@ struct OpOptions {
   // kDefaultOpTimeout).
   absl::Duration timeout = absl::ZeroDuration();
   // kAuto lets the worker choose. All-reduce: recursive doubling or tree
-  // for small buffers; two-level on hosts of equal size >= 2, else the
-  // ring, for larger ones. Reduce-scatter and all-gather: two-level on such
+  // for small buffers; two-level on hosts of equal size >= 2, else
+  // recursive doubling up to 256 KiB on at most 16 ranks (not two on one
+  // host) and the ring, for larger ones. Reduce-scatter and all-gather: two-level on such
   // hosts, else the ring. The others force one (a collective that does not
   // implement it is refused, UNIMPLEMENTED).
   Algorithm algorithm = Algorithm::kAuto;

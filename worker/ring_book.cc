@@ -14,7 +14,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/ascii.h"
 #include "codec/membership_codec.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
@@ -431,8 +430,7 @@ std::optional<int> CgroupCpuLimit(const std::string& cgroup_fs,
       // The hierarchy's mount is named by its controllers as listed here
       // ("cpu,cpuacct"); distributions also link /cpu to it.
       for (const std::string& mount :
-           {absl::StrCat("/", f[1]), std::string("/cpu"),
-            std::string("/cpu,cpuacct")}) {
+           {absl::StrCat("/", f[1]), std::string("/cpu")}) {
         const std::string root = cgroup_fs + mount;
         std::optional<int> v1 = LowestOnTheWayUp(
             root, root + path, [](const std::string& dir) {
@@ -441,8 +439,7 @@ std::optional<int> CgroupCpuLimit(const std::string& cgroup_fs,
               std::optional<std::string> p =
                   ReadSmallFile(dir + "/cpu.cfs_period_us");
               if (!q.has_value() || !p.has_value()) return std::optional<int>();
-              return CpusOfQuota(absl::StrCat(absl::StripAsciiWhitespace(*q),
-                                              " ", *p));
+              return CpusOfQuota(absl::StrCat(*q, " ", *p));
             });
         if (v1.has_value()) return v1;
       }

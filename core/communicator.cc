@@ -404,6 +404,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   const Algorithm algorithm = ResolveAlgorithm(config_, fp);
   Fingerprint numbered = fp;
   numbered.op_seq = next_op_seq_;
+  const bool adopting = numbered.op_seq == 0;
   OpContext op(CommParts{&config_, transport_, inbox_, &telemetry_, &progress_},
                numbered, buffer, timeout, start, algorithm,
                ServersFor(algorithm));
@@ -449,6 +450,29 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
                                     : halka::Now() + absl::Milliseconds(250));
 
   op.EndTrace();
+  // New in the ring, this rank took the number of the operation its peers
+  // were running (their fingerprints were here), but they had ended it
+  // without this rank: their deadline passed waiting for its fingerprint,
+  // and their ABORT saying so came after this call took the number. The
+  // call pairs with their next operation, not with that one: it fails
+  // (ABORTED: call again) and gives the next number up, so that the peers'
+  // copies fail at once naming this rank, and the call after pairs again.
+  // Taking no action left this rank one number behind for good (each call
+  // failing at once on the peers' ABORT, theirs at the deadline:
+  // system_faults' sigstop_hosts on a loaded machine).
+  const bool came_late = !status.ok() && adopting && op.fp().op_seq != 0 &&
+                         op.late_rank() == config_.rank;
+  if (came_late) {
+    const uint64_t theirs = op.fp().op_seq + 1;
+    status = absl::AbortedError(absl::StrCat(
+        op.Where(), ": this rank is new in the ring and took the number of "
+        "the operation its peers were running, but they had ended it "
+        "without this rank (", status.message(), "); this call pairs with "
+        "their next operation, #", theirs, ", which this rank gives up so "
+        "that it fails at once everywhere: call again"));
+    SendSkip(theirs, status);
+    next_op_seq_ = theirs + 1;
+  }
   const absl::Duration elapsed = halka::Now() - start;
   // A peer already at a later operation has finished every earlier one:
   // skip to it, so that the ranks number the next call alike again.
@@ -480,7 +504,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
                     op.fingerprint_end(), model_seconds});
   progress_.Finish();
   if (!status.ok()) {
-    if (untouched) {
+    if (untouched && !came_late) {
       status.SetPayload(kUntouchedPayload,
                         absl::Cord(absl::StrCat(op.fp().op_seq)));
     }

@@ -225,6 +225,7 @@ absl::StatusOr<InFrame> OpContext::Await(int from, const std::string& detail) {
   switch (ev.type) {
     case Inbox::Event::kAbort: {
       abort_from_ = ev.frame.meta.sender_rank;
+      late_rank_ = ev.frame.meta.late_rank;
       absl::StatusCode code = ev.frame.meta.abort_code;
       if (code == absl::StatusCode::kOk) code = absl::StatusCode::kAborted;
       return absl::Status(code, absl::StrCat(Where(), ": aborted in ", where,
@@ -243,6 +244,7 @@ absl::StatusOr<InFrame> OpContext::Await(int from, const std::string& detail) {
     case Inbox::Event::kTimeout:
       break;
   }
+  timed_out_ = true;
   return absl::DeadlineExceededError(absl::StrCat(
       Where(), ": deadline of ", absl::FormatDuration(timeout_),
       " exceeded waiting for ", Who(from), " in ", where,
@@ -281,6 +283,14 @@ absl::Status OpContext::CheckData(const InFrame& frame, int from,
         m.count, frame.PayloadBytes()));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<InFrame> OpContext::AwaitFingerprint(
+    int from, int origin, const std::string& detail) {
+  timed_out_ = false;
+  absl::StatusOr<InFrame> in = Await(from, detail);
+  if (!in.ok() && timed_out_) late_rank_ = origin;
+  return in;
 }
 
 absl::StatusOr<InFrame> OpContext::AwaitData(int from,
@@ -389,8 +399,9 @@ FrameMeta AbortMeta(const CommConfig& config, uint64_t op_seq,
 }
 
 void OpContext::SendAbort(const absl::Status& status) {
-  const FrameMeta meta = AbortMeta(config_, fp_.op_seq, status.code(),
-                                   std::string(status.message()));
+  FrameMeta meta = AbortMeta(config_, fp_.op_seq, status.code(),
+                             std::string(status.message()));
+  meta.late_rank = late_rank_;
   const int g = config_.world_size;
   // Every rank this operation watches (all of them with fingerprints
   // all-to-all; else the ring's neighbours and the ranks an algorithm

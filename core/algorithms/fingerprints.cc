@@ -112,10 +112,11 @@ absl::Status ExchangeAroundRing(OpContext& op) {
     const int origin = op.path().rank_at(op.position() - 1 - s);
     HALKA_ASSIGN_OR_RETURN(
         InFrame in,
-        op.Await(pred, s == 0 ? std::string()
-                              : absl::StrCat("it forwards the fingerprint of ",
-                                             op.Who(origin),
-                                             ", which has not arrived")));
+        op.AwaitFingerprint(
+            pred, origin,
+            s == 0 ? std::string()
+                   : absl::StrCat("it forwards the fingerprint of ",
+                                  op.Who(origin), ", which has not arrived")));
     if (in.meta.kind != FrameKind::kFingerprint ||
         in.meta.origin_rank != origin || in.meta.step != s) {
       return absl::DataLossError(absl::StrCat(
@@ -178,7 +179,8 @@ absl::Status AwaitAllToAll(OpContext& op) {
   if (eager) kept.resize(static_cast<size_t>(g));
   for (int i = 1; i < g; ++i) {
     const int from = op.path().rank_at(op.position() - i);
-    HALKA_ASSIGN_OR_RETURN(InFrame in, op.Await(from, "its fingerprint"));
+    HALKA_ASSIGN_OR_RETURN(InFrame in,
+                           op.AwaitFingerprint(from, from, "its fingerprint"));
     if (in.meta.kind != FrameKind::kFingerprint ||
         in.meta.origin_rank != from) {
       return absl::DataLossError(absl::StrCat(

@@ -42,10 +42,14 @@ class InProcNetwork::Endpoint : public Transport {
       }
     }
     frame.keepalive = bytes;
-    // In-process test transport: a refused frame (the per-sender cap) is
-    // reported like a broken link.
-    absl::Status s = net_->inbox(to)->Deliver(rank_, std::move(frame));
-    if (!s.ok()) net_->inbox(to)->LinkFailed(rank_, s);
+    {
+      absl::MutexLock lock(&net_->mu_);
+      if (net_->hold_ && net_->hold_(rank_, to, frame.meta)) {
+        net_->held_.push_back(Held{rank_, to, std::move(frame)});
+        return absl::OkStatus();
+      }
+    }
+    net_->Deliver(rank_, to, std::move(frame));
     return absl::OkStatus();
   }
 
@@ -82,6 +86,27 @@ void InProcNetwork::Kill(int rank) {
 bool InProcNetwork::IsDead(int rank) const {
   absl::MutexLock lock(&mu_);
   return dead_[static_cast<size_t>(rank)];
+}
+
+void InProcNetwork::Deliver(int from, int to, InFrame frame) {
+  // In-process test transport: a refused frame (the per-sender cap) is
+  // reported like a broken link.
+  absl::Status s = inbox(to)->Deliver(from, std::move(frame));
+  if (!s.ok()) inbox(to)->LinkFailed(from, s);
+}
+
+void InProcNetwork::SetHold(HoldFn hold) {
+  absl::MutexLock lock(&mu_);
+  hold_ = std::move(hold);
+}
+
+void InProcNetwork::ReleaseHeld() {
+  std::vector<Held> held;
+  {
+    absl::MutexLock lock(&mu_);
+    held.swap(held_);
+  }
+  for (Held& h : held) Deliver(h.from, h.to, std::move(h.frame));
 }
 
 void InProcNetwork::SetTamper(int from,

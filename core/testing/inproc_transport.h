@@ -4,6 +4,7 @@
 #ifndef HALKA_CORE_TESTING_INPROC_TRANSPORT_H_
 #define HALKA_CORE_TESTING_INPROC_TRANSPORT_H_
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -29,6 +30,11 @@ class InProcNetwork {
   // Fault injection: calls `mutate` on every frame sent from `from` before
   // delivery.
   void SetTamper(int from, std::function<void(FrameMeta&)> mutate);
+  // Fault injection: a frame for which `hold(from, to, meta)` is true stays
+  // on its way (in order) until ReleaseHeld delivers every held frame.
+  using HoldFn = std::function<bool(int from, int to, const FrameMeta& meta)>;
+  void SetHold(HoldFn hold);
+  void ReleaseHeld();
 
  private:
   class Endpoint;
@@ -38,6 +44,15 @@ class InProcNetwork {
   mutable absl::Mutex mu_;
   std::vector<bool> dead_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void(FrameMeta&)>> tamper_ ABSL_GUARDED_BY(mu_);
+  struct Held {
+    int from;
+    int to;
+    InFrame frame;
+  };
+  HoldFn hold_ ABSL_GUARDED_BY(mu_);
+  std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
+  // Hands `frame` to `to`'s inbox (a refused frame breaks the link).
+  void Deliver(int from, int to, InFrame frame);
 };
 
 }  // namespace halka

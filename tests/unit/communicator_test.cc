@@ -429,6 +429,82 @@ TEST(Numbering, ANewRankTakesTheNextNumberOnlyAfterARefusal) {
   }
 }
 
+// A rank new in the ring (no number yet) whose call takes the number of
+// the operation its peers were running, after their deadline had ended it
+// without this rank, but before their ABORT saying so arrived (held on its
+// way here). Its call fails (ABORTED: call again) and gives the peers'
+// next number up: their next call fails at once naming it, not at their
+// deadline, and the call after runs on every rank as one operation. Before,
+// the rank stayed one number behind for good (system_faults'
+// sigstop_hosts on a loaded machine). With fingerprints all-to-all and
+// around the ring (each names the late rank its own way).
+TEST(Numbering, ANewRankThatTookAnEndedOperationsNumberGivesTheNextUp) {
+  for (int all_to_all_max : {16, 1}) {
+    SCOPED_TRACE(all_to_all_max == 1 ? "fingerprints around the ring"
+                                     : "fingerprints all-to-all");
+    const int g = 3;
+    InProcRing ring(g, 1024, [&](CommConfig& c) {
+      c.all_to_all_max_world = all_to_all_max;
+      if (c.rank == 2) c.first_op_seq = 0;  // just (re)joined
+    });
+    ring.net.SetHold([](int, int to, const FrameMeta& m) {
+      return to == 2 && m.kind == FrameKind::kAbort;
+    });
+    auto call = [&](int r, absl::Duration timeout) {
+      std::vector<float> b(8, 1.0f);
+      absl::StatusOr<OpResult> res = ring.comms[r]->AllReduce(
+          b.data(), b.size(), DType::kFloat32, ReduceOp::kSum, timeout,
+          Algorithm::kRing);
+      if (res.ok()) EXPECT_EQ(b[0], 3.0f) << "rank " << r;
+      return res;
+    };
+    // Ranks 0 and 1 run #1 without rank 2 and end it at their deadline.
+    auto first = RunRanks<absl::StatusOr<OpResult>>(2, [&](int r) {
+      return call(r, absl::Milliseconds(300));
+    });
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_FALSE(first[r].ok()) << "rank " << r;
+      EXPECT_THAT(std::string(first[r].status().message()), HasSubstr("w2"));
+    }
+    // Rank 2's call takes #1 (the peers' fingerprints are here, their
+    // ABORT is not) and learns it came late when the ABORT arrives.
+    absl::StatusOr<OpResult> late;
+    std::thread t([&] { late = call(2, absl::Seconds(10)); });
+    absl::SleepFor(absl::Milliseconds(200));
+    ring.net.SetHold(nullptr);
+    ring.net.ReleaseHeld();
+    t.join();
+    ASSERT_FALSE(late.ok());
+    EXPECT_EQ(late.status().code(), absl::StatusCode::kAborted)
+        << late.status();
+    EXPECT_THAT(std::string(late.status().message()),
+                HasSubstr("had ended it without this rank"));
+    EXPECT_EQ(ring.comms[2]->next_op_seq(), 3u);
+    // The peers' next call (#2) is the one rank 2's call paired with: it
+    // fails at once, naming rank 2 (at their 10 s deadline it would be
+    // DEADLINE_EXCEEDED).
+    auto second = RunRanks<absl::StatusOr<OpResult>>(2, [&](int r) {
+      return call(r, absl::Seconds(10));
+    });
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_FALSE(second[r].ok()) << "rank " << r;
+      EXPECT_EQ(second[r].status().code(),
+                absl::StatusCode::kFailedPrecondition)
+          << second[r].status();
+      EXPECT_THAT(std::string(second[r].status().message()),
+                  HasSubstr("ended its call #2 before it reached the ring"));
+    }
+    // Then every rank pairs again.
+    auto third = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+      return call(r, absl::Seconds(10));
+    });
+    for (int r = 0; r < g; ++r) {
+      ASSERT_TRUE(third[r].ok()) << "rank " << r << ": " << third[r].status();
+      EXPECT_EQ(third[r]->op_seq, 3u) << "rank " << r;
+    }
+  }
+}
+
 // Pieces of point-to-point messages wait apart from the collectives'
 // frames: a collective waiting on the same sender neither sees them (no
 // "already started a later operation") nor drops them, DropBefore leaves

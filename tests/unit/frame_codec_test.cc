@@ -176,6 +176,7 @@ void ExpectMetaEq(const FrameMeta& got, const FrameMeta& want) {
   EXPECT_EQ(got.sender_rank, want.sender_rank);
   EXPECT_EQ(got.abort_code, want.abort_code);
   EXPECT_EQ(got.message, want.message);
+  EXPECT_EQ(got.late_rank, want.late_rank);
 }
 
 FrameMeta DataMeta(DType dtype, uint64_t count, Phase phase, ReduceOp op) {
@@ -375,6 +376,28 @@ TEST(FrameCodecTest, AbortRoundTripEveryCode) {
     ExpectMetaEq(f->meta, meta);
     EXPECT_TRUE(f->pieces.empty());
   }
+}
+
+// The late rank an ABORT names (a deadline in the fingerprint exchange)
+// survives, rank 0 included; none stays none; a negative one on the wire
+// reads as none.
+TEST(FrameCodecTest, AbortLateRankRoundTrips) {
+  for (int late : {-1, 0, 5}) {
+    SCOPED_TRACE(late);
+    FrameMeta meta = AbortMeta(absl::StatusCode::kDeadlineExceeded,
+                               "deadline exceeded waiting for rank 5");
+    meta.late_rank = late;
+    absl::StatusOr<InFrame> f = DecodeFrame(EncodeFrame(meta, {}));
+    ASSERT_TRUE(f.ok()) << f.status();
+    ExpectMetaEq(f->meta, meta);
+  }
+  v1::FrameHeader h;
+  h.set_kind(v1::ABORT);
+  h.set_op_seq(3);
+  h.add_late_ranks(-7);
+  absl::StatusOr<InFrame> f = DecodeFrame(OneSlice(Wire(h, "")));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->meta.late_rank, -1);
 }
 
 // A piece of a point-to-point message: its place in the message, the

@@ -102,8 +102,12 @@ absl::Status ParseHead(absl::string_view head, FrameMeta* m) {
                        ? absl::StatusCode::kUnknown
                        : static_cast<absl::StatusCode>(h.abort_code());
     m->message = h.message().substr(0, 4096);
-    if (h.late_ranks_size() > 0 && h.late_ranks(0) >= 0) {
-      m->late_rank = h.late_ranks(0);
+    // Ranks only (a negative entry is none); at most one per rank of a
+    // ring the frame size allows.
+    for (int32_t r : h.late_ranks()) {
+      if (r >= 0 && m->late_ranks.size() < kMaxLateRanks) {
+        m->late_ranks.push_back(r);
+      }
     }
   }
   return absl::OkStatus();
@@ -133,7 +137,7 @@ std::string EncodeFrameHead(const FrameMeta& meta) {
   if (meta.kind == FrameKind::kAbort) {
     h.set_abort_code(static_cast<uint32_t>(meta.abort_code));
     h.set_message(meta.message);
-    if (meta.late_rank >= 0) h.add_late_ranks(meta.late_rank);
+    for (int32_t r : meta.late_ranks) h.add_late_ranks(r);
   }
   const size_t hlen = h.ByteSizeLong();
   std::string head(4 + hlen, '\0');

@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
@@ -460,8 +461,9 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   // Taking no action left this rank one number behind for good (each call
   // failing at once on the peers' ABORT, theirs at the deadline:
   // system_faults' sigstop_hosts on a loaded machine).
-  const bool came_late = !status.ok() && adopting && op.fp().op_seq != 0 &&
-                         op.late_rank() == config_.rank;
+  const bool came_late =
+      !status.ok() && adopting && op.fp().op_seq != 0 &&
+      absl::c_linear_search(op.late_ranks(), config_.rank);
   if (came_late) {
     const uint64_t theirs = op.fp().op_seq + 1;
     status = absl::AbortedError(absl::StrCat(

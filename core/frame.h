@@ -89,11 +89,13 @@ struct FrameMeta {
   // for the job's own operations and point-to-point messages. The ranks
   // in a group's frames are the group's, except sender_rank on the wire.
   uint64_t group = 0;
-  // kAbort: the rank whose own fingerprint the origin still awaited when
-  // its deadline passed in the fingerprint exchange; -1: none, or another
-  // failure (FrameHeader.late_ranks).
-  int32_t late_rank = -1;
+  // kAbort: the ranks whose own fingerprints the origin still lacked when
+  // its deadline passed in the fingerprint exchange (the one it waited for
+  // first); empty: none, or another failure (FrameHeader.late_ranks).
+  std::vector<int32_t> late_ranks;
 };
+// At most this many late ranks in an ABORT (sent and read).
+inline constexpr size_t kMaxLateRanks = 64;
 
 // One operation on a worker's links: the job's (group 0) or a group's, by
 // its sequence number (each group numbers its operations on its own).

@@ -225,7 +225,7 @@ absl::StatusOr<InFrame> OpContext::Await(int from, const std::string& detail) {
   switch (ev.type) {
     case Inbox::Event::kAbort: {
       abort_from_ = ev.frame.meta.sender_rank;
-      late_rank_ = ev.frame.meta.late_rank;
+      late_ranks_ = ev.frame.meta.late_ranks;
       absl::StatusCode code = ev.frame.meta.abort_code;
       if (code == absl::StatusCode::kOk) code = absl::StatusCode::kAborted;
       return absl::Status(code, absl::StrCat(Where(), ": aborted in ", where,
@@ -286,10 +286,17 @@ absl::Status OpContext::CheckData(const InFrame& frame, int from,
 }
 
 absl::StatusOr<InFrame> OpContext::AwaitFingerprint(
-    int from, int origin, const std::string& detail) {
+    int from, int origin, const std::string& detail,
+    absl::Span<const int> also_missing) {
   timed_out_ = false;
   absl::StatusOr<InFrame> in = Await(from, detail);
-  if (!in.ok() && timed_out_) late_rank_ = origin;
+  if (!in.ok() && timed_out_) {
+    late_ranks_ = {origin};
+    for (int r : also_missing) {
+      if (late_ranks_.size() >= kMaxLateRanks) break;
+      if (!inbox_->HasFrameOf(r, fp_.op_seq)) late_ranks_.push_back(r);
+    }
+  }
   return in;
 }
 
@@ -401,7 +408,7 @@ FrameMeta AbortMeta(const CommConfig& config, uint64_t op_seq,
 void OpContext::SendAbort(const absl::Status& status) {
   FrameMeta meta = AbortMeta(config_, fp_.op_seq, status.code(),
                              std::string(status.message()));
-  meta.late_rank = late_rank_;
+  meta.late_ranks = late_ranks_;
   const int g = config_.world_size;
   // Every rank this operation watches (all of them with fingerprints
   // all-to-all; else the ring's neighbours and the ranks an algorithm

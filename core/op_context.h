@@ -178,15 +178,17 @@ class OpContext {
   absl::StatusOr<InFrame> Await(int from, const std::string& detail = "");
   // Await(from, detail) for the fingerprint of `origin` that `from` brings
   // (its own, or one it forwards). Where the deadline passes first,
-  // `origin` is the late rank: this operation's ABORT names it
-  // (FrameMeta::late_rank), so that a rank new in the ring that adopted
-  // this operation's number learns its call came after the others had
-  // ended it.
-  absl::StatusOr<InFrame> AwaitFingerprint(int from, int origin,
-                                           const std::string& detail);
-  // The late rank this op's ABORT names: the one AwaitFingerprint timed
-  // out on, or the one the ABORT that failed this op named; -1: none.
-  int late_rank() const { return late_rank_; }
+  // `origin` and the ranks in `also_missing` whose frames of this
+  // operation are not here either are late: this operation's ABORT names
+  // them (FrameMeta::late_ranks), so that a rank new in the ring that
+  // adopted this operation's number learns its call came after the others
+  // had ended it.
+  absl::StatusOr<InFrame> AwaitFingerprint(
+      int from, int origin, const std::string& detail,
+      absl::Span<const int> also_missing = {});
+  // The late ranks this op's ABORT names: those AwaitFingerprint timed out
+  // on, or those the ABORT that failed this op named; empty: none.
+  const std::vector<int32_t>& late_ranks() const { return late_ranks_; }
   // DATA_LOSS unless `frame` is the data frame `expect` describes (phase,
   // step, segment, offset, count) of this op's generation and dtype.
   absl::Status CheckData(const InFrame& frame, int from,
@@ -309,7 +311,7 @@ class OpContext {
   int chunk_ = 0;
   int chunks_ = 0;
   int abort_from_ = -1;  // neighbour whose ABORT frame failed this op
-  int late_rank_ = -1;   // late_rank()
+  std::vector<int32_t> late_ranks_;  // late_ranks()
   bool timed_out_ = false;  // the last Await ended at the deadline
   absl::Time phase_start_;
   absl::Time fingerprint_end_ = absl::InfinitePast();

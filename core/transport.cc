@@ -372,6 +372,19 @@ uint64_t Inbox::MaxOpSeqSeen() {
   return max_seen_;
 }
 
+bool Inbox::HasFrameOf(int from, uint64_t op_seq) {
+  for (const auto& t : Taps()) {
+    bool took = false;
+    t->Drain(&took);
+  }
+  absl::MutexLock lock(&mu_);
+  auto q = queues_.find(from);
+  if (q == queues_.end()) return false;
+  return std::any_of(q->second.begin(), q->second.end(), [&](const InFrame& f) {
+    return f.meta.op_seq == op_seq;
+  });
+}
+
 std::optional<absl::StatusCode> Inbox::AbortSeen(uint64_t op_seq) const {
   absl::MutexLock lock(&mu_);
   auto it = aborts_.find(op_seq);

@@ -193,6 +193,10 @@ class Inbox {
   // Takes what the taps hold first (their readers may stand aside).
   uint64_t MaxOpSeqSeen();
 
+  // Whether a frame of operation `op_seq` from `from` is queued here (the
+  // taps' frames taken first, as MaxOpSeqSeen).
+  bool HasFrameOf(int from, uint64_t op_seq);
+
   // The code of the (first) peer's ABORT for operation `op_seq` that is
   // here (Next has not dropped it: DropBefore keeps those of op_seq and
   // later); nullopt if none.

@@ -39,7 +39,8 @@ std::vector<int> PsState::Recipients(int world, int skip) const {
 }
 
 void PsState::FailOp(uint64_t op_seq, const absl::Status& status, int skip,
-                     std::vector<PsSend>& out) {
+                     std::vector<PsSend>& out,
+                     std::vector<int32_t> late_ranks) {
   auto it = ops_.find(op_seq);
   if (it == ops_.end()) return;
   PsSend send;
@@ -51,6 +52,7 @@ void PsState::FailOp(uint64_t op_seq, const absl::Status& status, int skip,
   meta.origin_rank = -1;
   meta.abort_code = status.code();
   meta.message = std::string(status.message());
+  meta.late_ranks = std::move(late_ranks);
   send.to = Recipients(it->second.world, skip);
   out.push_back(std::move(send));
   ops_.erase(it);
@@ -66,7 +68,7 @@ std::vector<PsSend> PsState::OnFrame(int rank, int world, InFrame frame) {
                             ? absl::StatusCode::kAborted
                             : m.abort_code,
                         m.message),
-           rank, out);
+           rank, out, m.late_ranks);
     return out;
   }
   auto [it, created] = ops_.try_emplace(m.op_seq);

@@ -106,9 +106,10 @@ class PsState {
   void OnData(int rank, InFrame frame, std::map<uint64_t, Op>::iterator it,
               std::vector<PsSend>& out);
   // Appends an ABORT for `op_seq` to every connected rank of its world but
-  // `skip`, and frees the operation. No-op for an unknown op_seq.
+  // `skip` (naming `late_ranks`, as the ABORT it relays did), and frees the
+  // operation. No-op for an unknown op_seq.
   void FailOp(uint64_t op_seq, const absl::Status& status, int skip,
-              std::vector<PsSend>& out);
+              std::vector<PsSend>& out, std::vector<int32_t> late_ranks = {});
   // Reduces and appends every complete chunk at the front of `op`.
   void Flush(uint64_t op_seq, Op& op, std::vector<PsSend>& out);
   // Connected ranks in [0, world), but `skip`.

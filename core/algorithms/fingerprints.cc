@@ -177,10 +177,16 @@ absl::Status AwaitAllToAll(OpContext& op) {
   all[static_cast<size_t>(r)] = fp;
   std::vector<InFrame>& kept = op.eager();
   if (eager) kept.resize(static_cast<size_t>(g));
+  // The ranks not heard from yet, in the order they are awaited.
+  std::vector<int> pending;
+  for (int i = 1; i < g; ++i) pending.push_back(op.path().rank_at(op.position() - i));
   for (int i = 1; i < g; ++i) {
-    const int from = op.path().rank_at(op.position() - i);
-    HALKA_ASSIGN_OR_RETURN(InFrame in,
-                           op.AwaitFingerprint(from, from, "its fingerprint"));
+    const int from = pending[static_cast<size_t>(i - 1)];
+    HALKA_ASSIGN_OR_RETURN(
+        InFrame in,
+        op.AwaitFingerprint(from, from, "its fingerprint",
+                            absl::MakeConstSpan(pending).subspan(
+                                static_cast<size_t>(i))));
     if (in.meta.kind != FrameKind::kFingerprint ||
         in.meta.origin_rank != from) {
       return absl::DataLossError(absl::StrCat(

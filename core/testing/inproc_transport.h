@@ -31,7 +31,10 @@ class InProcNetwork {
   // delivery.
   void SetTamper(int from, std::function<void(FrameMeta&)> mutate);
   // Fault injection: a frame for which `hold(from, to, meta)` is true stays
-  // on its way (in order) until ReleaseHeld delivers every held frame.
+  // on its way until ReleaseHeld delivers every held frame, in the order
+  // they were sent (frames not held pass them: the link's order is not
+  // kept). `hold` runs under the network's lock: it must not call back
+  // into the network.
   using HoldFn = std::function<bool(int from, int to, const FrameMeta& meta)>;
   void SetHold(HoldFn hold);
   void ReleaseHeld();

@@ -6,6 +6,8 @@
       W ranks, all with world_size W (else 1).
   fault_report.py check LOG --name NAME --slots N [--fault MS --victim ID
       --victim-slot S --bound MS --world-after W] [--heal MS]
+      (--victim and --victim-slot may list several, comma-separated: a
+      host lost with its workers; an error naming any of them counts)
       [--max-errors N] [--deadline-names ID]
       prints one summary line; exit 1 on a violation:
       - any wrong result or hang;
@@ -98,6 +100,12 @@ def is_split(calls):
         for c in calls)
 
 
+def ok_end(op):
+    """When the last successful call of an operation ended (a victim's call
+    of the same operation may fail much later: its worker was gone)."""
+    return max(c["end"] for c in op if c["outcome"] == "ok")
+
+
 def good_ops(ops, since, world):
     """Operations started after `since` that succeeded on exactly `world`
     ranks, every one reporting that world size."""
@@ -122,13 +130,15 @@ def main():
     p.add_argument("--slots", type=int, default=0)
     p.add_argument("--fault", type=int, default=0)
     p.add_argument("--victim", default="")
-    p.add_argument("--victim-slot", type=int, default=-1)
+    p.add_argument("--victim-slot", default="")
     p.add_argument("--bound", type=int, default=0)
     p.add_argument("--world-after", type=int, default=0)
     p.add_argument("--heal", type=int, default=0)
     p.add_argument("--max-errors", type=int, default=-1)
     p.add_argument("--deadline-names", default="")
     a = p.parse_args()
+    victims = [v for v in a.victim.split(",") if v]
+    victim_slots = {int(v) for v in a.victim_slot.split(",") if v}
     calls, ops, result = load(a.log)
 
     if a.mode == "ready":
@@ -144,10 +154,10 @@ def main():
                                                  c["outcome"], c["msg"]))
     parts = []
     if a.fault:
-        inflight = [c for c in calls if c["slot"] != a.victim_slot
+        inflight = [c for c in calls if c["slot"] not in victim_slots
                     and c["t"] <= a.fault <= c["end"]]
         if not inflight:  # the fault fell between operations
-            after = [c for c in calls if c["slot"] != a.victim_slot
+            after = [c for c in calls if c["slot"] not in victim_slots
                      and c["t"] > a.fault]
             first = min((c["op"] for c in after), default=None)
             inflight = [c for c in after if c["op"] == first]
@@ -159,7 +169,7 @@ def main():
                            "(bound %d ms)" % (c["op"], c["slot"],
                                               c["end"] - a.fault, a.bound))
         for c in errors:
-            if a.victim not in c["msg"]:
+            if not any(v in c["msg"] for v in victims):
                 bad.append("op %d slot %d failed without naming %s: %s" %
                            (c["op"], c["slot"], a.victim, c["msg"]))
         parts.append("%d survivor calls in flight at the fault: %d failed "
@@ -172,7 +182,7 @@ def main():
         if rec:
             parts.append("first correct op on %d ranks ended %.2f s after "
                          "the fault" % (a.world_after,
-                                        (max(c["end"] for c in rec[0]) -
+                                        (ok_end(rec[0]) -
                                          a.fault) / 1000.0))
         else:
             bad.append("no operation succeeded on %d ranks after the fault" %
@@ -182,7 +192,7 @@ def main():
         if back:
             parts.append("first correct op on all %d ranks ended %.2f s "
                          "after the heal/restart" %
-                         (a.slots, (max(c["end"] for c in back[0]) - a.heal)
+                         (a.slots, (ok_end(back[0]) - a.heal)
                           / 1000.0))
         else:
             bad.append("no operation succeeded on all %d ranks after the "

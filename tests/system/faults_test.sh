@@ -23,6 +23,10 @@
 #               goes on, no operation fails
 #   rdvrestart  SIGKILL the rendezvous mid-run and start a new one: the
 #               workers re-register, the job goes on at its generation
+#   hostloss_hosts
+#               a whole host lost: both workers of one of 2 hosts of 2
+#               SIGKILLed at once, the other host's two go on as a flat
+#               ring of 2, both restarted: two_level again
 #   sigkill_hosts, sigstop_hosts
 #               sigkill and sigstop with the 4 workers as 2 hosts of 2
 #               (--host_id) and the driver asking for auto: two_level
@@ -66,7 +70,7 @@ for a in "$@"; do
     *) SCENARIOS+=("$a") ;;
   esac
 done
-(( ${#SCENARIOS[@]} )) || SCENARIOS=(sigkill sigstop linkdown loss tbf partition rdvrestart chaos chaos_hosts sigkill_hosts sigstop_hosts)
+(( ${#SCENARIOS[@]} )) || SCENARIOS=(sigkill sigstop linkdown loss tbf partition rdvrestart chaos chaos_hosts sigkill_hosts sigstop_hosts hostloss_hosts)
 DRIVER=$BUILD/tests/halka-fault-driver
 REPORT=$HERE/fault_report.py
 [[ -x "$DRIVER" ]] || { echo "FAIL: missing $DRIVER"; exit 1; }
@@ -205,6 +209,8 @@ check() {  # check ARGS... : fault_report.py check on this driver's output
 # A worker that dies (or freezes, or drops off the network) in the middle
 # of a 16 MiB ring all-reduce, then comes back.
 #   lose_and_heal NAME VICTIM_RANK INJECT_CMD HEAL_CMD HOLD_S [EXTRA_MS [ALGO]]
+# VICTIM_RANK may list several, comma-separated (a host lost with its
+# workers): the survivors go on as a ring of G minus that many.
 # EXTRA_MS widens the bound for a survivor that was writing to the victim
 # when it went silent: its last frames point into the caller's buffer, and
 # the call returns only once gRPC lets go of them (the connection fails:
@@ -214,21 +220,23 @@ check() {  # check ARGS... : fault_report.py check on this driver's output
 # correct).
 lose_and_heal() {
   local name=$1 v=$2 inject=$3 heal=$4 hold=$5 extra=${6:-0} algo=${7:-ring} t_fault t_heal
+  local who="" x lost=0
+  for x in ${v//,/ }; do who+="${who:+,}w$x"; lost=$(( lost + 1 )); done
   new_job "$name" elastic
   start_driver 100000 $(( 2 * 1024 * 1024 )) --algorithm="$algo"
   wait_ready 0 $G 3 60 || fail "[$name] no correct operations before the fault"
   t_fault=$(now_ms)
   eval "$inject"
-  log "[$name] injected on w$v: $inject"
+  log "[$name] injected on $who: $inject"
   # Hold the fault for HOLD_S: the survivors go on as a ring of G-1.
   while (( $(now_ms) - t_fault < hold * 1000 )); do sleep 0.1; done
   t_heal=$(now_ms)
   eval "$heal"
   log "[$name] healed: $heal"
-  wait_ready "$t_heal" $G 2 60 || log "[$name] w$v did not come back into the ring"
+  wait_ready "$t_heal" $G 2 60 || log "[$name] $who did not come back into the ring"
   stop_driver >/dev/null
-  check --name "$name" --fault "$t_fault" --victim "w$v" --victim-slot "$v" \
-    --bound $(( BOUND_MS + extra )) --world-after $(( G - 1 )) --heal "$t_heal"
+  check --name "$name" --fault "$t_fault" --victim "$who" --victim-slot "$v" \
+    --bound $(( BOUND_MS + extra )) --world-after $(( G - lost )) --heal "$t_heal"
   if (( HOSTS_OF_TWO )); then
     local two_level
     two_level=$(grep -c '^call .* outcome=ok .* algo=two_level msg=' "$SYS_LOG/$DNAME.out")
@@ -419,6 +427,16 @@ scenario_sigkill_hosts() {
   local HOSTS_OF_TWO=1
   lose_and_heal sigkill_hosts 2 'kill -KILL "${SYS_PID[${WNAME[2]}]}"' \
     'start_worker 2; wait_joined 2' 3 0 auto
+}
+
+# A whole host lost: both workers of h1 SIGKILLed at once. The two on h0
+# go on as a flat ring of 2 (one host: no two-level), then both are
+# restarted and the hierarchy is rebuilt for the new generation.
+scenario_hostloss_hosts() {
+  local HOSTS_OF_TWO=1
+  lose_and_heal hostloss_hosts 2,3 \
+    'kill -KILL "${SYS_PID[${WNAME[2]}]}" "${SYS_PID[${WNAME[3]}]}"' \
+    'start_worker 2; start_worker 3; wait_joined 2; wait_joined 3' 3 0 auto
 }
 
 scenario_sigstop_hosts() {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -437,56 +438,84 @@ TEST(Numbering, ANewRankTakesTheNextNumberOnlyAfterARefusal) {
 // deadline, and the call after runs on every rank as one operation. Before,
 // the rank stayed one number behind for good (system_faults'
 // sigstop_hosts on a loaded machine). With fingerprints all-to-all and
-// around the ring (each names the late rank its own way).
+// around the ring (each names the late rank its own way), and two
+// newcomers at once (all-to-all names every fingerprint missing).
 TEST(Numbering, ANewRankThatTookAnEndedOperationsNumberGivesTheNextUp) {
-  for (int all_to_all_max : {16, 1}) {
-    SCOPED_TRACE(all_to_all_max == 1 ? "fingerprints around the ring"
-                                     : "fingerprints all-to-all");
-    const int g = 3;
+  struct Case {
+    int g;
+    int all_to_all_max;
+    std::vector<int> newcomers;
+  };
+  for (const Case& k : {Case{3, 16, {2}}, Case{3, 1, {2}},
+                        Case{4, 16, {2, 3}}}) {
+    SCOPED_TRACE(absl::StrCat("g=", k.g, k.all_to_all_max == 1
+                                             ? " fingerprints around the ring"
+                                             : " fingerprints all-to-all",
+                              ", newcomers ", k.newcomers.size()));
+    const int g = k.g;
+    const int peers = g - static_cast<int>(k.newcomers.size());
+    auto is_new = [&](int r) { return r >= peers; };
     InProcRing ring(g, 1024, [&](CommConfig& c) {
-      c.all_to_all_max_world = all_to_all_max;
-      if (c.rank == 2) c.first_op_seq = 0;  // just (re)joined
+      c.all_to_all_max_world = k.all_to_all_max;
+      if (is_new(c.rank)) c.first_op_seq = 0;  // just (re)joined
     });
-    ring.net.SetHold([](int, int to, const FrameMeta& m) {
-      return to == 2 && m.kind == FrameKind::kAbort;
+    // The peers' ABORTs to the newcomers stay on their way; each newcomer
+    // says when it has sent its fingerprint of #1 (it took that number).
+    std::vector<std::unique_ptr<absl::Notification>> took(g);
+    for (auto& n : took) n = std::make_unique<absl::Notification>();
+    ring.net.SetHold([&](int from, int to, const FrameMeta& m) {
+      if (is_new(from) && m.kind == FrameKind::kFingerprint && m.op_seq == 1 &&
+          !took[from]->HasBeenNotified()) {
+        took[from]->Notify();
+      }
+      return is_new(to) && m.kind == FrameKind::kAbort;
     });
     auto call = [&](int r, absl::Duration timeout) {
       std::vector<float> b(8, 1.0f);
       absl::StatusOr<OpResult> res = ring.comms[r]->AllReduce(
           b.data(), b.size(), DType::kFloat32, ReduceOp::kSum, timeout,
           Algorithm::kRing);
-      if (res.ok()) EXPECT_EQ(b[0], 3.0f) << "rank " << r;
+      if (res.ok()) EXPECT_EQ(b[0], static_cast<float>(g)) << "rank " << r;
       return res;
     };
-    // Ranks 0 and 1 run #1 without rank 2 and end it at their deadline.
-    auto first = RunRanks<absl::StatusOr<OpResult>>(2, [&](int r) {
+    // The peers run #1 without the newcomers and end it at their deadline.
+    auto first = RunRanks<absl::StatusOr<OpResult>>(peers, [&](int r) {
       return call(r, absl::Milliseconds(300));
     });
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < peers; ++r) {
       ASSERT_FALSE(first[r].ok()) << "rank " << r;
-      EXPECT_THAT(std::string(first[r].status().message()), HasSubstr("w2"));
+      // Naming the newcomer it waited for first.
+      EXPECT_THAT(std::string(first[r].status().message()),
+                  HasSubstr(absl::StrCat("w", g - 1)));
     }
-    // Rank 2's call takes #1 (the peers' fingerprints are here, their
-    // ABORT is not) and learns it came late when the ABORT arrives.
-    absl::StatusOr<OpResult> late;
-    std::thread t([&] { late = call(2, absl::Seconds(10)); });
-    absl::SleepFor(absl::Milliseconds(200));
+    // Each newcomer's call takes #1 (the peers' fingerprints are here,
+    // their ABORT is not) and learns it came late when the ABORT arrives.
+    std::vector<absl::StatusOr<OpResult>> late(g, absl::UnknownError("-"));
+    std::vector<std::thread> threads;
+    for (int r = peers; r < g; ++r) {
+      threads.emplace_back([&, r] { late[r] = call(r, absl::Seconds(10)); });
+    }
+    for (int r = peers; r < g; ++r) {
+      ASSERT_TRUE(took[r]->WaitForNotificationWithTimeout(absl::Seconds(10)));
+    }
     ring.net.SetHold(nullptr);
     ring.net.ReleaseHeld();
-    t.join();
-    ASSERT_FALSE(late.ok());
-    EXPECT_EQ(late.status().code(), absl::StatusCode::kAborted)
-        << late.status();
-    EXPECT_THAT(std::string(late.status().message()),
-                HasSubstr("had ended it without this rank"));
-    EXPECT_EQ(ring.comms[2]->next_op_seq(), 3u);
-    // The peers' next call (#2) is the one rank 2's call paired with: it
-    // fails at once, naming rank 2 (at their 10 s deadline it would be
-    // DEADLINE_EXCEEDED).
-    auto second = RunRanks<absl::StatusOr<OpResult>>(2, [&](int r) {
+    for (auto& t : threads) t.join();
+    for (int r = peers; r < g; ++r) {
+      ASSERT_FALSE(late[r].ok()) << "rank " << r;
+      EXPECT_EQ(late[r].status().code(), absl::StatusCode::kAborted)
+          << late[r].status();
+      EXPECT_THAT(std::string(late[r].status().message()),
+                  HasSubstr("had ended it without this rank"));
+      EXPECT_EQ(ring.comms[r]->next_op_seq(), 3u) << "rank " << r;
+    }
+    // The peers' next call (#2) is the one the newcomers' calls paired
+    // with: it fails at once, naming a newcomer (at their 10 s deadline it
+    // would be DEADLINE_EXCEEDED).
+    auto second = RunRanks<absl::StatusOr<OpResult>>(peers, [&](int r) {
       return call(r, absl::Seconds(10));
     });
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < peers; ++r) {
       ASSERT_FALSE(second[r].ok()) << "rank " << r;
       EXPECT_EQ(second[r].status().code(),
                 absl::StatusCode::kFailedPrecondition)

@@ -176,7 +176,7 @@ void ExpectMetaEq(const FrameMeta& got, const FrameMeta& want) {
   EXPECT_EQ(got.sender_rank, want.sender_rank);
   EXPECT_EQ(got.abort_code, want.abort_code);
   EXPECT_EQ(got.message, want.message);
-  EXPECT_EQ(got.late_rank, want.late_rank);
+  EXPECT_EQ(got.late_ranks, want.late_ranks);
 }
 
 FrameMeta DataMeta(DType dtype, uint64_t count, Phase phase, ReduceOp op) {
@@ -378,15 +378,16 @@ TEST(FrameCodecTest, AbortRoundTripEveryCode) {
   }
 }
 
-// The late rank an ABORT names (a deadline in the fingerprint exchange)
-// survives, rank 0 included; none stays none; a negative one on the wire
-// reads as none.
-TEST(FrameCodecTest, AbortLateRankRoundTrips) {
-  for (int late : {-1, 0, 5}) {
-    SCOPED_TRACE(late);
+// The late ranks an ABORT names (a deadline in the fingerprint exchange)
+// survive, rank 0 included; none stays none; negative entries on the wire
+// read as none, and at most kMaxLateRanks are read.
+TEST(FrameCodecTest, AbortLateRanksRoundTrip) {
+  for (const std::vector<int32_t>& late : std::vector<std::vector<int32_t>>{
+           {}, {0}, {5}, {3, 0, 7}}) {
+    SCOPED_TRACE(late.size());
     FrameMeta meta = AbortMeta(absl::StatusCode::kDeadlineExceeded,
                                "deadline exceeded waiting for rank 5");
-    meta.late_rank = late;
+    meta.late_ranks = late;
     absl::StatusOr<InFrame> f = DecodeFrame(EncodeFrame(meta, {}));
     ASSERT_TRUE(f.ok()) << f.status();
     ExpectMetaEq(f->meta, meta);
@@ -395,9 +396,13 @@ TEST(FrameCodecTest, AbortLateRankRoundTrips) {
   h.set_kind(v1::ABORT);
   h.set_op_seq(3);
   h.add_late_ranks(-7);
+  h.add_late_ranks(2);
+  for (int i = 0; i < 100; ++i) h.add_late_ranks(i);
   absl::StatusOr<InFrame> f = DecodeFrame(OneSlice(Wire(h, "")));
   ASSERT_TRUE(f.ok()) << f.status();
-  EXPECT_EQ(f->meta.late_rank, -1);
+  ASSERT_EQ(f->meta.late_ranks.size(), kMaxLateRanks);
+  EXPECT_EQ(f->meta.late_ranks[0], 2);
+  EXPECT_EQ(f->meta.late_ranks[1], 0);
 }
 
 // A piece of a point-to-point message: its place in the message, the

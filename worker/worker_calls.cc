@@ -438,33 +438,35 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
     // and the caller's place is not known from it.
     if (next_seq_ == call.seq) taken_ = Taken{};
     if (result.ok()) return result;
-    if (retry_seq > 0) {
-      // The re-run failed too: say why it was re-run (that names the lost
-      // peer), not only what it waited for on the new ring.
-      return absl::Status(
-          result.status().code(),
-          absl::StrCat(result.status().message(), " (re-run on generation ",
-                       (*ring)->generation, " after: ", retry_cause, ")"));
-    }
     // Failed before it sent any data, because the membership changed (a
     // peer's link broke, the rendezvous pushed a new generation, a peer
     // already runs the next one): no rank can have completed it, so run it
     // again on the new ring with the same sequence number. The new
     // generation may still be on its way (the rendezvous probes a broken
-    // link's peer first): wait for it briefly.
+    // link's peer first): wait for it briefly. A re-run that fails the
+    // same way runs again (two members lost one after the other, a host
+    // with its workers, are two generations: a re-run on the first meets
+    // the second's loss, while a peer's lands on the second and waits for
+    // this rank there).
     const std::optional<uint64_t> n = UntouchedSeq(result.status());
-    if (!n.has_value() || attempt >= 4 || halka::Now() >= deadline) {
-      return result;
-    }
-    if (!book_->AwaitNewerGeneration(
+    const bool again =
+        n.has_value() && attempt < 4 && halka::Now() < deadline &&
+        book_->AwaitNewerGeneration(
             (*ring)->generation,
-            std::min(deadline, halka::Now() + absl::Milliseconds(1500)))) {
-      return result;
+            std::min(deadline, halka::Now() + absl::Milliseconds(1500)));
+    if (!again) {
+      if (retry_seq == 0) return result;
+      // The re-run failed too: say why it was first re-run (that names the
+      // lost peer), not only what it waited for on the new ring.
+      return absl::Status(
+          result.status().code(),
+          absl::StrCat(result.status().message(), " (re-run on generation ",
+                       (*ring)->generation, " after: ", retry_cause, ")"));
     }
     log_.Info(absl::StrCat("operation #", *n, " had not touched the buffer when "
                          "the membership changed: running it on the new ring"));
+    if (retry_seq == 0) retry_cause = std::string(result.status().message());
     retry_seq = *n;
-    retry_cause = std::string(result.status().message());
   }
 }
 

@@ -235,6 +235,52 @@ TEST_F(ElasticTest, LossShrinksTheRingAndARestartGrowsItBack) {
             << std::endl;
 }
 
+// Two members lost one after the other while the survivors' call waits
+// for their fingerprints (a host lost with its workers: a generation per
+// loss). Each loss fails the call before it touched the buffer, so it runs
+// again on the new ring; the re-run on the middle ring, which still holds
+// the second victim, fails the same way and runs again on the last one,
+// where it is correct on the two survivors. Before, a re-run that failed
+// was returned as it was, while a peer's could land on the last ring and
+// wait there for this rank to its deadline (system_faults'
+// hostloss_hosts).
+TEST_F(ElasticTest, ACallRunsAgainAcrossTwoLossesInARow) {
+  StartRendezvous();
+  StartWorkers(4, 2, 4);
+  int seq = 0;
+  EventuallyCorrect(Live(), 4, &seq);
+  const std::vector<WorkerNode*> survivors = {workers_[0].get(),
+                                              workers_[1].get()};
+  std::vector<std::vector<int64_t>> data;
+  std::vector<absl::StatusOr<OpResult>> results;
+  const int op = ++seq;
+  std::thread calls([&] { results = AllReduce(survivors, op, &data); });
+  absl::SleepFor(absl::Milliseconds(300));  // the calls wait for w2 and w3
+  workers_[2]->Shutdown(/*leave=*/false);
+  workers_[2].reset();
+  // The middle ring (w0, w1, w3) forms; the survivors' re-run waits there
+  // for w3, which never calls.
+  EXPECT_TRUE(WaitFor([&] { return workers_[0]->world_size() == 3; },
+                      absl::Seconds(3), absl::Milliseconds(10)));
+  absl::SleepFor(absl::Milliseconds(300));
+  workers_[3]->Shutdown(/*leave=*/false);
+  workers_[3].reset();
+  calls.join();
+  ASSERT_EQ(results.size(), 2u);
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->world_size, 2);
+    EXPECT_EQ(r->op_seq, results[0]->op_seq);
+  }
+  for (const auto& d : data) {
+    EXPECT_EQ(d[0], 3);  // w0's bit and w1's
+    for (size_t k = 1; k < kCount; k += 997) {
+      ASSERT_EQ(d[k], 2 * (op + 1) * static_cast<int64_t>(k % 5 + 1))
+          << "element " << k;
+    }
+  }
+}
+
 // All-gather after a loss: the world is part of its contract. A call sized
 // for the old world is refused on every survivor, naming the new world (no
 // hang, no partial result); one sized for the new world is right.

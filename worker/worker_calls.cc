@@ -408,6 +408,16 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
           : absl::InfiniteFuture();
   uint64_t retry_seq = 0;
   std::string retry_cause;
+  // A re-run's failure says why the call was first re-run (that names the
+  // lost peer) and how often, not only what it waited for on the new ring.
+  auto rerun_failed = [&](const absl::Status& status, int runs,
+                          uint64_t generation) {
+    return absl::Status(
+        status.code(),
+        absl::StrCat(status.message(), " (re-run ", runs,
+                     runs == 1 ? " time" : " times", ", last on generation ",
+                     generation, ", first after: ", retry_cause, ")"));
+  };
   for (int attempt = 0;; ++attempt) {
     CatchUp();
     CallInfo call =
@@ -421,6 +431,9 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
       // and the next call is the next number.
       if (call.numbered_generation != 0 && retry_seq == 0) {
         taken_ = Taken{next_seq_++, call.numbered_generation};
+      }
+      if (retry_seq > 0) {
+        return rerun_failed(ring.status(), attempt, book_->latest_generation());
       }
       return ring.status();
     }
@@ -444,10 +457,10 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
     // again on the new ring with the same sequence number. The new
     // generation may still be on its way (the rendezvous probes a broken
     // link's peer first): wait for it briefly. A re-run that fails the
-    // same way runs again (two members lost one after the other, a host
-    // with its workers, are two generations: a re-run on the first meets
-    // the second's loss, while a peer's lands on the second and waits for
-    // this rank there).
+    // same way runs again (two members lost one after the other, as a
+    // host's workers reported one at a time, are two generations: a re-run
+    // on the first meets the second's loss, while a peer's lands on the
+    // second and waits for this rank there).
     const std::optional<uint64_t> n = UntouchedSeq(result.status());
     const bool again =
         n.has_value() && attempt < 4 && halka::Now() < deadline &&
@@ -456,12 +469,7 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
             std::min(deadline, halka::Now() + absl::Milliseconds(1500)));
     if (!again) {
       if (retry_seq == 0) return result;
-      // The re-run failed too: say why it was first re-run (that names the
-      // lost peer), not only what it waited for on the new ring.
-      return absl::Status(
-          result.status().code(),
-          absl::StrCat(result.status().message(), " (re-run on generation ",
-                       (*ring)->generation, " after: ", retry_cause, ")"));
+      return rerun_failed(result.status(), attempt, (*ring)->generation);
     }
     log_.Info(absl::StrCat("operation #", *n, " had not touched the buffer when "
                          "the membership changed: running it on the new ring"));

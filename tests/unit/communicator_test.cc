@@ -495,12 +495,14 @@ TEST(Numbering, ANewRankThatTookAnEndedOperationsNumberGivesTheNextUp) {
     for (int r = peers; r < g; ++r) {
       threads.emplace_back([&, r] { late[r] = call(r, absl::Seconds(10)); });
     }
+    bool all_took = true;
     for (int r = peers; r < g; ++r) {
-      ASSERT_TRUE(took[r]->WaitForNotificationWithTimeout(absl::Seconds(10)));
+      all_took &= took[r]->WaitForNotificationWithTimeout(absl::Seconds(10));
     }
     ring.net.SetHold(nullptr);
     ring.net.ReleaseHeld();
     for (auto& t : threads) t.join();
+    ASSERT_TRUE(all_took) << "a newcomer never sent its fingerprint of #1";
     for (int r = peers; r < g; ++r) {
       ASSERT_FALSE(late[r].ok()) << "rank " << r;
       EXPECT_EQ(late[r].status().code(), absl::StatusCode::kAborted)

@@ -407,6 +407,15 @@ RingDiagnosis DiagnoseRing(int g, const std::vector<RankInput>& ranks,
       late = nullptr;
     }
   }
+  // A stall names the straggler only where it explains at least the wait
+  // the slowest edge adds: a rank descheduled for less than another rank's
+  // slow edge costs the ring (a loaded host that starved one rank for a
+  // moment, perhaps between operations) is not the cause, that edge is.
+  // Where the stalled rank sends the slowest edge, the two agree.
+  if (stalled != nullptr && edge_significant && stalled->rank != s &&
+      stalled->stall_seconds - m.stall < slowest->added_wait_seconds) {
+    stalled = nullptr;
+  }
   Summarize(v, *slowest, edge_significant, stalled, late, m, d);
   d.has_straggler = d.straggler_rank >= 0;
   absl::StrAppend(&d.summary, rates);

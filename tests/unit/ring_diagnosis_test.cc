@@ -286,6 +286,24 @@ TEST(RingDiagnosisTest, OwnStallIsNotBlamedOnThePredecessor) {
   EXPECT_EQ(d.summary.find("rank 1 is"), std::string::npos);
 }
 
+TEST(RingDiagnosisTest, AStallShorterThanTheSlowEdgesWaitIsNotTheCause) {
+  // Rank 2 is slow in the ring (its successor waits 0.84 s of 1 s for it);
+  // rank 3's process was starved for 0.30 s (the ranks' median 0.03 s):
+  // the edge is the cause. Starved for 3 s, rank 3 is.
+  std::vector<RankInput> in = Ring(4, /*slow=*/2, 1.0, 0.84, 24000000);
+  for (RankInput& r : in) r.stall_seconds = 0.03;
+  in[3].stall_seconds = 0.30;
+  RingDiagnosis d = DiagnoseRing(4, in);
+  EXPECT_EQ(d.straggler_rank, 2) << d.summary;
+  EXPECT_EQ(d.stalled_rank, -1) << d.summary;
+  EXPECT_EQ(d.summary.rfind("rank 2 is the straggler: its successor", 0), 0u)
+      << d.summary;
+  in[3].stall_seconds = 3.0;
+  d = DiagnoseRing(4, in);
+  EXPECT_EQ(d.straggler_rank, 3) << d.summary;
+  EXPECT_EQ(d.stalled_rank, 3) << d.summary;
+}
+
 TEST(RingDiagnosisTest, EqualStallsOfOneHostAreNoStraggler) {
   // Ranks in one process (or one loaded host) stall alike.
   std::vector<RankInput> in = TrainingRing(4, {0.002, 0.002, 0.002, 0.002});

@@ -286,18 +286,19 @@ absl::Status OpContext::CheckData(const InFrame& frame, int from,
 }
 
 absl::StatusOr<InFrame> OpContext::AwaitFingerprint(
-    int from, int origin, const std::string& detail,
-    absl::Span<const int> also_missing) {
+    int from, int origin, const std::string& detail) {
   timed_out_ = false;
   absl::StatusOr<InFrame> in = Await(from, detail);
-  if (!in.ok() && timed_out_) {
-    late_ranks_ = {origin};
-    for (int r : also_missing) {
-      if (late_ranks_.size() >= kMaxLateRanks) break;
-      if (!inbox_->HasFrameOf(r, fp_.op_seq)) late_ranks_.push_back(r);
-    }
-  }
+  if (!in.ok() && timed_out_) late_ranks_ = {origin};
   return in;
+}
+
+void OpContext::AlsoLate(absl::Span<const int> others) {
+  if (!timed_out_ || late_ranks_.empty()) return;
+  for (int r : inbox_->WithoutFrameOf(others, fp_.op_seq)) {
+    if (late_ranks_.size() >= kMaxLateRanks) break;
+    late_ranks_.push_back(r);
+  }
 }
 
 absl::StatusOr<InFrame> OpContext::AwaitData(int from,

@@ -178,14 +178,15 @@ class OpContext {
   absl::StatusOr<InFrame> Await(int from, const std::string& detail = "");
   // Await(from, detail) for the fingerprint of `origin` that `from` brings
   // (its own, or one it forwards). Where the deadline passes first,
-  // `origin` and the ranks in `also_missing` whose frames of this
-  // operation are not here either are late: this operation's ABORT names
-  // them (FrameMeta::late_ranks), so that a rank new in the ring that
-  // adopted this operation's number learns its call came after the others
-  // had ended it.
-  absl::StatusOr<InFrame> AwaitFingerprint(
-      int from, int origin, const std::string& detail,
-      absl::Span<const int> also_missing = {});
+  // `origin` is late: this operation's ABORT names it
+  // (FrameMeta::late_ranks), so that a rank new in the ring that adopted
+  // this operation's number learns its call came after the others had
+  // ended it.
+  absl::StatusOr<InFrame> AwaitFingerprint(int from, int origin,
+                                           const std::string& detail);
+  // After AwaitFingerprint timed out: those of `others` whose frames of
+  // this operation are not here either are late too.
+  void AlsoLate(absl::Span<const int> others);
   // The late ranks this op's ABORT names: those AwaitFingerprint timed out
   // on, or those the ABORT that failed this op named; empty: none.
   const std::vector<int32_t>& late_ranks() const { return late_ranks_; }

@@ -363,26 +363,33 @@ void Inbox::LinkFailed(int peer, absl::Status status) {
   if (hook) hook(peer, status);
 }
 
-uint64_t Inbox::MaxOpSeqSeen() {
+void Inbox::TakeFromTaps() {
   for (const auto& t : Taps()) {
     bool took = false;
     t->Drain(&took);
   }
+}
+
+uint64_t Inbox::MaxOpSeqSeen() {
+  TakeFromTaps();
   absl::MutexLock lock(&mu_);
   return max_seen_;
 }
 
-bool Inbox::HasFrameOf(int from, uint64_t op_seq) {
-  for (const auto& t : Taps()) {
-    bool took = false;
-    t->Drain(&took);
-  }
+std::vector<int> Inbox::WithoutFrameOf(absl::Span<const int> ranks,
+                                       uint64_t op_seq) {
+  TakeFromTaps();
   absl::MutexLock lock(&mu_);
-  auto q = queues_.find(from);
-  if (q == queues_.end()) return false;
-  return std::any_of(q->second.begin(), q->second.end(), [&](const InFrame& f) {
-    return f.meta.op_seq == op_seq;
-  });
+  std::vector<int> out;
+  for (int r : ranks) {
+    auto q = queues_.find(r);
+    const bool has =
+        q != queues_.end() &&
+        std::any_of(q->second.begin(), q->second.end(),
+                    [&](const InFrame& f) { return f.meta.op_seq == op_seq; });
+    if (!has) out.push_back(r);
+  }
+  return out;
 }
 
 std::optional<absl::StatusCode> Inbox::AbortSeen(uint64_t op_seq) const {

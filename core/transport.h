@@ -193,9 +193,10 @@ class Inbox {
   // Takes what the taps hold first (their readers may stand aside).
   uint64_t MaxOpSeqSeen();
 
-  // Whether a frame of operation `op_seq` from `from` is queued here (the
+  // Those of `ranks` with no frame of operation `op_seq` queued here (the
   // taps' frames taken first, as MaxOpSeqSeen).
-  bool HasFrameOf(int from, uint64_t op_seq);
+  std::vector<int> WithoutFrameOf(absl::Span<const int> ranks,
+                                  uint64_t op_seq);
 
   // The code of the (first) peer's ABORT for operation `op_seq` that is
   // here (Next has not dropped it: DropBefore keeps those of op_seq and
@@ -247,6 +248,9 @@ class Inbox {
   static constexpr size_t kMaxHeldGroups = 64;
 
  private:
+  // Has every tap hand over what its link read (its reader may stand
+  // aside). Without mu_.
+  void TakeFromTaps();
   struct GroupRoute {
     std::shared_ptr<Inbox> inbox;
     std::map<int, int> group_rank;  // by job rank

@@ -177,16 +177,21 @@ absl::Status AwaitAllToAll(OpContext& op) {
   all[static_cast<size_t>(r)] = fp;
   std::vector<InFrame>& kept = op.eager();
   if (eager) kept.resize(static_cast<size_t>(g));
-  // The ranks not heard from yet, in the order they are awaited.
-  std::vector<int> pending;
-  for (int i = 1; i < g; ++i) pending.push_back(op.path().rank_at(op.position() - i));
   for (int i = 1; i < g; ++i) {
-    const int from = pending[static_cast<size_t>(i - 1)];
-    HALKA_ASSIGN_OR_RETURN(
-        InFrame in,
-        op.AwaitFingerprint(from, from, "its fingerprint",
-                            absl::MakeConstSpan(pending).subspan(
-                                static_cast<size_t>(i))));
+    const int from = op.path().rank_at(op.position() - i);
+    absl::StatusOr<InFrame> got =
+        op.AwaitFingerprint(from, from, "its fingerprint");
+    if (!got.ok()) {
+      // The ranks not awaited yet whose fingerprints are not here are late
+      // too (two newcomers at once).
+      std::vector<int> rest;
+      for (int j = i + 1; j < g; ++j) {
+        rest.push_back(op.path().rank_at(op.position() - j));
+      }
+      op.AlsoLate(rest);
+      return got.status();
+    }
+    InFrame in = *std::move(got);
     if (in.meta.kind != FrameKind::kFingerprint ||
         in.meta.origin_rank != from) {
       return absl::DataLossError(absl::StrCat(

@@ -54,7 +54,9 @@ static_assert(static_cast<int>(Algorithm::kAuto) == v1::AUTO &&
               static_cast<int>(Algorithm::kTree) == v1::TREE &&
               static_cast<int>(Algorithm::kRecursiveDoubling) ==
                   v1::RECURSIVE_DOUBLING &&
-              v1::Algorithm_MAX == v1::RECURSIVE_DOUBLING,
+              static_cast<int>(Algorithm::kHalvingDoubling) ==
+                  v1::HALVING_DOUBLING &&
+              v1::Algorithm_MAX == v1::HALVING_DOUBLING,
               "halka::Algorithm must match halka.v1.Algorithm");
 
 // The operation's deadline (0: the worker's default) and group.

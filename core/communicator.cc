@@ -560,6 +560,8 @@ absl::Status Communicator::RunAlgorithm(OpContext& op) {
           return TreeAllReduce(op);
         case Algorithm::kRecursiveDoubling:
           return DoublingAllReduce(op);
+        case Algorithm::kHalvingDoubling:
+          return HalvingDoublingAllReduce(op);
         default:
           return RingAllReduce(op);
       }

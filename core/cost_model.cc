@@ -77,6 +77,33 @@ std::optional<double> AllReduce(const RingShape& shape, Algorithm algorithm,
       return inside * m.local.Message(s) +
              (steps - inside) * (flat->alpha_s + nic * s / flat->bytes_per_s);
     }
+    case Algorithm::kHalvingDoubling: {
+      if (flat == nullptr) return std::nullopt;
+      // Round k (each way) moves S / 2^(k+1) to the partner at distance
+      // 2^k; the ranks beyond p fold their whole buffer in and take it
+      // back. On hosts of g ranks, g a power of two and no rank folding,
+      // the first log2 g rounds stay inside the host, and in every later
+      // round the host's g ranks send through its NIC at once.
+      const int rounds = FloorLog2(g_world);
+      const bool folds = (1 << rounds) != g_world;
+      const int g = shape.per_host();
+      const bool on_hosts = shape.hosts() >= 2;
+      const int inside = on_hosts && !folds && g >= 2 && (g & (g - 1)) == 0 &&
+                                 m.local.known()
+                             ? FloorLog2(g)
+                             : 0;
+      const int nic = on_hosts ? std::max(Widest(shape), 1) : 1;
+      auto across = [&](double piece) {
+        return flat->alpha_s + nic * piece / flat->bytes_per_s;
+      };
+      double t = 0;
+      for (int k = 0; k < rounds; ++k) {
+        const double piece = s / static_cast<double>(2 << k);
+        t += 2.0 * (k < inside ? m.local.Message(piece) : across(piece));
+      }
+      if (folds) t += 2.0 * across(s);
+      return t;
+    }
     case Algorithm::kNaive: {
       if (flat == nullptr) return std::nullopt;
       // One hop; each rank's G-1 copies, of which a host's NIC carries
@@ -189,7 +216,8 @@ std::optional<ModelChoice> BestByModel(const RingShape& shape, OpKind kind,
 std::vector<Algorithm> AutoCandidates(const RingShape& shape, OpKind kind,
                                       double bytes, int all_to_all_max_world,
                                       double doubling_max_bytes,
-                                      double naive_max_bytes) {
+                                      double naive_max_bytes,
+                                      double halving_max_bytes) {
   std::vector<Algorithm> candidates = {Algorithm::kRing};
   if (kind != OpKind::kAllReduce && kind != OpKind::kReduceScatter &&
       kind != OpKind::kAllGather) {
@@ -205,6 +233,9 @@ std::vector<Algorithm> AutoCandidates(const RingShape& shape, OpKind kind,
         candidates.push_back(Algorithm::kRecursiveDoubling);
       }
       if (bytes <= naive_max_bytes) candidates.push_back(Algorithm::kNaive);
+      if (!shape.two_level_usable() && bytes <= halving_max_bytes) {
+        candidates.push_back(Algorithm::kHalvingDoubling);
+      }
     }
   }
   return candidates;

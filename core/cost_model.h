@@ -72,12 +72,15 @@ std::optional<double> PredictSeconds(const RingShape& shape, OpKind kind,
 // recursive doubling (up to doubling_max_bytes, where a frame may carry
 // the whole buffer) and naive (up to naive_max_bytes, the eager size: it
 // stages a whole copy of the buffer and does not pipeline, which the
-// model does not price).
+// model does not price), then halving-doubling where two-level cannot run
+// (up to halving_max_bytes: above it the ring's pipeline, which the model
+// does not price either, was measured faster; CommConfig::halving_bytes).
 std::vector<Algorithm> AutoCandidates(
     const RingShape& shape, OpKind kind, double bytes,
     int all_to_all_max_world = 16,
     double doubling_max_bytes = 16.0 * (1 << 20),
-    double naive_max_bytes = 64.0 * 1024);
+    double naive_max_bytes = 64.0 * 1024,
+    double halving_max_bytes = 4.0 * (1 << 20));
 
 // The algorithm with the least predicted time for `kind` of `bytes` on
 // `shape` among AutoCandidates (the defaults), and its prediction.

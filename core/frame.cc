@@ -77,6 +77,8 @@ absl::string_view AlgorithmName(Algorithm algorithm) {
       return "tree";
     case Algorithm::kRecursiveDoubling:
       return "recursive_doubling";
+    case Algorithm::kHalvingDoubling:
+      return "halving_doubling";
   }
   return "unknown";
 }
@@ -84,13 +86,14 @@ absl::string_view AlgorithmName(Algorithm algorithm) {
 absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name) {
   for (Algorithm a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kNaive,
                       Algorithm::kParameterServer, Algorithm::kTwoLevel,
-                      Algorithm::kTree, Algorithm::kRecursiveDoubling}) {
+                      Algorithm::kTree, Algorithm::kRecursiveDoubling,
+                      Algorithm::kHalvingDoubling}) {
     if (name == AlgorithmName(a)) return a;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown algorithm '", name,
-                   "' (expected auto, ring, naive, ps, two_level, tree or "
-                   "recursive_doubling)"));
+                   "' (expected auto, ring, naive, ps, two_level, tree, "
+                   "recursive_doubling or halving_doubling)"));
 }
 
 std::string Fingerprint::ToString() const {

@@ -21,7 +21,8 @@ namespace halka {
 absl::string_view OpKindName(OpKind kind);  // "all_reduce", ...
 
 absl::string_view AlgorithmName(Algorithm algorithm);  // "auto", "ring", ...
-// "auto", "ring", "naive", "ps", "two_level", "tree". INVALID_ARGUMENT otherwise.
+// "auto", "ring", "naive", "ps", "two_level", "tree", "recursive_doubling",
+// "halving_doubling". INVALID_ARGUMENT otherwise.
 absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name);
 
 // What every rank must agree on before any data moves.

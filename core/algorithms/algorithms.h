@@ -129,6 +129,20 @@ absl::Status DoublingAllReduce(OpContext& op);
 absl::Status CheckFingerprintPair(OpContext& op, int from,
                                   const Fingerprint& theirs);
 
+// --- halving.cc
+// Halving-doubling all-reduce (Rabenseifner's), for mid-size and large
+// buffers: with p the largest power of two <= G, a reduce-scatter by
+// recursive halving over p blocks (round k pairs virtual rank v with
+// v ^ 2^k, nearest first, so on hosts the largest halves stay inside
+// them), then an all-gather by recursive doubling that retraces the
+// rounds: 2 log2 p steps where the ring takes 2(G-1), each rank sending
+// 2(p-1)/p of the buffer. Ranks beyond p fold their whole buffer into a
+// partner first and take the whole result back (2 more steps, the whole
+// buffer each, for those pairs). Each element is reduced by one rank
+// (AVG divided there) and copied to the others: the same bits everywhere.
+// The fingerprints agree first (ExchangeFingerprints), as for the ring.
+absl::Status HalvingDoublingAllReduce(OpContext& op);
+
 // --- tree.cc
 // Tree all-reduce, for small buffers on many ranks: every rank of a host
 // sends its buffer to the host's leader (its first rank); the leaders

@@ -11,51 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "core/algorithms/algorithms.h"
+#include "core/algorithms/doubling_plan.h"
 #include "core/payload.h"
 #include "core/reduce.h"
 #include "core/status_macros.h"
 
 namespace halka {
 namespace {
-
-// The positions on the ring's path (op.path(): a host's ranks adjacent, so
-// the first rounds stay inside hosts) of a world of g: the first p (the largest power of two <= g)
-// "virtual" ranks swap in rounds; each of the g - p ranks beyond them
-// folds into a partner first and takes the result back at the end. As
-// MPICH's: rank 2i+1 (i < g - p) folds into rank 2i, which takes virtual
-// rank i; rank r >= 2(g - p) takes virtual rank r - (g - p).
-struct DoublingPlan {
-  int p = 1;        // ranks that swap in rounds
-  int extra = 0;    // g - p ranks that fold in and out
-  int vrank = -1;   // this rank's virtual rank; -1: it folds in
-  int folds = -1;   // the rank that folds into this one, or into which
-                    // this one folds (-1: none)
-  int rounds = 0;   // log2 p
-};
-
-DoublingPlan PlanFor(int g, int r) {
-  DoublingPlan d;
-  while (d.p * 2 <= g) {
-    d.p *= 2;
-    ++d.rounds;
-  }
-  d.extra = g - d.p;
-  if (r < 2 * d.extra) {
-    if (r % 2 == 1) {
-      d.folds = r - 1;  // folds into its even neighbour; no virtual rank
-    } else {
-      d.vrank = r / 2;
-      d.folds = r + 1;
-    }
-  } else {
-    d.vrank = r - d.extra;
-  }
-  return d;
-}
-
-int RealRank(const DoublingPlan& d, int v) {
-  return v < d.extra ? 2 * v : v + d.extra;
-}
 
 // The frame's step: 0 the fold-in, 1..rounds the swaps, rounds + 1 the
 // result back to a rank that folded in.

@@ -112,6 +112,60 @@ TEST(CostModel, NaiveAndRecursiveDoublingOnHostsShareTheHostsNic) {
               4 * (1e-4 + 3 * s / 1e9), kTol);
 }
 
+// Halving-doubling: round k moves S / 2^(k+1) each way; ranks beyond the
+// power of two add a whole buffer in and out; on hosts of a power of two
+// the first log2 g rounds stay inside, the later ones share the host's NIC.
+TEST(CostModel, HalvingDoublingHalvesThenDoubles) {
+  const LinkModel m = OneLevel(10e-6, 1e9);
+  const double s = 8e6;
+  const Algorithm hd = Algorithm::kHalvingDoubling;
+  auto msg = [&](double bytes) { return 10e-6 + bytes / 1e9; };
+  EXPECT_NEAR(Predict(RingShape{8, {8}}, OpKind::kAllReduce, hd, s, m),
+              2 * (msg(4e6) + msg(2e6) + msg(1e6)), kTol);
+  // G = 6: p = 4, and the fold in and out.
+  EXPECT_NEAR(Predict(RingShape{6, {6}}, OpKind::kAllReduce, hd, s, m),
+              2 * (msg(4e6) + msg(2e6)) + 2 * msg(s), kTol);
+  // G = 2: the ring's two half-size steps (auto's ties go to the ring).
+  EXPECT_NEAR(Predict(RingShape{2, {2}}, OpKind::kAllReduce, hd, s, m),
+              Predict(RingShape{2, {2}}, OpKind::kAllReduce, Algorithm::kRing,
+                      s, m),
+              kTol);
+  // Two hosts of four: rounds 0 and 1 inside, round 2 across with the
+  // host's four ranks on its NIC.
+  const LinkModel two = TwoLevels();
+  EXPECT_NEAR(Predict(RingShape{8, {4, 4}}, OpKind::kAllReduce, hd, s, two),
+              2 * (two.local.Message(4e6) + two.local.Message(2e6)) +
+                  2 * (1e-4 + 4 * 1e6 / 1e9),
+              kTol);
+  // Where alpha counts, it beats the ring's 14 steps; where the buffer is
+  // small, recursive doubling's 3 whole-buffer swaps beat both.
+  const LinkModel slow = OneLevel(50e-6, 1e9);
+  EXPECT_EQ(BestByModel(RingShape{8, {}}, OpKind::kAllReduce, 1 << 20, slow)
+                ->algorithm,
+            hd);
+  EXPECT_NE(BestByModel(RingShape{8, {}}, OpKind::kAllReduce, 4096, slow)
+                ->algorithm,
+            hd);
+  // Not a candidate where the fingerprints do not go to every rank, where
+  // two-level runs, or above halving_max_bytes.
+  for (Algorithm a : AutoCandidates(RingShape{8, {4, 4}}, OpKind::kAllReduce,
+                                    1 << 20)) {
+    EXPECT_NE(a, hd);
+  }
+  for (Algorithm a : AutoCandidates(RingShape{8, {}}, OpKind::kAllReduce,
+                                    8 << 20)) {
+    EXPECT_NE(a, hd);
+  }
+  for (Algorithm a : AutoCandidates(RingShape{32, {}}, OpKind::kAllReduce,
+                                    1 << 20)) {
+    EXPECT_NE(a, hd);
+  }
+  for (Algorithm a : AutoCandidates(RingShape{8, {}}, OpKind::kAllGather,
+                                    1 << 20)) {
+    EXPECT_NE(a, hd);
+  }
+}
+
 TEST(CostModel, TwoLevelAllReduceAndItsSlices) {
   const LinkModel m = TwoLevels();
   const double s = 4e6;

@@ -13,15 +13,20 @@
 #include "core/communicator.h"
 #include "core/testing/reference.h"
 #include "gtest/gtest.h"
+#include "tests/testing/algorithm_faults.h"
 #include "tests/testing/hosts.h"
 #include "tests/testing/inproc_ring.h"
 
 namespace halka {
 namespace {
 
+using halka::testing::ExpectKilledRankNamed;
+using halka::testing::ExpectMismatchTouchesNoBuffer;
+using halka::testing::ExpectMissingRankNamed;
 using halka::testing::Hosts;
 using halka::testing::InProcRing;
 using halka::testing::OrderOf;
+using halka::testing::ResolvedAt;
 using halka::testing::RunRanks;
 using halka::testing::WorldOf;
 
@@ -76,17 +81,6 @@ TEST(Doubling, PartnersFollowTheRingsPathAndSendWhatThePlanSays) {
 
 // Each frame carries the whole buffer: asked for above kDoublingMaxBytes
 // (frames hold at most 32 MiB), an all-reduce runs the ring.
-// What a float32 all-reduce of `bytes` asked to run `algo` resolves to
-// on a ring of `c`.
-Algorithm ResolvedAt(const CommConfig& c, Algorithm algo, uint64_t bytes) {
-  Fingerprint fp;
-  fp.kind = OpKind::kAllReduce;
-  fp.dtype = DType::kFloat32;
-  fp.algorithm = algo;
-  fp.count = bytes / 4;
-  return ResolveAlgorithm(c, fp);
-}
-
 TEST(Doubling, AskedForOnALargeBufferRunsTheRing) {
   CommConfig c;
   c.world_size = 4;
@@ -96,7 +90,8 @@ TEST(Doubling, AskedForOnALargeBufferRunsTheRing) {
 }
 
 // auto: up to doubling_bytes (256 KiB) on a flat ring of at most
-// all_to_all_max_world ranks, then the ring; on hosts that two-level can
+// all_to_all_max_world ranks, then halving-doubling (4 ranks) or the ring
+// (halving_bytes 0); on hosts that two-level can
 // use, two-level above eager_bytes; above all_to_all_max_world, the tree up
 // to eager_bytes and the ring above.
 TEST(Doubling, AutoRunsItUpToDoublingBytesWhereTwoLevelCannotRun) {
@@ -108,7 +103,8 @@ TEST(Doubling, AutoRunsItUpToDoublingBytesWhereTwoLevelCannotRun) {
   EXPECT_EQ(at(64 << 10), kRd);
   EXPECT_EQ(at((64 << 10) + 4), kRd);
   EXPECT_EQ(at(c.doubling_bytes), kRd);
-  EXPECT_EQ(at(c.doubling_bytes + 4), Algorithm::kRing);
+  // (Then halving-doubling on 4 ranks: halving_test.)
+  EXPECT_EQ(at(c.doubling_bytes + 4), Algorithm::kHalvingDoubling);
   c.hosts = {{0, 1}, {2, 3}};
   EXPECT_EQ(at(64 << 10), kRd);
   EXPECT_EQ(at((64 << 10) + 4), Algorithm::kTwoLevel);
@@ -119,6 +115,7 @@ TEST(Doubling, AutoRunsItUpToDoublingBytesWhereTwoLevelCannotRun) {
   // A doubling size below eager_bytes leaves eager_bytes the bound.
   c.world_size = 4;
   c.doubling_bytes = 0;
+  c.halving_bytes = 0;
   EXPECT_EQ(at(64 << 10), kRd);
   EXPECT_EQ(at((64 << 10) + 4), Algorithm::kRing);
 }
@@ -151,8 +148,8 @@ TEST(Doubling, TwoRanksOnOneHostRunTheRingAboveEagerBytes) {
   EXPECT_EQ(at(c.doubling_bytes), kRd);
 }
 
-// A worker of the previous version, whose auto runs the ring above 64 KiB
-// (here: doubling_bytes 0 on rank 2), meets this one's recursive doubling
+// A worker of an earlier version, whose auto runs the ring above 64 KiB
+// (here: doubling_bytes and halving_bytes 0 on rank 2), meets this one's recursive doubling
 // at 128 KiB: every rank fails before any buffer changes, the others name
 // what rank 2 runs, well before the deadline; on 4 ranks and on 5 (one
 // folds in).
@@ -160,7 +157,10 @@ TEST(Doubling, AnAutoThatRunsTheRingAbove64KiBIsNamed) {
   for (int g : {4, 5}) {
     SCOPED_TRACE(absl::StrCat("G ", g));
     InProcRing ring(g, 1 << 20, [](CommConfig& c) {
-      if (c.rank == 2) c.doubling_bytes = 0;
+      if (c.rank == 2) {
+        c.doubling_bytes = 0;
+        c.halving_bytes = 0;
+      }
     });
     constexpr size_t kCount = (128 << 10) / 4;
     std::vector<std::vector<float>> bufs(g, std::vector<float>(kCount, 1.0f));
@@ -190,30 +190,9 @@ TEST(Doubling, AMismatchTouchesNoBufferAndTheRingRunsOn) {
   for (int fp_world : {16, 1}) {
     SCOPED_TRACE(absl::StrCat("fp_world ", fp_world));
     InProcRing ring = FlatRing(6, fp_world);
-    const int g = ring.g;
-    std::vector<std::vector<float>> bufs(g, std::vector<float>(300, 1.0f));
-    auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
-      return ring.comms[r]->AllReduce(bufs[r].data(), r == 4 ? 299 : 300,
-                                      DType::kFloat32, ReduceOp::kSum,
-                                      absl::Seconds(10), kRd);
-    });
-    for (int r = 0; r < g; ++r) {
-      ASSERT_FALSE(results[r].ok()) << "rank " << r;
-      // The pair that met it: FAILED_PRECONDITION naming both calls; the
-      // others: the ABORT that reached them, which carries that text.
-      EXPECT_NE(results[r].status().message().find("float32x299"),
-                absl::string_view::npos)
-          << "rank " << r << ": " << results[r].status();
-      EXPECT_EQ(bufs[r], std::vector<float>(300, 1.0f)) << "rank " << r;
-    }
-    auto again = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
-      return ring.comms[r]->AllReduce(bufs[r].data(), 300, DType::kFloat32,
-                                      ReduceOp::kSum, absl::Seconds(10), kRd);
-    });
-    for (int r = 0; r < g; ++r) {
-      ASSERT_TRUE(again[r].ok()) << again[r].status();
-      EXPECT_EQ(bufs[r], std::vector<float>(300, static_cast<float>(g)));
-    }
+    // The pair that met it: FAILED_PRECONDITION naming both calls; the
+    // others: the ABORT that reached them, which carries that text.
+    ExpectMismatchTouchesNoBuffer(ring, kRd);
   }
 }
 
@@ -240,27 +219,7 @@ TEST(Doubling, ARankThatNeverCallsIsNamedAndNobodyHangs) {
     for (int fp_world : {16, 1}) {
       SCOPED_TRACE(absl::StrCat("missing ", missing, " fp_world ", fp_world));
       InProcRing ring = FlatRing(5, fp_world);
-      const int g = ring.g;
-      std::vector<std::vector<float>> bufs(g, std::vector<float>(500, 1.0f));
-      const absl::Time start = absl::Now();
-      auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
-        if (r == missing) {
-          return absl::StatusOr<OpResult>(absl::CancelledError("not called"));
-        }
-        return ring.comms[r]->AllReduce(bufs[r].data(), 500, DType::kFloat32,
-                                        ReduceOp::kSum,
-                                        absl::Milliseconds(400), kRd);
-      });
-      EXPECT_LT(absl::Now() - start, absl::Seconds(10));
-      for (int r = 0; r < g; ++r) {
-        if (r == missing) continue;
-        ASSERT_FALSE(results[r].ok()) << "rank " << r;
-        EXPECT_NE(results[r].status().message().find(
-                      absl::StrCat("rank ", missing)),
-                  absl::string_view::npos)
-            << "rank " << r << ": " << results[r].status();
-        EXPECT_EQ(bufs[r], std::vector<float>(500, 1.0f)) << "rank " << r;
-      }
+      ExpectMissingRankNamed(ring, kRd, missing);
     }
   }
 }
@@ -270,35 +229,14 @@ TEST(Doubling, ARankThatNeverCallsIsNamedAndNobodyHangs) {
 // survivor either fails naming it or, where every partial result it needed
 // had left the dead rank before it died, ends with the whole, right sum.
 TEST(Doubling, AKilledRankIsNamedByEverySurvivor) {
-  const int dead = 5;
   for (int fp_world : {16, 1}) {
     SCOPED_TRACE(absl::StrCat("fp_world ", fp_world));
     InProcRing ring(8, 1024, [&](CommConfig& c) {
       c.all_to_all_max_world = fp_world;
       c.test_reduce_delay = absl::Milliseconds(150);
     });
-    const int g = ring.g;
-    std::vector<std::vector<float>> bufs(g, std::vector<float>(4096, 1.0f));
-    const InProcRing::KilledRun run = ring.AllReduceKilling(
-        bufs, kRd, absl::Seconds(10), dead, absl::Milliseconds(50));
-    const InProcRing::Results& results = run.results;
-    int failed = 0;
-    for (int r = 0; r < g; ++r) {
-      if (r == dead) continue;
-      EXPECT_LT(run.after_kill[r], absl::Seconds(4))
-          << "rank " << r << " ended " << run.after_kill[r] << " after the kill";
-      if (results[r].ok()) {
-        EXPECT_EQ(bufs[r], std::vector<float>(4096, static_cast<float>(g)))
-            << "rank " << r;
-        continue;
-      }
-      ++failed;
-      EXPECT_NE(results[r].status().message().find("rank 5 (w5"),
-                absl::string_view::npos)
-          << "rank " << r << ": " << results[r].status();
-    }
     // Its partner of the second round waits for it at least.
-    EXPECT_GE(failed, 1);
+    ExpectKilledRankNamed(ring, kRd, /*dead=*/5, /*min_failed=*/1);
   }
 }
 

@@ -153,6 +153,7 @@ TEST(TwoLevel, AutoTakesItAboveEagerBytesWhereHostsAllowIt) {
         c.all_to_all_max_world = fp_world;
         c.eager_bytes = 4096;
         c.doubling_bytes = 0;  // the flat ring above eager_bytes
+        c.halving_bytes = 0;
       });
       ring.ExpectAllReduceAgrees(DType::kFloat32, ReduceOp::kSum, 1025,
                                  Algorithm::kAuto, usable ? "two_level" : "ring",

@@ -51,7 +51,7 @@ class ReduceOp(enum.IntEnum):
 
 
 _ALGORITHMS = {"auto": 0, "ring": 1, "naive": 2, "ps": 3, "two_level": 4,
-               "tree": 5, "recursive_doubling": 6}
+               "tree": 5, "recursive_doubling": 6, "halving_doubling": 7}
 _NUMPY_DTYPES = {"float32": DType.FLOAT32, "float64": DType.FLOAT64,
                  "float16": DType.FLOAT16, "int32": DType.INT32,
                  "int64": DType.INT64, "int8": DType.INT8,

@@ -73,13 +73,16 @@ enum class Algorithm : uint8_t {
                // (G <= 16) or tree (G > 16), else two-level
                // (TwoLevelUsable), recursive doubling up to
                // CommConfig::doubling_bytes (G <= 16; not two ranks on
-               // one host), or ring
+               // one host), halving-doubling up to
+               // CommConfig::halving_bytes (G = 4, 8, 16), or ring
   kRing = 1,
   kNaive = 2,
   kParameterServer = 3,
   kTwoLevel = 4,  // per host, then across hosts, then per host (ring.cc)
   kTree = 5,      // to the host's leader, a binary tree of leaders (tree.cc)
   kRecursiveDoubling = 6,  // log2 G whole-buffer swaps (doubling.cc)
+  kHalvingDoubling = 7,    // reduce-scatter by halving, all-gather by
+                           // doubling: 2 log2 G steps (halving.cc)
 };
 
 // A job's membership state. Values match halka.v1.JobState (the

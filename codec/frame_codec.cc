@@ -27,9 +27,13 @@ absl::Status FromProto(const v1::OpFingerprint& in, Fingerprint* fp) {
   const bool collective =
       (in.kind() >= v1::ALL_REDUCE && in.kind() <= v1::REDUCE_SCATTER) ||
       (in.kind() >= v1::REDUCE && in.kind() <= v1::ALL_TO_ALL);
+  // An algorithm past the last this build knows is a newer worker's: it
+  // is kept (up to kMaxAlgorithmValue), so that the comparison names the
+  // difference (CheckRunsAlike) instead of the link failing on the frame.
+  auto algorithm_ok = [](int a) { return a >= 0 && a <= kMaxAlgorithmValue; };
   if (!collective || !IsValidDType(in.dtype()) ||
-      !IsValidReduceOp(in.op()) || in.algorithm() < 0 || in.algorithm() > v1::Algorithm_MAX ||
-      in.resolved_algorithm() < 0 || in.resolved_algorithm() > v1::Algorithm_MAX) {
+      !IsValidReduceOp(in.op()) || !algorithm_ok(in.algorithm()) ||
+      !algorithm_ok(in.resolved_algorithm())) {
     return absl::DataLossError("frame: fingerprint with invalid enums");
   }
   fp->op_seq = in.op_seq();

@@ -53,11 +53,11 @@ struct CommConfig {
   // (docs/performance.md: G = 2-8, 128-256 KiB, TCP and same-host), except
   // on two ranks on one host (ResolveAlgorithm: the ring from eager_bytes).
   size_t doubling_bytes = 256 << 10;
-  // Above that, and up to this size, AUTO all-reduces on such a ring run
-  // halving-doubling where the world is a power of two of at least 4 (its
-  // 2 log2 G steps against the ring's 2(G-1), the same bytes; measured
-  // faster at G = 4 and 8 from 512 KiB to 4 MiB over TCP, the ring faster
-  // at 16 MiB on G = 8: docs/performance.md). Elsewhere the ring.
+  // Above that, and up to this size, AUTO all-reduces on such a ring of 4
+  // or 8 ranks run halving-doubling (its 2 log2 G steps against the ring's
+  // 2(G-1), the same bytes; measured faster from 512 KiB to 2 MiB over
+  // TCP, and at 4 MiB on 8 ranks, the ring faster at 16 MiB on 8:
+  // docs/performance.md). Elsewhere the ring.
   size_t halving_bytes = 4 << 20;
   // The job's link model (Membership.link_model), the same on every rank:
   // set, AUTO all-reduces, reduce-scatters and all-gathers run the

@@ -233,7 +233,9 @@ std::vector<Algorithm> AutoCandidates(const RingShape& shape, OpKind kind,
         candidates.push_back(Algorithm::kRecursiveDoubling);
       }
       if (bytes <= naive_max_bytes) candidates.push_back(Algorithm::kNaive);
-      if (!shape.two_level_usable() && bytes <= halving_max_bytes) {
+      const int g = shape.world;
+      if (!shape.two_level_usable() && g >= 4 && (g & (g - 1)) == 0 &&
+          bytes <= halving_max_bytes) {
         candidates.push_back(Algorithm::kHalvingDoubling);
       }
     }

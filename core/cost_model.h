@@ -72,9 +72,11 @@ std::optional<double> PredictSeconds(const RingShape& shape, OpKind kind,
 // recursive doubling (up to doubling_max_bytes, where a frame may carry
 // the whole buffer) and naive (up to naive_max_bytes, the eager size: it
 // stages a whole copy of the buffer and does not pipeline, which the
-// model does not price), then halving-doubling where two-level cannot run
-// (up to halving_max_bytes: above it the ring's pipeline, which the model
-// does not price either, was measured faster; CommConfig::halving_bytes).
+// model does not price), then halving-doubling on worlds of 4, 8 or 16
+// where two-level cannot run (up to halving_max_bytes: above it the ring's
+// pipeline, which the model does not price either, was measured faster;
+// CommConfig::halving_bytes; on other worlds ranks fold their whole buffer
+// in and out, as in the counting rules).
 std::vector<Algorithm> AutoCandidates(
     const RingShape& shape, OpKind kind, double bytes,
     int all_to_all_max_world = 16,

@@ -21,6 +21,10 @@ namespace halka {
 absl::string_view OpKindName(OpKind kind);  // "all_reduce", ...
 
 absl::string_view AlgorithmName(Algorithm algorithm);  // "auto", "ring", ...
+// The largest halka.v1.Algorithm value a fingerprint may carry: values past
+// the last this build knows are a newer worker's, kept so that the ranks
+// name the difference (AlgorithmName says "unknown").
+inline constexpr int kMaxAlgorithmValue = 255;
 // "auto", "ring", "naive", "ps", "two_level", "tree", "recursive_doubling",
 // "halving_doubling". INVALID_ARGUMENT otherwise.
 absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name);

@@ -83,7 +83,8 @@ ABSL_FLAG(int64_t, max_inline_bytes, int64_t{16} << 30,
           "call is RESOURCE_EXHAUSTED (env HALKA_MAX_INLINE_BYTES)");
 ABSL_FLAG(std::string, default_algorithm, "auto",
           "all-reduce algorithm for calls that ask for auto: auto, ring, "
-          "naive, ps, two_level, tree (env HALKA_DEFAULT_ALGORITHM)");
+          "naive, ps, two_level, tree, recursive_doubling, halving_doubling "
+          "(env HALKA_DEFAULT_ALGORITHM)");
 ABSL_FLAG(int, device, -1,
           "CUDA device for device tensors; -1: device 0 if usable, else CPU "
           "(env HALKA_DEVICE)");

@@ -52,14 +52,21 @@ absl::Status CheckRunsAlike(OpContext& op, const Fingerprint& all0, int i,
   const bool older = f.resolved == Algorithm::kAuto;
   const Algorithm theirs = TheirAlgorithm(op, f);
   if (theirs == runs) return absl::OkStatus();
+  const bool unknown = AlgorithmName(theirs) == "unknown";
   return absl::FailedPreconditionError(absl::StrCat(
       op.Where(), ": ranks would run ", all0.ToString(),
       " differently: this rank runs ", AlgorithmName(runs), ", ", op.Who(i),
-      " runs ", AlgorithmName(theirs),
+      " runs ",
+      unknown ? absl::StrCat("an algorithm this version does not know "
+                             "(halka.v1.Algorithm ",
+                             static_cast<int>(theirs),
+                             "; a worker of a newer version of halka: run "
+                             "one version of halka-worker in a job)")
+              : std::string(AlgorithmName(theirs)),
       older ? absl::StrCat(" (a worker older than the tree algorithm: its "
                            "auto runs ", AlgorithmName(theirs),
                            "; run one version of halka-worker in a job)")
-            : std::string(f.algorithm == Algorithm::kAuto
+            : std::string(!unknown && f.algorithm == Algorithm::kAuto
                    ? " (both ask for auto: a worker of another version "
                      "of halka; run one version of halka-worker in a job)"
                    : "")));
@@ -340,12 +347,14 @@ Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
   // faster at 256 KiB (docs/performance.md). The rule reads the ring's
   // hosts, the same on every rank; a group's sub-ring knows no hosts and
   // keeps recursive doubling.
-  // Above doubling_bytes and up to halving_bytes, on such a ring whose
-  // world is a power of two of at least 4, halving-doubling: 2 log2 G
-  // steps against the ring's 2(G-1), each rank sending what it sends in the
-  // ring (measured faster at G = 4 and 8 from 512 KiB to 4 MiB; at 16 MiB
-  // on 8 ranks the ring's pipeline wins). Not where ranks would fold in:
-  // their whole buffer goes out and comes back.
+  // Above doubling_bytes and up to halving_bytes, on such a ring of 4 or
+  // 8 ranks, halving-doubling: 2 log2 G steps against the ring's 2(G-1),
+  // each rank sending what it sends in the ring (measured faster at G = 4
+  // and 8 from 512 KiB to 2 MiB and at G = 8 at 4 MiB, as fast at G = 4 at
+  // 4 MiB; at 16 MiB on 8 ranks the ring's pipeline wins;
+  // docs/performance.md). Not where ranks would fold in (their whole
+  // buffer goes out and comes back), nor on 16 ranks, where two cores could
+  // not tell the two apart.
   const uint64_t bytes = fp.count * DTypeSize(fp.dtype);
   if (bytes > config.eager_bytes) {
     if (TwoLevelUsable(config)) return Algorithm::kTwoLevel;
@@ -357,8 +366,7 @@ Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
                                     config.eager_bytes)) {
       return Algorithm::kRecursiveDoubling;
     }
-    if (all_to_all && g >= 4 && (g & (g - 1)) == 0 &&
-        bytes <= config.halving_bytes) {
+    if (all_to_all && (g == 4 || g == 8) && bytes <= config.halving_bytes) {
       return Algorithm::kHalvingDoubling;
     }
     return Algorithm::kRing;

@@ -95,7 +95,8 @@ class HalvingDoubling {
       const int partner = Partner(k);
       // This rank sent that window in the reduce-scatter's round k: the
       // wire must have let go of it before it is written.
-      HALKA_RETURN_IF_ERROR(AwaitReleased(RsSeg(k), partner));
+      HALKA_RETURN_IF_ERROR(
+          AwaitReleased(RsSeg(k), partner, Phase::kAllGather, j));
       PostRecvs(partner, j, AgSeg(k), theirs);
       HALKA_RETURN_IF_ERROR(SendWindow(partner, Phase::kAllGather, j, AgSeg(k),
                                        Window{lo, hi}));
@@ -189,14 +190,18 @@ class HalvingDoubling {
     return absl::OkStatus();
   }
 
-  absl::Status AwaitReleased(int seg, int peer) {
+  // Waits until the wire let go of what this rank sent `peer` in segment
+  // `seg`, before (phase, step) writes there: never overwrite memory the
+  // wire may still be reading.
+  absl::Status AwaitReleased(int seg, int peer, Phase phase, int step) {
+    op_.SetLedger(phase, step, 0, 1, peer);
     if (op_.WaitForReleases(seg, op_.release_deadline())) {
       return absl::OkStatus();
     }
-    // Never overwrite memory the wire may still be reading.
     return absl::DeadlineExceededError(absl::StrCat(
         op_.Where(), ": deadline exceeded waiting for ", op_.Who(peer),
-        " to take what this rank sent it before writing there"));
+        " to take segment ", seg, ", which this rank sent it, before ",
+        PhaseName(phase), " step ", step, " writes there"));
   }
 
   // A rank beyond the power of two: its whole buffer to its partner, the
@@ -205,11 +210,12 @@ class HalvingDoubling {
     const int partner = RankAtPosition(d_.folds);
     HALKA_RETURN_IF_ERROR(
         SendWindow(partner, Phase::kReduceScatter, 0, kFoldSeg, Whole()));
-    HALKA_RETURN_IF_ERROR(AwaitReleased(kFoldSeg, partner));
+    HALKA_RETURN_IF_ERROR(
+        AwaitReleased(kFoldSeg, partner, Phase::kAllGather, d_.rounds));
     PostRecvs(partner, d_.rounds, BackSeg(), Whole());
     HALKA_RETURN_IF_ERROR(Receive(partner, Phase::kAllGather, d_.rounds,
                                   BackSeg(), Whole(), /*reduce=*/false,
-                                  2 + 2 * d_.rounds, nullptr));
+                                  1 + 2 * d_.rounds, nullptr));
     op_.set_wait_slack(absl::ZeroDuration());
     return absl::OkStatus();
   }

@@ -27,6 +27,12 @@
 #               a whole host lost: both workers of one of 2 hosts of 2
 #               SIGKILLed at once, the other host's two go on as a flat
 #               ring of 2, both restarted: two_level again
+#   linkdown_hosts, loss_hosts, tbf_hosts
+#               linkdown, loss and tbf with the 4 workers as 2 hosts of 2
+#               (--host_id), the driver asking for auto: two_level while
+#               every host is whole (and the victim's link up), the flat
+#               ring of 3 while it is down; the same checks, and correct
+#               two_level operations (after the heal too, for linkdown)
 #   sigkill_hosts, sigstop_hosts
 #               sigkill and sigstop with the 4 workers as 2 hosts of 2
 #               (--host_id) and the driver asking for auto: two_level
@@ -70,7 +76,7 @@ for a in "$@"; do
     *) SCENARIOS+=("$a") ;;
   esac
 done
-(( ${#SCENARIOS[@]} )) || SCENARIOS=(sigkill sigstop linkdown loss tbf partition rdvrestart chaos chaos_hosts sigkill_hosts sigstop_hosts hostloss_hosts)
+(( ${#SCENARIOS[@]} )) || SCENARIOS=(sigkill sigstop linkdown loss tbf partition rdvrestart chaos chaos_hosts sigkill_hosts sigstop_hosts hostloss_hosts linkdown_hosts loss_hosts tbf_hosts)
 DRIVER=$BUILD/tests/halka-fault-driver
 REPORT=$HERE/fault_report.py
 [[ -x "$DRIVER" ]] || { echo "FAIL: missing $DRIVER"; exit 1; }
@@ -237,22 +243,26 @@ lose_and_heal() {
   stop_driver >/dev/null
   check --name "$name" --fault "$t_fault" --victim "$who" --victim-slot "$v" \
     --bound $(( BOUND_MS + extra )) --world-after $(( G - lost )) --heal "$t_heal"
-  if (( HOSTS_OF_TWO )); then
-    # Correct two_level calls in all, and after the heal (the hierarchy
-    # rebuilt for the new generation).
-    local two_level healed
-    two_level=$(grep -c '^call .* outcome=ok .* algo=two_level msg=' "$SYS_LOG/$DNAME.out")
-    healed=$(awk -v t="$t_heal" '/^call .* outcome=ok .* algo=two_level msg=/ {
-        for (i = 1; i <= NF; ++i) if ($i ~ /^t_ms=/ && substr($i, 6) + 0 >= t) ++n
-      } END { print n + 0 }' "$SYS_LOG/$DNAME.out")
-    log "[$name] correct two_level calls: $two_level, $healed of them after the heal"
-    if (( two_level == 0 || healed == 0 )); then
-      SYS_FAILED=1
-      RESULTS+=("SCENARIO $name: FAILED: no correct two_level call$( (( two_level )) && echo " after the heal") (the hierarchical path was not exercised)")
-      log "[$name] no operation ran two_level$( (( two_level )) && echo " after the heal")"
-    fi
-  fi
+  # Correct two_level calls in all, and after the heal (the hierarchy
+  # rebuilt for the new generation).
+  (( HOSTS_OF_TWO )) && require_two_level "$name" "$t_heal"
   end_job
+}
+
+# require_two_level NAME [SINCE_MS] — on 2 hosts of 2 (HOSTS_OF_TWO=1):
+# fails the scenario unless the last driver ran correct two_level calls,
+# and (SINCE_MS) some of them at or after SINCE_MS.
+require_two_level() {
+  local name=$1 since=${2:-} two_level after
+  two_level=$(grep -c '^call .* outcome=ok .* algo=two_level msg=' "$SYS_LOG/$DNAME.out")
+  after=$(awk -v t="${since:-0}" '/^call .* outcome=ok .* algo=two_level msg=/ {
+      for (i = 1; i <= NF; ++i) if ($i ~ /^t_ms=/ && substr($i, 6) + 0 >= t) ++n
+    } END { print n + 0 }' "$SYS_LOG/$DNAME.out")
+  log "[$name] correct two_level calls: $two_level${since:+, $after of them after the heal}"
+  if (( two_level == 0 || after == 0 )); then
+    SYS_FAILED=1
+    RESULTS+=("SCENARIO $name: FAILED: no correct two_level call$( (( two_level )) && echo " after the heal") (the hierarchical path was not exercised)")
+  fi
 }
 
 scenario_sigkill() {
@@ -276,17 +286,17 @@ scenario_linkdown() {
     'ip -n "${P}w3" link set eth0 up' 10 5000
 }
 
-scenario_loss() {
-  local ipt t0
+scenario_loss() {  # scenario_loss [NAME]
+  local name=${1:-loss} ipt t0
   ipt=$(sys_require_package iptables 300 iptables) || return 0
   # Lost packets also delay heartbeats (TCP retransmits): with the 1.5 s
   # timeout of the other scenarios the rendezvous may declare the lossy
   # worker lost (a clear error on every call); 5 s (the default) keeps it in.
-  new_job loss fixed 5s
+  new_job "$name" fixed 5s
   start_driver 6 $(( 128 * 1024 ))
   wait_bg 120 "$DNAME"
-  cp "$SYS_LOG/$DNAME.out" "$SYS_LOG/loss.baseline"
-  check --name "loss-baseline" --max-errors 0
+  cp "$SYS_LOG/$DNAME.out" "$SYS_LOG/$name.baseline"
+  check --name "$name-baseline" --max-errors 0
   for chain in INPUT OUTPUT; do
     ip netns exec "${P}w1" "$ipt" -A "$chain" -m statistic --mode random \
       --probability 0.15 -j DROP || fail "[loss] iptables statistic failed"
@@ -297,20 +307,23 @@ scenario_loss() {
   wait_bg 240 "$DNAME"
   for chain in INPUT OUTPUT; do ip netns exec "${P}w1" "$ipt" -F "$chain"; done
   log "[loss] 6 ops in $(( $(now_ms) - t0 )) ms under 15% loss"
-  check --name "loss-15%"
+  check --name "$name-15%"
+  (( HOSTS_OF_TWO )) && require_two_level "$name"
   end_job
 }
 
-scenario_tbf() {
-  new_job tbf fixed
+scenario_tbf() {  # scenario_tbf [NAME]
+  local name=${1:-tbf}
+  new_job "$name" fixed
   ip netns exec "${P}w2" tc qdisc replace dev eth0 root tbf rate 20mbit \
     burst 32kb latency 400ms || { log "[tbf] tc tbf does not work here: skipped"; end_job; return 0; }
   start_driver 3 $(( 256 * 1024 ))
   wait_bg 240 "$DNAME"
-  check --name "tbf-20mbit-slow-but-correct" --max-errors 0
+  check --name "$name-20mbit-slow-but-correct" --max-errors 0
+  (( HOSTS_OF_TWO )) && require_two_level "$name"
   start_driver 2 $(( 2 * 1024 * 1024 )) --timeout=2s
   wait_bg 240 "$DNAME"
-  check --name "tbf-20mbit-deadline-2s" --deadline-names w2
+  check --name "$name-20mbit-deadline-2s" --deadline-names w2
   ip netns exec "${P}w2" tc qdisc del dev eth0 root 2>/dev/null
   end_job
 }
@@ -448,6 +461,25 @@ scenario_sigstop_hosts() {
   local HOSTS_OF_TWO=1
   lose_and_heal sigstop_hosts 1 'kill -STOP "${SYS_PID[${WNAME[1]}]}"' \
     'kill -CONT "${SYS_PID[${WNAME[1]}]}"' 6 6000 auto
+}
+
+# Link down, loss and tbf on 2 hosts of 2 (by --host_id): two-level
+# while the victim is in the ring (auto, buffers above eager_bytes), the
+# flat ring of 3 while its link is down.
+scenario_linkdown_hosts() {
+  local HOSTS_OF_TWO=1
+  lose_and_heal linkdown_hosts 3 'ip -n "${P}w3" link set eth0 down' \
+    'ip -n "${P}w3" link set eth0 up' 10 5000 auto
+}
+
+scenario_loss_hosts() {
+  local HOSTS_OF_TWO=1
+  scenario_loss loss_hosts
+}
+
+scenario_tbf_hosts() {
+  local HOSTS_OF_TWO=1
+  scenario_tbf tbf_hosts
 }
 
 # The same chaos on 2 hosts of 2 workers (by --host_id): two-level while

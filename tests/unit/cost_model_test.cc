@@ -156,6 +156,12 @@ TEST(CostModel, HalvingDoublingHalvesThenDoubles) {
                                     8 << 20)) {
     EXPECT_NE(a, hd);
   }
+  for (int g : {2, 3, 6, 12}) {
+    for (Algorithm a : AutoCandidates(RingShape{g, {}}, OpKind::kAllReduce,
+                                      1 << 20)) {
+      EXPECT_NE(a, hd) << "G " << g;
+    }
+  }
   for (Algorithm a : AutoCandidates(RingShape{32, {}}, OpKind::kAllReduce,
                                     1 << 20)) {
     EXPECT_NE(a, hd);

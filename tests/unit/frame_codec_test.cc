@@ -349,9 +349,14 @@ TEST(FrameCodecTest, FingerprintEveryKindAndAlgorithm) {
                       OpKind::kAllGather, OpKind::kReduceScatter,
                       OpKind::kReduce, OpKind::kGather, OpKind::kScatter,
                       OpKind::kAllToAll}) {
+    // A value past the last this build knows (a newer worker's algorithm)
+    // is kept, for the ranks to name the difference.
     for (Algorithm alg : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kNaive,
                           Algorithm::kParameterServer, Algorithm::kTwoLevel,
-                          Algorithm::kTree}) {
+                          Algorithm::kTree, Algorithm::kRecursiveDoubling,
+                          Algorithm::kHalvingDoubling,
+                          static_cast<Algorithm>(v1::Algorithm_MAX + 1),
+                          static_cast<Algorithm>(kMaxAlgorithmValue)}) {
       FrameMeta meta = FingerprintMeta(0, DType::kFloat32);
       meta.fingerprint.kind = kind;
       meta.fingerprint.algorithm = alg;
@@ -719,9 +724,15 @@ TEST(FrameCodecHostileTest, InvalidFingerprintEnums) {
                  }),
                  "fingerprint op 0");
   ExpectDataLoss(with([](v1::OpFingerprint* f) {
-                   f->set_algorithm(static_cast<v1::Algorithm>(v1::Algorithm_MAX + 1));
+                   f->set_algorithm(
+                       static_cast<v1::Algorithm>(kMaxAlgorithmValue + 1));
                  }),
-                 "fingerprint algorithm past the last");
+                 "fingerprint algorithm past the last kept");
+  ExpectDataLoss(with([](v1::OpFingerprint* f) {
+                   f->set_resolved_algorithm(
+                       static_cast<v1::Algorithm>(kMaxAlgorithmValue + 1));
+                 }),
+                 "fingerprint resolved algorithm past the last kept");
   ExpectDataLoss(with([](v1::OpFingerprint* f) {
                    f->set_algorithm(static_cast<v1::Algorithm>(-1));
                  }),

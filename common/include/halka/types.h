@@ -74,7 +74,7 @@ enum class Algorithm : uint8_t {
                // (TwoLevelUsable), recursive doubling up to
                // CommConfig::doubling_bytes (G <= 16; not two ranks on
                // one host), halving-doubling up to
-               // CommConfig::halving_bytes (G = 4, 8, 16), or ring
+               // CommConfig::halving_bytes (G = 4 or 8), or ring
   kRing = 1,
   kNaive = 2,
   kParameterServer = 3,

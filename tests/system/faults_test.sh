@@ -261,6 +261,7 @@ require_two_level() {
   log "[$name] correct two_level calls: $two_level${since:+, $after of them after the heal}"
   if (( two_level == 0 || after == 0 )); then
     SYS_FAILED=1
+    log "[$name] no operation ran two_level$( (( two_level )) && echo " after the heal")"
     RESULTS+=("SCENARIO $name: FAILED: no correct two_level call$( (( two_level )) && echo " after the heal") (the hierarchical path was not exercised)")
   fi
 }
@@ -299,14 +300,14 @@ scenario_loss() {  # scenario_loss [NAME]
   check --name "$name-baseline" --max-errors 0
   for chain in INPUT OUTPUT; do
     ip netns exec "${P}w1" "$ipt" -A "$chain" -m statistic --mode random \
-      --probability 0.15 -j DROP || fail "[loss] iptables statistic failed"
+      --probability 0.15 -j DROP || fail "[$name] iptables statistic failed"
   done
-  log "[loss] w1 drops 15% of its packets both ways"
+  log "[$name] w1 drops 15% of its packets both ways"
   t0=$(now_ms)
   start_driver 6 $(( 128 * 1024 ))
   wait_bg 240 "$DNAME"
   for chain in INPUT OUTPUT; do ip netns exec "${P}w1" "$ipt" -F "$chain"; done
-  log "[loss] 6 ops in $(( $(now_ms) - t0 )) ms under 15% loss"
+  log "[$name] 6 ops in $(( $(now_ms) - t0 )) ms under 15% loss"
   check --name "$name-15%"
   (( HOSTS_OF_TWO )) && require_two_level "$name"
   end_job
@@ -316,7 +317,7 @@ scenario_tbf() {  # scenario_tbf [NAME]
   local name=${1:-tbf}
   new_job "$name" fixed
   ip netns exec "${P}w2" tc qdisc replace dev eth0 root tbf rate 20mbit \
-    burst 32kb latency 400ms || { log "[tbf] tc tbf does not work here: skipped"; end_job; return 0; }
+    burst 32kb latency 400ms || { log "[$name] tc tbf does not work here: skipped"; end_job; return 0; }
   start_driver 3 $(( 256 * 1024 ))
   wait_bg 240 "$DNAME"
   check --name "$name-20mbit-slow-but-correct" --max-errors 0

@@ -124,6 +124,10 @@ $(tail -n 5 "$f.err" "$f.out")"
 
 allreduce_case one    1  --count=1 --dtype=float32 --op=sum --timeout=10s
 allreduce_case f32sum 1  --count=1000003 --dtype=float32 --op=sum --timeout=10s
+# auto runs halving_doubling there (4 ranks, 4 MB), whose partners are not
+# all ring neighbours: the ring itself too, for health's G ring edges below.
+allreduce_case f32ring 1 --count=1000003 --dtype=float32 --op=sum --timeout=10s \
+  --algo=ring
 allreduce_case i64max 1  --count=4097 --dtype=int64 --op=max --timeout=10s
 allreduce_case bf16avg 1 --count=65536 --dtype=bfloat16 --op=avg --timeout=10s
 allreduce_case repeat20 20 --count=1000 --dtype=float32 --op=sum --timeout=10s \

@@ -22,9 +22,6 @@ namespace {
 // The frame's step: 0 the fold-in, 1..rounds the swaps, rounds + 1 the
 // result back to a rank that folded in.
 constexpr int kFoldIn = 0;
-// The bounds of a step's deadline slack (see DoublingExchange).
-constexpr absl::Duration kSlackMin = absl::Milliseconds(20);
-constexpr absl::Duration kSlackMax = absl::Milliseconds(250);
 
 // What every frame of this operation from `from` at `step` must be: the
 // peer's fingerprint (the same call, run alike) with its partial result.
@@ -73,7 +70,7 @@ absl::Status DoublingExchange(OpContext& op) {
   // slack units past the deadline: the one nearest the cause fails first,
   // and its ABORT, naming the cause, reaches the others before their own
   // deadlines (as long as the ranks called within a unit of each other).
-  const absl::Duration unit = std::clamp(op.timeout() / 50, kSlackMin, kSlackMax);
+  const absl::Duration unit = SlackUnit(op.timeout());
   if (d.folds >= 0) op.Watch(rank_at(d.folds));
   for (int k = 0; k < d.rounds && d.vrank >= 0; ++k) {
     op.Watch(rank_at(RealRank(d, d.vrank ^ (1 << k))));

@@ -3,7 +3,20 @@
 #ifndef HALKA_CORE_ALGORITHMS_DOUBLING_PLAN_H_
 #define HALKA_CORE_ALGORITHMS_DOUBLING_PLAN_H_
 
+#include <algorithm>
+
+#include "absl/time/time.h"
+
 namespace halka {
+
+// One unit of a wait's deadline slack in both: a wait at a later step
+// waits on ranks that wait themselves, so it ends a unit per step past the
+// deadline, and the wait nearest the cause fails first and names it in its
+// ABORT. A fiftieth of the timeout, within [20 ms, 250 ms].
+inline absl::Duration SlackUnit(absl::Duration timeout) {
+  return std::clamp(timeout / 50, absl::Milliseconds(20),
+                    absl::Milliseconds(250));
+}
 
 // The positions on the ring's path (op.path(): a host's ranks adjacent, so
 // the rounds between near partners stay inside hosts) of a world of g: the

@@ -31,11 +31,6 @@
 namespace halka {
 namespace {
 
-// The bounds of a step's deadline slack (as in doubling.cc: the wait
-// nearest the cause fails first and its ABORT names it).
-constexpr absl::Duration kSlackMin = absl::Milliseconds(20);
-constexpr absl::Duration kSlackMax = absl::Milliseconds(250);
-
 class HalvingDoubling {
  public:
   explicit HalvingDoubling(OpContext& op)
@@ -44,7 +39,7 @@ class HalvingDoubling {
         es_(DTypeSize(op.fp().dtype)),
         chunk_elems_(std::max<size_t>(1, op.config().chunk_bytes / es_)),
         blocks_(PlanSegments(static_cast<size_t>(op.fp().count), d_.p)),
-        unit_(std::clamp(op.timeout() / 50, kSlackMin, kSlackMax)) {}
+        unit_(SlackUnit(op.timeout())) {}
 
   absl::Status Run() {
     // Segments: 0 the fold-in, 1 + k the reduce-scatter's round k,

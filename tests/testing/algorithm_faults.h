@@ -28,9 +28,30 @@ inline Algorithm ResolvedAt(const CommConfig& c, Algorithm algo,
   return ResolveAlgorithm(c, fp);
 }
 
-// Rank 4 calls with 299 elements where the others call with 300: every
-// rank fails naming the odd call ("float32x299"), every buffer unchanged;
-// then every rank's next call succeeds.
+// A flat ring of g ranks (40-byte chunks) whose fingerprints go to every
+// rank at once up to fp_world ranks, around the ring above.
+inline InProcRing FaultRing(int g, int fp_world,
+                            absl::Duration reduce_delay = absl::ZeroDuration(),
+                            size_t chunk_bytes = 40) {
+  return InProcRing(g, chunk_bytes, [&](CommConfig& c) {
+    c.all_to_all_max_world = fp_world;
+    c.test_reduce_delay = reduce_delay;
+  });
+}
+
+// On 6 ranks, fingerprints all-to-all and around the ring: rank 4 calls
+// with 299 elements where the others call with 300: every rank fails
+// naming the odd call ("float32x299"; the pair that met it
+// FAILED_PRECONDITION, the others through the ABORT that carries that
+// text), every buffer unchanged; then every rank's next call succeeds.
+inline void ExpectMismatchTouchesNoBuffer(InProcRing& ring, Algorithm algo);
+inline void ExpectMismatchTouchesNoBuffer(Algorithm algo) {
+  for (int fp_world : {16, 1}) {
+    SCOPED_TRACE(absl::StrCat("fp_world ", fp_world));
+    InProcRing ring = FaultRing(6, fp_world);
+    ExpectMismatchTouchesNoBuffer(ring, algo);
+  }
+}
 inline void ExpectMismatchTouchesNoBuffer(InProcRing& ring, Algorithm algo) {
   const int g = ring.g;
   std::vector<std::vector<float>> bufs(g, std::vector<float>(300, 1.0f));
@@ -58,6 +79,20 @@ inline void ExpectMismatchTouchesNoBuffer(InProcRing& ring, Algorithm algo) {
 
 // Rank `missing` never calls; the others call with a 400 ms deadline:
 // within 10 s every one fails naming it, its buffer unchanged.
+inline void ExpectMissingRankNamed(InProcRing& ring, Algorithm algo,
+                                   int missing);
+// The same on 5 ranks (position 1 folds into 0 in the doubling plans; 3 is
+// a virtual rank), for ranks 1 and 3 missing, fingerprints all-to-all and
+// around the ring.
+inline void ExpectMissingRankNamed(Algorithm algo) {
+  for (int missing : {1, 3}) {
+    for (int fp_world : {16, 1}) {
+      SCOPED_TRACE(absl::StrCat("missing ", missing, " fp_world ", fp_world));
+      InProcRing ring = FaultRing(5, fp_world);
+      ExpectMissingRankNamed(ring, algo, missing);
+    }
+  }
+}
 inline void ExpectMissingRankNamed(InProcRing& ring, Algorithm algo,
                                    int missing) {
   const int g = ring.g;
@@ -87,6 +122,18 @@ inline void ExpectMissingRankNamed(InProcRing& ring, Algorithm algo,
 // every survivor either fails naming it or, where every partial result it
 // needed had left the dead rank before it died, ends with the whole, right
 // sum; at least `min_failed` fail.
+inline void ExpectKilledRankNamed(InProcRing& ring, Algorithm algo, int dead,
+                                  int min_failed);
+// The same on 8 ranks that reduce each chunk (1 KiB) 150 ms slowly, rank 5
+// killed, fingerprints all-to-all and around the ring.
+inline void ExpectKilledRankNamed(Algorithm algo, int min_failed) {
+  for (int fp_world : {16, 1}) {
+    SCOPED_TRACE(absl::StrCat("fp_world ", fp_world));
+    InProcRing ring =
+        FaultRing(8, fp_world, absl::Milliseconds(150), /*chunk_bytes=*/1024);
+    ExpectKilledRankNamed(ring, algo, /*dead=*/5, min_failed);
+  }
+}
 inline void ExpectKilledRankNamed(InProcRing& ring, Algorithm algo, int dead,
                                   int min_failed) {
   const int g = ring.g;

@@ -105,6 +105,16 @@ void Ring::AbortUntouchedGroups(const absl::Status& status) {
   for (const auto& g : groups) g->comm().AbortIfUntouched(status);
 }
 
+void Ring::AbortAll(const absl::Status& status) {
+  if (comm != nullptr) comm->Abort(status);
+  std::vector<std::shared_ptr<SubRing>> groups;
+  {
+    absl::MutexLock lock(&groups_mu_);
+    for (const auto& [id, g] : groups_) groups.push_back(g);
+  }
+  for (const auto& g : groups) g->comm().Abort(status);
+}
+
 Ring::~Ring() {
   {
     absl::MutexLock lock(&groups_mu_);
@@ -180,7 +190,7 @@ std::shared_ptr<Ring> RingBook::Current() const {
 
 std::shared_ptr<Ring> RingBook::Ready(const CallInfo& call) const {
   absl::MutexLock lock(&mu_);
-  if (!joined_ || ring_ == nullptr ||
+  if (stopping_ || !joined_ || ring_ == nullptr ||
       ring_->generation != latest_.generation() ||
       IsStaleCall(ring_->adopted, ring_->epoch, ring_->built, call.epoch,
                   call.issued)) {
@@ -199,6 +209,13 @@ absl::Status RingBook::Stale(uint64_t generation) const {
 absl::StatusOr<std::shared_ptr<Ring>> RingBook::Acquire(const CallInfo& call) {
   std::vector<std::shared_ptr<Ring>> drop;  // destroyed outside the lock
   absl::MutexLock lock(&mu_);
+  if (stopping_) {
+    // Stop() took the rings and the worker aborted them: a call that
+    // arrives now must not build a fresh ring (nothing would abort it,
+    // and it would run to its deadline while the worker's stop waits).
+    return absl::UnavailableError(absl::StrCat(
+        "worker ", options_.worker_id, " is shutting down"));
+  }
   if (!joined_) {
     return absl::FailedPreconditionError("worker has not joined its job yet");
   }

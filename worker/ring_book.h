@@ -73,6 +73,9 @@ struct Ring {
   // Aborts each group's running operation that has not touched its buffer
   // (Communicator::AbortIfUntouched): a peer already runs a newer ring.
   void AbortUntouchedGroups(const absl::Status& status);
+  // Aborts the ring's running operation and every group's (the worker is
+  // stopping): each fails with `status` and no later one starts.
+  void AbortAll(const absl::Status& status);
   static constexpr size_t kMaxGroups = 4096;
   ~Ring();
 
@@ -209,8 +212,10 @@ class RingBook {
   // Parameter-server shards, handed to the current ring and every later one.
   void SetServers(const std::vector<PeerInfo>& servers);
 
-  // Stops: refuses new inboxes and reports, wakes waiters, and hands every
-  // ring back to be destroyed outside the lock (closes their links).
+  // Stops: refuses new inboxes, reports and rings (Acquire fails
+  // UNAVAILABLE, Ready answers null from here), wakes waiters, and hands
+  // every ring back to be aborted and destroyed outside the lock (closes
+  // their links).
   std::vector<std::shared_ptr<Ring>> Stop();
 
  private:

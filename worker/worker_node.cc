@@ -3,12 +3,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/grpc_util.h"
@@ -415,29 +418,54 @@ void WorkerNode::Shutdown(bool leave) {
     if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(halka::Now()));
     return;
   }
+  // A stop that takes long says where it waits (every 5 s), so a process
+  // that does not exit names the stage that holds it.
+  std::atomic<const char*> stage{"aborting the ring"};
+  absl::Notification stopped;
+  std::thread watch([&] {
+    while (!stopped.WaitForNotificationWithTimeout(absl::Seconds(5))) {
+      log_.Warning(absl::StrFormat("still stopping after %.0f s: %s",
+                                   absl::ToDoubleSeconds(halka::Now() - t0),
+                                   stage.load()));
+    }
+  });
   const bool joined = book_->joined();
+  const absl::Status stopping = absl::UnavailableError("worker is shutting down");
   std::shared_ptr<Ring> ring = book_->Current();
-  if (ring) ring->comm->Abort(absl::UnavailableError("worker is shutting down"));
+  if (ring) ring->AbortAll(stopping);
+  stage = "stopping the link to the rendezvous";
   link_->Stop();
   const absl::Time t1 = halka::Now();
+  stage = "leaving the job";
   if (joined && leave) link_->Leave();
   const absl::Time t2 = halka::Now();
   {
+    stage = "closing the rings' links";
     std::vector<std::shared_ptr<Ring>> rings = book_->Stop();
+    // A ring that a call acquired after the abort above (a newer
+    // generation's) ends its operation too: Acquire refuses from here.
+    for (const auto& r : rings) r->AbortAll(stopping);
     ring.reset();
     rings.clear();  // closes the links, outside the book's lock
   }
   const absl::Time t3 = halka::Now();
+  stage = "ending the SDK sessions";
   api_service_->StopSessions();  // each ends once its call has answered
   // A clean stop lets in-flight calls finish briefly; a simulated death
   // cancels them at once.
+  stage = "shutting the gRPC server down (its handlers and streams)";
   server_->Shutdown(absl::ToChronoTime(
       halka::Now() + (leave ? absl::Milliseconds(100) : absl::ZeroDuration())));
   // In-process calls end with the ring's abort (one waiting for its turn
   // behind a gRPC call, once the server's shutdown has cancelled that).
+  stage = "waiting for in-process calls to end";
   if (in_process_) in_process_->Drain();
+  stage = "waiting for the gRPC server's threads";
   server_->Wait();
+  stage = "stopping the wire listener";
   if (wire_listener_) wire_listener_->Stop();
+  stopped.Notify();
+  watch.join();
   log_.Info(absl::StrFormat(
       "stopped in %.0f ms (threads %.0f, leave %.0f, links %.0f, server %.0f)",
       absl::ToDoubleMilliseconds(halka::Now() - t0),

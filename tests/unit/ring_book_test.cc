@@ -1,0 +1,70 @@
+// The worker's book of rings (worker/ring_book.h) once the worker stops:
+// a call that arrives after Stop() gets no ring, neither a fresh one
+// (nothing would abort it, and the stop would wait for it to reach its
+// deadline) nor the old one.
+#include "worker/ring_book.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "common/log.h"
+#include "halka/v1/common.pb.h"
+
+namespace halka {
+namespace {
+
+v1::Membership OneMember(const std::string& job, const std::string& worker,
+                         const std::string& address) {
+  v1::Membership m;
+  m.set_job_id(job);
+  m.set_generation(1);
+  m.set_world_size(1);
+  m.set_min_world_size(1);
+  m.set_max_world_size(1);
+  m.set_job_state(v1::JOB_STATE_HEALTHY);
+  v1::Member* me = m.add_members();
+  me->set_rank(0);
+  me->set_worker_id(worker);
+  me->set_address(address);
+  me->set_alive(true);
+  me->set_since_generation(1);
+  return m;
+}
+
+TEST(RingBook, BuildsTheRingUntilStoppedThenRefusesEveryCall) {
+  WorkerOptions options;
+  options.job_id = "book-job";
+  options.worker_id = "book-w0";
+  Logger log("ring_book_test");
+  RingBook book(options, &log, [](uint64_t, int, const absl::Status&) {});
+  book.set_address("127.0.0.1:1");
+  book.Update(OneMember(options.job_id, options.worker_id, "127.0.0.1:1"));
+  book.MarkJoined();
+
+  const CallInfo call;
+  absl::StatusOr<std::shared_ptr<Ring>> before = book.Acquire(call);
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(book.Ready(call), *before);
+  before->reset();
+
+  std::vector<std::shared_ptr<Ring>> rings = book.Stop();
+  ASSERT_EQ(rings.size(), 1u);
+  rings.clear();
+
+  absl::StatusOr<std::shared_ptr<Ring>> after = book.Acquire(call);
+  ASSERT_FALSE(after.ok());
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(after.status().message().find("book-w0 is shutting down"),
+            std::string::npos)
+      << after.status();
+  EXPECT_EQ(book.Ready(call), nullptr);
+  EXPECT_EQ(book.InboxFor(1).status().code(), absl::StatusCode::kUnavailable);
+  // A newer membership after the stop does not make a ring either.
+  v1::Membership newer = OneMember(options.job_id, options.worker_id, "127.0.0.1:1");
+  newer.set_generation(2);
+  book.Update(newer);
+  EXPECT_EQ(book.Acquire(call).status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace halka

@@ -110,8 +110,10 @@ absl::Status WireReceiver::Core::WaitReadable() {
       return absl::UnavailableError(Errno("poll"));
     }
     if (pf[1].revents != 0) woken_ = true;
+    // Past the drain's end the link stops even if the peer keeps writing
+    // (checked first: a busy socket must not hold the stop).
+    if ((woken || woken_) && Stopped()) return absl::CancelledError("stopped");
     if (ready > 0 && pf[0].revents != 0) return absl::OkStatus();
-    if (Stopped()) return absl::CancelledError("stopped");
   }
 }
 

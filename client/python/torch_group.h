@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <functional>
@@ -25,6 +26,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -222,7 +224,28 @@ class HalkaGroup : public HalkaBackendBase {
   }
 
   void Stop() {
-    for (Lane* lane : {&ops_, &sends_, &recvs_}) {
+    // Each lane ends after its running operation (bounded by its
+    // deadline); one that takes long is named every 5 s on stderr, so a
+    // process that does not exit says which operation holds it.
+    const auto start = std::chrono::steady_clock::now();
+    const std::pair<Lane*, const char*> lanes[] = {
+        {&ops_, "collectives"}, {&sends_, "sends"}, {&recvs_, "receives"}};
+    for (const auto& [lane, what] : lanes) {
+      for (;;) {
+        std::unique_lock<std::mutex> l(lane->mu);
+        if (lane->cv.wait_for(l, std::chrono::seconds(5),
+                              [lane] { return !lane->busy && lane->queue.empty(); })) {
+          break;
+        }
+        std::fprintf(stderr,
+                     "W [halka torch group, rank %d of %d] still stopping "
+                     "after %.0f s: its %s lane runs halka %s (%zu queued "
+                     "behind it)\n",
+                     getRank(), getSize(),
+                     std::chrono::duration<double>(
+                         std::chrono::steady_clock::now() - start).count(),
+                     what, lane->running, lane->queue.size());
+      }
       if (lane->thread.joinable()) lane->thread.join();
     }
     client_.reset();
@@ -579,6 +602,7 @@ class HalkaGroup : public HalkaBackendBase {
         item = std::move(lane.queue.front());
         lane.queue.pop_front();
         lane.busy = true;
+        lane.running = item.name;
       }
       absl::Status s;
       try {
@@ -628,6 +652,7 @@ class HalkaGroup : public HalkaBackendBase {
     std::deque<Item> queue;
     bool stop = false;
     bool busy = false;  // an operation of it runs (WaitIdle)
+    const char* running = "";  // its name, while busy (Stop's log)
     std::thread thread;
   };
   Lane ops_, sends_, recvs_;

@@ -126,8 +126,17 @@ def main(argv):
         # failure on a machine whose logs are gone still says where.
         for name in sorted({p.split(":", 1)[0] for p in problems}):
             if name in halka["tests"]:
+                seg = log_of(log, name, lines=100000)
                 print(f"--- halka's log of {name} (last lines) ---")
-                print("\n".join(log_of(log, name)))
+                print("\n".join(seg[-150:]))
+                # Then its warnings and errors alone, last: a CI page that
+                # shows only a log's head and tail still shows them.
+                alerts = [line[:300] for line in seg
+                          if line.startswith(("W ", "E ", "F "))
+                          and "left; waiting" not in line]
+                print(f"--- halka's warnings and errors in {name} "
+                      f"({len(alerts)}; the last 30) ---")
+                print("\n".join(alerts[-30:]))
     return 1 if problems else 0
 
 

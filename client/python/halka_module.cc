@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "fatal_backtrace.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -278,6 +279,7 @@ class PyLocalCluster {
 }  // namespace halka
 
 PYBIND11_MODULE(_halka, m) {
+  m.attr("native_backtrace") = halka::InstallFatalBacktraceFromEnv();
   using halka::OpInfo;
   using halka::PyClient;
   using halka::PyLocalCluster;

@@ -57,6 +57,11 @@ if ARGS is not None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("USE_LIBUV", "0")  # trixie's torch 2.6 has no libuv
     os.environ.pop("HALKA_WORKER", None)
+    # A test process that dies of a fatal signal prints its native stack
+    # (client/python/fatal_backtrace.h) and exits at once, instead of
+    # hanging in torch's own fatal-signal handler until the test's deadline
+    # (below, the harness's call that installs that handler does nothing).
+    os.environ.setdefault("HALKA_NATIVE_BACKTRACE", "1")
 
 try:
     import expecttest  # noqa: F401  (PyTorch's test harness imports it)
@@ -70,6 +75,10 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 TORCH_MAJOR = int(torch.__version__.split(".")[0])
+
+if (ARGS is not None and os.environ.get("HALKA_NATIVE_BACKTRACE") == "1"
+        and hasattr(torch._C, "_set_print_stack_traces_on_fatal_signal")):
+    torch._C._set_print_stack_traces_on_fatal_signal = lambda on: None
 
 
 def _to_halka(backend):

@@ -8,14 +8,33 @@
 # PYTHON, WORLD_SIZES and SELECT may be set in the environment; WORLD_SIZES
 # names the full passes. A pass at world size 8 runs the group tests that
 # torch 2.6's harness skips below 8 (SELECT8; set it empty to leave it out).
+#
+# The default is CI's short form, which CTest runs on both torches (this
+# machine's torch 1.13 as python_torch_suite, torch 2.6 inside
+# python_torch2): torch 1 at world 4 (its harness runs the group tests
+# there, so no pass at 8), torch 2 at world 3 and the group tests at 8.
+# Together they run every selection at 3 and 4 ranks and the group tests
+# at 8. The full form runs 3, 4 and the group tests at 8 on either torch:
+#   FULL=1 PYTHONPATH=build/client/python bash tests/python/torch_suite/suite.sh
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-/usr/bin/python3}
-sizes=${WORLD_SIZES:-3 4}
+major=$("$py" -c 'import torch; print(torch.__version__.split(".")[0])') || {
+  echo "python_torch_suite: $py cannot import torch"; exit 1; }
+select8_all="all_reduce_group all_reduce_coalesced_group all_gather_group all_gather_coalesced_group barrier_group barrier_timeout_group barrier_full_group broadcast_group gather_group reduce_group scatter_group monitored_barrier"
+if [ "${FULL:-0}" = 1 ]; then
+  default_sizes="3 4"; default8=$select8_all
+elif [ "$major" -lt 2 ]; then
+  default_sizes="4"; default8=""
+else
+  default_sizes="3"; default8=$select8_all
+fi
+sizes=${WORLD_SIZES:-$default_sizes}
 # Test name prefixes: the collectives, point to point (send_recv, isend,
 # irecv, batch_isend_irecv), DDP, groups, monitored_barrier, get_future.
 select=${SELECT:-all_reduce broadcast all_gather reduce_scatter barrier scatter gather all_to_all send_recv DistributedDataParallel new_subgroups reduce isend irecv batch_isend_irecv monitored_barrier get_future new_group}
-select8=${SELECT8-all_reduce_group all_reduce_coalesced_group all_gather_group all_gather_coalesced_group barrier_group barrier_timeout_group barrier_full_group broadcast_group gather_group reduce_group scatter_group monitored_barrier}
+select8=${SELECT8-$default8}
+echo "python_torch_suite: torch $major, world sizes: $sizes${select8:+, and 8 for the group tests}"
 out=$(mktemp -d /tmp/halka-suite.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 rc=0

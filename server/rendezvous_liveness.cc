@@ -151,7 +151,7 @@ absl::Status RendezvousState::Leave(const std::string& job_id,
     return absl::OkStatus();
   }
   if (const Member* m = Find(job, worker_id); m != nullptr) {
-    if (m->alive) Lose(job_id, job, {{worker_id, "left"}}, now);
+    if (m->alive) Lose(job_id, job, {{worker_id, kLeftReason}}, now);
     if (Live(job) == 0 && job.pending.empty()) jobs_.erase(it);
     return absl::OkStatus();
   }

@@ -18,6 +18,7 @@ void FillMember(const MemberView& m, v1::Member* out) {
   out->set_last_heartbeat_age_s(absl::ToDoubleSeconds(m.heartbeat_age));
   out->set_since_generation(m.since_generation);
   out->set_host(m.host);
+  if (m.left) out->set_left(true);
 }
 
 void FillHostRing(const MembershipView& v,

@@ -294,6 +294,7 @@ std::string RendezvousState::Lose(
     m->alive = false;
     --job.live;
     lost.push_back(*m);
+    lost.back().left = reason == kLeftReason;
     lines.push_back(absl::StrCat(DescribeMember(View(*m, now)), " ", reason));
   }
   if (lost.empty()) return "";

@@ -50,6 +50,9 @@
 
 namespace halka {
 
+// The reason Lose records for a member that called Leave (Member.left).
+inline constexpr char kLeftReason[] = "left";
+
 struct RendezvousOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
@@ -101,6 +104,7 @@ struct MemberView {
   std::string telemetry;  // opaque to the state (serialised by the service)
   uint64_t since_generation = 0;
   std::string host;       // "": unknown
+  bool left = false;      // in MembershipView::lost: left by its own Leave
 };
 
 // One generation of a job.
@@ -285,6 +289,8 @@ class RendezvousState {
     uint64_t incarnation = 0;
     uint64_t since_generation = 0;
     std::string host;
+    // In Job::lost: it left by its own Leave (kLeftReason).
+    bool left = false;
   };
   struct Job {
     int min = 0;

@@ -19,6 +19,7 @@ MemberView RendezvousState::View(const Member& m, absl::Time now) {
   v.telemetry = m.telemetry;
   v.since_generation = m.since_generation;
   v.host = m.host;
+  v.left = m.left;
   return v;
 }
 

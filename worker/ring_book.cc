@@ -156,9 +156,18 @@ MembershipUpdate RingBook::Update(const v1::Membership& m) {
     u.member |= x.worker_id() == options_.worker_id && x.address() == address_;
   }
   if (ring_ != nullptr) {
-    for (const PeerInfo& p : ring_->members) {
-      u.lost_peer |= !alive.count(absl::StrCat(p.worker_id, "@", p.address));
+    std::set<std::string> left;
+    for (const v1::Member& x : m.lost()) {
+      if (x.left()) left.insert(absl::StrCat(x.worker_id(), "@", x.address()));
     }
+    bool faulted = false;
+    for (const PeerInfo& p : ring_->members) {
+      const std::string id = absl::StrCat(p.worker_id, "@", p.address);
+      if (alive.count(id)) continue;
+      u.lost_peer = true;
+      faulted |= !left.count(id);
+    }
+    u.peers_only_left = u.lost_peer && !faulted;
   }
   if (!u.member && joined_ && m.job_state() != v1::JOB_STATE_FORMING) {
     u.must_rejoin = true;

@@ -98,6 +98,9 @@ struct MembershipUpdate {
   uint64_t before = 0;       // the generation known until now
   bool member = false;       // this worker is an alive member
   bool lost_peer = false;    // a member of the running ring is gone
+  // Every such member left by its own Leave (Member.left): its calls had
+  // returned, so what it sent for the running operation is on its way.
+  bool peers_only_left = false;
   bool must_rejoin = false;  // joined, not a member, not forming: rejoin
   std::shared_ptr<Ring> running;  // the ring in use (may be null)
 };

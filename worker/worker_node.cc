@@ -268,10 +268,15 @@ void WorkerNode::OnMembership(const v1::Membership& m) {
                             u.member ? "" : "; this worker is not in the ring"));
   }
   if (u.running == nullptr) return;
-  if (u.lost_peer || !u.member) {
+  if ((u.lost_peer && !u.peers_only_left) || !u.member) {
     // The running operation cannot finish: fail it now, naming the cause.
     // (Newcomers alone abort nothing: the ring switches between
     // operations; see RingBook::InboxFor for a peer that switched first.)
+    // Peers that only left (Member.left) abort nothing either: a peer
+    // leaves once its calls returned, so it sent all it had for the
+    // running operation, which may well finish on it (a script's last
+    // collective, then destroy_process_group on a faster rank); one it
+    // never joined fails when its links close, naming the link.
     u.running->comm->Abort(absl::AbortedError(
         absl::StrCat("job ", options_.job_id, " ", m.change())));
   }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -464,6 +465,39 @@ TEST_F(ElasticTest, BelowMinimumFailsClearlyThenRecovers) {
   ASSERT_TRUE(back.ok()) << back.status();
   workers_[1] = std::move(*back);
   EventuallyCorrect(Live(), 3, &seq);
+}
+
+// A member that leaves (Leave, as destroy_process_group does) aborts no
+// running operation of its peers: it left once its calls returned, so an
+// operation it took part in finishes on what it sent. One it never joined
+// fails when the leaver's links close, naming it, long before the deadline.
+TEST_F(ElasticTest, ALeaverThatNeverCalledFailsThePeersCallNamingIt) {
+  StartRendezvous();
+  StartWorkers(3, 3, 3);  // a fixed job of 3
+  int seq = 0;
+  EventuallyCorrect(Live(), 3, &seq);
+  std::vector<WorkerNode*> callers = {workers_[0].get(), workers_[1].get()};
+  std::vector<std::vector<int64_t>> data(2, std::vector<int64_t>(kCount, 1));
+  v1::OpSpec spec = SumSpec(/*timeout_ms=*/30000);
+  spec.set_issued_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
+  const absl::Time t0 = absl::Now();
+  std::thread leaver([&] {
+    absl::SleepFor(absl::Milliseconds(300));  // the callers wait by then
+    workers_[2]->Shutdown(/*leave=*/true);
+  });
+  auto results = RunRanks<absl::StatusOr<OpResult>>(2, [&](int j) {
+    return callers[static_cast<size_t>(j)]->Execute(spec,
+                                                  data[static_cast<size_t>(j)].data());
+  });
+  leaver.join();
+  const absl::Duration took = absl::Now() - t0;
+  for (const auto& r : results) {
+    ASSERT_FALSE(r.ok()) << "an all-reduce of 3 finished with 2";
+    EXPECT_THAT(r.status().message(), AnyOf(HasSubstr("w2"), HasSubstr("rank 2")))
+        << r.status();
+  }
+  // Not the 30 s deadline: the leaver's links (or the change) end it.
+  EXPECT_LT(took, absl::Seconds(10)) << results[0].status();
 }
 
 TEST_F(ElasticTest, HealthExplainsAWaitLiveAndTheDeadlineNamesThePeer) {

@@ -13,6 +13,17 @@
 namespace halka {
 namespace {
 
+v1::Member* AddMember(v1::Membership& m, const std::string& worker,
+                      const std::string& address) {
+  v1::Member* x = m.add_members();
+  x->set_rank(m.members_size() - 1);
+  x->set_worker_id(worker);
+  x->set_address(address);
+  x->set_alive(true);
+  x->set_since_generation(1);
+  return x;
+}
+
 v1::Membership OneMember(const std::string& job, const std::string& worker,
                          const std::string& address) {
   v1::Membership m;
@@ -22,12 +33,7 @@ v1::Membership OneMember(const std::string& job, const std::string& worker,
   m.set_min_world_size(1);
   m.set_max_world_size(1);
   m.set_job_state(v1::JOB_STATE_HEALTHY);
-  v1::Member* me = m.add_members();
-  me->set_rank(0);
-  me->set_worker_id(worker);
-  me->set_address(address);
-  me->set_alive(true);
-  me->set_since_generation(1);
+  AddMember(m, worker, address);
   return m;
 }
 
@@ -64,6 +70,44 @@ TEST(RingBook, BuildsTheRingUntilStoppedThenRefusesEveryCall) {
   newer.set_generation(2);
   book.Update(newer);
   EXPECT_EQ(book.Acquire(call).status().code(), absl::StatusCode::kUnavailable);
+}
+
+// A member of the running ring that is gone: the update says whether every
+// such member left by its own Leave (Member.left), which aborts nothing
+// (WorkerNode::OnMembership), or one was lost.
+TEST(RingBook, TellsPeersThatLeftFromPeersThatWereLost) {
+  for (bool left : {true, false}) {
+    WorkerOptions options;
+    options.job_id = "book-job";
+    options.worker_id = "w0";
+    Logger log("ring_book_test");
+    RingBook book(options, &log, [](uint64_t, int, const absl::Status&) {});
+    book.set_address("127.0.0.1:1");
+    v1::Membership m = OneMember(options.job_id, "w0", "127.0.0.1:1");
+    m.set_world_size(2);
+    m.set_min_world_size(2);
+    m.set_max_world_size(2);
+    AddMember(m, "w1", "127.0.0.1:2");
+    book.Update(m);
+    book.MarkJoined();
+    ASSERT_TRUE(book.Acquire(CallInfo{}).ok());
+
+    v1::Membership next = m;
+    next.set_generation(2);
+    next.set_job_state(v1::JOB_STATE_WAITING);
+    next.mutable_members(1)->set_alive(false);
+    v1::Member* gone = next.add_lost();
+    *gone = m.members(1);
+    gone->set_alive(false);
+    if (left) gone->set_left(true);
+    const MembershipUpdate u = book.Update(next);
+    EXPECT_TRUE(u.newer);
+    EXPECT_TRUE(u.member);
+    EXPECT_TRUE(u.lost_peer);
+    EXPECT_NE(u.running, nullptr);
+    EXPECT_EQ(u.peers_only_left, left) << "left " << left;
+    book.Stop();
+  }
 }
 
 }  // namespace

@@ -462,12 +462,27 @@ void Inbox::DropBefore(uint64_t op_seq) {
   aborts_.erase(aborts_.begin(), aborts_.lower_bound(op_seq));
 }
 
+const absl::Status* Inbox::WatchedFailure(int peer, int from,
+                                          uint64_t op_seq) const {
+  auto f = link_failures_.find(peer);
+  if (f == link_failures_.end()) return nullptr;
+  if (peer != from) {
+    auto q = queues_.find(peer);
+    if (q != queues_.end()) {
+      for (const InFrame& frame : q->second) {
+        if (frame.meta.op_seq >= op_seq) return nullptr;
+      }
+    }
+  }
+  return &f->second;
+}
+
 bool Inbox::Ready(int from, uint64_t op_seq,
                   absl::Span<const int> watch) const {
   if (!interrupt_.ok()) return true;
   if (aborts_.lower_bound(op_seq) != aborts_.end()) return true;
   for (int peer : watch) {
-    if (link_failures_.count(peer)) return true;
+    if (WatchedFailure(peer, from, op_seq) != nullptr) return true;
   }
   auto qit = queues_.find(from);
   if (qit == queues_.end()) return false;
@@ -520,11 +535,10 @@ Inbox::Event Inbox::EventLocked(int from, uint64_t op_seq,
     return ev;
   }
   for (int peer : watch) {
-    auto f = link_failures_.find(peer);
-    if (f != link_failures_.end()) {
+    if (const absl::Status* failure = WatchedFailure(peer, from, op_seq)) {
       ev.type = Event::kLinkFailed;
       ev.peer = peer;
-      ev.status = f->second;
+      ev.status = *failure;
       return ev;
     }
   }

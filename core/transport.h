@@ -273,6 +273,14 @@ class Inbox {
 
   bool Ready(int from, uint64_t op_seq, absl::Span<const int> watch) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The failure of the link with watched `peer` that a wait for `from`'s
+  // frame of `op_seq` reports, or null. A peer other than `from` that
+  // still has a frame of this operation (or a later one) queued does not
+  // fail the wait yet: it sent before its link ended (a rank that
+  // finished and left), and the wait for its own frame reports the
+  // failure once its queue runs dry.
+  const absl::Status* WatchedFailure(int peer, int from, uint64_t op_seq) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What a wait for `from`'s frame of `op_seq` returns now (kTimeout when
   // nothing is ready).
   Event EventLocked(int from, uint64_t op_seq, absl::Span<const int> watch)

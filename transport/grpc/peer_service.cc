@@ -1,5 +1,6 @@
 #include "transport/grpc/peer_service.h"
 
+#include <atomic>
 #include <optional>
 #include <utility>
 
@@ -49,20 +50,23 @@ class PeerService::InLink
   // peer died, the network or a third party cut it). An operation waiting
   // for this peer's frames fails at once, naming the link, instead of at
   // its deadline; inboxes are per generation, so a ring that moved on is
-  // not disturbed.
-  void OnCancel() override {
-    if (inbox_ == nullptr || from_ < 0) return;
-    inbox_->LinkFailed(
-        from_, absl::UnavailableError(absl::StrCat(
-                   "the link from rank ", from_,
-                   " ended: its gRPC stream was cancelled or its "
-                   "connection closed")));
-  }
+  // not disturbed. Reported in OnDone, once the path has delivered what
+  // the peer wrote before its end (a shared-memory ring's records, the
+  // wire's bytes): a rank that finished its operation and left must not
+  // fail a peer whose copy of it would still take those frames.
+  void OnCancel() override { cancelled_.store(true); }
 
   void OnDone() override {
     // Delivers what came that way, as far as the kind can; no callback of
     // it runs after this.
     if (path_) path_->Stop();
+    if (cancelled_.load() && inbox_ != nullptr && from_ >= 0) {
+      inbox_->LinkFailed(
+          from_, absl::UnavailableError(absl::StrCat(
+                     "the link from rank ", from_,
+                     " ended: its gRPC stream was cancelled or its "
+                     "connection closed")));
+    }
     {
       absl::MutexLock lock(&service_->mu_);
       --service_->open_streams_;
@@ -201,6 +205,7 @@ class PeerService::InLink
   std::unique_ptr<InPath> path_;
   absl::Mutex finish_mu_;
   bool finished_ ABSL_GUARDED_BY(finish_mu_) = false;
+  std::atomic<bool> cancelled_{false};  // OnCancel ran; OnDone reports it
 };
 
 PeerService::PeerService(std::string job_id, InboxResolver resolver,

@@ -156,16 +156,17 @@ MembershipUpdate RingBook::Update(const v1::Membership& m) {
     u.member |= x.worker_id() == options_.worker_id && x.address() == address_;
   }
   if (ring_ != nullptr) {
-    std::set<std::string> left;
+    // Members of the running ring that left, over every change since it
+    // was built (a second leaver's change lists only itself as lost).
     for (const v1::Member& x : m.lost()) {
-      if (x.left()) left.insert(absl::StrCat(x.worker_id(), "@", x.address()));
+      if (x.left()) left_.insert(absl::StrCat(x.worker_id(), "@", x.address()));
     }
     bool faulted = false;
     for (const PeerInfo& p : ring_->members) {
       const std::string id = absl::StrCat(p.worker_id, "@", p.address);
       if (alive.count(id)) continue;
       u.lost_peer = true;
-      faulted |= !left.count(id);
+      faulted |= !left_.count(id);
     }
     u.peers_only_left = u.lost_peer && !faulted;
   }
@@ -315,6 +316,7 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
     }
   }
   ring_ = ring;
+  left_.clear();  // the new ring's members were all alive
   log_->SetTag(absl::StrCat("worker ", options_.worker_id, " rank ", ring->rank));
   return ring;
 }

@@ -243,6 +243,9 @@ class RingBook {
   std::string address_ ABSL_GUARDED_BY(mu_);
   bool joined_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Members of ring_ that left by their own Leave (Member.left), from
+  // every change since ring_ was built (MembershipUpdate::peers_only_left).
+  std::set<std::string> left_ ABSL_GUARDED_BY(mu_);
   v1::Membership latest_ ABSL_GUARDED_BY(mu_);  // the newest generation
   std::shared_ptr<Ring> ring_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Ring>> retired_ ABSL_GUARDED_BY(mu_);

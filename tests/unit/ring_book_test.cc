@@ -110,5 +110,44 @@ TEST(RingBook, TellsPeersThatLeftFromPeersThatWereLost) {
   }
 }
 
+// Two members leave one after the other: the second change lists only the
+// second as lost, and the first still counts as having left.
+TEST(RingBook, RemembersEveryLeaverSinceTheRingWasBuilt) {
+  WorkerOptions options;
+  options.job_id = "book-job";
+  options.worker_id = "w0";
+  Logger log("ring_book_test");
+  RingBook book(options, &log, [](uint64_t, int, const absl::Status&) {});
+  book.set_address("127.0.0.1:1");
+  v1::Membership m = OneMember(options.job_id, "w0", "127.0.0.1:1");
+  m.set_world_size(3);
+  m.set_min_world_size(3);
+  m.set_max_world_size(3);
+  AddMember(m, "w1", "127.0.0.1:2");
+  AddMember(m, "w2", "127.0.0.1:3");
+  book.Update(m);
+  book.MarkJoined();
+  ASSERT_TRUE(book.Acquire(CallInfo{}).ok());
+  v1::Membership next = m;
+  next.set_job_state(v1::JOB_STATE_WAITING);
+  for (int gone : {1, 2}) {
+    next.set_generation(next.generation() + 1);
+    next.mutable_members(gone)->set_alive(false);
+    next.clear_lost();
+    v1::Member* x = next.add_lost();
+    *x = m.members(gone);
+    x->set_alive(false);
+    x->set_left(true);
+    const MembershipUpdate u = book.Update(next);
+    EXPECT_TRUE(u.lost_peer);
+    EXPECT_TRUE(u.peers_only_left) << "after w" << gone << " left";
+  }
+  // A third change that loses nobody new but names no leaver keeps both.
+  next.set_generation(next.generation() + 1);
+  next.clear_lost();
+  EXPECT_TRUE(book.Update(next).peers_only_left);
+  book.Stop();
+}
+
 }  // namespace
 }  // namespace halka

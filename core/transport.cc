@@ -102,6 +102,8 @@ absl::Status Inbox::Enqueue(int from, InFrame frame) {
   absl::Status s =
       Budget(from, frame.landed ? 0 : frame.PayloadBytes(), q.size());
   if (!s.ok()) return s;
+  uint64_t& delivered = delivered_seq_[from];
+  delivered = std::max(delivered, frame.meta.op_seq);
   q.push_back(std::move(frame));
   return absl::OkStatus();
 }
@@ -467,12 +469,8 @@ const absl::Status* Inbox::WatchedFailure(int peer, int from,
   auto f = link_failures_.find(peer);
   if (f == link_failures_.end()) return nullptr;
   if (peer != from) {
-    auto q = queues_.find(peer);
-    if (q != queues_.end()) {
-      for (const InFrame& frame : q->second) {
-        if (frame.meta.op_seq >= op_seq) return nullptr;
-      }
-    }
+    auto d = delivered_seq_.find(peer);
+    if (d != delivered_seq_.end() && d->second >= op_seq) return nullptr;
   }
   return &f->second;
 }

@@ -274,11 +274,12 @@ class Inbox {
   bool Ready(int from, uint64_t op_seq, absl::Span<const int> watch) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The failure of the link with watched `peer` that a wait for `from`'s
-  // frame of `op_seq` reports, or null. A peer other than `from` that
-  // still has a frame of this operation (or a later one) queued does not
-  // fail the wait yet: it sent before its link ended (a rank that
-  // finished and left), and the wait for its own frame reports the
-  // failure once its queue runs dry.
+  // frame of `op_seq` reports, or null. A peer other than `from` that has
+  // delivered a frame of this operation (or a later one) does not fail
+  // the wait: it took part before its link ended (a rank that finished
+  // and left); a wait for its own frame reports the failure once its
+  // queue runs dry, and a peer that crashed part way stalls a neighbour,
+  // whose failure and ABORT reach this rank.
   const absl::Status* WatchedFailure(int peer, int from, uint64_t op_seq) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What a wait for `from`'s frame of `op_seq` returns now (kTimeout when
@@ -324,6 +325,9 @@ class Inbox {
       std::make_shared<LandingBoard>();
   mutable absl::Mutex mu_;
   std::map<int, std::deque<InFrame>> queues_ ABSL_GUARDED_BY(mu_);
+  // Per peer, the newest operation it delivered a data frame of
+  // (WatchedFailure).
+  std::map<int, uint64_t> delivered_seq_ ABSL_GUARDED_BY(mu_);
   // Payload bytes queued, per sending rank and in all (ByteBudget).
   std::map<int, uint64_t> queued_bytes_ ABSL_GUARDED_BY(mu_);
   uint64_t total_queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;

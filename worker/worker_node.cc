@@ -268,6 +268,14 @@ void WorkerNode::OnMembership(const v1::Membership& m) {
                             u.member ? "" : "; this worker is not in the ring"));
   }
   if (u.running == nullptr) return;
+  if (u.lost_peer && u.peers_only_left && u.member) {
+    SpareRunningOp(u.running,
+                   absl::AbortedError(absl::StrCat(
+                       "job ", options_.job_id, " ", m.change(),
+                       "; the operation still ran ",
+                       absl::FormatDuration(kLeaverGrace),
+                       " after the member left")));
+  }
   if ((u.lost_peer && !u.peers_only_left) || !u.member) {
     // The running operation cannot finish: fail it now, naming the cause.
     // (Newcomers alone abort nothing: the ring switches between
@@ -279,6 +287,49 @@ void WorkerNode::OnMembership(const v1::Membership& m) {
     // never joined fails when its links close, naming the link.
     u.running->comm->Abort(absl::AbortedError(
         absl::StrCat("job ", options_.job_id, " ", m.change())));
+  }
+}
+
+void WorkerNode::SpareRunningOp(std::shared_ptr<Ring> ring,
+                                absl::Status status) {
+  absl::MutexLock lock(&spared_mu_);
+  if (spared_stop_) return;
+  spared_.push_back({halka::Now() + kLeaverGrace, ring, std::move(status)});
+  if (!spared_thread_.joinable()) {
+    spared_thread_ = std::thread([this] { AbortSparedOps(); });
+  }
+}
+
+void WorkerNode::AbortSparedOps() {
+  for (;;) {
+    std::vector<SparedOp> due;
+    {
+      absl::MutexLock lock(&spared_mu_);
+      absl::Time next = absl::InfiniteFuture();
+      for (const SparedOp& s : spared_) next = std::min(next, s.at);
+      // Sleeps until the earliest is due (the deadline), a new one comes,
+      // or the stop.
+      const size_t known = spared_.size();
+      auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(spared_mu_) {
+        return spared_stop_ || spared_.size() != known;
+      };
+      spared_mu_.AwaitWithDeadline(absl::Condition(&changed), next);
+      if (spared_stop_) return;
+      const absl::Time now = halka::Now();
+      for (auto it = spared_.begin(); it != spared_.end();) {
+        if (it->at <= now) {
+          due.push_back(std::move(*it));
+          it = spared_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    // The spared ring is an old generation's: no new call runs on it, so
+    // an abort there ends only an operation still running on it.
+    for (SparedOp& s : due) {
+      if (std::shared_ptr<Ring> ring = s.ring.lock()) ring->AbortAll(s.status);
+    }
   }
 }
 
@@ -414,6 +465,11 @@ void WorkerNode::Shutdown(bool leave) {
   if (shut_down_) return;
   shut_down_ = true;
   const absl::Time t0 = halka::Now();
+  {
+    absl::MutexLock lock(&spared_mu_);
+    spared_stop_ = true;
+  }
+  if (spared_thread_.joinable()) spared_thread_.join();
   // New in-process calls fail UNAVAILABLE from here; running ones end
   // with the ring's abort below and are waited for after the server's
   // shutdown.

@@ -12,6 +12,8 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -262,6 +264,24 @@ class WorkerNode {
   std::string last_call_error_ ABSL_GUARDED_BY(calls_mu_);
   absl::Mutex servers_mu_ ABSL_ACQUIRED_AFTER(run_mu_);
   bool have_servers_ ABSL_GUARDED_BY(servers_mu_) = false;
+
+  // Running operations that a change in which members only left spared
+  // (OnMembership): each is aborted after kLeaverGrace if it still runs
+  // on that ring (a receive from a leaver that never sent, an operation
+  // whose leaver's links never broke on this rank). One thread, started
+  // at the first such change, joined by Shutdown.
+  static constexpr absl::Duration kLeaverGrace = absl::Seconds(3);
+  struct SparedOp {
+    absl::Time at;
+    std::weak_ptr<Ring> ring;
+    absl::Status status;
+  };
+  void SpareRunningOp(std::shared_ptr<Ring> ring, absl::Status status);
+  void AbortSparedOps();
+  absl::Mutex spared_mu_;
+  std::vector<SparedOp> spared_ ABSL_GUARDED_BY(spared_mu_);
+  bool spared_stop_ ABSL_GUARDED_BY(spared_mu_) = false;
+  std::thread spared_thread_;
 
   bool shut_down_ = false;
 };

@@ -6,7 +6,11 @@
 // the process still dies of it. A diagnosis aid for crashes that Python's
 // faulthandler shows only as Python frames; it replaces any handler
 // installed before it (torch's own, which in a forked test process can
-// hang instead of exiting).
+// hang instead of exiting). Limits: snprintf and backtrace are not
+// async-signal-safe (the unwinder is loaded at install, which avoids the
+// usual deadlock; a corrupted heap may still defeat it), there is no
+// alternate signal stack (a stack overflow prints nothing), and a handler
+// installed before it (Python's faulthandler) is replaced, not chained.
 #ifndef HALKA_CLIENT_PYTHON_FATAL_BACKTRACE_H_
 #define HALKA_CLIENT_PYTHON_FATAL_BACKTRACE_H_
 

@@ -622,6 +622,7 @@ class HalkaGroup : public HalkaBackendBase {
       {
         std::lock_guard<std::mutex> l(lane.mu);
         lane.busy = false;
+        lane.running = "(nothing: between operations)";
       }
       lane.cv.notify_all();
     }
@@ -652,7 +653,7 @@ class HalkaGroup : public HalkaBackendBase {
     std::deque<Item> queue;
     bool stop = false;
     bool busy = false;  // an operation of it runs (WaitIdle)
-    const char* running = "";  // its name, while busy (Stop's log)
+    const char* running = "(nothing: between operations)";  // Stop's log
     std::thread thread;
   };
   Lane ops_, sends_, recvs_;

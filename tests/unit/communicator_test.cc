@@ -359,6 +359,40 @@ TEST(Inbox, CapsFramesQueuedPerSenderAndReportsTheNewest) {
   EXPECT_EQ(seq.status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
+// A watched peer whose link ended fails a wait for another peer only if
+// it delivered nothing of the waiting operation: a rank that took part and
+// then left (its frames all read) must not fail a slower peer's wait for a
+// third rank's frame. A wait for the ended peer itself still reports it
+// once its queue is empty, and a peer that never delivered still fails
+// every wait at once.
+TEST(Inbox, APeerThatTookPartAndLeftFailsOnlyWaitsForItself) {
+  Inbox inbox(4);
+  const std::vector<int> watch = {1, 2, 3};
+  InFrame f;
+  f.meta.kind = FrameKind::kData;
+  f.meta.op_seq = 5;
+  ASSERT_TRUE(inbox.Deliver(1, f).ok());
+  auto ev = inbox.Next(1, 5, watch, absl::Now() + absl::Seconds(1));
+  ASSERT_EQ(ev.type, Inbox::Event::kFrame);  // rank 1's frame, read
+  inbox.LinkFailed(1, absl::UnavailableError("the link from rank 1 ended"));
+  // Waiting for rank 2: rank 1's end does not fail it.
+  ev = inbox.Next(2, 5, watch, absl::Now() + absl::Milliseconds(50));
+  EXPECT_EQ(ev.type, Inbox::Event::kTimeout);
+  ASSERT_TRUE(inbox.Deliver(2, f).ok());
+  ev = inbox.Next(2, 5, watch, absl::Now() + absl::Seconds(1));
+  EXPECT_EQ(ev.type, Inbox::Event::kFrame);
+  // Waiting for rank 1 itself: its end is reported.
+  ev = inbox.Next(1, 5, watch, absl::Now() + absl::Seconds(1));
+  EXPECT_EQ(ev.type, Inbox::Event::kLinkFailed);
+  EXPECT_EQ(ev.peer, 1);
+  // Rank 3 never delivered a frame of operation 5: its end fails a wait
+  // for rank 2 at once.
+  inbox.LinkFailed(3, absl::UnavailableError("the link from rank 3 ended"));
+  ev = inbox.Next(2, 5, watch, absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(ev.type, Inbox::Event::kLinkFailed);
+  EXPECT_EQ(ev.peer, 3);
+}
+
 // A rank new in a running ring (no number yet) whose first call finds no
 // operation to adopt, because the one its peers ran was aborted (a peer's
 // call was refused): its next call pairs with theirs, not with the aborted

@@ -96,23 +96,20 @@ absl::StatusOr<std::shared_ptr<SubRing>> Ring::Group(std::vector<int> ranks,
   return group;
 }
 
-void Ring::AbortUntouchedGroups(const absl::Status& status) {
+std::vector<std::shared_ptr<SubRing>> Ring::GroupsNow() {
   std::vector<std::shared_ptr<SubRing>> groups;
-  {
-    absl::MutexLock lock(&groups_mu_);
-    for (const auto& [id, g] : groups_) groups.push_back(g);
-  }
-  for (const auto& g : groups) g->comm().AbortIfUntouched(status);
+  absl::MutexLock lock(&groups_mu_);
+  for (const auto& [id, g] : groups_) groups.push_back(g);
+  return groups;
+}
+
+void Ring::AbortUntouchedGroups(const absl::Status& status) {
+  for (const auto& g : GroupsNow()) g->comm().AbortIfUntouched(status);
 }
 
 void Ring::AbortAll(const absl::Status& status) {
   if (comm != nullptr) comm->Abort(status);
-  std::vector<std::shared_ptr<SubRing>> groups;
-  {
-    absl::MutexLock lock(&groups_mu_);
-    for (const auto& [id, g] : groups_) groups.push_back(g);
-  }
-  for (const auto& g : groups) g->comm().Abort(status);
+  for (const auto& g : GroupsNow()) g->comm().Abort(status);
 }
 
 Ring::~Ring() {

@@ -80,6 +80,8 @@ struct Ring {
   ~Ring();
 
  private:
+  // The groups made so far (aborted outside groups_mu_).
+  std::vector<std::shared_ptr<SubRing>> GroupsNow();
   absl::Mutex groups_mu_;
   std::map<uint64_t, std::shared_ptr<SubRing>> groups_
       ABSL_GUARDED_BY(groups_mu_);

@@ -16,7 +16,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <functional>
@@ -37,6 +36,7 @@
 #include "halka/embedded.h"
 #include "halka/types.h"
 #include "torch_all_to_all.h"
+#include "torch_lane.h"
 #include "torch_subgroup.h"
 #include "torch_work.h"
 
@@ -225,29 +225,11 @@ class HalkaGroup : public HalkaBackendBase {
 
   void Stop() {
     // Each lane ends after its running operation (bounded by its
-    // deadline); one that takes long is named every 5 s on stderr, so a
-    // process that does not exit says which operation holds it.
+    // deadline); Lane::Drain names one that takes long.
     const auto start = std::chrono::steady_clock::now();
-    const std::pair<Lane*, const char*> lanes[] = {
-        {&ops_, "collectives"}, {&sends_, "sends"}, {&recvs_, "receives"}};
-    for (const auto& [lane, what] : lanes) {
-      for (;;) {
-        std::unique_lock<std::mutex> l(lane->mu);
-        if (lane->cv.wait_for(l, std::chrono::seconds(5),
-                              [lane] { return !lane->busy && lane->queue.empty(); })) {
-          break;
-        }
-        std::fprintf(stderr,
-                     "W [halka torch group, rank %d of %d] still stopping "
-                     "after %.0f s: its %s lane runs halka %s (%zu queued "
-                     "behind it)\n",
-                     getRank(), getSize(),
-                     std::chrono::duration<double>(
-                         std::chrono::steady_clock::now() - start).count(),
-                     what, lane->running, lane->queue.size());
-      }
-      if (lane->thread.joinable()) lane->thread.join();
-    }
+    ops_.Drain("collectives", getRank(), getSize(), start);
+    sends_.Drain("sends", getRank(), getSize(), start);
+    recvs_.Drain("receives", getRank(), getSize(), start);
     client_.reset();
     worker_.reset();
     rendezvous_.reset();
@@ -557,7 +539,6 @@ class HalkaGroup : public HalkaBackendBase {
     });
   }
 
-  struct Lane;  // below
 
   c10::intrusive_ptr<c10d::Work> Enqueue(OpType type,
                                          std::vector<at::Tensor> outputs,
@@ -628,11 +609,7 @@ class HalkaGroup : public HalkaBackendBase {
     }
   }
 
-  struct Item {
-    c10::intrusive_ptr<HalkaWork> work;
-    std::function<absl::Status()> run;
-    const char* name = "";
-  };
+  using Item = LaneItem;
 
   absl::Duration timeout_;
   std::unique_ptr<EmbeddedRendezvous> rendezvous_;
@@ -644,18 +621,9 @@ class HalkaGroup : public HalkaBackendBase {
   std::vector<int> to_halka_;  // by torch rank
   std::vector<int64_t> to_torch_;  // by halka rank
   bool identity_ = true;           // torch rank == halka rank everywhere
-  // Operations run one by one per lane, in issue order: the collectives
-  // (every rank issues them in the same order, as the worker requires),
-  // the sends, the receives.
-  struct Lane {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<Item> queue;
-    bool stop = false;
-    bool busy = false;  // an operation of it runs (WaitIdle)
-    const char* running = "(nothing: between operations)";  // Stop's log
-    std::thread thread;
-  };
+  // Operations run one by one per lane (torch_lane.h), in issue order:
+  // the collectives (every rank issues them in the same order, as the
+  // worker requires), the sends, the receives.
   Lane ops_, sends_, recvs_;
   std::once_flag shutdown_once_;
   std::atomic<bool> abandoned_{false};  // ShutdownAll: the process exits

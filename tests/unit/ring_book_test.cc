@@ -4,8 +4,10 @@
 // deadline) nor the old one.
 #include "worker/ring_book.h"
 
+#include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "common/log.h"
 #include "halka/v1/common.pb.h"
@@ -35,6 +37,51 @@ v1::Membership OneMember(const std::string& job, const std::string& worker,
   m.set_job_state(v1::JOB_STATE_HEALTHY);
   AddMember(m, worker, address);
   return m;
+}
+
+// A fixed job of `n` members w0..w(n-1) at 127.0.0.1:1..n, generation 1.
+v1::Membership RingOf(int n) {
+  v1::Membership m = OneMember("book-job", "w0", "127.0.0.1:1");
+  m.set_world_size(n);
+  m.set_min_world_size(n);
+  m.set_max_world_size(n);
+  for (int i = 1; i < n; ++i) {
+    AddMember(m, absl::StrCat("w", i), absl::StrCat("127.0.0.1:", i + 1));
+  }
+  return m;
+}
+
+// The book of w0 in RingOf(n), joined, its ring built.
+struct JoinedBook {
+  explicit JoinedBook(int n) : m(RingOf(n)) {
+    options.job_id = "book-job";
+    options.worker_id = "w0";
+    book = std::make_unique<RingBook>(
+        options, &log, [](uint64_t, int, const absl::Status&) {});
+    book->set_address("127.0.0.1:1");
+    book->Update(m);
+    book->MarkJoined();
+  }
+  ~JoinedBook() { book->Stop(); }
+  WorkerOptions options;
+  Logger log{"ring_book_test"};
+  v1::Membership m;
+  std::unique_ptr<RingBook> book;
+};
+
+// The next generation of `m`, waiting, with member `gone` lost (left by
+// its own Leave or not).
+v1::Membership Without(v1::Membership next, const v1::Membership& m, int gone,
+                       bool left) {
+  next.set_generation(next.generation() + 1);
+  next.set_job_state(v1::JOB_STATE_WAITING);
+  next.mutable_members(gone)->set_alive(false);
+  next.clear_lost();
+  v1::Member* x = next.add_lost();
+  *x = m.members(gone);
+  x->set_alive(false);
+  if (left) x->set_left(true);
+  return next;
 }
 
 TEST(RingBook, BuildsTheRingUntilStoppedThenRefusesEveryCall) {
@@ -77,76 +124,33 @@ TEST(RingBook, BuildsTheRingUntilStoppedThenRefusesEveryCall) {
 // (WorkerNode::OnMembership), or one was lost.
 TEST(RingBook, TellsPeersThatLeftFromPeersThatWereLost) {
   for (bool left : {true, false}) {
-    WorkerOptions options;
-    options.job_id = "book-job";
-    options.worker_id = "w0";
-    Logger log("ring_book_test");
-    RingBook book(options, &log, [](uint64_t, int, const absl::Status&) {});
-    book.set_address("127.0.0.1:1");
-    v1::Membership m = OneMember(options.job_id, "w0", "127.0.0.1:1");
-    m.set_world_size(2);
-    m.set_min_world_size(2);
-    m.set_max_world_size(2);
-    AddMember(m, "w1", "127.0.0.1:2");
-    book.Update(m);
-    book.MarkJoined();
-    ASSERT_TRUE(book.Acquire(CallInfo{}).ok());
-
-    v1::Membership next = m;
-    next.set_generation(2);
-    next.set_job_state(v1::JOB_STATE_WAITING);
-    next.mutable_members(1)->set_alive(false);
-    v1::Member* gone = next.add_lost();
-    *gone = m.members(1);
-    gone->set_alive(false);
-    if (left) gone->set_left(true);
-    const MembershipUpdate u = book.Update(next);
+    JoinedBook b(2);
+    ASSERT_TRUE(b.book->Acquire(CallInfo{}).ok());
+    const MembershipUpdate u = b.book->Update(Without(b.m, b.m, 1, left));
     EXPECT_TRUE(u.newer);
     EXPECT_TRUE(u.member);
     EXPECT_TRUE(u.lost_peer);
     EXPECT_NE(u.running, nullptr);
     EXPECT_EQ(u.peers_only_left, left) << "left " << left;
-    book.Stop();
   }
 }
 
 // Two members leave one after the other: the second change lists only the
 // second as lost, and the first still counts as having left.
 TEST(RingBook, RemembersEveryLeaverSinceTheRingWasBuilt) {
-  WorkerOptions options;
-  options.job_id = "book-job";
-  options.worker_id = "w0";
-  Logger log("ring_book_test");
-  RingBook book(options, &log, [](uint64_t, int, const absl::Status&) {});
-  book.set_address("127.0.0.1:1");
-  v1::Membership m = OneMember(options.job_id, "w0", "127.0.0.1:1");
-  m.set_world_size(3);
-  m.set_min_world_size(3);
-  m.set_max_world_size(3);
-  AddMember(m, "w1", "127.0.0.1:2");
-  AddMember(m, "w2", "127.0.0.1:3");
-  book.Update(m);
-  book.MarkJoined();
-  ASSERT_TRUE(book.Acquire(CallInfo{}).ok());
-  v1::Membership next = m;
-  next.set_job_state(v1::JOB_STATE_WAITING);
+  JoinedBook b(3);
+  ASSERT_TRUE(b.book->Acquire(CallInfo{}).ok());
+  v1::Membership next = b.m;
   for (int gone : {1, 2}) {
-    next.set_generation(next.generation() + 1);
-    next.mutable_members(gone)->set_alive(false);
-    next.clear_lost();
-    v1::Member* x = next.add_lost();
-    *x = m.members(gone);
-    x->set_alive(false);
-    x->set_left(true);
-    const MembershipUpdate u = book.Update(next);
+    next = Without(next, b.m, gone, /*left=*/true);
+    const MembershipUpdate u = b.book->Update(next);
     EXPECT_TRUE(u.lost_peer);
     EXPECT_TRUE(u.peers_only_left) << "after w" << gone << " left";
   }
   // A third change that loses nobody new but names no leaver keeps both.
   next.set_generation(next.generation() + 1);
   next.clear_lost();
-  EXPECT_TRUE(book.Update(next).peers_only_left);
-  book.Stop();
+  EXPECT_TRUE(b.book->Update(next).peers_only_left);
 }
 
 }  // namespace

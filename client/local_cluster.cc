@@ -21,7 +21,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   // The workers get this cluster's configuration as their own
   // (WorkerOptions::security); the rendezvous and shards, the process's.
   std::optional<LinkModel> link_model;
-  if (!options.link_model.empty()) {
+  const bool probe_links = options.link_model == "probe";
+  if (!options.link_model.empty() && !probe_links) {
     absl::StatusOr<LinkModel> m = ParseLinkModel(options.link_model);
     if (!m.ok()) return m.status();
     link_model = *m;
@@ -43,6 +44,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   ro.heartbeat_interval = options.heartbeat_interval;
   ro.heartbeat_timeout = options.heartbeat_timeout;
   ro.link_model = link_model;
+  ro.probe_links = probe_links;
   auto rv = RendezvousServer::Start("127.0.0.1:0", ro,
                                     options.metrics ? -1 : 0);
   if (!rv.ok()) return rv.status();

@@ -242,7 +242,8 @@ absl::StatusOr<v1::Membership> ApplyMembershipDelta(
 
 LinkModel LinkModelFromProto(const v1::LinkModel& m) {
   return LinkModel{LevelCost{m.local_alpha_us() * 1e-6, m.local_bytes_per_s()},
-                   LevelCost{m.net_alpha_us() * 1e-6, m.net_bytes_per_s()}};
+                   LevelCost{m.net_alpha_us() * 1e-6, m.net_bytes_per_s()},
+                   m.measured_generation()};
 }
 
 void LinkModelToProto(const LinkModel& m, v1::LinkModel* out) {
@@ -250,6 +251,7 @@ void LinkModelToProto(const LinkModel& m, v1::LinkModel* out) {
   out->set_local_bytes_per_s(m.local.bytes_per_s);
   out->set_net_alpha_us(m.net.alpha_s * 1e6);
   out->set_net_bytes_per_s(m.net.bytes_per_s);
+  out->set_measured_generation(m.measured_generation);
 }
 
 }  // namespace halka

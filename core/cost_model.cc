@@ -269,9 +269,21 @@ bool SameLinkModel(const std::optional<LinkModel>& a,
   return same(a->local, b->local) && same(a->net, b->net);
 }
 
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 std::string DescribeLinkModel(const LinkModel& model) {
-  return absl::StrCat("local: ", DescribeLevel(model.local),
-                      "; net: ", DescribeLevel(model.net));
+  std::string text = absl::StrCat("local: ", DescribeLevel(model.local),
+                                  "; net: ", DescribeLevel(model.net));
+  if (model.measured_generation != 0) {
+    absl::StrAppend(&text, ", measured at generation ",
+                    model.measured_generation);
+  }
+  return text;
 }
 
 absl::StatusOr<LinkModel> ParseLinkModel(const std::string& text) {

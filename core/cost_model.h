@@ -38,6 +38,10 @@ struct LevelCost {
 struct LinkModel {
   LevelCost local;  // between ranks of one host
   LevelCost net;    // between hosts
+  // Non-zero: measured by the job's members on this generation's ring
+  // (LinkModel.measured_generation); 0: given by the operator. Not part
+  // of the model's values (SameLinkModel ignores it).
+  uint64_t measured_generation = 0;
 };
 
 // The ring's shape as the algorithms see it (CommConfig::hosts): the
@@ -105,9 +109,15 @@ std::optional<ModelChoice> BestByModel(const RingShape& shape, OpKind kind,
 bool SameLinkModel(const std::optional<LinkModel>& a,
                    const std::optional<LinkModel>& b);
 
+// The median of `values` (the mean of the middle two for an even count);
+// 0 for none. (The rendezvous's medians of probes and edge figures, a
+// probe's of its timings.)
+double Median(std::vector<double> values);
+
 // "alpha 38.0 us, B 1.210 GB/s" for a level; "not known" where it is not.
 std::string DescribeLevel(const LevelCost& level);
-// "local: alpha 1.0 us, B 10.000 GB/s; net: alpha 100.0 us, B 1.000 GB/s".
+// "local: alpha 1.0 us, B 10.000 GB/s; net: alpha 100.0 us, B 1.000 GB/s",
+// then ", measured at generation N" for a measured one.
 std::string DescribeLinkModel(const LinkModel& model);
 
 // "local=ALPHA_US:GBPS,net=ALPHA_US:GBPS" (either part may be left out:

@@ -117,7 +117,14 @@ absl::Status RendezvousState::Restore(const std::string& job_id,
   job.change = absl::StrCat("generation ", job.generation,
                             ": restored from the members' claims after the "
                             "rendezvous restarted");
-  if (!SameLinkModel(claim.link_model, options_.link_model)) {
+  if (options_.probe_links && !options_.link_model.has_value() &&
+      claim.link_model.has_value() &&
+      claim.link_model->measured_generation != 0) {
+    // The ring ran with a model its members measured: it holds for them.
+    job.measured = claim.link_model;
+    job.measured_for = ProbeKey(job);
+    job.measured_at = now;
+  } else if (!SameLinkModel(claim.link_model, options_.link_model)) {
     // Every rank of a generation must rank by one model: the claimed ring
     // ran with another, so the restored one is a new generation, which
     // every member rebuilds with this rendezvous's model.
@@ -223,6 +230,7 @@ std::vector<std::string> RendezvousState::Sweep(absl::Time now) {
     }
     if (!late.empty()) Lose(it->first, job, late, now);
     Advance(it->first, job, now);
+    SweepProbe(it->first, job, now);
     if (forget) {
       events_.push_back(absl::StrCat(
           "job ", it->first, ": ", live == 0 ? "no member left" :

@@ -33,8 +33,16 @@ ABSL_FLAG(std::string, link_model, "",
           "and between hosts; halkactl bench --model measures them): every "
           "member's auto then ranks the all-reduce, reduce-scatter and "
           "all-gather algorithms by the model's predicted time "
-          "(docs/scaling.md); empty: auto's counting rules (env "
+          "(docs/scaling.md); \"probe\": each job's members measure it on "
+          "their ring links whenever the members change, and it is published "
+          "as the next generation; empty: auto's counting rules (env "
           "HALKA_LINK_MODEL)");
+
+ABSL_FLAG(absl::Duration, link_probe_every, absl::ZeroDuration(),
+          "with --link_model=probe: a job's model measured this long ago is "
+          "measured again while its members stay (two generation changes: "
+          "one asks, one publishes); 0: only when the members change (env "
+          "HALKA_LINK_PROBE_EVERY)");
 
 int main(int argc, char** argv) {
   absl::Notification* stop = halka::StartDaemon(
@@ -48,7 +56,12 @@ int main(int argc, char** argv) {
   options.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
   options.elastic_settle = absl::GetFlag(FLAGS_elastic_settle);
   options.join_answer_window = absl::GetFlag(FLAGS_join_answer_window);
-  if (const std::string lm = absl::GetFlag(FLAGS_link_model); !lm.empty()) {
+  if (const std::string lm = absl::GetFlag(FLAGS_link_model); lm == "probe") {
+    options.probe_links = true;
+    options.probe_every = absl::GetFlag(FLAGS_link_probe_every);
+    halka::LogInfo(
+        "link model: measured by each job's members on their ring links");
+  } else if (!lm.empty()) {
     absl::StatusOr<halka::LinkModel> m = halka::ParseLinkModel(lm);
     if (!m.ok()) {
       halka::LogError(absl::StrCat("--link_model: ", m.status().message()));

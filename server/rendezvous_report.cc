@@ -62,6 +62,7 @@ void FillMembership(const std::string& job_id, const MembershipView& v,
   if (v.link_model.has_value()) {
     LinkModelToProto(*v.link_model, out->mutable_link_model());
   }
+  out->set_probe_links(v.probe_links);
 }
 
 namespace {

@@ -345,6 +345,24 @@ grpc::Status RendezvousService::HeartbeatLocked(
     r = state_.Heartbeat(req.job_id(), req.worker_id(), telemetry, now);
     if (!r.ok()) return ToGrpcStatus(r.status());
   }
+  if (req.has_link_probe()) {
+    const v1::LinkProbe& p = req.link_probe();
+    LinkProbeReport report;
+    report.generation = p.generation();
+    report.local = LevelCost{p.local_alpha_us() * 1e-6, p.local_bytes_per_s()};
+    report.local_edges = p.local_edges();
+    report.net = LevelCost{p.net_alpha_us() * 1e-6, p.net_bytes_per_s()};
+    report.net_edges = p.net_edges();
+    report.error = p.error().substr(0, 300);
+    const std::string line =
+        state_.ReportLinkProbe(req.job_id(), req.worker_id(), report, now);
+    if (!line.empty()) {
+      LogInfo(line);
+      Publish();
+      r = state_.Heartbeat(req.job_id(), req.worker_id(), telemetry, now);
+      if (!r.ok()) return ToGrpcStatus(r.status());
+    }
+  }
   reply->set_generation(r->generation);
   for (int d : r->dead_ranks) reply->add_dead_ranks(d);
   return grpc::Status::OK;

@@ -74,6 +74,28 @@ struct RendezvousOptions {
   // The link model every job's memberships carry (Membership.link_model;
   // --link_model): auto ranks by it on every rank. Unset: none.
   std::optional<LinkModel> link_model;
+  // --link_model=probe (no link_model): every generation whose members the
+  // job's model was not measured with asks its members to probe their
+  // ring links (MembershipView::probe_links); once every live member
+  // reported (ReportLinkProbe), or probe_wait after the first report, the
+  // medians become the job's measured model, published as the next
+  // generation with the same members and ranks.
+  bool probe_links = false;
+  absl::Duration probe_wait = absl::Seconds(30);
+  // Non-zero: a model measured this long ago is measured again while the
+  // members stay (--link_probe_every): Sweep moves the generation on with
+  // probe_links set, and the reports publish the next one.
+  absl::Duration probe_every = absl::ZeroDuration();
+};
+
+// One member's probe of its ring links (halka.v1.LinkProbe).
+struct LinkProbeReport {
+  uint64_t generation = 0;
+  LevelCost local;
+  int local_edges = 0;
+  LevelCost net;
+  int net_edges = 0;
+  std::string error;  // "": the probe ran
 };
 
 struct JoinArgs {
@@ -122,7 +144,12 @@ struct MembershipView {
   // member named one). Empty while forming.
   std::vector<int> ring_order;
   std::vector<HostGroup> hosts;
-  std::optional<LinkModel> link_model;  // RendezvousOptions::link_model
+  // RendezvousOptions::link_model, or the job's measured model
+  // (RendezvousOptions::probe_links).
+  std::optional<LinkModel> link_model;
+  // The members are asked to probe their links (RendezvousOptions::
+  // probe_links) on this generation's ring.
+  bool probe_links = false;
 };
 
 struct Assignment {
@@ -220,6 +247,18 @@ class RendezvousState {
   absl::Status Restore(const std::string& job_id, const RingClaim& claim,
                        absl::Time now);
 
+  // A member's probe of its ring links (RendezvousOptions::probe_links).
+  // Ignored (returns "") unless it is a live member, the report is of the
+  // current generation, and that generation asked for probes. Once every
+  // live member has reported, the job's model becomes, per level, the
+  // median of the members' values that measured it, and the generation
+  // moves on (same members and ranks) to publish it: returns the change
+  // line then (publish it), else "". Sweep does the same probe_wait after
+  // the first report with what has come (no model from no edge).
+  std::string ReportLinkProbe(const std::string& job_id,
+                              const std::string& worker_id,
+                              const LinkProbeReport& report, absl::Time now);
+
   // Errors: NOT_FOUND.
   absl::Status Leave(const std::string& job_id, const std::string& worker_id,
                      absl::Time now);
@@ -311,6 +350,15 @@ class RendezvousState {
     // The newest heartbeat from any member of the ring (InfinitePast
     // before the first): a gap of more than half the timeout is a blackout.
     absl::Time last_heard = absl::InfinitePast();
+    // RendezvousOptions::probe_links: the measured model, the members it
+    // was measured with (ProbeKey), this generation's reports by worker
+    // id, and when the first of them came.
+    std::optional<LinkModel> measured;
+    std::string measured_for;
+    std::map<std::string, LinkProbeReport> probes;
+    uint64_t probes_generation = 0;
+    absl::Time first_probe = absl::InfiniteFuture();
+    absl::Time measured_at = absl::InfinitePast();  // when FinishProbe ran
   };
   bool elastic(const Job& job) const { return job.min < job.max; }
   static int Live(const Job& job) { return job.live; }
@@ -336,6 +384,20 @@ class RendezvousState {
     return now - std::max(m.last_heartbeat, m.grace_from);
   }
   MembershipView ViewOf(const Job& job, absl::Time now) const;
+  // The members and hosts of the ring, as one string: a model measured
+  // with them holds until they change.
+  static std::string ProbeKey(const Job& job);
+  // Whether the current generation asks its members to probe.
+  bool ProbePending(const Job& job) const;
+  // The model the job's memberships carry: the operator's, else the
+  // measured one (probe_links), else none.
+  std::optional<LinkModel> ModelOf(const Job& job) const;
+  // Makes the reports so far the job's model and publishes it as the next
+  // generation (see ReportLinkProbe); returns the change line.
+  std::string FinishProbe(const std::string& job_id, Job& job, absl::Time now);
+  // Sweep's part: finishes a probe probe_wait after its first report, and
+  // asks again for a model older than probe_every.
+  void SweepProbe(const std::string& job_id, Job& job, absl::Time now);
 
   struct Server {
     std::string server_id;

@@ -30,7 +30,8 @@ MembershipView RendezvousState::ViewOf(const Job& job, absl::Time now) const {
   v.max_world_size = job.max;
   v.world_size = static_cast<int>(job.members.size());
   v.change = job.change;
-  v.link_model = options_.link_model;
+  v.link_model = ModelOf(job);
+  v.probe_links = job.active && ProbePending(job);
   const int live = Live(job);
   v.state = job.generation == 0 ? JobState::kForming
             : !job.active       ? JobState::kWaiting

@@ -10,17 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/cost_model.h"
 #include "core/host_ring.h"
 
 namespace halka {
 namespace {
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 // "rank 3", "ranks 0-2", "ranks 0-1, 3" for sorted distinct ranks.
 std::string RankSet(const std::vector<int>& ranks) {

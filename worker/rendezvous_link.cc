@@ -195,6 +195,12 @@ grpc::Status RendezvousLink::GetRingHealth(const v1::RingHealthRequest& req,
   return stub_->GetRingHealth(&ctx, req, reply);
 }
 
+void RendezvousLink::ReportLinkProbe(v1::LinkProbe probe) {
+  absl::MutexLock lock(&mu_);
+  probe_ = std::move(probe);
+  ++beats_wanted_;  // the heartbeat thread sends it now
+}
+
 void RendezvousLink::BeatNow() {
   absl::MutexLock lock(&mu_);
   if (!started_ || stopping_) return;
@@ -236,6 +242,9 @@ RendezvousLink::Next RendezvousLink::Beat(absl::Duration interval) {
     absl::MutexLock lock(&mu_);
     claiming = claim_;
     carries = beats_wanted_;
+    if (probe_.has_value() && probe_->generation() == req.generation()) {
+      *req.mutable_link_probe() = *probe_;
+    }
   }
   if (claiming) {
     std::optional<v1::Membership> claim = callbacks_.claimable();

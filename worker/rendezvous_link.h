@@ -73,6 +73,10 @@ class RendezvousLink {
   void Report(LinkReport report);
   // Asks the background thread to join again (this worker is out).
   void RequestRejoin();
+  // This worker's probe of its ring links (Membership.probe_links): it
+  // rides every heartbeat while its generation is the one the heartbeat
+  // names, the first one at once.
+  void ReportLinkProbe(v1::LinkProbe probe);
 
   // One heartbeat now, for a worker that saw a peer run a newer
   // generation; the newer membership, if the rendezvous has one.
@@ -128,6 +132,7 @@ class RendezvousLink {
   bool rejoin_ ABSL_GUARDED_BY(mu_) = false;
   bool claim_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<LinkReport> reports_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::LinkProbe> probe_ ABSL_GUARDED_BY(mu_);
   std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
   // BeatNow: the heartbeat thread runs (Start), the interval, the prompt
   // beats asked for so far and the newest of them a completed beat carried.

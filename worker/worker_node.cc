@@ -24,6 +24,7 @@
 #include "core/shm_ring.h"
 #include "transport/grpc/grpc_transport.h"
 #include "transport/grpc/peer_service.h"
+#include "worker/link_probe.h"
 #include "worker/op_request.h"
 #include "worker/worker_metrics.h"
 #include "worker/worker_service.h"
@@ -267,6 +268,7 @@ void WorkerNode::OnMembership(const v1::Membership& m) {
     log_.Warning(absl::StrCat("job ", options_.job_id, ": ", m.change(),
                             u.member ? "" : "; this worker is not in the ring"));
   }
+  if (m.probe_links() && u.member) RequestProbe(m.generation());
   if (u.running == nullptr) return;
   if (u.lost_peer && u.peers_only_left && u.member) {
     SpareRunningOp(u.running,
@@ -287,6 +289,63 @@ void WorkerNode::OnMembership(const v1::Membership& m) {
     // never joined fails when its links close, naming the link.
     u.running->comm->Abort(absl::AbortedError(
         absl::StrCat("job ", options_.job_id, " ", m.change())));
+  }
+}
+
+void WorkerNode::RequestProbe(uint64_t generation) {
+  absl::MutexLock lock(&probe_mu_);
+  if (probe_stop_ || generation <= probe_wanted_) return;
+  probe_wanted_ = generation;
+  if (!probe_thread_.joinable()) {
+    probe_thread_ = std::thread([this] { ProbeLoop(); });
+  }
+}
+
+void WorkerNode::ProbeLoop() {
+  for (;;) {
+    uint64_t want;
+    {
+      absl::MutexLock lock(&probe_mu_);
+      auto due = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(probe_mu_) {
+        return probe_stop_ || probe_wanted_ > probe_done_;
+      };
+      probe_mu_.Await(absl::Condition(&due));
+      if (probe_stop_) return;
+      want = probe_wanted_;
+    }
+    // That generation's ring, once the caller's first call after the
+    // change built it; a newer ask or the stop ends the wait.
+    std::shared_ptr<Ring> ring;
+    for (;;) {
+      ring = book_->Current();
+      if (ring != nullptr && ring->generation >= want) break;
+      ring.reset();
+      absl::MutexLock lock(&probe_mu_);
+      auto moved = [this, want]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(probe_mu_) {
+        return probe_stop_ || probe_wanted_ != want;
+      };
+      probe_mu_.AwaitWithTimeout(absl::Condition(&moved),
+                                 absl::Milliseconds(20));
+      if (probe_stop_) return;
+      if (probe_wanted_ != want) break;
+    }
+    if (ring != nullptr && ring->generation == want) {
+      const absl::Time t0 = halka::Now();
+      v1::LinkProbe probe = ProbeRingLinks(*ring);
+      ring.reset();
+      log_.Info(absl::StrFormat(
+          "probed the ring links of generation %d in %.0f ms: local %d "
+          "edge(s), alpha %.1f us, %.3f GB/s; net %d edge(s), alpha %.1f us, "
+          "%.3f GB/s%s",
+          want, absl::ToDoubleMilliseconds(halka::Now() - t0),
+          probe.local_edges(), probe.local_alpha_us(),
+          probe.local_bytes_per_s() / 1e9, probe.net_edges(),
+          probe.net_alpha_us(), probe.net_bytes_per_s() / 1e9,
+          probe.error().empty() ? "" : absl::StrCat("; ", probe.error())));
+      link_->ReportLinkProbe(std::move(probe));
+    }
+    absl::MutexLock lock(&probe_mu_);
+    probe_done_ = std::max(probe_done_, want);
   }
 }
 
@@ -470,6 +529,11 @@ void WorkerNode::Shutdown(bool leave) {
     spared_stop_ = true;
   }
   if (spared_thread_.joinable()) spared_thread_.join();
+  {
+    // A probe running ends with the rings' abort below (joined there).
+    absl::MutexLock lock(&probe_mu_);
+    probe_stop_ = true;
+  }
   // New in-process calls fail UNAVAILABLE from here; running ones end
   // with the ring's abort below and are waited for after the server's
   // shutdown.
@@ -506,6 +570,9 @@ void WorkerNode::Shutdown(bool leave) {
     // A ring that a call acquired after the abort above (a newer
     // generation's) ends its operation too: Acquire refuses from here.
     for (const auto& r : rings) r->AbortAll(stopping);
+    stage = "ending the probe of the ring links";
+    if (probe_thread_.joinable()) probe_thread_.join();
+    stage = "closing the rings' links";
     ring.reset();
     rings.clear();  // closes the links, outside the book's lock
   }

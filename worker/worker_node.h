@@ -283,6 +283,20 @@ class WorkerNode {
   bool spared_stop_ ABSL_GUARDED_BY(spared_mu_) = false;
   std::thread spared_thread_;
 
+  // Membership.probe_links: the newest generation whose ring links the
+  // rendezvous asked this worker to probe (worker/link_probe.h), and the
+  // last one probed. One thread, started at the first ask, joined by
+  // Shutdown: it waits for that generation's ring (built at the caller's
+  // first call after a change), probes beside the caller's calls, and
+  // hands the result to the rendezvous link.
+  void RequestProbe(uint64_t generation);
+  void ProbeLoop();
+  absl::Mutex probe_mu_;
+  uint64_t probe_wanted_ ABSL_GUARDED_BY(probe_mu_) = 0;
+  uint64_t probe_done_ ABSL_GUARDED_BY(probe_mu_) = 0;
+  bool probe_stop_ ABSL_GUARDED_BY(probe_mu_) = false;
+  std::thread probe_thread_;
+
   bool shut_down_ = false;
 };
 

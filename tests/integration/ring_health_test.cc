@@ -403,6 +403,22 @@ TEST(RingHealth, InterleavedHostsRunInHostOrder) {
   EXPECT_EQ(sdk->link_model, "") << "no --link_model, no model";
 }
 
+// Four workers on hosts A, A, B, B with the rendezvous's --link_model.
+LocalCluster::Options TwoByTwo(const std::string& link_model) {
+  LocalCluster::Options o;
+  o.workers = 4;
+  o.heartbeat_interval = absl::Milliseconds(200);
+  o.hosts = {"A", "A", "B", "B"};
+  o.link_model = link_model;
+  return o;
+}
+
+std::vector<std::unique_ptr<Client>> ConnectAll(LocalCluster& cluster, int g) {
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int r = 0; r < g; ++r) clients.push_back(cluster.Connect(r).value());
+  return clients;
+}
+
 // The rendezvous's link model reaches every member with the membership:
 // auto runs what it ranks first (here naive for 64 bytes, where the
 // counting rules run recursive doubling; two-level for a reduce-scatter),
@@ -410,14 +426,9 @@ TEST(RingHealth, InterleavedHostsRunInHostOrder) {
 // rendezvous cannot read stops the cluster before it starts.
 TEST(RingHealth, TheJobsLinkModelDrivesAutoAndHealthShowsIt) {
   const int g = 4;
-  LocalCluster::Options o;
-  o.workers = g;
-  o.heartbeat_interval = absl::Milliseconds(200);
-  o.hosts = {"A", "A", "B", "B"};
-  o.link_model = "local=1:10,net=100:1";
+  LocalCluster::Options o = TwoByTwo("local=1:10,net=100:1");
   auto cluster = LocalCluster::Start(o).value();
-  std::vector<std::unique_ptr<Client>> clients;
-  for (int r = 0; r < g; ++r) clients.push_back(cluster->Connect(r).value());
+  std::vector<std::unique_ptr<Client>> clients = ConnectAll(*cluster, g);
   std::vector<std::vector<float>> small(g, std::vector<float>(16));
   auto ar = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
     small[r].assign(16, static_cast<float>(r + 1));
@@ -485,6 +496,64 @@ TEST(RingHealth, TheJobsLinkModelDrivesAutoAndHealthShowsIt) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("'wan=3:1'"));
+}
+
+// --link_model=probe: the members measure their ring links on the ring
+// the job formed with, and the rendezvous publishes the medians as the
+// next generation, which every rank's auto then ranks by and health shows.
+TEST(RingHealth, TheMembersProbeTheirLinksAndAutoRanksByTheMeasuredModel) {
+  const int g = 4;
+  auto cluster = LocalCluster::Start(TwoByTwo("probe")).value();
+  std::vector<std::unique_ptr<Client>> clients = ConnectAll(*cluster, g);
+  // Each rank's probe runs on the first generation's ring (built when it
+  // joined) beside the callers' calls, which go on across the change of
+  // generation that publishes the model: none fails, every result right.
+  std::vector<std::vector<float>> small(g, std::vector<float>(1000));
+  uint64_t ran_on = 0;
+  for (int i = 0; i < 400 && ran_on < 2; ++i) {
+    auto ar = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+      small[r].assign(small[r].size(), static_cast<float>(r + i));
+      return clients[r]->AllReduce(absl::MakeSpan(small[r]), ReduceOp::kSum);
+    });
+    for (int r = 0; r < g; ++r) {
+      ASSERT_TRUE(ar[r].ok()) << "call " << i << ", rank " << r << ": "
+                              << ar[r].status();
+      ASSERT_EQ(small[r], std::vector<float>(small[r].size(),
+                                             static_cast<float>(6 + 4 * i)))
+          << "call " << i << ", rank " << r;
+    }
+    ran_on = ar[0]->generation;
+    if (ran_on < 2) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(ran_on, 2u);
+  v1::RingHealth h = GetHealth(*cluster);
+  ASSERT_TRUE(h.has_link_model()) << h.change();
+  EXPECT_EQ(h.link_model().measured_generation(), 1u);
+  EXPECT_EQ(h.generation(), 2u);
+  EXPECT_THAT(h.change(), HasSubstr("link model measured on generation 1 by 4 "
+                                    "of 4 members"));
+  // Both levels measured on loopback: the shared-memory and wire links
+  // inside and between the two named hosts.
+  EXPECT_GT(h.link_model().local_alpha_us(), 0);
+  EXPECT_GT(h.link_model().local_bytes_per_s(), 0);
+  EXPECT_GT(h.link_model().net_alpha_us(), 0);
+  EXPECT_GT(h.link_model().net_bytes_per_s(), 0);
+  // Every rank's auto ranks by it: the same algorithm everywhere, its
+  // prediction in the reply, the result right.
+  std::vector<std::vector<float>> bufs(g, std::vector<float>(50000));
+  auto ar = RunRanks<absl::StatusOr<OpInfo>>(g, [&](int r) {
+    bufs[r].assign(bufs[r].size(), static_cast<float>(r + 1));
+    return clients[r]->AllReduce(absl::MakeSpan(bufs[r]), ReduceOp::kSum);
+  });
+  for (int r = 0; r < g; ++r) {
+    ASSERT_TRUE(ar[r].ok()) << ar[r].status();
+    EXPECT_EQ(ar[r]->generation, 2u) << "rank " << r;
+    EXPECT_EQ(ar[r]->algorithm, ar[0]->algorithm) << "rank " << r;
+    EXPECT_GT(ar[r]->model_seconds, 0) << "rank " << r;
+    EXPECT_EQ(bufs[r], std::vector<float>(bufs[r].size(), 10.0f)) << r;
+  }
+  const std::string table = FormatHealth(ToRingHealth(GetHealth(*cluster)));
+  EXPECT_THAT(table, HasSubstr(", measured at generation 1\n")) << table;
 }
 
 }  // namespace

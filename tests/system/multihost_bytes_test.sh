@@ -95,10 +95,7 @@ for (( h = 0; h < H; ++h )); do
   netns_add_host "h$h" "$(addr_host $h)" || fail "cannot build host ${P}h$h"
   if [[ -n $RATE ]]; then
     command -v tc >/dev/null 2>&1 || netns_skip "--rate needs tc"
-    ip netns exec "${P}h$h" tc qdisc replace dev eth0 root tbf rate "$RATE" \
-      burst 256kb latency 400ms || fail "tc tbf on ${P}h$h"
-    ip netns exec "$SW" tc qdisc replace dev "hh$h" root tbf rate "$RATE" \
-      burst 256kb latency 400ms || fail "tc tbf on hh$h"
+    netns_cap_host "h$h" "$RATE" || fail "tc tbf on ${P}h$h"
   fi
 done
 log "$H hosts x $PER workers (G=$G) on br0 in $SW${RATE:+, links capped at $RATE both ways}; logs in $SYS_LOG"

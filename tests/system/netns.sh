@@ -83,6 +83,13 @@ netns_make_switch() {
   ip -n "$SW" link set dev lo up 2>/dev/null || true
 }
 
+netns_cap_host() {  # netns_cap_host SHORT RATE: tbf on the host's link, both ways
+  ip netns exec "${P}$1" tc qdisc replace dev eth0 root tbf rate "$2" \
+    burst 256kb latency 400ms || return 1
+  ip netns exec "$SW" tc qdisc replace dev "h$1" root tbf rate "$2" \
+    burst 256kb latency 400ms || return 1
+}
+
 netns_add_host() {  # netns_add_host SHORT ADDR
   local addr=$2 ns="${P}$1" hv="h$1"
   ip netns add "$ns" || return 1

@@ -56,7 +56,8 @@ class LocalCluster {
     // then passes A's ranks, then B's. Empty: this host, for every rank.
     std::vector<std::string> hosts;
     // The job's link model (halka-rendezvous --link_model, e.g.
-    // "local=5:8,net=60:1.2"); "": none (auto counts). Start fails
+    // "local=5:8,net=60:1.2"; "probe": the members measure it on their
+    // ring links, docs/scaling.md); "": none (auto counts). Start fails
     // INVALID_ARGUMENT on text ParseLinkModel refuses.
     std::string link_model;
     // Serve HTTP (/metrics; on the rendezvous also the ring page) on free

@@ -36,12 +36,24 @@ const LevelCost* FlatLevel(const RingShape& shape, const LinkModel& m) {
   return nullptr;
 }
 
-// What the busiest link of a binary tree of n nodes (node i's children
-// 2i+1, 2i+2, as tree.cc) carries, in buffers each way: the root of 2
-// nodes has one child (1); of 3 or 4 the root has two children, node 1 a
-// parent and at most one child (2); from 5 on node 1 has a parent and two
-// children (3).
-double TreeLoad(int n) { return n <= 2 ? 1.0 : (n <= 4 ? 2.0 : 3.0); }
+// What the busiest link of tree.cc's double binary tree of n nodes
+// carries, in buffers each way: each tree (tree 0 a heap, node i's
+// children 2i+1, 2i+2; tree 1 its mirror, node i in place n-1-i) moves
+// half the buffer once over each of its edges each way, so a node's link
+// carries half a buffer per edge it has in either tree: 1 for 2 nodes
+// (one edge in each), 1.5 for 3 or 4, 2 from 5 on (an inner node of one
+// tree, parent and two children, is a leaf of the other).
+double TreeLoad(int n) {
+  int most = 0;
+  for (int i = 0; i < n; ++i) {
+    int edges = 0;
+    for (int p : {i, n - 1 - i}) {
+      edges += (p > 0) + (2 * p + 1 < n) + (2 * p + 2 < n);
+    }
+    most = std::max(most, edges);
+  }
+  return most / 2.0;
+}
 
 int Widest(const RingShape& shape) {
   return shape.host_sizes.empty()

@@ -12,8 +12,8 @@
 // them: two-level's g rings, naive's g (G-g) copies, recursive doubling's
 // cross-host rounds (g buffers; its first log2 g rounds stay inside the
 // host when g is a power of two). The ring in host order crosses each
-// host boundary once each way, and the tree moves one buffer per tree
-// edge, so both are charged per link.
+// host boundary once each way, and the double binary tree moves half a
+// buffer per edge of either tree, so both are charged per link.
 #ifndef HALKA_CORE_COST_MODEL_H_
 #define HALKA_CORE_COST_MODEL_H_
 

@@ -144,31 +144,40 @@ absl::Status CheckFingerprintPair(OpContext& op, int from,
 absl::Status HalvingDoublingAllReduce(OpContext& op);
 
 // --- tree.cc
-// Tree all-reduce, for small buffers on many ranks: every rank of a host
-// sends its buffer to the host's leader (its first rank); the leaders
-// reduce up a binary tree (host i's parent is host (i-1)/2, in the order
-// of config().hosts, that is, ring order), chunk by chunk, pipelined; the
-// root's result goes back down the tree and from each leader to its
-// host's ranks. 2 + 2*ceil(log2 H) hops (H hosts) instead of the ring's
-// 2(G-1). Without at least 2 usable hosts every rank is a host of its
-// own: a binary tree over the ring's order. Only the root's result is
+// Double binary tree all-reduce, for small buffers on many ranks: every
+// rank of a host sends its buffer to the host's leader (its first rank);
+// the leaders reduce up two binary trees at once, each over half of the
+// buffer, chunk by chunk, pipelined, and the roots' results go back down
+// and from each leader to its host's ranks. Tree 0 is a binary heap over
+// the hosts in the order of config().hosts (ring order: host i's parent
+// is host (i-1)/2); tree 1 is its mirror (host i takes host H-1-i's
+// place), so a leader inner in one tree is a leaf in the other, and each
+// leader's links carry at most twice the buffer each way where one tree
+// carries three times. 2 + 2*ceil(log2 H) hops (H hosts) instead of the
+// ring's 2(G-1). Without at least 2 usable hosts every rank is a host of
+// its own: the trees are over the ring's order. Only a root's result is
 // written anywhere (AVG divided there, once): every rank has the same
-// bits. A leader moves the whole buffer once per child and host rank.
+// bits. A leader moves each half once per child and parent in its tree,
+// and the whole buffer once per host rank.
 absl::Status TreeAllReduce(OpContext& op);
 // Whether config.hosts gives the tree its hosts: at least 2, none empty,
 // every rank exactly once (sizes may differ).
 bool TreeHostsUsable(const CommConfig& config);
-// This rank's place in the tree (host and local position -1: not in it).
+// This rank's place in the trees (host and local position -1: not in
+// them); parent[t] and children[t] are a leader's in tree t (0 or 1).
 struct TreeShape {
   std::vector<std::vector<int>> hosts;  // the tree's hosts, leader first
   int host = -1;
   int local = -1;
   int leader = -1;             // this host's leader
   std::vector<int> members;    // a leader's host ranks (not itself)
-  int parent = -1;             // a leader's parent leader; -1: the root
-  std::vector<int> children;   // a leader's child leaders
+  int parent[2] = {-1, -1};    // a leader's parent leader; -1: the root
+  std::vector<int> children[2];  // a leader's child leaders
 };
 TreeShape TreeShapeOf(const CommConfig& config, const RingPath& path);
+// The tree positions of a binary heap of n nodes mirrored for tree 1: the
+// node at heap position p of tree t (t = 1: node n-1-p).
+inline int TreeNodeAt(int n, int tree, int p) { return tree == 0 ? p : n - 1 - p; }
 
 // --- ps.cc
 // Pushes shard k of the buffer to parameter server k, takes the reduced

@@ -1,9 +1,13 @@
-// Tree all-reduce: a host's ranks to its leader, a binary tree over the
-// leaders up to the root and back down, the leader to its ranks. For small
-// buffers on many ranks: 2 + 2*ceil(log2 H) hops in place of the ring's
-// 2(G-1).
+// Double binary tree all-reduce: a host's ranks to its leader, two binary
+// trees over the leaders (one the other's mirror, each over half of the
+// buffer) up to their roots and back down, the leader to its ranks. For
+// small buffers on many ranks: 2 + 2*ceil(log2 H) hops in place of the
+// ring's 2(G-1).
 #include <algorithm>
 #include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -19,9 +23,10 @@ namespace halka {
 
 namespace {
 
-// How many chunks a non-root leader reduces and sends up before it takes
-// the oldest result coming down: the tree stays pipelined, and what waits
-// in its inbox from the parent stays a few chunks.
+// How many chunks a leader reduces and sends up past a chunk before it
+// takes that chunk's result coming down (where it is not its tree's
+// root): the trees stay pipelined, and what waits in its inbox from its
+// parents stays a few chunks.
 constexpr size_t kDownLag = 4;
 // How many chunks a host's other rank has sent up beyond the results it
 // has taken: what waits for its leader stays bounded (the leader's inbox
@@ -60,16 +65,42 @@ TreeShape TreeShapeOf(const CommConfig& config, const RingPath& path) {
   if (t.local != 0) return t;
   const std::vector<int>& mine = t.hosts[static_cast<size_t>(t.host)];
   t.members.assign(mine.begin() + 1, mine.end());
-  if (t.host > 0) t.parent = t.hosts[static_cast<size_t>((t.host - 1) / 2)][0];
-  for (int c : {2 * t.host + 1, 2 * t.host + 2}) {
-    if (c < n) t.children.push_back(t.hosts[static_cast<size_t>(c)][0]);
+  auto leader_at = [&](int tree, int p) {
+    return t.hosts[static_cast<size_t>(TreeNodeAt(n, tree, p))][0];
+  };
+  for (int tree = 0; tree < 2; ++tree) {
+    const int p = TreeNodeAt(n, tree, t.host);  // the mirror is its own inverse
+    if (p > 0) t.parent[tree] = leader_at(tree, (p - 1) / 2);
+    for (int c : {2 * p + 1, 2 * p + 2}) {
+      if (c < n) t.children[tree].push_back(leader_at(tree, c));
+    }
   }
   return t;
 }
 
 namespace {
 
-// One all-reduce's tree walk on this rank.
+// The chunks of a buffer of `count` elements, half for each tree (tree
+// 0 the first half; a single element all in tree 0), in the order they
+// are walked: alternately one of each tree, so that both trees stay busy.
+struct TreeChunk {
+  Range range;
+  int tree = 0;
+};
+std::vector<TreeChunk> PlanTreeChunks(size_t count, size_t chunk_elems) {
+  const size_t half = count / 2;
+  const std::vector<Range> first = PlanChunks(Range{0, count - half}, chunk_elems);
+  std::vector<Range> second;
+  if (half > 0) second = PlanChunks(Range{count - half, half}, chunk_elems);
+  std::vector<TreeChunk> chunks;
+  for (size_t i = 0; i < std::max(first.size(), second.size()); ++i) {
+    if (i < first.size()) chunks.push_back({first[i], 0});
+    if (i < second.size()) chunks.push_back({second[i], 1});
+  }
+  return chunks;
+}
+
+// One all-reduce's walk of the trees on this rank.
 class TreeWalk {
  public:
   TreeWalk(OpContext& op, TreeShape shape)
@@ -78,12 +109,9 @@ class TreeWalk {
         dt_(op.fp().dtype),
         es_(DTypeSize(dt_)),
         count_(static_cast<size_t>(op.fp().count)),
-        chunks_(PlanChunks(Range{0, count_},
-                           std::max<size_t>(1, op.config().chunk_bytes / es_))),
-        n_(static_cast<int>(chunks_.size())) {
-    for (int m : t_.members) sources_.emplace_back(m, kInHost);
-    for (int c : t_.children) sources_.emplace_back(c, kAcross);
-  }
+        chunks_(PlanTreeChunks(
+            count_, std::max<size_t>(1, op.config().chunk_bytes / es_))),
+        n_(static_cast<int>(chunks_.size())) {}
 
   absl::Status Run() {
     if (t_.local != 0) return RunMember();
@@ -97,6 +125,72 @@ class TreeWalk {
   FrameMeta Down(int step, const Range& c) const {
     return op_.ChunkMeta(Phase::kBroadcast, step, 0, c);
   }
+  const Range& RangeOf(int ci) const {
+    return chunks_[static_cast<size_t>(ci)].range;
+  }
+  int TreeOf(int ci) const { return chunks_[static_cast<size_t>(ci)].tree; }
+
+  // Whether `in` is a frame that rank `from` sends this rank in this walk
+  // (of some chunk): one that may come before the one awaited, since a
+  // peer's frames of the two trees (and a leader's results, each sent
+  // once its tree's root has it) need not come in the order this rank
+  // takes them.
+  bool Expected(int from, const InFrame& in) const {
+    for (int ci = 0; ci < n_; ++ci) {
+      const Range& c = RangeOf(ci);
+      const int tree = TreeOf(ci);
+      std::vector<FrameMeta> could;
+      if (t_.local != 0) {
+        if (from == t_.leader) could.push_back(Down(kInHost, c));
+      } else {
+        if (std::count(t_.members.begin(), t_.members.end(), from) > 0) {
+          could.push_back(Up(kInHost, c));
+        }
+        const std::vector<int>& kids = t_.children[tree];
+        if (std::count(kids.begin(), kids.end(), from) > 0) {
+          could.push_back(Up(kAcross, c));
+        }
+        if (from == t_.parent[tree]) could.push_back(Down(kAcross, c));
+      }
+      for (const FrameMeta& m : could) {
+        if (op_.CheckData(in, from, m).ok()) return true;
+      }
+    }
+    return false;
+  }
+
+  // The frame `expect` from `from`: one that came earlier and was set
+  // aside, or the next ones from `from` until it comes (those of the walk
+  // that come first are set aside, copied: a frame may hold its link's
+  // ring, which the sender needs for what follows). DATA_LOSS for a frame
+  // of no chunk of the walk, as AwaitData.
+  absl::StatusOr<InFrame> AwaitChunk(int from, const FrameMeta& expect) {
+    std::vector<InFrame>& aside = aside_[from];
+    for (auto it = aside.begin(); it != aside.end(); ++it) {
+      if (op_.CheckData(*it, from, expect).ok()) {
+        InFrame in = std::move(*it);
+        aside.erase(it);
+        return in;
+      }
+    }
+    for (;;) {
+      HALKA_ASSIGN_OR_RETURN(InFrame in, op_.Await(from));
+      const absl::Status fits = op_.CheckData(in, from, expect);
+      if (fits.ok()) return in;
+      if (!Expected(from, in)) return fits;
+      InFrame copy;
+      copy.meta = in.meta;
+      auto bytes = std::make_shared<std::vector<uint8_t>>();
+      bytes->reserve(in.PayloadBytes());
+      for (const auto& piece : in.pieces) {
+        bytes->insert(bytes->end(), piece.begin(), piece.end());
+      }
+      copy.pieces.push_back(absl::MakeConstSpan(*bytes));
+      copy.keepalive = std::move(bytes);
+      copy.intact = std::move(in.intact);
+      aside.push_back(std::move(copy));
+    }
+  }
 
   // A host's other rank: its buffer up to the leader (segment ci per
   // chunk, at most kUpWindow chunks ahead of the results it has taken: the
@@ -109,7 +203,7 @@ class TreeWalk {
     int up = 0;
     auto send_up_to = [&](int last) -> absl::Status {
       for (; up <= last && up < n_; ++up) {
-        const Range& c = chunks_[static_cast<size_t>(up)];
+        const Range& c = RangeOf(up);
         op_.SetLedger(Phase::kGather, kInHost, up, n_, -1);
         HALKA_RETURN_IF_ERROR(op_.Send(t_.leader, Up(kInHost, c),
                                        own + c.offset * es_, c.count * es_,
@@ -119,10 +213,10 @@ class TreeWalk {
     };
     for (int ci = 0; ci < n_; ++ci) {
       HALKA_RETURN_IF_ERROR(send_up_to(ci + kUpWindow - 1));
-      const Range& c = chunks_[static_cast<size_t>(ci)];
+      const Range& c = RangeOf(ci);
       op_.SetLedger(Phase::kBroadcast, kInHost, ci, n_, t_.leader);
       HALKA_ASSIGN_OR_RETURN(InFrame in,
-                             op_.AwaitData(t_.leader, Down(kInHost, c)));
+                             AwaitChunk(t_.leader, Down(kInHost, c)));
       if (!op_.WaitForReleases(ci, op_.deadline())) return SendDeadline();
       HALKA_RETURN_IF_ERROR(
           op_.buffer().Apply(/*reduce=*/false, c.offset, c.count, in));
@@ -131,33 +225,41 @@ class TreeWalk {
   }
 
   // A leader: its own buffer, then its host's ranks' and its children's
-  // partial results reduced into scratch in that order, chunk by chunk, and
-  // sent up; the root's scratch is the result, which goes down the same
-  // way. Only the root's result reaches any buffer: every rank has the
-  // same bits.
+  // (in the chunk's tree) partial results reduced into scratch in that
+  // order, chunk by chunk, and sent up; a root's scratch is the result,
+  // which goes down the same way. Only a root's result reaches any
+  // buffer: every rank has the same bits.
   absl::Status RunLeader() {
     for (int m : t_.members) op_.Watch(m);
-    for (int c : t_.children) op_.Watch(c);
-    if (t_.parent >= 0) op_.Watch(t_.parent);
+    for (int tree = 0; tree < 2; ++tree) {
+      for (int c : t_.children[tree]) op_.Watch(c);
+      if (t_.parent[tree] >= 0) op_.Watch(t_.parent[tree]);
+    }
     op_.TrackSegments(chunks_.size());
     HALKA_ASSIGN_OR_RETURN(const uint8_t* own, op_.buffer().HostView(0, count_));
     // The scratch the result grows in is the context's: frames still
     // pointing into it when this fails are released before it goes.
     scratch_ = &op_.send_scratch();
     scratch_->assign(own, own + count_ * es_);
-    int down = 0;
+    std::deque<int> coming;  // chunks whose result comes from a parent
     for (int ci = 0; ci < n_; ++ci) {
       HALKA_RETURN_IF_ERROR(ReduceUp(ci));
-      if (t_.parent < 0) {
+      if (t_.parent[TreeOf(ci)] < 0) {
         HALKA_RETURN_IF_ERROR(SendDown(ci));
         continue;
       }
-      for (; down + static_cast<int>(kDownLag) <= ci; ++down) {
-        HALKA_RETURN_IF_ERROR(TakeDown(down));
+      coming.push_back(ci);
+      // By chunk number, on every leader alike, root of that chunk's tree
+      // or not: a parent takes chunk k's result once it reduced chunk k +
+      // kDownLag, which its children sent before they waited for k.
+      while (!coming.empty() &&
+             coming.front() + static_cast<int>(kDownLag) <= ci) {
+        HALKA_RETURN_IF_ERROR(TakeDown(coming.front()));
+        coming.pop_front();
       }
     }
-    if (t_.parent >= 0) {
-      for (; down < n_; ++down) HALKA_RETURN_IF_ERROR(TakeDown(down));
+    for (; !coming.empty(); coming.pop_front()) {
+      HALKA_RETURN_IF_ERROR(TakeDown(coming.front()));
     }
     // The buffer is written only now, and nothing was sent from it.
     HALKA_RETURN_IF_ERROR(op_.buffer().WriteBack(scratch_->data(), 0, count_));
@@ -167,20 +269,25 @@ class TreeWalk {
 
   uint8_t* At(const Range& c) { return scratch_->data() + c.offset * es_; }
 
-  // Chunk ci's partial result: own + host's ranks + children, then to the
-  // parent (the root divides an AVG here, once).
+  // Chunk ci's partial result: own + host's ranks + children (of its
+  // tree), then to the parent (a root divides an AVG here, once).
   absl::Status ReduceUp(int ci) {
-    const Range& c = chunks_[static_cast<size_t>(ci)];
-    for (const auto& [from, step] : sources_) {
+    const Range& c = RangeOf(ci);
+    const int tree = TreeOf(ci);
+    auto reduce = [&](int from, int step) -> absl::Status {
       op_.SetLedger(Phase::kGather, step, ci, n_, from);
-      HALKA_ASSIGN_OR_RETURN(InFrame in, op_.AwaitData(from, Up(step, c)));
+      HALKA_ASSIGN_OR_RETURN(InFrame in, AwaitChunk(from, Up(step, c)));
       const absl::Time t0 = halka::Now();
       ApplyPayload(dt_, op_.fp().op, /*reduce=*/true, At(c), in);
       reduce_time_ += op_.RecordReduce(from, halka::Now() - t0);
-    }
-    if (t_.parent >= 0) {
+      return absl::OkStatus();
+    };
+    for (int m : t_.members) HALKA_RETURN_IF_ERROR(reduce(m, kInHost));
+    for (int ch : t_.children[tree]) HALKA_RETURN_IF_ERROR(reduce(ch, kAcross));
+    if (t_.parent[tree] >= 0) {
       op_.SetLedger(Phase::kGather, kAcross, ci, n_, -1);
-      return op_.Send(t_.parent, Up(kAcross, c), At(c), c.count * es_, ci);
+      return op_.Send(t_.parent[tree], Up(kAcross, c), At(c), c.count * es_,
+                      ci);
     }
     if (op_.fp().op == ReduceOp::kAvg) {
       FinalizeAvg(dt_, At(c), c.count, op_.world());
@@ -188,11 +295,13 @@ class TreeWalk {
     return absl::OkStatus();
   }
 
-  // The result's chunk ci from the parent into scratch, then on down.
+  // The result's chunk ci from its tree's parent into scratch, then on
+  // down.
   absl::Status TakeDown(int ci) {
-    const Range& c = chunks_[static_cast<size_t>(ci)];
-    op_.SetLedger(Phase::kBroadcast, kAcross, ci, n_, t_.parent);
-    HALKA_ASSIGN_OR_RETURN(InFrame in, op_.AwaitData(t_.parent, Down(kAcross, c)));
+    const Range& c = RangeOf(ci);
+    const int parent = t_.parent[TreeOf(ci)];
+    op_.SetLedger(Phase::kBroadcast, kAcross, ci, n_, parent);
+    HALKA_ASSIGN_OR_RETURN(InFrame in, AwaitChunk(parent, Down(kAcross, c)));
     // The chunk's partial sum went up from here: the result overwrites it
     // only once that send has left (it has, as a rule: the result needed it).
     if (!op_.WaitForReleases(ci, op_.deadline())) return SendDeadline();
@@ -200,12 +309,12 @@ class TreeWalk {
     return SendDown(ci);
   }
 
-  // The result's chunk ci to the children (across hosts first: the longer
-  // hop), then to the host's ranks.
+  // The result's chunk ci to the children of its tree (across hosts first:
+  // the longer hop), then to the host's ranks.
   absl::Status SendDown(int ci) {
-    const Range& c = chunks_[static_cast<size_t>(ci)];
+    const Range& c = RangeOf(ci);
     op_.SetLedger(Phase::kBroadcast, kAcross, ci, n_, -1);
-    for (int ch : t_.children) {
+    for (int ch : t_.children[TreeOf(ci)]) {
       HALKA_RETURN_IF_ERROR(
           op_.Send(ch, Down(kAcross, c), At(c), c.count * es_, -1));
     }
@@ -227,10 +336,10 @@ class TreeWalk {
   const DType dt_;
   const size_t es_;
   const size_t count_;
-  const std::vector<Range> chunks_;
+  const std::vector<TreeChunk> chunks_;
   const int n_;
-  // A leader's partial results, in reduction order: (rank, step).
-  std::vector<std::pair<int, int>> sources_;
+  // Frames that came before the one awaited from their sender (copies).
+  std::map<int, std::vector<InFrame>> aside_;
   std::vector<uint8_t>* scratch_ = nullptr;
   absl::Duration reduce_time_;
 };

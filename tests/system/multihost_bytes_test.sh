@@ -29,10 +29,11 @@
 #   auto        the same job, --algo=auto: two-level (above 64 KiB on hosts
 #               of equal g >= 2), the same F2
 #   tree        the same job, --algo=tree: a host's workers to its leader
-#               (shared memory), a binary tree of the leaders up and down:
-#               host h sends the buffer once per tree edge it has (its
-#               parent, when h > 0, and its children 2h+1, 2h+2 < H):
-#               N * edges * S, within [1.00, 1.08] of that
+#               (shared memory), a double binary tree of the leaders up
+#               and down (tree 0 a heap, host h's parent (h-1)/2; tree 1
+#               its mirror, each over half the buffer): host h sends half
+#               the buffer per edge it has in either tree:
+#               N * edges * S / 2, within [1.00, 1.08] of that
 #   rank order  the control: every worker names a host of its own
 #               (--host_id), the ring runs in rank order, and each host sends
 #               g edges' bytes: at least 0.97 * g * F
@@ -218,15 +219,18 @@ if (( PER >= 2 )); then
     expect_tx "two-level $coll" "$FS" "(H-1)/H of the buffer"
   done
 fi
-# The tree: host h's leader sends the buffer up to its parent (h > 0) and
-# down to each child host (2h+1, 2h+2 < H); nothing else leaves a host.
+# The double binary tree: in each of its two trees (tree 0 a heap over the
+# hosts, tree 1 its mirror: host h in place H-1-h), host h's leader sends
+# that tree's half of the buffer up to its parent and down to each child;
+# nothing else leaves a host.
 measure hostorder.tree tree
 log "tree: $REPEAT all-reduces of $MIB MiB, $OP_MS ms each (wall, every rank)"
+tree_edges() { local p=$1; echo $(( (p > 0) + (2 * p + 1 < H) + (2 * p + 2 < H) )); }
 for (( h = 0; h < H; ++h )); do
-  edges=$(( (h > 0) + (2 * h + 1 < H) + (2 * h + 2 < H) ))
-  FT=$(( REPEAT * edges * BYTES ))
+  edges=$(( $(tree_edges $h) + $(tree_edges $(( H - 1 - h ))) ))
+  FT=$(( REPEAT * edges * BYTES / 2 ))
   q=$(ratio "${TX[h]}" "$FT")
-  log "tree: host $h sent ${TX[h]} B = $q x its $edges tree edges' bytes ($FT B)"
+  log "tree: host $h sent ${TX[h]} B = $q x half the buffer per edge of its $edges in the two trees ($FT B)"
   awk -v q="$q" 'BEGIN { exit !(q >= 1.0 && q <= 1.08) }' ||
     fail "tree: host $h sent $q x its tree edges' bytes (want 1.00..1.08)"
 done
@@ -243,4 +247,4 @@ for (( h = 0; h < H; ++h )); do
     fail "rank order: host $h sent $q x one edge's bytes (want >= $PER: the control must show g crossing edges)"
 done
 
-echo "PASS: $H hosts x $PER workers: host-ordered rings send one ring edge per host across hosts (rank order: $PER; two-level and auto: 2(H-1)/H of the buffer, its reduce-scatter and all-gather (H-1)/H; tree: the buffer once per tree edge)"
+echo "PASS: $H hosts x $PER workers: host-ordered rings send one ring edge per host across hosts (rank order: $PER; two-level and auto: 2(H-1)/H of the buffer, its reduce-scatter and all-gather (H-1)/H; tree: half the buffer per edge of either of its two trees)"

@@ -52,13 +52,15 @@ TEST(CostModel, FlatAllReducesOnOneHost) {
   // One hop, G-1 copies through one link.
   EXPECT_NEAR(Predict(one_host, OpKind::kAllReduce, Algorithm::kNaive, s, m),
               10e-6 + 3 * 4e6 / 1e9, kTol);
-  // A binary tree of 4 (children 2i+1, 2i+2): 2 ceil(log2 4) hops, the
-  // root's two children 2 S; of 5, node 1's parent and two children 3 S.
+  // The double binary tree of 4 (tree 0's children 2i+1, 2i+2, tree 1
+  // its mirror): 2 ceil(log2 4) hops; every node has 3 edges in the two
+  // trees, half the buffer each: 1.5 S. Of 5, node 1 has a parent and two
+  // children in tree 0 and is a leaf of tree 1: 2 S.
   EXPECT_NEAR(Predict(one_host, OpKind::kAllReduce, Algorithm::kTree, s, m),
-              4 * 10e-6 + 2 * 4e6 / 1e9, kTol);
+              4 * 10e-6 + 1.5 * 4e6 / 1e9, kTol);
   EXPECT_NEAR(Predict(RingShape{5, {5}}, OpKind::kAllReduce, Algorithm::kTree,
                       s, m),
-              6 * 10e-6 + 3 * 4e6 / 1e9, kTol);
+              6 * 10e-6 + 2 * 4e6 / 1e9, kTol);
   // 6 ranks: 4 is the largest power of two; 2 swaps and the fold in and out.
   EXPECT_NEAR(Predict(RingShape{6, {6}}, OpKind::kAllReduce,
                       Algorithm::kRecursiveDoubling, s, m),
@@ -194,7 +196,7 @@ TEST(CostModel, TwoLevelAllReduceAndItsSlices) {
   EXPECT_FALSE(uneven.two_level_usable());
   EXPECT_TRUE((RingShape{6, {3, 3}}).two_level_usable());
   // The tree on hosts: 2 hops to and from the leader inside, 2 ceil(log2 H)
-  // across, H = 2: the root's one child, S each way.
+  // across, H = 2: one edge in each tree, half the buffer each: S each way.
   EXPECT_NEAR(Predict(RingShape{4, {2, 2}}, OpKind::kAllReduce,
                       Algorithm::kTree, s, m),
               2 * 1e-4 + 4e6 / 1e9 + 2 * 1e-6 + 4e6 / 1e10, kTol);

@@ -2,9 +2,9 @@
 // in-process rings, with hosts (CommConfig::hosts, as the rendezvous
 // publishes them) and without: every rank ends with the same bits, within
 // the reference's bound (exact for integers, MIN and MAX), at any chunk
-// count; a host's ranks talk only to their leader, and only the tree's
-// edges between leaders cross hosts, each carrying the buffer once up and
-// once down; a mismatch touches no buffer; a rank that never calls is
+// count; a host's ranks talk only to their leader, and only the two
+// trees' edges between leaders cross hosts, each carrying its tree's half
+// of the buffer once up and once down; a mismatch touches no buffer; a rank that never calls is
 // named, and nobody hangs.
 #include <algorithm>
 #include <map>
@@ -79,25 +79,39 @@ TEST(Tree, EveryShapeCountOpAndDtypeAgreesEverywhereAndWithTheReference) {
   }
 }
 
-TEST(Tree, TheShapeIsABinaryTreeOfLeadersInHostOrder) {
+TEST(Tree, TheShapesAreABinaryTreeOfLeadersInHostOrderAndItsMirror) {
   CommConfig c;
   c.world_size = 8;
   c.hosts = {{6, 7}, {0, 1}, {4, 5}, {2, 3}};
   const RingPath path(8, OrderOf(c.hosts));
-  c.rank = 6;  // host 0's leader: the root
+  // Tree 0: hosts 0 (root), 1 and 2 its children, 3 under 1. Tree 1, the
+  // mirror: host 3 the root, 2 and 1 its children, 0 under 2.
+  c.rank = 6;  // host 0's leader
   TreeShape t = TreeShapeOf(c, path);
-  EXPECT_EQ(t.parent, -1);
-  EXPECT_EQ(t.children, (std::vector<int>{0, 4}));
+  EXPECT_EQ(t.parent[0], -1);
+  EXPECT_EQ(t.children[0], (std::vector<int>{0, 4}));
+  EXPECT_EQ(t.parent[1], 4);
+  EXPECT_TRUE(t.children[1].empty());
   EXPECT_EQ(t.members, (std::vector<int>{7}));
-  c.rank = 0;  // host 1's leader: children host 3
+  c.rank = 0;  // host 1's leader
   t = TreeShapeOf(c, path);
-  EXPECT_EQ(t.parent, 6);
-  EXPECT_EQ(t.children, (std::vector<int>{2}));
+  EXPECT_EQ(t.parent[0], 6);
+  EXPECT_EQ(t.children[0], (std::vector<int>{2}));
+  EXPECT_EQ(t.parent[1], 2);
+  EXPECT_TRUE(t.children[1].empty());
+  c.rank = 2;  // host 3's leader: a leaf of tree 0, the root of tree 1
+  t = TreeShapeOf(c, path);
+  EXPECT_EQ(t.parent[0], 0);
+  EXPECT_TRUE(t.children[0].empty());
+  EXPECT_EQ(t.parent[1], -1);
+  EXPECT_EQ(t.children[1], (std::vector<int>{4, 0}));
   c.rank = 3;  // a member of host 3
   t = TreeShapeOf(c, path);
   EXPECT_EQ(t.leader, 2);
-  EXPECT_EQ(t.parent, -1);
-  EXPECT_TRUE(t.children.empty());
+  for (int tree = 0; tree < 2; ++tree) {
+    EXPECT_EQ(t.parent[tree], -1);
+    EXPECT_TRUE(t.children[tree].empty());
+  }
   EXPECT_TRUE(t.members.empty());
   // No usable hosts: every rank its own host, in ring order.
   c.hosts = {{0, 1, 2, 3, 4, 5, 6, 7}};
@@ -105,8 +119,33 @@ TEST(Tree, TheShapeIsABinaryTreeOfLeadersInHostOrder) {
   t = TreeShapeOf(c, RingPath(8, {3, 1, 5, 0, 2, 4, 6, 7}));
   EXPECT_FALSE(TreeHostsUsable(c));
   EXPECT_EQ(t.leader, 5);
-  EXPECT_EQ(t.parent, 3);  // position 2's parent is position 0
-  EXPECT_EQ(t.children, (std::vector<int>{4, 6}));  // positions 5 and 6
+  EXPECT_EQ(t.parent[0], 3);  // position 2's parent is position 0
+  EXPECT_EQ(t.children[0], (std::vector<int>{4, 6}));  // positions 5 and 6
+  // Mirrored: rank 5 takes heap place 7 - 2 = 5, whose parent place 2
+  // holds ring position 7 - 2 = 5: rank 4.
+  EXPECT_EQ(t.parent[1], 4);
+  EXPECT_TRUE(t.children[1].empty());
+}
+
+// Every leader is inner (has children) in at most one of the two trees,
+// so that its links carry at most twice the buffer each way.
+TEST(Tree, NoLeaderIsInnerInBothTrees) {
+  for (int n = 2; n <= 33; ++n) {
+    CommConfig c;
+    c.world_size = n;
+    std::vector<int> order(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) order[static_cast<size_t>(r)] = r;
+    for (int r = 0; r < n; ++r) {
+      c.rank = r;
+      const TreeShape t = TreeShapeOf(c, RingPath(n, order));
+      EXPECT_FALSE(!t.children[0].empty() && !t.children[1].empty())
+          << "rank " << r << " of " << n;
+      const int degree = static_cast<int>(t.children[0].size() +
+                                          t.children[1].size()) +
+                         (t.parent[0] >= 0) + (t.parent[1] >= 0);
+      EXPECT_LE(degree, 4) << "rank " << r << " of " << n;
+    }
+  }
 }
 
 TEST(Tree, HostRanksTalkToTheirLeaderAndOnlyTreeEdgesCrossHosts) {
@@ -126,26 +165,32 @@ TEST(Tree, HostRanksTalkToTheirLeaderAndOnlyTreeEdgesCrossHosts) {
     for (int r = 0; r < g; ++r) {
       const TreeShape t = TreeShapeOf(ring.comms[r]->config(),
                                       RingPath(g, OrderOf(hosts)));
-      std::vector<int> tree_peers = t.children;
-      if (t.parent >= 0) tree_peers.push_back(t.parent);
+      // What this rank owes each peer: a member its whole buffer to the
+      // leader (and a leader the result to each member); a leader, per
+      // tree, that tree's half to its parent (up) and to each child
+      // (down). Tree 0 has the first count - count/2 elements.
+      std::map<int, uint64_t> owed;
+      const uint64_t half[2] = {(count - count / 2) * 4, count / 2 * 4};
+      if (t.local != 0) {
+        owed[t.leader] = count * 4;
+      } else {
+        for (int m : t.members) owed[m] = count * 4;
+        for (int tree = 0; tree < 2; ++tree) {
+          if (t.parent[tree] >= 0) owed[t.parent[tree]] += half[tree];
+          for (int ch : t.children[tree]) owed[ch] += half[tree];
+        }
+      }
       const int host = HostOf(hosts, r);
       for (auto [peer, sent] : sent_by[r]) {
-        const bool talks = t.local != 0
-                               ? peer == t.leader
-                               : std::count(t.members.begin(), t.members.end(),
-                                            peer) > 0 ||
-                                     std::count(tree_peers.begin(),
-                                                tree_peers.end(), peer) > 0;
-        if (!talks) {
-          EXPECT_EQ(sent, 0u) << r << "->" << peer << " is no edge of the tree";
-          continue;
-        }
-        // Every edge carries the whole buffer, once (up or down).
-        EXPECT_EQ(sent, count * 4) << r << "->" << peer;
+        EXPECT_EQ(sent, owed[peer]) << r << "->" << peer;
         if (HostOf(hosts, peer) != host) across += sent;
       }
+      for (auto [peer, bytes] : owed) {
+        EXPECT_EQ(sent_by[r].count(peer), 1u) << r << "->" << peer;
+      }
     }
-    // H-1 edges between leaders, each crossed by the buffer up and down.
+    // H-1 edges between leaders in each tree, each crossed by its half up
+    // and down: the buffer up and down over H-1 edges.
     EXPECT_EQ(across, 2u * static_cast<uint64_t>(h - 1) * count * 4);
   }
 }

@@ -120,9 +120,12 @@ absl::Status RendezvousState::Restore(const std::string& job_id,
   if (options_.probe_links && !options_.link_model.has_value() &&
       claim.link_model.has_value() &&
       claim.link_model->measured_generation != 0) {
-    // The ring ran with a model its members measured: it holds for them.
+    // The ring ran with a model its members measured: it holds for them,
+    // unless their generation was still measuring them (the model is then
+    // the one of the members before: their reports, of this generation,
+    // still count).
     job.measured = claim.link_model;
-    job.measured_for = ProbeKey(job);
+    if (!claim.probe_links) job.measured_for = ProbeKey(job);
     job.measured_at = now;
   } else if (!SameLinkModel(claim.link_model, options_.link_model)) {
     // Every rank of a generation must rank by one model: the claimed ring
@@ -230,7 +233,7 @@ std::vector<std::string> RendezvousState::Sweep(absl::Time now) {
     }
     if (!late.empty()) Lose(it->first, job, late, now);
     Advance(it->first, job, now);
-    SweepProbe(it->first, job, now);
+    SweepProbe(it->first, job, now, heard);
     if (forget) {
       events_.push_back(absl::StrCat(
           "job ", it->first, ": ", live == 0 ? "no member left" :

@@ -61,15 +61,18 @@ std::string RendezvousState::ReportLinkProbe(const std::string& job_id,
     job.first_probe = now;
   }
   job.probes[worker_id] = report;
-  for (const Member& x : job.members) {
-    if (x.alive && job.probes.count(x.worker_id) == 0) return "";
-  }
+  // Only live members of this generation report here, and a member lost
+  // changes the generation (and so starts the reports over): every live
+  // member has reported when there are as many reports.
+  if (static_cast<int>(job.probes.size()) < Live(job)) return "";
   return FinishProbe(job_id, job, now);
 }
 
 void RendezvousState::SweepProbe(const std::string& job_id, Job& job,
-                                 absl::Time now) {
-  if (!job.active || !options_.probe_links ||
+                                 absl::Time now, bool heard) {
+  // A job this rendezvous does not hear (cut off, or ended) is left alone,
+  // as Sweep leaves its members.
+  if (!heard || !job.active || !options_.probe_links ||
       options_.link_model.has_value()) {
     return;
   }
@@ -128,28 +131,31 @@ std::string RendezvousState::FinishProbe(const std::string& job_id, Job& job,
     failures_text = absl::StrCat("; ", failures, " probe(s) failed, first ",
                                  failed);
   }
+  // The next generation (same members and ranks) says the probe is over,
+  // with the model, or without a new one: the members waiting for it
+  // (WorkerNode::Join) go on, and no cached view of this generation says
+  // otherwise.
+  ++job.generation;
+  job.lost.clear();
   if (local.empty() && net.empty()) {
-    std::string line = absl::StrCat(
-        "job ", job_id, ": generation ", probed, ": the link probes of ",
+    job.change = absl::StrCat(
+        "generation ", probed, "->", job.generation, ": the link probes of ",
         reports, " of ", Live(job), " members measured no link", failures_text,
         "; auto keeps ",
         job.measured ? "the model measured before" : "its counting rules");
-    events_.push_back(line);
-    return "";
+  } else {
+    LinkModel model;
+    model.local = MedianLevel(local);
+    model.net = MedianLevel(net);
+    model.measured_generation = probed;
+    job.measured = model;
+    job.change = absl::StrCat(
+        "generation ", probed, "->", job.generation,
+        ": link model measured on generation ", probed, " by ", reports,
+        " of ", Live(job), " members (medians; local from ", local.size(),
+        ", net from ", net.size(), "): ", DescribeLinkModel(model),
+        failures_text);
   }
-  LinkModel model;
-  model.local = MedianLevel(local);
-  model.net = MedianLevel(net);
-  model.measured_generation = probed;
-  job.measured = model;
-  ++job.generation;
-  job.lost.clear();
-  job.change = absl::StrCat(
-      "generation ", probed, "->", job.generation,
-      ": link model measured on generation ", probed, " by ", reports, " of ",
-      Live(job), " members (medians; local from ", local.size(),
-      ", net from ", net.size(), "): ", DescribeLinkModel(model),
-      failures_text);
   std::string line = absl::StrCat("job ", job_id, ": ", job.change);
   events_.push_back(line);
   return line;

@@ -37,6 +37,7 @@ RingClaim ClaimFrom(const v1::Membership& m) {
     c.members.push_back(std::move(v));
   }
   if (m.has_link_model()) c.link_model = LinkModelFromProto(m.link_model());
+  c.probe_links = m.probe_links();
   return c;
 }
 

@@ -170,6 +170,9 @@ struct RingClaim {
   std::vector<MemberView> members;  // ring order
   // The link model the claimed generation ran with (Membership.link_model).
   std::optional<LinkModel> link_model;
+  // The claimed generation asked its members to probe (Membership.
+  // probe_links): its model is the one measured before its members.
+  bool probe_links = false;
 };
 
 class RendezvousState {
@@ -254,7 +257,9 @@ class RendezvousState {
   // median of the members' values that measured it, and the generation
   // moves on (same members and ranks) to publish it: returns the change
   // line then (publish it), else "". Sweep does the same probe_wait after
-  // the first report with what has come (no model from no edge).
+  // the first report with what has come. Probes that measured no link
+  // publish the next generation too (probe_links off, the model as it
+  // was), so that members waiting for the end of the probe go on.
   std::string ReportLinkProbe(const std::string& job_id,
                               const std::string& worker_id,
                               const LinkProbeReport& report, absl::Time now);
@@ -397,7 +402,8 @@ class RendezvousState {
   std::string FinishProbe(const std::string& job_id, Job& job, absl::Time now);
   // Sweep's part: finishes a probe probe_wait after its first report, and
   // asks again for a model older than probe_every.
-  void SweepProbe(const std::string& job_id, Job& job, absl::Time now);
+  void SweepProbe(const std::string& job_id, Job& job, absl::Time now,
+                  bool heard);
 
   struct Server {
     std::string server_id;

@@ -97,7 +97,8 @@ std::vector<ProbeEdge> PlanProbeRounds(
   return edges;
 }
 
-v1::LinkProbe ProbeRingLinks(Ring& ring, const LinkProbeOptions& options) {
+v1::LinkProbe ProbeRingLinks(Ring& ring, const LinkProbeOptions& options,
+                             const std::function<bool()>& cancelled) {
   v1::LinkProbe probe;
   probe.set_generation(ring.generation);
   const int g = ring.world;
@@ -124,12 +125,22 @@ v1::LinkProbe ProbeRingLinks(Ring& ring, const LinkProbeOptions& options) {
     if (failed.empty()) failed = absl::StrCat(what, ": ", s.ToString());
   };
   if (!all.ok()) fail("the probe's group of every rank", all.status());
-  for (int round = 0; round < kProbeRounds && all.ok(); ++round) {
+  auto stop = [&] {
+    if (!cancelled || !cancelled()) return false;
+    fail("the probe", absl::CancelledError(
+                          "stopped: the generation moved on, or the worker "
+                          "stops"));
+    return true;
+  };
+  bool stopped = false;
+  for (int round = 0; round < kProbeRounds && all.ok() && !stopped; ++round) {
+    if ((stopped = stop())) break;
     bool any = false;
     for (const ProbeEdge& e : edges) {
       if (e.round != round) continue;
       any = true;
       if (e.a != ring.rank && e.b != ring.rank) continue;
+      if ((stopped = stop())) break;
       const int peer = e.a == ring.rank ? e.b : e.a;
       absl::StatusOr<EdgeCost> c = MeasureEdge(ring, peer, options);
       if (!c.ok()) {
@@ -139,8 +150,8 @@ v1::LinkProbe ProbeRingLinks(Ring& ring, const LinkProbeOptions& options) {
       alpha[e.local ? 0 : 1].push_back(c->alpha_s);
       rate[e.local ? 0 : 1].push_back(c->bytes_per_s);
     }
-    if (!any) continue;
-    absl::StatusOr<OpResult> b = (*all)->comm().Barrier(options.timeout);
+    if (!any || stopped) continue;
+    absl::StatusOr<OpResult> b = (*all)->comm().Barrier(options.barrier_timeout);
     if (!b.ok()) {
       fail(absl::StrCat("the barrier after round ", round), b.status());
       break;  // the others stop there too, or time out alike

@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -43,8 +44,11 @@ struct LinkProbeOptions {
   int big_reps = 5;
   size_t big_bytes = size_t{1} << 20;
   // Each all-reduce's deadline (a peer that does not take part fails the
-  // edge's probe within it).
-  absl::Duration timeout = absl::Seconds(5);
+  // edge's probe within it; a link too slow to carry big_bytes within it,
+  // under about 1 Mbit/s, is not measured), and each barrier's (the
+  // round's other edges run meanwhile).
+  absl::Duration timeout = absl::Seconds(10);
+  absl::Duration barrier_timeout = absl::Seconds(30);
 };
 
 // One ring edge, between ranks a and b (a before b in the ring), and the
@@ -66,8 +70,11 @@ std::vector<ProbeEdge> PlanProbeRounds(
 
 // Probes `ring`'s edges of this rank. Never fails as a call: a probe that
 // measured no edge says why in LinkProbe.error (a world of 1 measures
-// none and says so).
-v1::LinkProbe ProbeRingLinks(Ring& ring, const LinkProbeOptions& options = {});
+// none and says so). `cancelled` (may be empty) is asked before each
+// round and edge: true stops the probe there (the generation moved on,
+// the worker stops), with what it measured so far.
+v1::LinkProbe ProbeRingLinks(Ring& ring, const LinkProbeOptions& options = {},
+                             const std::function<bool()>& cancelled = {});
 
 // The level of the edge between ranks a and b on `hosts` (Ring::hosts):
 // true for local (both on one host).

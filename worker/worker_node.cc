@@ -17,6 +17,7 @@
 #include "common/grpc_util.h"
 #include "common/in_process.h"
 #include "common/prometheus.h"
+#include "codec/membership_codec.h"
 #include "common/security.h"
 #include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "core/futex.h"
@@ -251,12 +252,17 @@ absl::Status WorkerNode::Join() {
   OnMembership(reply.membership());
   absl::StatusOr<std::shared_ptr<Ring>> ring = book_->Acquire(CallInfo{});
   if (!ring.ok()) return ring.status();
+  link_->Start(absl::Milliseconds(
+      std::max<uint32_t>(reply.heartbeat_interval_ms(), 50)));
+  if (reply.membership().probe_links() && AwaitMeasuredModel((*ring)->generation)) {
+    // The model's generation (same members): its ring, before any call.
+    ring = book_->Acquire(CallInfo{});
+    if (!ring.ok()) return ring.status();
+  }
   server_->GetHealthCheckService()->SetServingStatus(true);
   log_.Info(absl::StrCat("joined job ", o.job_id, ": rank ", (*ring)->rank,
                        " of ", (*ring)->world, ", generation ",
                        (*ring)->generation, ", serving on ", address_));
-  link_->Start(absl::Milliseconds(
-      std::max<uint32_t>(reply.heartbeat_interval_ms(), 50)));
   return absl::OkStatus();
 }
 
@@ -290,6 +296,30 @@ void WorkerNode::OnMembership(const v1::Membership& m) {
     u.running->comm->Abort(absl::AbortedError(
         absl::StrCat("job ", options_.job_id, " ", m.change())));
   }
+}
+
+bool WorkerNode::AwaitMeasuredModel(uint64_t formed) {
+  const absl::Time t0 = halka::Now();
+  const absl::Time deadline = t0 + kProbeJoinWait;
+  for (;;) {
+    const v1::Membership latest = book_->Latest();
+    if (latest.generation() > formed || !latest.probe_links()) {
+      log_.Info(absl::StrFormat(
+          "the job's link model after %.0f ms: %s", 
+          absl::ToDoubleMilliseconds(halka::Now() - t0),
+          latest.has_link_model()
+              ? DescribeLinkModel(LinkModelFromProto(latest.link_model()))
+              : std::string("none (auto counts)")));
+      return latest.generation() > formed;
+    }
+    if (halka::Now() >= deadline || link_->stopped()) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  log_.Warning(absl::StrCat(
+      "the job's link model was not published within ",
+      absl::FormatDuration(kProbeJoinWait),
+      " of the ring forming: serving without it (auto counts until it comes)"));
+  return false;
 }
 
 void WorkerNode::RequestProbe(uint64_t generation) {
@@ -329,9 +359,15 @@ void WorkerNode::ProbeLoop() {
       if (probe_stop_) return;
       if (probe_wanted_ != want) break;
     }
-    if (ring != nullptr && ring->generation == want) {
+    // A generation the rendezvous moved past is not probed (its reports
+    // would be ignored), and a probe stops once it moves on.
+    auto cancelled = [this, want] {
+      absl::MutexLock lock(&probe_mu_);
+      return probe_stop_ || book_->latest_generation() != want;
+    };
+    if (ring != nullptr && ring->generation == want && !cancelled()) {
       const absl::Time t0 = halka::Now();
-      v1::LinkProbe probe = ProbeRingLinks(*ring);
+      v1::LinkProbe probe = ProbeRingLinks(*ring, LinkProbeOptions{}, cancelled);
       ring.reset();
       log_.Info(absl::StrFormat(
           "probed the ring links of generation %d in %.0f ms: local %d "

@@ -291,6 +291,15 @@ class WorkerNode {
   // hands the result to the rendezvous link.
   void RequestProbe(uint64_t generation);
   void ProbeLoop();
+  // Join's wait, when the ring formed at generation `formed` asks for
+  // probes: until the rendezvous publishes the measured model (a newer
+  // generation, same members) or says the probe is over, at most
+  // kProbeJoinWait (its probe_wait after the first report, and the probe
+  // itself), so that no call runs on a ring that is replaced at once
+  // (a group collective or a receive in flight across the change would
+  // fail). True when a newer generation came.
+  bool AwaitMeasuredModel(uint64_t formed);
+  static constexpr absl::Duration kProbeJoinWait = absl::Seconds(45);
   absl::Mutex probe_mu_;
   uint64_t probe_wanted_ ABSL_GUARDED_BY(probe_mu_) = 0;
   uint64_t probe_done_ ABSL_GUARDED_BY(probe_mu_) = 0;

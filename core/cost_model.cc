@@ -36,23 +36,30 @@ const LevelCost* FlatLevel(const RingShape& shape, const LinkModel& m) {
   return nullptr;
 }
 
-// What the busiest link of tree.cc's double binary tree of n nodes
-// carries, in buffers each way: each tree (tree 0 a heap, node i's
-// children 2i+1, 2i+2; tree 1 its mirror, node i in place n-1-i) moves
-// half the buffer once over each of its edges each way, so a node's link
-// carries half a buffer per edge it has in either tree: 1 for 2 nodes
-// (one edge in each), 1.5 for 3 or 4, 2 from 5 on (an inner node of one
-// tree, parent and two children, is a leaf of the other).
-double TreeLoad(int n) {
+// tree.cc splits a buffer over its two trees from two chunks of the
+// default chunk size (CommConfig::chunk_bytes, which the model does not
+// see) up; a smaller one goes through tree 0 alone.
+constexpr double kTreeSplitBytes = 2.0 * (1 << 20);
+
+// What the busiest link of tree.cc's trees of n nodes carries, in buffers
+// each way. Each tree (tree 0 a heap, node i's children 2i+1, 2i+2; tree
+// 1 its mirror, node i in place n-1-i) moves its part of the buffer once
+// over each of its edges each way. Both trees, half the buffer each: a
+// node's link carries half a buffer per edge it has in either: 1 for 2
+// nodes, 1.5 for 3 or 4, 2 from 5 on (an inner node of one tree, parent
+// and two children, is a leaf of the other). Tree 0 alone: a buffer per
+// edge of it: 1, 2 for 3 or 4, 3 from 5 on.
+double TreeLoad(int n, bool both) {
   int most = 0;
   for (int i = 0; i < n; ++i) {
     int edges = 0;
     for (int p : {i, n - 1 - i}) {
       edges += (p > 0) + (2 * p + 1 < n) + (2 * p + 2 < n);
+      if (!both) break;
     }
     most = std::max(most, edges);
   }
-  return most / 2.0;
+  return both ? most / 2.0 : most;
 }
 
 int Widest(const RingShape& shape) {
@@ -130,11 +137,12 @@ std::optional<double> AllReduce(const RingShape& shape, Algorithm algorithm,
       if (shape.hosts() < 2) {
         if (flat == nullptr) return std::nullopt;
         return 2.0 * CeilLog2(g_world) * flat->alpha_s +
-               TreeLoad(g_world) * s / flat->bytes_per_s;
+               TreeLoad(g_world, s >= kTreeSplitBytes) * s / flat->bytes_per_s;
       }
       if (!m.net.known()) return std::nullopt;
       double t = 2.0 * CeilLog2(shape.hosts()) * m.net.alpha_s +
-                 TreeLoad(shape.hosts()) * s / m.net.bytes_per_s;
+                 TreeLoad(shape.hosts(), s >= kTreeSplitBytes) * s /
+                     m.net.bytes_per_s;
       const int widest = Widest(shape);
       if (widest >= 2) {
         // A host's ranks to its leader and back: the leader's inbox takes

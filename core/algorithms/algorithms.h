@@ -147,7 +147,8 @@ absl::Status HalvingDoublingAllReduce(OpContext& op);
 // Double binary tree all-reduce, for small buffers on many ranks: every
 // rank of a host sends its buffer to the host's leader (its first rank);
 // the leaders reduce up two binary trees at once, each over half of the
-// buffer, chunk by chunk, pipelined, and the roots' results go back down
+// buffer (a buffer of less than two chunks: tree 0 alone), chunk by
+// chunk, pipelined, and the roots' results go back down
 // and from each leader to its host's ranks. Tree 0 is a binary heap over
 // the hosts in the order of config().hosts (ring order: host i's parent
 // is host (i-1)/2); tree 1 is its mirror (host i takes host H-1-i's

@@ -81,14 +81,16 @@ TreeShape TreeShapeOf(const CommConfig& config, const RingPath& path) {
 namespace {
 
 // The chunks of a buffer of `count` elements, half for each tree (tree
-// 0 the first half; a single element all in tree 0), in the order they
-// are walked: alternately one of each tree, so that both trees stay busy.
+// 0 the first half), in the order they are walked: alternately one of
+// each tree, so that both trees stay busy. A buffer of less than two
+// chunks goes through tree 0 alone: its time is the hops, and a second
+// tree would only double the messages.
 struct TreeChunk {
   Range range;
   int tree = 0;
 };
 std::vector<TreeChunk> PlanTreeChunks(size_t count, size_t chunk_elems) {
-  const size_t half = count / 2;
+  const size_t half = count < 2 * chunk_elems ? 0 : count / 2;
   const std::vector<Range> first = PlanChunks(Range{0, count - half}, chunk_elems);
   std::vector<Range> second;
   if (half > 0) second = PlanChunks(Range{count - half, half}, chunk_elems);

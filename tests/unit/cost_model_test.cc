@@ -61,6 +61,11 @@ TEST(CostModel, FlatAllReducesOnOneHost) {
   EXPECT_NEAR(Predict(RingShape{5, {5}}, OpKind::kAllReduce, Algorithm::kTree,
                       s, m),
               6 * 10e-6 + 2 * 4e6 / 1e9, kTol);
+  // Under two chunks (2 MiB) tree 0 alone carries the buffer: node 1's
+  // parent and two children, 3 S.
+  EXPECT_NEAR(Predict(RingShape{5, {5}}, OpKind::kAllReduce, Algorithm::kTree,
+                      1e6, m),
+              6 * 10e-6 + 3 * 1e6 / 1e9, kTol);
   // 6 ranks: 4 is the largest power of two; 2 swaps and the fold in and out.
   EXPECT_NEAR(Predict(RingShape{6, {6}}, OpKind::kAllReduce,
                       Algorithm::kRecursiveDoubling, s, m),

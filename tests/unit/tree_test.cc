@@ -158,40 +158,47 @@ TEST(Tree, HostRanksTalkToTheirLeaderAndOnlyTreeEdgesCrossHosts) {
     InProcRing ring = TreeRing(hosts, 4096, 16);
     const int g = ring.g;
     const int h = static_cast<int>(hosts.size());
-    const size_t count = 6000;
-    const std::vector<std::map<int, uint64_t>> sent_by =
-        ring.SentDuringAllReduce(count, Algorithm::kTree);
-    uint64_t across = 0;
-    for (int r = 0; r < g; ++r) {
-      const TreeShape t = TreeShapeOf(ring.comms[r]->config(),
-                                      RingPath(g, OrderOf(hosts)));
-      // What this rank owes each peer: a member its whole buffer to the
-      // leader (and a leader the result to each member); a leader, per
-      // tree, that tree's half to its parent (up) and to each child
-      // (down). Tree 0 has the first count - count/2 elements.
-      std::map<int, uint64_t> owed;
-      const uint64_t half[2] = {(count - count / 2) * 4, count / 2 * 4};
-      if (t.local != 0) {
-        owed[t.leader] = count * 4;
-      } else {
-        for (int m : t.members) owed[m] = count * 4;
-        for (int tree = 0; tree < 2; ++tree) {
-          if (t.parent[tree] >= 0) owed[t.parent[tree]] += half[tree];
-          for (int ch : t.children[tree]) owed[ch] += half[tree];
+    // 6000 elements are 6 chunks of 4 KiB, over both trees; 2000 are
+    // under two chunks, all on tree 0.
+    for (const size_t count : {size_t{6000}, size_t{2000}}) {
+      SCOPED_TRACE(absl::StrCat(count, " elements"));
+      const std::vector<std::map<int, uint64_t>> sent_by =
+          ring.SentDuringAllReduce(count, Algorithm::kTree);
+      uint64_t across = 0;
+      for (int r = 0; r < g; ++r) {
+        const TreeShape t = TreeShapeOf(ring.comms[r]->config(),
+                                        RingPath(g, OrderOf(hosts)));
+        // What this rank owes each peer: a member its whole buffer to the
+        // leader (and a leader the result to each member); a leader, per
+        // tree, that tree's half to its parent (up) and to each child
+        // (down). Tree 1 has the last count/2 elements, none under two
+        // chunks.
+        std::map<int, uint64_t> owed;
+        const size_t second = count < 2 * 1024 ? 0 : count / 2;
+        const uint64_t half[2] = {(count - second) * 4, second * 4};
+        if (t.local != 0) {
+          owed[t.leader] = count * 4;
+        } else {
+          for (int m : t.members) owed[m] = count * 4;
+          for (int tree = 0; tree < 2; ++tree) {
+            if (half[tree] == 0) continue;
+            if (t.parent[tree] >= 0) owed[t.parent[tree]] += half[tree];
+            for (int ch : t.children[tree]) owed[ch] += half[tree];
+          }
+        }
+        const int host = HostOf(hosts, r);
+        for (auto [peer, sent] : sent_by[r]) {
+          EXPECT_EQ(sent, owed[peer]) << r << "->" << peer;
+          if (HostOf(hosts, peer) != host) across += sent;
+        }
+        for (auto [peer, bytes] : owed) {
+          EXPECT_EQ(sent_by[r].count(peer), 1u) << r << "->" << peer;
         }
       }
-      const int host = HostOf(hosts, r);
-      for (auto [peer, sent] : sent_by[r]) {
-        EXPECT_EQ(sent, owed[peer]) << r << "->" << peer;
-        if (HostOf(hosts, peer) != host) across += sent;
-      }
-      for (auto [peer, bytes] : owed) {
-        EXPECT_EQ(sent_by[r].count(peer), 1u) << r << "->" << peer;
-      }
+      // H-1 edges between leaders in each tree, each crossed by its half up
+      // and down: the buffer up and down over H-1 edges.
+      EXPECT_EQ(across, 2u * static_cast<uint64_t>(h - 1) * count * 4);
     }
-    // H-1 edges between leaders in each tree, each crossed by its half up
-    // and down: the buffer up and down over H-1 edges.
-    EXPECT_EQ(across, 2u * static_cast<uint64_t>(h - 1) * count * 4);
   }
 }
 

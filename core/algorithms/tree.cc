@@ -8,6 +8,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -113,7 +114,9 @@ class TreeWalk {
         count_(static_cast<size_t>(op.fp().count)),
         chunks_(PlanTreeChunks(
             count_, std::max<size_t>(1, op.config().chunk_bytes / es_))),
-        n_(static_cast<int>(chunks_.size())) {}
+        n_(static_cast<int>(chunks_.size())) {
+    for (int ci = 0; ci < n_; ++ci) chunk_at_[RangeOf(ci).offset] = ci;
+  }
 
   absl::Status Run() {
     if (t_.local != 0) return RunMember();
@@ -132,54 +135,67 @@ class TreeWalk {
   }
   int TreeOf(int ci) const { return chunks_[static_cast<size_t>(ci)].tree; }
 
-  // Whether `in` is a frame that rank `from` sends this rank in this walk
-  // (of some chunk): one that may come before the one awaited, since a
-  // peer's frames of the two trees (and a leader's results, each sent
-  // once its tree's root has it) need not come in the order this rank
-  // takes them.
-  bool Expected(int from, const InFrame& in) const {
-    for (int ci = 0; ci < n_; ++ci) {
-      const Range& c = RangeOf(ci);
-      const int tree = TreeOf(ci);
-      std::vector<FrameMeta> could;
-      if (t_.local != 0) {
-        if (from == t_.leader) could.push_back(Down(kInHost, c));
-      } else {
-        if (std::count(t_.members.begin(), t_.members.end(), from) > 0) {
-          could.push_back(Up(kInHost, c));
-        }
-        const std::vector<int>& kids = t_.children[tree];
-        if (std::count(kids.begin(), kids.end(), from) > 0) {
-          could.push_back(Up(kAcross, c));
-        }
-        if (from == t_.parent[tree]) could.push_back(Down(kAcross, c));
+  // The chunk whose range starts at `offset` (elements); -1: none.
+  int ChunkAt(uint64_t offset) const {
+    auto it = chunk_at_.find(offset);
+    return it == chunk_at_.end() ? -1 : it->second;
+  }
+
+  // Whether `in` is chunk ci's frame that rank `from` sends this rank in
+  // this walk: one that may come before the one awaited, since a peer's
+  // frames of the two trees (and a leader's results, each sent once its
+  // tree's root has it) need not come in the order this rank takes them.
+  bool Expected(int from, int ci, const InFrame& in) const {
+    const Range& c = RangeOf(ci);
+    const int tree = TreeOf(ci);
+    std::vector<FrameMeta> could;
+    if (t_.local != 0) {
+      if (from == t_.leader) could.push_back(Down(kInHost, c));
+    } else {
+      if (std::count(t_.members.begin(), t_.members.end(), from) > 0) {
+        could.push_back(Up(kInHost, c));
       }
-      for (const FrameMeta& m : could) {
-        if (op_.CheckData(in, from, m).ok()) return true;
+      const std::vector<int>& kids = t_.children[tree];
+      if (std::count(kids.begin(), kids.end(), from) > 0) {
+        could.push_back(Up(kAcross, c));
       }
+      if (from == t_.parent[tree]) could.push_back(Down(kAcross, c));
+    }
+    for (const FrameMeta& m : could) {
+      if (op_.CheckData(in, from, m).ok()) return true;
     }
     return false;
   }
 
-  // The frame `expect` from `from`: one that came earlier and was set
-  // aside, or the next ones from `from` until it comes (those of the walk
-  // that come first are set aside, copied: a frame may hold its link's
-  // ring, which the sender needs for what follows). DATA_LOSS for a frame
-  // of no chunk of the walk, as AwaitData.
-  absl::StatusOr<InFrame> AwaitChunk(int from, const FrameMeta& expect) {
-    std::vector<InFrame>& aside = aside_[from];
-    for (auto it = aside.begin(); it != aside.end(); ++it) {
-      if (op_.CheckData(*it, from, expect).ok()) {
-        InFrame in = std::move(*it);
-        aside.erase(it);
-        return in;
-      }
+  // Chunk ci's frame `expect` from `from`: one that came earlier and was
+  // set aside, or the next ones from `from` until it comes (those of
+  // chunks of the walk not yet taken from it come first are set aside,
+  // copied: a frame may hold its link's ring, which the sender needs for
+  // what follows). Each (peer, chunk) once: a frame of no chunk of the
+  // walk, of one already taken or set aside, fails the operation
+  // (DATA_LOSS, as AwaitData), as does one whose shared memory changed
+  // under the copy.
+  absl::StatusOr<InFrame> AwaitChunk(int from, int ci, const FrameMeta& expect) {
+    const std::pair<int, int> key(from, ci);
+    if (auto it = aside_.find(key); it != aside_.end()) {
+      InFrame in = std::move(it->second);
+      aside_.erase(it);
+      HALKA_RETURN_IF_ERROR(op_.CheckData(in, from, expect));
+      taken_.insert(key);
+      return in;
     }
     for (;;) {
       HALKA_ASSIGN_OR_RETURN(InFrame in, op_.Await(from));
       const absl::Status fits = op_.CheckData(in, from, expect);
-      if (fits.ok()) return in;
-      if (!Expected(from, in)) return fits;
+      if (fits.ok()) {
+        taken_.insert(key);
+        return in;
+      }
+      const std::pair<int, int> other(from, ChunkAt(in.meta.offset));
+      if (other.second < 0 || other.second == ci || taken_.count(other) > 0 ||
+          aside_.count(other) > 0 || !Expected(from, other.second, in)) {
+        return fits;
+      }
       InFrame copy;
       copy.meta = in.meta;
       auto bytes = std::make_shared<std::vector<uint8_t>>();
@@ -187,11 +203,26 @@ class TreeWalk {
       for (const auto& piece : in.pieces) {
         bytes->insert(bytes->end(), piece.begin(), piece.end());
       }
+      if (in.intact && !in.intact()) {
+        return absl::DataLossError(absl::StrCat(
+            op_.Where(), ": the shared memory of ", op_.Who(from),
+            "'s frame of chunk ", other.second,
+            " changed before this rank copied it"));
+      }
       copy.pieces.push_back(absl::MakeConstSpan(*bytes));
       copy.keepalive = std::move(bytes);
-      copy.intact = std::move(in.intact);
-      aside.push_back(std::move(copy));
+      aside_.emplace(other, std::move(copy));
     }
+  }
+
+  // DATA_LOSS for frames set aside that no chunk took (a peer sent a frame
+  // this rank never awaited from it).
+  absl::Status NothingLeftAside() const {
+    if (aside_.empty()) return absl::OkStatus();
+    const auto& [from, ci] = aside_.begin()->first;
+    return absl::DataLossError(absl::StrCat(
+        op_.Where(), ": ", aside_.size(), " frame(s) came that this rank "
+        "never took, the first of chunk ", ci, " from ", op_.Who(from)));
   }
 
   // A host's other rank: its buffer up to the leader (segment ci per
@@ -218,12 +249,12 @@ class TreeWalk {
       const Range& c = RangeOf(ci);
       op_.SetLedger(Phase::kBroadcast, kInHost, ci, n_, t_.leader);
       HALKA_ASSIGN_OR_RETURN(InFrame in,
-                             AwaitChunk(t_.leader, Down(kInHost, c)));
+                             AwaitChunk(t_.leader, ci, Down(kInHost, c)));
       if (!op_.WaitForReleases(ci, op_.deadline())) return SendDeadline();
       HALKA_RETURN_IF_ERROR(
           op_.buffer().Apply(/*reduce=*/false, c.offset, c.count, in));
     }
-    return absl::OkStatus();
+    return NothingLeftAside();
   }
 
   // A leader: its own buffer, then its host's ranks' and its children's
@@ -263,6 +294,7 @@ class TreeWalk {
     for (; !coming.empty(); coming.pop_front()) {
       HALKA_RETURN_IF_ERROR(TakeDown(coming.front()));
     }
+    HALKA_RETURN_IF_ERROR(NothingLeftAside());
     // The buffer is written only now, and nothing was sent from it.
     HALKA_RETURN_IF_ERROR(op_.buffer().WriteBack(scratch_->data(), 0, count_));
     op_.RecordReduceTotal(reduce_time_);
@@ -278,7 +310,7 @@ class TreeWalk {
     const int tree = TreeOf(ci);
     auto reduce = [&](int from, int step) -> absl::Status {
       op_.SetLedger(Phase::kGather, step, ci, n_, from);
-      HALKA_ASSIGN_OR_RETURN(InFrame in, AwaitChunk(from, Up(step, c)));
+      HALKA_ASSIGN_OR_RETURN(InFrame in, AwaitChunk(from, ci, Up(step, c)));
       const absl::Time t0 = halka::Now();
       ApplyPayload(dt_, op_.fp().op, /*reduce=*/true, At(c), in);
       reduce_time_ += op_.RecordReduce(from, halka::Now() - t0);
@@ -303,7 +335,8 @@ class TreeWalk {
     const Range& c = RangeOf(ci);
     const int parent = t_.parent[TreeOf(ci)];
     op_.SetLedger(Phase::kBroadcast, kAcross, ci, n_, parent);
-    HALKA_ASSIGN_OR_RETURN(InFrame in, AwaitChunk(parent, Down(kAcross, c)));
+    HALKA_ASSIGN_OR_RETURN(InFrame in,
+                           AwaitChunk(parent, ci, Down(kAcross, c)));
     // The chunk's partial sum went up from here: the result overwrites it
     // only once that send has left (it has, as a rule: the result needed it).
     if (!op_.WaitForReleases(ci, op_.deadline())) return SendDeadline();
@@ -340,8 +373,12 @@ class TreeWalk {
   const size_t count_;
   const std::vector<TreeChunk> chunks_;
   const int n_;
-  // Frames that came before the one awaited from their sender (copies).
-  std::map<int, std::vector<InFrame>> aside_;
+  // Where each chunk starts (elements) -> its index.
+  std::map<uint64_t, int> chunk_at_;
+  // Frames that came before the one awaited from their sender (copies),
+  // and the frames taken, by (sender, chunk).
+  std::map<std::pair<int, int>, InFrame> aside_;
+  std::set<std::pair<int, int>> taken_;
   std::vector<uint8_t>* scratch_ = nullptr;
   absl::Duration reduce_time_;
 };

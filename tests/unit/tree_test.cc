@@ -302,6 +302,38 @@ TEST(Tree, AMismatchTouchesNoBuffer) {
   }
 }
 
+// A frame of a chunk a rank already took (here every data frame of rank 2,
+// host 1's leader, says it is the first chunk) fails the operation at
+// once with DATA_LOSS naming the sender, not at the deadline: the frames
+// a rank sets aside are each (peer, chunk) once.
+TEST(Tree, AFrameOfAChunkAlreadyTakenIsDataLoss) {
+  const Hosts hosts = {{0, 1}, {2, 3}};
+  InProcRing ring = TreeRing(hosts, 40, 16);
+  const int g = ring.g;
+  ring.net.SetTamper(2, [](FrameMeta& m) {
+    if (m.kind == FrameKind::kData && m.offset > 0) m.offset = 0;
+  });
+  std::vector<std::vector<float>> bufs(g, std::vector<float>(1001, 1.0f));
+  auto results = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
+    return ring.comms[r]->AllReduce(bufs[r].data(), 1001, DType::kFloat32,
+                                    ReduceOp::kSum, absl::Seconds(60),
+                                    Algorithm::kTree);
+  });
+  int data_loss = 0;
+  for (int r = 0; r < g; ++r) {
+    ASSERT_FALSE(results[r].ok()) << "rank " << r;
+    EXPECT_NE(results[r].status().code(), absl::StatusCode::kDeadlineExceeded)
+        << "rank " << r << ": " << results[r].status();
+    if (results[r].status().code() == absl::StatusCode::kDataLoss) {
+      ++data_loss;
+      EXPECT_NE(results[r].status().message().find("rank 2"),
+                std::string::npos)
+          << results[r].status();
+    }
+  }
+  EXPECT_GE(data_loss, 1);
+}
+
 TEST(Tree, ARankThatNeverCallsIsNamedAndNobodyHangs) {
   const Hosts hosts = {{0, 1}, {2, 3}, {4, 5}};
   InProcRing ring = TreeRing(hosts, 64, 16);

@@ -7,14 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "core/cost_model.h"
 
 namespace halka {
 namespace {
-
-struct EdgeCost {
-  double alpha_s = 0;
-  double bytes_per_s = 0;
-};
 
 // The median seconds of `reps` all-reduces of `bytes` on `comm`.
 absl::StatusOr<double> TimeAllReduces(Communicator& comm, size_t bytes,
@@ -32,7 +28,7 @@ absl::StatusOr<double> TimeAllReduces(Communicator& comm, size_t bytes,
   return Median(std::move(seconds));
 }
 
-absl::StatusOr<EdgeCost> MeasureEdge(Ring& ring, int peer,
+absl::StatusOr<LevelCost> MeasureEdge(Ring& ring, int peer,
                                    const LinkProbeOptions& o) {
   std::vector<int> pair = {std::min(ring.rank, peer), std::max(ring.rank, peer)};
   absl::StatusOr<std::shared_ptr<SubRing>> group =
@@ -51,7 +47,7 @@ absl::StatusOr<EdgeCost> MeasureEdge(Ring& ring, int peer,
         "a message of ", o.big_bytes, " bytes took ", *big * 1e6,
         " us, no longer than one of 8 bytes (", *small * 1e6, " us)"));
   }
-  return EdgeCost{*small, static_cast<double>(o.big_bytes) / (*big - *small)};
+  return LevelCost{*small, static_cast<double>(o.big_bytes) / (*big - *small)};
 }
 
 }  // namespace
@@ -142,7 +138,7 @@ v1::LinkProbe ProbeRingLinks(Ring& ring, const LinkProbeOptions& options,
       if (e.a != ring.rank && e.b != ring.rank) continue;
       if ((stopped = stop())) break;
       const int peer = e.a == ring.rank ? e.b : e.a;
-      absl::StatusOr<EdgeCost> c = MeasureEdge(ring, peer, options);
+      absl::StatusOr<LevelCost> c = MeasureEdge(ring, peer, options);
       if (!c.ok()) {
         fail(absl::StrCat("the link to rank ", peer), c.status());
         continue;

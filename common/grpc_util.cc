@@ -14,6 +14,8 @@
 #include "absl/time/clock.h"
 #include "common/security.h"
 #include "grpc/event_engine/event_engine.h"
+#include "grpcpp/generic/async_generic_service.h"
+#include "grpcpp/server_builder.h"
 #include "grpcpp/version_info.h"
 
 #if GRPC_CPP_VERSION_MAJOR == 1 && GRPC_CPP_VERSION_MINOR == 51
@@ -135,6 +137,27 @@ void KeepGrpcForTheProcess() {
     new std::shared_ptr<grpc_event_engine::experimental::EventEngine>(
         grpc_event_engine::experimental::GetDefaultEventEngine());
 #endif
+    // And one reference to the completion queue that runs callback-API
+    // reactions where gRPC's poller does not run in the background (Linux,
+    // gRPC 1.51: the "callback alternative" queue, shared by every channel
+    // and server of the process, with threads of its own). Its last
+    // release shuts it down, joins its threads and deletes it. When that
+    // release came from one of those threads (a reaction dropping the last
+    // reference to a channel: an outbound link's OnDone after its
+    // transport was destroyed), the thread joined itself, and went on to
+    // poll the deleted queue: "assertion failed: prior > 0" in
+    // grpc_cq_internal_unref, or a double free, about once in a few
+    // thousand process-group teardowns on torch 2.6. A started server with
+    // a callback service and no port holds one reference; never freed, so
+    // the count never reaches 0 again.
+    static auto* const no_calls = new grpc::CallbackGenericService();
+    grpc::ServerBuilder builder;
+    builder.RegisterCallbackGenericService(no_calls);
+    if (builder.BuildAndStart().release() == nullptr) {
+      std::fprintf(stderr,
+                   "halka: could not start the server that keeps gRPC's "
+                   "callback queue for the process\n");
+    }
     return true;
   }();
   (void)kept;

@@ -121,7 +121,10 @@ void TuneProcessForStreaming();
 // group) tears neither down while gRPC's own threads still run. On torch
 // 2.6 about one process-group teardown in 500 crashed there: a SIGSEGV in
 // grpc_completion_queue_next beside grpc_shutdown from ~Server, or a
-// double free beside ~PosixEventEngine. Idempotent; any thread.
+// double free beside ~PosixEventEngine. And one reference to the queue
+// that runs callback-API reactions, so that its last release never comes
+// from one of its own threads (grpc_util.cc says how that crashed).
+// Idempotent; any thread.
 void KeepGrpcForTheProcess();
 
 // Sets a deadline `timeout` from now on a client context.

@@ -414,7 +414,12 @@ GrpcTransport::GrpcTransport(std::string job_id, uint64_t generation, int rank,
       rank_(rank),
       addresses_(std::move(addresses)),
       inbox_(inbox),
-      setup_(CompletedLinkSetup(std::move(links))) {}
+      setup_(CompletedLinkSetup(std::move(links))) {
+  // An outbound link's OnDone may drop the last reference to its channel
+  // after this transport is gone: never the process's last reference to
+  // gRPC's callback queue (common/grpc_util.h).
+  KeepGrpcForTheProcess();
+}
 
 GrpcTransport::~GrpcTransport() {
   std::vector<std::shared_ptr<OutLink>> all;

@@ -179,6 +179,7 @@ absl::StatusOr<v1::OpSpec> BroadcastSpec(size_t count, DType dtype, int root,
   spec.set_dtype(static_cast<v1::DType>(dtype));
   spec.set_count(count);
   spec.set_root(root);
+  spec.set_algorithm(static_cast<v1::Algorithm>(options.algorithm));
   SetOpOptions(options, &spec);
   return spec;
 }

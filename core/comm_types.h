@@ -60,7 +60,7 @@ struct CommConfig {
   // docs/performance.md). Elsewhere the ring.
   size_t halving_bytes = 4 << 20;
   // The job's link model (Membership.link_model), the same on every rank:
-  // set, AUTO all-reduces, reduce-scatters and all-gathers run the
+  // set, AUTO all-reduces, reduce-scatters, all-gathers and broadcasts run the
   // algorithm it predicts fastest among those that may run here
   // (ResolveAlgorithm); unset, the rules above.
   std::optional<LinkModel> link_model;

@@ -123,22 +123,35 @@ absl::StatusOr<OpResult> Communicator::AllReduce(OpBuffer& buffer,
   return Run(fp, &buffer, timeout);
 }
 
+namespace {
+bool Implements(OpKind kind, Algorithm algorithm);
+}  // namespace
+
 absl::StatusOr<OpResult> Communicator::Broadcast(void* data, size_t count,
                                                  DType dtype, int root,
-                                                 absl::Duration timeout) {
+                                                 absl::Duration timeout,
+                                                 Algorithm algorithm) {
   if (data == nullptr && count > 0) {
     return absl::InvalidArgumentError("broadcast: null buffer");
   }
   HostOpBuffer buffer(data);
-  return Broadcast(buffer, count, dtype, root, timeout);
+  return Broadcast(buffer, count, dtype, root, timeout, algorithm);
 }
 
 absl::StatusOr<OpResult> Communicator::Broadcast(OpBuffer& buffer,
                                                  size_t count, DType dtype,
                                                  int root,
-                                                 absl::Duration timeout) {
+                                                 absl::Duration timeout,
+                                                 Algorithm algorithm) {
   if (!IsValidDType(static_cast<int>(dtype))) {
     return absl::InvalidArgumentError("broadcast: invalid dtype");
+  }
+  if (!Implements(OpKind::kBroadcast, algorithm)) {
+    return Refuse(absl::UnimplementedError(absl::StrCat(
+                      "broadcast: the ", AlgorithmName(algorithm),
+                      " algorithm does not implement it; use auto, ring "
+                      "(the chain) or tree")),
+                  timeout);
   }
   if (root < 0 || root >= config_.world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -150,6 +163,7 @@ absl::StatusOr<OpResult> Communicator::Broadcast(OpBuffer& buffer,
   fp.dtype = dtype;
   fp.count = count;
   fp.root = root;
+  fp.algorithm = algorithm;
   return Run(fp, &buffer, timeout);
 }
 
@@ -165,6 +179,8 @@ bool Implements(OpKind kind, Algorithm algorithm) {
              algorithm == Algorithm::kTwoLevel;
     case OpKind::kReduce:
       return algorithm == Algorithm::kRing || algorithm == Algorithm::kNaive;
+    case OpKind::kBroadcast:
+      return algorithm == Algorithm::kRing || algorithm == Algorithm::kTree;
     case OpKind::kGather:
     case OpKind::kScatter:
     case OpKind::kAllToAll:
@@ -566,7 +582,8 @@ absl::Status Communicator::RunAlgorithm(OpContext& op) {
           return RingAllReduce(op);
       }
     case OpKind::kBroadcast:
-      return ChainBroadcast(op);
+      return op.algorithm() == Algorithm::kTree ? TreeBroadcast(op)
+                                                : ChainBroadcast(op);
     case OpKind::kAllGather:
       return op.algorithm() == Algorithm::kTwoLevel ? TwoLevelAllGather(op)
                                                     : RingAllGather(op);

@@ -58,7 +58,8 @@ class Communicator {
                                      ReduceOp op, absl::Duration timeout,
                                      Algorithm algorithm = Algorithm::kAuto);
   absl::StatusOr<OpResult> Broadcast(void* data, size_t count, DType dtype,
-                                     int root, absl::Duration timeout);
+                                     int root, absl::Duration timeout,
+                                     Algorithm algorithm = Algorithm::kAuto);
   absl::StatusOr<OpResult> Barrier(absl::Duration timeout);
 
   // The same on a buffer that may live elsewhere (a CUDA device).
@@ -68,7 +69,8 @@ class Communicator {
                                      Algorithm algorithm = Algorithm::kAuto);
   absl::StatusOr<OpResult> Broadcast(OpBuffer& buffer, size_t count,
                                      DType dtype, int root,
-                                     absl::Duration timeout);
+                                     absl::Duration timeout,
+                                     Algorithm algorithm = Algorithm::kAuto);
 
   // All-gather over `buffer`, recv_count elements in world slices of
   // send_count: this rank's contribution waits in slice `input_slice`; on

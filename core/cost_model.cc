@@ -40,6 +40,8 @@ const LevelCost* FlatLevel(const RingShape& shape, const LinkModel& m) {
 // default chunk size (CommConfig::chunk_bytes, which the model does not
 // see) up; a smaller one goes through tree 0 alone.
 constexpr double kTreeSplitBytes = 2.0 * (1 << 20);
+// CommConfig::chunk_bytes' default, for the chain broadcast's pipeline.
+constexpr double kModelChunkBytes = 1 << 20;
 
 // What the busiest link of tree.cc's trees of n nodes carries, in buffers
 // each way. Each tree (tree 0 a heap, node i's children 2i+1, 2i+2; tree
@@ -208,12 +210,34 @@ std::optional<double> PredictSeconds(const RingShape& shape, OpKind kind,
     case OpKind::kAllGather:
       return Sliced(shape, algorithm, bytes, model);
     case OpKind::kBroadcast: {
-      // The chain from the root, pipelined: G-1 hops' latency and the
-      // buffer once through each link (the pipeline's fill not counted).
       if (shape.world <= 1) return 0.0;
       const LevelCost* flat = FlatLevel(shape, model);
       if (flat == nullptr) return std::nullopt;
-      return (shape.world - 1) * flat->alpha_s + bytes / flat->bytes_per_s;
+      if (algorithm != Algorithm::kTree) {
+        // The chain from the root, pipelined by chunks (of the default
+        // size: the model does not see CommConfig::chunk_bytes): k chunks
+        // take G-1 + k-1 hops of a chunk each. One chunk is G-1 hops of
+        // the whole buffer.
+        const double k = std::max(1.0, std::ceil(bytes / kModelChunkBytes));
+        return (shape.world - 1 + k - 1) *
+               flat->Message(bytes / k);
+      }
+      // broadcast.cc's tree: a binomial tree of ceil(log2 H) steps across
+      // hosts, then ceil(log2 g) inside the widest host. A node sends the
+      // whole buffer to each child in turn, so the root's link carries it
+      // once per step: each step costs alpha and the buffer at its
+      // level's rate (the chunks' pipelining not counted).
+      const bool on_hosts = shape.hosts() >= 2;
+      const int across = on_hosts ? CeilLog2(shape.hosts()) : 0;
+      const int inside = CeilLog2(on_hosts ? Widest(shape) : shape.world);
+      const LevelCost* net = on_hosts ? flat : nullptr;
+      const LevelCost* local =
+          model.local.known() ? &model.local : flat;  // one level known
+      double t = inside * (local->alpha_s + bytes / local->bytes_per_s);
+      if (net != nullptr) {
+        t += across * (net->alpha_s + bytes / net->bytes_per_s);
+      }
+      return t;
     }
     default:
       return std::nullopt;
@@ -239,6 +263,9 @@ std::vector<Algorithm> AutoCandidates(const RingShape& shape, OpKind kind,
                                       double naive_max_bytes,
                                       double halving_max_bytes) {
   std::vector<Algorithm> candidates = {Algorithm::kRing};
+  if (kind == OpKind::kBroadcast && shape.world >= 3) {
+    candidates.push_back(Algorithm::kTree);
+  }
   if (kind != OpKind::kAllReduce && kind != OpKind::kReduceScatter &&
       kind != OpKind::kAllGather) {
     return candidates;

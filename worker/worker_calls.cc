@@ -323,7 +323,7 @@ absl::StatusOr<OpResult> WorkerNode::RunOn(Communicator* comm,
     case v1::BROADCAST:
       return comm->Broadcast(buffer, spec.count(),
                              static_cast<DType>(spec.dtype()), spec.root(),
-                             timeout);
+                             timeout, static_cast<Algorithm>(spec.algorithm()));
     case v1::BARRIER:
       return comm->Barrier(timeout);
     // The worker's --algorithm is all-reduce's: these run as asked (auto

@@ -118,7 +118,8 @@ ABSL_FLAG(bool, in_process, true,
 ABSL_FLAG(int, repeat, 1, "allreduce: operations to run back to back");
 ABSL_FLAG(std::string, algo, "auto",
           "all-reduce algorithm: auto, ring, naive, ps, two_level, tree, "
-          "recursive_doubling, halving_doubling (bench: also all = "
+          "recursive_doubling, halving_doubling (--coll=broadcast: auto, "
+          "ring (the chain) or tree; bench: also all = "
           "ring,tree,ps,naive, or a "
           "comma-separated list)");
 ABSL_FLAG(std::string, coll, "allreduce",

@@ -189,6 +189,24 @@ absl::Status PsAllReduce(OpContext& op);
 // Chain broadcast root -> root+1 -> ... -> root-1, chunk by chunk. (The
 // barrier has no data phase: the fingerprint pass is the barrier.)
 absl::Status ChainBroadcast(OpContext& op);
+// Tree broadcast (kTree), for small buffers: a binomial tree of the hosts'
+// leaders from the root's host (the root leads it; elsewhere a host's
+// first rank in ring order), then in every host a binomial tree from its
+// leader; chunk by chunk, each chunk sent on to the children as soon as it
+// arrived. ceil(log2 H) steps across hosts and ceil(log2 g) inside one,
+// where the chain takes G-1; every host's NIC receives the buffer once.
+// Without usable hosts (config.hosts), one binomial tree over the ring.
+absl::Status TreeBroadcast(OpContext& op);
+// This rank's place in the broadcast tree from `root`: its parent (-1: it
+// is the root), its children in the order it sends to them, and its depth
+// (steps from the root).
+struct BroadcastTree {
+  int parent = -1;
+  std::vector<int> children;
+  int depth = 0;
+};
+BroadcastTree BroadcastTreeOf(const CommConfig& config, const RingPath& path,
+                              int root);
 
 // --- rooted.cc
 // Reduce to fp.root: direct (every other rank's whole buffer to the root,

@@ -306,6 +306,19 @@ Algorithm ResolveAlgorithm(const CommConfig& config, const Fingerprint& fp) {
                      fp.count * DTypeSize(fp.dtype) <= config.eager_bytes
                  ? Algorithm::kNaive
                  : Algorithm::kRing;
+    case OpKind::kBroadcast: {
+      // A buffer of one chunk does not pipeline: the chain takes G-1 hops
+      // of the whole buffer in a row, the tree ceil(log2 H) + ceil(log2 g)
+      // (fewer on any link). Larger ones pipeline along the chain, whose
+      // every link carries the buffer once where a tree's inner node sends
+      // it once per child.
+      if (fp.algorithm != Algorithm::kAuto) return fp.algorithm;
+      if (std::optional<Algorithm> a = ByLinkModel(config, fp)) return *a;
+      return config.world_size >= 3 &&
+                     fp.count * DTypeSize(fp.dtype) <= config.chunk_bytes
+                 ? Algorithm::kTree
+                 : Algorithm::kRing;
+    }
     case OpKind::kReduceScatter:
     case OpKind::kAllGather:
       // Two-level wherever the hosts allow it, at every size: (g-1) steps

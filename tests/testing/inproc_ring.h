@@ -97,10 +97,11 @@ struct InProcRing {
   // Every rank's broadcast from `root` into its bufs[r], by rank.
   template <typename T>
   Results Broadcast(std::vector<std::vector<T>>& bufs, size_t count,
-                    DType dtype, int root) {
+                    DType dtype, int root,
+                    Algorithm algorithm = Algorithm::kAuto) {
     return RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
       return comms[r]->Broadcast(bufs[r].data(), count, dtype, root,
-                                 absl::ZeroDuration());
+                                 absl::ZeroDuration(), algorithm);
     });
   }
 

@@ -242,6 +242,8 @@ TEST(CostModel, WhatItCannotPredictIsSaid) {
     EXPECT_NE(a, Algorithm::kRecursiveDoubling);
   }
   EXPECT_EQ(AutoCandidates(RingShape{4, {2, 2}}, OpKind::kBroadcast, 8),
+            (std::vector<Algorithm>{Algorithm::kRing, Algorithm::kTree}));
+  EXPECT_EQ(AutoCandidates(RingShape{2, {2}}, OpKind::kBroadcast, 8),
             std::vector<Algorithm>{Algorithm::kRing});
   EXPECT_EQ(DescribeLevel(LevelCost{}), "not known");
   EXPECT_EQ(DescribeLevel(m.net), "alpha 100.0 us, B 1.000 GB/s");
@@ -430,6 +432,34 @@ TEST(CostModel, AutoRanksByTheJobsModelWhereItHasOne) {
   EXPECT_EQ(ResolveAlgorithm(HostsOfTwo(LinkModel{}),
                              Call(OpKind::kAllReduce, 16)),
             Algorithm::kRecursiveDoubling);
+}
+
+// The chain broadcast pipelines by 1 MiB chunks: one chunk is G-1 hops
+// of the whole buffer, k chunks G-1 + k-1 hops of a chunk. The tree takes
+// ceil(log2 H) steps of the buffer across hosts and ceil(log2 g) inside,
+// so it wins below a chunk and the chain far above.
+TEST(CostModel, BroadcastChainAgainstTree) {
+  LinkModel m;
+  m.local = LevelCost{10e-6, 4e9};
+  m.net = LevelCost{50e-6, 1.25e9};
+  const RingShape hosts{8, {2, 2, 2, 2}};
+  const double s = 4096;
+  EXPECT_NEAR(*PredictSeconds(hosts, OpKind::kBroadcast, Algorithm::kRing, s, m),
+              7 * m.net.Message(s), 1e-12);
+  EXPECT_NEAR(*PredictSeconds(hosts, OpKind::kBroadcast, Algorithm::kTree, s, m),
+              2 * m.net.Message(s) + 1 * m.local.Message(s), 1e-12);
+  const double big = 64.0 * (1 << 20);
+  EXPECT_NEAR(
+      *PredictSeconds(hosts, OpKind::kBroadcast, Algorithm::kRing, big, m),
+      (7 + 63) * m.net.Message(big / 64), 1e-9);
+  EXPECT_EQ(BestByModel(hosts, OpKind::kBroadcast, s, m)->algorithm,
+            Algorithm::kTree);
+  EXPECT_EQ(BestByModel(hosts, OpKind::kBroadcast, big, m)->algorithm,
+            Algorithm::kRing);
+  // One host: the tree's ceil(log2 G) steps at the local level.
+  const RingShape one{8, {8}};
+  EXPECT_NEAR(*PredictSeconds(one, OpKind::kBroadcast, Algorithm::kTree, s, m),
+              3 * m.local.Message(s), 1e-12);
 }
 
 }  // namespace

@@ -60,7 +60,9 @@ struct OpOptions {
   // for small buffers; two-level on hosts of equal size >= 2, else
   // recursive doubling up to 256 KiB on at most 16 ranks (not two on one
   // host) and the ring, for larger ones. Reduce-scatter and all-gather: two-level on such
-  // hosts, else the ring. The others force one (a collective that does not
+  // hosts, else the ring. Broadcast: the tree (hosts' leaders, then inside
+  // each host) up to one chunk on 3 ranks or more, else the chain (kRing).
+  // The others force one (a collective that does not
   // implement it is refused, UNIMPLEMENTED).
   Algorithm algorithm = Algorithm::kAuto;
   // A collective of a group of the job's ranks (torch's new_group): the

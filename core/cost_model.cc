@@ -230,9 +230,12 @@ std::optional<double> PredictSeconds(const RingShape& shape, OpKind kind,
       const bool on_hosts = shape.hosts() >= 2;
       const int across = on_hosts ? CeilLog2(shape.hosts()) : 0;
       const int inside = CeilLog2(on_hosts ? Widest(shape) : shape.world);
+      // Inside a host at the local level (the flat one where that is not
+      // known); without hosts (a group's ring) every step at the flat
+      // level, as the chain's.
       const LevelCost* net = on_hosts ? flat : nullptr;
       const LevelCost* local =
-          model.local.known() ? &model.local : flat;  // one level known
+          on_hosts && model.local.known() ? &model.local : flat;
       double t = inside * (local->alpha_s + bytes / local->bytes_per_s);
       if (net != nullptr) {
         t += across * (net->alpha_s + bytes / net->bytes_per_s);

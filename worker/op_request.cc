@@ -96,6 +96,10 @@ absl::StatusOr<uint64_t> ValidateOpSpec(const v1::OpSpec& spec,
         return absl::InvalidArgumentError(
             absl::StrCat("broadcast: root ", spec.root(), " is negative"));
       }
+      if (spec.algorithm() < v1::AUTO || spec.algorithm() > v1::Algorithm_MAX) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("broadcast: unknown algorithm ", spec.algorithm()));
+      }
       break;
     default:
       return absl::InvalidArgumentError(

@@ -275,7 +275,9 @@ absl::StatusOr<std::vector<BenchCase>> SweepCases() {
   if (!kind.ok()) return kind.status();
   std::vector<Algorithm> algos;
   const std::string algo = absl::GetFlag(FLAGS_algo);
-  if (algo == "all") {
+  if (algo == "all" && *kind == OpKind::kBroadcast) {
+    algos = {Algorithm::kRing, Algorithm::kTree};  // all a broadcast runs
+  } else if (algo == "all") {
     algos = {Algorithm::kRing, Algorithm::kTree, Algorithm::kParameterServer,
              Algorithm::kNaive};
   } else {

@@ -112,9 +112,9 @@ class PyClient {
     });
   }
   OpInfo Broadcast(uintptr_t p, size_t n, int dtype, int root, bool device,
-                   double timeout_s) {
+                   double timeout_s, int algorithm) {
     const DType d = ToDType(dtype);
-    const OpOptions opt = Opts(timeout_s, 0);
+    const OpOptions opt = Opts(timeout_s, algorithm);
     return Run([&] {
       return device ? c_->BroadcastDevice(Ptr(p), n, d, root, opt)
                     : c_->Broadcast(Ptr(p), n, d, root, opt);

@@ -153,6 +153,10 @@ absl::Status TreeBroadcast(OpContext& op) {
       std::max<size_t>(1, op.config().chunk_bytes / es);
   const std::vector<Range> cs =
       PlanChunks(Range{0, static_cast<size_t>(fp.count)}, chunk_elems);
+  // Its peers' link failures and aborts wake this rank's waits (beyond 16
+  // ranks only the ring neighbours are watched by default).
+  if (t.parent >= 0) op.Watch(t.parent);
+  for (int child : t.children) op.Watch(child);
   // As in the chain: every chunk's receive is posted before any arrives,
   // and a chunk goes on to the children as soon as it is in place. A
   // frame's step is its sender's depth in the tree.

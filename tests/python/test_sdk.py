@@ -136,6 +136,19 @@ class SdkTest(unittest.TestCase):
                     for r in range(WORLD):
                         np.testing.assert_array_equal(bufs[r], want)
 
+    def test_broadcast_chain_and_tree_by_name(self):
+        for algorithm in ("ring", "tree"):
+            with self.subTest(algorithm=algorithm):
+                bufs = [rank_data(r, np.float32) for r in range(WORLD)]
+                want = bufs[1].copy()
+                infos = self.on_all(lambda r, c: c.broadcast(
+                    bufs[r], root=1, algorithm=algorithm))
+                for r in range(WORLD):
+                    np.testing.assert_array_equal(bufs[r], want)
+                    self.assertEqual(infos[r].algorithm, algorithm)
+        with self.assertRaises(ValueError):
+            self.clients[0].broadcast(bufs[0], algorithm="nonesuch")
+
     def test_all_gather_every_dtype(self):
         for dtype in NUMPY_DTYPES:
             with self.subTest(dtype=np.dtype(dtype).name):

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -248,6 +249,53 @@ TEST(BroadcastTree, RanksAskingForTreeAndChainFailBeforeAnyByteMoves) {
         << results[r].status();
     EXPECT_EQ(bufs[r][0], r == 0 ? 9.0f : 1.0f) << "rank " << r;
   }
+}
+
+// Beyond 16 ranks only ring neighbours are watched by default, and an
+// ABORT goes to the ranks watched. On a flat ring of 20 from root 0, rank
+// 16 is the root's child and the parent of 17 and 18 (18 of 19); killed
+// while the data moves, every survivor still in the operation fails within
+// 5 s of the kill, well before its 10 s deadline, naming it. (A binomial
+// subtree is contiguous in ring order, so the dead rank's successor, which
+// watches it, starts the ABORT along the subtree; the tree also watches its
+// parent and children, as the tree all-reduce does.)
+TEST(BroadcastTree, AParentKilledMidwayIsNamedPromptlyBeyondSixteenRanks) {
+  InProcRing ring(20, 4096);
+  const int g = ring.g;
+  const int dead = 16;
+  const size_t count = size_t{8} << 20;  // 32 MiB: 8,192 chunks
+  std::vector<std::vector<float>> bufs(static_cast<size_t>(g),
+                                       std::vector<float>(count, 1.0f));
+  std::vector<absl::StatusOr<OpResult>> results(static_cast<size_t>(g));
+  std::vector<absl::Time> ended(static_cast<size_t>(g));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < g; ++r) {
+    threads.emplace_back([&, r] {
+      results[r] = ring.comms[r]->Broadcast(bufs[r].data(), count,
+                                            DType::kFloat32, 0,
+                                            absl::Seconds(10), Algorithm::kTree);
+      ended[r] = absl::Now();
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(150));
+  ring.net.Kill(dead);
+  const absl::Time killed = absl::Now();
+  for (auto& t : threads) t.join();
+  int failed = 0;
+  for (int r = 0; r < g; ++r) {
+    if (r == dead || results[r].ok()) continue;  // done before the kill
+    ++failed;
+    EXPECT_LT(ended[r] - killed, absl::Seconds(5))
+        << "rank " << r << ": " << results[r].status();
+    EXPECT_NE(results[r].status().message().find("rank 16"),
+              absl::string_view::npos)
+        << "rank " << r << ": " << results[r].status();
+  }
+  // The dead rank's subtree cannot have finished: it was cut mid-way.
+  for (int r : {17, 18, 19}) {
+    EXPECT_FALSE(results[r].ok()) << "rank " << r << " finished";
+  }
+  EXPECT_GE(failed, 3);
 }
 
 }  // namespace

@@ -195,10 +195,12 @@ class Client:
         p, n, d, dev = _tensor(x, "all_reduce")
         return self._c.all_reduce(p, n, d, _op(op), dev, _timeout(timeout), a)
 
-    def broadcast(self, x, root=0, timeout=None):
-        """Copies rank root's x into every rank's x, in place."""
+    def broadcast(self, x, root=0, timeout=None, algorithm="auto"):
+        """Copies rank root's x into every rank's x, in place. algorithm:
+        "auto", "ring" (the chain) or "tree"."""
+        a = _algorithm(algorithm)
         p, n, d, dev = _tensor(x, "broadcast")
-        return self._c.broadcast(p, n, d, int(root), dev, _timeout(timeout))
+        return self._c.broadcast(p, n, d, int(root), dev, _timeout(timeout), a)
 
     def send(self, x, dst, tag=0, timeout=None):
         """Sends x (host memory) to rank dst; only dst calls recv for it.

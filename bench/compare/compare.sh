@@ -64,8 +64,8 @@
 #   --mpi-args "…"    extra mpirun flags for every MPI run (e.g. "--mca
 #                     btl_vader_single_copy_mechanism none" where the
 #                     kernel refuses cross-memory attach)
-#   --coll C          the collective: allreduce (default), reduce, gather,
-#                     scatter or alltoall (halkactl bench --coll and
+#   --coll C          the collective: allreduce (default), broadcast,
+#                     reduce, gather, scatter or alltoall (halkactl bench --coll and
 #                     mpi_bench --coll; sizes are the whole buffer, busbw
 #                     nccl-tests' factor for it). gloo_bench measures
 #                     all-reduce only: another collective has no Gloo side
@@ -127,10 +127,10 @@ done
 [ -n "$MPI_TRANSPORTS" ] || MPI=0
 case "$COLL" in
   allreduce) ;;
-  reduce|gather|scatter|alltoall)
+  broadcast|reduce|gather|scatter|alltoall)
     [ "$GLOO" = 1 ] && echo "compare.sh: --coll=$COLL: no Gloo side (gloo_bench measures all-reduce only)" >&2
     GLOO=0 ;;
-  *) echo "compare.sh: unknown collective $COLL (allreduce, reduce, gather, scatter, alltoall)" >&2; exit 2 ;;
+  *) echo "compare.sh: unknown collective $COLL (allreduce, broadcast, reduce, gather, scatter, alltoall)" >&2; exit 2 ;;
 esac
 
 [ -n "$HALKACTL" ] || HALKACTL="$BUILD/client/halkactl"

@@ -1,5 +1,5 @@
-// Open MPI's MPI_Allreduce (or, with --coll, MPI_Reduce, MPI_Gather,
-// MPI_Scatter or MPI_Alltoall, rooted at rank 0), measured the way
+// Open MPI's MPI_Allreduce (or, with --coll, MPI_Bcast, MPI_Reduce,
+// MPI_Gather, MPI_Scatter or MPI_Alltoall, rooted at rank 0), measured the way
 // gloo_bench.cc measures Gloo's and `halkactl bench --coll` measures
 // halka's, so that bench/compare/compare.sh can print them side by side.
 // The size is the whole buffer, as in nccl-tests (a gather's result, a
@@ -77,9 +77,9 @@ Flags ParseFlags(int argc, char** argv) {
     else Usage(("unknown flag: --" + key).c_str());
   }
   if (f.min_bytes < 4 || f.min_bytes > f.max_bytes) Usage("bad size range");
-  if (f.coll != "allreduce" && f.coll != "reduce" && f.coll != "gather" &&
-      f.coll != "scatter" && f.coll != "alltoall") {
-    Usage("--coll is allreduce, reduce, gather, scatter or alltoall");
+  if (f.coll != "allreduce" && f.coll != "broadcast" && f.coll != "reduce" &&
+      f.coll != "gather" && f.coll != "scatter" && f.coll != "alltoall") {
+    Usage("--coll is allreduce, broadcast, reduce, gather, scatter or alltoall");
   }
   // One MPI_Allreduce call takes an int count.
   if (f.max_bytes / sizeof(float) > static_cast<size_t>(2147483647)) {
@@ -129,7 +129,9 @@ int main(int argc, char** argv) {
       const double t0 = MPI_Wtime();
       const int n = static_cast<int>(count), s = static_cast<int>(slice);
       int rc;
-      if (coll == "reduce") {
+      if (coll == "broadcast") {  // rank 0's buffer into every rank's
+        rc = MPI_Bcast(buf.data(), n, MPI_FLOAT, 0, MPI_COMM_WORLD);
+      } else if (coll == "reduce") {
         rc = MPI_Reduce(buf.data(), out.data(), n, MPI_FLOAT, MPI_SUM, 0,
                         MPI_COMM_WORLD);
       } else if (coll == "gather") {  // each rank's first slice to rank 0
@@ -160,6 +162,8 @@ int main(int argc, char** argv) {
       const size_t k = sliced ? i / slice : 0, j = sliced ? i % slice : i;
       if (coll == "allreduce") {
         if (buf[i] != bench_args::Expected(i, g)) ++wrong;
+      } else if (coll == "broadcast") {  // rank 0's input everywhere
+        if (buf[i] != bench_args::Input(i, 0)) ++wrong;
       } else if (coll == "reduce") {
         if (rank == 0 && out[i] != bench_args::Expected(i, g)) ++wrong;
       } else if (coll == "gather") {  // slice k: rank k's first slice
@@ -181,13 +185,15 @@ int main(int argc, char** argv) {
     const double algbw = static_cast<double>(count * sizeof(float)) / t / 1e9;
     // nccl-tests' bus-bandwidth factors.
     const double factor = coll == "allreduce" ? 2.0 * (g - 1) / g
-                          : coll == "reduce"  ? 1.0
+                          : coll == "reduce" || coll == "broadcast"
+                              ? 1.0
                                               : static_cast<double>(g - 1) / g;
     const double busbw = algbw * factor;
     if (flags.table) {
       std::printf("%12zu %12zu %9s %6s %6s %12.1f %9.3f %9.3f %7llu%s%s\n",
                   count * sizeof(float), count, "float32",
-                  sliced ? "none" : "sum", algo.c_str(), t * 1e6,
+                  sliced || coll == "broadcast" ? "none" : "sum",
+                  algo.c_str(), t * 1e6,
                   algbw, busbw, nwrong, error.empty() ? "" : "  FAILED: ",
                   error.c_str());
     } else {
@@ -199,7 +205,8 @@ int main(int argc, char** argv) {
           "\"redop\":\"%s\",\"algo\":\"%s\",\"world_size\":%d,"
           "\"time_us\":%.3f,\"algbw_gbs\":%.6f,\"busbw_gbs\":%.6f,"
           "\"wrong\":%llu,\"error\":\"%s\"}\n",
-          coll.c_str(), count * sizeof(float), count, sliced ? "none" : "sum",
+          coll.c_str(), count * sizeof(float), count,
+          sliced || coll == "broadcast" ? "none" : "sum",
           algo.c_str(), g, t * 1e6, algbw, busbw, nwrong, error.c_str());
     }
     std::fflush(stdout);

@@ -124,7 +124,28 @@ absl::StatusOr<OpResult> Communicator::AllReduce(OpBuffer& buffer,
 }
 
 namespace {
-bool Implements(OpKind kind, Algorithm algorithm);
+
+// Which algorithms a collective of `kind` implements (auto always).
+bool Implements(OpKind kind, Algorithm algorithm) {
+  if (algorithm == Algorithm::kAuto) return true;
+  switch (kind) {
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+      return algorithm == Algorithm::kRing ||
+             algorithm == Algorithm::kTwoLevel;
+    case OpKind::kReduce:
+      return algorithm == Algorithm::kRing || algorithm == Algorithm::kNaive;
+    case OpKind::kBroadcast:
+      return algorithm == Algorithm::kRing || algorithm == Algorithm::kTree;
+    case OpKind::kGather:
+    case OpKind::kScatter:
+    case OpKind::kAllToAll:
+      return algorithm == Algorithm::kNaive;
+    default:
+      return true;
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<OpResult> Communicator::Broadcast(void* data, size_t count,
@@ -166,31 +187,6 @@ absl::StatusOr<OpResult> Communicator::Broadcast(OpBuffer& buffer,
   fp.algorithm = algorithm;
   return Run(fp, &buffer, timeout);
 }
-
-namespace {
-
-// Which algorithms a collective of `kind` implements (auto always).
-bool Implements(OpKind kind, Algorithm algorithm) {
-  if (algorithm == Algorithm::kAuto) return true;
-  switch (kind) {
-    case OpKind::kAllGather:
-    case OpKind::kReduceScatter:
-      return algorithm == Algorithm::kRing ||
-             algorithm == Algorithm::kTwoLevel;
-    case OpKind::kReduce:
-      return algorithm == Algorithm::kRing || algorithm == Algorithm::kNaive;
-    case OpKind::kBroadcast:
-      return algorithm == Algorithm::kRing || algorithm == Algorithm::kTree;
-    case OpKind::kGather:
-    case OpKind::kScatter:
-    case OpKind::kAllToAll:
-      return algorithm == Algorithm::kNaive;
-    default:
-      return true;
-  }
-}
-
-}  // namespace
 
 absl::Status Communicator::Refuse(absl::Status refused,
                                   absl::Duration timeout) {

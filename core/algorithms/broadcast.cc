@@ -120,18 +120,17 @@ BroadcastTree BroadcastTreeOf(const CommConfig& config, const RingPath& path,
   const int lead = leader_local(host);
   const Binomial in_host =
       BinomialAt(static_cast<int>(mine.size()), lead, local);
+  const Binomial across = BinomialAt(n_hosts, root_host, host);
+  t.depth = across.depth + in_host.depth;  // in_host.depth is 0 at the leader
   if (local == lead) {
-    const Binomial across = BinomialAt(n_hosts, root_host, host);
+    // The leader takes part in the hosts' tree first, then its own host's.
     auto leader_of = [&](int h) {
       return hosts[static_cast<size_t>(h)][static_cast<size_t>(leader_local(h))];
     };
     if (across.parent >= 0) t.parent = leader_of(across.parent);
     for (int h : across.children) t.children.push_back(leader_of(h));
-    t.depth = across.depth;
   } else {
     t.parent = mine[static_cast<size_t>(in_host.parent)];
-    const Binomial across = BinomialAt(n_hosts, root_host, host);
-    t.depth = across.depth + in_host.depth;
   }
   for (int i : in_host.children) t.children.push_back(mine[static_cast<size_t>(i)]);
   return t;

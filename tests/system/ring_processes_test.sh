@@ -139,17 +139,19 @@ allreduce_case repeat20 20 --count=1000 --dtype=float32 --op=sum --timeout=10s \
 # ask until every rank's "ok" column counts the 25 operations above (at
 # most 10 s), so the edges below include the ring case's.
 OPS_RUN=25
+# rows_counted N: how many member rows' "ok" column reached N.
+rows_counted() {
+  awk -v n="$1" '$1 ~ /^[0-9]+$/ && $2 ~ /^-?[0-9]+$/ && NF >= 13 &&
+                 $8 + 0 >= n' <<<"$HEALTH_OUT" | wc -l
+}
 for (( i = 0; i < 40; ++i )); do
   health
-  behind=$(awk -v n="$OPS_RUN" '$1 ~ /^[0-9]+$/ && $2 ~ /^-?[0-9]+$/ &&
-                                NF >= 13 && $8 + 0 < n' <<<"$HEALTH_OUT" | wc -l)
-  [[ "$behind" == 0 ]] && break
+  [[ "$(rows_counted "$OPS_RUN")" == "$G" ]] && break
   sleep 0.25
 done
 printf '%s\n' "$HEALTH_OUT"
-assert_eq "$(awk -v n="$OPS_RUN" '$1 ~ /^[0-9]+$/ && $2 ~ /^-?[0-9]+$/ &&
-                                NF >= 13 && $8 + 0 >= n' <<<"$HEALTH_OUT" | wc -l)" \
-  "$G" "health rows whose heartbeats counted all $OPS_RUN operations"
+assert_eq "$(rows_counted "$OPS_RUN")" "$G" \
+  "health rows whose heartbeats counted all $OPS_RUN operations"
 assert_eq "$HEALTH_RC" 0 "halkactl health exit status (healthy job)"
 rows=$(health_rows)
 assert_eq "$(wc -l <<<"$rows")" "$G" "health rows"

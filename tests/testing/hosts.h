@@ -32,6 +32,24 @@ inline std::string Name(const Hosts& hosts) {
   return absl::StrJoin(parts, " | ");
 }
 
+// Every rank its own host, ranks in order: a flat ring.
+inline Hosts Flat(int g) {
+  Hosts h;
+  for (int r = 0; r < g; ++r) h.push_back({r});
+  return h;
+}
+
+// Hosts for the tree algorithms (all-reduce and broadcast): 2x2, 4x2,
+// 3x3, uneven (3 + 1 + 2), interleaved in rank order, 5 hosts of 2.
+inline std::vector<Hosts> MultiHostShapes() {
+  return {{{0, 1}, {2, 3}},
+          {{0, 1}, {2, 3}, {4, 5}, {6, 7}},
+          {{0, 1, 2}, {3, 4, 5}, {6, 7, 8}},
+          {{0, 1, 2}, {3}, {4, 5}},
+          {{0, 3}, {1, 4}, {2, 5}},
+          {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}}};
+}
+
 // The index of the host `rank` is on; -1: none.
 inline int HostOf(const Hosts& hosts, int rank) {
   for (size_t i = 0; i < hosts.size(); ++i) {

@@ -47,21 +47,18 @@ int CeilLog2(int n) {
 }
 
 // One host of 1, 2, 3, 5, 8 and 9 ranks (no hosts: the flat tree over the
-// ring, which the ring order scrambles in one); 2x2, 4x2, 3x3, uneven
-// (3 + 1 + 2), interleaved in rank order, 5 hosts of 2.
+// ring, which the ring order scrambles in one), and MultiHostShapes.
 std::vector<Hosts> Shapes() {
-  return {{{0}},
-          {{0, 1}},
-          {{0, 1, 2}},
-          {{0, 1, 2, 3, 4}},
-          {{3, 1, 5, 0, 2, 4, 6, 7}},
-          {{0, 1, 2, 3, 4, 5, 6, 7, 8}},
-          {{0, 1}, {2, 3}},
-          {{0, 1}, {2, 3}, {4, 5}, {6, 7}},
-          {{0, 1, 2}, {3, 4, 5}, {6, 7, 8}},
-          {{0, 1, 2}, {3}, {4, 5}},
-          {{0, 3}, {1, 4}, {2, 5}},
-          {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}}};
+  std::vector<Hosts> shapes = {{{0}},
+                               {{0, 1}},
+                               {{0, 1, 2}},
+                               {{0, 1, 2, 3, 4}},
+                               {{3, 1, 5, 0, 2, 4, 6, 7}},
+                               {{0, 1, 2, 3, 4, 5, 6, 7, 8}}};
+  for (Hosts& h : halka::testing::MultiHostShapes()) {
+    shapes.push_back(std::move(h));
+  }
+  return shapes;
 }
 
 // The tree from every root is a spanning tree (each rank but the root has

@@ -25,9 +25,11 @@
 namespace halka {
 namespace {
 
+using halka::testing::Flat;
 using halka::testing::HostOf;
 using halka::testing::Hosts;
 using halka::testing::InProcRing;
+using halka::testing::MultiHostShapes;
 using halka::testing::Name;
 using halka::testing::OrderOf;
 using halka::testing::WorldOf;
@@ -46,25 +48,11 @@ InProcRing TreeRing(const Hosts& hosts, size_t chunk_bytes, int fp_world) {
   });
 }
 
-Hosts Flat(int g) {
-  Hosts h;
-  for (int r = 0; r < g; ++r) h.push_back({r});
-  return h;
-}
-
-// Flat trees of 2, 3, 5 and 8 ranks; hosts of 2x2, 4x2, 3x3, uneven
-// (3 + 1 + 2), interleaved in rank order, 5 hosts of 2.
+// Flat trees of 2, 3, 5 and 8 ranks, and MultiHostShapes.
 std::vector<Hosts> Shapes() {
-  return {Flat(2),
-          Flat(3),
-          Flat(5),
-          Flat(8),
-          {{0, 1}, {2, 3}},
-          {{0, 1}, {2, 3}, {4, 5}, {6, 7}},
-          {{0, 1, 2}, {3, 4, 5}, {6, 7, 8}},
-          {{0, 1, 2}, {3}, {4, 5}},
-          {{0, 3}, {1, 4}, {2, 5}},
-          {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}}};
+  std::vector<Hosts> shapes = {Flat(2), Flat(3), Flat(5), Flat(8)};
+  for (Hosts& h : MultiHostShapes()) shapes.push_back(std::move(h));
+  return shapes;
 }
 
 TEST(Tree, EveryShapeCountOpAndDtypeAgreesEverywhereAndWithTheReference) {

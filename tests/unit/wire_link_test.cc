@@ -290,6 +290,26 @@ class WireLinkTest : public ::testing::TestWithParam<bool>,
 
   bool WaitFrames(size_t n) { return WaitCollected(frames_, n); }
 
+  // No reader error, every frame arrived (`all`: WaitFrames' answer), and
+  // frame i is message i + 1 with exactly expected[i]'s bytes.
+  void ExpectFramesAre(const std::vector<std::vector<uint8_t>>& expected,
+                       bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ASSERT_TRUE(errors_.empty()) << errors_.front().ToString();
+    ASSERT_TRUE(all) << frames_.size() << " frames of " << expected.size();
+    for (size_t i = 0; i < expected.size(); ++i) {
+      ASSERT_EQ(frames_[i].first, i + 1) << "frame " << i;
+      // Not ASSERT_EQ on the bytes: a large frame's difference would
+      // flood the log.
+      ASSERT_TRUE(frames_[i].second ==
+                  std::string(expected[i].begin(), expected[i].end()))
+          << "frame " << i << " altered";
+    }
+  }
+
+  // AFailedOperationsFramesLeaveAtOnceAndItsAbortIsNext, with kFrames
+  // frames of kBytes.
+  void ExpectWithdrawal(size_t kBytes, int kFrames);
+
   std::unique_ptr<WireSender> sender_;
   std::vector<std::pair<uint64_t, std::string>> frames_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ReadyProbe> probe_;
@@ -345,13 +365,7 @@ TEST_P(WireLinkTest, FramesTheCallerWritesKeepOrderWhenTheSocketFills) {
   const bool all = WaitFrames(kFrames);
   const WireSender::InlineCounts counts = sender_->inline_counts();
   absl::MutexLock lock(&mu_);
-  ASSERT_TRUE(errors_.empty()) << errors_.front().ToString();
-  ASSERT_TRUE(all) << frames_.size() << " frames of " << kFrames;
-  for (size_t i = 0; i < kFrames; ++i) {
-    ASSERT_EQ(frames_[i].first, i + 1) << "frame " << i;
-    ASSERT_EQ(frames_[i].second, std::string(sent[i].begin(), sent[i].end()))
-        << "frame " << i;
-  }
+  ExpectFramesAre(sent, all);
   EXPECT_EQ(released.load(), static_cast<int>(kFrames));
   // Some frames were written by this thread, and the stalled reader left at
   // least one of them half written (19 MB against loopback's buffers).
@@ -362,16 +376,79 @@ TEST_P(WireLinkTest, FramesTheCallerWritesKeepOrderWhenTheSocketFills) {
               static_cast<unsigned long long>(counts.partial));
 }
 
+// Large frames too are written by the sending thread when the link is
+// idle (a plain link's up to 513 KiB, a sealed link's up to 65 KiB): when
+// the socket fills, a plain record's rest is written by the writer thread
+// from the frame itself, not from a copy, and the frame is released only
+// once it is all written. In order and intact either way.
+TEST_P(WireLinkTest, LargeFramesTheCallerBeginsFinishFromTheFrame) {
+  const std::string token = ExpectLink();
+  ASSERT_TRUE(Connect(token, key_).ok());
+  std::atomic<int> released{0};
+  // The frames borrow sent[i] (EncodeFrame does not copy it); expected[i]
+  // keeps what was sent.
+  std::vector<std::vector<uint8_t>> sent, expected;
+  constexpr size_t kFrames = 48;
+  sent.reserve(kFrames);
+  constexpr size_t kBytes = 500 * 1024;  // 24 MB against loopback's buffers
+  {
+    // The reader stalls meanwhile: its frame callback waits for mu_.
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < kFrames; ++i) {
+      sent.push_back(Bytes(kBytes - i * 4, static_cast<uint8_t>(i + 1)));
+      expected.push_back(sent.back());
+      WireSender::Frame f = DataFrame(i + 1, sent.back(), &released);
+      // Its release overwrites the frame's bytes: a record still written
+      // from them afterwards would arrive altered.
+      f.on_released = [parts = f.parts, keep = f.keepalive, &released] {
+        for (const auto& p : parts) {
+          std::memset(const_cast<uint8_t*>(p.data()), 0xEE, p.size());
+        }
+        released.fetch_add(1);
+      };
+      sender_->SendOne(std::move(f));
+    }
+  }
+  const bool all = WaitFrames(kFrames);
+  const WireSender::InlineCounts counts = sender_->inline_counts();
+  absl::MutexLock lock(&mu_);
+  ExpectFramesAre(expected, all);
+  EXPECT_EQ(released.load(), static_cast<int>(kFrames));
+  if (GetParam()) {
+    // Sealed: large frames always go to the writer, which seals them.
+    EXPECT_EQ(counts.frames, 0u);
+  } else {
+    // The first frame found the link idle; the stalled reader left it (or
+    // a later one) half written, its rest taken from the frame.
+    EXPECT_GE(counts.frames, 1u);
+    EXPECT_GE(counts.partial, 1u) << counts.frames;
+    EXPECT_EQ(counts.from_frame, counts.partial) << counts.frames;
+  }
+  std::printf("inline writes: %llu frames, %llu partial, %llu from the frame\n",
+              static_cast<unsigned long long>(counts.frames),
+              static_cast<unsigned long long>(counts.partial),
+              static_cast<unsigned long long>(counts.from_frame));
+}
+
 // An operation that fails while its frames wait behind a full socket
 // (a slow or stalled peer): Withdraw drops those not begun and copies the
 // one being written, so every buffer is free at once, without the reader's
 // help and without cutting the link; the ABORT behind them comes next, and
 // frames of other operations stay.
 TEST_P(WireLinkTest, AFailedOperationsFramesLeaveAtOnceAndItsAbortIsNext) {
+  ExpectWithdrawal(size_t{1} << 20, 40);
+}
+
+// The same with frames the sending thread begins itself (a plain link's
+// up to 513 KiB): the first finds the link idle, and the rest the socket
+// did not take is written from the frame until it is withdrawn.
+TEST_P(WireLinkTest, AFailedOperationsFramesLeaveAtOnceWhenTheCallerBeganOne) {
+  ExpectWithdrawal(size_t{400} << 10, 100);
+}
+
+void WireLinkTest::ExpectWithdrawal(const size_t kBytes, const int kFrames) {
   const std::string token = ExpectLink();
   ASSERT_TRUE(Connect(token, key_).ok());
-  constexpr int kFrames = 40;
-  constexpr size_t kBytes = size_t{1} << 20;
   std::vector<std::vector<uint8_t>> buffers, original;
   for (int i = 0; i < kFrames; ++i) {
     buffers.push_back(Bytes(kBytes, static_cast<uint8_t>(i + 1)));
@@ -443,6 +520,11 @@ TEST_P(WireLinkTest, AFailedOperationsFramesLeaveAtOnceAndItsAbortIsNext) {
   EXPECT_TRUE(frames_[data].second.empty()) << "the ABORT";
   EXPECT_EQ(frames_[n - 1].second, std::string(next.begin(), next.end()));
   std::printf("%zu of %d frames went before the withdrawal\n", data, kFrames);
+  if (!GetParam() && kBytes < (size_t{512} << 10)) {
+    // A frame the caller began was left half written, its rest then
+    // written from the frame (and, withdrawn, from a copy).
+    EXPECT_GE(sender_->inline_counts().from_frame, 1u);
+  }
 }
 
 TEST_P(WireLinkTest, ATokenServesOneConnectionAndAForgottenOneNone) {
@@ -1037,6 +1119,10 @@ class LandingWireTest : public ::testing::TestWithParam<bool>,
     }
   }
   bool WaitFrames(size_t n) { return WaitCollected(frames_, n); }
+
+  // AFailedOperationsFramesLeaveAtOnceAndItsAbortIsNext, with kFrames
+  // frames of kBytes.
+  void ExpectWithdrawal(size_t kBytes, int kFrames);
   const std::shared_ptr<LandingBoard> board_ = std::make_shared<LandingBoard>();
   // The receiver's (a worker's, core/link_counters.h).
   const std::shared_ptr<LinkCounters> counters_ = std::make_shared<LinkCounters>();

@@ -160,12 +160,17 @@ class WireSender : public LinkPath {
              std::function<void(const absl::Status&)> on_ready,
              std::function<void(const absl::Status&)> on_failed);
   ~WireSender() override;  // Close()
-  // LinkPath: a frame of up to 65 KiB that finds the link idle (connected,
-  // nothing queued, no record half written) is written at once by the
-  // calling thread, without blocking: what the socket does not take is
-  // left for the writer thread. Every other frame is queued for the writer
-  // thread, which releases each frame once written (frames sent before
-  // on_ready wait for the connection). HALKA_WIRE_INLINE=0: always queued.
+  // LinkPath: a frame that finds the link idle (connected, nothing queued,
+  // no record half written) and is of at most 513 KiB on a plain link, 65
+  // KiB on a sealed one (whose sealing stays on the writer's thread), is
+  // written at once by the calling thread, without blocking (one
+  // sendmsg): what the socket does not take is left for the writer
+  // thread, which writes it from the frame itself (a plain link) or from
+  // a copy (a sealed record). Every other frame is queued for the
+  // writer thread, which releases each frame once written (frames sent
+  // before on_ready wait for the connection). HALKA_WIRE_INLINE=0: always
+  // queued; HALKA_WIRE_INLINE=small: plain links too at most 65 KiB (to
+  // compare).
   void Send(std::vector<OutFrame> frames) override;
   // LinkPath: the operation's queued data frames are dropped; a record of
   // it being written is finished from a copy of its rest (the writer
@@ -178,12 +183,16 @@ class WireSender : public LinkPath {
   void Close() override;
   // How many frames the calling threads wrote (all of them), and how many
   // of those the socket took only part of (their rest went to the writer).
+  // Of those, `from_frame` left a rest that the writer wrote from the
+  // frame itself (not from a copy).
   struct InlineCounts {
     uint64_t frames = 0;
     uint64_t partial = 0;
+    uint64_t from_frame = 0;
   };
   InlineCounts inline_counts() const {
-    return {inline_frames_.load(), inline_partial_.load()};
+    return {inline_frames_.load(), inline_partial_.load(),
+            inline_from_frame_.load()};
   }
 
  private:
@@ -198,6 +207,9 @@ class WireSender : public LinkPath {
   // meanwhile, its rest is copied and the frame released.
   absl::Status WriteAll(std::vector<iovec>& iov, Frame* frame);
   absl::Status Write(Frame& frame);  // BuildRecord, then WriteAll
+  struct Remainder;
+  // The rest of a plain record whose frame the caller's thread began.
+  absl::Status WriteRest(Remainder& rest);
   // Send's write on the caller's thread; false: queue it instead.
   bool TryInline(OutFrame& frame) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -211,14 +223,22 @@ class WireSender : public LinkPath {
   absl::Mutex mu_;
   std::deque<Frame> queue_ ABSL_GUARDED_BY(mu_);
   // The rest of a record the caller's thread began: written before
-  // anything in queue_.
-  std::shared_ptr<std::string> remainder_ ABSL_GUARDED_BY(mu_);
+  // anything in queue_. Either a copy of its bytes, or (a plain link's
+  // large frame) the frame itself, of whose record `written` bytes went.
+  struct Remainder {
+    std::string bytes;
+    Frame frame;
+    bool of_frame = false;
+    size_t written = 0;
+  };
+  std::unique_ptr<Remainder> remainder_ ABSL_GUARDED_BY(mu_);
   // The operations withdrawn last (Withdraw), oldest first: the job's and
   // its groups' (a group's withdrawal must not hide the job's).
   std::deque<OpId> withdrawn_ops_ ABSL_GUARDED_BY(mu_);
   static constexpr size_t kWithdrawnRemembered = 16;
   std::atomic<uint64_t> inline_frames_{0};
   std::atomic<uint64_t> inline_partial_{0};
+  std::atomic<uint64_t> inline_from_frame_{0};
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int fd_ ABSL_GUARDED_BY(mu_) = -1;
   // The link is up and no record is being written: Close may end it with

@@ -27,22 +27,35 @@ using wire_record::kMaxRecordBytes;
 using wire_record::PutU32;
 using wire_record::SplitParts;
 
-// Frames up to this size (head and payload) may be written by the caller's
-// thread; larger ones always go to the writer thread, which can block. A
-// 64 KiB payload and its head: every frame of a recursive doubling of at
-// most 64 KiB, whose operation waits for the partner's frame right after
-// it sends.
+// On a sealed link, frames up to this size (head and payload) may be
+// written by the caller's thread: a 64 KiB payload and its head. Larger
+// ones are sealed and written by the writer thread, so that the sealing
+// of a large chunk runs beside the operation's own work.
 constexpr size_t kInlineBytes = (64 + 1) * 1024;
 
+// A plain link's caller writes frames up to this size: a 512 KiB payload
+// and its head. One sendmsg costs it the copy into the socket and saves
+// the writer's wake-up, which is most of a step of a 256 KiB-1 MiB
+// all-reduce. A frame of a whole chunk (1 MiB by default) mostly has
+// more behind it: the writer's copy of it then runs beside the
+// operation's reduction (docs/performance.md, "The operation's own
+// sendmsg, up to 512 KiB").
+constexpr size_t kInlinePlainBytes = (512 + 1) * 1024;
+
 // HALKA_WIRE_INLINE=0 turns the caller's writes off (every frame goes to
-// the writer thread), for comparison. Read once.
-bool InlineWrites() {
-  static const bool on = [] {
+// the writer thread); HALKA_WIRE_INLINE=small keeps a plain link's too to
+// frames of up to kInlineBytes; for comparison. Read once.
+enum class Inline { kOff, kSmall, kAll };
+Inline InlineWrites() {
+  static const Inline mode = [] {
     const char* v = std::getenv("HALKA_WIRE_INLINE");
-    return v == nullptr || std::string(v) != "0";
+    if (v == nullptr) return Inline::kAll;
+    const std::string s(v);
+    return s == "0" ? Inline::kOff : s == "small" ? Inline::kSmall : Inline::kAll;
   }();
-  return on;
+  return mode;
 }
+
 
 // Advances `iov` past `n` written bytes; returns the index of the first
 // entry with bytes left (iov.size() when none).
@@ -83,8 +96,13 @@ bool WireSender::TryInline(OutFrame& frame) {
   // Only when nothing is ahead of it: the writer is waiting for work (so it
   // is not inside a record, and the seal and its buffer are free), nothing
   // is queued and no earlier record is half written.
-  if (!InlineWrites() || !idle_ || fd_ < 0 || !queue_.empty() ||
-      remainder_ != nullptr || frame.Bytes() > kInlineBytes) {
+  const Inline mode = InlineWrites();
+  if (mode == Inline::kOff || !idle_ || fd_ < 0 || !queue_.empty() ||
+      remainder_ != nullptr) {
+    return false;
+  }
+  const bool small_only = seal_ != nullptr || mode == Inline::kSmall;
+  if (frame.Bytes() > (small_only ? kInlineBytes : kInlinePlainBytes)) {
     return false;
   }
   uint8_t head[8];
@@ -100,19 +118,33 @@ bool WireSender::TryInline(OutFrame& frame) {
     if (w > 0) first = Consume(iov, 0, static_cast<size_t>(w));
     break;
   }
-  if (first < iov.size()) {
-    // The socket took part of the record (or none: a full buffer, or an
-    // error the writer will meet and report). The record is built (and
-    // sealed, which cannot be done twice), so its rest is kept as bytes for
-    // the writer to send before anything else.
-    auto rest = std::make_shared<std::string>();
-    for (size_t i = first; i < iov.size(); ++i) {
-      rest->append(static_cast<const char*>(iov[i].iov_base), iov[i].iov_len);
-    }
-    remainder_ = std::move(rest);
-    inline_partial_.fetch_add(1, std::memory_order_relaxed);
-  }
   inline_frames_.fetch_add(1, std::memory_order_relaxed);
+  if (first == iov.size()) return true;
+  // The socket took part of the record (or none: a full buffer, or an
+  // error the writer will meet and report). The writer sends its rest
+  // before anything else.
+  inline_partial_.fetch_add(1, std::memory_order_relaxed);
+  auto rest = std::make_unique<Remainder>();
+  if (seal_ == nullptr) {
+    size_t left = 0;
+    for (size_t i = first; i < iov.size(); ++i) left += iov[i].iov_len;
+    // A plain record is the frame's own bytes behind a head that
+    // BuildRecord writes again the same: the writer takes the frame (and
+    // its release) and skips what went.
+    rest->written = 4 + frame.Bytes() - left;
+    rest->frame = std::move(frame);
+    frame.on_released = nullptr;
+    rest->of_frame = true;
+    inline_from_frame_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    // Sealed: the record is in sealed_, which the writer reuses (and
+    // sealing cannot be done twice): a copy.
+    for (size_t i = first; i < iov.size(); ++i) {
+      rest->bytes.append(static_cast<const char*>(iov[i].iov_base),
+                         iov[i].iov_len);
+    }
+  }
+  remainder_ = std::move(rest);
   return true;
 }
 
@@ -133,6 +165,14 @@ void WireSender::Withdraw(const OpId& op) {
       }
     }
     queue_.swap(kept);
+    // A rest the writer has not taken yet is written from a copy, and its
+    // frame released now.
+    if (remainder_ != nullptr && remainder_->of_frame &&
+        remainder_->frame.DataOf(op)) {
+      Frame detached;
+      detached.on_released = DetachPayload(remainder_->frame);
+      dropped.push_back(std::move(detached));
+    }
   }
   for (Frame& f : dropped) ReleaseOnce(f.on_released);
 }
@@ -151,6 +191,9 @@ void WireSender::Close() {
   {
     absl::MutexLock lock(&mu_);
     dropped.swap(queue_);
+    if (remainder_ != nullptr && remainder_->of_frame) {
+      dropped.push_back(std::move(remainder_->frame));
+    }
     remainder_ = nullptr;
     if (fd_ >= 0) close(fd_);
     fd_ = -1;
@@ -264,6 +307,16 @@ absl::Status WireSender::Write(Frame& frame) {
   return WriteAll(iov, &frame);
 }
 
+absl::Status WireSender::WriteRest(Remainder& rest) {
+  uint8_t head[8];
+  std::vector<iovec> iov;
+  absl::Status s = BuildRecord(rest.frame, head, &iov);
+  if (!s.ok()) return s;
+  const size_t first = Consume(iov, 0, rest.written);
+  iov.erase(iov.begin(), iov.begin() + static_cast<std::ptrdiff_t>(first));
+  return WriteAll(iov, &rest.frame);
+}
+
 void WireSender::Loop() {
   absl::Status ready = Connect();
   {
@@ -274,7 +327,7 @@ void WireSender::Loop() {
   if (!ready.ok()) return;
   for (;;) {
     Frame frame;
-    std::shared_ptr<std::string> rest;  // a record's bytes the caller left
+    std::unique_ptr<Remainder> rest;  // a record the caller began
     {
       absl::MutexLock lock(&mu_);
       idle_ = true;
@@ -292,8 +345,11 @@ void WireSender::Loop() {
       }
     }
     absl::Status s;
-    if (rest != nullptr) {
-      std::vector<iovec> iov = {{rest->data(), rest->size()}};
+    if (rest != nullptr && rest->of_frame) {
+      s = WriteRest(*rest);
+      ReleaseOnce(rest->frame.on_released);
+    } else if (rest != nullptr) {
+      std::vector<iovec> iov = {{rest->bytes.data(), rest->bytes.size()}};
       s = WriteAll(iov, nullptr);
     } else {
       s = Write(frame);

@@ -651,6 +651,41 @@ class WireTapTest : public WireLinkTest {
     return inbox_->Next(kFrom, seq, watch, absl::Now() + timeout);
   }
 
+  // Sends a frame of each size, each once the operation waits for it (so
+  // that the reader stands aside), and takes each through Wait, checking
+  // it; *seq is the last message number taken.
+  void SendEachWhenAwaited(const std::vector<size_t>& sizes, uint64_t* seq,
+                           std::atomic<int>* released) {
+    std::vector<std::vector<uint8_t>> sent;
+    for (size_t n : sizes) {
+      sent.push_back(Bytes(n, static_cast<uint8_t>(*seq + sent.size())));
+    }
+    std::atomic<size_t> taken{0};
+    std::thread writer([&, first = *seq] {
+      for (size_t i = 0; i < sent.size(); ++i) {
+        const absl::Time until = absl::Now() + absl::Seconds(20);
+        while (taken.load() < i && absl::Now() < until) {
+          absl::SleepFor(absl::Microseconds(200));
+        }
+        absl::SleepFor(absl::Milliseconds(1));  // the wait is in poll()
+        sender_->SendOne(DataFrame(first + i + 1, sent[i], released));
+      }
+    });
+    for (size_t i = 0; i < sent.size(); ++i) {
+      Inbox::Event ev = Wait(++*seq);
+      EXPECT_EQ(ev.type, Inbox::Event::kFrame)
+          << "frame " << i << " of " << sizes[i] << " bytes: " << ev.status;
+      if (ev.type != Inbox::Event::kFrame) break;
+      EXPECT_EQ(ev.frame.meta.op_seq, *seq);
+      EXPECT_TRUE(PayloadOf(ev.frame) ==
+                  std::string(sent[i].begin(), sent[i].end()))
+          << "frame " << i << " of " << sizes[i] << " bytes altered";
+      taken.fetch_add(1);
+    }
+    taken.store(sent.size());
+    writer.join();
+  }
+
   std::shared_ptr<LinkCounters> counters_ = std::make_shared<LinkCounters>();
   std::shared_ptr<Inbox> inbox_ = std::make_shared<Inbox>(4, counters_);
   std::shared_ptr<InboxTap> tap_;
@@ -678,35 +713,10 @@ TEST_P(WireTapTest, SmallFramesComeThroughTheTapAndLargeOnesFromTheReader) {
   uint64_t tapped[3];
   for (int round = 0; round < 3; ++round) {
     if (round == 2) absl::SleepFor(absl::Milliseconds(300));
-    std::vector<std::vector<uint8_t>> sent;
     for (size_t n : rounds[round]) {
-      sent.push_back(Bytes(n, static_cast<uint8_t>(seq + sent.size())));
       if (n <= 16384) ++small;
     }
-    std::atomic<size_t> taken{0};
-    std::thread writer([&, first = seq] {
-      for (size_t i = 0; i < sent.size(); ++i) {
-        const absl::Time until = absl::Now() + absl::Seconds(20);
-        while (taken.load() < i && absl::Now() < until) {
-          absl::SleepFor(absl::Microseconds(200));
-        }
-        absl::SleepFor(absl::Milliseconds(1));  // the wait is in poll()
-        sender_->SendOne(DataFrame(first + i + 1, sent[i], &released));
-      }
-    });
-    for (size_t i = 0; i < sent.size(); ++i) {
-      Inbox::Event ev = Wait(++seq);
-      EXPECT_EQ(ev.type, Inbox::Event::kFrame)
-          << "round " << round << " frame " << i << ": " << ev.status;
-      if (ev.type != Inbox::Event::kFrame) break;
-      EXPECT_EQ(ev.frame.meta.op_seq, seq);
-      EXPECT_EQ(PayloadOf(ev.frame),
-                std::string(sent[i].begin(), sent[i].end()))
-          << "round " << round << " frame " << i;
-      taken.fetch_add(1);
-    }
-    taken.store(sent.size());
-    writer.join();
+    ASSERT_NO_FATAL_FAILURE(SendEachWhenAwaited(rounds[round], &seq, &released));
     tapped[round] = counters_->wire.tapped.load();
   }
   EXPECT_GT(tapped[0], 0u) << "no small frame came through the tap";
@@ -716,6 +726,29 @@ TEST_P(WireTapTest, SmallFramesComeThroughTheTapAndLargeOnesFromTheReader) {
   EXPECT_LE(tapped[1] - tapped[0], 2u)
       << "a frame over the tap's bound was read on the waiting thread";
   EXPECT_LE(tapped[2], small);
+  absl::MutexLock lock(&mu_);
+  EXPECT_TRUE(errors_.empty());
+}
+
+// On a plain link the tap also reads records of up to a 64 KiB payload
+// (kTapPlainRecordBytes) once they are wholly there, and they do not make
+// the link its reader's; a sealed link leaves them to its reader.
+TEST_P(WireTapTest, PlainRecordsOfUpTo64KiBComeThroughTheTap) {
+  ASSERT_TRUE(Connect(ExpectTapped(), key_).ok());
+  ASSERT_NO_FATAL_FAILURE(WaitAccepted());
+  std::atomic<int> released{0};
+  uint64_t seq = 0;
+  const std::vector<size_t> sizes = {65536, 20000, 65536, 40000, 4096, 65536};
+  ASSERT_NO_FATAL_FAILURE(SendEachWhenAwaited(sizes, &seq, &released));
+  const uint64_t tapped = counters_->wire.tapped.load();
+  if (GetParam()) {
+    // Sealed: every one of them over kTapRecordBytes is the reader's, and
+    // the link then stays the reader's (the 4 KiB one too).
+    EXPECT_EQ(tapped, 0u);
+  } else {
+    EXPECT_EQ(tapped, sizes.size()) << "a record of up to 64 KiB was left "
+                                       "to the reader";
+  }
   absl::MutexLock lock(&mu_);
   EXPECT_TRUE(errors_.empty());
 }

@@ -263,11 +263,11 @@ class WireSender : public LinkPath {
 // (Inbox::AddTap; the inbox sleeps on the socket with poll()): one wake-up
 // per frame instead of two (the reader's, then the operation's), none for
 // a record already there. The tap takes only records of at most
-// kTapRecordBytes that are wholly in the socket's queue, so the waiting
-// thread never blocks inside a record; any other record it leaves to the
-// reader (the reader's turn, which ends once the reader finds the socket
-// empty between records), and for 100 ms after a larger record the link
-// is its reader's alone. The reader and the tap read under one lock, one
+// kTapRecordBytes (kTapPlainRecordBytes on a plain link) that are wholly
+// in the socket's queue, so the waiting thread never blocks inside a
+// record; any other record it leaves to the reader (the reader's turn,
+// which ends once the reader finds the socket empty between records), and
+// for 100 ms after a larger record the link is its reader's alone. The reader and the tap read under one lock, one
 // whole record at a time, and deliver under it (frames stay in order);
 // while the tap is attached the reader stands aside (it looks again every
 // kParkSlice). The callbacks may run on either thread (on_error with the
@@ -283,6 +283,12 @@ class WireReceiver {
   // 64 KiB records read on the operation's thread made a 256 KiB ring
   // 12 % slower on 2 cores).
   static constexpr size_t kTapRecordBytes = (size_t{16} << 10) + 1024;
+  // On a plain link the tap also takes a record of up to a 64 KiB payload
+  // and its head, the largest frame of a recursive doubling that `auto`
+  // runs up to 64 KiB, whose operation has nothing to do but wait for it:
+  // one FIONREAD says it is all there, one recv takes it (measured:
+  // docs/performance.md, "The operation reads records up to 64 KiB").
+  static constexpr size_t kTapPlainRecordBytes = (size_t{64} << 10) + 1024;
   // With `landings` and the sending rank `from`, payloads that an
   // operation offered a landing for go straight into its buffer
   // (core/landing.h): the frame then says `landed`, and counts in

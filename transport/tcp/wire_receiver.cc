@@ -358,7 +358,11 @@ void WireReceiver::Core::ReadRecords(bool tap, bool* took) {
       s = r < 0 ? absl::UnavailableError(Errno("read"))
                 : ReadFull(head + r, 4 - static_cast<size_t>(r), nullptr);
     }
-    if (s.ok() && !tap && GetU32(head) > kTapRecordBytes) SawLarge();
+    if (s.ok() && !tap &&
+        GetU32(head) >
+            (seal_ == nullptr ? kTapPlainRecordBytes : kTapRecordBytes)) {
+      SawLarge();
+    }
     if (s.ok()) s = Record(head, took);
     if (!s.ok()) break;
   }

@@ -37,7 +37,8 @@ constexpr size_t kKeptStaging = 4 << 20;
 // most twice this long for the reader (the next operation's wait takes
 // them at once).
 constexpr absl::Duration kParkSlice = absl::Milliseconds(5);
-// How long a link stays its reader's after a record over kTapRecordBytes.
+// How long a link stays its reader's after a record over what the tap
+// reads (kTapRecordBytes; a plain link's kTapPlainRecordBytes).
 constexpr absl::Duration kLargeHold = absl::Milliseconds(100);
 // How long the reader waits for bytes at a time once Stop woke it (so that
 // the drain's end is seen).
@@ -136,8 +137,8 @@ class WireReceiver::Core final : public InboxTap {
   bool ReaderPass();
   // Reads every record there is now (the reader: also one whose bytes are
   // still coming, and what follows it until the socket is empty between
-  // records; the tap: only whole records of at most kTapRecordBytes, the
-  // reader's turn for any other). Delivers under read_mu_. An error that
+  // records; the tap: only whole records of at most kTapRecordBytes, a
+  // plain link's kTapPlainRecordBytes, the reader's turn for any other). Delivers under read_mu_. An error that
   // ends the connection goes to failure_ (the reader thread reports it,
   // outside the lock, not once stopping), and the link is over.
   void ReadRecords(bool tap, bool* took)
@@ -237,7 +238,7 @@ class WireReceiver::Core final : public InboxTap {
   // The socket is the reader's (a record the tap leaves, or the reader is
   // inside one): the tap sleeps on turn_fd_, not on the socket.
   std::atomic<bool> reader_turn_{false};
-  // A record over kTapRecordBytes came within kLargeHold: the socket is
+  // A record over what the tap reads came within kLargeHold: the socket is
   // the reader's. A transfer of large chunks is read beside the
   // operation's reduction, the tap would only hand each over, and a
   // record larger than the socket's buffer holds its sender until it is

@@ -98,14 +98,21 @@ WireReceiver::Core::TapPlainRecord(bool* took) {
   }
   const size_t n = GetU32(peeked_.data());
   if (n == 0) return TapRead::kClose;
-  if (n > kTapRecordBytes) SawLarge();
-  if (n > kTapRecordBytes || static_cast<size_t>(r) < 4 + n) {
+  if (n > kTapPlainRecordBytes) SawLarge();
+  // Queued bytes: what the peek saw, or, for a record longer than the
+  // peek, what FIONREAD says.
+  size_t queued = static_cast<size_t>(r);
+  if (n > kTapRecordBytes && n <= kTapPlainRecordBytes) {
+    int q = 0;
+    if (ioctl(fd_, FIONREAD, &q) == 0 && q > 0) queued = static_cast<size_t>(q);
+  }
+  if (n > kTapPlainRecordBytes || queued < 4 + n) {
     HandOver();  // large, or its bytes still coming: the reader's
     return TapRead::kDone;
   }
   if (closed_) return absl::DataLossError("a record after the link's close record");
-  // The peeked bytes are the record's: take them, the frame into a buffer
-  // of its own size (the frame keeps it; the inbox counts its payload).
+  // The record's bytes are queued: take them, the frame into a buffer of
+  // its own size (the frame keeps it; the inbox counts its payload).
   std::shared_ptr<uint8_t[]> buf(new uint8_t[n]);
   uint8_t head[4];
   iovec iov[2] = {{head, 4}, {buf.get(), n}};
@@ -121,9 +128,9 @@ WireReceiver::Core::TapPlainRecord(bool* took) {
   const absl::Span<const uint8_t> bytes(buf.get(), n);
   HALKA_RETURN_IF_ERROR(Deliver(
       DecodeFrame(absl::MakeConstSpan(&bytes, 1), std::move(buf)), took));
-  // The peek held more: look again; else the socket was empty behind it
-  // (no look that finds nothing).
-  return static_cast<size_t>(r) > 4 + n ? TapRead::kMore : TapRead::kDone;
+  // More was queued: look again; else the socket was empty behind it (no
+  // look that finds nothing).
+  return queued > 4 + n ? TapRead::kMore : TapRead::kDone;
 }
 
 bool WireReceiver::Core::Drain(bool* took) {

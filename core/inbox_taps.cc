@@ -1,6 +1,7 @@
 // Inbox's taps (core/transport.h, InboxTap): the paths whose frames a
 // waiting operation takes itself, and its sleeps on them: futex words
 // (same-host rings) or sockets in poll() (wire links).
+#include <sched.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -136,6 +137,11 @@ std::optional<Inbox::Event> Inbox::NextWithTaps(
   std::vector<FutexWaiter> words;
   bool pruned = false;
   std::optional<Event> ev;
+  // Until when this wait yields its core instead of sleeping (set when it
+  // first finds nothing; again after each frame it takes).
+  const absl::Duration yield = yield_before_sleep();
+  std::optional<absl::Time> yield_until;
+  bool yielded = false;  // the last look followed a yield
   for (;;) {
     const uint32_t events = events_.load();
     bool took = false;
@@ -144,10 +150,27 @@ std::optional<Inbox::Event> Inbox::NextWithTaps(
       absl::MutexLock lock(&mu_);
       if (Ready(from, op_seq, watch) || halka::Now() >= deadline) {
         ev = EventLocked(from, op_seq, watch);
+        if (yielded && ev->type != Event::kTimeout) {
+          counters_->waits_yielded.fetch_add(1, std::memory_order_relaxed);
+        }
         break;
       }
     }
-    if (took) continue;  // look again before sleeping
+    if (took) {
+      yield_until.reset();
+      yielded = false;
+      continue;  // look again before sleeping
+    }
+    if (yield > absl::ZeroDuration()) {
+      const absl::Time now = halka::Now();
+      if (!yield_until.has_value()) yield_until = now + yield;
+      if (now < *yield_until && now < deadline) {
+        sched_yield();
+        yielded = true;
+        continue;
+      }
+    }
+    yielded = false;
     if (polled) {
       // No missed wake-up to count here: what wakes the sleep (a socket's
       // bytes, a turn's end, a Bump) stays readable until taken.

@@ -46,6 +46,9 @@ struct LinkCounters {
   // a word had moved: wake-ups that were missed, or came just as the sleep
   // ran out.
   std::atomic<uint64_t> missed_wakeups{0};
+  // Waits of Inbox::Next whose frame (or event) came while it yielded its
+  // core before sleeping (Inbox::SetYieldBeforeSleep): no wake-up needed.
+  std::atomic<uint64_t> waits_yielded{0};
 };
 
 }  // namespace halka

@@ -111,6 +111,7 @@ absl::StatusOr<std::unique_ptr<SubRing>> SubRing::Attach(
   ring->inbox_ = std::make_shared<Inbox>(c.world_size, inbox->counters());
   ring->inbox_->SetByteBudget(inbox->byte_budget());
   ring->inbox_->SetSpinBeforeSleep(inbox->spin_before_sleep());
+  ring->inbox_->SetYieldBeforeSleep(inbox->yield_before_sleep());
   ring->transport_ =
       std::make_unique<GroupTransport>(transport, id, ranks, job.rank);
   ring->comm_ = std::make_unique<Communicator>(c, ring->transport_.get(),

@@ -28,6 +28,15 @@ absl::Duration Inbox::spin_before_sleep() const {
   return absl::Nanoseconds(spin_ns_.load(std::memory_order_relaxed));
 }
 
+void Inbox::SetYieldBeforeSleep(absl::Duration yield) {
+  yield_ns_.store(absl::ToInt64Nanoseconds(
+      std::clamp(yield, absl::ZeroDuration(), absl::Milliseconds(1))));
+}
+
+absl::Duration Inbox::yield_before_sleep() const {
+  return absl::Nanoseconds(yield_ns_.load(std::memory_order_relaxed));
+}
+
 void Inbox::SetLinkFailureHook(
     std::function<void(int, const absl::Status&)> hook) {
   absl::MutexLock lock(&mu_);

@@ -118,6 +118,16 @@ class Inbox {
   // to [0, 1 ms] as ShmRing::set_spin_before_sleep. Any thread.
   void SetSpinBeforeSleep(absl::Duration spin);
   absl::Duration spin_before_sleep() const;
+  // How long Next, waiting on its taps (rings or wire sockets) with
+  // nothing there, gives its core away (sched_yield) and looks again
+  // before it sleeps: on a host whose ranks outnumber its cores, the rank
+  // it waits for mostly runs on this core, and a yield lets it run at once
+  // while this thread's own wake-up then costs no futex or socket wake-up
+  // (its worker's automatic choice, OperationYield in worker/ring_book.h;
+  // 0, the default: none). After the spin, if both are set. Clamped to
+  // [0, 1 ms]. Any thread.
+  void SetYieldBeforeSleep(absl::Duration yield);
+  absl::Duration yield_before_sleep() const;
 
   // Bytes of payload queued and not yet taken by an operation, at most per
   // sending rank and for the whole inbox: a peer past either (a buggy or
@@ -321,6 +331,7 @@ class Inbox {
   // missed_wakeups (tests and diagnostics).
   const std::shared_ptr<LinkCounters> counters_;
   std::atomic<int64_t> spin_ns_{0};  // SetSpinBeforeSleep
+  std::atomic<int64_t> yield_ns_{0};  // SetYieldBeforeSleep
   const std::shared_ptr<LandingBoard> landings_ =
       std::make_shared<LandingBoard>();
   mutable absl::Mutex mu_;

@@ -274,12 +274,14 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
   const CommConfig c = CommConfigFor(options_, *ring, numbering.first_op_seq);
   auto early = early_.find(ring->generation);
   ring->inbox = early != early_.end() ? early->second : NewInbox();
-  ring->inbox->SetSpinBeforeSleep(OperationSpin(
-      options_.shm_spin,
-      options_.machine_ranks > 0
-          ? options_.machine_ranks
-          : RanksOnHost(ring->rank, ring->world, ring->hosts),
-      CpusOfThisProcess()));
+  const int ranks_here = options_.machine_ranks > 0
+                             ? options_.machine_ranks
+                             : RanksOnHost(ring->rank, ring->world, ring->hosts);
+  const int cpus = CpusOfThisProcess();
+  ring->inbox->SetSpinBeforeSleep(
+      OperationSpin(options_.shm_spin, ranks_here, cpus));
+  ring->inbox->SetYieldBeforeSleep(
+      OperationYield(options_.shm_spin, ranks_here, cpus));
   early_.erase(early_.begin(), early_.upper_bound(ring->generation));
   reported_.erase(reported_.begin(),
                   reported_.lower_bound({ring->generation, -1}));
@@ -389,6 +391,12 @@ absl::Duration OperationSpin(absl::Duration shm_spin, int ranks_here,
                              int cpus) {
   if (shm_spin != kShmSpinAuto) return std::max(shm_spin, absl::ZeroDuration());
   return ranks_here <= std::max(cpus, 1) ? kShmAutoSpin : absl::ZeroDuration();
+}
+
+absl::Duration OperationYield(absl::Duration shm_spin, int ranks_here,
+                              int cpus) {
+  if (shm_spin != kShmSpinAuto) return absl::ZeroDuration();
+  return ranks_here > std::max(cpus, 1) ? kShmAutoYield : absl::ZeroDuration();
 }
 
 std::optional<int> CpusOfQuota(absl::string_view cpu_max) {

@@ -128,6 +128,14 @@ int RanksOnHost(int rank, int world, const std::vector<std::vector<int>>& hosts)
 // of a rank it waits for.
 absl::Duration OperationSpin(absl::Duration shm_spin, int ranks_here,
                              int cpus);
+// How long an operation that found nothing on its rings and wire sockets
+// yields its core and looks again before it sleeps
+// (Inbox::SetYieldBeforeSleep): with kShmSpinAuto, kShmAutoYield where
+// the `ranks_here` outnumber `cpus` (the rank it waits for mostly shares
+// its core: a yield lets that rank run at once, and costs this thread no
+// wake-up), else none; none where shm_spin is set to a value.
+absl::Duration OperationYield(absl::Duration shm_spin, int ranks_here,
+                              int cpus);
 // The CPUs this process may use: those it may run on (sched_getaffinity;
 // 1 if unknown), fewer where its cgroup's CPU quota allows less
 // (CgroupCpuLimit; a container's or pod's CPU limit).

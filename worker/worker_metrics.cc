@@ -50,6 +50,11 @@ void WriteLinkCounters(const PrometheusWriter::Labels& base,
               "although a frame had come (a few are chance, a steady rise "
               "is a lost wake-up)",
               load(links.missed_wakeups)},
+        Total{"halka_waits_yielded_total",
+              "waits of an operation whose frame came while it yielded its "
+              "core before sleeping (ranks outnumber the CPUs: no wake-up "
+              "needed)",
+              load(links.waits_yielded)},
         Total{"halka_wire_frames_landed_total",
               "frames whose payload a wire link's reader put straight into "
               "an operation's buffer (all-gather chunks that came after "

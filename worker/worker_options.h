@@ -18,6 +18,9 @@ namespace halka {
 // WorkerOptions::shm_spin's automatic choice, and what it polls for.
 inline constexpr absl::Duration kShmSpinAuto = absl::Microseconds(-1);
 inline constexpr absl::Duration kShmAutoSpin = absl::Microseconds(50);
+// And where it does not poll (ranks outnumber the CPUs): how long a waiting
+// operation yields its core and looks again before it sleeps.
+inline constexpr absl::Duration kShmAutoYield = absl::Microseconds(100);
 
 struct WorkerOptions {
   std::string job_id = "default";
@@ -49,8 +52,10 @@ struct WorkerOptions {
   // operation waiting on its rings polls them for kShmAutoSpin where this
   // host's ranks of the ring are no more than the CPUs this process may
   // use (CpusOfThisProcess: its affinity, its cgroup's CPU quota; each can
-  // have a core), and sleeps at once elsewhere; the
-  // links' readers and the sessions sleep at once.
+  // have a core), and elsewhere yields its core (sched_yield) between
+  // looks at its rings and wire sockets for kShmAutoYield before it
+  // sleeps (OperationYield); the links' readers and the sessions sleep at
+  // once. Set to a value, neither.
   absl::Duration shm_spin = kShmSpinAuto;
   // For kShmSpinAuto: how many ranks of the ring share this machine's
   // cores; 0: this host's ranks as the ring's hosts say (LocalCluster sets

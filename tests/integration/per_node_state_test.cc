@@ -234,6 +234,24 @@ TEST(OperationSpin, AutoPollsOnlyWhereThisHostsRanksHaveACpuEach) {
   EXPECT_GE(CpusOfThisProcess(), 1);
 }
 
+// And where auto does not poll (ranks outnumber the CPUs), it yields the
+// core between looks before it sleeps; an explicit value yields never.
+TEST(OperationSpin, AutoYieldsWhereTheRanksOutnumberTheCpus) {
+  const absl::Duration none = absl::ZeroDuration();
+  EXPECT_EQ(OperationYield(kShmSpinAuto, 4, 2), kShmAutoYield);
+  EXPECT_EQ(OperationYield(kShmSpinAuto, 2, 0), kShmAutoYield);
+  EXPECT_EQ(OperationYield(kShmSpinAuto, 2, 2), none);
+  EXPECT_EQ(OperationYield(kShmSpinAuto, 4, 64), none);
+  EXPECT_EQ(OperationYield(absl::Microseconds(20), 64, 1), none);
+  EXPECT_EQ(OperationYield(none, 8, 2), none);
+  // Exactly one of the two, under auto.
+  for (int ranks : {1, 2, 3, 8}) {
+    EXPECT_NE(OperationSpin(kShmSpinAuto, ranks, 2) > none,
+              OperationYield(kShmSpinAuto, ranks, 2) > none)
+        << ranks;
+  }
+}
+
 // A container's CPU limit counts: auto must not poll with 4 ranks on a
 // pod limited to 2 CPUs of a 64-CPU node.
 TEST(OperationSpin, ACgroupsCpuQuotaLimitsTheCpusAutoCounts) {

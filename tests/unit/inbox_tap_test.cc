@@ -325,9 +325,12 @@ TEST(InboxTap, ManyFramesFromAWriterThreadArriveInOrderWhileTheWaiterDrains) {
 // count is printed, not asserted: a record that lands just as a sleep runs
 // out counts as one.)
 // `spin`: how long the waiter polls the words before it sleeps.
-void RaceThreePeers(absl::Duration spin = absl::ZeroDuration()) {
+// `yield`: how long it yields its core between looks before it sleeps.
+void RaceThreePeers(absl::Duration spin = absl::ZeroDuration(),
+                    absl::Duration yield = absl::ZeroDuration()) {
   auto inbox = std::make_shared<Inbox>(4);
   inbox->SetSpinBeforeSleep(spin);
+  inbox->SetYieldBeforeSleep(yield);
   std::vector<std::unique_ptr<Link>> links;
   for (int from = 1; from <= 3; ++from) {
     links.push_back(std::make_unique<Link>(inbox, from));
@@ -371,6 +374,57 @@ void RaceThreePeers(absl::Duration spin = absl::ZeroDuration()) {
 }
 
 TEST(InboxTap, ThreePeersRacingOneWaiterLoseNothing) { RaceThreePeers(); }
+
+// Ranks outnumbering the cores: the waiting thread yields its core between
+// looks before it sleeps. The same races, nothing lost.
+TEST(InboxTap, ThreePeersRacingAWaiterThatYieldsFirstLoseNothing) {
+  RaceThreePeers(absl::ZeroDuration(), absl::Microseconds(100));
+}
+
+// A frame that comes while the waiter yields is taken without a sleep
+// (counted in waits_yielded); without the yield, never so.
+TEST(InboxTap, AFrameThatComesWhileTheWaiterYieldsNeedsNoWakeUp) {
+  for (const bool yields : {false, true}) {
+    auto inbox = std::make_shared<Inbox>(4);
+    if (yields) inbox->SetYieldBeforeSleep(absl::Seconds(1));  // 1 ms
+    EXPECT_EQ(inbox->yield_before_sleep(),
+              yields ? absl::Milliseconds(1) : absl::ZeroDuration());
+    Link link(inbox);
+    constexpr int kFrames = 200;
+    std::atomic<int> taken{0};
+    Joined writer([&] {
+      for (int i = 0; i < kFrames; ++i) {
+        // Once the waiter looks for frame i, 100 us later (well inside
+        // the 1 ms of yielding, unless this thread is kept off the CPU).
+        const absl::Time until = absl::Now() + absl::Seconds(20);
+        while (taken.load() < i && absl::Now() < until) {
+          std::this_thread::yield();
+        }
+        absl::SleepFor(absl::Microseconds(100));
+        ASSERT_TRUE(WriteFrame(*link.tx, Meta(5, i), 3 * i));
+      }
+    });
+    for (int i = 0; i < kFrames; ++i) {
+      Inbox::Event ev = inbox->Next(kFrom, 5, kWatch,
+                                    absl::Now() + absl::Seconds(20));
+      ASSERT_EQ(ev.type, Inbox::Event::kFrame) << i << ": " << ev.status;
+      ASSERT_EQ(ev.frame.meta.step, i);
+      ASSERT_EQ(FirstWord(ev.frame), static_cast<uint32_t>(3 * i));
+      taken.fetch_add(1);
+    }
+    writer.join();
+    const uint64_t yielded = inbox->counters()->waits_yielded.load();
+    if (yields) {
+      // Most of them: a loaded machine may keep the writer off the CPU
+      // past the millisecond now and then.
+      EXPECT_GE(yielded, static_cast<uint64_t>(kFrames / 2));
+    } else {
+      EXPECT_EQ(yielded, 0u);
+    }
+    std::printf("yielding %d: %llu of %d waits served while yielding\n",
+                yields, static_cast<unsigned long long>(yielded), kFrames);
+  }
+}
 
 // --shm_spin_us: the waiting thread polls the words before it sleeps.
 TEST(InboxTap, ThreePeersRacingAWaiterThatPollsFirstLoseNothing) {

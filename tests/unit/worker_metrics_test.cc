@@ -83,6 +83,7 @@ TEST(WorkerMetricsTest, LinkCountersAreTheOnesGiven) {
   links.wire.landed = 5;
   links.wire.evicted = 4;
   links.missed_wakeups = 6;
+  links.waits_yielded = 7;
   const std::string text = WorkerMetricsText("j", 1, 1, 2, Sample(), links);
   const std::string base = "{halka_job=\"j\",rank=\"1\"";
   for (const std::string& line :
@@ -100,6 +101,8 @@ TEST(WorkerMetricsTest, LinkCountersAreTheOnesGiven) {
       text, "halka_wire_silent_connections_evicted_total" + base + "} 4\n"));
   EXPECT_TRUE(
       absl::StrContains(text, "halka_missed_wakeups_total" + base + "} 6\n"));
+  EXPECT_TRUE(
+      absl::StrContains(text, "halka_waits_yielded_total" + base + "} 7\n"));
 }
 
 TEST(WorkerMetricsTest, TelemetryProtoDatesTheCurrentWait) {

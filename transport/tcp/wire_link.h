@@ -267,8 +267,9 @@ class WireSender : public LinkPath {
 // in the socket's queue, so the waiting thread never blocks inside a
 // record; any other record it leaves to the reader (the reader's turn,
 // which ends once the reader finds the socket empty between records), and
-// for 100 ms after a larger record the link is its reader's alone. The reader and the tap read under one lock, one
-// whole record at a time, and deliver under it (frames stay in order);
+// for 100 ms after a larger record the link is its reader's alone. The
+// reader and the tap read under one lock, one whole record at a time, and
+// deliver under it (frames stay in order);
 // while the tap is attached the reader stands aside (it looks again every
 // kParkSlice). The callbacks may run on either thread (on_error with the
 // lock released), never after Stop returns.
@@ -276,18 +277,19 @@ class WireReceiver {
  public:
   using OnFrame = ShmReceiver::OnFrame;
   using OnError = ShmReceiver::OnError;
-  // The largest record the tap reads on an operation's thread: a 16 KiB
-  // payload and its frame's head, as WireSender writes on the sending
-  // thread. Larger records cost more to copy than the hand-off saves, and
-  // the reader's copy runs beside the operation's reduction (measured:
-  // 64 KiB records read on the operation's thread made a 256 KiB ring
-  // 12 % slower on 2 cores).
+  // The largest record the tap reads on an operation's thread on a sealed
+  // link (and the most a plain link's tap peeks at once): a 16 KiB payload
+  // and its frame's head. A larger sealed record is opened beside the
+  // operation's own work by the reader.
   static constexpr size_t kTapRecordBytes = (size_t{16} << 10) + 1024;
   // On a plain link the tap also takes a record of up to a 64 KiB payload
   // and its head, the largest frame of a recursive doubling that `auto`
   // runs up to 64 KiB, whose operation has nothing to do but wait for it:
   // one FIONREAD says it is all there, one recv takes it (measured:
-  // docs/performance.md, "The operation reads records up to 64 KiB").
+  // docs/performance.md, "The operation's own sendmsg, up to 512 KiB; its
+  // own reads, up to 64 KiB"). Not while the operation offers landings
+  // (core/landing.h): such a record may be a chunk that lands, the
+  // reader's.
   static constexpr size_t kTapPlainRecordBytes = (size_t{64} << 10) + 1024;
   // With `landings` and the sending rank `from`, payloads that an
   // operation offered a landing for go straight into its buffer

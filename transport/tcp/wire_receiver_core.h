@@ -138,15 +138,17 @@ class WireReceiver::Core final : public InboxTap {
   // Reads every record there is now (the reader: also one whose bytes are
   // still coming, and what follows it until the socket is empty between
   // records; the tap: only whole records of at most kTapRecordBytes, a
-  // plain link's kTapPlainRecordBytes, the reader's turn for any other). Delivers under read_mu_. An error that
-  // ends the connection goes to failure_ (the reader thread reports it,
-  // outside the lock, not once stopping), and the link is over.
+  // plain link's kTapPlainRecordBytes, the reader's turn for any other).
+  // Delivers under read_mu_. An error that ends the connection goes to
+  // failure_ (the reader thread reports it, outside the lock, not once
+  // stopping), and the link is over.
   void ReadRecords(bool tap, bool* took)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
   // The tap on a sealed link: the next record's bytes on the socket (recv
-  // MSG_PEEK and FIONREAD, no wait): whether the tap may read it whole (*ready), or the reader's turn
-  // (*hand_over). OK with neither: nothing there. An error: the peer ended
-  // the connection (AtEnd's verdict), or the socket failed.
+  // MSG_PEEK and FIONREAD, no wait): whether the tap may read it whole
+  // (*ready), or the reader's turn (*hand_over). OK with neither: nothing
+  // there. An error: the peer ended the connection (AtEnd's verdict), or
+  // the socket failed.
   absl::Status Peek(bool* ready, bool* hand_over);
   // What a recv(MSG_PEEK) that returned r <= 0 (errno as it left it)
   // means: OK (nothing there now), the end (AtEnd's verdict, or
@@ -155,8 +157,9 @@ class WireReceiver::Core final : public InboxTap {
   // One record from its head on (head: its 4 length bytes, read).
   absl::Status Record(const uint8_t head[4], bool* took)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
-  // The tap on a plaintext link: one recv(MSG_PEEK) of up to a whole tap
-  // record shows whether the next record is there whole, and one recvmsg
+  // The tap on a plaintext link: one recv(MSG_PEEK) of up to
+  // kTapRecordBytes shows whether the next record is there whole (for one
+  // of up to kTapPlainRecordBytes, with a FIONREAD), and one recvmsg
   // takes it into the frame's own buffer (Peek, the head's and the body's
   // reads, and the empty socket's last look took five system calls).
   // kMore: a record taken and more bytes behind it; kDone: nothing more

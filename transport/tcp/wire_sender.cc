@@ -1,6 +1,7 @@
 // WireSender's sending side: records onto the connection, by the writer
 // thread, or by the caller's own thread when the link is idle and the frame
-// is small (no hand-off, no wake-up: a small frame costs one sendmsg).
+// is of at most 513 KiB (65 KiB sealed): no hand-off, no wake-up, one
+// sendmsg.
 // Connecting is in wire_link.cc; the record format in wire_record.h.
 #include <poll.h>
 #include <sys/socket.h>
@@ -51,7 +52,8 @@ Inline InlineWrites() {
     const char* v = std::getenv("HALKA_WIRE_INLINE");
     if (v == nullptr) return Inline::kAll;
     const std::string s(v);
-    return s == "0" ? Inline::kOff : s == "small" ? Inline::kSmall : Inline::kAll;
+    if (s == "0") return Inline::kOff;
+    return s == "small" ? Inline::kSmall : Inline::kAll;
   }();
   return mode;
 }
@@ -165,13 +167,19 @@ void WireSender::Withdraw(const OpId& op) {
       }
     }
     queue_.swap(kept);
-    // A rest the writer has not taken yet is written from a copy, and its
-    // frame released now.
+    // A rest the writer has not taken yet: a record no byte of which went
+    // is dropped as a queued frame is; one begun is written from a copy,
+    // and its frame released now.
     if (remainder_ != nullptr && remainder_->of_frame &&
         remainder_->frame.DataOf(op)) {
-      Frame detached;
-      detached.on_released = DetachPayload(remainder_->frame);
-      dropped.push_back(std::move(detached));
+      if (remainder_->written == 0) {
+        dropped.push_back(std::move(remainder_->frame));
+        remainder_ = nullptr;
+      } else {
+        Frame detached;
+        detached.on_released = DetachPayload(remainder_->frame);
+        dropped.push_back(std::move(detached));
+      }
     }
   }
   for (Frame& f : dropped) ReleaseOnce(f.on_released);

@@ -102,15 +102,22 @@ WireReceiver::Core::TapPlainRecord(bool* took) {
   // Queued bytes: what the peek saw, or, for a record longer than the
   // peek, what FIONREAD says.
   size_t queued = static_cast<size_t>(r);
-  if (n > kTapRecordBytes && n <= kTapPlainRecordBytes) {
+  // A record over kTapRecordBytes while the operation offers landings
+  // may be a chunk that lands (core/landing.h): the reader's, which puts
+  // it in place.
+  const bool may_land = n > kTapRecordBytes && landings_ != nullptr &&
+                        landings_->Armed();
+  if (n > kTapRecordBytes && n <= kTapPlainRecordBytes && !may_land) {
     int q = 0;
     if (ioctl(fd_, FIONREAD, &q) == 0 && q > 0) queued = static_cast<size_t>(q);
   }
-  if (n > kTapPlainRecordBytes || queued < 4 + n) {
-    HandOver();  // large, or its bytes still coming: the reader's
+  if (n > kTapPlainRecordBytes || may_land || queued < 4 + n) {
+    HandOver();  // large, landing, or its bytes still coming: the reader's
     return TapRead::kDone;
   }
-  if (closed_) return absl::DataLossError("a record after the link's close record");
+  if (closed_) {
+    return absl::DataLossError("a record after the link's close record");
+  }
   // The record's bytes are queued: take them, the frame into a buffer of
   // its own size (the frame keeps it; the inbox counts its payload).
   std::shared_ptr<uint8_t[]> buf(new uint8_t[n]);

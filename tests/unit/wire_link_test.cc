@@ -836,19 +836,41 @@ class WireTapRawTest : public WireTapTest {
     ASSERT_EQ(write(fd_, rec.data(), rec.size()),
               static_cast<ssize_t>(rec.size()));
   }
-  // A thread that writes `bytes` in one write, 20 ms after `waiting` is
-  // set (the operation then waits on the tap, its reader aside).
-  std::thread WriteOnceWaiting(const std::vector<uint8_t>& bytes,
-                               const std::atomic<bool>& waiting) {
-    return std::thread([this, &bytes, &waiting] {
+  // Records of operations 2, 3, ... with counts[i] elements each, then
+  // `tail` (part of the next record), in one write 20 ms after the
+  // operation starts to wait for the first (its reader then stands
+  // aside); each taken in order and checked. How many of them the tap
+  // took.
+  uint64_t WriteBatchAndTake(const std::vector<size_t>& counts,
+                             const std::vector<uint8_t>& tail) {
+    const uint64_t tapped0 = counters_->wire.tapped.load();
+    std::vector<uint8_t> bytes;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      const std::vector<uint8_t> rec = Record(i + 2, counts[i]);
+      bytes.insert(bytes.end(), rec.begin(), rec.end());
+    }
+    bytes.insert(bytes.end(), tail.begin(), tail.end());
+    std::atomic<bool> waiting{false};
+    std::thread batch([&] {
       const absl::Time until = absl::Now() + absl::Seconds(10);
       while (!waiting.load() && absl::Now() < until) {
         absl::SleepFor(absl::Milliseconds(1));
       }
       absl::SleepFor(absl::Milliseconds(20));
-      ASSERT_EQ(write(fd_, bytes.data(), bytes.size()),
+      EXPECT_EQ(write(fd_, bytes.data(), bytes.size()),
                 static_cast<ssize_t>(bytes.size()));
     });
+    for (size_t i = 0; i < counts.size(); ++i) {
+      waiting.store(true);
+      const Inbox::Event ev = Wait(i + 2);
+      if (i == 0) batch.join();
+      EXPECT_EQ(ev.type, Inbox::Event::kFrame) << i + 2 << " " << ev.status;
+      if (ev.type != Inbox::Event::kFrame) break;
+      EXPECT_EQ(ev.frame.meta.op_seq, i + 2);
+      EXPECT_EQ(ev.frame.meta.count, counts[i]);
+    }
+    if (batch.joinable()) batch.join();
+    return counters_->wire.tapped.load() - tapped0;
   }
 };
 
@@ -948,26 +970,11 @@ TEST_P(WireTapRawTest, RecordsThatArriveTogetherAreTakenInOrder) {
   Inbox::Event ev = Wait(1);
   first.join();
   ASSERT_EQ(ev.type, Inbox::Event::kFrame) << ev.status;
-  const uint64_t tapped0 = counters_->wire.tapped.load();
-  std::vector<uint8_t> bytes;
-  for (uint64_t seq = 2; seq <= 6; ++seq) {
-    const std::vector<uint8_t> rec = Record(seq, 16 * seq);
-    bytes.insert(bytes.end(), rec.begin(), rec.end());
-  }
   const std::vector<uint8_t> last = Record(7, 512);
   const size_t half = last.size() / 2;
-  bytes.insert(bytes.end(), last.begin(), last.begin() + half);
-  std::atomic<bool> waiting{false};
-  std::thread batch = WriteOnceWaiting(bytes, waiting);
-  for (uint64_t seq = 2; seq <= 6; ++seq) {
-    if (seq == 2) waiting.store(true);
-    ev = Wait(seq);
-    if (seq == 2) batch.join();
-    ASSERT_EQ(ev.type, Inbox::Event::kFrame) << seq << " " << ev.status;
-    EXPECT_EQ(ev.frame.meta.op_seq, seq);
-    EXPECT_EQ(ev.frame.meta.count, 16 * seq);
-  }
-  EXPECT_EQ(counters_->wire.tapped.load() - tapped0, 5u)
+  EXPECT_EQ(WriteBatchAndTake({32, 48, 64, 80, 96},
+                              {last.begin(), last.begin() + half}),
+            5u)
       << "the reader took some of the batch while the operation waited";
   std::thread rest([&] {
     absl::SleepFor(absl::Milliseconds(50));
@@ -1000,32 +1007,15 @@ TEST_P(WireTapRawTest, RecordsOfUpTo64KiBArrivingTogetherOrInPiecesComeWhole) {
   Inbox::Event ev = Wait(1);
   first.join();
   ASSERT_EQ(ev.type, Inbox::Event::kFrame) << ev.status;
-  const uint64_t tapped0 = counters_->wire.tapped.load();
   // Elements per frame: 40 KiB, 16 floats, 64 KiB, 40 KiB; then half of a
-  // 48 KiB one.
-  const size_t counts[] = {10240, 16, 16384, 10240};
-  std::vector<uint8_t> bytes;
-  for (uint64_t seq = 2; seq <= 5; ++seq) {
-    const std::vector<uint8_t> rec = Record(seq, counts[seq - 2]);
-    bytes.insert(bytes.end(), rec.begin(), rec.end());
-  }
+  // 48 KiB one. One write of 170 KB arrives in 64 KiB segments: a record
+  // cut between two is handed to the reader; the first (40 KiB, in the
+  // first segment) is the tap's.
   const std::vector<uint8_t> sixth = Record(6, 12288);
   const size_t half = sixth.size() / 2;
-  bytes.insert(bytes.end(), sixth.begin(), sixth.begin() + half);
-  std::atomic<bool> waiting{false};
-  std::thread batch = WriteOnceWaiting(bytes, waiting);
-  for (uint64_t seq = 2; seq <= 5; ++seq) {
-    if (seq == 2) waiting.store(true);
-    ev = Wait(seq);
-    if (seq == 2) batch.join();
-    ASSERT_EQ(ev.type, Inbox::Event::kFrame) << seq << " " << ev.status;
-    EXPECT_EQ(ev.frame.meta.op_seq, seq);
-    EXPECT_EQ(ev.frame.meta.count, counts[seq - 2]);
-  }
-  // One write of 170 KB arrives in 64 KiB segments: a record cut between
-  // two is handed to the reader; the first (40 KiB, in the first segment)
-  // is the tap's.
-  EXPECT_GE(counters_->wire.tapped.load() - tapped0, 1u)
+  EXPECT_GE(WriteBatchAndTake({10240, 16, 16384, 10240},
+                              {sixth.begin(), sixth.begin() + half}),
+            1u)
       << "no record over 17 KiB came through the tap";
   // The sixth's rest 50 ms later, with the seventh and the close record.
   std::vector<uint8_t> rest(sixth.begin() + half, sixth.end());

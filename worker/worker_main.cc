@@ -48,7 +48,9 @@ ABSL_FLAG(int64_t, shm_spin_us, -1,
           "microseconds a reader of a same-host ring (a link's reader, an "
           "operation waiting on its rings, a session) polls it before it "
           "sleeps (0-1000; 0: sleeps at once). -1 (auto): an operation "
-          "polls 50 us where this host's ranks have a CPU each, else 0");
+          "polls 50 us where this host's ranks have a CPU each, and "
+          "elsewhere yields its core between looks at its rings and wire "
+          "sockets for 100 us before it sleeps");
 ABSL_FLAG(bool, wire_tap, true,
           "an operation's thread reads its wire links' small frames (whole, "
           "at most 256 KiB) off their sockets itself while it waits; false: "

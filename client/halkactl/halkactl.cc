@@ -96,7 +96,8 @@ ABSL_FLAG(int64_t, shm_spin_us, -1,
           "embedded cluster: microseconds a reader of a same-host ring "
           "(links, an operation waiting on its rings, sessions) polls it "
           "before it sleeps (0-1000; 0: sleeps at once; -1, auto: an "
-          "operation polls 50 us where this host's ranks have a CPU each)");
+          "operation polls 50 us where this host's ranks have a CPU each, "
+          "and elsewhere yields its core between looks for 100 us)");
 ABSL_FLAG(bool, wire_links, true,
           "embedded cluster: links that are not through shared memory take "
           "a TCP connection of their own; false: the gRPC stream");

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <optional>
 #include <utility>
@@ -139,8 +140,10 @@ std::optional<Inbox::Event> Inbox::NextWithTaps(
   std::optional<Event> ev;
   // Until when this wait yields its core instead of sleeping (set when it
   // first finds nothing; again after each frame it takes).
-  const absl::Duration yield = yield_before_sleep();
-  std::optional<absl::Time> yield_until;
+  // On the monotonic clock: a step of the wall clock must not stretch it.
+  const std::chrono::nanoseconds yield(
+      absl::ToInt64Nanoseconds(yield_before_sleep()));
+  std::optional<std::chrono::steady_clock::time_point> yield_until;
   bool yielded = false;  // the last look followed a yield
   for (;;) {
     const uint32_t events = events_.load();
@@ -150,7 +153,7 @@ std::optional<Inbox::Event> Inbox::NextWithTaps(
       absl::MutexLock lock(&mu_);
       if (Ready(from, op_seq, watch) || halka::Now() >= deadline) {
         ev = EventLocked(from, op_seq, watch);
-        if (yielded && ev->type != Event::kTimeout) {
+        if (yielded && ev->type == Event::kFrame) {
           counters_->waits_yielded.fetch_add(1, std::memory_order_relaxed);
         }
         break;
@@ -161,10 +164,10 @@ std::optional<Inbox::Event> Inbox::NextWithTaps(
       yielded = false;
       continue;  // look again before sleeping
     }
-    if (yield > absl::ZeroDuration()) {
-      const absl::Time now = halka::Now();
+    if (yield.count() > 0) {
+      const auto now = std::chrono::steady_clock::now();
       if (!yield_until.has_value()) yield_until = now + yield;
-      if (now < *yield_until && now < deadline) {
+      if (now < *yield_until && halka::Now() < deadline) {
         sched_yield();
         yielded = true;
         continue;

@@ -110,8 +110,10 @@ absl::StatusOr<std::unique_ptr<SubRing>> SubRing::Attach(
   c.first_op_seq = 1;
   ring->inbox_ = std::make_shared<Inbox>(c.world_size, inbox->counters());
   ring->inbox_->SetByteBudget(inbox->byte_budget());
+  // Its frames come by delivery (the job inbox's taps deliver them), so
+  // its waits neither spin nor yield; the job inbox's setting is kept for
+  // when they do.
   ring->inbox_->SetSpinBeforeSleep(inbox->spin_before_sleep());
-  ring->inbox_->SetYieldBeforeSleep(inbox->yield_before_sleep());
   ring->transport_ =
       std::make_unique<GroupTransport>(transport, id, ranks, job.rank);
   ring->comm_ = std::make_unique<Communicator>(c, ring->transport_.get(),

@@ -124,7 +124,10 @@ class Inbox {
   // it waits for mostly runs on this core, and a yield lets it run at once
   // while this thread's own wake-up then costs no futex or socket wake-up
   // (its worker's automatic choice, OperationYield in worker/ring_book.h;
-  // 0, the default: none). After the spin, if both are set. Clamped to
+  // 0, the default: none). Before the spin, if both are set. Only where
+  // Next waits on its taps (sockets, or rings with futex_waitv): not for
+  // frames that come by delivery alone (gRPC streams, a group's inbox).
+  // Frames it found so count in counters()->waits_yielded. Clamped to
   // [0, 1 ms]. Any thread.
   void SetYieldBeforeSleep(absl::Duration yield);
   absl::Duration yield_before_sleep() const;

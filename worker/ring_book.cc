@@ -277,11 +277,10 @@ absl::StatusOr<std::shared_ptr<Ring>> RingBook::Build(
   const int ranks_here = options_.machine_ranks > 0
                              ? options_.machine_ranks
                              : RanksOnHost(ring->rank, ring->world, ring->hosts);
-  const int cpus = CpusOfThisProcess();
   ring->inbox->SetSpinBeforeSleep(
-      OperationSpin(options_.shm_spin, ranks_here, cpus));
+      OperationSpin(options_.shm_spin, ranks_here, CpusOfThisProcess()));
   ring->inbox->SetYieldBeforeSleep(
-      OperationYield(options_.shm_spin, ranks_here, cpus));
+      OperationYield(options_.shm_spin, ranks_here, CpusOfAffinity()));
   early_.erase(early_.begin(), early_.upper_bound(ring->generation));
   reported_.erase(reported_.begin(),
                   reported_.lower_bound({ring->generation, -1}));
@@ -481,10 +480,16 @@ std::optional<int> CgroupCpuLimit(const std::string& cgroup_fs,
   return std::nullopt;
 }
 
-int CpusOfThisProcess() {
+int CpusOfAffinity() {
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
-  int n = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  const int n =
+      sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  return std::max(n, 1);
+}
+
+int CpusOfThisProcess() {
+  int n = CpusOfAffinity();
   std::optional<std::string> self = ReadSmallFile("/proc/self/cgroup");
   if (self.has_value()) {
     std::optional<int> limit = CgroupCpuLimit("/sys/fs/cgroup", *self);

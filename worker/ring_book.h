@@ -134,12 +134,17 @@ absl::Duration OperationSpin(absl::Duration shm_spin, int ranks_here,
 // the `ranks_here` outnumber `cpus` (the rank it waits for mostly shares
 // its core: a yield lets that rank run at once, and costs this thread no
 // wake-up), else none; none where shm_spin is set to a value.
+// `cpus` here: the CPUs it may run on (CpusOfAffinity), not its cgroup's
+// quota: under a quota with idle cores, a yield finds nothing else to run
+// and would spin the quota away; there it sleeps at once.
 absl::Duration OperationYield(absl::Duration shm_spin, int ranks_here,
                               int cpus);
 // The CPUs this process may use: those it may run on (sched_getaffinity;
 // 1 if unknown), fewer where its cgroup's CPU quota allows less
 // (CgroupCpuLimit; a container's or pod's CPU limit).
 int CpusOfThisProcess();
+// The CPUs this process may run on (sched_getaffinity; 1 if unknown).
+int CpusOfAffinity();
 // A cgroup v2 cpu.max text ("<quota> <period>", microseconds): the whole
 // CPUs the quota allows, rounded down (1 at least: a rank that spins on a
 // fraction of a CPU burns the quota and gets the cgroup throttled for the

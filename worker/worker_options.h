@@ -52,10 +52,11 @@ struct WorkerOptions {
   // operation waiting on its rings polls them for kShmAutoSpin where this
   // host's ranks of the ring are no more than the CPUs this process may
   // use (CpusOfThisProcess: its affinity, its cgroup's CPU quota; each can
-  // have a core), and elsewhere yields its core (sched_yield) between
-  // looks at its rings and wire sockets for kShmAutoYield before it
-  // sleeps (OperationYield); the links' readers and the sessions sleep at
-  // once. Set to a value, neither.
+  // have a core), yields its core (sched_yield) between looks at its
+  // rings and wire sockets for kShmAutoYield before it sleeps where the
+  // ranks outnumber the CPUs it may run on (OperationYield), and sleeps at
+  // once where only a CPU quota leaves fewer; the links' readers and the
+  // sessions sleep at once. Set to a value: that polling, and no yield.
   absl::Duration shm_spin = kShmSpinAuto;
   // For kShmSpinAuto: how many ranks of the ring share this machine's
   // cores; 0: this host's ranks as the ring's hosts say (LocalCluster sets

@@ -244,7 +244,10 @@ TEST(OperationSpin, AutoYieldsWhereTheRanksOutnumberTheCpus) {
   EXPECT_EQ(OperationYield(kShmSpinAuto, 4, 64), none);
   EXPECT_EQ(OperationYield(absl::Microseconds(20), 64, 1), none);
   EXPECT_EQ(OperationYield(none, 8, 2), none);
-  // Exactly one of the two, under auto.
+  // Yielding counts the CPUs it may run on, not a quota (a yield with idle
+  // cores spins the quota away): at least the CPUs spinning counts.
+  EXPECT_GE(CpusOfAffinity(), CpusOfThisProcess());
+  // Exactly one of the two, under auto, for the same count.
   for (int ranks : {1, 2, 3, 8}) {
     EXPECT_NE(OperationSpin(kShmSpinAuto, ranks, 2) > none,
               OperationYield(kShmSpinAuto, ranks, 2) > none)

@@ -836,6 +836,37 @@ class WireTapRawTest : public WireTapTest {
     ASSERT_EQ(write(fd_, rec.data(), rec.size()),
               static_cast<ssize_t>(rec.size()));
   }
+  // Operation 1's frame, sent once this thread waits for it, taken.
+  void TakeFirstFrame() {
+    std::thread first([this] {
+      absl::SleepFor(absl::Milliseconds(50));
+      WriteFrame(1);
+    });
+    const Inbox::Event ev = Wait(1);
+    first.join();
+    ASSERT_EQ(ev.type, Inbox::Event::kFrame) << ev.status;
+  }
+  // Waits for operation `seq` while `bytes` are written 50 ms later.
+  Inbox::Event WaitWritingLater(uint64_t seq, std::vector<uint8_t> bytes) {
+    std::thread late([this, &bytes] {
+      absl::SleepFor(absl::Milliseconds(50));
+      EXPECT_EQ(write(fd_, bytes.data(), bytes.size()),
+                static_cast<ssize_t>(bytes.size()));
+    });
+    Inbox::Event ev = Wait(seq);
+    late.join();
+    return ev;
+  }
+  // Operations 1 to 7 were delivered in order, and the link reported no
+  // error.
+  void ExpectSevenInOrderAndNoError() {
+    {
+      absl::MutexLock lock(&seq_mu_);
+      EXPECT_EQ(delivered_seqs_, (std::vector<uint64_t>{1, 2, 3, 4, 5, 6, 7}));
+    }
+    absl::MutexLock lock(&mu_);
+    EXPECT_TRUE(errors_.empty()) << errors_.front();
+  }
   // Records of operations 2, 3, ... with counts[i] elements each, then
   // `tail` (part of the next record), in one write 20 ms after the
   // operation starts to wait for the first (its reader then stands
@@ -963,34 +994,18 @@ TEST_P(WireTapRawTest, RecordsThatArriveTogetherAreTakenInOrder) {
   ASSERT_NO_FATAL_FAILURE(DialTapped());
   // A first frame while the operation waits; the batch comes while it
   // waits again: the reader stands aside, so all of it is the tap's.
-  std::thread first([this] {
-    absl::SleepFor(absl::Milliseconds(50));
-    WriteFrame(1);
-  });
-  Inbox::Event ev = Wait(1);
-  first.join();
-  ASSERT_EQ(ev.type, Inbox::Event::kFrame) << ev.status;
+  ASSERT_NO_FATAL_FAILURE(TakeFirstFrame());
   const std::vector<uint8_t> last = Record(7, 512);
   const size_t half = last.size() / 2;
   EXPECT_EQ(WriteBatchAndTake({32, 48, 64, 80, 96},
                               {last.begin(), last.begin() + half}),
             5u)
       << "the reader took some of the batch while the operation waited";
-  std::thread rest([&] {
-    absl::SleepFor(absl::Milliseconds(50));
-    ASSERT_EQ(write(fd_, last.data() + half, last.size() - half),
-              static_cast<ssize_t>(last.size() - half));
-  });
-  ev = Wait(7);
-  rest.join();
+  const Inbox::Event ev =
+      WaitWritingLater(7, {last.begin() + half, last.end()});
   ASSERT_EQ(ev.type, Inbox::Event::kFrame) << ev.status;
   EXPECT_EQ(ev.frame.meta.count, 512u);
-  {
-    absl::MutexLock lock(&seq_mu_);
-    EXPECT_EQ(delivered_seqs_, (std::vector<uint64_t>{1, 2, 3, 4, 5, 6, 7}));
-  }
-  absl::MutexLock lock(&mu_);
-  EXPECT_TRUE(errors_.empty()) << errors_.front();
+  ExpectSevenInOrderAndNoError();
 }
 
 // The same with records of 17 to 65 KiB (a plain link's tap takes them
@@ -1000,13 +1015,7 @@ TEST_P(WireTapRawTest, RecordsThatArriveTogetherAreTakenInOrder) {
 // the last ends the link quietly.
 TEST_P(WireTapRawTest, RecordsOfUpTo64KiBArrivingTogetherOrInPiecesComeWhole) {
   ASSERT_NO_FATAL_FAILURE(DialTapped());
-  std::thread first([this] {
-    absl::SleepFor(absl::Milliseconds(50));
-    WriteFrame(1);
-  });
-  Inbox::Event ev = Wait(1);
-  first.join();
-  ASSERT_EQ(ev.type, Inbox::Event::kFrame) << ev.status;
+  ASSERT_NO_FATAL_FAILURE(TakeFirstFrame());
   // Elements per frame: 40 KiB, 16 floats, 64 KiB, 40 KiB; then half of a
   // 48 KiB one. One write of 170 KB arrives in 64 KiB segments: a record
   // cut between two is handed to the reader; the first (40 KiB, in the
@@ -1022,28 +1031,16 @@ TEST_P(WireTapRawTest, RecordsOfUpTo64KiBArrivingTogetherOrInPiecesComeWhole) {
   const std::vector<uint8_t> seventh = Record(7, 10240);
   rest.insert(rest.end(), seventh.begin(), seventh.end());
   rest.insert(rest.end(), {0, 0, 0, 0});
-  std::thread late([&] {
-    absl::SleepFor(absl::Milliseconds(50));
-    ASSERT_EQ(write(fd_, rest.data(), rest.size()),
-              static_cast<ssize_t>(rest.size()));
-  });
   const absl::Time start = absl::Now();
-  ev = Wait(6);
-  late.join();
+  Inbox::Event ev = WaitWritingLater(6, rest);
   ASSERT_EQ(ev.type, Inbox::Event::kFrame) << ev.status;
   EXPECT_EQ(ev.frame.meta.count, 12288u);
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(40));
   ev = Wait(7);
   ASSERT_EQ(ev.type, Inbox::Event::kFrame) << ev.status;
   EXPECT_EQ(ev.frame.meta.count, 10240u);
-  {
-    absl::MutexLock lock(&seq_mu_);
-    EXPECT_EQ(delivered_seqs_,
-              (std::vector<uint64_t>{1, 2, 3, 4, 5, 6, 7}));
-  }
-  absl::SleepFor(absl::Milliseconds(100));
-  absl::MutexLock lock(&mu_);
-  EXPECT_TRUE(errors_.empty()) << errors_.front();
+  absl::SleepFor(absl::Milliseconds(100));  // the close record's end
+  ExpectSevenInOrderAndNoError();
 }
 
 INSTANTIATE_TEST_SUITE_P(Plain, WireTapRawTest, ::testing::Values(false),

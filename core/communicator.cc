@@ -125,6 +125,12 @@ absl::StatusOr<OpResult> Communicator::AllReduce(OpBuffer& buffer,
 
 namespace {
 
+// The largest send scratch an operation leaves to the next (spare_scratch_):
+// a recursive doubling's two halves up to 512 KiB, a tree's buffer up to
+// 1 MiB. The small operations it serves would otherwise allocate and free
+// it each time.
+constexpr size_t kKeptScratchBytes = size_t{1} << 20;
+
 // Which algorithms a collective of `kind` implements (auto always).
 bool Implements(OpKind kind, Algorithm algorithm) {
   if (algorithm == Algorithm::kAuto) return true;
@@ -422,12 +428,19 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
                numbered, buffer, timeout, start, algorithm,
                ServersFor(algorithm));
   op.set_input_slice(input_slice);
+  op.send_scratch().swap(spare_scratch_);
   telemetry_.BeginOp();
-  progress_.Start(op.fp().ToString());
+  // The operation's text, formatted once (again only when it adopts a
+  // number): the progress ledger and the telemetry both keep it.
+  std::string described = op.fp().ToString();
+  progress_.Start(described);
   absl::Status status = AdoptOpSeq(op);
   // A rank that could not adopt a number stays ready to adopt one.
   next_op_seq_ = op.fp().op_seq == 0 ? 0 : op.fp().op_seq + 1;
-  progress_.Describe(op.fp().ToString());
+  if (op.fp().op_seq != numbered.op_seq) {
+    described = op.fp().ToString();
+    progress_.Describe(described);
+  }
   inbox_->DropBefore(op.fp().op_seq);
   inbox_->ClearLinkFailures();
 
@@ -463,6 +476,9 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
                                     : halka::Now() + absl::Milliseconds(250));
 
   op.EndTrace();
+  if (op.send_scratch().capacity() <= kKeptScratchBytes) {
+    spare_scratch_.swap(op.send_scratch());
+  }
   // New in the ring, this rank took the number of the operation its peers
   // were running (their fingerprints were here), but they had ended it
   // without this rank: their deadline passed waiting for its fingerprint,
@@ -514,7 +530,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   const LinkBytes moved = telemetry_.EndOp(
       halka::Now(), {fp.kind, algorithm_name, status, elapsed,
                     config_.chunk_bytes, bytes, config_.generation,
-                    op.fp().op_seq, op.fp().ToString(), start,
+                    op.fp().op_seq, std::move(described), start,
                     op.fingerprint_end(), model_seconds});
   progress_.Finish();
   if (!status.ok()) {

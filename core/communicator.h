@@ -223,6 +223,11 @@ class Communicator {
 
   absl::Mutex op_mu_;  // one operation at a time
   uint64_t next_op_seq_ ABSL_GUARDED_BY(op_mu_) = 1;
+  // The last operation's send scratch (OpContext::send_scratch), lent to
+  // the next one: once an operation ended, every frame that pointed into
+  // it is released (or its link cut), as for the caller's buffer. Up to
+  // kKeptScratchBytes; a larger one is freed with its operation.
+  std::vector<uint8_t> spare_scratch_ ABSL_GUARDED_BY(op_mu_);
 
   // Point to point: the last message number sent to and taken from each
   // peer (messages are numbered per sender and receiver from 1).

@@ -14,15 +14,30 @@ double Percentile(std::vector<double> values, double q) {
   return values[rank - 1];
 }
 
-void EdgeWindow::Add(Sample s) {
-  samples_.push_back(s);
-  while (samples_.size() > max_samples_) samples_.pop_front();
+void EdgeWindow::Add(const Sample& s) {
+  if (max_samples_ == 0) return;
+  if (count_ == samples_.size() && samples_.size() < max_samples_) {
+    // Full below the bound: grow, unwrapping the ring into the new one.
+    std::vector<Sample> grown;
+    grown.reserve(std::min(max_samples_, std::max<size_t>(64, 2 * count_)));
+    for (size_t i = 0; i < count_; ++i) grown.push_back(At(i));
+    grown.resize(grown.capacity());
+    samples_ = std::move(grown);
+    first_ = 0;
+  }
+  if (count_ == samples_.size()) {  // at the bound: drop the oldest
+    first_ = (first_ + 1) % samples_.size();
+    --count_;
+  }
+  samples_[(first_ + count_) % samples_.size()] = s;
+  ++count_;
 }
 
 void EdgeWindow::Prune(absl::Time now) {
   const absl::Time cutoff = now - span_;
-  while (!samples_.empty() && samples_.front().time <= cutoff) {
-    samples_.pop_front();
+  while (count_ > 0 && At(0).time <= cutoff) {
+    first_ = (first_ + 1) % samples_.size();
+    --count_;
   }
 }
 
@@ -56,7 +71,8 @@ EdgeSummary EdgeWindow::Summarize(absl::Time now) {
   Prune(now);
   EdgeSummary out;
   std::map<int, std::vector<double>> waits;
-  for (const Sample& s : samples_) {
+  for (size_t i = 0; i < count_; ++i) {
+    const Sample& s = At(i);
     if (s.time > now) continue;
     if (s.kind == Kind::kOp) {
       ++out.ops;

@@ -10,7 +10,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <vector>
 
@@ -73,12 +72,23 @@ class EdgeWindow {
     double seconds;
     double ring_seconds = 0;  // kOp
   };
-  void Add(Sample s);
+  void Add(const Sample& s);
   void Prune(absl::Time now);
+  // The i-th oldest sample held (i < count_).
+  const Sample& At(size_t i) const {
+    return samples_[(first_ + i) % samples_.size()];
+  }
 
   absl::Duration span_;
   size_t max_samples_;
-  std::deque<Sample> samples_;
+  // The samples held, oldest first, in a ring: count_ of them from first_,
+  // wrapping at samples_.size(). The ring doubles until it holds
+  // max_samples_, and from then on each sample overwrites the oldest: a
+  // sample costs no allocation once the ring has grown, where a deque
+  // allocated and freed a node every few samples (a few per operation).
+  std::vector<Sample> samples_;
+  size_t first_ = 0;
+  size_t count_ = 0;
 };
 
 // Nearest-rank percentile (q in [0, 1]) of `values`; 0 when empty.

@@ -306,7 +306,11 @@ void ShmRing::WaitForSpace(uint32_t seq, absl::Duration timeout) {
 absl::StatusOr<std::optional<ShmRing::Record>> ShmRing::Next(
     absl::Duration timeout) {
   Header* h = header();
-  const absl::Time deadline = halka::Now() + timeout;
+  // A look (timeout zero: an operation's tap drains its rings between
+  // polls) reads no clock: it returns at once when nothing is there.
+  const bool waits = timeout > absl::ZeroDuration();
+  const absl::Time deadline =
+      waits ? halka::Now() + timeout : absl::InfinitePast();
   for (;;) {
     const uint32_t seq = h->head_seq.load();
     const uint64_t head = h->head.load(std::memory_order_acquire);
@@ -367,6 +371,7 @@ absl::StatusOr<std::optional<ShmRing::Record>> ShmRing::Next(
       if (h->head.load(std::memory_order_acquire) != read_) continue;
       return std::optional<Record>();
     }
+    if (!waits) return std::optional<Record>();
     absl::Duration left = deadline - halka::Now();
     if (left <= absl::ZeroDuration()) return std::optional<Record>();
     if (spin_ns_.load(std::memory_order_relaxed) > 0) {

@@ -18,7 +18,10 @@
 #ifndef HALKA_CORE_STALL_MONITOR_H_
 #define HALKA_CORE_STALL_MONITOR_H_
 
+#include <atomic>
+#include <cstdint>
 #include <deque>
+#include <limits>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -48,6 +51,11 @@ class StallMonitor {
   };
   absl::Mutex mu_;
   absl::Time last_tick_ ABSL_GUARDED_BY(mu_);
+  // For StalledBetween's look without the lock (it runs at every wait of
+  // every operation in the process): last_tick_ and the newest stall's end,
+  // in Unix nanoseconds, stored by Run, the stall's end before the tick.
+  std::atomic<int64_t> last_tick_ns_{0};
+  std::atomic<int64_t> newest_stall_end_ns_{std::numeric_limits<int64_t>::min()};
   std::deque<Interval> stalls_ ABSL_GUARDED_BY(mu_);  // bounded, oldest first
 };
 

@@ -40,10 +40,16 @@ void Timeline::BeginOp() {
 void Timeline::EndOp(TraceOp op) {
   op.spans = std::move(running_);
   op.spans_dropped = running_dropped_;
+  running_ = {};
+  ops_.push_back(std::move(op));
+  while (ops_.size() > kMaxOps) {
+    // The oldest operation's span storage becomes the next one's: an
+    // operation's spans then cost no allocation once the timeline is full.
+    running_ = std::move(ops_.front().spans);
+    ops_.pop_front();
+  }
   running_.clear();
   running_dropped_ = 0;
-  ops_.push_back(std::move(op));
-  while (ops_.size() > kMaxOps) ops_.pop_front();
 }
 
 std::vector<TraceOp> Timeline::Ops() const {

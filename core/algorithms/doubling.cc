@@ -80,7 +80,10 @@ absl::Status DoublingExchange(OpContext& op) {
   // while a frame holds it, and the next one, made from it and the
   // partner's.
   std::vector<uint8_t>& scratch = op.send_scratch();
-  scratch.assign(2 * bytes, 0);
+  // Every byte is written before it is read (the copy of the caller's
+  // buffer, then each round's result): no zeroing (the scratch may be the
+  // last operation's, lent again).
+  scratch.resize(2 * bytes);
   uint8_t* half[2] = {scratch.data(), scratch.data() + bytes};
   int cur = 0;
   if (bytes > 0) {

@@ -1,6 +1,8 @@
 // EdgeWindow: per-edge sums, wait percentiles and the rolling window.
 #include "core/edge_window.h"
 
+#include <algorithm>
+
 #include "gtest/gtest.h"
 
 namespace halka {
@@ -70,6 +72,57 @@ TEST(EdgeWindowTest, BoundedSampleCount) {
   const EdgeSummary s = w.Summarize(kT0);
   EXPECT_EQ(s.edges.at(2).chunks_received, 10u);  // the newest 10
   EXPECT_NEAR(s.edges.at(2).wait_p50_seconds, 0.094, 1e-9);
+}
+
+// The samples live in a ring that grows to its bound and then overwrites
+// the oldest; a prune by time frees its front wherever the ring wraps.
+// Every sample's bytes are its index, so the sum says exactly which
+// samples are held: the newest ones, each once.
+TEST(EdgeWindowTest, KeepsTheNewestSamplesAcrossGrowingWrappingAndPruning) {
+  constexpr int kMax = 100;  // above the first ring's 64: it grows once
+  EdgeWindow w(absl::Seconds(60), kMax);
+  auto bytes_of = [](int from, int to) {  // sum of from..to-1
+    uint64_t sum = 0;
+    for (int i = from; i < to; ++i) sum += static_cast<uint64_t>(i);
+    return sum;
+  };
+  // Sample i at kT0 + i ms: 250 of them wrap the full ring more than once.
+  for (int i = 0; i < 250; ++i) {
+    w.RecordWait(kT0 + absl::Milliseconds(i), 1, static_cast<uint64_t>(i), 1);
+    if (i == 40 || i == 70 || i == 249) {  // growing, grown, wrapped
+      const int held = std::min(i + 1, kMax);
+      const EdgeSummary s = w.Summarize(kT0 + absl::Milliseconds(i));
+      EXPECT_EQ(s.edges.at(1).chunks_received, static_cast<uint64_t>(held))
+          << "after sample " << i;
+      EXPECT_EQ(s.edges.at(1).bytes_received, bytes_of(i + 1 - held, i + 1))
+          << "after sample " << i;
+    }
+  }
+  // Samples 150..249 are held. 60 s after sample 179 everything up to
+  // 179 has aged out: the ring's front moves past its wrap point.
+  EdgeSummary s = w.Summarize(kT0 + absl::Seconds(60) +
+                              absl::Milliseconds(179));
+  EXPECT_EQ(s.edges.at(1).chunks_received, 70u);
+  EXPECT_EQ(s.edges.at(1).bytes_received, bytes_of(180, 250));
+  // New samples after the prune fill the freed places, oldest dropped
+  // first once the ring is full again.
+  const absl::Time later =
+      kT0 + absl::Seconds(60) + absl::Milliseconds(180);
+  for (int i = 250; i < 300; ++i) {
+    w.RecordWait(later, 1, static_cast<uint64_t>(i), 1);
+  }
+  s = w.Summarize(later);
+  EXPECT_EQ(s.edges.at(1).chunks_received, 100u);
+  EXPECT_EQ(s.edges.at(1).bytes_received, bytes_of(200, 300));
+}
+
+TEST(EdgeWindowTest, NoSamplesWithABoundOfZero) {
+  EdgeWindow w(absl::Seconds(60), /*max_samples=*/0);
+  w.RecordOp(kT0, 1.0);
+  w.RecordWait(kT0, 1, 10, 1.0);
+  const EdgeSummary s = w.Summarize(kT0);
+  EXPECT_EQ(s.ops, 0u);
+  EXPECT_TRUE(s.edges.empty());
 }
 
 }  // namespace

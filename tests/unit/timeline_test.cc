@@ -46,6 +46,35 @@ TEST(TimelineTest, KeepsTheLastOpsAndBoundsSpansPerOp) {
   EXPECT_EQ(ops.front().spans_dropped, 0u);
 }
 
+// A full timeline lends the oldest operation's span storage to the next
+// operation: every kept operation still holds exactly its own spans (each
+// operation's spans carry its number and count, different per operation).
+TEST(TimelineTest, EveryKeptOpHoldsItsOwnSpansAfterTheStorageIsReused) {
+  Timeline t;
+  const uint64_t total = 3 * Timeline::kMaxOps + 1;
+  for (uint64_t seq = 1; seq <= total; ++seq) {
+    t.BeginOp();
+    for (uint64_t i = 0; i < seq % 7 + 1; ++i) {
+      TraceSpan s = Span(TraceSpan::Kind::kSend, static_cast<int>(seq));
+      s.step = static_cast<int>(i);
+      t.Add(s);
+    }
+    TraceOp op;
+    op.op_seq = seq;
+    t.EndOp(op);
+  }
+  const std::vector<TraceOp> ops = t.Ops();
+  ASSERT_EQ(ops.size(), Timeline::kMaxOps);
+  for (const TraceOp& op : ops) {
+    ASSERT_EQ(op.spans.size(), op.op_seq % 7 + 1) << "op " << op.op_seq;
+    for (size_t i = 0; i < op.spans.size(); ++i) {
+      EXPECT_EQ(op.spans[i].peer, static_cast<int>(op.op_seq));
+      EXPECT_EQ(op.spans[i].step, static_cast<int>(i));
+    }
+  }
+  EXPECT_EQ(ops.back().op_seq, total);
+}
+
 TEST(TimelineTest, BeginOpForgetsAnUnfinishedOpsSpans) {
   Timeline t;
   t.Add(Span(TraceSpan::Kind::kSend, 2));
@@ -120,6 +149,14 @@ TEST(StallMonitorTest, AStoppedProcessReadsAsStalled) {
   // Before the stop, nothing like it.
   EXPECT_LT(m.StalledBetween(t0 - absl::Seconds(10), t0 - absl::Seconds(9)),
             absl::Milliseconds(200));
+  // Once the monitor ticks again the stop is a stored stall: a window over
+  // it still reads it (not the look that skips the lock, which answers only
+  // windows that begin after the newest stall), and one after it does not.
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_GE(m.StalledBetween(t0, absl::Now()), absl::Milliseconds(200));
+  const absl::Time t2 = absl::Now();
+  absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_LT(m.StalledBetween(t2, absl::Now()), absl::Milliseconds(200));
 }
 
 }  // namespace

@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     if (options.shm_spin == kShmSpinAuto) wo.machine_ranks = options.workers;
     wo.wire_links = options.wire_links;
     wo.wire_landing = options.wire_landing;
+    wo.wire_congestion = options.wire_congestion;
     wo.wire_tap = options.wire_tap;
     wo.op_timeout = options.op_timeout;
     wo.join_timeout = absl::Seconds(30);

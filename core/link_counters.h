@@ -37,6 +37,11 @@ struct WireLinkCounts {
   // Connections to the wire listener that sat silent (no token) and were
   // closed to make room for a newer one.
   std::atomic<uint64_t> evicted{0};
+  // Sending sockets of wire links that took another TCP congestion
+  // control than the host's default (--wire_congestion), and those whose
+  // asked-for one the kernel refused (they keep the host's).
+  std::atomic<uint64_t> congestion_changed{0};
+  std::atomic<uint64_t> congestion_refused{0};
 };
 
 struct LinkCounters {

@@ -30,7 +30,8 @@ std::vector<std::unique_ptr<PathOffer>> MakePathOffers(
   }
   if (links.wire_links) {
     if (auto wire = MakeWireOffer(address, links.security.client_tls(),
-                                  links.counters, links.wire_fallbacks)) {
+                                  links.counters, links.wire_fallbacks,
+                                  links.wire_congestion)) {
       offers.push_back(std::move(wire));
     }
   }

@@ -367,6 +367,7 @@ std::unique_ptr<GrpcTransport> RingBook::NewTransport(const Ring& ring) const {
       LinkRingPolicy(options_.shm_links, options_.chunk_bytes,
                      RingPath(ring.world, ring.ring_order).succ(ring.rank));
   links.wire_links = options_.wire_links;
+  links.wire_congestion = options_.wire_congestion;
   // Captured by WorkerNode::Create: this worker's, not the process's now.
   links.security = options_.security.has_value() ? *options_.security
                                                  : GetSecurityConfig();

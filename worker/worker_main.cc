@@ -55,6 +55,15 @@ ABSL_FLAG(bool, wire_tap, true,
           "an operation's thread reads its wire links' small frames (whole, "
           "at most 256 KiB) off their sockets itself while it waits; false: "
           "each link's reader thread hands every frame over");
+ABSL_FLAG(std::string, wire_congestion, "auto",
+          "TCP congestion control of the wire links' sending sockets: auto "
+          "(the host's default, except bbr, whose pacing slows the links' "
+          "bursts: then cubic, or reno where this process may not choose "
+          "cubic), system (the host's default), or a name (cubic, reno, "
+          "dctcp, ...). The kernel may refuse a name not in "
+          "net.ipv4.tcp_allowed_congestion_control to a process without "
+          "CAP_NET_ADMIN: the links then keep the host's, and the worker "
+          "logs it once");
 ABSL_FLAG(bool, wire_landing, true,
           "wire links' readers write all-gather and broadcast chunks straight "
           "into the operation's buffer (no copy on the operation's thread); "
@@ -129,6 +138,7 @@ halka::WorkerOptions OptionsFromFlags() {
   o.wire_links = absl::GetFlag(FLAGS_wire_links);
   o.wire_landing = absl::GetFlag(FLAGS_wire_landing);
   o.wire_tap = absl::GetFlag(FLAGS_wire_tap);
+  o.wire_congestion = absl::GetFlag(FLAGS_wire_congestion);
   o.wire_port = absl::GetFlag(FLAGS_wire_port);
   o.op_timeout = absl::GetFlag(FLAGS_op_timeout);
   o.join_timeout = absl::GetFlag(FLAGS_join_timeout);

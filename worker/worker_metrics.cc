@@ -64,6 +64,16 @@ void WriteLinkCounters(const PrometheusWriter::Labels& base,
               "frames an operation's own thread read off a wire link while "
               "it waited (no hand-off from the link's reader thread)",
               load(links.wire.tapped)},
+        Total{"halka_wire_congestion_changed_total",
+              "wire links whose sending socket took another TCP congestion "
+              "control than the host's default (--wire_congestion; auto "
+              "replaces bbr)",
+              load(links.wire.congestion_changed)},
+        Total{"halka_wire_congestion_refused_total",
+              "wire links whose asked-for congestion control the kernel "
+              "refused (not allowed to this process, or not built): they "
+              "keep the host's",
+              load(links.wire.congestion_refused)},
         Total{"halka_wire_silent_connections_evicted_total",
               "connections to the wire listener that showed no token and "
               "were closed to make room for a newer one (a steady rise is a "

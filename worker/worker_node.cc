@@ -64,6 +64,12 @@ absl::Status CheckOptions(const WorkerOptions& options) {
         "worker: an elastic job needs 1 <= --min_world_size <= "
         "--max_world_size (both set)");
   }
+  if (!ValidCongestionName(options.wire_congestion)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker: --wire_congestion must be auto, system or a congestion "
+        "control's name (1-15 of a-z, 0-9, _), got '",
+        options.wire_congestion, "'"));
+  }
   if (options.chunk_bytes < 64 || options.chunk_bytes > (size_t{16} << 20)) {
     return absl::InvalidArgumentError(
         "worker: --chunk_bytes must be in [64, 16 MiB]");

@@ -75,6 +75,11 @@ struct WorkerOptions {
   // it waits (WireReceiver::tap, Inbox::AddTap); off: their readers hand
   // every frame over.
   bool wire_tap = true;
+  // The TCP congestion control of the wire links' sending sockets:
+  // "auto" (the host's, except bbr: cubic, or reno where cubic is not
+  // allowed), "system" (the host's), or a name (ChooseCongestion,
+  // transport/tcp/wire_link.h).
+  std::string wire_congestion = "auto";
   // The wire links' listening port on the listen host (0: ephemeral).
   int wire_port = 0;
   absl::Duration op_timeout = kDefaultOpTimeout;

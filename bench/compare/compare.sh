@@ -69,6 +69,16 @@
 #                     mpi_bench --coll; sizes are the whole buffer, busbw
 #                     nccl-tests' factor for it). gloo_bench measures
 #                     all-reduce only: another collective has no Gloo side
+#   --tcp-congestion NAME
+#                     every TCP side under this TCP congestion control:
+#                     halka's wire links by --wire_congestion=NAME, Open
+#                     MPI's and Gloo's sockets by congestion_preload.so
+#                     (LD_PRELOAD; built here with cc). Without it each side
+#                     keeps its default: Open MPI and Gloo the host's
+#                     (net.ipv4.tcp_congestion_control), halka's wire links
+#                     --wire_congestion=auto (the host's, except bbr: cubic,
+#                     or reno where cubic is not allowed). The header says
+#                     which each side used
 #   --timeout SECS    limit for each side's run per world size (default
 #                     1800); a run past it is killed, the other runs go
 #                     on, and the script fails at the end
@@ -93,6 +103,7 @@ MPI_TRANSPORTS="tcp vader"
 MPI_PREBUILT=""
 MPIRUN=mpirun
 MPI_ARGS=""
+TCP_CONGESTION=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) BUILD="$2"; shift 2 ;;
@@ -113,6 +124,7 @@ while [ $# -gt 0 ]; do
     --mpirun) MPIRUN="$2"; shift 2 ;;
     --mpi-args) MPI_ARGS="$2"; shift 2 ;;
     --timeout) RUN_TIMEOUT="$2"; shift 2 ;;
+    --tcp-congestion) TCP_CONGESTION="$2"; shift 2 ;;
     --coll) COLL="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "compare.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -125,6 +137,9 @@ for t in $MPI_TRANSPORTS; do
   esac
 done
 [ -n "$MPI_TRANSPORTS" ] || MPI=0
+if [ -n "$TCP_CONGESTION" ] && ! [[ "$TCP_CONGESTION" =~ ^[a-z0-9_]{1,15}$ ]]; then
+  echo "compare.sh: --tcp-congestion takes a congestion control's name (cubic, reno, bbr, ...)" >&2; exit 2
+fi
 case "$COLL" in
   allreduce) ;;
   broadcast|reduce|gather|scatter|alltoall)
@@ -183,7 +198,20 @@ if [ "$MPI" = 1 ]; then
     echo "compare.sh: no $MPIRUN (Open MPI's openmpi-bin); --no-mpi to go without" >&2; exit 2; }
 fi
 
+PRELOAD_ENV=()  # the MPI and Gloo sides' environment (--tcp-congestion)
+HOST_CC=$(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo '?')
+if [ -n "$TCP_CONGESTION" ]; then
+  PRELOAD="$WORK/congestion_preload.so"
+  cc -shared -fPIC -O2 -o "$PRELOAD" "$ROOT/bench/compare/congestion_preload.c" -ldl
+  PRELOAD_ENV=(HALKA_BENCH_CONGESTION="$TCP_CONGESTION" LD_PRELOAD="$PRELOAD")
+  HALKA_ARGS="$HALKA_ARGS --wire_congestion=$TCP_CONGESTION"
+fi
 echo "# $(date -u +%FT%TZ) on $(nproc) cores, $(uname -r); halka $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
+if [ -n "$TCP_CONGESTION" ]; then
+  echo "# TCP congestion control: $TCP_CONGESTION on every side (the host's default: $HOST_CC)"
+else
+  echo "# TCP congestion control: Open MPI and Gloo the host's $HOST_CC; halka's wire links --wire_congestion=auto ($([ "$HOST_CC" = bbr ] && echo "cubic, or reno, in place of bbr" || echo "the host's $HOST_CC"))"
+fi
 [ "$MPI" = 1 ] && echo "# $("$MPIRUN" --version 2>/dev/null | head -1)"
 echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 FAILED=0
@@ -202,7 +230,7 @@ for g in $WORLDS; do
     | grep '^{' >"$WORK/halka-$g.json" || fail halka "$g"
   if [ "$GLOO" = 1 ]; then
     echo "## G=$g gloo: gloo_bench --world=$g --algo=$GLOO_ALGO"
-    timeout -k 5 "$RUN_TIMEOUT" "$GLOO_BENCH" --world="$g" --min="$MIN" --max="$MAX" \
+    env "${PRELOAD_ENV[@]}" timeout -k 5 "$RUN_TIMEOUT" "$GLOO_BENCH" --world="$g" --min="$MIN" --max="$MAX" \
       --factor=4 --iters="$ITERS" --warmup="$WARMUP" --algo="$GLOO_ALGO" \
       >"$WORK/gloo-$g.json" 2>"$WORK/gloo-$g.log" || fail gloo "$g"
   fi
@@ -214,6 +242,9 @@ for g in $WORLDS; do
     esac
     cmd=("$MPIRUN" --allow-run-as-root --oversubscribe -np "$g" --bind-to none
          --mca pml ob1 "${btl[@]}" --mca oob_tcp_if_include lo)
+    if [ -n "$TCP_CONGESTION" ]; then
+      cmd+=(-x HALKA_BENCH_CONGESTION="$TCP_CONGESTION" -x LD_PRELOAD="$PRELOAD")
+    fi
     echo "## G=$g mpi-$t: ${cmd[*]} $MPI_ARGS mpi_bench"
     # shellcheck disable=SC2086
     timeout -k 5 "$RUN_TIMEOUT" "${cmd[@]}" $MPI_ARGS "$MPI_BENCH" --world="$g" \

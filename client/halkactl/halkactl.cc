@@ -105,6 +105,10 @@ ABSL_FLAG(bool, wire_tap, true,
           "embedded cluster: an operation's thread reads its wire links' "
           "small frames itself while it waits; false: each link's reader "
           "thread hands every frame over (to compare)");
+ABSL_FLAG(std::string, wire_congestion, "auto",
+          "embedded cluster: TCP congestion control of the wire links' "
+          "sending sockets: auto (the host's, except bbr: cubic, or reno "
+          "where cubic is not allowed), system (the host's), or a name");
 ABSL_FLAG(bool, wire_landing, true,
           "embedded cluster: wire links' readers write all-gather and "
           "broadcast chunks straight into the operation's buffer; false: "
@@ -333,6 +337,7 @@ int Demo() {
   lo.wire_links = absl::GetFlag(FLAGS_wire_links);
   lo.wire_landing = absl::GetFlag(FLAGS_wire_landing);
   lo.wire_tap = absl::GetFlag(FLAGS_wire_tap);
+  lo.wire_congestion = absl::GetFlag(FLAGS_wire_congestion);
   // stdout is flushed before each step that logs (to stderr), so that
   // `halkactl demo 2>&1 | ...` reads in order: start, the workers' join
   // lines, the table, the ring health, the shutdown lines, the verdict.
@@ -403,6 +408,7 @@ absl::Status StartEmbedded(const std::vector<BenchCase>& cases,
   lo.wire_links = absl::GetFlag(FLAGS_wire_links);
   lo.wire_landing = absl::GetFlag(FLAGS_wire_landing);
   lo.wire_tap = absl::GetFlag(FLAGS_wire_tap);
+  lo.wire_congestion = absl::GetFlag(FLAGS_wire_congestion);
   const int hosts = absl::GetFlag(FLAGS_hosts);
   if (hosts < 0 || hosts > lo.workers) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -209,6 +209,73 @@ TEST(PerNodeState, AWorkerKeepsTheSecurityItWasCreatedWith) {
   SetSecurityConfig(SecurityConfig());  // as the process had it
 }
 
+// The value of `worker`'s one-series counter `name` as its /metrics serves
+// it ("" when the line is missing).
+std::string CounterSample(WorkerNode& worker, const std::string& name) {
+  const std::string text = worker.MetricsText();
+  const std::string head =
+      absl::StrCat(name, "{halka_job=\"", worker.options().job_id,
+                   "\",rank=\"", worker.rank(), "\"} ");
+  const size_t at = text.find(head);
+  if (at == std::string::npos) return "";
+  const size_t from = at + head.size();
+  return text.substr(from, text.find('\n', from) - from);
+}
+
+// --wire_congestion reaches every wire link's sending socket, and each
+// worker counts and serves what came of it: a cluster that asks for reno
+// (in every kernel, and allowed to every process) changes each of its wire
+// links unless the host's default is reno already; one that asks for the
+// host's own (system) changes none. A malformed name stops the worker at
+// start, naming the flag.
+TEST(PerNodeState, WireLinksTakeTheCongestionControlTheWorkerAsksFor) {
+  const std::string host = DefaultCongestion();
+  ASSERT_FALSE(host.empty());
+  LocalCluster::Options ro =
+      Cluster("cc-reno", 3, false, true, absl::ZeroDuration());
+  ro.wire_congestion = "reno";
+  auto reno = Start(ro);
+  ASSERT_TRUE(reno.ok()) << reno.status();
+  LocalCluster::Options so =
+      Cluster("cc-system", 2, false, true, absl::ZeroDuration());
+  so.wire_congestion = "system";
+  auto system = Start(so);
+  ASSERT_TRUE(system.ok()) << system.status();
+  ASSERT_TRUE(AllReduceCorrect(*reno->cluster, reno->clients, Algorithm::kRing));
+  ASSERT_TRUE(
+      AllReduceCorrect(*system->cluster, system->clients, Algorithm::kRing));
+  for (int r = 0; r < reno->cluster->size(); ++r) {
+    WorkerNode& w = *reno->cluster->worker(r);
+    const WireLinkCounts& c = w.link_counters().wire;
+    ASSERT_GE(c.accepted.load(), 1u) << "rank " << r;
+    ASSERT_EQ(c.fell_back.load(), 0u) << "rank " << r;
+    const uint64_t want = host == "reno" ? 0 : c.accepted.load();
+    EXPECT_EQ(c.congestion_changed.load(), want) << "rank " << r;
+    EXPECT_EQ(c.congestion_refused.load(), 0u) << "rank " << r;
+    EXPECT_EQ(CounterSample(w, "halka_wire_congestion_changed_total"),
+              absl::StrCat(want))
+        << "rank " << r;
+  }
+  for (int r = 0; r < system->cluster->size(); ++r) {
+    WorkerNode& w = *system->cluster->worker(r);
+    const WireLinkCounts& c = w.link_counters().wire;
+    ASSERT_GE(c.accepted.load(), 1u) << "rank " << r;
+    EXPECT_EQ(c.congestion_changed.load(), 0u) << "rank " << r;
+    EXPECT_EQ(c.congestion_refused.load(), 0u) << "rank " << r;
+    EXPECT_EQ(CounterSample(w, "halka_wire_congestion_refused_total"), "0")
+        << "rank " << r;
+  }
+  LocalCluster::Options bad =
+      Cluster("cc-bad", 2, false, true, absl::ZeroDuration());
+  bad.wire_congestion = "Not A Name";
+  auto refused = LocalCluster::Start(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("--wire_congestion"),
+            std::string::npos)
+      << refused.status();
+}
+
 // --shm_spin_us=-1, the worker's default: an operation polls its rings
 // only where this host's ranks of the ring each have a CPU; an explicit
 // value is kept as it is.

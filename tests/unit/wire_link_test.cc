@@ -260,15 +260,17 @@ class WireLinkTest : public ::testing::TestWithParam<bool>,
 
   // Starts a sender and waits for its answer.
   absl::Status Connect(const std::string& token, const std::string& key,
-                       int port = 0) {
+                       int port = 0, const std::string& congestion = "auto") {
     if (sender_) sender_->Close();  // before its probe goes
     probe_ = std::make_unique<ReadyProbe>();
     sender_ = std::make_unique<WireSender>(
         "127.0.0.1", port != 0 ? port : listener_->port(), token, key,
-        probe_->Callback(), [this](const absl::Status& s) {
+        probe_->Callback(),
+        [this](const absl::Status& s) {
           absl::MutexLock lock(&mu_);
           failed_ = s;
-        });
+        },
+        congestion);
     return probe_->Await();
   }
 
@@ -348,6 +350,81 @@ TEST_P(WireLinkTest, FramesArriveInOrderAndIntact) {
         << "frame " << i;
   }
   EXPECT_EQ(released.load(), 30);
+}
+
+// reno is built into every Linux kernel and always allowed: a link asked
+// for it sends under it, and frames still arrive. auto keeps the host's
+// default unless that is bbr.
+TEST_P(WireLinkTest, TheSendingSocketTakesTheCongestionControlAskedFor) {
+  const std::string host = DefaultCongestion();
+  ASSERT_FALSE(host.empty());
+  ASSERT_TRUE(Connect(ExpectLink(), key_, 0, "reno").ok());
+  EXPECT_EQ(sender_->congestion(), "reno");
+  std::atomic<int> released{0};
+  const std::vector<uint8_t> payload(4096, 7);  // the frame points into it
+  sender_->SendOne(DataFrame(1, payload, &released));
+  const bool all = WaitFrames(1);
+  absl::MutexLock lock(&mu_);
+  ExpectFramesAre({payload}, all);
+}
+
+TEST_P(WireLinkTest, AutoKeepsTheHostsCongestionControlUnlessItIsBbr) {
+  const std::string host = DefaultCongestion();
+  ASSERT_FALSE(host.empty());
+  ASSERT_TRUE(Connect(ExpectLink(), key_, 0, "auto").ok());
+  if (host == "bbr") {
+    EXPECT_TRUE(sender_->congestion() == "cubic" ||
+                sender_->congestion() == "reno")
+        << sender_->congestion();
+  } else {
+    EXPECT_EQ(sender_->congestion(), host);
+  }
+}
+
+TEST(WireCongestionTest, NamesAndWhatTheKernelRefuses) {
+  for (const char* good : {"auto", "system", "cubic", "reno", "bbr", "dctcp",
+                           "h_tcp2"}) {
+    EXPECT_TRUE(ValidCongestionName(good)) << good;
+  }
+  for (const char* bad : {"", "Cubic", "re no", "reno;", "bbr\n",
+                          "sixteen_chars_xx"}) {
+    EXPECT_FALSE(ValidCongestionName(bad)) << bad;
+  }
+  const std::string host = DefaultCongestion();
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  // A name the kernel has no module for: the host's stays, and the note
+  // says the kernel refused it.
+  CongestionChoice c = ChooseCongestion(fd, "no_such_cc");
+  EXPECT_EQ(c.host, host);
+  EXPECT_EQ(c.in_use, host);
+  EXPECT_TRUE(c.refused());
+  EXPECT_NE(c.note.find("refused no_such_cc"), std::string::npos) << c.note;
+  EXPECT_NE(c.note.find("keep the host's " + host), std::string::npos)
+      << c.note;
+  // A change says what it replaced; asking for what is there changes
+  // nothing and says nothing.
+  const std::string other = host == "reno" ? "cubic" : "reno";
+  c = ChooseCongestion(fd, other);
+  if (c.in_use == other) {
+    EXPECT_TRUE(c.changed());
+    EXPECT_NE(c.note.find("in place of the host's " + host),
+              std::string::npos)
+        << c.note;
+  } else {  // cubic where an unprivileged process may not choose it
+    EXPECT_EQ(c.in_use, host);
+    EXPECT_TRUE(c.refused()) << c.note;
+  }
+  const int fresh = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fresh, 0);
+  for (const std::string& keep : {host, std::string("system")}) {
+    c = ChooseCongestion(fresh, keep);
+    EXPECT_EQ(c.in_use, host) << keep;
+    EXPECT_FALSE(c.changed() || c.refused()) << keep;
+    EXPECT_EQ(c.note, "") << keep;
+  }
+  close(fresh);
+  close(fd);
 }
 
 // Small frames on an idle link are written by the sending thread itself;

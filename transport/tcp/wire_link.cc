@@ -14,14 +14,20 @@
 #include <climits>
 #include <cstring>
 #include <algorithm>
+#include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/grpc_util.h"
+#include "common/log.h"
 #include "codec/frame_codec.h"
 #include "transport/tcp/wire_record.h"
 
@@ -52,6 +58,29 @@ void SetSocketOptions(int fd) {
   unsigned int user_timeout_ms = 30000;
   setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms,
              sizeof(user_timeout_ms));
+}
+
+std::string CongestionOf(int fd) {
+  char name[32] = {};
+  socklen_t len = sizeof(name);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0) return "";
+  return std::string(name, strnlen(name, std::min<size_t>(len, sizeof(name))));
+}
+
+bool SetCongestion(int fd, const std::string& name) {
+  return setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(),
+                    static_cast<socklen_t>(name.size())) == 0;
+}
+
+// Logs each distinct outcome of ChooseCongestion once per process.
+void NoteCongestionOnce(const std::string& note) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* seen = new std::set<std::string>();
+  {
+    absl::MutexLock lock(&mu);
+    if (!seen->insert(note).second) return;
+  }
+  LogInfo(absl::StrCat("wire links: ", note));
 }
 
 // A handshaken connection as a link uses it: blocking, SetSocketOptions.
@@ -340,18 +369,65 @@ void WireListener::Loop() {
   }
 }
 
+std::string DefaultCongestion() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  std::string name = CongestionOf(fd);
+  close(fd);
+  return name;
+}
+
+bool ValidCongestionName(const std::string& name) {
+  if (name.empty() || name.size() > 15) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+CongestionChoice ChooseCongestion(int fd, const std::string& wanted) {
+  CongestionChoice c;
+  c.host = c.in_use = CongestionOf(fd);
+  std::vector<std::string> tries;
+  if (wanted == "auto") {
+    if (c.host == "bbr") tries = {"cubic", "reno"};
+  } else if (wanted != "system" && wanted != c.host) {
+    tries = {wanted};
+  }
+  if (tries.empty()) return c;
+  int refused = 0;
+  for (const std::string& name : tries) {
+    if (SetCongestion(fd, name)) {
+      c.in_use = CongestionOf(fd);
+      c.note = absl::StrCat("TCP congestion control ", c.in_use,
+                            " in place of the host's ", c.host,
+                            " (--wire_congestion=", wanted, ")");
+      return c;
+    }
+    refused = errno;
+  }
+  c.note = absl::StrCat("--wire_congestion=", wanted, ": the kernel refused ",
+                        absl::StrJoin(tries, " and "), " (",
+                        std::strerror(refused),
+                        "); the links keep the host's ", c.host);
+  return c;
+}
+
 // ---- WireSender
 
 WireSender::WireSender(std::string host, int port, std::string token,
                        std::string key,
                        std::function<void(const absl::Status&)> on_ready,
-                       std::function<void(const absl::Status&)> on_failed)
+                       std::function<void(const absl::Status&)> on_failed,
+                       std::string congestion,
+                       std::shared_ptr<LinkCounters> counters)
     : host_(std::move(host)),
       port_(port),
       token_(WireUnhex(token)),
       seal_(key.empty() ? nullptr : std::make_unique<WireSeal>(std::move(key))),
       on_ready_(std::move(on_ready)),
-      on_failed_(std::move(on_failed)) {
+      on_failed_(std::move(on_failed)),
+      congestion_(std::move(congestion)),
+      counters_(std::move(counters)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -375,8 +451,17 @@ absl::Status WireSender::Connect() {
   int fd = -1;
   for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
     if ((fd = StreamSocket(*a, &why)) < 0) continue;
+    // Before the connection: its first bytes are sent under it already.
+    const CongestionChoice cc = ChooseCongestion(fd, congestion_);
+    if (!cc.note.empty()) NoteCongestionOnce(cc.note);
+    if (counters_ != nullptr && cc.changed()) {
+      counters_->wire.congestion_changed.fetch_add(1);
+    } else if (counters_ != nullptr && cc.refused()) {
+      counters_->wire.congestion_refused.fetch_add(1);
+    }
     {
       absl::MutexLock lock(&mu_);
+      congestion_in_use_ = cc.in_use;
       if (stop_) {
         close(fd);
         freeaddrinfo(res);

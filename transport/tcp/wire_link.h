@@ -148,6 +148,36 @@ class WireListener {
   std::thread loop_;
 };
 
+// The TCP congestion control of a wire link's dialling (sending) socket,
+// set before it connects. `wanted`:
+//   "auto"    the host's default, except bbr: then cubic, or reno where
+//             the kernel lets this process choose only among its allowed
+//             ones (net.ipv4.tcp_allowed_congestion_control). bbr paces
+//             each connection's sending to the rate it estimates; a
+//             collective's link sends in bursts, one step at a time, and
+//             on this project's loopback runs bbr made 1-16 MiB
+//             all-reduces 25-40 % slower than cubic or reno
+//             (docs/performance.md, "Congestion control of the wire").
+//   "system"  the host's default, whatever it is.
+//   a name    that one (cubic, reno, dctcp, bbr, ...).
+struct CongestionChoice {
+  std::string host;    // the host's default, as `fd` had it
+  std::string in_use;  // what `fd` has now
+  // What was changed ("TCP congestion control cubic in place of the
+  // host's bbr ..."), or what the kernel refused (in_use is then the
+  // host's); "" when nothing was asked of the kernel.
+  std::string note;
+  bool changed() const { return in_use != host; }
+  bool refused() const { return !note.empty() && !changed(); }
+};
+CongestionChoice ChooseCongestion(int fd, const std::string& wanted);
+// The congestion control a new TCP socket of this network namespace has
+// (its default); "" when none can be read.
+std::string DefaultCongestion();
+// Whether `name` can be a --wire_congestion value: auto, system, or a
+// congestion control's name (1-15 of [a-z0-9_]).
+bool ValidCongestionName(const std::string& name);
+
 // The dialling end: its thread connects, presents the token, waits for the
 // ack, calls on_ready (OK, or why not: the link then stays on gRPC), and
 // then writes queued frames in order, sealing each when it has a key. A
@@ -156,9 +186,14 @@ class WireListener {
 class WireSender : public LinkPath {
  public:
   using Frame = OutFrame;
+  // `congestion`: ChooseCongestion's `wanted`, applied to the socket
+  // before it connects; `counters` (null: none) count what came of it
+  // (wire.congestion_changed, wire.congestion_refused).
   WireSender(std::string host, int port, std::string token, std::string key,
              std::function<void(const absl::Status&)> on_ready,
-             std::function<void(const absl::Status&)> on_failed);
+             std::function<void(const absl::Status&)> on_failed,
+             std::string congestion = "auto",
+             std::shared_ptr<LinkCounters> counters = nullptr);
   ~WireSender() override;  // Close()
   // LinkPath: a frame that finds the link idle (connected, nothing queued,
   // no record half written) and is of at most 513 KiB on a plain link, 65
@@ -194,6 +229,12 @@ class WireSender : public LinkPath {
     return {inline_frames_.load(), inline_partial_.load(),
             inline_from_frame_.load()};
   }
+  // The congestion control the connected socket uses ("" before it
+  // connected).
+  std::string congestion() const {
+    absl::MutexLock lock(&mu_);
+    return congestion_in_use_;
+  }
 
  private:
   void Loop();
@@ -219,9 +260,12 @@ class WireSender : public LinkPath {
   std::unique_ptr<WireSeal> seal_;
   const std::function<void(const absl::Status&)> on_ready_;
   const std::function<void(const absl::Status&)> on_failed_;
+  const std::string congestion_;  // ChooseCongestion's `wanted`
+  const std::shared_ptr<LinkCounters> counters_;  // may be null
   std::vector<uint8_t> sealed_;  // the writer's buffer for a sealed record
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::deque<Frame> queue_ ABSL_GUARDED_BY(mu_);
+  std::string congestion_in_use_ ABSL_GUARDED_BY(mu_);
   // The rest of a record the caller's thread began: written before
   // anything in queue_. Either a copy of its bytes, or (a plain link's
   // large frame) the frame itself, of whose record `written` bytes went.

@@ -14,11 +14,12 @@ class WireOffer final : public PathOffer {
  public:
   WireOffer(std::string address, WipedKey key,
             std::shared_ptr<LinkCounters> counters,
-            std::shared_ptr<WireFallbacks> fallbacks)
+            std::shared_ptr<WireFallbacks> fallbacks, std::string congestion)
       : address_(std::move(address)),
         key_(std::move(key)),
         counters_(std::move(counters)),
-        fallbacks_(std::move(fallbacks)) {}
+        fallbacks_(std::move(fallbacks)),
+        congestion_(std::move(congestion)) {}
 
   PathKind kind() const override { return PathKind::kWire; }
   const char* offer_key() const override { return kLinkWireOfferKey; }
@@ -42,7 +43,8 @@ class WireOffer final : public PathOffer {
     };
     return Opened{std::make_shared<WireSender>(
                       HostOf(address_), port, std::move(token), key_.str(),
-                      std::move(events.ready), std::move(failed)),
+                      std::move(events.ready), std::move(failed),
+                      congestion_, counters_),
                   /*ready_now=*/false};
   }
   void OnReady(const absl::Status& status) override {
@@ -58,6 +60,7 @@ class WireOffer final : public PathOffer {
  private:
   const std::string address_;
   const WipedKey key_;  // "" on a plaintext channel; wiped when it goes
+  const std::string congestion_;  // WireSender's (ChooseCongestion)
   const std::shared_ptr<LinkCounters> counters_;
   const std::shared_ptr<WireFallbacks> fallbacks_;
 };
@@ -163,13 +166,14 @@ class WireAcceptor final : public PathAcceptor {
 std::unique_ptr<PathOffer> MakeWireOffer(
     const std::string& address, bool sealed,
     std::shared_ptr<LinkCounters> counters,
-    std::shared_ptr<WireFallbacks> fallbacks) {
+    std::shared_ptr<WireFallbacks> fallbacks, std::string congestion) {
   if (fallbacks->RecentlyFailed(address)) return nullptr;
   absl::StatusOr<std::string> key = std::string();
   if (sealed) key = WireSeal::NewKey();
   if (!key.ok()) return nullptr;
   return std::make_unique<WireOffer>(address, WipedKey(*std::move(key)),
-                                     std::move(counters), std::move(fallbacks));
+                                     std::move(counters), std::move(fallbacks),
+                                     std::move(congestion));
 }
 
 std::unique_ptr<PathAcceptor> MakeWireAcceptor(

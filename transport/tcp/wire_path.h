@@ -22,11 +22,13 @@ class WireListener;
 
 // The offer of a wire link to the peer at `address`, sealed when `sealed`;
 // null when none is made (the peer's last wire link failed within the
-// minute, or no key could be made).
+// minute, or no key could be made). `congestion`: the sending socket's
+// congestion control (ChooseCongestion, transport/tcp/wire_link.h).
 std::unique_ptr<PathOffer> MakeWireOffer(
     const std::string& address, bool sealed,
     std::shared_ptr<LinkCounters> counters,
-    std::shared_ptr<WireFallbacks> fallbacks);
+    std::shared_ptr<WireFallbacks> fallbacks,
+    std::string congestion = "auto");
 
 // Takes wire offers on `listener` (null: refuses them all); only sealed
 // ones when `sealed_only`. With `landing`, the readers put payloads

@@ -17,13 +17,8 @@ double Percentile(std::vector<double> values, double q) {
 void EdgeWindow::Add(const Sample& s) {
   if (max_samples_ == 0) return;
   if (count_ == samples_.size() && samples_.size() < max_samples_) {
-    // Full below the bound: grow, unwrapping the ring into the new one.
-    std::vector<Sample> grown;
-    grown.reserve(std::min(max_samples_, std::max<size_t>(64, 2 * count_)));
-    for (size_t i = 0; i < count_; ++i) grown.push_back(At(i));
-    grown.resize(grown.capacity());
-    samples_ = std::move(grown);
-    first_ = 0;
+    // Full below the bound: grow.
+    Resize(std::min(max_samples_, std::max<size_t>(64, 2 * count_)));
   }
   if (count_ == samples_.size()) {  // at the bound: drop the oldest
     first_ = (first_ + 1) % samples_.size();
@@ -39,6 +34,18 @@ void EdgeWindow::Prune(absl::Time now) {
     first_ = (first_ + 1) % samples_.size();
     --count_;
   }
+  // Mostly empty after a busy spell: give the memory back (a full ring of
+  // the default bound is about 10 MB).
+  if (samples_.size() > 64 && count_ < samples_.size() / 4) {
+    Resize(std::max<size_t>(64, 2 * count_));
+  }
+}
+
+void EdgeWindow::Resize(size_t size) {
+  std::vector<Sample> ring(size);
+  for (size_t i = 0; i < count_; ++i) ring[i] = At(i);  // oldest first
+  samples_ = std::move(ring);
+  first_ = 0;
 }
 
 void EdgeWindow::RecordSend(absl::Time now, int peer, uint64_t bytes,

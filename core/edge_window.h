@@ -74,6 +74,8 @@ class EdgeWindow {
   };
   void Add(const Sample& s);
   void Prune(absl::Time now);
+  // The ring, unwrapped, in `size` places (size >= count_).
+  void Resize(size_t size);
   // The i-th oldest sample held (i < count_).
   const Sample& At(size_t i) const {
     return samples_[(first_ + i) % samples_.size()];
@@ -86,6 +88,7 @@ class EdgeWindow {
   // max_samples_, and from then on each sample overwrites the oldest: a
   // sample costs no allocation once the ring has grown, where a deque
   // allocated and freed a node every few samples (a few per operation).
+  // A prune that leaves it under a quarter full halves it or more.
   std::vector<Sample> samples_;
   size_t first_ = 0;
   size_t count_ = 0;

@@ -133,7 +133,10 @@ class OpContext {
   // Host memory an algorithm may send from besides the buffer (the tree's
   // partial results): it lives as long as the context, past the
   // communicator's ReleaseEverything, so a failed operation's frames that
-  // still point into it are released before it goes.
+  // still point into it are released before it goes. The communicator
+  // lends the last operation's (Communicator::spare_scratch_): its size
+  // and contents are whatever that one left, so an algorithm sizes it and
+  // writes every byte it sends.
   std::vector<uint8_t>& send_scratch() { return send_scratch_; }
   // How long past the deadline the next waits (Await) end (0, the
   // default): an algorithm whose later waits wait on ranks that wait

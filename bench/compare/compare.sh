@@ -221,6 +221,17 @@ fail() {
   tail -20 "$WORK/$1-$2.log" >&2
   FAILED=1
 }
+# refused SIDE G: with --tcp-congestion, whether the side's log says the
+# kernel refused it (halka's worker, or congestion_preload.so): the side
+# then ran under the host's, not the one the header names.
+refused() {
+  [ -n "$TCP_CONGESTION" ] || return 0
+  if grep -q "the kernel refused" "$WORK/$1-$2.log" 2>/dev/null; then
+    echo "compare.sh: $1 G=$2 did not run under $TCP_CONGESTION:" >&2
+    grep "the kernel refused" "$WORK/$1-$2.log" | head -2 >&2
+    FAILED=1
+  fi
+}
 for g in $WORLDS; do
   halka_args=${HALKA_ARGS//\{G\}/$g}
   echo "## G=$g halka: halkactl bench --coll=$COLL --workers=$g -b $MIN -e $MAX -f 4 -n $ITERS -w $WARMUP $halka_args"
@@ -228,11 +239,13 @@ for g in $WORLDS; do
   timeout -k 5 "$RUN_TIMEOUT" "$HALKACTL" bench --coll="$COLL" --workers="$g" -b "$MIN" -e "$MAX" -f 4 \
     -n "$ITERS" -w "$WARMUP" --json $halka_args 2>"$WORK/halka-$g.log" \
     | grep '^{' >"$WORK/halka-$g.json" || fail halka "$g"
+  refused halka "$g"
   if [ "$GLOO" = 1 ]; then
     echo "## G=$g gloo: gloo_bench --world=$g --algo=$GLOO_ALGO"
-    env "${PRELOAD_ENV[@]}" timeout -k 5 "$RUN_TIMEOUT" "$GLOO_BENCH" --world="$g" --min="$MIN" --max="$MAX" \
+    env ${PRELOAD_ENV[@]+"${PRELOAD_ENV[@]}"} timeout -k 5 "$RUN_TIMEOUT" "$GLOO_BENCH" --world="$g" --min="$MIN" --max="$MAX" \
       --factor=4 --iters="$ITERS" --warmup="$WARMUP" --algo="$GLOO_ALGO" \
       >"$WORK/gloo-$g.json" 2>"$WORK/gloo-$g.log" || fail gloo "$g"
+    refused gloo "$g"
   fi
   [ "$MPI" = 1 ] || continue
   for t in $MPI_TRANSPORTS; do
@@ -251,6 +264,7 @@ for g in $WORLDS; do
       --min="$MIN" --max="$MAX" --factor=4 --iters="$ITERS" --warmup="$WARMUP" \
       --label="$t" --coll="$COLL" 2>"$WORK/mpi-$t-$g.log" </dev/null \
       | grep '^{' >"$WORK/mpi-$t-$g.json" || fail "mpi-$t" "$g"
+    refused "mpi-$t" "$g"
   done
 done
 [ -n "$OUT" ] && { mkdir -p "$OUT"; cp "$WORK"/*.json "$OUT"/; }

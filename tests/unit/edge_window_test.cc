@@ -98,22 +98,57 @@ TEST(EdgeWindowTest, KeepsTheNewestSamplesAcrossGrowingWrappingAndPruning) {
           << "after sample " << i;
     }
   }
-  // Samples 150..249 are held. 60 s after sample 179 everything up to
-  // 179 has aged out: the ring's front moves past its wrap point.
-  EdgeSummary s = w.Summarize(kT0 + absl::Seconds(60) +
-                              absl::Milliseconds(179));
-  EXPECT_EQ(s.edges.at(1).chunks_received, 70u);
-  EXPECT_EQ(s.edges.at(1).bytes_received, bytes_of(180, 250));
-  // New samples after the prune fill the freed places, oldest dropped
-  // first once the ring is full again.
-  const absl::Time later =
-      kT0 + absl::Seconds(60) + absl::Milliseconds(180);
-  for (int i = 250; i < 300; ++i) {
+  // Samples 150..249 are held, sample k in place k % 100 (150..199 at
+  // the ring's end, 200..249 wrapped to its start). 60 s after sample 209
+  // everything up to 209 has aged out: the prune runs off the ring's end
+  // and on from its start.
+  const absl::Time later = kT0 + absl::Seconds(60) + absl::Milliseconds(209);
+  EdgeSummary s = w.Summarize(later);
+  EXPECT_EQ(s.edges.at(1).chunks_received, 40u);
+  EXPECT_EQ(s.edges.at(1).bytes_received, bytes_of(210, 250));
+  // New samples after the prune fill the freed places; once the ring is
+  // full again the oldest go first.
+  for (int i = 250; i < 330; ++i) {
     w.RecordWait(later, 1, static_cast<uint64_t>(i), 1);
   }
   s = w.Summarize(later);
   EXPECT_EQ(s.edges.at(1).chunks_received, 100u);
-  EXPECT_EQ(s.edges.at(1).bytes_received, bytes_of(200, 300));
+  EXPECT_EQ(s.edges.at(1).bytes_received, bytes_of(230, 330));
+}
+
+// The ring grows while it is wrapped (its oldest sample not in its first
+// place), and shrinks when a prune leaves it mostly empty; the samples
+// keep their order through both.
+TEST(EdgeWindowTest, GrowsWhileWrappedAndShrinksWhenMostlyEmpty) {
+  EdgeWindow w(absl::Seconds(60), /*max_samples=*/1000);
+  auto bytes_of = [](int from, int to) {
+    uint64_t sum = 0;
+    for (int i = from; i < to; ++i) sum += static_cast<uint64_t>(i);
+    return sum;
+  };
+  auto add = [&](int from, int to, absl::Time at) {
+    for (int i = from; i < to; ++i) {
+      w.RecordWait(at == absl::InfinitePast() ? kT0 + absl::Milliseconds(i)
+                                              : at,
+                   1, static_cast<uint64_t>(i), 1);
+    }
+  };
+  auto expect = [&](absl::Time now, uint64_t n, uint64_t bytes) {
+    const EdgeSummary s = w.Summarize(now);
+    ASSERT_EQ(s.edges.count(1), 1u);
+    EXPECT_EQ(s.edges.at(1).chunks_received, n);
+    EXPECT_EQ(s.edges.at(1).bytes_received, bytes);
+  };
+  add(0, 64, absl::InfinitePast());  // the first ring (64 places), full
+  const absl::Time t1 = kT0 + absl::Seconds(60) + absl::Milliseconds(9);
+  expect(t1, 54, bytes_of(10, 64));  // 0..9 aged out: the front is at 10
+  add(64, 74, t1);                   // wrapped into places 0..9: full again
+  add(74, 75, t1);                   // grows, unwrapping from place 10
+  expect(t1, 65, bytes_of(10, 75));
+  const absl::Time t2 = kT0 + absl::Seconds(120) + absl::Milliseconds(8);
+  expect(t2, 11, bytes_of(64, 75));  // 10..63 aged out: it shrinks
+  add(75, 175, t2);                  // and grows again
+  expect(t2, 111, bytes_of(64, 175));
 }
 
 TEST(EdgeWindowTest, NoSamplesWithABoundOfZero) {

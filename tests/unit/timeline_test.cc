@@ -154,6 +154,9 @@ TEST(StallMonitorTest, AStoppedProcessReadsAsStalled) {
   // windows that begin after the newest stall), and one after it does not.
   absl::SleepFor(absl::Milliseconds(50));
   EXPECT_GE(m.StalledBetween(t0, absl::Now()), absl::Milliseconds(200));
+  // A window that begins inside the stop reads the rest of it.
+  EXPECT_GE(m.StalledBetween(t0 + absl::Milliseconds(100), t1),
+            absl::Milliseconds(100));
   const absl::Time t2 = absl::Now();
   absl::SleepFor(absl::Milliseconds(10));
   EXPECT_LT(m.StalledBetween(t2, absl::Now()), absl::Milliseconds(200));

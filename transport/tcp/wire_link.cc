@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -384,31 +385,51 @@ bool ValidCongestionName(const std::string& name) {
   });
 }
 
+std::vector<std::string> CongestionTries(const std::string& host,
+                                         const std::string& wanted,
+                                         absl::Duration rtt) {
+  if (wanted == "auto") {
+    const bool bbr = absl::StartsWith(host, "bbr");  // bbr, bbr2, bbr3
+    if (bbr && rtt > absl::ZeroDuration() && rtt < kAutoCongestionRtt) {
+      return {"cubic", "reno"};
+    }
+    return {};
+  }
+  if (wanted == "system" || wanted == host) return {};
+  return {wanted};
+}
+
+absl::Duration RoundTripOf(int fd) {
+  tcp_info info{};
+  socklen_t len = sizeof(info);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) {
+    return absl::ZeroDuration();
+  }
+  return absl::Microseconds(info.tcpi_rtt);
+}
+
 CongestionChoice ChooseCongestion(int fd, const std::string& wanted) {
   CongestionChoice c;
   c.host = c.in_use = CongestionOf(fd);
-  std::vector<std::string> tries;
-  if (wanted == "auto") {
-    if (c.host == "bbr") tries = {"cubic", "reno"};
-  } else if (wanted != "system" && wanted != c.host) {
-    tries = {wanted};
-  }
+  const std::vector<std::string> tries =
+      CongestionTries(c.host, wanted, RoundTripOf(fd));
   if (tries.empty()) return c;
-  int refused = 0;
+  std::vector<std::string> refused;
   for (const std::string& name : tries) {
     if (SetCongestion(fd, name)) {
-      c.in_use = CongestionOf(fd);
-      c.note = absl::StrCat("TCP congestion control ", c.in_use,
-                            " in place of the host's ", c.host,
-                            " (--wire_congestion=", wanted, ")");
+      const std::string now = CongestionOf(fd);
+      c.in_use = now.empty() ? name : now;
+      c.note = absl::StrCat(
+          "TCP congestion control ", c.in_use, " in place of the host's ",
+          c.host, " (--wire_congestion=", wanted,
+          wanted == "auto" ? ": links with a round trip under 1 ms)" : ")");
       return c;
     }
-    refused = errno;
+    refused.push_back(absl::StrCat(name, " (", Errno("setsockopt"), ")"));
   }
   c.note = absl::StrCat("--wire_congestion=", wanted, ": the kernel refused ",
-                        absl::StrJoin(tries, " and "), " (",
-                        std::strerror(refused),
-                        "); the links keep the host's ", c.host);
+                        absl::StrJoin(refused, " and "),
+                        "; the links keep the host's ", c.host);
   return c;
 }
 
@@ -451,17 +472,8 @@ absl::Status WireSender::Connect() {
   int fd = -1;
   for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
     if ((fd = StreamSocket(*a, &why)) < 0) continue;
-    // Before the connection: its first bytes are sent under it already.
-    const CongestionChoice cc = ChooseCongestion(fd, congestion_);
-    if (!cc.note.empty()) NoteCongestionOnce(cc.note);
-    if (counters_ != nullptr && cc.changed()) {
-      counters_->wire.congestion_changed.fetch_add(1);
-    } else if (counters_ != nullptr && cc.refused()) {
-      counters_->wire.congestion_refused.fetch_add(1);
-    }
     {
       absl::MutexLock lock(&mu_);
-      congestion_in_use_ = cc.in_use;
       if (stop_) {
         close(fd);
         freeaddrinfo(res);
@@ -492,6 +504,20 @@ absl::Status WireSender::Connect() {
         failed));
   }
   MakeLinkSocket(fd);
+  // Chosen once connected: the handshake and the token's ack measured the
+  // round trip that auto reads, and a route's congctl (applied at connect)
+  // is replaced, not the other way round. Only the link's data follows.
+  const CongestionChoice cc = ChooseCongestion(fd, congestion_);
+  if (!cc.note.empty()) NoteCongestionOnce(cc.note);
+  if (counters_ != nullptr && cc.changed()) {
+    counters_->wire.congestion_changed.fetch_add(1);
+  } else if (counters_ != nullptr && cc.refused()) {
+    counters_->wire.congestion_refused.fetch_add(1);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    congestion_in_use_ = cc.in_use;
+  }
   return absl::OkStatus();
 }
 

@@ -149,15 +149,19 @@ class WireListener {
 };
 
 // The TCP congestion control of a wire link's dialling (sending) socket,
-// set before it connects. `wanted`:
-//   "auto"    the host's default, except bbr: then cubic, or reno where
-//             the kernel lets this process choose only among its allowed
-//             ones (net.ipv4.tcp_allowed_congestion_control). bbr paces
-//             each connection's sending to the rate it estimates; a
-//             collective's link sends in bursts, one step at a time, and
-//             on this project's loopback runs bbr made 1-16 MiB
+// chosen once it is connected (before any frame). `wanted`:
+//   "auto"    the host's default, except bbr (bbr2, ...) on a link whose
+//             round trip (the handshake's, TCP_INFO) is under 1 ms: then
+//             cubic, or reno where the kernel lets this process choose
+//             only among its allowed ones
+//             (net.ipv4.tcp_allowed_congestion_control; reno always is).
+//             bbr paces each connection's sending to the rate it
+//             estimates; a collective's link sends in bursts, one step at
+//             a time, and on this project's loopback runs bbr made 1-16 MiB
 //             all-reduces 25-40 % slower than cubic or reno
 //             (docs/performance.md, "Congestion control of the wire").
+//             A longer round trip (another site, a lossy WAN path), where
+//             bbr is chosen for its loss tolerance, keeps it.
 //   "system"  the host's default, whatever it is.
 //   a name    that one (cubic, reno, dctcp, bbr, ...).
 struct CongestionChoice {
@@ -171,6 +175,14 @@ struct CongestionChoice {
   bool refused() const { return !note.empty() && !changed(); }
 };
 CongestionChoice ChooseCongestion(int fd, const std::string& wanted);
+// The round trip below which auto replaces bbr.
+inline constexpr absl::Duration kAutoCongestionRtt = absl::Milliseconds(1);
+// What ChooseCongestion asks the kernel for, in order, on a socket whose
+// host default is `host` and whose round trip is `rtt` (zero: unknown,
+// and auto then changes nothing).
+std::vector<std::string> CongestionTries(const std::string& host,
+                                         const std::string& wanted,
+                                         absl::Duration rtt);
 // The congestion control a new TCP socket of this network namespace has
 // (its default); "" when none can be read.
 std::string DefaultCongestion();
@@ -187,8 +199,8 @@ class WireSender : public LinkPath {
  public:
   using Frame = OutFrame;
   // `congestion`: ChooseCongestion's `wanted`, applied to the socket
-  // before it connects; `counters` (null: none) count what came of it
-  // (wire.congestion_changed, wire.congestion_refused).
+  // once connected; `counters` (null: none) count what came of it, once
+  // per link (wire.congestion_changed, wire.congestion_refused).
   WireSender(std::string host, int port, std::string token, std::string key,
              std::function<void(const absl::Status&)> on_ready,
              std::function<void(const absl::Status&)> on_failed,

@@ -60,9 +60,9 @@ class WireOffer final : public PathOffer {
  private:
   const std::string address_;
   const WipedKey key_;  // "" on a plaintext channel; wiped when it goes
-  const std::string congestion_;  // WireSender's (ChooseCongestion)
   const std::shared_ptr<LinkCounters> counters_;
   const std::shared_ptr<WireFallbacks> fallbacks_;
+  const std::string congestion_;  // WireSender's (ChooseCongestion)
 };
 
 // A wire link's serving end: the token the listener expects, then the

@@ -61,6 +61,8 @@ class EdgeWindow {
   // Sums and wait percentiles over (now - span, now].
   EdgeSummary Summarize(absl::Time now);
   absl::Duration span() const { return span_; }
+  // Places in the ring now (its memory: places x sizeof(Sample)).
+  size_t places() const { return samples_.size(); }
 
  private:
   enum class Kind { kSend, kWait, kArrival, kWire, kReduce, kError, kOp };

@@ -57,10 +57,11 @@ ABSL_FLAG(bool, wire_tap, true,
           "each link's reader thread hands every frame over");
 ABSL_FLAG(std::string, wire_congestion, "auto",
           "TCP congestion control of the wire links' sending sockets: auto "
-          "(the host's default, except bbr, whose pacing slows the links' "
-          "bursts: then cubic, or reno where this process may not choose "
-          "cubic), system (the host's default), or a name (cubic, reno, "
-          "dctcp, ...). The kernel may refuse a name not in "
+          "(the host's default, except bbr on a link whose round trip is "
+          "under 1 ms, whose pacing slows the links' bursts: then cubic, or "
+          "reno where this process may not choose cubic), system (the "
+          "host's default), or a name (cubic, reno, dctcp, ...). Chosen "
+          "once a link is connected. The kernel may refuse a name not in "
           "net.ipv4.tcp_allowed_congestion_control to a process without "
           "CAP_NET_ADMIN: the links then keep the host's, and the worker "
           "logs it once");

@@ -76,9 +76,9 @@ struct WorkerOptions {
   // every frame over.
   bool wire_tap = true;
   // The TCP congestion control of the wire links' sending sockets:
-  // "auto" (the host's, except bbr: cubic, or reno where cubic is not
-  // allowed), "system" (the host's), or a name (ChooseCongestion,
-  // transport/tcp/wire_link.h).
+  // "auto" (the host's, except bbr on a link whose round trip is under
+  // 1 ms: cubic, or reno where cubic is not allowed), "system" (the
+  // host's), or a name (ChooseCongestion, transport/tcp/wire_link.h).
   std::string wire_congestion = "auto";
   // The wire links' listening port on the listen host (0: ephemeral).
   int wire_port = 0;

@@ -76,9 +76,10 @@
 #                     (LD_PRELOAD; built here with cc). Without it each side
 #                     keeps its default: Open MPI and Gloo the host's
 #                     (net.ipv4.tcp_congestion_control), halka's wire links
-#                     --wire_congestion=auto (the host's, except bbr: cubic,
-#                     or reno where cubic is not allowed). The header says
-#                     which each side used
+#                     --wire_congestion=auto (the host's, except bbr on a
+#                     link with a round trip under 1 ms, as loopback's:
+#                     cubic, or reno where cubic is not allowed). The
+#                     header says which each side used
 #   --timeout SECS    limit for each side's run per world size (default
 #                     1800); a run past it is killed, the other runs go
 #                     on, and the script fails at the end

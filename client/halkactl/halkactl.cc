@@ -107,8 +107,9 @@ ABSL_FLAG(bool, wire_tap, true,
           "thread hands every frame over (to compare)");
 ABSL_FLAG(std::string, wire_congestion, "auto",
           "embedded cluster: TCP congestion control of the wire links' "
-          "sending sockets: auto (the host's, except bbr: cubic, or reno "
-          "where cubic is not allowed), system (the host's), or a name");
+          "sending sockets: auto (the host's, except bbr on a link whose "
+          "round trip is under 1 ms: cubic, or reno where cubic is not "
+          "allowed), system (the host's), or a name");
 ABSL_FLAG(bool, wire_landing, true,
           "embedded cluster: wire links' readers write all-gather and "
           "broadcast chunks straight into the operation's buffer; false: "

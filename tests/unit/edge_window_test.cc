@@ -143,11 +143,15 @@ TEST(EdgeWindowTest, GrowsWhileWrappedAndShrinksWhenMostlyEmpty) {
   const absl::Time t1 = kT0 + absl::Seconds(60) + absl::Milliseconds(9);
   expect(t1, 54, bytes_of(10, 64));  // 0..9 aged out: the front is at 10
   add(64, 74, t1);                   // wrapped into places 0..9: full again
+  EXPECT_EQ(w.places(), 64u);
   add(74, 75, t1);                   // grows, unwrapping from place 10
+  EXPECT_EQ(w.places(), 128u);
   expect(t1, 65, bytes_of(10, 75));
   const absl::Time t2 = kT0 + absl::Seconds(120) + absl::Milliseconds(8);
   expect(t2, 11, bytes_of(64, 75));  // 10..63 aged out: it shrinks
+  EXPECT_EQ(w.places(), 64u);
   add(75, 175, t2);                  // and grows again
+  EXPECT_EQ(w.places(), 128u);
   expect(t2, 111, bytes_of(64, 175));
 }
 

@@ -411,8 +411,8 @@ absl::Duration RoundTripOf(int fd) {
 CongestionChoice ChooseCongestion(int fd, const std::string& wanted) {
   CongestionChoice c;
   c.host = c.in_use = CongestionOf(fd);
-  const std::vector<std::string> tries =
-      CongestionTries(c.host, wanted, RoundTripOf(fd));
+  c.rtt = RoundTripOf(fd);
+  const std::vector<std::string> tries = CongestionTries(c.host, wanted, c.rtt);
   if (tries.empty()) return c;
   std::vector<std::string> refused;
   for (const std::string& name : tries) {
@@ -447,7 +447,7 @@ WireSender::WireSender(std::string host, int port, std::string token,
       seal_(key.empty() ? nullptr : std::make_unique<WireSeal>(std::move(key))),
       on_ready_(std::move(on_ready)),
       on_failed_(std::move(on_failed)),
-      congestion_(std::move(congestion)),
+      wanted_congestion_(std::move(congestion)),
       counters_(std::move(counters)) {
   thread_ = std::thread([this] { Loop(); });
 }
@@ -507,7 +507,7 @@ absl::Status WireSender::Connect() {
   // Chosen once connected: the handshake and the token's ack measured the
   // round trip that auto reads, and a route's congctl (applied at connect)
   // is replaced, not the other way round. Only the link's data follows.
-  const CongestionChoice cc = ChooseCongestion(fd, congestion_);
+  const CongestionChoice cc = ChooseCongestion(fd, wanted_congestion_);
   if (!cc.note.empty()) NoteCongestionOnce(cc.note);
   if (counters_ != nullptr && cc.changed()) {
     counters_->wire.congestion_changed.fetch_add(1);
@@ -516,7 +516,7 @@ absl::Status WireSender::Connect() {
   }
   {
     absl::MutexLock lock(&mu_);
-    congestion_in_use_ = cc.in_use;
+    congestion_ = cc;
   }
   return absl::OkStatus();
 }

@@ -157,9 +157,9 @@ class WireListener {
 //             (net.ipv4.tcp_allowed_congestion_control; reno always is).
 //             bbr paces each connection's sending to the rate it
 //             estimates; a collective's link sends in bursts, one step at
-//             a time, and on this project's loopback runs bbr made 1-16 MiB
-//             all-reduces 25-40 % slower than cubic or reno
-//             (docs/performance.md, "Congestion control of the wire").
+//             a time, and on this project's loopback runs cubic took
+//             14-41 % off 4-16 MiB all-reduces (docs/performance.md,
+//             "Congestion control of the wire").
 //             A longer round trip (another site, a lossy WAN path), where
 //             bbr is chosen for its loss tolerance, keeps it.
 //   "system"  the host's default, whatever it is.
@@ -167,6 +167,7 @@ class WireListener {
 struct CongestionChoice {
   std::string host;    // the host's default, as `fd` had it
   std::string in_use;  // what `fd` has now
+  absl::Duration rtt;  // the round trip the choice read (zero: unknown)
   // What was changed ("TCP congestion control cubic in place of the
   // host's bbr ..."), or what the kernel refused (in_use is then the
   // host's); "" when nothing was asked of the kernel.
@@ -175,6 +176,9 @@ struct CongestionChoice {
   bool refused() const { return !note.empty() && !changed(); }
 };
 CongestionChoice ChooseCongestion(int fd, const std::string& wanted);
+// The smoothed round trip the kernel measured on connected TCP socket
+// `fd` (TCP_INFO); zero when unknown.
+absl::Duration RoundTripOf(int fd);
 // The round trip below which auto replaces bbr.
 inline constexpr absl::Duration kAutoCongestionRtt = absl::Milliseconds(1);
 // What ChooseCongestion asks the kernel for, in order, on a socket whose
@@ -245,7 +249,12 @@ class WireSender : public LinkPath {
   // connected).
   std::string congestion() const {
     absl::MutexLock lock(&mu_);
-    return congestion_in_use_;
+    return congestion_.in_use;
+  }
+  // What ChooseCongestion found and did on the connected socket.
+  CongestionChoice congestion_choice() const {
+    absl::MutexLock lock(&mu_);
+    return congestion_;
   }
 
  private:
@@ -272,12 +281,12 @@ class WireSender : public LinkPath {
   std::unique_ptr<WireSeal> seal_;
   const std::function<void(const absl::Status&)> on_ready_;
   const std::function<void(const absl::Status&)> on_failed_;
-  const std::string congestion_;  // ChooseCongestion's `wanted`
+  const std::string wanted_congestion_;  // ChooseCongestion's `wanted`
   const std::shared_ptr<LinkCounters> counters_;  // may be null
   std::vector<uint8_t> sealed_;  // the writer's buffer for a sealed record
   mutable absl::Mutex mu_;
   std::deque<Frame> queue_ ABSL_GUARDED_BY(mu_);
-  std::string congestion_in_use_ ABSL_GUARDED_BY(mu_);
+  CongestionChoice congestion_ ABSL_GUARDED_BY(mu_);
   // The rest of a record the caller's thread began: written before
   // anything in queue_. Either a copy of its bytes, or (a plain link's
   // large frame) the frame itself, of whose record `written` bytes went.

@@ -67,7 +67,7 @@ void WriteLinkCounters(const PrometheusWriter::Labels& base,
         Total{"halka_wire_congestion_changed_total",
               "wire links whose sending socket took another TCP congestion "
               "control than the host's default (--wire_congestion; auto "
-              "replaces bbr)",
+              "replaces bbr on links with a round trip under 1 ms)",
               load(links.wire.congestion_changed)},
         Total{"halka_wire_congestion_refused_total",
               "wire links whose asked-for congestion control the kernel "

@@ -31,9 +31,9 @@ struct LinkSetup {
   std::function<size_t(int to)> shm_ring_bytes;
   // Offer peers a wire connection per link (transport/tcp/wire_link.h).
   bool wire_links = false;
-  // Its sending socket's congestion control (ChooseCongestion: auto,
-  // system, or a name).
-  std::string wire_congestion = "auto";
+  // Its sending socket's congestion control (ChooseCongestion: system,
+  // auto, or a name).
+  std::string wire_congestion = "system";
   // The channels' TLS and job token (MakeChannel); a wire link is sealed
   // where it is client_tls() (its key then travels inside TLS).
   SecurityConfig security;

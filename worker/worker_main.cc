@@ -55,13 +55,13 @@ ABSL_FLAG(bool, wire_tap, true,
           "an operation's thread reads its wire links' small frames (whole, "
           "at most 256 KiB) off their sockets itself while it waits; false: "
           "each link's reader thread hands every frame over");
-ABSL_FLAG(std::string, wire_congestion, "auto",
-          "TCP congestion control of the wire links' sending sockets: auto "
-          "(the host's default, except bbr on a link whose round trip is "
-          "under 1 ms, whose pacing slows the links' bursts: then cubic, or "
-          "reno where this process may not choose cubic), system (the "
-          "host's default), or a name (cubic, reno, dctcp, ...). Chosen "
-          "once a link is connected. The kernel may refuse a name not in "
+ABSL_FLAG(std::string, wire_congestion, "system",
+          "TCP congestion control of the wire links' sending sockets: "
+          "system (the host's default), auto (the host's, except bbr on a "
+          "link whose round trip is under 1 ms: then cubic, or reno where "
+          "this process may not choose cubic; faster on clean links, far "
+          "slower under random packet loss), or a name (cubic, reno, "
+          "dctcp, ...). Chosen once a link is connected. The kernel may refuse a name not in "
           "net.ipv4.tcp_allowed_congestion_control to a process without "
           "CAP_NET_ADMIN: the links then keep the host's, and the worker "
           "logs it once");

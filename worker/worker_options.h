@@ -76,10 +76,11 @@ struct WorkerOptions {
   // every frame over.
   bool wire_tap = true;
   // The TCP congestion control of the wire links' sending sockets:
-  // "auto" (the host's, except bbr on a link whose round trip is under
-  // 1 ms: cubic, or reno where cubic is not allowed), "system" (the
-  // host's), or a name (ChooseCongestion, transport/tcp/wire_link.h).
-  std::string wire_congestion = "auto";
+  // "system" (the host's, the default), "auto" (the host's, except bbr on
+  // a link whose round trip is under 1 ms: cubic, or reno where cubic is
+  // not allowed; faster on clean links, far slower under random loss), or
+  // a name (ChooseCongestion, transport/tcp/wire_link.h).
+  std::string wire_congestion = "system";
   // The wire links' listening port on the listen host (0: ephemeral).
   int wire_port = 0;
   absl::Duration op_timeout = kDefaultOpTimeout;

@@ -74,12 +74,11 @@
 #                     halka's wire links by --wire_congestion=NAME, Open
 #                     MPI's and Gloo's sockets by congestion_preload.so
 #                     (LD_PRELOAD; built here with cc). Without it each side
-#                     keeps its default: Open MPI and Gloo the host's
+#                     keeps its default: the host's
 #                     (net.ipv4.tcp_congestion_control), halka's wire links
-#                     --wire_congestion=auto (the host's, except bbr on a
-#                     link with a round trip under 1 ms, as loopback's:
-#                     cubic, or reno where cubic is not allowed). The
-#                     header says which each side used
+#                     by their default --wire_congestion=system (a
+#                     --wire_congestion in --halka-args changes halka's
+#                     alone). The header says which each side used
 #   --timeout SECS    limit for each side's run per world size (default
 #                     1800); a run past it is killed, the other runs go
 #                     on, and the script fails at the end
@@ -211,7 +210,13 @@ echo "# $(date -u +%FT%TZ) on $(nproc) cores, $(uname -r); halka $(git -C "$ROOT
 if [ -n "$TCP_CONGESTION" ]; then
   echo "# TCP congestion control: $TCP_CONGESTION on every side (the host's default: $HOST_CC)"
 else
-  echo "# TCP congestion control: Open MPI and Gloo the host's $HOST_CC; halka's wire links --wire_congestion=auto ($([ "$HOST_CC" = bbr ] && echo "cubic, or reno, in place of bbr" || echo "the host's $HOST_CC"))"
+  case "$HALKA_ARGS" in
+    *--wire_congestion=*)
+      v=${HALKA_ARGS##*--wire_congestion=}
+      halka_cc="halka's wire links --wire_congestion=${v%% *}" ;;
+    *) halka_cc="halka's wire links too (--wire_congestion=system)" ;;
+  esac
+  echo "# TCP congestion control: Open MPI and Gloo the host's $HOST_CC; $halka_cc"
 fi
 [ "$MPI" = 1 ] && echo "# $("$MPIRUN" --version 2>/dev/null | head -1)"
 echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"

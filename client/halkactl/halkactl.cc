@@ -105,11 +105,11 @@ ABSL_FLAG(bool, wire_tap, true,
           "embedded cluster: an operation's thread reads its wire links' "
           "small frames itself while it waits; false: each link's reader "
           "thread hands every frame over (to compare)");
-ABSL_FLAG(std::string, wire_congestion, "auto",
+ABSL_FLAG(std::string, wire_congestion, "system",
           "embedded cluster: TCP congestion control of the wire links' "
-          "sending sockets: auto (the host's, except bbr on a link whose "
-          "round trip is under 1 ms: cubic, or reno where cubic is not "
-          "allowed), system (the host's), or a name");
+          "sending sockets: system (the host's), auto (the host's, except "
+          "bbr on a link whose round trip is under 1 ms: cubic, or reno "
+          "where cubic is not allowed), or a name");
 ABSL_FLAG(bool, wire_landing, true,
           "embedded cluster: wire links' readers write all-gather and "
           "broadcast chunks straight into the operation's buffer; false: "

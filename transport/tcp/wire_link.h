@@ -161,8 +161,11 @@ class WireListener {
 //             14-41 % off 4-16 MiB all-reduces (docs/performance.md,
 //             "Congestion control of the wire").
 //             A longer round trip (another site, a lossy WAN path), where
-//             bbr is chosen for its loss tolerance, keeps it.
-//   "system"  the host's default, whatever it is.
+//             bbr is chosen for its loss tolerance, keeps it. Not the
+//             default: under random loss bbr keeps far more operations
+//             within their deadlines (tests/system/faults_test.sh loss:
+//             15 % of a worker's packets dropped).
+//   "system"  the host's default, whatever it is (the workers' default).
 //   a name    that one (cubic, reno, dctcp, bbr, ...).
 struct CongestionChoice {
   std::string host;    // the host's default, as `fd` had it
@@ -208,7 +211,7 @@ class WireSender : public LinkPath {
   WireSender(std::string host, int port, std::string token, std::string key,
              std::function<void(const absl::Status&)> on_ready,
              std::function<void(const absl::Status&)> on_failed,
-             std::string congestion = "auto",
+             std::string congestion = "system",
              std::shared_ptr<LinkCounters> counters = nullptr);
   ~WireSender() override;  // Close()
   // LinkPath: a frame that finds the link idle (connected, nothing queued,

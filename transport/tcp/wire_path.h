@@ -28,7 +28,7 @@ std::unique_ptr<PathOffer> MakeWireOffer(
     const std::string& address, bool sealed,
     std::shared_ptr<LinkCounters> counters,
     std::shared_ptr<WireFallbacks> fallbacks,
-    std::string congestion = "auto");
+    std::string congestion = "system");
 
 // Takes wire offers on `listener` (null: refuses them all); only sealed
 // ones when `sealed_only`. With `landing`, the readers put payloads

@@ -42,8 +42,8 @@ class LocalCluster {
     bool wire_landing = true;
     // WorkerOptions::wire_tap.
     bool wire_tap = true;
-    // WorkerOptions::wire_congestion (auto, system or a name).
-    std::string wire_congestion = "auto";
+    // WorkerOptions::wire_congestion (system, auto or a name).
+    std::string wire_congestion = "system";
     absl::Duration op_timeout = kDefaultOpTimeout;
     absl::Duration heartbeat_interval = absl::Milliseconds(500);
     absl::Duration heartbeat_timeout = absl::Seconds(5);

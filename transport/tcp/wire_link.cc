@@ -399,6 +399,10 @@ std::vector<std::string> CongestionTries(const std::string& host,
   return {wanted};
 }
 
+namespace {
+
+// The smoothed round trip the kernel measured on connected TCP socket
+// `fd` (TCP_INFO); zero when unknown.
 absl::Duration RoundTripOf(int fd) {
   tcp_info info{};
   socklen_t len = sizeof(info);
@@ -407,6 +411,8 @@ absl::Duration RoundTripOf(int fd) {
   }
   return absl::Microseconds(info.tcpi_rtt);
 }
+
+}  // namespace
 
 CongestionChoice ChooseCongestion(int fd, const std::string& wanted) {
   CongestionChoice c;

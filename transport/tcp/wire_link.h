@@ -179,9 +179,6 @@ struct CongestionChoice {
   bool refused() const { return !note.empty() && !changed(); }
 };
 CongestionChoice ChooseCongestion(int fd, const std::string& wanted);
-// The smoothed round trip the kernel measured on connected TCP socket
-// `fd` (TCP_INFO); zero when unknown.
-absl::Duration RoundTripOf(int fd);
 // The round trip below which auto replaces bbr.
 inline constexpr absl::Duration kAutoCongestionRtt = absl::Milliseconds(1);
 // What ChooseCongestion asks the kernel for, in order, on a socket whose

@@ -54,12 +54,12 @@ size_t Inbox::taps() const {
   return taps_.size();
 }
 
-void Inbox::LeaveSocketsToReaders() {
+void Inbox::LeaveTapsToReaders(bool polled_only) {
   for (const auto& t : Taps()) {
-    if (t->polled()) t->LeaveToReader();
+    if (t->polled() || !polled_only) t->LeaveToReader();
   }
   // A group's frames come through the job's links.
-  if (Inbox* job = job_inbox_.load()) job->LeaveSocketsToReaders();
+  if (Inbox* job = job_inbox_.load()) job->LeaveTapsToReaders(polled_only);
 }
 
 namespace {
@@ -248,7 +248,7 @@ std::optional<Inbox::Event> Inbox::NextOnTaps(int from, uint64_t op_seq,
   }
   const bool poll = polled == taps.size() && polled > 0 && !aside &&
                     wake_fd_.load() >= 0;
-  if (!poll) LeaveSocketsToReaders();
+  if (!poll) LeaveTapsToReaders(/*polled_only=*/true);
   if (poll) {
     std::optional<Event> ev = NextWithTaps(from, op_seq, watch, deadline,
                                            std::move(taps), /*polled=*/true);

@@ -157,7 +157,7 @@ InFrame Inbox::PopFront(int from, std::deque<InFrame>& q) {
 
 Inbox::Event Inbox::NextPeer(int from, absl::Time deadline,
                               bool heed_interrupt, std::optional<int> tag) {
-  LeaveSocketsToReaders();
+  LeaveTapsToReaders(/*polled_only=*/false);
   absl::MutexLock lock(&mu_);
   // The sender whose piece is next: `from`, or the earliest arrival.
   auto pick = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> int {
@@ -411,7 +411,7 @@ std::optional<absl::StatusCode> Inbox::AbortSeen(uint64_t op_seq) const {
 }
 
 absl::StatusOr<uint64_t> Inbox::WaitFirstOpSeq(absl::Time deadline) {
-  LeaveSocketsToReaders();
+  LeaveTapsToReaders(/*polled_only=*/false);
   absl::MutexLock lock(&mu_);
   // The newest operation any peer has sent frames for and nobody aborted:
   // older frames belong to operations the ring already finished or failed.
@@ -503,6 +503,7 @@ Inbox::Event Inbox::Next(int from, uint64_t op_seq,
                          absl::Span<const int> watch, absl::Time deadline) {
   std::optional<Event> tapped = NextOnTaps(from, op_seq, watch, deadline);
   if (tapped.has_value()) return *std::move(tapped);
+  LeaveTapsToReaders(/*polled_only=*/false);  // they deliver this wait's frames
   absl::MutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return Ready(from, op_seq, watch);

@@ -371,11 +371,13 @@ class Inbox {
   // Counts the changes Bump reports; NextWithTaps sleeps on it.
   std::atomic<uint32_t> events_{0};
   std::atomic<uint32_t> sleepers_{0};
-  // The wire links' readers take their sockets back at once (polled taps'
-  // LeaveToReader), this inbox's and, for a group's, the job inbox's
-  // (whose links carry the group's frames): before a wait that does not
-  // read them (NextPeer, WaitFirstOpSeq, a Next that does not poll).
-  void LeaveSocketsToReaders();
+  // The taps' readers take their paths back at once (LeaveToReader), this
+  // inbox's and, for a group's, the job inbox's (whose links carry the
+  // group's frames): the wire links' readers (`polled_only`: only they,
+  // before a Next that sleeps on the rings but not the sockets), or every
+  // tap's, rings' too (before a wait that reads none of them: NextPeer,
+  // WaitFirstOpSeq, a Next that cannot sleep on its taps).
+  void LeaveTapsToReaders(bool polled_only);
   // A group's inbox: the job's inbox that routes its frames (AttachGroup;
   // null once detached). The job's inbox outlives its groups' (SubRing).
   std::atomic<Inbox*> job_inbox_{nullptr};

@@ -156,6 +156,95 @@ TEST(InboxTap, TheWaitingThreadTakesTheRecordsItself) {
                       << " of 50 records: the reader handed them over";
 }
 
+// An operation that runs behind its peer: each record is written while the
+// operation is not waiting (it reduces, returns to its caller), and its
+// next wait finds it. The link's reader stands aside between the waits
+// (ShmReceiver), so the waiting thread takes nearly all of them and no
+// reader wakes for them; a record with no wait after it still reaches the
+// inbox through the reader.
+TEST(InboxTap, TheReaderStandsAsideForRecordsWrittenBetweenAnOperationsWaits) {
+  if (!FutexWaitAnyWorks()) {
+    GTEST_SKIP() << "futex_waitv is not available here: the link's reader "
+                    "delivers every record (WithoutFutexWaitv... covers it)";
+  }
+  Link link;
+  absl::SleepFor(absl::Milliseconds(100));  // the reader sleeps on its ring
+  constexpr int kOps = 200;
+  for (int i = 0; i < kOps; ++i) {
+    ASSERT_TRUE(WriteFrame(*link.tx, Meta(4, i), 500 + i));
+    // Busy for a moment, not waiting: a reader asleep on the ring would be
+    // woken by the record now and hand it over.
+    absl::SleepFor(absl::Microseconds(200));
+    Inbox::Event ev = link.inbox->Next(kFrom, 4, kWatch,
+                                       absl::Now() + absl::Seconds(10));
+    ASSERT_EQ(ev.type, Inbox::Event::kFrame) << ev.status;
+    ASSERT_EQ(ev.frame.meta.step, i);
+    ASSERT_EQ(FirstWord(ev.frame), 500u + i);
+  }
+  std::vector<std::thread::id> on = link.Delivered();
+  ASSERT_EQ(on.size(), static_cast<size_t>(kOps));
+  int mine = 0;
+  for (const auto& id : on) mine += id == std::this_thread::get_id();
+  // The first record (before any wait) is the reader's; after that only a
+  // stall of this thread longer than a slice (5 ms) gives it one.
+  EXPECT_GE(mine, kOps * 3 / 4)
+      << "the waiting thread took only " << mine << " of " << kOps
+      << " records: the reader woke for the others";
+  // No operation follows this one: the reader delivers it after its slice.
+  ASSERT_TRUE(WriteFrame(*link.tx, Meta(4, kOps), 1));
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (link.Delivered().size() < kOps + 1 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  on = link.Delivered();
+  ASSERT_EQ(on.size(), static_cast<size_t>(kOps + 1))
+      << "a record with no wait after it never reached the inbox";
+  EXPECT_NE(on.back(), std::this_thread::get_id());
+}
+
+// A wait that does not take the ring's records (NextPeer: naive and
+// parameter-server operations; a group's waits) calls the standing-aside
+// reader back at once instead of waiting out its slice.
+TEST(InboxTap, AWaitThatLeavesTheRingToItsReaderCallsTheReaderBack) {
+  if (!FutexWaitAnyWorks()) {
+    GTEST_SKIP() << "futex_waitv is not available here: the reader never "
+                    "stands aside";
+  }
+  Link link;
+  link.rx->set_stand_aside(absl::Seconds(60));
+  absl::SleepFor(absl::Milliseconds(100));  // the reader sleeps on its ring
+  // One operation's wait, attached before its record comes.
+  Joined waiter([&] {
+    Inbox::Event ev = link.inbox->Next(kFrom, 6, kWatch,
+                                       absl::Now() + absl::Seconds(10));
+    EXPECT_EQ(ev.type, Inbox::Event::kFrame) << ev.status;
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(WriteFrame(*link.tx, Meta(6, 0), 1));
+  waiter.join();
+  absl::SleepFor(absl::Milliseconds(100));  // the reader stands aside
+  // A peer frame (the kind NextPeer waits for) with no tapped wait after it.
+  FrameMeta m = Meta(1, 0);
+  m.kind = FrameKind::kPeer;
+  m.dtype = DType::kUInt8;
+  m.offset = 0;
+  m.count = 16;  // WriteFrame's payload
+  m.message_bytes = 16;
+  ASSERT_TRUE(WriteFrame(*link.tx, m, 2));
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_EQ(link.Delivered().size(), 1u)
+      << "the reader did not stand aside after the operation's wait";
+  const absl::Time start = absl::Now();
+  Inbox::Event ev = link.inbox->NextPeer(kFrom, start + absl::Seconds(20));
+  ASSERT_EQ(ev.type, Inbox::Event::kFrame) << ev.status;
+  EXPECT_EQ(FirstWord(ev.frame), 2u);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15))
+      << "the reader was not called back: it waited out its slice";
+  const std::vector<std::thread::id> on = link.Delivered();
+  ASSERT_EQ(on.size(), 2u);
+  EXPECT_NE(on.back(), std::this_thread::get_id());
+}
+
 // Turns futex_waitv off for one test and restores what it was.
 class WithoutFutexWaitv {
  public:

@@ -21,6 +21,11 @@ namespace {
 // How long a sleeping end waits before it looks at its stop flag again
 // (Close also wakes it at once).
 constexpr absl::Duration kPoll = absl::Milliseconds(50);
+// How long a ring's reader stands aside, without announcing a sleep, once
+// an operation has taken the ring's records since its last look (below,
+// ShmReceiver::Tap::StandAside): frames that come between operations, with
+// no operation after them, wait at most about this long for the reader.
+constexpr absl::Duration kStandAsideSlice = absl::Milliseconds(5);
 
 size_t TotalBytes(const std::vector<absl::Span<const uint8_t>>& parts) {
   size_t n = 0;
@@ -213,7 +218,16 @@ class ShmReceiver::Tap final : public InboxTap {
   FutexWaiter Waiter(uint32_t seq) override { return ring_->DataWaiter(seq); }
   void Sleeping(bool sleeping) override { ring_->ConsumerSleeping(sleeping); }
   void Attach(bool attached) override {
+    if (attached) attaches_.fetch_add(1, std::memory_order_relaxed);
     attached_.fetch_add(attached ? 1 : -1);
+  }
+  // A wait that does not take the ring's records itself (a group's, a
+  // naive operation's, one past the taps a thread can sleep on) needs the
+  // reader now: it stops standing aside and sleeps on the ring's word.
+  void LeaveToReader() override {
+    absl::MutexLock lock(&park_mu_);
+    leave_ = true;
+    park_cv_.SignalAll();
   }
   bool over() override {
     absl::MutexLock lock(&mu_);
@@ -230,6 +244,33 @@ class ShmReceiver::Tap final : public InboxTap {
   void Park(absl::Duration timeout) {
     absl::MutexLock lock(&park_mu_);
     if (!stopping_) park_cv_.WaitWithTimeout(&park_mu_, timeout);
+  }
+  // The reader's turn with nothing in the ring, the tap detached. Where an
+  // operation attached since the reader's last look, operations are
+  // running on this ring: their waits come one after another, and each
+  // takes what arrived between them at its start. The reader then parks
+  // for kStandAsideSlice without announcing a sleep on the ring's word
+  // (true), so a record written while the operation is not waiting (it
+  // reduces, returns to its caller, or the peer is simply ahead) wakes
+  // nobody; announced, every such record would wake the reader, a context
+  // switch per operation (a peer that keeps ahead keeps it so). False: no
+  // operation came, or a wait needs the reader (LeaveToReader), or it
+  // stops: the reader sleeps on the word.
+  bool StandAside() {
+    const uint64_t attaches = attaches_.load(std::memory_order_relaxed);
+    absl::MutexLock lock(&park_mu_);
+    if (leave_ || stopping_ || attaches == seen_attaches_) {
+      leave_ = false;
+      seen_attaches_ = attaches;
+      return false;
+    }
+    seen_attaches_ = attaches;
+    park_cv_.WaitWithTimeout(&park_mu_,
+                             absl::Nanoseconds(stand_aside_ns_.load()));
+    return true;
+  }
+  void set_stand_aside(absl::Duration d) {
+    stand_aside_ns_.store(absl::ToInt64Nanoseconds(d));
   }
 
   // Delivers what was written up to now, no more, from now on.
@@ -300,8 +341,13 @@ class ShmReceiver::Tap final : public InboxTap {
   size_t expect_ ABSL_GUARDED_BY(mu_) = 0;  // its bytes
   bool in_frame_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int> attached_{0};
+  std::atomic<uint64_t> attaches_{0};  // Attach(true) calls, ever
+  std::atomic<int64_t> stand_aside_ns_{
+      absl::ToInt64Nanoseconds(kStandAsideSlice)};
   absl::Mutex park_mu_;
   absl::CondVar park_cv_;
+  bool leave_ ABSL_GUARDED_BY(park_mu_) = false;  // LeaveToReader
+  uint64_t seen_attaches_ ABSL_GUARDED_BY(park_mu_) = 0;  // StandAside's
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> stop_at_{0};  // the sender's position at Stop
 };
@@ -321,6 +367,8 @@ ShmReceiver::ShmReceiver(std::shared_ptr<ShmRing> ring, OnFrame on_frame,
 ShmReceiver::~ShmReceiver() { Stop(); }
 
 std::shared_ptr<InboxTap> ShmReceiver::tap() const { return tap_; }
+
+void ShmReceiver::set_stand_aside(absl::Duration d) { tap_->set_stand_aside(d); }
 
 void ShmReceiver::Stop() {
   tap_->BeginStop();
@@ -342,7 +390,8 @@ void ShmReceiver::ReaderLoop(Tap& tap, ShmRing& ring) {
     const uint32_t seq = ring.DataSeq();
     bool took = false;
     if (!tap.Drain(&took)) return;
-    if (!took) ring.WaitForData(seq, kPoll);
+    if (took || tap.StandAside()) continue;
+    ring.WaitForData(seq, kPoll);
   }
 }
 

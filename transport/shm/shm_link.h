@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "core/frame.h"
 #include "core/link_counters.h"
@@ -109,7 +110,12 @@ class ShmSender : public LinkPath {
 //
 // tap() lets an operation's thread take the records itself (Inbox::AddTap):
 // the reader and the tap take turns under one lock, and the reader stands
-// aside while the tap is attached. The callbacks may run on either thread
+// aside while the tap is attached, and between an operation's waits: once
+// the tap was attached since its last look, it parks for a slice (5 ms)
+// without announcing a sleep on the ring, so a record written meanwhile
+// wakes no thread and the operation's next wait takes it; a slice with no
+// attach, or a wait that leaves the ring to it (InboxTap::LeaveToReader),
+// and it sleeps on the ring again. The callbacks may run on either thread
 // (on_rejected and on_error with that lock released), never after Stop
 // returns.
 class ShmReceiver {
@@ -121,6 +127,9 @@ class ShmReceiver {
   ~ShmReceiver();  // Stop()
   void Stop();
   std::shared_ptr<InboxTap> tap() const;
+  // How long the reader stands aside between an operation's waits (5 ms
+  // unless set; tests lengthen it). Any thread; the next slice takes it.
+  void set_stand_aside(absl::Duration d);
 
  private:
   class Tap;

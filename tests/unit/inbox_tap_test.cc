@@ -16,6 +16,7 @@
 #include "codec/frame_codec.h"
 #include "core/futex.h"
 #include "core/shm_ring.h"
+#include "core/sub_ring.h"
 #include "core/transport.h"
 #include "tests/testing/data_meta.h"
 #include "transport/shm/shm_link.h"
@@ -159,15 +160,18 @@ TEST(InboxTap, TheWaitingThreadTakesTheRecordsItself) {
 // An operation that runs behind its peer: each record is written while the
 // operation is not waiting (it reduces, returns to its caller), and its
 // next wait finds it. The link's reader stands aside between the waits
-// (ShmReceiver), so the waiting thread takes nearly all of them and no
-// reader wakes for them; a record with no wait after it still reaches the
-// inbox through the reader.
+// (ShmReceiver), so the waiting thread takes them and no reader wakes for
+// them; a record with no wait after it still reaches the inbox through the
+// reader, once its slice ends.
 TEST(InboxTap, TheReaderStandsAsideForRecordsWrittenBetweenAnOperationsWaits) {
   if (!FutexWaitAnyWorks()) {
     GTEST_SKIP() << "futex_waitv is not available here: the link's reader "
                     "delivers every record (WithoutFutexWaitv... covers it)";
   }
   Link link;
+  // One slice for the whole run (the default 5 ms would give the reader a
+  // record at each slice's end on a slow machine).
+  link.rx->set_stand_aside(absl::Seconds(1));
   absl::SleepFor(absl::Milliseconds(100));  // the reader sleeps on its ring
   constexpr int kOps = 200;
   for (int i = 0; i < kOps; ++i) {
@@ -185,11 +189,13 @@ TEST(InboxTap, TheReaderStandsAsideForRecordsWrittenBetweenAnOperationsWaits) {
   ASSERT_EQ(on.size(), static_cast<size_t>(kOps));
   int mine = 0;
   for (const auto& id : on) mine += id == std::this_thread::get_id();
-  // The first record (before any wait) is the reader's; after that only a
-  // stall of this thread longer than a slice (5 ms) gives it one.
-  EXPECT_GE(mine, kOps * 3 / 4)
+  // The reader takes the records written before it first saw an attach
+  // (the first one or two), and one more only if this loop outlasts the
+  // slice.
+  EXPECT_GE(mine, kOps - 5)
       << "the waiting thread took only " << mine << " of " << kOps
       << " records: the reader woke for the others";
+  EXPECT_GE(link.rx->stand_asides(), 1u);
   // No operation follows this one: the reader delivers it after its slice.
   ASSERT_TRUE(WriteFrame(*link.tx, Meta(4, kOps), 1));
   const absl::Time until = absl::Now() + absl::Seconds(10);
@@ -202,47 +208,80 @@ TEST(InboxTap, TheReaderStandsAsideForRecordsWrittenBetweenAnOperationsWaits) {
   EXPECT_NE(on.back(), std::this_thread::get_id());
 }
 
-// A wait that does not take the ring's records (NextPeer: naive and
-// parameter-server operations; a group's waits) calls the standing-aside
-// reader back at once instead of waiting out its slice.
-TEST(InboxTap, AWaitThatLeavesTheRingToItsReaderCallsTheReaderBack) {
+// Puts the link's reader in a long stand-aside, as after an operation's
+// wait, and writes `frame` there: it stays in the ring (nobody is woken for
+// it) until something calls the reader back.
+void WriteWhileTheReaderStandsAside(Link& link, const FrameMeta& frame) {
+  link.rx->set_stand_aside(absl::Seconds(60));
+  const uint64_t before = link.rx->stand_asides();
+  // An operation's wait (attach, detach), then a record the reader takes
+  // (if it was asleep on the ring) or that waits with it (if it already
+  // stood aside): either way it ends up standing aside.
+  link.rx->tap()->Attach(true);
+  link.rx->tap()->Attach(false);
+  ASSERT_TRUE(WriteFrame(*link.tx, Meta(2, 0), 1));
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (link.rx->stand_asides() == before && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_GT(link.rx->stand_asides(), before) << "the reader never stood aside";
+  const size_t had = link.Delivered().size();
+  ASSERT_TRUE(WriteFrame(*link.tx, frame, 2));
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_EQ(link.Delivered().size(), had)
+      << "a record written while the reader stood aside woke it";
+}
+
+// A wait that does not take the ring's records (NextPeer: point-to-point
+// messages) calls the standing-aside reader back at once instead of
+// waiting out its slice.
+TEST(InboxTap, APeerWaitCallsTheStandingAsideReaderBack) {
   if (!FutexWaitAnyWorks()) {
     GTEST_SKIP() << "futex_waitv is not available here: the reader never "
                     "stands aside";
   }
   Link link;
-  link.rx->set_stand_aside(absl::Seconds(60));
-  absl::SleepFor(absl::Milliseconds(100));  // the reader sleeps on its ring
-  // One operation's wait, attached before its record comes.
-  Joined waiter([&] {
-    Inbox::Event ev = link.inbox->Next(kFrom, 6, kWatch,
-                                       absl::Now() + absl::Seconds(10));
-    EXPECT_EQ(ev.type, Inbox::Event::kFrame) << ev.status;
-  });
-  absl::SleepFor(absl::Milliseconds(50));
-  ASSERT_TRUE(WriteFrame(*link.tx, Meta(6, 0), 1));
-  waiter.join();
-  absl::SleepFor(absl::Milliseconds(100));  // the reader stands aside
-  // A peer frame (the kind NextPeer waits for) with no tapped wait after it.
   FrameMeta m = Meta(1, 0);
   m.kind = FrameKind::kPeer;
   m.dtype = DType::kUInt8;
   m.offset = 0;
   m.count = 16;  // WriteFrame's payload
   m.message_bytes = 16;
-  ASSERT_TRUE(WriteFrame(*link.tx, m, 2));
-  absl::SleepFor(absl::Milliseconds(100));
-  ASSERT_EQ(link.Delivered().size(), 1u)
-      << "the reader did not stand aside after the operation's wait";
+  WriteWhileTheReaderStandsAside(link, m);
+  if (HasFatalFailure()) return;
   const absl::Time start = absl::Now();
   Inbox::Event ev = link.inbox->NextPeer(kFrom, start + absl::Seconds(20));
   ASSERT_EQ(ev.type, Inbox::Event::kFrame) << ev.status;
   EXPECT_EQ(FirstWord(ev.frame), 2u);
   EXPECT_LT(absl::Now() - start, absl::Seconds(15))
       << "the reader was not called back: it waited out its slice";
-  const std::vector<std::thread::id> on = link.Delivered();
-  ASSERT_EQ(on.size(), 2u);
-  EXPECT_NE(on.back(), std::this_thread::get_id());
+  EXPECT_NE(link.Delivered().back(), std::this_thread::get_id());
+}
+
+// A group's wait (core/sub_ring.h): the group's frames come through the
+// job's links, whose rings the group's inbox does not tap; its wait calls
+// the job inbox's readers back.
+TEST(InboxTap, AGroupsWaitCallsTheJobsStandingAsideReaderBack) {
+  if (!FutexWaitAnyWorks()) {
+    GTEST_SKIP() << "futex_waitv is not available here: the reader never "
+                    "stands aside";
+  }
+  Link link;
+  auto group = std::make_shared<Inbox>(2);
+  const std::vector<int> ranks = {0, kFrom};  // job rank kFrom: group rank 1
+  const uint64_t id = GroupId(ranks);
+  ASSERT_TRUE(link.inbox->AttachGroup(id, ranks, group).ok());
+  FrameMeta m = Meta(3, 0);
+  m.group = id;
+  WriteWhileTheReaderStandsAside(link, m);
+  if (HasFatalFailure()) return;
+  const absl::Time start = absl::Now();
+  Inbox::Event ev = group->Next(1, 3, {}, start + absl::Seconds(20));
+  ASSERT_EQ(ev.type, Inbox::Event::kFrame) << ev.status;
+  EXPECT_EQ(FirstWord(ev.frame), 2u);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15))
+      << "the job's reader was not called back: it waited out its slice";
+  link.inbox->DetachGroup(id);
 }
 
 // Turns futex_waitv off for one test and restores what it was.

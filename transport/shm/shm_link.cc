@@ -224,9 +224,11 @@ class ShmReceiver::Tap final : public InboxTap {
   // A wait that does not take the ring's records itself (a group's, a
   // naive operation's, one past the taps a thread can sleep on) needs the
   // reader now: it stops standing aside and sleeps on the ring's word.
+  // Asked already and not yet taken up: the reader is woken, or will see
+  // it before it parks again.
   void LeaveToReader() override {
+    if (leave_.exchange(true)) return;
     absl::MutexLock lock(&park_mu_);
-    leave_ = true;
     park_cv_.SignalAll();
   }
   bool over() override {
@@ -237,10 +239,10 @@ class ShmReceiver::Tap final : public InboxTap {
   bool attached() const { return attached_.load() > 0; }
   bool stopping() const { return stopping_.load(); }
 
-  // The reader's wait while the tap is attached: Stop wakes it, a detach
-  // does not (the reader looks again within `timeout`; the next operation
-  // drains the ring at its first wait, and Inbox::MaxOpSeqSeen drains it
-  // too).
+  // The reader's wait while the tap is attached: Stop and LeaveToReader
+  // wake it, a detach does not (the reader looks again within `timeout`;
+  // the next operation drains the ring at its first wait, and
+  // Inbox::MaxOpSeqSeen drains it too).
   void Park(absl::Duration timeout) {
     absl::MutexLock lock(&park_mu_);
     if (!stopping_) park_cv_.WaitWithTimeout(&park_mu_, timeout);
@@ -259,12 +261,12 @@ class ShmReceiver::Tap final : public InboxTap {
   bool StandAside() {
     const uint64_t attaches = attaches_.load(std::memory_order_relaxed);
     absl::MutexLock lock(&park_mu_);
-    if (leave_ || stopping_ || attaches == seen_attaches_) {
-      leave_ = false;
+    if (leave_.exchange(false) || stopping_ || attaches == seen_attaches_) {
       seen_attaches_ = attaches;
       return false;
     }
     seen_attaches_ = attaches;
+    stand_asides_.fetch_add(1, std::memory_order_relaxed);
     park_cv_.WaitWithTimeout(&park_mu_,
                              absl::Nanoseconds(stand_aside_ns_.load()));
     return true;
@@ -272,6 +274,7 @@ class ShmReceiver::Tap final : public InboxTap {
   void set_stand_aside(absl::Duration d) {
     stand_aside_ns_.store(absl::ToInt64Nanoseconds(d));
   }
+  uint64_t stand_asides() const { return stand_asides_.load(); }
 
   // Delivers what was written up to now, no more, from now on.
   void BeginStop() {
@@ -346,7 +349,8 @@ class ShmReceiver::Tap final : public InboxTap {
       absl::ToInt64Nanoseconds(kStandAsideSlice)};
   absl::Mutex park_mu_;
   absl::CondVar park_cv_;
-  bool leave_ ABSL_GUARDED_BY(park_mu_) = false;  // LeaveToReader
+  std::atomic<bool> leave_{false};  // LeaveToReader, not yet taken up
+  std::atomic<uint64_t> stand_asides_{0};
   uint64_t seen_attaches_ ABSL_GUARDED_BY(park_mu_) = 0;  // StandAside's
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> stop_at_{0};  // the sender's position at Stop
@@ -369,6 +373,8 @@ ShmReceiver::~ShmReceiver() { Stop(); }
 std::shared_ptr<InboxTap> ShmReceiver::tap() const { return tap_; }
 
 void ShmReceiver::set_stand_aside(absl::Duration d) { tap_->set_stand_aside(d); }
+
+uint64_t ShmReceiver::stand_asides() const { return tap_->stand_asides(); }
 
 void ShmReceiver::Stop() {
   tap_->BeginStop();

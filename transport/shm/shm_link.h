@@ -130,6 +130,8 @@ class ShmReceiver {
   // How long the reader stands aside between an operation's waits (5 ms
   // unless set; tests lengthen it). Any thread; the next slice takes it.
   void set_stand_aside(absl::Duration d);
+  // How many times the reader has begun standing aside (tests).
+  uint64_t stand_asides() const;
 
  private:
   class Tap;

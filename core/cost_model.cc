@@ -64,6 +64,45 @@ double TreeLoad(int n, bool both) {
   return both ? most / 2.0 : most;
 }
 
+// The ring on two or more hosts, in host order (the membership's ring
+// order keeps a host's ranks adjacent): of its G edges H cross between
+// hosts, the others stay inside one. `steps` steps of `piece` bytes, each
+// bounded by the slower of
+//   - the cycle: each step's piece moves one hop around a ring that is
+//     pipelined by chunks, so a step costs on average a hop whose latency
+//     is a net one H times in G and a local one G-H times in G;
+//   - the host's NIC: one edge each way carries every step's piece;
+//   - a link inside a host, which carries it too.
+// nullopt where the hosts or a level are not known (the flat formula
+// then). Measured on network namespaces with 2 ms between hosts
+// (docs/scaling.md): the ring's time within 15 % of this, where charging
+// every step a net hop predicted twice the time.
+std::optional<double> RingOnHosts(const RingShape& shape, double steps,
+                                  double piece, const LinkModel& m) {
+  const int h = shape.hosts();
+  if (h < 2 || !m.local.known() || !m.net.known()) return std::nullopt;
+  const double g = shape.world;
+  const double cycle =
+      (h * m.net.Message(piece) + (g - h) * m.local.Message(piece)) / g;
+  return steps * std::max({cycle, piece / m.net.bytes_per_s,
+                           piece / m.local.bytes_per_s});
+}
+
+// The double binary tree of `nodes` nodes over links of `level`: the
+// buffer goes up ceil(log2 nodes) levels and comes down as many, chunk by
+// chunk (half the buffer through each tree from two chunks up), each hop a
+// chunk's store and forward: the first chunk's hops, then the busiest
+// link's share of the whole buffer (TreeLoad). One chunk (up to 1 MiB)
+// pays every hop's latency and transfer in turn.
+double TreeSeconds(int nodes, double s, const LevelCost& level) {
+  const bool both = s >= kTreeSplitBytes;
+  const double part = both ? s / 2 : s;
+  const double chunk = std::min(part, kModelChunkBytes);
+  const int hops = 2 * CeilLog2(nodes);
+  return hops * level.alpha_s + (hops - 1) * chunk / level.bytes_per_s +
+         TreeLoad(nodes, both) * s / level.bytes_per_s;
+}
+
 int Widest(const RingShape& shape) {
   return shape.host_sizes.empty()
              ? 1
@@ -82,6 +121,9 @@ std::optional<double> AllReduce(const RingShape& shape, Algorithm algorithm,
   switch (algorithm) {
     case Algorithm::kRing:
       if (flat == nullptr) return std::nullopt;
+      if (auto t = RingOnHosts(shape, 2.0 * (g_world - 1), s / g_world, m)) {
+        return *t;
+      }
       return 2.0 * (g_world - 1) * flat->Message(s / g_world);
     case Algorithm::kRecursiveDoubling: {
       if (flat == nullptr) return std::nullopt;
@@ -138,13 +180,10 @@ std::optional<double> AllReduce(const RingShape& shape, Algorithm algorithm,
     case Algorithm::kTree: {
       if (shape.hosts() < 2) {
         if (flat == nullptr) return std::nullopt;
-        return 2.0 * CeilLog2(g_world) * flat->alpha_s +
-               TreeLoad(g_world, s >= kTreeSplitBytes) * s / flat->bytes_per_s;
+        return TreeSeconds(g_world, s, *flat);
       }
       if (!m.net.known()) return std::nullopt;
-      double t = 2.0 * CeilLog2(shape.hosts()) * m.net.alpha_s +
-                 TreeLoad(shape.hosts(), s >= kTreeSplitBytes) * s /
-                     m.net.bytes_per_s;
+      double t = TreeSeconds(shape.hosts(), s, m.net);
       const int widest = Widest(shape);
       if (widest >= 2) {
         // A host's ranks to its leader and back: the leader's inbox takes
@@ -183,6 +222,7 @@ std::optional<double> Sliced(const RingShape& shape, Algorithm algorithm,
   }
   const LevelCost* flat = FlatLevel(shape, m);
   if (flat == nullptr) return std::nullopt;
+  if (auto t = RingOnHosts(shape, g_world - 1.0, s / g_world, m)) return *t;
   return (g_world - 1) * flat->Message(s / g_world);
 }
 
@@ -200,9 +240,11 @@ int RingShape::per_host() const {
   return host_sizes[0];
 }
 
-std::optional<double> PredictSeconds(const RingShape& shape, OpKind kind,
-                                     Algorithm algorithm, double bytes,
-                                     const LinkModel& model) {
+namespace {
+
+std::optional<double> DataPhaseSeconds(const RingShape& shape, OpKind kind,
+                                       Algorithm algorithm, double bytes,
+                                       const LinkModel& model) {
   switch (kind) {
     case OpKind::kAllReduce:
       return AllReduce(shape, algorithm, bytes, model);
@@ -245,6 +287,32 @@ std::optional<double> PredictSeconds(const RingShape& shape, OpKind kind,
     default:
       return std::nullopt;
   }
+}
+
+}  // namespace
+
+std::optional<double> FingerprintPassSeconds(const RingShape& shape,
+                                             OpKind kind, Algorithm algorithm,
+                                             const LinkModel& model) {
+  if (shape.world <= 1) return 0.0;
+  if (kind == OpKind::kAllReduce &&
+      algorithm == Algorithm::kRecursiveDoubling) {
+    return 0.0;
+  }
+  const LevelCost* flat = FlatLevel(shape, model);
+  if (flat == nullptr) return std::nullopt;
+  return flat->alpha_s;
+}
+
+std::optional<double> PredictSeconds(const RingShape& shape, OpKind kind,
+                                     Algorithm algorithm, double bytes,
+                                     const LinkModel& model) {
+  const std::optional<double> data =
+      DataPhaseSeconds(shape, kind, algorithm, bytes, model);
+  const std::optional<double> pass =
+      FingerprintPassSeconds(shape, kind, algorithm, model);
+  if (!data.has_value() || !pass.has_value()) return std::nullopt;
+  return *data + *pass;
 }
 
 std::optional<ModelChoice> BestByModel(const RingShape& shape, OpKind kind,

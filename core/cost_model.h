@@ -12,8 +12,11 @@
 // them: two-level's g rings, naive's g (G-g) copies, recursive doubling's
 // cross-host rounds (g buffers; its first log2 g rounds stay inside the
 // host when g is a power of two). The ring in host order crosses each
-// host boundary once each way, and the double binary tree moves half a
-// buffer per edge of either tree, so both are charged per link.
+// host boundary once each way: each step is bound by its NIC's share (one
+// edge) or by the cycle of hops around the ring, a net hop H times in G,
+// a local one otherwise. The double binary tree moves half a buffer per
+// edge of either tree, charged per link, and its first chunk is stored
+// and forwarded at every hop.
 #ifndef HALKA_CORE_COST_MODEL_H_
 #define HALKA_CORE_COST_MODEL_H_
 
@@ -61,13 +64,27 @@ struct RingShape {
 // Predicted seconds for `kind` over a whole buffer of `bytes` (an
 // all-gather's result, a reduce-scatter's input, as nccl-tests counts)
 // with `algorithm` as it runs on `shape` (two_level on a shape it cannot
-// use runs the ring, and is predicted as the ring). nullopt where the
+// use runs the ring, and is predicted as the ring): its data phase and
+// its fingerprint pass (FingerprintPassSeconds). nullopt where the
 // model has no formula (the parameter server, collectives other than
 // all-reduce, reduce-scatter, all-gather, broadcast) or lacks a level the
 // algorithm uses.
 std::optional<double> PredictSeconds(const RingShape& shape, OpKind kind,
                                      Algorithm algorithm, double bytes,
                                      const LinkModel& model);
+// The fingerprint pass that precedes the data (core/communicator.cc
+// AgreeOnFingerprints): one hop at the level a flat algorithm moves at
+// (every rank sends its fingerprint to every rank), where recursive
+// doubling's all-reduce carries them on its data frames (0). The ring's
+// first step leaves while the pass is under way, but no chunk is reduced
+// before it ends. Measured on the delayed test bed (docs/scaling.md) the
+// ring, two-level and naive took about one net hop more than their data
+// phase. Worlds above all_to_all_max_world pass the fingerprints around
+// the ring, which this does not price. 0 on one rank; nullopt without the
+// level.
+std::optional<double> FingerprintPassSeconds(const RingShape& shape,
+                                             OpKind kind, Algorithm algorithm,
+                                             const LinkModel& model);
 
 // What AUTO may run for `kind` of `bytes` on `shape`, as
 // ResolveAlgorithm allows it, in the order ties go: the ring; two-level

@@ -144,15 +144,8 @@ allreduce_all() {
 # h sent during the timed ones. HOST_ID_MODE: "default" or "own".
 declare -a TX
 run_job() {
-  local tag=$1 mode=$2 job="mh-$1-$$" r h names=() before=() extra
-  for (( r = 0; r < G; ++r )); do
-    h=$(host_of $r)
-    extra=()
-    [[ $mode == own ]] && extra=(--host_id="$tag-w$r")
-    start_daemon "$tag.w$r" ip netns exec "${P}h$h" "$WORKER_BIN" \
-      --rendezvous="$RDV_ADDR" --job="$job" --world_size=$G --worker_id="w$r" \
-      --rank=$r --listen="$(addr_host $h):$(port_of $r)" "${extra[@]}"
-  done
+  local tag=$1 mode=$2 job="mh-$1-$$" r
+  netns_start_workers "$tag" "$mode" "$job"
   for (( r = 0; r < G; ++r )); do
     wait_for_line "$tag.w$r" "^halka-worker serving on " 15
     wait_for_line "$tag.w$r" "joined job $job: rank $r of $G" 30 "$SYS_LOG/$tag.w$r.err"

@@ -6,6 +6,7 @@
 #                           kernel or the permissions do not allow it)
 #   netns_make_switch       the same without the checks (returns 1 on failure)
 #   netns_add_host S ADDR   namespace ${P}S, eth0=ADDR/24 on br0
+#   netns_start_workers TAG MODE JOB [FLAG...]  a job's G workers on the hosts
 #   netns_cleanup           stop this test's processes, remove its namespaces
 # NETNS_MADE lists the namespaces this test created (removed by id).
 
@@ -88,6 +89,25 @@ netns_cap_host() {  # netns_cap_host SHORT RATE: tbf on the host's link, both wa
     burst 256kb latency 400ms || return 1
   ip netns exec "$SW" tc qdisc replace dev "h$1" root tbf rate "$2" \
     burst 256kb latency 400ms || return 1
+}
+
+# netns_start_workers TAG MODE JOB [FLAG...]: G workers of job JOB, rank r
+# named TAG.wR in host host_of(r)'s namespace ${P}hH, listening on
+# addr_host(H):port_of(r) (the caller defines G, RDV_ADDR, WORKER_BIN and
+# those three functions). MODE "own": each names a host of its own
+# (--host_id), so the ring keeps rank order; "default": they name their
+# namespace's host. FLAGs go to every worker.
+netns_start_workers() {
+  local tag=$1 mode=$2 job=$3 r h extra
+  shift 3
+  for (( r = 0; r < G; ++r )); do
+    h=$(host_of "$r")
+    extra=()
+    [[ $mode == own ]] && extra=(--host_id="$tag-w$r")
+    start_daemon "$tag.w$r" ip netns exec "${P}h$h" "$WORKER_BIN" \
+      --rendezvous="$RDV_ADDR" --job="$job" --world_size="$G" --worker_id="w$r" \
+      --rank="$r" --listen="$(addr_host "$h"):$(port_of "$r")" "${extra[@]}" "$@"
+  done
 }
 
 netns_add_host() {  # netns_add_host SHORT ADDR

@@ -8,10 +8,12 @@
 //   - a one-way propagation delay (--delay_us),
 //   - its receiving host's downlink has serialised it (the same rate),
 // so that each host has one NIC of that rate each way, and a packet's
-// one-way latency is at least the delay (the round trip twice it). Packets
-// for an address nobody owns, and non-IPv4 packets, are dropped; so is a
-// packet that would take a host's queued bytes past --queue_kib (a tail
-// drop, as a switch's: TCP backs off).
+// one-way latency is at least the delay (the round trip twice it). The
+// downlink takes packets in the order they reach it (the switch's egress
+// port), whichever host sent them. Packets for an address nobody owns, and
+// non-IPv4 packets, are dropped; so is a packet that finds more than
+// --queue_kib waiting for a host's uplink or downlink (a tail drop, as a
+// NIC's or a switch port's: TCP backs off).
 //
 // Usage (as root):
 //   halka-delaynet --delay_us=2000 [--rate_mbit=1000] [--queue_kib=4096]
@@ -100,14 +102,19 @@ struct Host {
   int fd = -1;
   int64_t up_free_ns = 0;    // its uplink is busy until then
   int64_t down_free_ns = 0;  // its downlink
-  int64_t queued = 0;        // bytes read from it, not yet delivered
-  uint64_t sent_packets = 0, sent_bytes = 0, dropped = 0;
+  uint64_t sent_packets = 0, sent_bytes = 0;
+  uint64_t dropped_up = 0;    // its uplink's queue was full
+  uint64_t dropped_down = 0;  // its downlink's queue was full
+  uint64_t write_failed = 0;  // its tun0 refused a packet (its queue full)
 };
 
+// A packet between hosts: first due at the switch (sent, and the delay
+// past), then due at its receiver once the downlink has serialised it.
 struct Packet {
   int64_t due_ns;
   uint64_t seq;  // FIFO among packets due at the same time
   int from, to;
+  bool at_switch;
   std::vector<uint8_t> bytes;
 };
 struct Later {
@@ -152,11 +159,20 @@ int main(int argc, char** argv) {
   if (delay_us < 0 || hosts.size() < 2) {
     Die("usage: halka-delaynet --delay_us=N [--rate_mbit=M] [--queue_kib=K] NS=ADDR NS=ADDR ...");
   }
+  // The stop signals are taken only inside ppoll (its mask), so one that
+  // comes between the loop's look at g_stop and the sleep is not lost.
   struct sigaction sa;
   std::memset(&sa, 0, sizeof(sa));
   sa.sa_handler = OnSignal;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  sigset_t stops, sleep_mask;
+  sigemptyset(&stops);
+  sigaddset(&stops, SIGTERM);
+  sigaddset(&stops, SIGINT);
+  sigprocmask(SIG_BLOCK, &stops, &sleep_mask);
+  sigdelset(&sleep_mask, SIGTERM);
+  sigdelset(&sleep_mask, SIGINT);
   std::map<uint32_t, int> owner;
   for (size_t i = 0; i < hosts.size(); ++i) {
     hosts[i].fd = MakeTun(hosts[i].ns);
@@ -172,6 +188,10 @@ int main(int argc, char** argv) {
   auto serialise = [&](size_t n) -> int64_t {
     return rate_mbit > 0 ? static_cast<int64_t>(n) * 8000 / rate_mbit : 0;
   };
+  // Bytes waiting for a NIC that is busy `backlog_ns` more.
+  auto waiting = [&](int64_t backlog_ns) -> int64_t {
+    return std::max<int64_t>(0, backlog_ns) * rate_mbit / 8000;
+  };
   const int64_t delay_ns = delay_us * 1000;
   const int64_t queue_bytes = queue_kib * 1024;
   std::priority_queue<Packet*, std::vector<Packet*>, Later> due;
@@ -185,9 +205,27 @@ int main(int argc, char** argv) {
       Packet* p = due.top();
       due.pop();
       Host& to = hosts[p->to];
+      const int64_t size = static_cast<int64_t>(p->bytes.size());
+      if (p->at_switch) {
+        // At the receiver's port, in arrival order: its downlink next.
+        const int64_t arrived = p->due_ns;
+        if (rate_mbit > 0 &&
+            waiting(to.down_free_ns - arrived) + size > queue_bytes) {
+          ++to.dropped_down;
+          delete p;
+          continue;
+        }
+        to.down_free_ns = std::max(to.down_free_ns, arrived) + serialise(size);
+        p->due_ns = to.down_free_ns;
+        p->seq = seq++;
+        p->at_switch = false;
+        due.push(p);
+        continue;
+      }
       // A full device queue drops it, as a NIC's ring would.
-      (void)!write(to.fd, p->bytes.data(), p->bytes.size());
-      hosts[p->from].queued -= static_cast<int64_t>(p->bytes.size());
+      if (write(to.fd, p->bytes.data(), p->bytes.size()) != size) {
+        ++to.write_failed;
+      }
       delete p;
     }
     for (size_t i = 0; i < hosts.size(); ++i) fds[i] = {hosts[i].fd, POLLIN, 0};
@@ -199,7 +237,7 @@ int main(int argc, char** argv) {
       wait.tv_nsec = left % 1000000000;
       waitp = &wait;
     }
-    const int n = ppoll(fds.data(), fds.size(), waitp, nullptr);
+    const int n = ppoll(fds.data(), fds.size(), waitp, &sleep_mask);
     if (n < 0) {
       if (errno == EINTR) continue;
       Die("ppoll: " + std::string(strerror(errno)));
@@ -207,6 +245,9 @@ int main(int argc, char** argv) {
     if (n == 0) continue;
     now = NowNs();
     for (size_t i = 0; i < hosts.size(); ++i) {
+      if ((fds[i].revents & (POLLERR | POLLHUP | POLLNVAL)) != 0) {
+        Die("tun0 of " + hosts[i].ns + " failed (removed?)");
+      }
       if ((fds[i].revents & POLLIN) == 0) continue;
       for (int burst = 0; burst < 64; ++burst) {  // then look at the others
         const ssize_t got = read(hosts[i].fd, buf.data(), buf.size());
@@ -223,18 +264,15 @@ int main(int argc, char** argv) {
           ++unroutable;
           continue;
         }
-        if (from.queued + got > queue_bytes) {
-          ++from.dropped;
+        if (rate_mbit > 0 &&
+            waiting(from.up_free_ns - now) + got > queue_bytes) {
+          ++from.dropped_up;
           continue;
         }
-        Host& to = hosts[it->second];
         from.up_free_ns = std::max(from.up_free_ns, now) + serialise(got);
-        const int64_t arrives = from.up_free_ns + delay_ns;
-        to.down_free_ns = std::max(to.down_free_ns, arrives) + serialise(got);
-        auto* p = new Packet{to.down_free_ns, seq++, static_cast<int>(i),
-                             it->second,
+        auto* p = new Packet{from.up_free_ns + delay_ns, seq++,
+                             static_cast<int>(i), it->second, true,
                              std::vector<uint8_t>(buf.data(), buf.data() + got)};
-        from.queued += got;
         ++from.sent_packets;
         from.sent_bytes += static_cast<uint64_t>(got);
         due.push(p);
@@ -242,10 +280,13 @@ int main(int argc, char** argv) {
     }
   }
   for (const Host& h : hosts) {
-    std::printf("halka-delaynet: %s sent %llu packets, %llu B, dropped %llu\n",
+    std::printf("halka-delaynet: %s sent %llu packets, %llu B; dropped %llu "
+                "at its uplink, %llu at its downlink; its tun0 refused %llu\n",
                 h.ns.c_str(), static_cast<unsigned long long>(h.sent_packets),
                 static_cast<unsigned long long>(h.sent_bytes),
-                static_cast<unsigned long long>(h.dropped));
+                static_cast<unsigned long long>(h.dropped_up),
+                static_cast<unsigned long long>(h.dropped_down),
+                static_cast<unsigned long long>(h.write_failed));
   }
   std::printf("halka-delaynet: %llu packets with no owner dropped\n",
               static_cast<unsigned long long>(unroutable));

@@ -132,6 +132,11 @@ TEST(CostModel, FlatAlgorithmsOnSeveralHostsMoveAtTheNetLevel) {
       Predict(RingShape{8, {2, 2, 2, 2}}, OpKind::kAllReduce, Algorithm::kRing,
               8e3, m),
       14 * (4 * (1e-4 + 1e3 / 1e9) + 4 * (1e-6 + 1e3 / 1e10)) / 8, kTol);
+  // Of 6 ranks on 2 hosts of 3, 2 net hops in 6.
+  EXPECT_NEAR(
+      Predict(RingShape{6, {3, 3}}, OpKind::kAllReduce, Algorithm::kRing,
+              6e3, m),
+      10 * (2 * (1e-4 + 1e3 / 1e9) + 4 * (1e-6 + 1e3 / 1e10)) / 6, kTol);
   // On one host the same ring moves at the local level.
   EXPECT_NEAR(Predict(RingShape{4, {4}}, OpKind::kAllReduce, Algorithm::kRing,
                       4e6, m),
@@ -435,7 +440,7 @@ TEST(CostModel, AutoRanksByTheJobsModelWhereItHasOne) {
             *PredictSeconds(RingShape{4, {2, 2}}, OpKind::kReduceScatter,
                             Algorithm::kRing, 16000, *slow_local.link_model));
   // Between hosts 2 ms away, a 1 MiB all-reduce on 4 x 2: the tree's one
-  // chunk is stored and forwarded at each of its 4 hops (4 x 12 ms), where
+  // chunk is stored and forwarded at each of its 4 hops (4 x 13 ms), where
   // the ring's pipelined steps are bound by the NIC: the ring, not the
   // tree (as measured on the delayed test bed, docs/scaling.md).
   CommConfig far = HostsOfTwo(LinkModel{LevelCost{23e-6, 0.86e9},

@@ -248,12 +248,12 @@ std::optional<Inbox::Event> Inbox::NextOnTaps(int from, uint64_t op_seq,
   }
   const bool poll = polled == taps.size() && polled > 0 && !aside &&
                     wake_fd_.load() >= 0;
-  if (!poll) LeaveTapsToReaders(/*polled_only=*/true);
   if (poll) {
     std::optional<Event> ev = NextWithTaps(from, op_seq, watch, deadline,
                                            std::move(taps), /*polled=*/true);
     if (ev.has_value()) return ev;
   } else if (polled < taps.size()) {
+    const bool sockets = polled > 0;
     EraseIf(taps, [](const std::shared_ptr<InboxTap>& t) {
       return t->polled();
     });
@@ -262,11 +262,15 @@ std::optional<Inbox::Event> Inbox::NextOnTaps(int from, uint64_t op_seq,
     // was slower than leaving the rings to their readers
     // (docs/performance.md).
     if (taps.size() <= kMaxTapsWaited && FutexWaitAnyWorks()) {
+      // The rings are this wait's, the sockets their readers'.
+      if (sockets) LeaveTapsToReaders(/*polled_only=*/true);
       std::optional<Event> ev = NextWithTaps(
           from, op_seq, watch, deadline, std::move(taps), /*polled=*/false);
       if (ev.has_value()) return ev;
     }
   }
+  // Not waited on here (none, or they cannot be): Next leaves every tap to
+  // its reader.
   return std::nullopt;
 }
 

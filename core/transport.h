@@ -376,7 +376,7 @@ class Inbox {
   // group's frames): the wire links' readers (`polled_only`: only they,
   // before a Next that sleeps on the rings but not the sockets), or every
   // tap's, rings' too (before a wait that reads none of them: NextPeer,
-  // WaitFirstOpSeq, a Next that cannot sleep on its taps).
+  // WaitFirstOpSeq, a Next that cannot sleep on its taps; once per wait).
   void LeaveTapsToReaders(bool polled_only);
   // A group's inbox: the job's inbox that routes its frames (AttachGroup;
   // null once detached). The job's inbox outlives its groups' (SubRing).

@@ -50,6 +50,17 @@
 #                      its ranks on one host talk TCP over loopback); its
 #                      own algorithm choice; mean of the slowest rank's
 #                      time per operation, as compare.sh reports it
+#   --gloo             also Gloo on the same namespaces (bench/compare/
+#                      gloo_bench.cc in process mode, built with g++ and
+#                      -lgloo unless --gloo-bench PATH): one process per
+#                      rank, host by host as for Open MPI, each rank's TCP
+#                      device on its host's tun0 address, rendezvous through
+#                      a gloo FileStore in the log directory; median of the
+#                      slowest rank's time per operation
+#   --gloo-algos "allreduce halving_doubling"  which of gloo_bench's
+#                      algorithms (allreduce: gloo::allreduce, what
+#                      torch.distributed's gloo backend calls; also
+#                      ring_chunked, ring)
 #   --trace-dir DIR    after each cell, every rank's timeline of its last
 #                      operations (halkactl trace: Chrome trace JSON) in
 #                      DIR/JOB.ALGO.SIZE.json
@@ -65,7 +76,8 @@ source "$REPO/tests/system/lib.sh"
 source "$REPO/tests/system/netns.sh"
 
 BUILD_ARG="" H=4 PER=2 DELAY=2000 RATE=1000 REPEAT=10 OUT="" TRACE_DIR=""
-MPI=0 MPI_BENCH="" WORKER_ARGS=""
+MPI=0 MPI_BENCH="" WORKER_ARGS="" GLOO=0 GLOO_BENCH=""
+GLOO_ALGOS="allreduce halving_doubling"
 SIZES="4K 16K 64K 256K 1M 4M"
 ALGOS="ring two_level tree recursive_doubling auto"
 JOIN_ALGOS="ring"
@@ -84,6 +96,9 @@ while (( $# )); do
     --mpi) MPI=1; shift ;;
     --worker-args) WORKER_ARGS=$2; shift 2 ;;
     --mpi-bench) MPI=1; MPI_BENCH=$2; shift 2 ;;
+    --gloo) GLOO=1; shift ;;
+    --gloo-bench) GLOO=1; GLOO_BENCH=$2; shift 2 ;;
+    --gloo-algos) GLOO=1; GLOO_ALGOS=$2; shift 2 ;;
     -*) echo "FAIL: unknown option $1"; exit 1 ;;
     *) BUILD_ARG=$1; shift ;;
   esac
@@ -275,6 +290,46 @@ PY
   done
 fi
 
+if (( GLOO )); then
+  if [[ -z $GLOO_BENCH ]]; then
+    command -v g++ >/dev/null || fail "--gloo: no g++ to build gloo_bench (or pass --gloo-bench PATH)"
+    g++ -O2 -std=c++20 -pthread "$REPO/bench/compare/gloo_bench.cc" -o "$SYS_LOG/gloo_bench" -lgloo ||
+      fail "--gloo: cannot build bench/compare/gloo_bench.cc (apt-get install libgloo-dev)"
+    GLOO_BENCH=$SYS_LOG/gloo_bench
+  fi
+  for algo in $GLOO_ALGOS; do
+    for size in $SIZES; do
+      name="gloo.$algo.$size" names=()
+      store="$SYS_LOG/$name.store"
+      rm -rf "$store"; mkdir -p "$store" || fail "$name: cannot make $store"
+      for (( r = 0; r < G; ++r )); do
+        h=$(( r / PER ))  # host by host, as Open MPI's ranks
+        run_bg "$name.r$r" ip netns exec "${P}h$h" timeout --foreground -k 10 300 \
+          "$GLOO_BENCH" --world="$G" --rank="$r" --store="$store" --addr="$(addr_host "$h")" \
+          --min="$size" --max="$size" --iters="$REPEAT" --warmup=2 --algo="$algo"
+        names+=("$name.r$r")
+      done
+      wait_bg 320 "${names[@]}"
+      for (( r = 0; r < G; ++r )); do
+        [[ "$(bg_rc "$name.r$r")" == 0 ]] ||
+          fail "$name: rank $r exited $(bg_rc "$name.r$r"): $(tail -n 5 "$SYS_LOG/$name.r$r.err")"
+      done
+      row=$(python3 - "$SYS_LOG/$name.r0.out" "$algo" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+if len(rows) != 1 or rows[0]["wrong"] != 0 or rows[0]["error"]:
+    sys.exit("want one row with 0 wrong: %s" % rows)
+r = rows[0]
+print("%.3f %.3f %.3f gloo-%s -" % (r["median_us"] / 1e3, r["min_us"] / 1e3,
+                                    r["max_us"] / 1e3, sys.argv[2]))
+PY
+) || fail "$name: $(cat "$SYS_LOG/$name.r0.out")"
+      ROWS+=("gloo $algo $size $row")
+      log "gloo $algo $size: the slowest rank's median, min, max (ms): ${row% * *}"
+    done
+  done
+fi
+
 # ------------------------------------------------------------ table
 
 {
@@ -290,7 +345,8 @@ cols = [(r["job"], r["algo"]) for r in rows]
 cols = list(dict.fromkeys(cols))
 sizes = list(dict.fromkeys(r["size"] for r in rows))
 cell = {(r["job"], r["algo"], r["size"]): r for r in rows}
-name = lambda c: {"join": "join-order " + c[1], "mpi": "Open MPI tcp"}.get(c[0], c[1])
+name = lambda c: {"join": "join-order " + c[1], "mpi": "Open MPI tcp",
+                  "gloo": "Gloo " + c[1]}.get(c[0], c[1])
 print(f"\n{h} hosts x {g} workers, {delay} us one way, {rate} Mbit/s: median ms per all-reduce (float32 sum)")
 print("| size | " + " | ".join(name(c) for c in cols) + " | auto ran | flat ring / best two-level |")
 print("|---|" + "---:|" * len(cols) + "---|---:|")

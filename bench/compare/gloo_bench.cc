@@ -33,6 +33,7 @@
 #include <gloo/allreduce_ring.h>
 #include <gloo/allreduce_ring_chunked.h>
 #include <gloo/barrier_all_to_all.h>
+#include <gloo/broadcast_one_to_all.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
@@ -271,6 +272,11 @@ int RunProcess(const Flags& flags) {
       PrintRow(flags, bytes, std::move(secs), wrong);
     }
   }
+  // Rank 0 lets the others go once it needs nothing more from them: a
+  // rank that exits closes its connections, and Gloo fails a rank that
+  // still waits on one of them ("Connection closed by peer").
+  int done = 1;
+  gloo::BroadcastOneToAll<int>(ctx, {&done}, 1, /*rootRank=*/0).run();
   return 0;
 }
 

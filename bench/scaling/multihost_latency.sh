@@ -35,7 +35,13 @@
 #   --rate-mbit R      each host's link rate each way (default 1000; 0: none)
 #   --sizes "4K 16K 64K 256K 1M 4M"       (K and M: KiB and MiB)
 #   --repeat N         timed operations per cell (default 10)
-#   --algos "ring two_level tree recursive_doubling auto"  (host order)
+#   --rounds R         run every job's cells R times over, round by round
+#                      (default 1): the table's cell is the median of the
+#                      rounds' figures (R = 2: their mean), so that a slow
+#                      minute of this machine moves every column alike;
+#                      the CSV keeps each round's row
+#   --algos "ring two_level tree recursive_doubling halving_doubling auto"
+#                      (host order)
 #   --join-algos "ring"                   (join order; "" skips that job)
 #   --out FILE         also write the table as CSV
 #   --worker-args "…"  extra flags for every halka-worker (e.g.
@@ -57,10 +63,9 @@
 #                      device on its host's tun0 address, rendezvous through
 #                      a gloo FileStore in the log directory; median of the
 #                      slowest rank's time per operation
-#   --gloo-algos "allreduce halving_doubling"  which of gloo_bench's
-#                      algorithms (allreduce: gloo::allreduce, what
-#                      torch.distributed's gloo backend calls; also
-#                      ring_chunked, ring)
+#   --gloo-algos "ring_chunked halving_doubling"  which of gloo_bench's
+#                      algorithms (also ring, and allreduce: gloo::allreduce,
+#                      what torch.distributed's gloo backend calls)
 #   --trace-dir DIR    after each cell, every rank's timeline of its last
 #                      operations (halkactl trace: Chrome trace JSON) in
 #                      DIR/JOB.ALGO.SIZE.json
@@ -75,11 +80,11 @@ source "$REPO/tests/system/lib.sh"
 # shellcheck source=tests/system/netns.sh
 source "$REPO/tests/system/netns.sh"
 
-BUILD_ARG="" H=4 PER=2 DELAY=2000 RATE=1000 REPEAT=10 OUT="" TRACE_DIR=""
+BUILD_ARG="" H=4 PER=2 DELAY=2000 RATE=1000 REPEAT=10 ROUNDS=1 OUT="" TRACE_DIR=""
 MPI=0 MPI_BENCH="" WORKER_ARGS="" GLOO=0 GLOO_BENCH=""
-GLOO_ALGOS="allreduce halving_doubling"
+GLOO_ALGOS="ring_chunked halving_doubling"
 SIZES="4K 16K 64K 256K 1M 4M"
-ALGOS="ring two_level tree recursive_doubling auto"
+ALGOS="ring two_level tree recursive_doubling halving_doubling auto"
 JOIN_ALGOS="ring"
 while (( $# )); do
   case $1 in
@@ -89,6 +94,7 @@ while (( $# )); do
     --rate-mbit) RATE=$2; shift 2 ;;
     --sizes) SIZES=$2; shift 2 ;;
     --repeat) REPEAT=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
     --algos) ALGOS=$2; shift 2 ;;
     --join-algos) JOIN_ALGOS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
@@ -103,8 +109,8 @@ while (( $# )); do
     *) BUILD_ARG=$1; shift ;;
   esac
 done
-for v in "$H" "$PER" "$REPEAT"; do
-  [[ $v =~ ^[1-9][0-9]*$ ]] || { echo "FAIL: --hosts/--per-host/--repeat take a whole number >= 1"; exit 1; }
+for v in "$H" "$PER" "$REPEAT" "$ROUNDS"; do
+  [[ $v =~ ^[1-9][0-9]*$ ]] || { echo "FAIL: --hosts/--per-host/--repeat/--rounds take a whole number >= 1"; exit 1; }
 done
 [[ $DELAY =~ ^[0-9]+$ && $RATE =~ ^[0-9]+$ ]] || { echo "FAIL: --delay-us and --rate-mbit take whole numbers"; exit 1; }
 (( H >= 2 && H <= 16 && PER <= 8 )) || { echo "FAIL: --hosts 2..16, --per-host 1..8"; exit 1; }
@@ -161,7 +167,8 @@ wait_for_line rdv "^halka-rendezvous listening on " 15
 
 # ------------------------------------------------------------ jobs
 
-ROWS=()   # "job algo size median min max ran model_ms"
+ROWS=()   # "round job algo size median min max ran model_ms"
+ROUND=1
 # start_job TAG MODE: G workers (rank r on host r mod H); MODE default or own.
 start_job() {
   local tag=$1 mode=$2 r
@@ -184,19 +191,22 @@ stop_job() {
 
 # cell TAG ALGO SIZE: every rank, REPEAT+1 checked all-reduces; one row.
 cell() {
-  local tag=$1 algo=$2 size=$3 r h names=() count name files=()
+  local tag=$1 algo=$2 size=$3 r h names=() count name files=() limit
   count=$(elements "$size")
-  name="$tag.$algo.$size"
+  # Each rank's halkactl makes and checks its buffer on these 2 shared
+  # cores: allow 2 s per operation and MiB of float32 elements on top.
+  limit=$(( 120 + count / 1048576 * (REPEAT + 1) * 2 ))
+  name="$tag.$algo.$size.$ROUND"
   for (( r = 0; r < G; ++r )); do
     h=$(host_of $r)
-    run_bg "$name.r$r" ip netns exec "${P}h$h" timeout --foreground -s KILL 120 \
+    run_bg "$name.r$r" ip netns exec "${P}h$h" timeout --foreground -s KILL "$limit" \
       "$CTL_BIN" allreduce --worker="$(addr_host "$h"):$(port_of "$r")" --algo="$algo" \
       --count="$count" --dtype=float32 --op=sum --repeat=$(( REPEAT + 1 )) \
       --timeout=60s --transfer=shm --check=true
     names+=("$name.r$r")
     files+=("$SYS_LOG/$name.r$r.out")
   done
-  wait_bg 140 "${names[@]}"
+  wait_bg $(( limit + 20 )) "${names[@]}"
   for (( r = 0; r < G; ++r )); do
     [[ "$(bg_rc "$name.r$r")" == 0 ]] ||
       fail "$name: rank $r exited $(bg_rc "$name.r$r"): $(tail -n 5 "$SYS_LOG/$name.r$r.err" "$SYS_LOG/$name.r$r.out")"
@@ -230,7 +240,7 @@ PY
   # worker's time, which also holds the rank's way back to its caller).
   awk -v m="${row%% *}" -v d="$DELAY" 'BEGIN { exit !(m * 2000 >= d) }' ||
     fail "$name: median span ${row%% *} ms is under half the one-way delay ($DELAY us): the hosts' traffic did not go through halka-delaynet"
-  ROWS+=("$tag $algo $size $row")
+  ROWS+=("$ROUND $tag $algo $size $row")
   if [[ -n $TRACE_DIR ]]; then
     mkdir -p "$TRACE_DIR"
     ip netns exec "${P}h0" timeout --foreground -s KILL 30 "$CTL_BIN" trace \
@@ -240,6 +250,7 @@ PY
   log "$tag $algo $size: median span, min, max (ms), ran, model (ms): $row"
 }
 
+halka_jobs() {
 if [[ -n $ALGOS ]]; then
   start_job host default
   for a in $ALGOS; do for s in $SIZES; do cell host "$a" "$s"; done; done
@@ -250,8 +261,10 @@ if [[ -n $JOIN_ALGOS ]]; then
   for a in $JOIN_ALGOS; do for s in $SIZES; do cell join "$a" "$s"; done; done
   stop_job join
 fi
+}
 
-if (( MPI )); then
+mpi_cells() {
+  local size ctx h row
   MPIRUN=$(command -v mpirun) || fail "--mpi: no mpirun (apt-get install openmpi-bin libopenmpi-dev)"
   if [[ -z $MPI_BENCH ]]; then
     command -v mpicxx >/dev/null || fail "--mpi: no mpicxx to build mpi_bench (or pass --mpi-bench PATH)"
@@ -268,15 +281,15 @@ if (( MPI )); then
     done
     # mpirun in host 0; its PMIx server takes its ranks' connections on
     # tun0 (the others' namespaces cannot reach its loopback).
-    run_bg "mpi.$size" ip netns exec "${P}h0" env PMIX_MCA_ptl_tcp_remote_connections=1 \
+    run_bg "mpi.$size.$ROUND" ip netns exec "${P}h0" env PMIX_MCA_ptl_tcp_remote_connections=1 \
       PMIX_MCA_ptl_tcp_if_include=tun0 OMPI_MCA_oob_tcp_if_include=tun0 \
       timeout --foreground -k 10 300 "$MPIRUN" --allow-run-as-root \
       --oversubscribe --bind-to none --mca pml ob1 --mca btl tcp,self \
       --mca btl_tcp_if_include tun0 "${ctx[@]}"
-    wait_bg 320 "mpi.$size"
-    [[ "$(bg_rc "mpi.$size")" == 0 ]] ||
-      fail "mpi $size: mpirun exited $(bg_rc "mpi.$size"): $(tail -n 5 "$SYS_LOG/mpi.$size.err")"
-    row=$(python3 - "$SYS_LOG/mpi.$size.out" <<'PY'
+    wait_bg 320 "mpi.$size.$ROUND"
+    [[ "$(bg_rc "mpi.$size.$ROUND")" == 0 ]] ||
+      fail "mpi $size: mpirun exited $(bg_rc "mpi.$size.$ROUND"): $(tail -n 5 "$SYS_LOG/mpi.$size.$ROUND.err")"
+    row=$(python3 - "$SYS_LOG/mpi.$size.$ROUND.out" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 if len(rows) != 1 or rows[0]["wrong"] != 0 or rows[0]["error"]:
@@ -284,13 +297,14 @@ if len(rows) != 1 or rows[0]["wrong"] != 0 or rows[0]["error"]:
 t = rows[0]["time_us"] / 1e3
 print("%.3f %.3f %.3f MPI_Allreduce -" % (t, t, t))
 PY
-) || fail "mpi $size: $(cat "$SYS_LOG/mpi.$size.out")"
-    ROWS+=("mpi tcp $size $row")
+) || fail "mpi $size: $(cat "$SYS_LOG/mpi.$size.$ROUND.out")"
+    ROWS+=("$ROUND mpi tcp $size $row")
     log "mpi tcp $size: mean of the slowest rank (ms): ${row%% *}"
   done
-fi
+}
 
-if (( GLOO )); then
+gloo_cells() {
+  local algo size name names store r h row
   if [[ -z $GLOO_BENCH ]]; then
     command -v g++ >/dev/null || fail "--gloo: no g++ to build gloo_bench (or pass --gloo-bench PATH)"
     g++ -O2 -std=c++20 -pthread "$REPO/bench/compare/gloo_bench.cc" -o "$SYS_LOG/gloo_bench" -lgloo ||
@@ -299,7 +313,7 @@ if (( GLOO )); then
   fi
   for algo in $GLOO_ALGOS; do
     for size in $SIZES; do
-      name="gloo.$algo.$size" names=()
+      name="gloo.$algo.$size.$ROUND" names=()
       store="$SYS_LOG/$name.store"
       rm -rf "$store"; mkdir -p "$store" || fail "$name: cannot make $store"
       for (( r = 0; r < G; ++r )); do
@@ -324,30 +338,47 @@ print("%.3f %.3f %.3f gloo-%s -" % (r["median_us"] / 1e3, r["min_us"] / 1e3,
                                     r["max_us"] / 1e3, sys.argv[2]))
 PY
 ) || fail "$name: $(cat "$SYS_LOG/$name.r0.out")"
-      ROWS+=("gloo $algo $size $row")
+      ROWS+=("$ROUND gloo $algo $size $row")
       log "gloo $algo $size: the slowest rank's median, min, max (ms): ${row% * *}"
     done
   done
-fi
+}
+
+for (( ROUND = 1; ROUND <= ROUNDS; ++ROUND )); do
+  (( ROUNDS > 1 )) && log "round $ROUND of $ROUNDS"
+  halka_jobs
+  (( MPI )) && mpi_cells
+  (( GLOO )) && gloo_cells
+done
 
 # ------------------------------------------------------------ table
 
 {
-  echo "job,algo,size,median_ms,min_ms,max_ms,ran,model_ms"
+  echo "round,job,algo,size,median_ms,min_ms,max_ms,ran,model_ms"
   for r in "${ROWS[@]}"; do tr ' ' ',' <<<"$r"; done
 } >"$SYS_LOG/cells.csv"
 [[ -n $OUT ]] && cp "$SYS_LOG/cells.csv" "$OUT"
 python3 - "$SYS_LOG/cells.csv" "$H" "$PER" "$DELAY" "$RATE" <<'PY'
-import csv, sys
+import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 h, g, delay, rate = sys.argv[2:6]
 cols = [(r["job"], r["algo"]) for r in rows]
 cols = list(dict.fromkeys(cols))
 sizes = list(dict.fromkeys(r["size"] for r in rows))
-cell = {(r["job"], r["algo"], r["size"]): r for r in rows}
+rounds = len(set(r["round"] for r in rows))
+# A cell over the rounds: the median of their figures, what auto ran in
+# any of them.
+cell = {}
+for r in rows:
+    cell.setdefault((r["job"], r["algo"], r["size"]), []).append(r)
+for k, rs in cell.items():
+    ran = sorted(set(x for r in rs for x in r["ran"].split("/")))
+    cell[k] = {"median_ms": "%.3f" % statistics.median(float(r["median_ms"]) for r in rs),
+               "ran": "/".join(ran)}
 name = lambda c: {"join": "join-order " + c[1], "mpi": "Open MPI tcp",
                   "gloo": "Gloo " + c[1]}.get(c[0], c[1])
-print(f"\n{h} hosts x {g} workers, {delay} us one way, {rate} Mbit/s: median ms per all-reduce (float32 sum)")
+print(f"\n{h} hosts x {g} workers, {delay} us one way, {rate} Mbit/s: median ms per all-reduce (float32 sum)"
+      + (f", median of {rounds} rounds" if rounds > 1 else ""))
 print("| size | " + " | ".join(name(c) for c in cols) + " | auto ran | flat ring / best two-level |")
 print("|---|" + "---:|" * len(cols) + "---|---:|")
 for s in sizes:

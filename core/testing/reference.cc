@@ -1,5 +1,6 @@
 #include "core/testing/reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -90,28 +91,37 @@ double WrapToType(DType dtype, double v) {
 
 }  // namespace
 
-std::vector<uint8_t> MakeRankData(DType dtype, ReduceOp op, size_t count,
-                                  int rank, uint64_t seed) {
-  const size_t es = DTypeSize(dtype);
-  std::vector<uint8_t> out(count * es);
-  std::mt19937_64 rng(seed * 1000003u + static_cast<uint64_t>(rank) * 7919u +
-                      static_cast<uint64_t>(dtype) * 31u +
-                      static_cast<uint64_t>(op));
-  const bool prod = op == ReduceOp::kProd;
-  if (IsFloatingPoint(dtype)) {
+RankDataStream::RankDataStream(DType dtype, ReduceOp op, int rank,
+                               uint64_t seed)
+    : dtype_(dtype),
+      prod_(op == ReduceOp::kProd),
+      rng_(seed * 1000003u + static_cast<uint64_t>(rank) * 7919u +
+           static_cast<uint64_t>(dtype) * 31u + static_cast<uint64_t>(op)),
+      range_(IntegerRange(dtype, prod_)) {}
+
+void RankDataStream::Fill(uint8_t* out, size_t count) {
+  const size_t es = DTypeSize(dtype_);
+  // The distributions keep no state between calls: a buffer made a block
+  // at a time has the same elements as one made at once.
+  if (IsFloatingPoint(dtype_)) {
     std::uniform_real_distribution<double> mag(0.5, 1.5);
     for (size_t i = 0; i < count; ++i) {
-      double v = mag(rng);
-      if (!prod && (rng() & 1)) v = -v;
-      StoreDouble(dtype, v, out.data() + i * es);
+      double v = mag(rng_);
+      if (!prod_ && (rng_() & 1)) v = -v;
+      StoreDouble(dtype_, v, out + i * es);
     }
   } else {
-    const auto [lo, hi] = IntegerRange(dtype, prod);
-    std::uniform_int_distribution<int> dist(lo, hi);
+    std::uniform_int_distribution<int> dist(range_.first, range_.second);
     for (size_t i = 0; i < count; ++i) {
-      StoreDouble(dtype, dist(rng), out.data() + i * es);
+      StoreDouble(dtype_, dist(rng_), out + i * es);
     }
   }
+}
+
+std::vector<uint8_t> MakeRankData(DType dtype, ReduceOp op, size_t count,
+                                  int rank, uint64_t seed) {
+  std::vector<uint8_t> out(count * DTypeSize(dtype));
+  RankDataStream(dtype, op, rank, seed).Fill(out.data(), count);
   return out;
 }
 
@@ -195,15 +205,19 @@ double Tolerance(DType dtype, int world_size) {
   return (world_size + 1) * unit;
 }
 
-CheckResult CheckAllReduce(DType dtype, ReduceOp op,
-                           const std::vector<std::vector<uint8_t>>& inputs,
-                           const void* result, size_t count) {
-  CheckResult out;
+namespace {
+
+// CheckAllReduce's comparison of `count` elements, one input per rank;
+// element i is element first + i of the whole buffer (for `out.first`).
+void CheckElements(DType dtype, ReduceOp op,
+                   const std::vector<const uint8_t*>& inputs,
+                   const void* result, size_t count, size_t first,
+                   CheckResult& out) {
   const int g = static_cast<int>(inputs.size());
   const double tol = Tolerance(dtype, g);
   const bool integer = !IsFloatingPoint(dtype);
   for (size_t i = 0; i < count; ++i) {
-    double acc = ElementAsDouble(dtype, inputs[0].data(), i);
+    double acc = ElementAsDouble(dtype, inputs[0], i);
     double mag = std::fabs(acc);
     // bool: SUM is an or (MAX on 0/1), PROD an and (MIN).
     const ReduceOp as = dtype != DType::kBool ? op
@@ -211,7 +225,7 @@ CheckResult CheckAllReduce(DType dtype, ReduceOp op,
                         : op == ReduceOp::kProd ? ReduceOp::kMin
                                                 : op;
     for (int r = 1; r < g; ++r) {
-      const double v = ElementAsDouble(dtype, inputs[static_cast<size_t>(r)].data(), i);
+      const double v = ElementAsDouble(dtype, inputs[static_cast<size_t>(r)], i);
       mag += std::fabs(v);
       switch (as) {
         case ReduceOp::kSum:
@@ -248,9 +262,45 @@ CheckResult CheckAllReduce(DType dtype, ReduceOp op,
     }
     if (!ok && out.wrong++ == 0) {
       out.first = absl::StrFormat(
-          "element %d: got %.17g, expected %.17g (tolerance %.3g relative)", i,
-          got, acc, tol);
+          "element %d: got %.17g, expected %.17g (tolerance %.3g relative)",
+          first + i, got, acc, tol);
     }
+  }
+}
+
+}  // namespace
+
+CheckResult CheckAllReduce(DType dtype, ReduceOp op,
+                           const std::vector<std::vector<uint8_t>>& inputs,
+                           const void* result, size_t count) {
+  CheckResult out;
+  std::vector<const uint8_t*> in;
+  for (const std::vector<uint8_t>& v : inputs) in.push_back(v.data());
+  CheckElements(dtype, op, in, result, count, 0, out);
+  return out;
+}
+
+CheckResult CheckAllReduceOfRankData(DType dtype, ReduceOp op, int world,
+                                     uint64_t seed, const void* result,
+                                     size_t count) {
+  constexpr size_t kBlock = size_t{1} << 16;  // elements
+  const size_t es = DTypeSize(dtype);
+  std::vector<RankDataStream> streams;
+  std::vector<std::vector<uint8_t>> blocks(static_cast<size_t>(world));
+  std::vector<const uint8_t*> in;
+  for (int r = 0; r < world; ++r) {
+    streams.emplace_back(dtype, op, r, seed);
+    blocks[static_cast<size_t>(r)].resize(kBlock * es);
+    in.push_back(blocks[static_cast<size_t>(r)].data());
+  }
+  CheckResult out;
+  const uint8_t* res = static_cast<const uint8_t*>(result);
+  for (size_t at = 0; at < count; at += kBlock) {
+    const size_t n = std::min(kBlock, count - at);
+    for (int r = 0; r < world; ++r) {
+      streams[static_cast<size_t>(r)].Fill(blocks[static_cast<size_t>(r)].data(), n);
+    }
+    CheckElements(dtype, op, in, res + at * es, n, at, out);
   }
   return out;
 }

@@ -5,7 +5,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -18,6 +20,21 @@ namespace halka {
 // integers in [-1000, 1000] (PROD: [-3, 3]).
 std::vector<uint8_t> MakeRankData(DType dtype, ReduceOp op, size_t count,
                                   int rank, uint64_t seed);
+
+// MakeRankData's elements a block at a time: each Fill writes the next
+// `count` elements (the same bytes MakeRankData makes, from where the last
+// Fill stopped), for checking a buffer too large to hold every rank's.
+class RankDataStream {
+ public:
+  RankDataStream(DType dtype, ReduceOp op, int rank, uint64_t seed);
+  void Fill(uint8_t* out, size_t count);
+
+ private:
+  DType dtype_;
+  bool prod_;
+  std::mt19937_64 rng_;
+  std::pair<int, int> range_;  // integers: [lo, hi]
+};
 
 // MakeRankData of ranks 0..world_size-1, by rank.
 std::vector<std::vector<uint8_t>> MakeRanksData(DType dtype, ReduceOp op,
@@ -43,6 +60,13 @@ struct CheckResult {
 CheckResult CheckAllReduce(DType dtype, ReduceOp op,
                            const std::vector<std::vector<uint8_t>>& inputs,
                            const void* result, size_t count);
+
+// CheckAllReduce of MakeRankData(dtype, op, count, r, seed) for ranks r
+// of [0, world), made and compared a block at a time: memory for `world`
+// blocks, not `world` buffers (halkactl's check of a large all-reduce).
+CheckResult CheckAllReduceOfRankData(DType dtype, ReduceOp op, int world,
+                                     uint64_t seed, const void* result,
+                                     size_t count);
 
 // Reduce-scatter: `inputs` hold world x recv_count elements per rank;
 // `result` (recv_count elements) is rank `rank`'s, checked as

@@ -5,6 +5,7 @@
 #ifndef HALKA_BENCH_COMPARE_BENCH_ARGS_H_
 #define HALKA_BENCH_COMPARE_BENCH_ARGS_H_
 
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <string>
@@ -68,6 +69,15 @@ bool ParseSizeFlag(const std::string& key, const std::string& value,
   else if (key == "warmup") f.warmup = ParseInt(value, 0, fail);
   else return false;
   return true;
+}
+
+// Seconds on the wall clock (since the epoch): the one clock that ranks in
+// several network namespaces of one kernel share, for an iteration's span
+// from the last rank's start to the last rank's end.
+inline double WallSeconds() {
+  return std::chrono::duration<double>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 // Each rank's float32 input: small integers, so every sum is exact.

@@ -15,8 +15,13 @@
 // Per size: warm-up iterations, then timed iterations; each iteration
 // starts together on every rank (a barrier), and its time is the slowest
 // rank's. Output: one JSON object per size, with the same fields
-// halkactl bench --json prints (time_us: the mean; busbw_gbs, wrong), and
-// median_us, min_us and max_us of the timed iterations.
+// halkactl bench --json prints (time_us: the mean; busbw_gbs; wrong: every
+// rank's wrong elements in thread mode, the most any rank had in process
+// mode), and median_us, min_us and max_us of the timed iterations; in
+// process mode also their spans on the wall clock, from the last rank's
+// start to the last rank's end (span_median_us, span_min_us, span_max_us:
+// what multihost_latency.sh compares with halka's; the slowest rank's time
+// also holds its wait for a rank that left the barrier later).
 //
 //   gloo_bench --world=4 --min=1M --max=64M --factor=4 --iters=5 --warmup=1
 //              [--algo=ring_chunked|ring|halving_doubling|allreduce]
@@ -133,28 +138,43 @@ std::shared_ptr<gloo::transport::Device> MakeDevice(const std::string& addr) {
 
 // One size's row from the slowest rank's seconds per iteration (warm-up
 // first) and the wrong elements of every rank.
+// The median of `v` (sorted in place); 0 when empty.
+double Median(std::vector<double>& v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// `spans` (process mode): each timed iteration's, from the last rank's
+// start to the last rank's end on the wall clock.
 void PrintRow(const Flags& flags, size_t bytes, std::vector<double> slowest,
-              size_t wrong) {
+              size_t wrong, std::vector<double> spans = {}) {
   const int g = flags.world;
   slowest.erase(slowest.begin(), slowest.begin() + flags.warmup);
   double sum = 0;
   for (double s : slowest) sum += s;
   const double t = sum / static_cast<double>(slowest.size());
-  std::sort(slowest.begin(), slowest.end());
-  const size_t n = slowest.size();
-  const double median =
-      n % 2 ? slowest[n / 2] : (slowest[n / 2 - 1] + slowest[n / 2]) / 2;
+  const double median = Median(slowest);
+  const double span = Median(spans);
+  char span_fields[128] = "";
+  if (!spans.empty()) {
+    std::snprintf(span_fields, sizeof(span_fields),
+                  "\"span_median_us\":%.3f,\"span_min_us\":%.3f,"
+                  "\"span_max_us\":%.3f,",
+                  span * 1e6, spans.front() * 1e6, spans.back() * 1e6);
+  }
   const double algbw = static_cast<double>(bytes) / t / 1e9;
   const double busbw = algbw * 2.0 * (g - 1) / g;
   std::printf(
       "{\"size\":%zu,\"count\":%zu,\"type\":\"float32\",\"redop\":\"sum\","
       "\"algo\":\"gloo-%s\",\"world_size\":%d,\"time_us\":%.3f,"
-      "\"median_us\":%.3f,\"min_us\":%.3f,\"max_us\":%.3f,"
+      "\"median_us\":%.3f,\"min_us\":%.3f,\"max_us\":%.3f,%s"
       "\"algbw_gbs\":%.6f,\"busbw_gbs\":%.6f,\"wrong\":%zu,"
       "\"error\":\"\"}\n",
       bytes, bytes / sizeof(float), flags.algo.c_str(), g, t * 1e6,
-      median * 1e6, slowest.front() * 1e6, slowest.back() * 1e6, algbw, busbw,
-      wrong);
+      median * 1e6, slowest.front() * 1e6, slowest.back() * 1e6, span_fields,
+      algbw, busbw, wrong);
   std::fflush(stdout);
 }
 
@@ -247,29 +267,38 @@ int RunProcess(const Flags& flags) {
     Runner run = MakeAllreduce(flags.algo, ctx, buf.data(),
                                static_cast<int>(count));
     const int total = flags.warmup + flags.iters;
-    // Seconds per iteration, then the wrong elements of the last one: one
-    // all-reduce (max) gives every iteration's slowest rank, and the sum
-    // of wrong counts (a count < 2^53 is exact in a double, and the max
-    // of counts that are all 0 is 0 only when the sum is).
-    std::vector<double> secs(static_cast<size_t>(total) + 1);
-    for (int it = 0; it < total; ++it) {
+    const size_t t = static_cast<size_t>(total);
+    // One all-reduce (max) of: the seconds of each iteration (the slowest
+    // rank's), its start and end on the wall clock (the last rank's: its
+    // span), and the wrong elements of the last one (the most any rank
+    // had; a count below 2^53 is exact in a double).
+    std::vector<double> v(3 * t + 1);
+    double* secs = v.data();
+    double* starts = v.data() + t;
+    double* ends = v.data() + 2 * t;
+    for (size_t it = 0; it < t; ++it) {
       FillInput(buf, r);
       gloo::BarrierAllToAll(ctx).run();
+      starts[it] = bench_args::WallSeconds();
       auto t0 = std::chrono::steady_clock::now();
       run();
-      secs[static_cast<size_t>(it)] =
+      secs[it] =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
               .count();
+      ends[it] = bench_args::WallSeconds();
     }
-    secs.back() = static_cast<double>(CountWrong(buf, g));
-    std::vector<double*> ptrs{secs.data()};
-    gloo::AllreduceRing<double>(ctx, ptrs, static_cast<int>(secs.size()),
+    v.back() = static_cast<double>(CountWrong(buf, g));
+    std::vector<double*> ptrs{v.data()};
+    gloo::AllreduceRing<double>(ctx, ptrs, static_cast<int>(v.size()),
                                 gloo::ReductionFunction<double>::max)
         .run();
     if (r == 0) {
-      const size_t wrong = static_cast<size_t>(secs.back());
-      secs.pop_back();
-      PrintRow(flags, bytes, std::move(secs), wrong);
+      std::vector<double> spans;
+      for (size_t it = static_cast<size_t>(flags.warmup); it < t; ++it) {
+        spans.push_back(ends[it] - starts[it]);
+      }
+      PrintRow(flags, bytes, std::vector<double>(secs, secs + t),
+               static_cast<size_t>(v.back()), std::move(spans));
     }
   }
   // Rank 0 lets the others go once it needs nothing more from them: a

@@ -15,8 +15,13 @@
 // iteration refills the input, starts together on every rank (MPI_Barrier),
 // and its time is the slowest rank's. Output (rank 0): one JSON object per
 // size with the fields gloo_bench and halkactl bench --json print (time_us,
-// algbw_gbs, busbw_gbs = algbw · 2(G-1)/G, wrong); --table prints halkactl
-// bench's table instead.
+// algbw_gbs, busbw_gbs = algbw · 2(G-1)/G, wrong), and the iterations'
+// spans on the wall clock, from the last rank's start to the last rank's
+// end (span_median_us, span_min_us, span_max_us: what
+// bench/scaling/multihost_latency.sh compares with halka's, whose ranks
+// share one kernel's clock; the slowest rank's time also holds its wait
+// for a rank that left the barrier later, up to one hop); --table prints
+// halkactl bench's table instead.
 //
 //   mpirun -np 4 mpi_bench --min=1M --max=64M --factor=4 --iters=5 --warmup=1
 //              [--label=tcp] [--world=4] [--coll=allreduce] [--table]
@@ -120,6 +125,10 @@ int main(int argc, char** argv) {
     std::vector<float> buf(count), out(count);
     const int total = flags.warmup + flags.iters;
     std::vector<double> secs(total), slowest(total);
+    // Each iteration's start and end on the wall clock (one clock where
+    // the ranks share a kernel: network namespaces), for its span.
+    std::vector<double> wall(2 * static_cast<size_t>(total)),
+        last(2 * static_cast<size_t>(total));
     std::string error;
     for (int it = 0; it < total; ++it) {
       for (size_t i = 0; i < count; ++i) {
@@ -127,6 +136,7 @@ int main(int argc, char** argv) {
       }
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
+      wall[2 * static_cast<size_t>(it)] = bench_args::WallSeconds();
       const int n = static_cast<int>(count), s = static_cast<int>(slice);
       int rc;
       if (coll == "broadcast") {  // rank 0's buffer into every rank's
@@ -148,6 +158,7 @@ int main(int argc, char** argv) {
                            MPI_COMM_WORLD);
       }
       secs[it] = MPI_Wtime() - t0;
+      wall[2 * static_cast<size_t>(it) + 1] = bench_args::WallSeconds();
       if (rc != MPI_SUCCESS && error.empty()) {
         char text[MPI_MAX_ERROR_STRING];
         int len = 0;
@@ -176,12 +187,26 @@ int main(int argc, char** argv) {
     }
     MPI_Reduce(secs.data(), slowest.data(), total, MPI_DOUBLE, MPI_MAX, 0,
                MPI_COMM_WORLD);
+    MPI_Reduce(wall.data(), last.data(), 2 * total, MPI_DOUBLE, MPI_MAX, 0,
+               MPI_COMM_WORLD);
     MPI_Reduce(&wrong, &nwrong, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0,
                MPI_COMM_WORLD);
     if (rank != 0) continue;
     double sum = 0;
     for (int it = flags.warmup; it < total; ++it) sum += slowest[it];
     const double t = sum / flags.iters;
+    // The span of each timed iteration: from the last rank's start to the
+    // last rank's end (what halka's multi-host cells measure); a rank that
+    // left the barrier early does not count its wait for the others.
+    std::vector<double> spans;
+    for (int it = flags.warmup; it < total; ++it) {
+      spans.push_back(last[2 * static_cast<size_t>(it) + 1] -
+                      last[2 * static_cast<size_t>(it)]);
+    }
+    std::sort(spans.begin(), spans.end());
+    const size_t ns = spans.size();
+    const double span_median =
+        ns % 2 ? spans[ns / 2] : (spans[ns / 2 - 1] + spans[ns / 2]) / 2;
     const double algbw = static_cast<double>(count * sizeof(float)) / t / 1e9;
     // nccl-tests' bus-bandwidth factors.
     const double factor = coll == "allreduce" ? 2.0 * (g - 1) / g
@@ -203,11 +228,13 @@ int main(int argc, char** argv) {
       std::printf(
           "{\"coll\":\"%s\",\"size\":%zu,\"count\":%zu,\"type\":\"float32\","
           "\"redop\":\"%s\",\"algo\":\"%s\",\"world_size\":%d,"
-          "\"time_us\":%.3f,\"algbw_gbs\":%.6f,\"busbw_gbs\":%.6f,"
+          "\"time_us\":%.3f,\"span_median_us\":%.3f,\"span_min_us\":%.3f,"
+          "\"span_max_us\":%.3f,\"algbw_gbs\":%.6f,\"busbw_gbs\":%.6f,"
           "\"wrong\":%llu,\"error\":\"%s\"}\n",
           coll.c_str(), count * sizeof(float), count,
           sliced || coll == "broadcast" ? "none" : "sum",
-          algo.c_str(), g, t * 1e6, algbw, busbw, nwrong, error.c_str());
+          algo.c_str(), g, t * 1e6, span_median * 1e6, spans.front() * 1e6,
+          spans.back() * 1e6, algbw, busbw, nwrong, error.c_str());
     }
     std::fflush(stdout);
   }

@@ -54,21 +54,24 @@
 #                      (every rank shares one hostname here, so Open MPI
 #                      would take shared memory between hosts otherwise:
 #                      its ranks on one host talk TCP over loopback); its
-#                      own algorithm choice; mean of the slowest rank's
-#                      time per operation, as compare.sh reports it
+#                      own algorithm choice; the median span per operation,
+#                      from the last rank's start to the last rank's end on
+#                      the wall clock, as halka's cells (the slowest rank's
+#                      time, which compare.sh reports, also holds its wait
+#                      for a rank that left the barrier later)
 #   --gloo             also Gloo on the same namespaces (bench/compare/
 #                      gloo_bench.cc in process mode, built with g++ and
 #                      -lgloo unless --gloo-bench PATH): one process per
 #                      rank, host by host as for Open MPI, each rank's TCP
 #                      device on its host's tun0 address, rendezvous through
-#                      a gloo FileStore in the log directory; median of the
-#                      slowest rank's time per operation
+#                      a gloo FileStore in the log directory; the median
+#                      span per operation, as for Open MPI
 #   --gloo-algos "ring_chunked halving_doubling"  which of gloo_bench's
 #                      algorithms (also ring, and allreduce: gloo::allreduce,
 #                      what torch.distributed's gloo backend calls)
 #   --trace-dir DIR    after each cell, every rank's timeline of its last
 #                      operations (halkactl trace: Chrome trace JSON) in
-#                      DIR/JOB.ALGO.SIZE.json
+#                      DIR/JOB.ALGO.SIZE.ROUND.json
 # Exit: 0 every cell ran with 0 wrong, 1 a cell failed, 77 cannot build the
 # network here (not root, no netns or /dev/net/tun).
 set -u -o pipefail
@@ -170,14 +173,17 @@ wait_for_line rdv "^halka-rendezvous listening on " 15
 ROWS=()   # "round job algo size median min max ran model_ms"
 ROUND=1
 # start_job TAG MODE: G workers (rank r on host r mod H); MODE default or own.
+# The job and its workers are named by round too (DTAG: host1, join2), so
+# that each round's are new processes with logs of their own.
 start_job() {
   local tag=$1 mode=$2 r
-  JOB="ml-$1-$$"
+  DTAG="$1$ROUND"
+  JOB="ml-$DTAG-$$"
   # shellcheck disable=SC2086  # WORKER_ARGS: several flags
-  netns_start_workers "$tag" "$mode" "$JOB" $WORKER_ARGS
+  netns_start_workers "$DTAG" "$mode" "$JOB" $WORKER_ARGS
   for (( r = 0; r < G; ++r )); do
-    wait_for_line "$tag.w$r" "^halka-worker serving on " 60
-    wait_for_line "$tag.w$r" "joined job $JOB: rank $r of $G" 30 "$SYS_LOG/$tag.w$r.err"
+    wait_for_line "$DTAG.w$r" "^halka-worker serving on " 60
+    wait_for_line "$DTAG.w$r" "joined job $JOB: rank $r of $G" 30 "$SYS_LOG/$DTAG.w$r.err"
   done
   HEALTH=$(ip netns exec "${P}h0" timeout --foreground -s KILL 15 "$CTL_BIN" health \
              --rendezvous="$RDV_ADDR" --job="$JOB" 2>&1)
@@ -186,16 +192,20 @@ start_job() {
 }
 stop_job() {
   local r
-  for (( r = 0; r < G; ++r )); do stop_timed "$1.w$r" TERM 15; done
+  for (( r = 0; r < G; ++r )); do
+    stop_timed "$DTAG.w$r" TERM 15
+    [[ -n $STOP_MS ]] || fail "$DTAG.w$r did not stop within 15 s of TERM"
+  done
 }
 
 # cell TAG ALGO SIZE: every rank, REPEAT+1 checked all-reduces; one row.
 cell() {
   local tag=$1 algo=$2 size=$3 r h names=() count name files=() limit
   count=$(elements "$size")
-  # Each rank's halkactl makes and checks its buffer on these 2 shared
-  # cores: allow 2 s per operation and MiB of float32 elements on top.
-  limit=$(( 120 + count / 1048576 * (REPEAT + 1) * 2 ))
+  # Each rank's halkactl makes its buffer and the result it must get (from
+  # every rank's data) and checks every operation's, on these 2 shared
+  # cores: allow G/2 s per operation and MiB of float32 elements on top.
+  limit=$(( 120 + count / 1048576 * (REPEAT + 1) * G / 2 ))
   name="$tag.$algo.$size.$ROUND"
   for (( r = 0; r < G; ++r )); do
     h=$(host_of $r)
@@ -254,13 +264,19 @@ halka_jobs() {
 if [[ -n $ALGOS ]]; then
   start_job host default
   for a in $ALGOS; do for s in $SIZES; do cell host "$a" "$s"; done; done
-  stop_job host
+  stop_job
 fi
 if [[ -n $JOIN_ALGOS ]]; then
   start_job join own
   for a in $JOIN_ALGOS; do for s in $SIZES; do cell join "$a" "$s"; done; done
-  stop_job join
+  stop_job
 fi
+}
+
+# peer_limit SIZE: seconds for Open MPI's or Gloo's REPEAT + 2 operations
+# of SIZE (their buffers are one rank's: 1 s per operation and MiB).
+peer_limit() {
+  echo $(( 300 + $(elements "$1") / 262144 * (REPEAT + 2) ))
 }
 
 mpi_cells() {
@@ -283,10 +299,10 @@ mpi_cells() {
     # tun0 (the others' namespaces cannot reach its loopback).
     run_bg "mpi.$size.$ROUND" ip netns exec "${P}h0" env PMIX_MCA_ptl_tcp_remote_connections=1 \
       PMIX_MCA_ptl_tcp_if_include=tun0 OMPI_MCA_oob_tcp_if_include=tun0 \
-      timeout --foreground -k 10 300 "$MPIRUN" --allow-run-as-root \
+      timeout --foreground -k 10 "$(peer_limit "$size")" "$MPIRUN" --allow-run-as-root \
       --oversubscribe --bind-to none --mca pml ob1 --mca btl tcp,self \
       --mca btl_tcp_if_include tun0 "${ctx[@]}"
-    wait_bg 320 "mpi.$size.$ROUND"
+    wait_bg $(( $(peer_limit "$size") + 20 )) "mpi.$size.$ROUND"
     [[ "$(bg_rc "mpi.$size.$ROUND")" == 0 ]] ||
       fail "mpi $size: mpirun exited $(bg_rc "mpi.$size.$ROUND"): $(tail -n 5 "$SYS_LOG/mpi.$size.$ROUND.err")"
     row=$(python3 - "$SYS_LOG/mpi.$size.$ROUND.out" <<'PY'
@@ -294,12 +310,13 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 if len(rows) != 1 or rows[0]["wrong"] != 0 or rows[0]["error"]:
     sys.exit("want one row with 0 wrong: %s" % rows)
-t = rows[0]["time_us"] / 1e3
-print("%.3f %.3f %.3f MPI_Allreduce -" % (t, t, t))
+r = rows[0]
+print("%.3f %.3f %.3f MPI_Allreduce -" % (r["span_median_us"] / 1e3, r["span_min_us"] / 1e3,
+                                         r["span_max_us"] / 1e3))
 PY
 ) || fail "mpi $size: $(cat "$SYS_LOG/mpi.$size.$ROUND.out")"
     ROWS+=("$ROUND mpi tcp $size $row")
-    log "mpi tcp $size: mean of the slowest rank (ms): ${row%% *}"
+    log "mpi tcp $size: median span (ms): ${row%% *}"
   done
 }
 
@@ -318,12 +335,12 @@ gloo_cells() {
       rm -rf "$store"; mkdir -p "$store" || fail "$name: cannot make $store"
       for (( r = 0; r < G; ++r )); do
         h=$(( r / PER ))  # host by host, as Open MPI's ranks
-        run_bg "$name.r$r" ip netns exec "${P}h$h" timeout --foreground -k 10 300 \
+        run_bg "$name.r$r" ip netns exec "${P}h$h" timeout --foreground -k 10 "$(peer_limit "$size")" \
           "$GLOO_BENCH" --world="$G" --rank="$r" --store="$store" --addr="$(addr_host "$h")" \
           --min="$size" --max="$size" --iters="$REPEAT" --warmup=2 --algo="$algo"
         names+=("$name.r$r")
       done
-      wait_bg 320 "${names[@]}"
+      wait_bg $(( $(peer_limit "$size") + 20 )) "${names[@]}"
       for (( r = 0; r < G; ++r )); do
         [[ "$(bg_rc "$name.r$r")" == 0 ]] ||
           fail "$name: rank $r exited $(bg_rc "$name.r$r"): $(tail -n 5 "$SYS_LOG/$name.r$r.err")"
@@ -334,12 +351,12 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 if len(rows) != 1 or rows[0]["wrong"] != 0 or rows[0]["error"]:
     sys.exit("want one row with 0 wrong: %s" % rows)
 r = rows[0]
-print("%.3f %.3f %.3f gloo-%s -" % (r["median_us"] / 1e3, r["min_us"] / 1e3,
-                                    r["max_us"] / 1e3, sys.argv[2]))
+print("%.3f %.3f %.3f gloo-%s -" % (r["span_median_us"] / 1e3, r["span_min_us"] / 1e3,
+                                    r["span_max_us"] / 1e3, sys.argv[2]))
 PY
 ) || fail "$name: $(cat "$SYS_LOG/$name.r0.out")"
       ROWS+=("$ROUND gloo $algo $size $row")
-      log "gloo $algo $size: the slowest rank's median, min, max (ms): ${row% * *}"
+      log "gloo $algo $size: median, min, max span (ms): ${row% * *}"
     done
   done
 }

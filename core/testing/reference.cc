@@ -207,64 +207,73 @@ double Tolerance(DType dtype, int world_size) {
 
 namespace {
 
-// CheckAllReduce's comparison of `count` elements, one input per rank;
-// element i is element first + i of the whole buffer (for `out.first`).
-void CheckElements(DType dtype, ReduceOp op,
-                   const std::vector<const uint8_t*>& inputs,
-                   const void* result, size_t count, size_t first,
-                   CheckResult& out) {
+// The float64 reduction of element i over one input per rank, and the
+// magnitude the tolerance scales with.
+struct Expected {
+  double acc;
+  double mag;
+};
+Expected ExpectedAt(DType dtype, ReduceOp op,
+                    const std::vector<const uint8_t*>& inputs, size_t i) {
   const int g = static_cast<int>(inputs.size());
-  const double tol = Tolerance(dtype, g);
   const bool integer = !IsFloatingPoint(dtype);
-  for (size_t i = 0; i < count; ++i) {
-    double acc = ElementAsDouble(dtype, inputs[0], i);
-    double mag = std::fabs(acc);
-    // bool: SUM is an or (MAX on 0/1), PROD an and (MIN).
-    const ReduceOp as = dtype != DType::kBool ? op
-                        : op == ReduceOp::kSum  ? ReduceOp::kMax
-                        : op == ReduceOp::kProd ? ReduceOp::kMin
-                                                : op;
-    for (int r = 1; r < g; ++r) {
-      const double v = ElementAsDouble(dtype, inputs[static_cast<size_t>(r)], i);
-      mag += std::fabs(v);
-      switch (as) {
-        case ReduceOp::kSum:
-        case ReduceOp::kAvg:
-          acc += v;
-          break;
-        case ReduceOp::kProd:
-          acc *= v;
-          break;
-        case ReduceOp::kMin:
-          acc = std::fmin(acc, v);
-          break;
-        case ReduceOp::kMax:
-          acc = std::fmax(acc, v);
-          break;
-      }
+  double acc = ElementAsDouble(dtype, inputs[0], i);
+  double mag = std::fabs(acc);
+  // bool: SUM is an or (MAX on 0/1), PROD an and (MIN).
+  const ReduceOp as = dtype != DType::kBool ? op
+                      : op == ReduceOp::kSum  ? ReduceOp::kMax
+                      : op == ReduceOp::kProd ? ReduceOp::kMin
+                                              : op;
+  for (int r = 1; r < g; ++r) {
+    const double v = ElementAsDouble(dtype, inputs[static_cast<size_t>(r)], i);
+    mag += std::fabs(v);
+    switch (as) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg:
+        acc += v;
+        break;
+      case ReduceOp::kProd:
+        acc *= v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::fmin(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::fmax(acc, v);
+        break;
     }
-    // The 8- and 16-bit types wrap (the wider ones do not, at these
-    // ranges); AVG divides the wrapped sum.
-    acc = WrapToType(dtype, acc);
-    if (op == ReduceOp::kAvg) {
-      acc = integer ? std::trunc(acc / g) : acc / g;
-      mag /= g;
-    }
-    if (op == ReduceOp::kProd) mag = std::fabs(acc);
-    const double got = ElementAsDouble(dtype, result, i);
-    bool ok;
-    if (integer || op == ReduceOp::kMin || op == ReduceOp::kMax) {
-      ok = got == acc;
-    } else {
-      // Absolute slack of one unit in the last place at the result's scale
-      // covers results that cancel to near zero.
-      ok = std::fabs(got - acc) <= tol * (mag + std::fabs(acc)) + 1e-300;
-    }
-    if (!ok && out.wrong++ == 0) {
-      out.first = absl::StrFormat(
-          "element %d: got %.17g, expected %.17g (tolerance %.3g relative)",
-          first + i, got, acc, tol);
-    }
+  }
+  // The 8- and 16-bit types wrap (the wider ones do not, at these
+  // ranges); AVG divides the wrapped sum.
+  acc = WrapToType(dtype, acc);
+  if (op == ReduceOp::kAvg) {
+    acc = integer ? std::trunc(acc / g) : acc / g;
+    mag /= g;
+  }
+  if (op == ReduceOp::kProd) mag = std::fabs(acc);
+  return Expected{acc, mag};
+}
+
+// Compares element i of `result` with what it should be; counts it and
+// describes the first wrong one (`index`: its place in the whole buffer).
+void CheckElement(DType dtype, ReduceOp op, int g, const void* result,
+                  size_t i, size_t index, Expected want, CheckResult& out) {
+  const double tol = Tolerance(dtype, g);
+  const double got = ElementAsDouble(dtype, result, i);
+  bool ok;
+  if (!IsFloatingPoint(dtype) || op == ReduceOp::kMin ||
+      op == ReduceOp::kMax) {
+    ok = got == want.acc;
+  } else {
+    // Absolute slack of one unit in the last place at the result's scale
+    // covers results that cancel to near zero.
+    ok = std::fabs(got - want.acc) <=
+         tol * (want.mag + std::fabs(want.acc)) + 1e-300;
+  }
+  if (!ok && out.wrong++ == 0) {
+    out.first = absl::StrFormat(
+        "element %d: got %.17g, expected %.17g (tolerance %.3g relative)",
+        index, got, want.acc, tol);
   }
 }
 
@@ -276,31 +285,48 @@ CheckResult CheckAllReduce(DType dtype, ReduceOp op,
   CheckResult out;
   std::vector<const uint8_t*> in;
   for (const std::vector<uint8_t>& v : inputs) in.push_back(v.data());
-  CheckElements(dtype, op, in, result, count, 0, out);
+  const int g = static_cast<int>(in.size());
+  for (size_t i = 0; i < count; ++i) {
+    CheckElement(dtype, op, g, result, i, i, ExpectedAt(dtype, op, in, i), out);
+  }
   return out;
 }
 
-CheckResult CheckAllReduceOfRankData(DType dtype, ReduceOp op, int world,
-                                     uint64_t seed, const void* result,
-                                     size_t count) {
-  constexpr size_t kBlock = size_t{1} << 16;  // elements
+AllReduceReference::AllReduceReference(DType dtype, ReduceOp op, int world,
+                                       uint64_t seed, size_t count)
+    : dtype_(dtype), op_(op), world_(world), acc_(count), mag_(count) {
+  // Every rank's data a block at a time: memory for `world` blocks, and
+  // no more than the buffer has.
+  const size_t block = std::min(count, size_t{1} << 16);
   const size_t es = DTypeSize(dtype);
   std::vector<RankDataStream> streams;
   std::vector<std::vector<uint8_t>> blocks(static_cast<size_t>(world));
   std::vector<const uint8_t*> in;
   for (int r = 0; r < world; ++r) {
     streams.emplace_back(dtype, op, r, seed);
-    blocks[static_cast<size_t>(r)].resize(kBlock * es);
+    blocks[static_cast<size_t>(r)].resize(block * es);
     in.push_back(blocks[static_cast<size_t>(r)].data());
   }
-  CheckResult out;
-  const uint8_t* res = static_cast<const uint8_t*>(result);
-  for (size_t at = 0; at < count; at += kBlock) {
-    const size_t n = std::min(kBlock, count - at);
+  for (size_t at = 0; at < count; at += block) {
+    const size_t n = std::min(block, count - at);
     for (int r = 0; r < world; ++r) {
       streams[static_cast<size_t>(r)].Fill(blocks[static_cast<size_t>(r)].data(), n);
     }
-    CheckElements(dtype, op, in, res + at * es, n, at, out);
+    for (size_t i = 0; i < n; ++i) {
+      const Expected e = ExpectedAt(dtype, op, in, i);
+      acc_[at + i] = e.acc;
+      mag_[at + i] = static_cast<float>(e.mag);
+    }
+  }
+}
+
+CheckResult AllReduceReference::Check(const void* result) const {
+  CheckResult out;
+  for (size_t i = 0; i < acc_.size(); ++i) {
+    // The magnitude only scales the tolerance: a float's rounding of it
+    // (a part in 2^24) does not move a verdict that matters.
+    CheckElement(dtype_, op_, world_, result, i, i,
+                 Expected{acc_[i], static_cast<double>(mag_[i])}, out);
   }
   return out;
 }

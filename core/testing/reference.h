@@ -61,12 +61,23 @@ CheckResult CheckAllReduce(DType dtype, ReduceOp op,
                            const std::vector<std::vector<uint8_t>>& inputs,
                            const void* result, size_t count);
 
-// CheckAllReduce of MakeRankData(dtype, op, count, r, seed) for ranks r
-// of [0, world), made and compared a block at a time: memory for `world`
-// blocks, not `world` buffers (halkactl's check of a large all-reduce).
-CheckResult CheckAllReduceOfRankData(DType dtype, ReduceOp op, int world,
-                                     uint64_t seed, const void* result,
-                                     size_t count);
+// What an all-reduce of MakeRankData(dtype, op, count, r, seed) over
+// ranks r of [0, world) must give, made once and a block at a time (12
+// bytes per element, not `world` buffers: halkactl's check of a large
+// all-reduce, repeated): Check judges a result as CheckAllReduce does.
+class AllReduceReference {
+ public:
+  AllReduceReference(DType dtype, ReduceOp op, int world, uint64_t seed,
+                     size_t count);
+  CheckResult Check(const void* result) const;
+
+ private:
+  DType dtype_;
+  ReduceOp op_;
+  int world_;
+  std::vector<double> acc_;  // the float64 reduction, per element
+  std::vector<float> mag_;   // the magnitude the tolerance scales with
+};
 
 // Reduce-scatter: `inputs` hold world x recv_count elements per rank;
 // `result` (recv_count elements) is rank `rank`'s, checked as

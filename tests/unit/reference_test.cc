@@ -1,9 +1,11 @@
 // The test data and the reference check: a rank's data made a block at a
-// time is the data made at once, and the block-wise check of an all-reduce
-// finds what the whole-buffer check finds (halkactl checks large buffers
-// block-wise).
+// time is the data made at once, and AllReduceReference (made block-wise,
+// what halkactl checks its all-reduces against) finds what the
+// whole-buffer check finds.
 #include "core/testing/reference.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -31,7 +33,30 @@ TEST(ReferenceTest, ARanksDataMadeInBlocksIsItsDataMadeAtOnce) {
       EXPECT_EQ(parts, whole) << DTypeName(dt) << " " << ReduceOpName(op);
       // Another rank or seed makes other data.
       EXPECT_NE(MakeRankData(dt, op, n, 4, 7), whole) << DTypeName(dt);
+      EXPECT_NE(MakeRankData(dt, op, n, 3, 8), whole) << DTypeName(dt);
     }
+  }
+}
+
+// The data itself does not change (results recorded in docs and notes were
+// checked against it): the first elements as the generator made them
+// before it was cut into blocks.
+TEST(ReferenceTest, TheDataIsWhatItWas) {
+  const std::vector<uint8_t> f =
+      MakeRankData(DType::kFloat32, ReduceOp::kSum, 4, 1, 99);
+  const float want_f[] = {1.44388294f, 1.40491462f, 0.998732388f, 1.41908133f};
+  for (int i = 0; i < 4; ++i) {
+    float x;
+    std::memcpy(&x, f.data() + 4 * i, 4);
+    EXPECT_EQ(x, want_f[i]) << i;
+  }
+  const std::vector<uint8_t> p =
+      MakeRankData(DType::kInt32, ReduceOp::kProd, 4, 2, 99);
+  const int32_t want_p[] = {-1, 0, -2, 1};
+  for (int i = 0; i < 4; ++i) {
+    int32_t x;
+    std::memcpy(&x, p.data() + 4 * i, 4);
+    EXPECT_EQ(x, want_p[i]) << i;
   }
 }
 
@@ -53,8 +78,9 @@ TEST(ReferenceTest, TheBlockwiseCheckFindsWhatTheWholeCheckFinds) {
   }
   CheckResult whole =
       CheckAllReduce(DType::kFloat32, ReduceOp::kSum, inputs, result.data(), n);
-  CheckResult blocks = CheckAllReduceOfRankData(
-      DType::kFloat32, ReduceOp::kSum, g, 11, result.data(), n);
+  const AllReduceReference reference(DType::kFloat32, ReduceOp::kSum, g, 11,
+                                     n);
+  CheckResult blocks = reference.Check(result.data());
   EXPECT_EQ(whole.wrong, 0u) << whole.first;
   EXPECT_EQ(blocks.wrong, 0u) << blocks.first;
   // Two wrong elements, one in the second block: both checks count them
@@ -63,8 +89,7 @@ TEST(ReferenceTest, TheBlockwiseCheckFindsWhatTheWholeCheckFinds) {
   result[66001] = -result[66001];
   whole =
       CheckAllReduce(DType::kFloat32, ReduceOp::kSum, inputs, result.data(), n);
-  blocks = CheckAllReduceOfRankData(DType::kFloat32, ReduceOp::kSum, g, 11,
-                                    result.data(), n);
+  blocks = reference.Check(result.data());
   EXPECT_EQ(whole.wrong, 2u);
   EXPECT_EQ(blocks.wrong, 2u);
   EXPECT_EQ(blocks.first, whole.first);
@@ -72,10 +97,35 @@ TEST(ReferenceTest, TheBlockwiseCheckFindsWhatTheWholeCheckFinds) {
       << blocks.first;
   // Checked against the wrong inputs (another seed), nearly every element
   // is wrong.
-  EXPECT_GT(CheckAllReduceOfRankData(DType::kFloat32, ReduceOp::kSum, g, 12,
-                                     result.data(), n)
+  EXPECT_GT(AllReduceReference(DType::kFloat32, ReduceOp::kSum, g, 12, n)
+                .Check(result.data())
                 .wrong,
             n / 2);
+}
+
+// Integers and other operations: the reference makes each rank's data for
+// the dtype and operation it is given.
+TEST(ReferenceTest, TheBlockwiseCheckOfIntegersAndOtherOps) {
+  const int g = 3;
+  const size_t n = (size_t{1} << 16) + 77;
+  for (ReduceOp op : {ReduceOp::kProd, ReduceOp::kMax}) {
+    const std::vector<std::vector<uint8_t>> inputs =
+        MakeRanksData(DType::kInt32, op, n, g, 5);
+    std::vector<int32_t> result(n);
+    for (size_t i = 0; i < n; ++i) {
+      int64_t acc = op == ReduceOp::kProd ? 1 : INT64_MIN;
+      for (int r = 0; r < g; ++r) {
+        const auto v = static_cast<int64_t>(ElementAsDouble(
+            DType::kInt32, inputs[static_cast<size_t>(r)].data(), i));
+        acc = op == ReduceOp::kProd ? acc * v : std::max(acc, v);
+      }
+      result[i] = static_cast<int32_t>(acc);
+    }
+    const AllReduceReference reference(DType::kInt32, op, g, 5, n);
+    EXPECT_EQ(reference.Check(result.data()).wrong, 0u) << ReduceOpName(op);
+    result[n - 1] += 1;
+    EXPECT_EQ(reference.Check(result.data()).wrong, 1u) << ReduceOpName(op);
+  }
 }
 
 }  // namespace

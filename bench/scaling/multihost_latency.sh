@@ -193,6 +193,8 @@ start_job() {
 stop_job() {
   local r
   for (( r = 0; r < G; ++r )); do
+    pid_alive "${SYS_PID[$DTAG.w$r]}" ||
+      fail "$DTAG.w$r exited before its job was stopped: $(tail -n 3 "$SYS_LOG/$DTAG.w$r.err")"
     stop_timed "$DTAG.w$r" TERM 15
     [[ -n $STOP_MS ]] || fail "$DTAG.w$r did not stop within 15 s of TERM"
   done

@@ -85,7 +85,10 @@ ABSL_FLAG(int64_t, watch_count, 0, "health --watch: reports to print "
 
 ABSL_FLAG(int64_t, count, 1 << 20, "allreduce: elements per rank");
 ABSL_FLAG(bool, check, true, "allreduce: verify the result (every rank runs "
-          "halkactl allreduce with the same flags)");
+          "halkactl allreduce with the same flags; an all-reduce's expected "
+          "result is made once, before the first operation: 12 bytes per "
+          "element for floats, the element's size for integers; a "
+          "reduce-scatter or all-gather holds every rank's input)");
 ABSL_FLAG(absl::Duration, timeout, halka::kDefaultOpTimeout,
           "operation deadline");
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "embedded cluster: bytes per frame");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <utility>
 
@@ -294,11 +295,22 @@ CheckResult CheckAllReduce(DType dtype, ReduceOp op,
 
 AllReduceReference::AllReduceReference(DType dtype, ReduceOp op, int world,
                                        uint64_t seed, size_t count)
-    : dtype_(dtype), op_(op), world_(world), acc_(count), mag_(count) {
+    : dtype_(dtype),
+      op_(op),
+      world_(world),
+      count_(count),
+      exact_(!IsFloatingPoint(dtype) || op == ReduceOp::kMin ||
+             op == ReduceOp::kMax) {
+  const size_t es = DTypeSize(dtype);
+  if (exact_) {
+    exact_result_.resize(count * es);
+  } else {
+    acc_.resize(count);
+    mag_.resize(count);
+  }
   // Every rank's data a block at a time: memory for `world` blocks, and
   // no more than the buffer has.
   const size_t block = std::min(count, size_t{1} << 16);
-  const size_t es = DTypeSize(dtype);
   std::vector<RankDataStream> streams;
   std::vector<std::vector<uint8_t>> blocks(static_cast<size_t>(world));
   std::vector<const uint8_t*> in;
@@ -314,19 +326,29 @@ AllReduceReference::AllReduceReference(DType dtype, ReduceOp op, int world,
     }
     for (size_t i = 0; i < n; ++i) {
       const Expected e = ExpectedAt(dtype, op, in, i);
+      if (exact_) {
+        // An exact result is representable in the dtype (wrapped,
+        // truncated, or one of the inputs): stored, it reads back as is.
+        StoreDouble(dtype, e.acc, exact_result_.data() + (at + i) * es);
+        continue;
+      }
       acc_[at + i] = e.acc;
-      mag_[at + i] = static_cast<float>(e.mag);
+      float m = static_cast<float>(e.mag);
+      if (static_cast<double>(m) < e.mag) {
+        m = std::nextafter(m, std::numeric_limits<float>::infinity());
+      }
+      mag_[at + i] = m;
     }
   }
 }
 
 CheckResult AllReduceReference::Check(const void* result) const {
   CheckResult out;
-  for (size_t i = 0; i < acc_.size(); ++i) {
-    // The magnitude only scales the tolerance: a float's rounding of it
-    // (a part in 2^24) does not move a verdict that matters.
-    CheckElement(dtype_, op_, world_, result, i, i,
-                 Expected{acc_[i], static_cast<double>(mag_[i])}, out);
+  for (size_t i = 0; i < count_; ++i) {
+    const Expected want =
+        exact_ ? Expected{ElementAsDouble(dtype_, exact_result_.data(), i), 0}
+               : Expected{acc_[i], static_cast<double>(mag_[i])};
+    CheckElement(dtype_, op_, world_, result, i, i, want, out);
   }
   return out;
 }

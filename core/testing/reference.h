@@ -62,9 +62,14 @@ CheckResult CheckAllReduce(DType dtype, ReduceOp op,
                            const void* result, size_t count);
 
 // What an all-reduce of MakeRankData(dtype, op, count, r, seed) over
-// ranks r of [0, world) must give, made once and a block at a time (12
-// bytes per element, not `world` buffers: halkactl's check of a large
-// all-reduce, repeated): Check judges a result as CheckAllReduce does.
+// ranks r of [0, world) must give, made once and a block at a time, not
+// from `world` buffers (halkactl's check of a large all-reduce, repeated).
+// Where the result must match exactly (integers, bool, MIN and MAX) it
+// keeps that result in the dtype (its size per element); where a float
+// result may round, the float64 reduction and the magnitude the tolerance
+// scales with (12 bytes per element). Check judges a result as
+// CheckAllReduce does, except that the magnitude is kept as a float
+// rounded up: a tolerance at most 2^-24 of itself looser.
 class AllReduceReference {
  public:
   AllReduceReference(DType dtype, ReduceOp op, int world, uint64_t seed,
@@ -75,8 +80,11 @@ class AllReduceReference {
   DType dtype_;
   ReduceOp op_;
   int world_;
-  std::vector<double> acc_;  // the float64 reduction, per element
-  std::vector<float> mag_;   // the magnitude the tolerance scales with
+  size_t count_;
+  bool exact_;                 // the result must match exact_result_
+  std::vector<uint8_t> exact_result_;
+  std::vector<double> acc_;    // otherwise: the float64 reduction
+  std::vector<float> mag_;     // and the magnitude, rounded up
 };
 
 // Reduce-scatter: `inputs` hold world x recv_count elements per rank;

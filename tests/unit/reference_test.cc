@@ -126,6 +126,33 @@ TEST(ReferenceTest, TheBlockwiseCheckOfIntegersAndOtherOps) {
     result[n - 1] += 1;
     EXPECT_EQ(reference.Check(result.data()).wrong, 1u) << ReduceOpName(op);
   }
+  // The 8-bit types wrap, and a bool's SUM is an or: kept in the dtype
+  // (one byte an element), judged as the whole-buffer check judges.
+  for (DType dt : {DType::kInt8, DType::kBool}) {
+    const std::vector<std::vector<uint8_t>> inputs =
+        MakeRanksData(dt, ReduceOp::kSum, n, g, 6);
+    std::vector<uint8_t> result(n);
+    for (size_t i = 0; i < n; ++i) {
+      int sum = 0;
+      for (int r = 0; r < g; ++r) {
+        sum += dt == DType::kBool
+                   ? inputs[static_cast<size_t>(r)][i] != 0
+                   : static_cast<int8_t>(inputs[static_cast<size_t>(r)][i]);
+      }
+      result[i] = dt == DType::kBool ? (sum != 0 ? 1 : 0)
+                                     : static_cast<uint8_t>(sum & 0xff);
+    }
+    const AllReduceReference reference(dt, ReduceOp::kSum, g, 6, n);
+    EXPECT_EQ(reference.Check(result.data()).wrong, 0u) << DTypeName(dt);
+    EXPECT_EQ(CheckAllReduce(dt, ReduceOp::kSum, inputs, result.data(), n).wrong,
+              0u)
+        << DTypeName(dt);
+    result[7] = static_cast<uint8_t>(result[7] ^ 1);
+    EXPECT_EQ(reference.Check(result.data()).wrong, 1u) << DTypeName(dt);
+    EXPECT_EQ(CheckAllReduce(dt, ReduceOp::kSum, inputs, result.data(), n).wrong,
+              1u)
+        << DTypeName(dt);
+  }
 }
 
 }  // namespace

@@ -5,11 +5,13 @@
 #ifndef HALKA_BENCH_COMPARE_BENCH_ARGS_H_
 #define HALKA_BENCH_COMPARE_BENCH_ARGS_H_
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace bench_args {
 
@@ -78,6 +80,15 @@ inline double WallSeconds() {
   return std::chrono::duration<double>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+// The median of `v`, which it sorts (so that its front and back are then
+// the least and the most); 0 when empty.
+inline double SortAndMedian(std::vector<double>& v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // Each rank's float32 input: small integers, so every sum is exact.

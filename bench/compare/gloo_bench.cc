@@ -137,17 +137,9 @@ std::shared_ptr<gloo::transport::Device> MakeDevice(const std::string& addr) {
 }
 
 // One size's row from the slowest rank's seconds per iteration (warm-up
-// first) and the wrong elements of every rank.
-// The median of `v` (sorted in place); 0 when empty.
-double Median(std::vector<double>& v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-// `spans` (process mode): each timed iteration's, from the last rank's
-// start to the last rank's end on the wall clock.
+// first) and the wrong elements; `spans` (process mode): each timed
+// iteration's, from the last rank's start to the last rank's end on the
+// wall clock.
 void PrintRow(const Flags& flags, size_t bytes, std::vector<double> slowest,
               size_t wrong, std::vector<double> spans = {}) {
   const int g = flags.world;
@@ -155,8 +147,8 @@ void PrintRow(const Flags& flags, size_t bytes, std::vector<double> slowest,
   double sum = 0;
   for (double s : slowest) sum += s;
   const double t = sum / static_cast<double>(slowest.size());
-  const double median = Median(slowest);
-  const double span = Median(spans);
+  const double median = bench_args::SortAndMedian(slowest);
+  const double span = bench_args::SortAndMedian(spans);
   char span_fields[128] = "";
   if (!spans.empty()) {
     std::snprintf(span_fields, sizeof(span_fields),

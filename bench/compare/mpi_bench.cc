@@ -203,10 +203,7 @@ int main(int argc, char** argv) {
       spans.push_back(last[2 * static_cast<size_t>(it) + 1] -
                       last[2 * static_cast<size_t>(it)]);
     }
-    std::sort(spans.begin(), spans.end());
-    const size_t ns = spans.size();
-    const double span_median =
-        ns % 2 ? spans[ns / 2] : (spans[ns / 2 - 1] + spans[ns / 2]) / 2;
+    const double span_median = bench_args::SortAndMedian(spans);
     const double algbw = static_cast<double>(count * sizeof(float)) / t / 1e9;
     // nccl-tests' bus-bandwidth factors.
     const double factor = coll == "allreduce" ? 2.0 * (g - 1) / g

@@ -281,6 +281,21 @@ peer_limit() {
   echo $(( 300 + $(elements "$1") / 262144 * (REPEAT + 2) ))
 }
 
+# peer_row FILE LABEL: a cell's row ("median min max LABEL -", ms) from
+# mpi_bench's or gloo_bench's one JSON line of a size (its spans); fails
+# unless there is exactly one, with 0 wrong and no error.
+peer_row() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+if len(rows) != 1 or rows[0]["wrong"] != 0 or rows[0]["error"]:
+    sys.exit("want one row with 0 wrong: %s" % rows)
+r = rows[0]
+print("%.3f %.3f %.3f %s -" % (r["span_median_us"] / 1e3, r["span_min_us"] / 1e3,
+                               r["span_max_us"] / 1e3, sys.argv[2]))
+PY
+}
+
 mpi_cells() {
   local size ctx h row
   MPIRUN=$(command -v mpirun) || fail "--mpi: no mpirun (apt-get install openmpi-bin libopenmpi-dev)"
@@ -307,16 +322,8 @@ mpi_cells() {
     wait_bg $(( $(peer_limit "$size") + 20 )) "mpi.$size.$ROUND"
     [[ "$(bg_rc "mpi.$size.$ROUND")" == 0 ]] ||
       fail "mpi $size: mpirun exited $(bg_rc "mpi.$size.$ROUND"): $(tail -n 5 "$SYS_LOG/mpi.$size.$ROUND.err")"
-    row=$(python3 - "$SYS_LOG/mpi.$size.$ROUND.out" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-if len(rows) != 1 or rows[0]["wrong"] != 0 or rows[0]["error"]:
-    sys.exit("want one row with 0 wrong: %s" % rows)
-r = rows[0]
-print("%.3f %.3f %.3f MPI_Allreduce -" % (r["span_median_us"] / 1e3, r["span_min_us"] / 1e3,
-                                         r["span_max_us"] / 1e3))
-PY
-) || fail "mpi $size: $(cat "$SYS_LOG/mpi.$size.$ROUND.out")"
+    row=$(peer_row "$SYS_LOG/mpi.$size.$ROUND.out" MPI_Allreduce) ||
+      fail "mpi $size: $(cat "$SYS_LOG/mpi.$size.$ROUND.out")"
     ROWS+=("$ROUND mpi tcp $size $row")
     log "mpi tcp $size: median span (ms): ${row%% *}"
   done
@@ -347,16 +354,8 @@ gloo_cells() {
         [[ "$(bg_rc "$name.r$r")" == 0 ]] ||
           fail "$name: rank $r exited $(bg_rc "$name.r$r"): $(tail -n 5 "$SYS_LOG/$name.r$r.err")"
       done
-      row=$(python3 - "$SYS_LOG/$name.r0.out" "$algo" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-if len(rows) != 1 or rows[0]["wrong"] != 0 or rows[0]["error"]:
-    sys.exit("want one row with 0 wrong: %s" % rows)
-r = rows[0]
-print("%.3f %.3f %.3f gloo-%s -" % (r["span_median_us"] / 1e3, r["span_min_us"] / 1e3,
-                                    r["span_max_us"] / 1e3, sys.argv[2]))
-PY
-) || fail "$name: $(cat "$SYS_LOG/$name.r0.out")"
+      row=$(peer_row "$SYS_LOG/$name.r0.out" "gloo-$algo") ||
+        fail "$name: $(cat "$SYS_LOG/$name.r0.out")"
       ROWS+=("$ROUND gloo $algo $size $row")
       log "gloo $algo $size: median, min, max span (ms): ${row% * *}"
     done

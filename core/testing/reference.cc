@@ -255,11 +255,11 @@ Expected ExpectedAt(DType dtype, ReduceOp op,
   return Expected{acc, mag};
 }
 
-// Compares element i of `result` with what it should be; counts it and
-// describes the first wrong one (`index`: its place in the whole buffer).
-void CheckElement(DType dtype, ReduceOp op, int g, const void* result,
-                  size_t i, size_t index, Expected want, CheckResult& out) {
-  const double tol = Tolerance(dtype, g);
+// Compares element i of `result` with what it should be (`tol`:
+// Tolerance of the dtype and world); counts it and describes the first
+// wrong one.
+void CheckElement(DType dtype, ReduceOp op, double tol, const void* result,
+                  size_t i, Expected want, CheckResult& out) {
   const double got = ElementAsDouble(dtype, result, i);
   bool ok;
   if (!IsFloatingPoint(dtype) || op == ReduceOp::kMin ||
@@ -273,8 +273,8 @@ void CheckElement(DType dtype, ReduceOp op, int g, const void* result,
   }
   if (!ok && out.wrong++ == 0) {
     out.first = absl::StrFormat(
-        "element %d: got %.17g, expected %.17g (tolerance %.3g relative)",
-        index, got, want.acc, tol);
+        "element %d: got %.17g, expected %.17g (tolerance %.3g relative)", i,
+        got, want.acc, tol);
   }
 }
 
@@ -286,9 +286,9 @@ CheckResult CheckAllReduce(DType dtype, ReduceOp op,
   CheckResult out;
   std::vector<const uint8_t*> in;
   for (const std::vector<uint8_t>& v : inputs) in.push_back(v.data());
-  const int g = static_cast<int>(in.size());
+  const double tol = Tolerance(dtype, static_cast<int>(in.size()));
   for (size_t i = 0; i < count; ++i) {
-    CheckElement(dtype, op, g, result, i, i, ExpectedAt(dtype, op, in, i), out);
+    CheckElement(dtype, op, tol, result, i, ExpectedAt(dtype, op, in, i), out);
   }
   return out;
 }
@@ -344,11 +344,12 @@ AllReduceReference::AllReduceReference(DType dtype, ReduceOp op, int world,
 
 CheckResult AllReduceReference::Check(const void* result) const {
   CheckResult out;
+  const double tol = Tolerance(dtype_, world_);
   for (size_t i = 0; i < count_; ++i) {
     const Expected want =
         exact_ ? Expected{ElementAsDouble(dtype_, exact_result_.data(), i), 0}
                : Expected{acc_[i], static_cast<double>(mag_[i])};
-    CheckElement(dtype_, op_, world_, result, i, i, want, out);
+    CheckElement(dtype_, op_, tol, result, i, want, out);
   }
   return out;
 }

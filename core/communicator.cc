@@ -385,7 +385,9 @@ namespace {
 
 // Whether the ranks agree on op's fingerprint. Where the ring's first step
 // can leave early, the buffer is begun (*begun: how that went) and the
-// step sent between sending the fingerprints and waiting for them.
+// step sent between sending the fingerprints and waiting for them; where a
+// two-level all-reduce can start early, its host's reduce-scatter runs
+// there, in a copy (TwoLevelStartEarly).
 absl::Status AgreeOnFingerprints(OpContext& op, const Fingerprint& fp,
                                  OpBuffer* buffer,
                                  std::optional<absl::Status>* begun) {
@@ -398,10 +400,14 @@ absl::Status AgreeOnFingerprints(OpContext& op, const Fingerprint& fp,
     if (!(*begun)->ok()) return **begun;
     return DoublingExchange(op);
   }
-  if (!RingCanSendEarly(op)) return ExchangeFingerprints(op);
+  const bool ring_early = RingCanSendEarly(op);
+  const bool two_level_early = !ring_early && TwoLevelCanStartEarly(op);
+  if (!ring_early && !two_level_early) return ExchangeFingerprints(op);
   absl::Status status = SendFingerprints(op);
   if (status.ok()) *begun = buffer->Begin(fp.dtype, fp.op, fp.count);
-  if (status.ok() && (*begun)->ok()) status = RingSendFirstStep(op);
+  if (status.ok() && (*begun)->ok()) {
+    status = ring_early ? RingSendFirstStep(op) : TwoLevelStartEarly(op);
+  }
   if (status.ok()) status = AwaitFingerprints(op);
   return status;
 }

@@ -86,6 +86,7 @@ OpContext::OpContext(const CommParts& parts, const Fingerprint& fp,
       telemetry_(parts.telemetry),
       progress_(parts.progress),
       fp_(fp),
+      caller_buffer_(buffer),
       buffer_(buffer),
       start_(start),
       timeout_(timeout > absl::ZeroDuration() ? timeout

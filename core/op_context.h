@@ -22,6 +22,7 @@
 #include <map>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,15 @@ class OpContext {
   const Fingerprint& fp() const { return fp_; }
   void set_op_seq(uint64_t seq) { fp_.op_seq = seq; }
   OpBuffer& buffer() { return *buffer_; }
+  // Points buffer() at `other` (nullptr: back at the caller's) and returns
+  // what it pointed at: a two-level all-reduce reduces its host's sums in
+  // a copy while the fingerprints are in flight (TwoLevelStartEarly). Only
+  // around steps that post no receive (PostRecv writes into buffer()).
+  OpBuffer* LendBuffer(OpBuffer* other) {
+    OpBuffer* was = buffer_;
+    buffer_ = other != nullptr ? other : caller_buffer_;
+    return was;
+  }
   absl::Time start() const { return start_; }
   absl::Time deadline() const { return deadline_; }
   absl::Duration timeout() const { return timeout_; }
@@ -160,6 +170,18 @@ class OpContext {
   // the fingerprints were still in flight; RingSteps does not send it again.
   bool first_step_sent() const { return first_step_sent_; }
   void set_first_step_sent() { first_step_sent_ = true; }
+  // Fingerprints taken before the exchange's wait, by rank (a two-level
+  // all-reduce's host peers', TwoLevelStartEarly): AwaitFingerprints takes
+  // them from here instead of waiting for them again. Empty: none.
+  std::vector<std::optional<Fingerprint>>& early_fingerprints() {
+    return early_fingerprints_;
+  }
+  // A two-level all-reduce's host reduce-scatter ran in send_scratch()
+  // while the fingerprints were in flight, and the cross-host ring's first
+  // step left from there (TwoLevelStartEarly): the buffer is still the
+  // caller's input; the host's sums wait in the scratch copy.
+  bool host_sums_early() const { return host_sums_early_; }
+  void set_host_sums_early() { host_sums_early_ = true; }
 
   // --- Frames.
   // The header fields every fingerprint / data frame of this op shares.
@@ -290,7 +312,8 @@ class OpContext {
   ProgressLedger* const progress_;
 
   Fingerprint fp_;
-  OpBuffer* const buffer_;
+  OpBuffer* const caller_buffer_;
+  OpBuffer* buffer_;  // buffer(): the caller's, or one lent (LendBuffer)
   const absl::Time start_;
   const absl::Duration timeout_;
   const absl::Time deadline_;
@@ -309,6 +332,8 @@ class OpContext {
   std::vector<std::pair<int, std::function<bool()>>> intact_;
   int input_slice_ = 0;
   bool first_step_sent_ = false;
+  bool host_sums_early_ = false;
+  std::vector<std::optional<Fingerprint>> early_fingerprints_;
   // Where the op is (mirrors the progress ledger, for error text).
   Phase phase_ = Phase::kFingerprint;
   int step_ = 0;

@@ -46,6 +46,13 @@ absl::Status ExchangeFingerprints(OpContext& op);
 // AwaitFingerprints takes every other rank's and compares them.
 absl::Status SendFingerprints(OpContext& op);
 absl::Status AwaitFingerprints(OpContext& op);
+// Between the two halves: takes the fingerprints of `ranks` ahead of the
+// others (into op.early_fingerprints(), where AwaitFingerprints finds
+// them) and says whether each is this rank's call, run alike. A
+// disagreement is not an error here: AwaitFingerprints reports it, in the
+// words every rank uses. Errors: those of the wait.
+absl::StatusOr<bool> AwaitFingerprintsEarly(OpContext& op,
+                                            const std::vector<int>& ranks);
 
 // --- ring.cc
 // Pipelined ring all-reduce: G-1 reduce-scatter steps, then G-1 all-gather
@@ -68,7 +75,24 @@ absl::Status RingAllGather(OpContext& op);
 // share); then an all-gather inside each host. Every element is reduced
 // in one order that every rank receives: bit-identical everywhere. AVG
 // divides once, by the world, in the cross-host reduce-scatter.
+// When its host's sums were reduced early (TwoLevelStartEarly), it takes
+// them from the scratch copy and goes on with the cross-host ring's second
+// step.
 absl::Status TwoLevelAllReduce(OpContext& op);
+// Whether a two-level all-reduce starts while the fingerprints are in
+// flight: fingerprints all-to-all, and a link model by which copying the
+// buffer once on this host (its local B) costs less than the network hop
+// that agreeing first would add (its net alpha).
+bool TwoLevelCanStartEarly(const OpContext& op);
+// Between sending the fingerprints and waiting for the rest (the buffer
+// begun): takes the host peers' fingerprints, and where they agree with
+// this rank's, runs the host's reduce-scatter in a copy of the buffer
+// (op.send_scratch()) and sends the cross-host ring's first step from
+// there. The caller's buffer is only read: a disagreement found afterwards
+// has touched no buffer anywhere, and nothing is reduced with a frame whose
+// sender's fingerprint was not checked first. The network hop of the
+// fingerprints then overlaps the data's, as for the ring (RingCanSendEarly).
+absl::Status TwoLevelStartEarly(OpContext& op);
 // Two-level reduce-scatter and all-gather on the same hosts: rank r's
 // slice is planned as the flat ring's (PlanSegments over the world), and a
 // host ring's segment k is the column of slices of local position k on

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "core/algorithms/algorithms.h"
 #include "core/cost_model.h"
 #include "core/ring_plan.h"
@@ -175,6 +176,34 @@ absl::Status SendAllToAll(OpContext& op) {
   return absl::OkStatus();
 }
 
+// Waits for the fingerprint `from` sends of its own call. Where the
+// deadline passes first, those of `rest` whose frames are not here either
+// are late too (two newcomers at once).
+absl::StatusOr<InFrame> AwaitOwnFingerprint(OpContext& op, int from,
+                                            absl::Span<const int> rest) {
+  absl::StatusOr<InFrame> got =
+      op.AwaitFingerprint(from, from, "its fingerprint");
+  if (!got.ok()) {
+    op.AlsoLate(rest);
+    return got.status();
+  }
+  if (got->meta.kind != FrameKind::kFingerprint ||
+      got->meta.origin_rank != from) {
+    return absl::DataLossError(absl::StrCat(
+        op.Where(), ": expected the fingerprint of ", op.Who(from),
+        ", got a frame of kind ", static_cast<int>(got->meta.kind),
+        " from origin ", got->meta.origin_rank));
+  }
+  return got;
+}
+
+// Whether rank k's fingerprint was taken ahead of the exchange's wait.
+bool HeardEarly(OpContext& op, int k) {
+  const auto& early = op.early_fingerprints();
+  return static_cast<size_t>(k) < early.size() &&
+         early[static_cast<size_t>(k)].has_value();
+}
+
 absl::Status AwaitAllToAll(OpContext& op) {
   const int g = op.world();
   const int r = op.rank();
@@ -187,26 +216,17 @@ absl::Status AwaitAllToAll(OpContext& op) {
   if (eager) kept.resize(static_cast<size_t>(g));
   for (int i = 1; i < g; ++i) {
     const int from = op.path().rank_at(op.position() - i);
-    absl::StatusOr<InFrame> got =
-        op.AwaitFingerprint(from, from, "its fingerprint");
-    if (!got.ok()) {
-      // The ranks not awaited yet whose fingerprints are not here are late
-      // too (two newcomers at once).
-      std::vector<int> rest;
-      for (int j = i + 1; j < g; ++j) {
-        rest.push_back(op.path().rank_at(op.position() - j));
-      }
-      op.AlsoLate(rest);
-      return got.status();
+    if (!eager && HeardEarly(op, from)) {
+      all[static_cast<size_t>(from)] =
+          *op.early_fingerprints()[static_cast<size_t>(from)];
+      continue;
     }
-    InFrame in = *std::move(got);
-    if (in.meta.kind != FrameKind::kFingerprint ||
-        in.meta.origin_rank != from) {
-      return absl::DataLossError(absl::StrCat(
-          op.Where(), ": expected the fingerprint of ", op.Who(from),
-          ", got a frame of kind ", static_cast<int>(in.meta.kind),
-          " from origin ", in.meta.origin_rank));
+    std::vector<int> rest;
+    for (int j = i + 1; j < g; ++j) {
+      const int k = op.path().rank_at(op.position() - j);
+      if (!HeardEarly(op, k)) rest.push_back(k);
     }
+    HALKA_ASSIGN_OR_RETURN(InFrame in, AwaitOwnFingerprint(op, from, rest));
     all[static_cast<size_t>(from)] = in.meta.fingerprint;
     if (eager) kept[static_cast<size_t>(from)] = std::move(in);
   }
@@ -226,6 +246,29 @@ absl::Status AwaitAllToAll(OpContext& op) {
 }
 
 }  // namespace
+
+absl::StatusOr<bool> AwaitFingerprintsEarly(OpContext& op,
+                                            const std::vector<int>& ranks) {
+  if (!op.all_to_all() || EagerBytes(op) > 0) {
+    return absl::InternalError(
+        "AwaitFingerprintsEarly needs all-to-all fingerprints, not eager");
+  }
+  auto& early = op.early_fingerprints();
+  early.resize(static_cast<size_t>(op.world()));
+  bool agree = true;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const int from = ranks[i];
+    // Should the deadline pass, every rank not heard from yet is late too.
+    std::vector<int> rest;
+    for (int k = 0; k < op.world(); ++k) {
+      if (k != op.rank() && k != from && !HeardEarly(op, k)) rest.push_back(k);
+    }
+    HALKA_ASSIGN_OR_RETURN(InFrame in, AwaitOwnFingerprint(op, from, rest));
+    early[static_cast<size_t>(from)] = in.meta.fingerprint;
+    agree = agree && CheckFingerprintPair(op, from, in.meta.fingerprint).ok();
+  }
+  return agree;
+}
 
 absl::Status CheckFingerprintPair(OpContext& op, int from,
                                   const Fingerprint& theirs) {

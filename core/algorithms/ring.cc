@@ -1,11 +1,15 @@
 // Ring all-reduce, and its two halves as reduce-scatter and all-gather,
 // pipelined by chunk.
 #include <algorithm>
+#include <cstring>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "core/algorithms/algorithms.h"
+#include "core/cost_model.h"
+#include "core/op_buffer.h"
 #include "core/ring_plan.h"
 #include "core/status_macros.h"
 
@@ -311,7 +315,11 @@ struct HostPlace {
   }
 };
 
-absl::StatusOr<HostPlace> PlaceOnHosts(OpContext& op, absl::string_view what) {
+// Where this rank sits; unless `track` is false (an all-reduce that
+// started early already did), it also sets up the operation's segment
+// counters and the links its waits watch.
+absl::StatusOr<HostPlace> PlaceOnHosts(OpContext& op, absl::string_view what,
+                                       bool track = true) {
   const std::vector<std::vector<int>>& hosts = op.config().hosts;
   if (!TwoLevelUsable(op.config())) {
     return absl::InternalError(
@@ -332,6 +340,7 @@ absl::StatusOr<HostPlace> PlaceOnHosts(OpContext& op, absl::string_view what) {
     p.across.push_back(
         hosts[static_cast<size_t>(i)][static_cast<size_t>(p.local)]);
   }
+  if (!track) return p;
   // Segments 0..g-1: the host ring's; g..g+h-1: the cross-host ring's.
   op.TrackSegments(static_cast<size_t>(p.g + p.h));
   const std::vector<int>& mine = p.mine(op);
@@ -412,22 +421,94 @@ absl::Status MoveInputSlice(OpContext& op) {
 
 }  // namespace
 
+namespace {
+
+// The part of the buffer whose all-reduce across the hosts this rank's
+// cross-host ring runs: the host's reduce-scatter leaves this rank with
+// the host's sum of part local+1.
+Range CrossPart(const OpContext& op, const HostPlace& p) {
+  return PlanSegments(static_cast<size_t>(op.fp().count),
+                      p.g)[static_cast<size_t>(Mod(p.local + 1, p.g))];
+}
+
+}  // namespace
+
 absl::Status TwoLevelAllReduce(OpContext& op) {
-  HALKA_ASSIGN_OR_RETURN(HostPlace p, PlaceOnHosts(op, "all-reduce"));
+  const bool early = op.host_sums_early();
+  HALKA_ASSIGN_OR_RETURN(HostPlace p,
+                         PlaceOnHosts(op, "all-reduce", /*track=*/!early));
   const size_t count = static_cast<size_t>(op.fp().count);
   if (count == 0) return absl::OkStatus();
   const RingPlan host_plan(op, InHost(op, p, p.local));
-  // 1. Reduce-scatter inside the host: this rank ends with the host's sum
-  //    of part local+1 (no AVG division yet).
-  HALKA_RETURN_IF_ERROR(RingSteps(op, 0, p.g - 1, host_plan, false));
+  const Range part = CrossPart(op, p);
+  if (early) {
+    // 1. Done while the fingerprints were in flight (TwoLevelStartEarly):
+    //    the host's sums of the part wait in the scratch copy, and the
+    //    cross-host ring's first step left from there.
+    const size_t es = DTypeSize(op.fp().dtype);
+    HALKA_RETURN_IF_ERROR(op.buffer().WriteBack(
+        op.send_scratch().data() + part.offset * es, part.offset, part.count));
+  } else {
+    // 1. Reduce-scatter inside the host: this rank ends with the host's sum
+    //    of part local+1 (no AVG division yet).
+    HALKA_RETURN_IF_ERROR(RingSteps(op, 0, p.g - 1, host_plan, false));
+  }
   // 2. That part's all-reduce across the hosts.
-  const Range part =
-      PlanSegments(count, p.g)[static_cast<size_t>(Mod(p.local + 1, p.g))];
   HALKA_RETURN_IF_ERROR(RingSteps(
       op, 0, 2 * (p.h - 1),
-      RingPlan(op, AcrossHosts(p, p.host, part, op.world())), false));
+      RingPlan(op, AcrossHosts(p, p.host, part, op.world())), early));
   // 3. All-gather inside the host, starting with that part.
   return RingSteps(op, p.g - 1, 2 * (p.g - 1), host_plan, false);
+}
+
+bool TwoLevelCanStartEarly(const OpContext& op) {
+  const Fingerprint& fp = op.fp();
+  if (fp.kind != OpKind::kAllReduce ||
+      op.algorithm() != Algorithm::kTwoLevel || !op.all_to_all() ||
+      fp.count == 0 || !TwoLevelUsable(op.config())) {
+    return false;
+  }
+  const std::optional<LinkModel>& m = op.config().link_model;
+  if (!m.has_value() || !m->local.known() || !m->net.known()) return false;
+  const double bytes = static_cast<double>(fp.count * DTypeSize(fp.dtype));
+  return bytes / m->local.bytes_per_s < m->net.alpha_s;
+}
+
+absl::Status TwoLevelStartEarly(OpContext& op) {
+  HALKA_ASSIGN_OR_RETURN(HostPlace p, PlaceOnHosts(op, "all-reduce"));
+  std::vector<int> peers;
+  for (int k : p.mine(op)) {
+    if (k != op.rank()) peers.push_back(k);
+  }
+  // Nothing of a host peer is reduced before its fingerprint is checked;
+  // where one disagrees, nothing starts early, and the exchange names the
+  // disagreement as every rank does.
+  HALKA_ASSIGN_OR_RETURN(const bool agree, AwaitFingerprintsEarly(op, peers));
+  if (!agree) return absl::OkStatus();
+  const Fingerprint& fp = op.fp();
+  const size_t count = static_cast<size_t>(fp.count);
+  const size_t bytes = count * DTypeSize(fp.dtype);
+  HALKA_ASSIGN_OR_RETURN(const uint8_t* in, op.buffer().HostView(0, count));
+  std::vector<uint8_t>& copy = op.send_scratch();
+  copy.resize(bytes);
+  std::memcpy(copy.data(), in, bytes);
+  HostOpBuffer sums(copy.data());
+  HALKA_RETURN_IF_ERROR(sums.Begin(fp.dtype, fp.op, count));
+  // The host ring's reduce-scatter posts no receive: buffer() may be the
+  // copy meanwhile.
+  op.LendBuffer(&sums);
+  absl::Status status =
+      RingSteps(op, 0, p.g - 1, RingPlan(op, InHost(op, p, p.local)), false);
+  if (status.ok()) {
+    status = SendFirst(
+        op, RingPlan(op, AcrossHosts(p, p.host, CrossPart(op, p), op.world())),
+        0, /*ledger=*/false);
+  }
+  op.LendBuffer(nullptr);
+  if (status.ok()) op.set_host_sums_early();
+  // What follows is the wait for the other hosts' fingerprints.
+  op.SetLedger(Phase::kFingerprint, 0, 0, 1, -1);
+  return status;
 }
 
 absl::Status TwoLevelReduceScatter(OpContext& op) {

@@ -18,6 +18,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "core/algorithms/algorithms.h"
 #include "core/communicator.h"
 #include "core/op_buffer.h"
@@ -163,6 +165,129 @@ TEST(TwoLevel, AutoTakesItAboveEagerBytesWhereHostsAllowIt) {
                                  fp_world == 16 ? "recursive_doubling" : "tree",
                                  8);
     }
+  }
+}
+
+// A link model under which a two-level all-reduce of any size here starts
+// while the fingerprints are in flight (TwoLevelCanStartEarly: copying the
+// buffer costs less than a network hop of a second).
+LinkModel SlowNetwork() {
+  LinkModel m;
+  m.local = LevelCost{1e-5, 1e9};
+  m.net = LevelCost{1.0, 1e8};
+  return m;
+}
+
+struct EarlyHostRing : InProcRing {
+  EarlyHostRing(const Hosts& hosts, size_t chunk_bytes)
+      : InProcRing(WorldOf(hosts), chunk_bytes, [&](CommConfig& c) {
+          c.ring_order = OrderOf(hosts);
+          c.hosts = hosts;
+          c.all_to_all_max_world = 16;
+          c.link_model = SlowNetwork();
+        }) {}
+};
+
+TEST(TwoLevelEarly, EveryShapeCountOpAndDtypeAgreesEverywhereAndWithTheReference) {
+  for (const Hosts& hosts : Shapes()) {
+    SCOPED_TRACE(Name(hosts));
+    EarlyHostRing ring(hosts, 40);
+    EXPECT_TRUE(ring.comms[0]->config().link_model.has_value());
+    ring.ExpectAllReduceMatrixAgrees(Algorithm::kTwoLevel, "two_level", 12);
+  }
+}
+
+// Whether the early start happens: on 2 x 2, rank 3 calls 300 ms after the
+// others. With the model, rank 0 reduces its host's sums with rank 1 and
+// sends its cross-host ring's first step (a data frame of a cross-host
+// segment, g or above) before rank 3's fingerprint can have come; without
+// it (and with fingerprints around the ring) nothing of its data leaves
+// before then. The results agree either way.
+TEST(TwoLevelEarly, TheCrossHostRingsFirstStepLeavesBeforeTheFingerprintsAgree) {
+  const Hosts hosts = {{0, 1}, {2, 3}};
+  for (bool model : {true, false}) {
+    SCOPED_TRACE(model ? "with the model" : "without a model");
+    InProcRing ring(4, 256, [&](CommConfig& c) {
+      c.ring_order = OrderOf(hosts);
+      c.hosts = hosts;
+      c.all_to_all_max_world = 16;
+      if (model) c.link_model = SlowNetwork();
+    });
+    EXPECT_EQ(TwoLevelUsable(ring.comms[0]->config()), true);
+    absl::Mutex mu;
+    std::vector<absl::Time> cross_sent;  // rank 0's cross-host data frames
+    ring.net.SetTamper(0, [&](FrameMeta& m) {
+      if (m.kind == FrameKind::kData && m.segment >= 2) {
+        absl::MutexLock lock(&mu);
+        cross_sent.push_back(absl::Now());
+      }
+    });
+    const size_t count = 1000;
+    std::vector<std::vector<uint8_t>> inputs =
+        MakeRanksData(DType::kFloat32, ReduceOp::kSum, count, 4, 4);
+    std::vector<std::vector<uint8_t>> bufs = inputs;
+    absl::Time late_call;
+    auto results = RunRanks<absl::StatusOr<OpResult>>(4, [&](int r) {
+      if (r == 3) {
+        absl::SleepFor(absl::Milliseconds(300));
+        late_call = absl::Now();
+      }
+      HostOpBuffer b(bufs[r].data());
+      return ring.comms[r]->AllReduce(b, count, DType::kFloat32,
+                                      ReduceOp::kSum, absl::ZeroDuration(),
+                                      Algorithm::kTwoLevel);
+    });
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+      EXPECT_EQ(results[r]->algorithm, "two_level");
+      EXPECT_EQ(bufs[r], bufs[0]) << "rank " << r;
+    }
+    EXPECT_EQ(CheckAllReduce(DType::kFloat32, ReduceOp::kSum, inputs,
+                             bufs[0].data(), count).wrong, 0u);
+    absl::MutexLock lock(&mu);
+    ASSERT_FALSE(cross_sent.empty());
+    if (model) {
+      EXPECT_LT(cross_sent.front(), late_call)
+          << "the cross-host ring's first step waited for the fingerprints";
+    } else {
+      EXPECT_GT(cross_sent.front(), late_call)
+          << "data left before every fingerprint agreed, without the model";
+    }
+  }
+}
+
+// A disagreement, on the host (rank 1 against rank 0, so its host starts
+// nothing early) or on the other host (rank 3: host 0 agrees and starts
+// early): every rank fails with FAILED_PRECONDITION naming the same pair,
+// and no buffer changed.
+TEST(TwoLevelEarly, ADisagreementTouchesNoBufferAndEveryRankNamesTheSamePair) {
+  const Hosts hosts = {{0, 1}, {2, 3}};
+  for (int odd : {1, 3}) {
+    SCOPED_TRACE(absl::StrCat("rank ", odd, " calls another count"));
+    EarlyHostRing ring(hosts, 256);
+    std::vector<std::vector<float>> bufs(4, std::vector<float>(2001, 1.5f));
+    auto results = RunRanks<absl::StatusOr<OpResult>>(4, [&](int r) {
+      return ring.comms[r]->AllReduce(bufs[r].data(), r == odd ? 2001 : 2000,
+                                      DType::kFloat32, ReduceOp::kSum,
+                                      absl::Seconds(5), Algorithm::kTwoLevel);
+    });
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_FALSE(results[r].ok()) << "rank " << r;
+      EXPECT_EQ(results[r].status().code(),
+                absl::StatusCode::kFailedPrecondition)
+          << "rank " << r << ": " << results[r].status();
+      EXPECT_TRUE(absl::StrContains(
+          results[r].status().message(),
+          absl::StrCat("ranks disagree on the operation: rank 0 (w0, inproc:0) "
+                       "calls all_reduce #1 float32x2000 sum (two_level) but "
+                       "rank ", odd, " (w", odd, ", inproc:", odd,
+                       ") calls all_reduce #1 float32x2001")))
+          << "rank " << r << ": " << results[r].status();
+      EXPECT_EQ(bufs[r], std::vector<float>(2001, 1.5f)) << "rank " << r;
+    }
+    // The next call agrees, and runs: the failed one left nothing behind.
+    ring.ExpectAllReduceAgrees(DType::kFloat32, ReduceOp::kSum, 777,
+                               Algorithm::kTwoLevel, "two_level", 9);
   }
 }
 

@@ -81,8 +81,9 @@ absl::Status RingAllGather(OpContext& op);
 absl::Status TwoLevelAllReduce(OpContext& op);
 // Whether a two-level all-reduce starts while the fingerprints are in
 // flight: fingerprints all-to-all, and a link model by which copying the
-// buffer once on this host (its local B) costs less than the network hop
-// that agreeing first would add (its net alpha).
+// buffer once on this host (at its local B or 4 GB/s, whichever is
+// faster) costs less than the network hop that agreeing first would add
+// (its net alpha).
 bool TwoLevelCanStartEarly(const OpContext& op);
 // Between sending the fingerprints and waiting for the rest (the buffer
 // begun): takes the host peers' fingerprints, and where they agree with

@@ -127,9 +127,10 @@ namespace {
 
 // The largest send scratch an operation leaves to the next (spare_scratch_):
 // a recursive doubling's two halves up to 512 KiB, a tree's buffer up to
-// 1 MiB. The small operations it serves would otherwise allocate and free
-// it each time.
-constexpr size_t kKeptScratchBytes = size_t{1} << 20;
+// 1 MiB, a two-level all-reduce's copy where it starts early (up to 8 MiB
+// with hosts 2 ms apart: TwoLevelCanStartEarly). The operations it serves
+// would otherwise allocate, fault in and free it each time.
+constexpr size_t kKeptScratchBytes = size_t{8} << 20;
 
 // Which algorithms a collective of `kind` implements (auto always).
 bool Implements(OpKind kind, Algorithm algorithm) {

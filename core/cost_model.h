@@ -76,10 +76,13 @@ std::optional<double> PredictSeconds(const RingShape& shape, OpKind kind,
 // AgreeOnFingerprints): one hop at the level a flat algorithm moves at
 // (every rank sends its fingerprint to every rank), where recursive
 // doubling's all-reduce carries them on its data frames (0). The ring's
-// first step leaves while the pass is under way, but no chunk is reduced
-// before it ends. Measured on the delayed test bed (docs/scaling.md) the
-// ring, two-level and naive took about one net hop more than their data
-// phase. Worlds above all_to_all_max_world pass the fingerprints around
+// first step leaves while the pass is under way, and a two-level
+// all-reduce on hosts a network hop apart reduces its host's sums and
+// sends its first cross-host step meanwhile (TwoLevelStartEarly), but
+// neither reduces a chunk into the buffer before the pass ends. Measured
+// on the delayed test bed (docs/scaling.md) the ring, two-level and naive
+// took about one net hop more than their data phase (two-level with its
+// early start: 0.96-1.05 of the prediction with that hop at 4-64 KiB). Worlds above all_to_all_max_world pass the fingerprints around
 // the ring, which this does not price. 0 on one rank; nullopt without the
 // level.
 std::optional<double> FingerprintPassSeconds(const RingShape& shape,

@@ -437,6 +437,10 @@ void OpContext::SendAbort(const absl::Status& status) {
 
 void OpContext::SetLedger(Phase phase, int step, int chunk, int chunks,
                           int awaited) {
+  if (ledger_held_) {
+    progress_->Set(phase_, step_, chunk_, chunks_, awaited);
+    return;
+  }
   if (phase != phase_) {
     const absl::Time now = halka::Now();
     Trace(TraceSpan::Kind::kPhase, -1, 0, phase_start_, now);

@@ -262,6 +262,12 @@ class OpContext {
   // --- Ledgers.
   // Where the operation is; see ProgressLedger::Set.
   void SetLedger(Phase phase, int step, int chunk, int chunks, int awaited);
+  // While held, SetLedger keeps the phase, step and chunk where they are
+  // (only the awaited peer follows): work done before the fingerprints
+  // agree (TwoLevelStartEarly) stays in the fingerprint phase for the
+  // progress ledger, the timeline, the fingerprint pass's end and the
+  // error text, as the ring's early first step does.
+  void HoldLedger(bool hold) { ledger_held_ = hold; }
   // Books `spent` reducing a frame from `peer` (plus the test-only delay,
   // which it sleeps); returns what it booked.
   absl::Duration RecordReduce(int peer, absl::Duration spent);
@@ -333,6 +339,7 @@ class OpContext {
   int input_slice_ = 0;
   bool first_step_sent_ = false;
   bool host_sums_early_ = false;
+  bool ledger_held_ = false;  // HoldLedger
   std::vector<std::optional<Fingerprint>> early_fingerprints_;
   // Where the op is (mirrors the progress ledger, for error text).
   Phase phase_ = Phase::kFingerprint;

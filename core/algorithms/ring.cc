@@ -1,7 +1,7 @@
 // Ring all-reduce, and its two halves as reduce-scatter and all-gather,
 // pipelined by chunk.
 #include <algorithm>
-#include <cstring>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -166,13 +166,21 @@ int PostRecvs(OpContext& op, const RingPlan& plan, int t, int end) {
   return t;
 }
 
+// Called with each chunk a ring step t took (reduced, AVG divided where
+// the step divides, or put in place), once it is in the buffer and has
+// moved on to the next step: another ring may send it on from there.
+using ChunkTaken =
+    std::function<absl::Status(int t, int seg, const Range& chunk)>;
+
 // Ring steps [first, end) of the 2(G-1) steps of an all-reduce (0..G-2
 // reduce-scatter, G-1..2G-3 all-gather), pipelined by chunk: step t sends
 // the segment received (and reduced) at step t-1, so a chunk moves on as
 // soon as it is ready; step `first` sends this rank's own data (unless it
-// already left while the fingerprints were in flight).
+// already left while the fingerprints were in flight, or another ring's
+// `taken` sent it).
 absl::Status RingSteps(OpContext& op, int first, int end,
-                       const RingPlan& plan, bool first_sent) {
+                       const RingPlan& plan, bool first_sent,
+                       const ChunkTaken& taken = nullptr) {
   const Fingerprint& fp = op.fp();
   const int g = plan.g;
   if (g == 1 || fp.count == 0 || first >= end) return absl::OkStatus();
@@ -220,6 +228,7 @@ absl::Status RingSteps(OpContext& op, int first, int end,
       if (t + 1 < end) {
         HALKA_RETURN_IF_ERROR(SendChunk(op, plan, t + 1, seg, c));
       }
+      if (taken) HALKA_RETURN_IF_ERROR(taken(t, seg, c));
     }
   }
   op.RecordReduceTotal(reduce_time);
@@ -423,12 +432,85 @@ absl::Status MoveInputSlice(OpContext& op) {
 
 namespace {
 
-// The part of the buffer whose all-reduce across the hosts this rank's
-// cross-host ring runs: the host's reduce-scatter leaves this rank with
-// the host's sum of part local+1.
-Range CrossPart(const OpContext& op, const HostPlace& p) {
-  return PlanSegments(static_cast<size_t>(op.fp().count),
-                      p.g)[static_cast<size_t>(Mod(p.local + 1, p.g))];
+// A two-level all-reduce's three rings, pipelined by chunk across them:
+// the host's reduce-scatter hands each chunk of this rank's part (the
+// host's sum of part local+1) that the cross-host ring sends first to it
+// as soon as it is reduced, and the cross-host ring hands each chunk it
+// finishes (its own segment at its last reduce-scatter step, the others
+// as its all-gather brings them) to the host's all-gather at once, instead
+// of each ring waiting for the one before to end. So that the chunks match
+// across the rings, the host rings cut part k as the cross-host rings cut
+// it (their H segments of it, each by chunk) and list them in the order
+// the hand-over goes: the reduce-scatter starts with the segment the
+// cross-host ring sends first, the all-gather follows the order the
+// cross-host ring finishes them in (every rank of a host has the same
+// place in its cross-host ring, so its host peers' order is its own).
+struct TwoLevelPlans {
+  Range part;        // the part this rank's cross-host ring all-reduces
+  int part_seg = 0;  // its segment in the host rings (local+1)
+  RingPlan cross;
+  RingPlan host_rs;  // the host's reduce-scatter (steps 0..g-2)
+  RingPlan host_ag;  // the host's all-gather (steps g-1..2g-3)
+  Range first_across;  // the cross-host segment this rank sends first
+};
+
+// Part k's cross-host segments (offsets in the buffer), in the order of
+// the positions `order` lists.
+std::vector<Range> CrossCut(const Range& part, int h,
+                            const std::vector<int>& order) {
+  std::vector<Range> segs = PlanSegments(part.count, h);
+  std::vector<Range> out;
+  for (int i : order) {
+    Range seg = segs[static_cast<size_t>(Mod(i, h))];
+    seg.offset += part.offset;
+    out.push_back(seg);
+  }
+  return out;
+}
+
+TwoLevelPlans PlanTwoLevel(OpContext& op, const HostPlace& p) {
+  const size_t count = static_cast<size_t>(op.fp().count);
+  const std::vector<Range> parts = PlanSegments(count, p.g);
+  const int k = Mod(p.local + 1, p.g);
+  const Range part = parts[static_cast<size_t>(k)];
+  // The cross-host ring (plan position p.host) sends segment p.host at
+  // its first step, finishes segment p.host+1 at its last reduce-scatter
+  // step, and its all-gather brings p.host, p.host-1, ... (ring_plan.h).
+  std::vector<int> rs_order, ag_order;
+  for (int i = 0; i < p.h; ++i) {
+    rs_order.push_back(p.host + i);
+    ag_order.push_back(p.host + 1 - i);
+  }
+  RingGroup rs = InHost(op, p, p.local);
+  RingGroup ag = InHost(op, p, p.local);
+  for (const Range& each : parts) {
+    rs.segments.push_back(CrossCut(each, p.h, rs_order));
+    ag.segments.push_back(CrossCut(each, p.h, ag_order));
+  }
+  const Range first_across = CrossCut(part, p.h, {p.host})[0];
+  return TwoLevelPlans{part,
+                       k,
+                       RingPlan(op, AcrossHosts(p, p.host, part, op.world())),
+                       RingPlan(op, std::move(rs)),
+                       RingPlan(op, std::move(ag)),
+                       first_across};
+}
+
+// The host's reduce-scatter, handing the chunks of the cross-host ring's
+// first segment to it as they are reduced (its step 0).
+absl::Status HostReduceScatter(OpContext& op, const HostPlace& p,
+                               const TwoLevelPlans& plans) {
+  const Range& first = plans.first_across;
+  const int cross_seg = plans.cross.send_seg(0);
+  return RingSteps(
+      op, 0, p.g - 1, plans.host_rs, false,
+      [&](int t, int, const Range& c) -> absl::Status {
+        if (t != p.g - 2 || c.offset < first.offset ||
+            c.offset >= first.offset + first.count) {
+          return absl::OkStatus();
+        }
+        return SendChunk(op, plans.cross, 0, cross_seg, c);
+      });
 }
 
 }  // namespace
@@ -437,10 +519,9 @@ absl::Status TwoLevelAllReduce(OpContext& op) {
   const bool early = op.host_sums_early();
   HALKA_ASSIGN_OR_RETURN(HostPlace p,
                          PlaceOnHosts(op, "all-reduce", /*track=*/!early));
-  const size_t count = static_cast<size_t>(op.fp().count);
-  if (count == 0) return absl::OkStatus();
-  const RingPlan host_plan(op, InHost(op, p, p.local));
-  const Range part = CrossPart(op, p);
+  if (op.fp().count == 0) return absl::OkStatus();
+  const TwoLevelPlans plans = PlanTwoLevel(op, p);
+  const Range& part = plans.part;
   if (early) {
     // 1. Done while the fingerprints were in flight (TwoLevelStartEarly):
     //    the host's sums of the part wait in the scratch copy, and the
@@ -450,15 +531,21 @@ absl::Status TwoLevelAllReduce(OpContext& op) {
         op.send_scratch().data() + part.offset * es, part.offset, part.count));
   } else {
     // 1. Reduce-scatter inside the host: this rank ends with the host's sum
-    //    of part local+1 (no AVG division yet).
-    HALKA_RETURN_IF_ERROR(RingSteps(op, 0, p.g - 1, host_plan, false));
+    //    of part local+1 (no AVG division yet); the cross-host ring's first
+    //    step leaves chunk by chunk as it is reduced.
+    HALKA_RETURN_IF_ERROR(HostReduceScatter(op, p, plans));
   }
-  // 2. That part's all-reduce across the hosts.
+  // 2. That part's all-reduce across the hosts; each chunk it finishes
+  //    goes on to the host's all-gather at once (its first step).
   HALKA_RETURN_IF_ERROR(RingSteps(
-      op, 0, 2 * (p.h - 1),
-      RingPlan(op, AcrossHosts(p, p.host, part, op.world())), early));
-  // 3. All-gather inside the host, starting with that part.
-  return RingSteps(op, p.g - 1, 2 * (p.g - 1), host_plan, false);
+      op, 0, 2 * (p.h - 1), plans.cross, /*first_sent=*/true,
+      [&](int t, int, const Range& c) -> absl::Status {
+        if (t < p.h - 2) return absl::OkStatus();  // a partial sum
+        return SendChunk(op, plans.host_ag, p.g - 1, plans.part_seg, c);
+      }));
+  // 3. The rest of the all-gather inside the host.
+  return RingSteps(op, p.g - 1, 2 * (p.g - 1), plans.host_ag,
+                   /*first_sent=*/true);
 }
 
 bool TwoLevelCanStartEarly(const OpContext& op) {
@@ -496,24 +583,17 @@ absl::Status TwoLevelStartEarly(OpContext& op) {
   const size_t bytes = count * DTypeSize(fp.dtype);
   HALKA_ASSIGN_OR_RETURN(const uint8_t* in, op.buffer().HostView(0, count));
   std::vector<uint8_t>& copy = op.send_scratch();
-  copy.resize(bytes);
-  std::memcpy(copy.data(), in, bytes);
+  copy.assign(in, in + bytes);  // (resize would zero it first)
   HostOpBuffer sums(copy.data());
   HALKA_RETURN_IF_ERROR(sums.Begin(fp.dtype, fp.op, count));
   // The host ring's reduce-scatter posts no receive: buffer() may be the
-  // copy meanwhile.
+  // copy meanwhile. The operation stays in its fingerprint phase.
   op.LendBuffer(&sums);
-  absl::Status status =
-      RingSteps(op, 0, p.g - 1, RingPlan(op, InHost(op, p, p.local)), false);
-  if (status.ok()) {
-    status = SendFirst(
-        op, RingPlan(op, AcrossHosts(p, p.host, CrossPart(op, p), op.world())),
-        0, /*ledger=*/false);
-  }
+  op.HoldLedger(true);
+  const absl::Status status = HostReduceScatter(op, p, PlanTwoLevel(op, p));
+  op.HoldLedger(false);
   op.LendBuffer(nullptr);
   if (status.ok()) op.set_host_sums_early();
-  // What follows is the wait for the other hosts' fingerprints.
-  op.SetLedger(Phase::kFingerprint, 0, 0, 1, -1);
   return status;
 }
 

@@ -188,12 +188,41 @@ struct EarlyHostRing : InProcRing {
         }) {}
 };
 
-TEST(TwoLevelEarly, EveryShapeCountOpAndDtypeAgreesEverywhereAndWithTheReference) {
+// With the early start every result is the one without it, bit for bit
+// (the same reductions in the same order), on every rank, and within the
+// reference's bound: five shapes, three dtypes, SUM/AVG/MAX, 1, 5 and 1001
+// elements in 40-byte chunks.
+TEST(TwoLevelEarly, EveryShapeCountOpAndDtypeGivesTheSameBitsAsWithoutIt) {
   for (const Hosts& hosts : Shapes()) {
     SCOPED_TRACE(Name(hosts));
-    EarlyHostRing ring(hosts, 40);
-    EXPECT_TRUE(ring.comms[0]->config().link_model.has_value());
-    ring.ExpectAllReduceMatrixAgrees(Algorithm::kTwoLevel, "two_level", 12);
+    EarlyHostRing early(hosts, 40);
+    HostRing plain(hosts, 40, 16);
+    ASSERT_TRUE(early.comms[0]->config().link_model.has_value());
+    ASSERT_FALSE(plain.comms[0]->config().link_model.has_value());
+    const int g = early.g;
+    for (DType dtype : {DType::kFloat32, DType::kInt64, DType::kBFloat16}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+        for (size_t count : {size_t{1}, size_t{5}, size_t{1001}}) {
+          SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " op ",
+                                    static_cast<int>(op), " count ", count));
+          const std::vector<std::vector<uint8_t>> inputs =
+              MakeRanksData(dtype, op, count, g, 12);
+          std::vector<std::vector<uint8_t>> a = inputs, b = inputs;
+          auto ra = early.AllReduce(a, count, dtype, op, Algorithm::kTwoLevel);
+          auto rb = plain.AllReduce(b, count, dtype, op, Algorithm::kTwoLevel);
+          for (int r = 0; r < g; ++r) {
+            ASSERT_TRUE(ra[r].ok()) << "rank " << r << ": " << ra[r].status();
+            ASSERT_TRUE(rb[r].ok()) << "rank " << r << ": " << rb[r].status();
+            EXPECT_EQ(ra[r]->algorithm, "two_level");
+            ASSERT_EQ(a[r], a[0]) << "rank " << r;
+            ASSERT_EQ(a[r], b[r]) << "rank " << r << ": early start differs";
+          }
+          const CheckResult check =
+              CheckAllReduce(dtype, op, inputs, a[0].data(), count);
+          EXPECT_EQ(check.wrong, 0u) << check.first;
+        }
+      }
+    }
   }
 }
 
@@ -253,6 +282,95 @@ TEST(TwoLevelEarly, TheCrossHostRingsFirstStepLeavesBeforeTheFingerprintsAgree) 
       EXPECT_GT(cross_sent.front(), late_call)
           << "data left before every fingerprint agreed, without the model";
     }
+  }
+}
+
+// A rank that never calls, on the host (rank 1: rank 0 waits for it
+// before anything starts early) or on the other host (rank 3: host 0
+// starts early and its frames wait in host 1's inboxes): every caller
+// fails within its deadline (and the slack of its later waits), naming
+// it, in the fingerprint phase, its buffer untouched.
+TEST(TwoLevelEarly, ARankThatNeverCallsIsNamedAndNoBufferIsTouched) {
+  const Hosts hosts = {{0, 1}, {2, 3}};
+  for (int missing : {1, 3}) {
+    SCOPED_TRACE(absl::StrCat("rank ", missing, " never calls"));
+    EarlyHostRing ring(hosts, 256);
+    std::vector<std::vector<float>> bufs(4, std::vector<float>(3000, 2.5f));
+    const absl::Time start = absl::Now();
+    auto results = RunRanks<absl::StatusOr<OpResult>>(4, [&](int r) {
+      if (r == missing) {
+        return absl::StatusOr<OpResult>(absl::CancelledError("not called"));
+      }
+      return ring.comms[r]->AllReduce(bufs[r].data(), 3000, DType::kFloat32,
+                                      ReduceOp::kSum, absl::Milliseconds(400),
+                                      Algorithm::kTwoLevel);
+    });
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+    for (int r = 0; r < 4; ++r) {
+      if (r == missing) continue;
+      ASSERT_FALSE(results[r].ok()) << "rank " << r;
+      EXPECT_TRUE(absl::StrContains(results[r].status().message(),
+                                    absl::StrCat("rank ", missing, " (w",
+                                                 missing)))
+          << "rank " << r << ": " << results[r].status();
+      EXPECT_TRUE(absl::StrContains(results[r].status().message(),
+                                    "fingerprint"))
+          << "rank " << r << " failed outside the fingerprint phase: "
+          << results[r].status();
+      EXPECT_EQ(bufs[r], std::vector<float>(3000, 2.5f)) << "rank " << r;
+    }
+  }
+}
+
+// The rings hand chunks on as they finish them: on 2 x 2 in 64-byte
+// chunks, rank 0 sends each chunk of its part to its host peer (the
+// host's all-gather) as soon as its cross-host ring has finished it, so
+// its first all-gather frame to rank 1 leaves before its last cross-host
+// all-gather frame to rank 2; where the host's all-gather waited for the
+// cross-host ring to end, every cross-host frame would leave first. With
+// and without the early start; the results agree either way.
+TEST(TwoLevel, TheHostsAllGatherTakesEachChunkAsTheCrossHostRingFinishesIt) {
+  const Hosts hosts = {{0, 1}, {2, 3}};
+  for (bool model : {false, true}) {
+    SCOPED_TRACE(model ? "early start" : "no early start");
+    InProcRing ring(4, 64, [&](CommConfig& c) {
+      c.ring_order = OrderOf(hosts);
+      c.hosts = hosts;
+      c.all_to_all_max_world = 16;
+      if (model) c.link_model = SlowNetwork();
+    });
+    absl::Mutex mu;
+    std::vector<bool> to_host;  // rank 0's all-gather frames: host or cross
+    ring.net.SetTamper(0, [&](FrameMeta& m) {
+      if (m.kind == FrameKind::kData && m.phase == Phase::kAllGather) {
+        absl::MutexLock lock(&mu);
+        to_host.push_back(m.segment < 2);  // host segments 0..g-1
+      }
+    });
+    const size_t count = 1000;
+    std::vector<std::vector<uint8_t>> inputs =
+        MakeRanksData(DType::kFloat32, ReduceOp::kAvg, count, 4, 6);
+    std::vector<std::vector<uint8_t>> bufs = inputs;
+    auto results = ring.AllReduce(bufs, count, DType::kFloat32,
+                                  ReduceOp::kAvg, Algorithm::kTwoLevel);
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+      EXPECT_EQ(bufs[r], bufs[0]) << "rank " << r;
+    }
+    EXPECT_EQ(CheckAllReduce(DType::kFloat32, ReduceOp::kAvg, inputs,
+                             bufs[0].data(), count).wrong, 0u);
+    absl::MutexLock lock(&mu);
+    // 1000 floats: parts of 2000 bytes, cross-host segments of 1000 bytes
+    // in 16 chunks each; rank 0 sends its part's 32 chunks to rank 1 and
+    // its own finished segment's 16 to rank 2.
+    ASSERT_EQ(std::count(to_host.begin(), to_host.end(), true), 32);
+    ASSERT_EQ(std::count(to_host.begin(), to_host.end(), false), 16);
+    const auto first_host =
+        std::find(to_host.begin(), to_host.end(), true) - to_host.begin();
+    const auto last_cross =
+        to_host.rend() - std::find(to_host.rbegin(), to_host.rend(), false) - 1;
+    EXPECT_LT(first_host, last_cross)
+        << "the host's all-gather waited for the cross-host ring to end";
   }
 }
 

@@ -75,6 +75,9 @@ absl::Status RingAllGather(OpContext& op);
 // share); then an all-gather inside each host. Every element is reduced
 // in one order that every rank receives: bit-identical everywhere. AVG
 // divides once, by the world, in the cross-host reduce-scatter.
+// The three rings hand chunks on as they finish them: the host's
+// reduce-scatter sends the cross-host ring's first step chunk by chunk,
+// the cross-host ring each chunk it finishes to the host's all-gather.
 // When its host's sums were reduced early (TwoLevelStartEarly), it takes
 // them from the scratch copy and goes on with the cross-host ring's second
 // step.

@@ -178,13 +178,14 @@ LinkModel SlowNetwork() {
   return m;
 }
 
+// Fingerprints all-to-all, with that model (or, model false, none).
 struct EarlyHostRing : InProcRing {
-  EarlyHostRing(const Hosts& hosts, size_t chunk_bytes)
+  EarlyHostRing(const Hosts& hosts, size_t chunk_bytes, bool model = true)
       : InProcRing(WorldOf(hosts), chunk_bytes, [&](CommConfig& c) {
           c.ring_order = OrderOf(hosts);
           c.hosts = hosts;
           c.all_to_all_max_world = 16;
-          c.link_model = SlowNetwork();
+          if (model) c.link_model = SlowNetwork();
         }) {}
 };
 
@@ -236,12 +237,7 @@ TEST(TwoLevelEarly, TheCrossHostRingsFirstStepLeavesBeforeTheFingerprintsAgree) 
   const Hosts hosts = {{0, 1}, {2, 3}};
   for (bool model : {true, false}) {
     SCOPED_TRACE(model ? "with the model" : "without a model");
-    InProcRing ring(4, 256, [&](CommConfig& c) {
-      c.ring_order = OrderOf(hosts);
-      c.hosts = hosts;
-      c.all_to_all_max_world = 16;
-      if (model) c.link_model = SlowNetwork();
-    });
+    EarlyHostRing ring(hosts, 256, model);
     EXPECT_EQ(TwoLevelUsable(ring.comms[0]->config()), true);
     absl::Mutex mu;
     std::vector<absl::Time> cross_sent;  // rank 0's cross-host data frames
@@ -333,12 +329,7 @@ TEST(TwoLevel, TheHostsAllGatherTakesEachChunkAsTheCrossHostRingFinishesIt) {
   const Hosts hosts = {{0, 1}, {2, 3}};
   for (bool model : {false, true}) {
     SCOPED_TRACE(model ? "early start" : "no early start");
-    InProcRing ring(4, 64, [&](CommConfig& c) {
-      c.ring_order = OrderOf(hosts);
-      c.hosts = hosts;
-      c.all_to_all_max_world = 16;
-      if (model) c.link_model = SlowNetwork();
-    });
+    EarlyHostRing ring(hosts, 64, model);
     absl::Mutex mu;
     std::vector<bool> to_host;  // rank 0's all-gather frames: host or cross
     ring.net.SetTamper(0, [&](FrameMeta& m) {

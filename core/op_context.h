@@ -115,14 +115,12 @@ class OpContext {
   const Fingerprint& fp() const { return fp_; }
   void set_op_seq(uint64_t seq) { fp_.op_seq = seq; }
   OpBuffer& buffer() { return *buffer_; }
-  // Points buffer() at `other` (nullptr: back at the caller's) and returns
-  // what it pointed at: a two-level all-reduce reduces its host's sums in
-  // a copy while the fingerprints are in flight (TwoLevelStartEarly). Only
-  // around steps that post no receive (PostRecv writes into buffer()).
-  OpBuffer* LendBuffer(OpBuffer* other) {
-    OpBuffer* was = buffer_;
+  // Points buffer() at `other` (nullptr: back at the caller's): a
+  // two-level all-reduce reduces its host's sums in a copy while the
+  // fingerprints are in flight (TwoLevelStartEarly). Only around steps
+  // that post no receive (PostRecv writes into buffer()).
+  void LendBuffer(OpBuffer* other) {
     buffer_ = other != nullptr ? other : caller_buffer_;
-    return was;
   }
   absl::Time start() const { return start_; }
   absl::Time deadline() const { return deadline_; }

@@ -1,6 +1,9 @@
 #include "worker/rendezvous_link.h"
 
 #include <algorithm>
+#include <deque>
+#include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -311,6 +314,77 @@ RendezvousLink::Next RendezvousLink::OnBeatError(const grpc::Status& s,
   return Next::kAgain;
 }
 
+namespace {
+
+// What one Watch stream delivered, shared by its reactor and the watch
+// thread (the reactor goes when gRPC is done with it).
+struct WatchUpdates {
+  absl::Mutex mu;
+  std::deque<v1::Membership> queue ABSL_GUARDED_BY(mu);
+  bool ended ABSL_GUARDED_BY(mu) = false;
+
+  // The next update, or nothing once the stream has ended.
+  std::optional<v1::Membership> Next() {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](WatchUpdates* u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(u->mu) {
+          return !u->queue.empty() || u->ended;
+        },
+        this));
+    if (queue.empty()) return std::nullopt;
+    v1::Membership m = std::move(queue.front());
+    queue.pop_front();
+    return m;
+  }
+};
+
+// One Watch stream, read through gRPC's callback API. The watch thread waits
+// for its updates on WatchUpdates, never inside gRPC: a thread blocked in a
+// synchronous gRPC read is one gRPC may pick to poll every socket of the
+// process, the peer links' gRPC streams included, and to hand what it reads
+// on from there to the thread that runs the link's callbacks: a wake-up
+// more per frame (docs/performance.md, "The gRPC stream path").
+class WatchStream final : public grpc::ClientReadReactor<v1::Membership> {
+ public:
+  // Starts the call; `ctx` lives until `updates` says the stream ended.
+  static void Start(v1::Rendezvous::Stub* stub, grpc::ClientContext* ctx,
+                    v1::WatchRequest request,
+                    std::shared_ptr<WatchUpdates> updates) {
+    auto* stream = new WatchStream(std::move(request), std::move(updates));
+    stub->async()->Watch(ctx, &stream->request_, stream);
+    stream->StartRead(&stream->incoming_);
+    stream->StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream is ending: OnDone follows
+    {
+      absl::MutexLock lock(&updates_->mu);
+      updates_->queue.push_back(std::move(incoming_));
+    }
+    incoming_.Clear();
+    StartRead(&incoming_);
+  }
+
+  void OnDone(const grpc::Status&) override {
+    {
+      absl::MutexLock lock(&updates_->mu);
+      updates_->ended = true;
+    }
+    delete this;
+  }
+
+ private:
+  WatchStream(v1::WatchRequest request, std::shared_ptr<WatchUpdates> updates)
+      : request_(std::move(request)), updates_(std::move(updates)) {}
+
+  const v1::WatchRequest request_;
+  const std::shared_ptr<WatchUpdates> updates_;
+  v1::Membership incoming_;
+};
+
+}  // namespace
+
 void RendezvousLink::WatchLoop() {
   // Deltas (a change costs the members that changed, not the ring) unless
   // the last stream sent one this worker could not apply.
@@ -327,22 +401,22 @@ void RendezvousLink::WatchLoop() {
     deltas = true;
     grpc::ClientContext ctx;
     if (!Track(&ctx)) break;
-    std::unique_ptr<grpc::ClientReader<v1::Membership>> reader =
-        stub_->Watch(&ctx, req);
-    v1::Membership m;
-    while (reader->Read(&m)) {
-      absl::StatusOr<v1::Membership> whole = ApplyMembershipDelta(base, m);
+    auto updates = std::make_shared<WatchUpdates>();
+    WatchStream::Start(stub_.get(), &ctx, std::move(req), updates);
+    // Every update, until the stream ends (Stop cancels it).
+    while (std::optional<v1::Membership> m = updates->Next()) {
+      if (!deltas) continue;  // cancelled: drain to the end
+      absl::StatusOr<v1::Membership> whole = ApplyMembershipDelta(base, *m);
       if (!whole.ok()) {
         log_.Warning(absl::StrCat("watch: ", whole.status().message(),
                                   "; watching again for the whole membership"));
         deltas = false;
         ctx.TryCancel();
-        break;
+        continue;
       }
       base = *std::move(whole);
       callbacks_.on_membership(base);
     }
-    reader->Finish().IgnoreError();
     Untrack(&ctx);
     if (!deltas) continue;  // at once
     stop_.WaitForNotificationWithTimeout(absl::Milliseconds(300));

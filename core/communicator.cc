@@ -384,9 +384,10 @@ void Communicator::SetServers(std::vector<PeerInfo> servers) {
 
 namespace {
 
-// Whether the ranks agree on op's fingerprint. Where the ring's first step
-// can leave early, the buffer is begun (*begun: how that went) and the
-// step sent between sending the fingerprints and waiting for them; where a
+// Whether the ranks agree on op's fingerprint. Where the ring's or
+// halving-doubling's first step can leave early, the buffer is begun
+// (*begun: how that went) and the step sent between sending the
+// fingerprints and waiting for them; where a
 // two-level all-reduce can start early, its host's reduce-scatter runs
 // there, in a copy (TwoLevelStartEarly).
 absl::Status AgreeOnFingerprints(OpContext& op, const Fingerprint& fp,
@@ -402,12 +403,18 @@ absl::Status AgreeOnFingerprints(OpContext& op, const Fingerprint& fp,
     return DoublingExchange(op);
   }
   const bool ring_early = RingCanSendEarly(op);
-  const bool two_level_early = !ring_early && TwoLevelCanStartEarly(op);
-  if (!ring_early && !two_level_early) return ExchangeFingerprints(op);
+  const bool halving_early = !ring_early && HalvingCanSendEarly(op);
+  const bool two_level_early =
+      !ring_early && !halving_early && TwoLevelCanStartEarly(op);
+  if (!ring_early && !halving_early && !two_level_early) {
+    return ExchangeFingerprints(op);
+  }
   absl::Status status = SendFingerprints(op);
   if (status.ok()) *begun = buffer->Begin(fp.dtype, fp.op, fp.count);
   if (status.ok() && (*begun)->ok()) {
-    status = ring_early ? RingSendFirstStep(op) : TwoLevelStartEarly(op);
+    status = ring_early      ? RingSendFirstStep(op)
+             : halving_early ? HalvingSendFirstStep(op)
+                             : TwoLevelStartEarly(op);
   }
   if (status.ok()) status = AwaitFingerprints(op);
   return status;

@@ -168,8 +168,20 @@ absl::Status CheckFingerprintPair(OpContext& op, int from,
 // partner first and take the whole result back (2 more steps, the whole
 // buffer each, for those pairs). Each element is reduced by one rank
 // (AVG divided there) and copied to the others: the same bits everywhere.
-// The fingerprints agree first (ExchangeFingerprints), as for the ring.
+// The fingerprints agree first, as for the ring; as the ring's, its first
+// send may leave while they are compared, where it reads only this rank's
+// own input (HalvingCanSendEarly).
 absl::Status HalvingDoublingAllReduce(OpContext& op);
+// Whether this rank's first send of a halving-doubling all-reduce can leave
+// before the fingerprints agree: with all-to-all fingerprints, where that
+// send reads only the caller's unmodified buffer (a rank beyond the power of
+// two folding in, or a rank that takes no fold-in, giving half in round 0).
+// The receivers compare every fingerprint before they read a data frame,
+// and drop the frames of an operation that failed.
+bool HalvingCanSendEarly(const OpContext& op);
+// Sends that first step (the buffer's Begin must have succeeded) and marks
+// it sent, so that HalvingDoublingAllReduce goes on from there.
+absl::Status HalvingSendFirstStep(OpContext& op);
 
 // --- tree.cc
 // Double binary tree all-reduce, for small buffers on many ranks: every

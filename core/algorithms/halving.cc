@@ -31,6 +31,14 @@
 namespace halka {
 namespace {
 
+// Whether a rank's first send reads only its own buffer as the caller left
+// it: a rank beyond the power of two sends all of it to its partner first,
+// and a rank that takes no fold-in gives half of it in round 0. A rank that
+// takes a fold-in reduces it before round 0: nothing of its leaves early.
+bool FirstSendIsOwnInput(const DoublingPlan& d) {
+  return d.vrank < 0 || d.folds < 0;
+}
+
 class HalvingDoubling {
  public:
   explicit HalvingDoubling(OpContext& op)
@@ -41,14 +49,22 @@ class HalvingDoubling {
         blocks_(PlanSegments(static_cast<size_t>(op.fp().count), d_.p)),
         unit_(SlackUnit(op.timeout())) {}
 
+  // That first send, while the fingerprints are compared: the ledger stays
+  // in the fingerprint phase (the wait that follows is theirs).
+  absl::Status SendFirst() {
+    Prepare();
+    if (d_.vrank < 0) {
+      return SendWindow(RankAtPosition(d_.folds), Phase::kReduceScatter, 0,
+                        kFoldSeg, Whole(), /*ledger=*/false);
+    }
+    return SendWindow(Partner(0), Phase::kReduceScatter, 1, RsSeg(0),
+                      RoundZeroGive(), /*ledger=*/false);
+  }
+
   absl::Status Run() {
-    // Segments: 0 the fold-in, 1 + k the reduce-scatter's round k,
-    // 1 + rounds + k the all-gather's round k, 1 + 2 rounds the result back
-    // to a rank that folded in.
-    op_.TrackSegments(static_cast<size_t>(2 + 2 * d_.rounds));
-    if (d_.folds >= 0) op_.Watch(RankAtPosition(d_.folds));
-    for (int k = 0; k < d_.rounds && d_.vrank >= 0; ++k) op_.Watch(Partner(k));
-    if (d_.vrank < 0) return FoldInAndOut();
+    const bool sent_first = op_.first_step_sent();
+    if (!sent_first) Prepare();
+    if (d_.vrank < 0) return FoldInAndOut(sent_first);
     absl::Duration reduce_time;
     if (d_.folds >= 0) {
       // Step 0: the whole buffer of the rank that folds into this one.
@@ -64,8 +80,10 @@ class HalvingDoubling {
       const Window keep = keep_low ? Window{lo, mid} : Window{mid, hi};
       const Window give = keep_low ? Window{mid, hi} : Window{lo, mid};
       const int partner = Partner(k);
-      HALKA_RETURN_IF_ERROR(SendWindow(partner, Phase::kReduceScatter, k + 1,
-                                       RsSeg(k), give));
+      if (k > 0 || !sent_first) {
+        HALKA_RETURN_IF_ERROR(SendWindow(partner, Phase::kReduceScatter, k + 1,
+                                         RsSeg(k), give));
+      }
       HALKA_RETURN_IF_ERROR(Receive(partner, Phase::kReduceScatter, k + 1,
                                     RsSeg(k), keep, /*reduce=*/true, 1 + k,
                                     &reduce_time));
@@ -118,6 +136,21 @@ class HalvingDoubling {
     int hi;
   };
 
+  // Segments: 0 the fold-in, 1 + k the reduce-scatter's round k,
+  // 1 + rounds + k the all-gather's round k, 1 + 2 rounds the result back
+  // to a rank that folded in; and the partners this rank hears from.
+  void Prepare() {
+    op_.TrackSegments(static_cast<size_t>(2 + 2 * d_.rounds));
+    if (d_.folds >= 0) op_.Watch(RankAtPosition(d_.folds));
+    for (int k = 0; k < d_.rounds && d_.vrank >= 0; ++k) op_.Watch(Partner(k));
+  }
+  // What a rank that took no fold-in gives in round 0: the half of the
+  // whole buffer it does not keep (as the loop in Run cuts it).
+  Window RoundZeroGive() const {
+    const int mid = d_.p / 2;
+    return (d_.vrank & 1) == 0 ? Window{mid, d_.p} : Window{0, mid};
+  }
+
   int RsSeg(int k) const { return 1 + k; }
   int AgSeg(int k) const { return 1 + d_.rounds + k; }
   int BackSeg() const { return 1 + 2 * d_.rounds; }
@@ -144,9 +177,10 @@ class HalvingDoubling {
     return out;
   }
 
-  absl::Status SendWindow(int to, Phase phase, int step, int seg, Window w) {
+  absl::Status SendWindow(int to, Phase phase, int step, int seg, Window w,
+                          bool ledger = true) {
     const std::vector<Range> cs = ChunksOf(w);
-    op_.SetLedger(phase, step, 0, static_cast<int>(cs.size()), -1);
+    if (ledger) op_.SetLedger(phase, step, 0, static_cast<int>(cs.size()), -1);
     for (const Range& c : cs) {
       HALKA_ASSIGN_OR_RETURN(const uint8_t* p,
                              op_.buffer().HostView(c.offset, c.count));
@@ -199,12 +233,14 @@ class HalvingDoubling {
         PhaseName(phase), " step ", step, " writes there"));
   }
 
-  // A rank beyond the power of two: its whole buffer to its partner, the
-  // whole result back.
-  absl::Status FoldInAndOut() {
+  // A rank beyond the power of two: its whole buffer to its partner (unless
+  // it left early: `sent`), the whole result back.
+  absl::Status FoldInAndOut(bool sent) {
     const int partner = RankAtPosition(d_.folds);
-    HALKA_RETURN_IF_ERROR(
-        SendWindow(partner, Phase::kReduceScatter, 0, kFoldSeg, Whole()));
+    if (!sent) {
+      HALKA_RETURN_IF_ERROR(
+          SendWindow(partner, Phase::kReduceScatter, 0, kFoldSeg, Whole()));
+    }
     HALKA_RETURN_IF_ERROR(
         AwaitReleased(kFoldSeg, partner, Phase::kAllGather, d_.rounds));
     PostRecvs(partner, d_.rounds, BackSeg(), Whole());
@@ -228,6 +264,19 @@ class HalvingDoubling {
 absl::Status HalvingDoublingAllReduce(OpContext& op) {
   if (op.world() == 1 || op.fp().count == 0) return absl::OkStatus();
   return HalvingDoubling(op).Run();
+}
+
+bool HalvingCanSendEarly(const OpContext& op) {
+  return op.fp().kind == OpKind::kAllReduce &&
+         op.algorithm() == Algorithm::kHalvingDoubling && op.all_to_all() &&
+         op.world() > 1 && op.fp().count > 0 &&
+         FirstSendIsOwnInput(PlanFor(op.world(), op.position()));
+}
+
+absl::Status HalvingSendFirstStep(OpContext& op) {
+  HALKA_RETURN_IF_ERROR(HalvingDoubling(op).SendFirst());
+  op.set_first_step_sent();
+  return absl::OkStatus();
 }
 
 }  // namespace halka

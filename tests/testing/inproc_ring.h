@@ -21,6 +21,7 @@
 #include "core/telemetry.h"
 #include "core/testing/inproc_transport.h"
 #include "core/testing/reference.h"
+#include "core/timeline.h"
 #include "gtest/gtest.h"
 #include "tests/testing/run_ranks.h"
 
@@ -178,6 +179,23 @@ struct InProcRing {
     return sent;
   }
   // The bytes rank r sent to each peer over the ring's life.
+  // Whether rank r's last operation sent data (a send of more than 0
+  // bytes) while still in its fingerprint phase: a first step that left
+  // before the fingerprints agreed. A rank that ran no operation fails the
+  // test.
+  bool SentDataBeforeAgreeing(int r) const {
+    const std::vector<TraceOp> trace = comms[r]->GetTrace();
+    EXPECT_FALSE(trace.empty()) << "rank " << r << " ran no operation";
+    if (trace.empty()) return false;
+    for (const TraceSpan& s : trace.back().spans) {
+      if (s.kind == TraceSpan::Kind::kSend && s.phase == Phase::kFingerprint &&
+          s.bytes > 0) {
+        return true;
+      }
+    }
+    return false;
+  }
+
   std::map<int, uint64_t> SentBy(int r) const {
     std::map<int, uint64_t> sent;
     const Telemetry t = comms[r]->GetTelemetry();

@@ -459,9 +459,10 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   inbox_->ClearLinkFailures();
 
   // The ring's first step needs no agreement to leave (it reads this rank's
-  // own chunks only): it goes out between sending the fingerprints and
-  // waiting for them, so the fingerprints' hop overlaps the data's. A
-  // failed Begin is reported where it always was, after the fingerprints.
+  // own chunks only), nor does halving-doubling's where it reads only this
+  // rank's input: it goes out between sending the fingerprints and waiting
+  // for them, so the fingerprints' hop overlaps the data's. A failed Begin
+  // is reported where it always was, after the fingerprints.
   std::optional<absl::Status> begun;
   if (status.ok()) status = AgreeOnFingerprints(op, fp, buffer, &begun);
   status = progress_.EndUntouched(std::move(status));

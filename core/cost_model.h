@@ -76,7 +76,8 @@ std::optional<double> PredictSeconds(const RingShape& shape, OpKind kind,
 // AgreeOnFingerprints): one hop at the level a flat algorithm moves at
 // (every rank sends its fingerprint to every rank), where recursive
 // doubling's all-reduce carries them on its data frames (0). The ring's
-// first step leaves while the pass is under way, and a two-level
+// first step leaves while the pass is under way (halving-doubling's too,
+// where it reads only the rank's input), and a two-level
 // all-reduce on hosts a network hop apart reduces its host's sums and
 // sends its first cross-host step meanwhile (TwoLevelStartEarly), but
 // neither reduces a chunk into the buffer before the pass ends. Measured

@@ -342,7 +342,9 @@ void OpContext::Watch(int rank) {
 
 void OpContext::TrackSegments(size_t segments) {
   absl::MutexLock lock(&sends_->mu);
-  sends_->per_segment.assign(segments, 0);
+  if (segments > sends_->per_segment.size()) {
+    sends_->per_segment.resize(segments, 0);
+  }
 }
 
 bool OpContext::WaitForReleases(int segment, absl::Time deadline) {

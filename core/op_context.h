@@ -164,8 +164,9 @@ class OpContext {
   // All-gather: the slice of the buffer that holds this rank's contribution.
   int input_slice() const { return input_slice_; }
   void set_input_slice(int slice) { input_slice_ = slice; }
-  // The ring sent its first step (this rank's own chunks, read-only) while
-  // the fingerprints were still in flight; RingSteps does not send it again.
+  // The ring or halving-doubling sent its first step (this rank's own
+  // input, read-only) while the fingerprints were still in flight; the
+  // algorithm does not send it again.
   bool first_step_sent() const { return first_step_sent_; }
   void set_first_step_sent() { first_step_sent_ = true; }
   // Fingerprints taken before the exchange's wait, by rank (a two-level
@@ -224,7 +225,10 @@ class OpContext {
   // ring's neighbours). Every rank already is when fingerprints go to
   // every rank at once.
   void Watch(int rank);
-  // Resets the per-segment send counters to `segments` segments (all idle).
+  // Tracks at least `segments` segments' sends (each a count of frames on
+  // their way). It only adds segments, idle: a count is never reset, so an
+  // algorithm that sent its first step early and plans its segments
+  // afterwards (or twice) loses no frame still on its way.
   void TrackSegments(size_t segments);
   // Waits until the wire holds no frame of `segment` (-1: of any segment)
   // or `deadline` passes; whether it does. The frames stay where they are:

@@ -2,7 +2,8 @@
 // no halka in it. G ranks in one process (as `halkactl bench` runs its
 // embedded workers) move a ring all-reduce's bytes: 2(G-1) steps, in each
 // of which every rank sends its successor one segment (S/G bytes, in chunks
-// of at most --chunk) and takes one from its predecessor, adding each
+// of --chunk, the last with the remainder) and takes one from its
+// predecessor, adding each
 // received chunk into a float accumulator (the reduce's memory traffic).
 // A chunk of step s leaves once the same chunk of step s-1 came in, so
 // chunks pipeline as in halka's ring.
@@ -70,26 +71,25 @@ constexpr char kMethod[] = "/halka.floor.Ring/Link";
 constexpr char kIdleMethod[] = "/halka.floor.Ring/Idle";
 constexpr size_t kTagBytes = 16;
 
+// Also from gRPC's threads: no static destructors run under them.
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "halka-grpc-ring-floor: %s\n", what.c_str());
-  std::exit(1);
+  std::fflush(stderr);
+  _exit(1);
 }
 
 // A received chunk: contiguous (tcp) or gRPC's slices.
 struct Chunk {
-  std::vector<uint8_t> bytes;      // tcp
+  // tcp: received straight into memory of its own, not zero-filled first
+  // (the gRPC side's slices are not either).
+  std::unique_ptr<uint8_t[]> bytes;
+  size_t length = 0;
   std::vector<grpc::Slice> slices;  // grpc
-  size_t size() const {
-    if (slices.empty()) return bytes.size();
-    size_t n = 0;
-    for (const auto& s : slices) n += s.size();
-    return n;
-  }
   // Calls f(pointer, length) over the bytes in order.
   template <typename F>
   void ForEach(F&& f) const {
     if (slices.empty()) {
-      f(bytes.data(), bytes.size());
+      f(bytes.get(), length);
       return;
     }
     for (const auto& s : slices) f(s.begin(), s.size());
@@ -236,8 +236,9 @@ class TcpReceiver {
         uint32_t n = 0;
         if (!ReadAll(fd_, &n, 4)) return;
         Chunk c;
-        c.bytes.resize(n);
-        if (!ReadAll(fd_, c.bytes.data(), n)) return;
+        c.bytes.reset(new uint8_t[n]);
+        c.length = n;
+        if (!ReadAll(fd_, c.bytes.get(), n)) return;
         inbox_->Put(std::move(c));
       }
     });
@@ -390,7 +391,9 @@ class Poller {
         if (tag == reinterpret_cast<void*>(1) && ok && !reading) {
           reading = true;
           call_->Read(&buf_, reinterpret_cast<void*>(2));
-        } else if (tag == reinterpret_cast<void*>(2)) {
+        } else if (tag == reinterpret_cast<void*>(1) ||
+                   tag == reinterpret_cast<void*>(2)) {
+          // The call ended (cancelled before or while it was read).
           call_->Finish(&status_, reinterpret_cast<void*>(3));
         } else if (tag == reinterpret_cast<void*>(3)) {
           cq_.Shutdown();
@@ -454,11 +457,16 @@ void Tag(uint8_t* p, uint32_t from, uint32_t step,
 // One operation on rank r; returns its time in us.
 double RunOp(Rank& me, int r, int g, size_t seg, size_t chunk, uint32_t op) {
   const int steps = 2 * (g - 1);
-  const size_t chunks = (seg + chunk - 1) / chunk;
+  // Whole chunks; the last takes the remainder too, so that no chunk is
+  // shorter than `chunk` (at least the tag).
+  const size_t chunks = std::max<size_t>(1, seg / chunk);
+  auto length = [&](size_t c) {
+    return c + 1 < chunks ? chunk : seg - c * chunk;
+  };
   const uint32_t from = static_cast<uint32_t>((r + g - 1) % g);
   auto piece = [&](int step, size_t c) {
     uint8_t* p = me.send.data() + static_cast<size_t>(step) * seg + c * chunk;
-    const size_t len = std::min(chunk, seg - c * chunk);
+    const size_t len = length(c);
     Tag(p, static_cast<uint32_t>(r), static_cast<uint32_t>(step),
         static_cast<uint32_t>(c), op);
     me.out->Send(p, len);
@@ -468,7 +476,7 @@ double RunOp(Rank& me, int r, int g, size_t seg, size_t chunk, uint32_t op) {
   for (int step = 0; step < steps; ++step) {
     for (size_t c = 0; c < chunks; ++c) {
       Chunk in = me.inbox.Take();
-      const size_t len = std::min(chunk, seg - c * chunk);
+      const size_t len = length(c);
       uint8_t head[kTagBytes];
       size_t got = 0;
       float* acc = me.acc.data() + c * chunk / sizeof(float);

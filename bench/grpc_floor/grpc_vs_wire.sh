@@ -15,7 +15,8 @@
 #   gRPC/floor   halka's gRPC path against bare gRPC (1.0: as fast as gRPC
 #                allows in this pattern)
 # Options: --worlds "2 4 8" --min 256K --max 16M --iters 30 --warmup 10
-#          --rounds N (every cell N times, alternating the four; the median)
+#          --rounds N (every cell N times, alternating the three runs:
+#          halka wire, halka gRPC, the floor; the median)
 #          --algo A (halka's algorithm, default ring)
 set -euo pipefail
 BUILD=${1:?usage: grpc_vs_wire.sh BUILD [--worlds "2 4 8"] [--min S] [--max S] [--iters N] [--warmup N] [--rounds N] [--algo A]}
@@ -41,32 +42,39 @@ done
 TMP=$(mktemp -d)
 trap 'rm -rf -- "$TMP"' EXIT
 
-# halkactl bench rows "size time" (fails the run on any #wrong).
-halka() {  # G extra-args...
-  local g=$1; shift
-  timeout 600 "$HALKACTL" bench --workers="$g" -b "$MIN" -e "$MAX" -f 4 \
-    --n="$ITERS" --w="$WARMUP" --algo="$ALGO" --shm_links=false --hosts="$g" \
-    "$@" 2>/dev/null |
-    awk '$1 ~ /^[0-9]+$/ && NF >= 9 {
-           if ($9 != 0) { print "wrong " $1 " " $9; exit 1 }
-           print $1, $6 }'
+# One run's rows into $TMP/NAME ("size time" for halka, "size tcp grpc" for
+# the floor); on a failure (the command's, or a halka row with #wrong not
+# 0) says which run and why, with the command's own output, and exits 1.
+run() {  # NAME command...
+  local name=$1; shift
+  if ! timeout 600 "$@" > "$TMP/$name.out" 2>&1; then
+    echo "grpc_vs_wire.sh: $name failed: $*" >&2
+    tail -20 "$TMP/$name.out" >&2
+    exit 1
+  fi
+  case "$name" in
+    floor.*) awk '$1 ~ /^[0-9]+$/ { print $1, $2, $3 }' "$TMP/$name.out" > "$TMP/$name" ;;
+    *) if ! awk '$1 ~ /^[0-9]+$/ && NF >= 9 {
+                   if ($9 != 0) { print "size " $1 ": #wrong " $9 > "/dev/stderr"; bad = 1 }
+                   print $1, $6 }
+                 END { exit bad }' "$TMP/$name.out" > "$TMP/$name"; then
+         echo "grpc_vs_wire.sh: $name: wrong results (above): $*" >&2
+         exit 1
+       fi ;;
+  esac
 }
-floor() {  # G
-  timeout 600 "$FLOOR" --world "$1" --min "$MIN" --max "$MAX" \
-    --iters "$ITERS" --warmup "$WARMUP" |
-    awk '$1 ~ /^[0-9]+$/ { print $1, $2, $3 }'
+halka() {  # NAME G extra-args...
+  local name=$1 g=$2; shift 2
+  run "$name" "$HALKACTL" bench --workers="$g" -b "$MIN" -e "$MAX" -f 4 \
+    --n="$ITERS" --w="$WARMUP" --algo="$ALGO" --shm_links=false --hosts="$g" "$@"
 }
 
 for g in $WORLDS; do
   for (( r = 1; r <= ROUNDS; r++ )); do
-    halka "$g" > "$TMP/wire.$g.$r"
-    halka "$g" --wire_links=false > "$TMP/grpc.$g.$r"
-    floor "$g" > "$TMP/floor.$g.$r"
-    for f in wire grpc; do
-      if grep -q '^wrong' "$TMP/$f.$g.$r"; then
-        echo "grpc_vs_wire.sh: G=$g $f: $(cat "$TMP/$f.$g.$r")" >&2; exit 1
-      fi
-    done
+    halka "wire.$g.$r" "$g"
+    halka "grpc.$g.$r" "$g" --wire_links=false
+    run "floor.$g.$r" "$FLOOR" --world "$g" --min "$MIN" --max "$MAX" \
+      --iters "$ITERS" --warmup "$WARMUP"
   done
 done
 

@@ -178,7 +178,6 @@ struct InProcRing {
     }
     return sent;
   }
-  // The bytes rank r sent to each peer over the ring's life.
   // Whether rank r's last operation sent data (a send of more than 0
   // bytes) while still in its fingerprint phase: a first step that left
   // before the fingerprints agreed. A rank that ran no operation fails the
@@ -196,6 +195,7 @@ struct InProcRing {
     return false;
   }
 
+  // The bytes rank r sent to each peer over the ring's life.
   std::map<int, uint64_t> SentBy(int r) const {
     std::map<int, uint64_t> sent;
     const Telemetry t = comms[r]->GetTelemetry();

@@ -196,82 +196,143 @@ absl::StatusOr<FrameMeta> DecodeFrameHead(absl::Span<const uint8_t> header) {
   return m;
 }
 
-absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer) {
-  auto slices = std::make_shared<std::vector<grpc::Slice>>();
-  if (!buffer.Dump(slices.get()).ok()) {
-    return absl::DataLossError("frame: unreadable buffer");
+
+namespace {
+
+// Reads frames one after another out of pieces read back to back, without
+// joining them. Each frame's payload is the bytes its header says
+// (count x dtype; an ABORT none).
+class FrameCursor {
+ public:
+  explicit FrameCursor(absl::Span<const absl::Span<const uint8_t>> bytes)
+      : slices_(bytes) {
+    for (const auto& s : slices_) left_ += s.size();
   }
-  std::vector<absl::Span<const uint8_t>> spans;
-  spans.reserve(slices->size());
-  for (const grpc::Slice& s : *slices) spans.emplace_back(s.begin(), s.size());
-  return DecodeFrame(spans, std::move(slices));
+  size_t remaining() const { return left_; }
+
+  // The next frame; its pieces point into the slices.
+  absl::StatusOr<InFrame> Next() {
+    if (left_ < 4) return absl::DataLossError("frame: shorter than 4 bytes");
+    uint32_t hlen = 0;
+    Read(&hlen, 4);
+    if (hlen > kMaxFrameHeaderBytes || hlen > left_) {
+      return absl::DataLossError(
+          absl::StrCat("frame: header length ", hlen, " is out of bounds"));
+    }
+    std::string head(hlen, '\0');
+    Read(head.data(), hlen);
+    InFrame f;
+    FrameMeta& m = f.meta;
+    absl::Status parsed = ParseHead(head, &m);
+    if (!parsed.ok()) return parsed;
+    // Data frames carry count elements; a fingerprint frame may carry the
+    // whole (small) buffer of an eager operation.
+    if (m.count > kMaxFramePayloadBytes ||
+        m.count * DTypeSize(m.dtype) > kMaxFramePayloadBytes) {
+      return absl::DataLossError(absl::StrCat(
+          "frame: count ", m.count, " exceeds the frame limit of ",
+          kMaxFramePayloadBytes, " bytes"));
+    }
+    const uint64_t expected =
+        m.kind == FrameKind::kAbort ? 0 : m.count * DTypeSize(m.dtype);
+    if (expected > left_) {
+      return absl::DataLossError(absl::StrCat(
+          "frame: payload of ", left_, " bytes does not match count ",
+          m.count, " of ", DTypeName(m.dtype), " (", expected, " bytes)"));
+    }
+    size_t want = expected;
+    while (want > 0) {
+      const absl::Span<const uint8_t>& s = slices_[si_];
+      const size_t take = std::min(want, s.size() - pos_);
+      if (take > 0) f.pieces.push_back(s.subspan(pos_, take));
+      Advance(take);
+      want -= take;
+    }
+    return f;
+  }
+
+ private:
+  void Read(void* dst, size_t len) {
+    uint8_t* out = static_cast<uint8_t*>(dst);
+    while (len > 0) {
+      const absl::Span<const uint8_t>& s = slices_[si_];
+      const size_t take = std::min(len, s.size() - pos_);
+      std::memcpy(out, s.data() + pos_, take);
+      out += take;
+      len -= take;
+      Advance(take);
+    }
+  }
+  void Advance(size_t n) {
+    pos_ += n;
+    left_ -= n;
+    while (si_ < slices_.size() && pos_ == slices_[si_].size()) {
+      ++si_;
+      pos_ = 0;
+    }
+  }
+
+  absl::Span<const absl::Span<const uint8_t>> slices_;
+  size_t si_ = 0, pos_ = 0, left_ = 0;
+};
+
+std::shared_ptr<std::vector<grpc::Slice>> DumpSlices(
+    const grpc::ByteBuffer& buffer, std::vector<absl::Span<const uint8_t>>* spans) {
+  auto slices = std::make_shared<std::vector<grpc::Slice>>();
+  if (!buffer.Dump(slices.get()).ok()) return nullptr;
+  spans->reserve(slices->size());
+  for (const grpc::Slice& s : *slices) spans->emplace_back(s.begin(), s.size());
+  return slices;
 }
+
+}  // namespace
 
 absl::StatusOr<InFrame> DecodeFrame(
     absl::Span<const absl::Span<const uint8_t>> bytes,
     std::shared_ptr<void> keepalive) {
-  const absl::Span<const absl::Span<const uint8_t>>* slices = &bytes;
-  // Walk the pieces as one byte stream without joining them.
-  size_t si = 0, pos = 0;
-  auto remaining = [&]() {
-    size_t n = 0;
-    for (size_t i = si; i < slices->size(); ++i) n += (*slices)[i].size();
-    return n - pos;
-  };
-  auto read = [&](void* dst, size_t len) {
-    uint8_t* out = static_cast<uint8_t*>(dst);
-    while (len > 0) {
-      const absl::Span<const uint8_t>& s = (*slices)[si];
-      const size_t take = std::min(len, s.size() - pos);
-      std::memcpy(out, s.data() + pos, take);
-      out += take;
-      len -= take;
-      pos += take;
-      if (pos == s.size()) {
-        ++si;
-        pos = 0;
-      }
-    }
-  };
-  if (remaining() < 4) return absl::DataLossError("frame: shorter than 4 bytes");
-  uint32_t hlen = 0;
-  read(&hlen, 4);
-  if (hlen > kMaxFrameHeaderBytes || hlen > remaining()) {
-    return absl::DataLossError(
-        absl::StrCat("frame: header length ", hlen, " is out of bounds"));
-  }
-  std::string head(hlen, '\0');
-  read(head.data(), hlen);
-  InFrame f;
-  FrameMeta& m = f.meta;
-  absl::Status parsed = ParseHead(head, &m);
-  if (!parsed.ok()) return parsed;
-  const size_t payload = remaining();
-  // Data frames carry count elements; a fingerprint frame may carry the
-  // whole (small) buffer of an eager operation.
-  const uint64_t expected =
-      m.kind == FrameKind::kAbort ? 0 : m.count * DTypeSize(m.dtype);
-  if (m.count > kMaxFramePayloadBytes ||
-      m.count * DTypeSize(m.dtype) > kMaxFramePayloadBytes) {
+  FrameCursor cursor(bytes);
+  absl::StatusOr<InFrame> f = cursor.Next();
+  if (!f.ok()) return f;
+  if (cursor.remaining() != 0) {
+    const uint64_t expected = f->PayloadBytes();
     return absl::DataLossError(absl::StrCat(
-        "frame: count ", m.count, " exceeds the frame limit of ",
-        kMaxFramePayloadBytes, " bytes"));
+        "frame: payload of ", expected + cursor.remaining(),
+        " bytes does not match count ", f->meta.count, " of ",
+        DTypeName(f->meta.dtype), " (", expected, " bytes)"));
   }
-  if (payload != expected) {
-    return absl::DataLossError(absl::StrCat(
-        "frame: payload of ", payload, " bytes does not match count ",
-        m.count, " of ", DTypeName(m.dtype), " (", expected, " bytes)"));
-  }
-  while (si < slices->size()) {
-    const absl::Span<const uint8_t>& s = (*slices)[si];
-    if (s.size() > pos) {
-      f.pieces.push_back(absl::MakeConstSpan(s.data() + pos, s.size() - pos));
-    }
-    ++si;
-    pos = 0;
-  }
-  f.keepalive = std::move(keepalive);
+  f->keepalive = std::move(keepalive);
   return f;
+}
+
+absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer) {
+  std::vector<absl::Span<const uint8_t>> spans;
+  std::shared_ptr<std::vector<grpc::Slice>> slices = DumpSlices(buffer, &spans);
+  if (slices == nullptr) return absl::DataLossError("frame: unreadable buffer");
+  return DecodeFrame(spans, std::move(slices));
+}
+
+absl::StatusOr<std::vector<InFrame>> DecodeFrames(
+    const grpc::ByteBuffer& buffer) {
+  std::vector<absl::Span<const uint8_t>> spans;
+  std::shared_ptr<std::vector<grpc::Slice>> slices = DumpSlices(buffer, &spans);
+  if (slices == nullptr) return absl::DataLossError("frame: unreadable buffer");
+  FrameCursor cursor(spans);
+  std::vector<InFrame> frames;
+  do {
+    if (frames.size() == kMaxFramesPerMessage) {
+      return absl::DataLossError(absl::StrCat(
+          "message: more than ", kMaxFramesPerMessage, " frames"));
+    }
+    absl::StatusOr<InFrame> f = cursor.Next();
+    if (!f.ok()) {
+      return absl::Status(f.status().code(),
+                          absl::StrCat("frame ", frames.size() + 1,
+                                       " of a message: ", f.status().message()));
+    }
+    f->keepalive = slices;
+    frames.push_back(*std::move(f));
+  } while (cursor.remaining() > 0);
+  return frames;
 }
 
 }  // namespace halka

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -44,6 +45,16 @@ grpc::ByteBuffer AsByteBuffer(const OutFrame& frame);
 
 // Errors: DATA_LOSS naming what is wrong with the frame.
 absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer);
+
+// A message of a link that agreed to batches (kFrameBatchesKey): one or
+// more frames back to back, each [u32 LE header length][FrameHeader]
+// [payload of exactly the bytes its header says: count x dtype, an ABORT
+// none]. Every frame is checked as DecodeFrame checks one; they share the
+// message's slices. Errors: DATA_LOSS naming the frame (its place in the
+// message) and what is wrong, or more than kMaxFramesPerMessage frames.
+inline constexpr size_t kMaxFramesPerMessage = 256;
+absl::StatusOr<std::vector<InFrame>> DecodeFrames(
+    const grpc::ByteBuffer& buffer);
 
 // The same over a frame's bytes in pieces (read back to back) that
 // `keepalive` keeps valid: the InFrame's pieces point into them and it

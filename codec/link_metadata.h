@@ -23,6 +23,14 @@ inline constexpr char kLinkJobKey[] = "halka-job";
 inline constexpr char kLinkGenerationKey[] = "halka-generation";
 inline constexpr char kLinkRankKey[] = "halka-rank";
 inline constexpr char kLinkWorldSizeKey[] = "halka-world-size";
+// Frame batches (codec/frame_codec.h, DecodeFrames): the dialling side
+// offers them with this key (value kFrameBatchesVersion) in its call
+// metadata; a serving side that reads them answers with the same key and
+// value in its initial metadata. Only then may the dialling side put
+// several frames in one message. A side that knows nothing of it neither
+// answers nor sends batches.
+inline constexpr char kFrameBatchesKey[] = "halka-frame-batches";
+inline constexpr char kFrameBatchesVersion[] = "1";
 
 // What the dialling worker says about itself.
 struct LinkMetadata {

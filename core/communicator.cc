@@ -409,12 +409,20 @@ absl::Status AgreeOnFingerprints(OpContext& op, const Fingerprint& fp,
   if (!ring_early && !halving_early && !two_level_early) {
     return ExchangeFingerprints(op);
   }
-  absl::Status status = SendFingerprints(op);
-  if (status.ok()) *begun = buffer->Begin(fp.dtype, fp.op, fp.count);
-  if (status.ok() && (*begun)->ok()) {
-    status = ring_early      ? RingSendFirstStep(op)
-             : halving_early ? HalvingSendFirstStep(op)
-                             : TwoLevelStartEarly(op);
+  absl::Status status;
+  {
+    // The ring's and halving-doubling's first step only send: their frames
+    // and the fingerprints leave together (a gRPC stream's first data
+    // frame does not wait for the fingerprint's write to complete).
+    // Two-level's early start waits for its host's frames: nothing held.
+    HeldWrites held(two_level_early ? nullptr : op.transport());
+    status = SendFingerprints(op);
+    if (status.ok()) *begun = buffer->Begin(fp.dtype, fp.op, fp.count);
+    if (status.ok() && (*begun)->ok()) {
+      status = ring_early      ? RingSendFirstStep(op)
+               : halving_early ? HalvingSendFirstStep(op)
+                               : TwoLevelStartEarly(op);
+    }
   }
   if (status.ok()) status = AwaitFingerprints(op);
   return status;

@@ -54,6 +54,9 @@ struct LinkCounters {
   // Waits of Inbox::Next whose frame (or event) came while it yielded its
   // core before sleeping (Inbox::SetYieldBeforeSleep): no wake-up needed.
   std::atomic<uint64_t> waits_yielded{0};
+  // Frames that left on a gRPC stream in one message behind another frame
+  // (a batch: the peer agreed, the first was small; GrpcTransport).
+  std::atomic<uint64_t> grpc_frames_batched{0};
 };
 
 }  // namespace halka

@@ -104,6 +104,8 @@ class OpContext {
 
   // --- State.
   const CommConfig& config() const { return config_; }
+  // For HeldWrites around sends that leave together (communicator.cc).
+  Transport* transport() const { return transport_; }
   int rank() const { return config_.rank; }
   int world() const { return config_.world_size; }
   // The ring's path (config().ring_order), this rank's ring position and

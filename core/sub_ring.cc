@@ -57,6 +57,8 @@ class SubRing::GroupTransport : public Transport {
       job_->Reset(ranks_[static_cast<size_t>(to)]);
     }
   }
+  void HoldWrites() override { job_->HoldWrites(); }
+  void ReleaseWrites() override { job_->ReleaseWrites(); }
 
  private:
   Transport* const job_;

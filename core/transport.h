@@ -51,6 +51,34 @@ class Transport {
   // Drops the frames queued for `to` and cancels its link, releasing every
   // payload promptly. The next Send reconnects. Thread-safe.
   virtual void Reset(int to) = 0;
+
+  // Between HoldWrites and its ReleaseWrites a transport may keep the
+  // frames it is given instead of starting their writes, so that frames
+  // sent back to back leave together: on a gRPC stream whose peer agreed
+  // to batches, in one message, where the first would otherwise leave
+  // alone and the next wait for its write to complete (a callback
+  // thread's wake-up). The caller must not wait in between for anything
+  // a held frame is needed for (a peer's frame, the release of its own
+  // payloads): it only sends. Nests; ReleaseWrites of the outermost
+  // starts every held write. Thread-safe. Default: nothing is held.
+  virtual void HoldWrites() {}
+  virtual void ReleaseWrites() {}
+};
+
+// HoldWrites for a scope.
+class HeldWrites {
+ public:
+  explicit HeldWrites(Transport* transport) : transport_(transport) {
+    if (transport_ != nullptr) transport_->HoldWrites();
+  }
+  ~HeldWrites() {
+    if (transport_ != nullptr) transport_->ReleaseWrites();
+  }
+  HeldWrites(const HeldWrites&) = delete;
+  HeldWrites& operator=(const HeldWrites&) = delete;
+
+ private:
+  Transport* const transport_;
 };
 
 // A path whose frames the waiting thread can take itself instead of a

@@ -67,6 +67,10 @@ struct AcceptSetup {
   bool wire_tap = true;
   // The worker's counters (wire.landed); null: not counted.
   std::shared_ptr<LinkCounters> counters;
+  // Read several frames per gRPC message where the dialling side offers
+  // it (kFrameBatchesKey, codec/link_metadata.h); off: answer as a worker
+  // that predates batches (its peers then send one frame per message).
+  bool frame_batches = true;
 };
 
 // The offers the link from this worker to rank `to` at `address` makes,

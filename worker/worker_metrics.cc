@@ -55,6 +55,12 @@ void WriteLinkCounters(const PrometheusWriter::Labels& base,
               "core before sleeping (ranks outnumber the CPUs: no wake-up "
               "needed)",
               load(links.waits_yielded)},
+        Total{"halka_grpc_frames_batched_total",
+              "frames that left on a gRPC stream in one message behind "
+              "another (a fingerprint and the first data frame, small "
+              "frames queued together): writes that did not wait for the "
+              "one before to complete",
+              load(links.grpc_frames_batched)},
         Total{"halka_wire_frames_landed_total",
               "frames whose payload a wire link's reader put straight into "
               "an operation's buffer (all-gather chunks that came after "

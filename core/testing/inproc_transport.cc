@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -43,27 +44,68 @@ class InProcNetwork::Endpoint : public Transport {
     }
     frame.keepalive = bytes;
     {
-      absl::MutexLock lock(&net_->mu_);
-      if (net_->hold_ && net_->hold_(rank_, to, frame.meta)) {
-        net_->held_.push_back(Held{rank_, to, std::move(frame)});
+      // Held writes (HoldWrites) leave at ReleaseWrites, as a gRPC
+      // stream's would: an algorithm that waited in between would wait
+      // for its own frames.
+      absl::MutexLock lock(&mu_);
+      if (holds_ > 0) {
+        kept_.push_back(Kept{to, std::move(frame)});
         return absl::OkStatus();
       }
     }
-    net_->Deliver(rank_, to, std::move(frame));
+    Pass(to, std::move(frame));
     return absl::OkStatus();
   }
 
   void Withdraw(const OpId&) override {}  // Send copies and delivers at once
   void Reset(int) override {}
 
+  void HoldWrites() override {
+    absl::MutexLock lock(&mu_);
+    ++holds_;
+  }
+  void ReleaseWrites() override {
+    std::vector<Kept> kept;
+    {
+      absl::MutexLock lock(&mu_);
+      if (--holds_ > 0) return;
+      kept.swap(kept_);
+    }
+    {
+      absl::MutexLock lock(&net_->mu_);
+      net_->writes_held_[static_cast<size_t>(rank_)] += kept.size();
+    }
+    for (Kept& k : kept) Pass(k.to, std::move(k.frame));
+  }
+
  private:
+  // Delivers (or, under the network's hold, keeps) a frame that left.
+  void Pass(int to, InFrame frame) {
+    {
+      absl::MutexLock lock(&net_->mu_);
+      if (net_->hold_ && net_->hold_(rank_, to, frame.meta)) {
+        net_->held_.push_back(Held{rank_, to, std::move(frame)});
+        return;
+      }
+    }
+    net_->Deliver(rank_, to, std::move(frame));
+  }
+
+  struct Kept {
+    int to;
+    InFrame frame;
+  };
   InProcNetwork* const net_;
   const int rank_;
+  absl::Mutex mu_;
+  int holds_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Kept> kept_ ABSL_GUARDED_BY(mu_);
 };
 
 InProcNetwork::InProcNetwork(int world_size)
     : world_size_(world_size),
       dead_(static_cast<size_t>(world_size), false),
+      writes_held_(static_cast<size_t>(world_size), 0),
       tamper_(static_cast<size_t>(world_size)) {
   for (int r = 0; r < world_size; ++r) {
     inboxes_.push_back(std::make_unique<Inbox>(world_size));
@@ -93,6 +135,11 @@ void InProcNetwork::Deliver(int from, int to, InFrame frame) {
   // reported like a broken link.
   absl::Status s = inbox(to)->Deliver(from, std::move(frame));
   if (!s.ok()) inbox(to)->LinkFailed(from, s);
+}
+
+size_t InProcNetwork::WritesHeld(int rank) const {
+  absl::MutexLock lock(&mu_);
+  return writes_held_[static_cast<size_t>(rank)];
 }
 
 void InProcNetwork::SetHold(HoldFn hold) {

@@ -38,6 +38,9 @@ class InProcNetwork {
   using HoldFn = std::function<bool(int from, int to, const FrameMeta& meta)>;
   void SetHold(HoldFn hold);
   void ReleaseHeld();
+  // Frames `rank`'s transport kept under HoldWrites and sent at
+  // ReleaseWrites, so far.
+  size_t WritesHeld(int rank) const;
 
  private:
   class Endpoint;
@@ -54,6 +57,7 @@ class InProcNetwork {
   };
   HoldFn hold_ ABSL_GUARDED_BY(mu_);
   std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
+  std::vector<size_t> writes_held_ ABSL_GUARDED_BY(mu_);
   // Hands `frame` to `to`'s inbox (a refused frame breaks the link).
   void Deliver(int from, int to, InFrame frame);
 };

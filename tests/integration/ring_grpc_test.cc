@@ -213,6 +213,34 @@ TEST(WireLinks, AllGatherChunksLandInTheBufferAndTheBitsAgree) {
   }
 }
 
+// Workers agree to batches on every gRPC link: there frames leave several
+// to a message (an early first step with its fingerprints, frames queued
+// behind a write; grpc_batch_test checks the rule itself). Where a link
+// took shared memory or a wire, no frame rides the stream. Every result
+// checked.
+TEST(GrpcLinks, FingerprintsAndTheFirstStepShareAMessage) {
+  for (int path : {kGrpcPath, kWirePath, kShmPath}) {
+    ClusterHarness h(OnPath(4, path, size_t{64} << 10));
+    ASSERT_TRUE(h.ok()) << h.status();
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
+      h.AllReduceOnce(DType::kFloat32, ReduceOp::kSum, (size_t{1} << 18) + 3,
+                      Algorithm::kRing, seed);
+      h.AllReduceOnce(DType::kBFloat16, ReduceOp::kMax, 4099,
+                      Algorithm::kHalvingDoubling, seed + 20);
+      if (HasFatalFailure()) return;
+    }
+    const uint64_t batched = CountsOf(h.cluster()).grpc_frames_batched;
+    if (path == kGrpcPath) {
+      // Each of the 12 operations on each of 4 ranks could batch from its
+      // first; the first operation on a link may go before the peer's
+      // answer came.
+      EXPECT_GE(batched, 4u * 10) << "fingerprints and data left apart";
+    } else {
+      EXPECT_EQ(batched, 0u) << "path " << path;
+    }
+  }
+}
+
 TEST(Transfers, InlineSharedAndZeroCopyGiveTheSameBits) {
   const int g = 3;
   for (Client::Transfer t : {Client::Transfer::kInline,

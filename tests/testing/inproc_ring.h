@@ -195,6 +195,21 @@ struct InProcRing {
     return false;
   }
 
+  // The frames rank r's last operation sent while in its fingerprint
+  // phase (its fingerprints, and a first step that left early).
+  size_t SendsBeforeAgreeing(int r) const {
+    const std::vector<TraceOp> trace = comms[r]->GetTrace();
+    EXPECT_FALSE(trace.empty()) << "rank " << r << " ran no operation";
+    size_t n = 0;
+    if (trace.empty()) return n;
+    for (const TraceSpan& s : trace.back().spans) {
+      if (s.kind == TraceSpan::Kind::kSend && s.phase == Phase::kFingerprint) {
+        ++n;
+      }
+    }
+    return n;
+  }
+
   // The bytes rank r sent to each peer over the ring's life.
   std::map<int, uint64_t> SentBy(int r) const {
     std::map<int, uint64_t> sent;

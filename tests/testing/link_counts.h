@@ -22,6 +22,7 @@ struct LinkCounts {
   uint64_t wire_landed = 0;
   uint64_t wire_evicted = 0;
   uint64_t missed_wakeups = 0;
+  uint64_t grpc_frames_batched = 0;
 
   LinkCounts& operator+=(const LinkCounts& o) {
     shm_accepted += o.shm_accepted;
@@ -32,6 +33,7 @@ struct LinkCounts {
     wire_landed += o.wire_landed;
     wire_evicted += o.wire_evicted;
     missed_wakeups += o.missed_wakeups;
+    grpc_frames_batched += o.grpc_frames_batched;
     return *this;
   }
 };
@@ -46,6 +48,7 @@ inline LinkCounts CountsOf(const LinkCounters& c) {
   n.wire_landed = c.wire.landed.load();
   n.wire_evicted = c.wire.evicted.load();
   n.missed_wakeups = c.missed_wakeups.load();
+  n.grpc_frames_batched = c.grpc_frames_batched.load();
   return n;
 }
 

@@ -832,6 +832,11 @@ TEST(Mismatch, RingFirstStepSentEarlyTouchesNoBuffer) {
   for (int r = 0; r < g; ++r) {
     EXPECT_TRUE(ring.SentDataBeforeAgreeing(r))
         << "rank " << r << " sent no data before agreeing";
+    // ... together with the fingerprints (HeldWrites): every frame of its
+    // fingerprint phase, its 3 fingerprints and its segment's 4 chunks of
+    // 256 bytes, left at one release.
+    EXPECT_EQ(ring.net.WritesHeld(r), size_t{(g - 1) + 4}) << "rank " << r;
+    EXPECT_EQ(ring.SendsBeforeAgreeing(r), size_t{(g - 1) + 4}) << "rank " << r;
   }
   // The next call, issued alike, is exact on every rank.
   auto again =

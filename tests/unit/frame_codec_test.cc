@@ -15,23 +15,17 @@
 #include "grpcpp/support/slice.h"
 #include "gtest/gtest.h"
 #include "halka/v1/peer.pb.h"
+#include "tests/testing/frame_samples.h"
 
 namespace halka {
 namespace {
 
 using ::testing::HasSubstr;
+using halka::testing::AbortMeta;
+using halka::testing::Flatten;
+using halka::testing::FingerprintMeta;
 
 // ---- helpers ---------------------------------------------------------------
-
-std::string Flatten(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(buffer.Dump(&slices).ok());
-  std::string out;
-  for (const grpc::Slice& s : slices) {
-    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  return out;
-}
 
 // One slice holding a copy of `bytes` (an empty string gives one empty slice).
 grpc::ByteBuffer OneSlice(const std::string& bytes) {
@@ -196,42 +190,7 @@ FrameMeta DataMeta(DType dtype, uint64_t count, Phase phase, ReduceOp op) {
   return m;
 }
 
-FrameMeta FingerprintMeta(uint64_t count, DType dtype) {
-  FrameMeta m;
-  m.kind = FrameKind::kFingerprint;
-  m.generation = 4;
-  m.op_seq = 77;
-  m.phase = Phase::kFingerprint;
-  m.count = count;
-  m.dtype = dtype;
-  m.op = ReduceOp::kMax;
-  m.fingerprint.op_seq = 77;
-  m.fingerprint.kind = OpKind::kBroadcast;
-  m.fingerprint.dtype = DType::kInt64;
-  m.fingerprint.count = 123456789012ull;
-  m.fingerprint.op = ReduceOp::kMax;
-  m.fingerprint.root = 3;
-  m.fingerprint.algorithm = Algorithm::kParameterServer;
-  m.origin_rank = 3;
-  m.sender_rank = 1;
-  return m;
-}
 
-FrameMeta AbortMeta(absl::StatusCode code, const std::string& message) {
-  FrameMeta m;
-  m.kind = FrameKind::kAbort;
-  m.generation = 8;
-  m.op_seq = 12;
-  m.phase = Phase::kAllGather;
-  m.step = 2;
-  m.dtype = DType::kFloat64;
-  m.op = ReduceOp::kProd;
-  m.origin_rank = 6;
-  m.sender_rank = 7;
-  m.abort_code = code;
-  m.message = message;
-  return m;
-}
 
 void ExpectDataLoss(const grpc::ByteBuffer& buffer, const std::string& what) {
   absl::StatusOr<InFrame> f = DecodeFrame(buffer);

@@ -323,6 +323,14 @@ TEST(HalvingDoublingEarly, TheFirstSendLeavesEarlyExactlyWhereItReadsOnlyTheInpu
       EXPECT_EQ(bufs[r], before[r]) << "rank " << r << "'s buffer was touched";
       const bool want = fp_world == 16 && r != 0 && r != 2;
       EXPECT_EQ(ring.SentDataBeforeAgreeing(r), want) << "rank " << r;
+      // An early first step leaves with the fingerprints (HeldWrites):
+      // every frame of the fingerprint phase, the 5 fingerprints and the
+      // step's chunks, at one release; a rank that sends nothing early
+      // holds nothing.
+      EXPECT_EQ(ring.net.WritesHeld(r),
+                want ? ring.SendsBeforeAgreeing(r) : size_t{0})
+          << "rank " << r;
+      if (want) EXPECT_GT(ring.net.WritesHeld(r), size_t{5}) << "rank " << r;
     }
     auto again = RunRanks<absl::StatusOr<OpResult>>(g, [&](int r) {
       return ring.comms[r]->AllReduce(bufs[r].data(), n, DType::kFloat32,

@@ -84,6 +84,7 @@ TEST(WorkerMetricsTest, LinkCountersAreTheOnesGiven) {
   links.wire.evicted = 4;
   links.missed_wakeups = 6;
   links.waits_yielded = 7;
+  links.grpc_frames_batched = 9;
   const std::string text = WorkerMetricsText("j", 1, 1, 2, Sample(), links);
   const std::string base = "{halka_job=\"j\",rank=\"1\"";
   for (const std::string& line :
@@ -103,6 +104,8 @@ TEST(WorkerMetricsTest, LinkCountersAreTheOnesGiven) {
       absl::StrContains(text, "halka_missed_wakeups_total" + base + "} 6\n"));
   EXPECT_TRUE(
       absl::StrContains(text, "halka_waits_yielded_total" + base + "} 7\n"));
+  EXPECT_TRUE(absl::StrContains(
+      text, "halka_grpc_frames_batched_total" + base + "} 9\n"));
 }
 
 TEST(WorkerMetricsTest, TelemetryProtoDatesTheCurrentWait) {

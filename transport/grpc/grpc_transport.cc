@@ -21,6 +21,14 @@ namespace halka {
 inline constexpr char kLinkMethod[] = "/halka.v1.Peer/Link";
 inline constexpr char kPsMethod[] = "/halka.v1.ParameterServer/Reduce";
 
+// A message of a link that agreed to batches takes the frames queued
+// behind its first while it holds under kBatchJoinBytes (a fingerprint, a
+// small frame), at most kMaxBatchFrames: a 1 MiB chunk leaves alone, as
+// its peer reduces each message only once the whole of it came.
+inline constexpr size_t kBatchJoinBytes = 64 << 10;
+inline constexpr size_t kMaxBatchFrames = 64;
+static_assert(kMaxBatchFrames <= kMaxFramesPerMessage);
+
 // One outbound stream. Owned by the transport through a shared_ptr; holds a
 // reference to itself from StartCall until OnDone, the reactor's last
 // callback, so gRPC never calls into a destroyed object.
@@ -37,6 +45,9 @@ class GrpcTransport::OutLink
                                  owner_->rank_, world},
                     &ctx_);
     if (to_ < world) {
+      // Batches of frames in one message, if the peer reads them (its
+      // answer: OnReadInitialMetadataDone).
+      ctx_.AddMetadata(kFrameBatchesKey, kFrameBatchesVersion);
       // Offer the faster paths (transport/path_offer.h); frames wait for
       // the answer.
       absl::MutexLock lock(&mu_);
@@ -86,11 +97,10 @@ class GrpcTransport::OutLink
       taken.on_released = std::move(*on_released);
       if (taken_ == nullptr) {  // the gRPC stream, or still choosing
         grpc::ByteBuffer bytes = AsByteBuffer(taken);
-        queue_.push_back(Pending{std::move(taken), std::move(bytes)});
-        if (path_ == Path::kGrpc && !writing_) {
-          writing_ = true;
-          StartWrite(&queue_.front().bytes);
-        }
+        size_t size = 0;
+        for (const auto& part : taken.parts) size += part.size();
+        queue_.push_back(Pending{std::move(taken), std::move(bytes), size});
+        if (path_ == Path::kGrpc) WriteNextOnStream();
         return true;
       }
       path = taken_;
@@ -110,7 +120,7 @@ class GrpcTransport::OutLink
       path = taken_;
       // The front, being written, stays where it is (gRPC has its buffer);
       // the rest is taken off the back and filtered.
-      const size_t in_flight = writing_ && !queue_.empty() ? 1 : 0;
+      const size_t in_flight = writing_ ? in_flight_ : 0;
       std::deque<Pending> rest;
       while (queue_.size() > in_flight) {
         rest.push_front(std::move(queue_.back()));
@@ -128,10 +138,21 @@ class GrpcTransport::OutLink
     if (path) path->Withdraw(op);
   }
 
+  // The transport's writes are no longer held: start the next.
+  void Flush() {
+    absl::MutexLock lock(&mu_);
+    if (path_ == Path::kGrpc) WriteNextOnStream();
+  }
+
   // The peer's answers to the offers (or the stream's end): the first
   // offer (fastest first) whose answer takes it is the link's path.
   void OnReadInitialMetadataDone(bool ok) override {
     absl::MutexLock lock(&mu_);
+    if (ok) {
+      const auto& md = ctx_.GetServerInitialMetadata();
+      auto it = md.find(kFrameBatchesKey);
+      batches_ = it != md.end() && it->second == kFrameBatchesVersion;
+    }
     if (path_ != Path::kOffered) return;
     std::vector<std::string> answers;
     std::vector<bool> usable;
@@ -237,19 +258,21 @@ class GrpcTransport::OutLink
     std::deque<Pending> finished;
     {
       absl::MutexLock lock(&mu_);
-      finished.push_back(std::move(queue_.front()));
-      queue_.pop_front();
+      for (size_t i = 0; i < in_flight_; ++i) {
+        finished.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+      in_flight_ = 0;
+      batch_.Clear();
+      writing_ = false;
       if (!ok) {
         failed_ = true;
         while (!queue_.empty()) {
           finished.push_back(std::move(queue_.front()));
           queue_.pop_front();
         }
-        writing_ = false;
-      } else if (!queue_.empty()) {
-        StartWrite(&queue_.front().bytes);
       } else {
-        writing_ = false;
+        WriteNextOnStream();
       }
     }
     // The written frame's payload is on the wire: hand the memory back.
@@ -332,6 +355,7 @@ class GrpcTransport::OutLink
   struct Pending {
     OutFrame frame;
     grpc::ByteBuffer bytes;
+    size_t size = 0;  // the frame's bytes
     void Release() { ReleaseOnce(frame.on_released); }
   };
   // From now on the link's frames take `path`, those held first.
@@ -369,12 +393,39 @@ class GrpcTransport::OutLink
     TakePath(std::move(opened->path));
     return true;
   }
-  // The gRPC stream carries the frames: start writing the first one held.
+  // The gRPC stream carries the frames: start writing the first one
+  // queued, unless the transport holds its writes (HoldWrites: Flush
+  // starts it). Where the peer agreed to batches, the frames queued behind
+  // a small first one go in the same message.
   void WriteNextOnStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!failed_ && !closing_ && !queue_.empty() && !writing_) {
-      writing_ = true;
-      StartWrite(&queue_.front().bytes);
+    if (failed_ || closing_ || queue_.empty() || writing_ ||
+        owner_->holding()) {
+      return;
     }
+    writing_ = true;
+    size_t n = 1;
+    size_t bytes = queue_.front().size;
+    while (batches_ && n < queue_.size() && n < kMaxBatchFrames &&
+           bytes < kBatchJoinBytes) {
+      bytes += queue_[n].size;
+      ++n;
+    }
+    in_flight_ = n;
+    if (n == 1) {
+      StartWrite(&queue_.front().bytes);
+      return;
+    }
+    std::vector<grpc::Slice> slices;
+    for (size_t i = 0; i < n; ++i) {
+      for (absl::Span<const uint8_t> part : queue_[i].frame.parts) {
+        slices.emplace_back(part.data(), part.size(),
+                            grpc::Slice::STATIC_SLICE);
+      }
+    }
+    batch_ = grpc::ByteBuffer(slices.data(), slices.size());
+    owner_->setup_.counters->grpc_frames_batched.fetch_add(
+        n - 1, std::memory_order_relaxed);
+    StartWrite(&batch_);
   }
   // Where this link's frames go. kOffered: paths were offered and frames
   // wait in queue_ for the answer; kOpening: the chosen path is opening
@@ -389,6 +440,12 @@ class GrpcTransport::OutLink
   absl::Mutex mu_;
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  // The frames at queue_'s front that the write in flight carries (one,
+  // or a batch in batch_).
+  size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::ByteBuffer batch_ ABSL_GUARDED_BY(mu_);
+  // The peer reads several frames in one message (kFrameBatchesKey).
+  bool batches_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;  // the hold is released
@@ -519,6 +576,19 @@ void GrpcTransport::Withdraw(const OpId& op) {
     for (auto& [rank, link] : links_) all.push_back(link);
   }
   for (auto& link : all) link->Withdraw(op);
+}
+
+void GrpcTransport::HoldWrites() { holds_.fetch_add(1); }
+
+void GrpcTransport::ReleaseWrites() {
+  if (holds_.fetch_sub(1) != 1) return;
+  std::vector<std::shared_ptr<OutLink>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [rank, link] : links_) all.push_back(link);
+    for (auto& link : retired_) all.push_back(link);
+  }
+  for (auto& link : all) link->Flush();
 }
 
 void GrpcTransport::Reset(int to) {

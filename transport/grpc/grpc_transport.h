@@ -17,6 +17,7 @@
 #ifndef HALKA_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
 #define HALKA_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -56,10 +57,16 @@ class GrpcTransport : public Transport {
   // Every link's own frames of the operation (OutLink::Withdraw).
   void Withdraw(const OpId& op) override;
   void Reset(int to) override;
+  // Held writes stay in their link's queue; the outermost ReleaseWrites
+  // starts them, a link whose peer agreed to batches sending the held
+  // frames together (kBatchJoinBytes in grpc_transport.cc).
+  void HoldWrites() override;
+  void ReleaseWrites() override;
 
  private:
   class OutLink;
   std::shared_ptr<OutLink> LinkTo(int to);
+  bool holding() const { return holds_.load() > 0; }
 
   const std::string job_id_;
   const uint64_t generation_;
@@ -74,6 +81,7 @@ class GrpcTransport : public Transport {
   std::map<int, std::shared_ptr<OutLink>> links_ ABSL_GUARDED_BY(mu_);
   // Links that were replaced or reset but whose reactor is not done yet.
   std::vector<std::shared_ptr<OutLink>> retired_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int> holds_{0};  // HoldWrites not yet released
 };
 
 }  // namespace halka

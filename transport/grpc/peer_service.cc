@@ -8,6 +8,7 @@
 #include "common/grpc_util.h"
 #include "codec/frame_codec.h"
 #include "codec/link_metadata.h"
+#include "core/status_macros.h"
 
 namespace halka {
 
@@ -31,9 +32,8 @@ class PeerService::InLink
       FinishOnce(grpc::Status::OK);
       return;
     }
-    absl::StatusOr<InFrame> frame = DecodeFrame(buffer_);
+    absl::Status s = TakeMessage();
     buffer_.Clear();
-    absl::Status s = Take(std::move(frame));
     if (!s.ok()) {
       FinishOnce(ToGrpcStatus(s));
       return;
@@ -75,6 +75,18 @@ class PeerService::InLink
   }
 
  private:
+  // The frame in buffer_, or, where this link agreed to batches, every
+  // frame in it, in order; the first error ends the link.
+  absl::Status TakeMessage() {
+    if (!batches_) return Take(DecodeFrame(buffer_));
+    absl::StatusOr<std::vector<InFrame>> frames = DecodeFrames(buffer_);
+    if (!frames.ok()) return Take(frames.status());
+    for (InFrame& f : *frames) {
+      HALKA_RETURN_IF_ERROR(Take(std::move(f)));
+    }
+    return absl::OkStatus();
+  }
+
   // Checks a received frame against the link and delivers it; an error
   // (reported to the inbox) ends the link.
   absl::Status Take(absl::StatusOr<InFrame> frame) {
@@ -117,6 +129,14 @@ class PeerService::InLink
   void AnswerOffers(grpc::CallbackServerContext* ctx) {
     const auto& md = ctx->client_metadata();
     bool answered = false;
+    // This end reads batches of frames (DecodeFrames) when offered them.
+    if (auto it = md.find(kFrameBatchesKey);
+        service_->frame_batches_ && it != md.end() &&
+        it->second == kFrameBatchesVersion) {
+      ctx->AddInitialMetadata(kFrameBatchesKey, kFrameBatchesVersion);
+      batches_ = true;
+      answered = true;
+    }
     for (const auto& acceptor : service_->acceptors_) {
       auto it = md.find(acceptor->offer_key());
       if (it == md.end()) continue;
@@ -198,6 +218,7 @@ class PeerService::InLink
   // This stream's place under the service's limit; freed with the reactor.
   std::optional<StreamLimiter::Scoped> slot_;
   grpc::ByteBuffer buffer_;
+  bool batches_ = false;  // the peer may send several frames per message
   int from_ = -1;
   uint64_t generation_ = 0;
   std::shared_ptr<Inbox> inbox_;
@@ -212,7 +233,8 @@ PeerService::PeerService(std::string job_id, InboxResolver resolver,
                          Options options)
     : job_id_(std::move(job_id)),
       resolver_(std::move(resolver)),
-      acceptors_(MakePathAcceptors(options)) {}
+      acceptors_(MakePathAcceptors(options)),
+      frame_batches_(options.frame_batches) {}
 
 int PeerService::open_streams() const {
   absl::MutexLock lock(&mu_);

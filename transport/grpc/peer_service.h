@@ -52,6 +52,7 @@ class PeerService final
   const InboxResolver resolver_;
   // The path kinds this worker takes, fastest first (MakePathAcceptors).
   const std::vector<std::unique_ptr<PathAcceptor>> acceptors_;
+  const bool frame_batches_;  // AcceptSetup::frame_batches
   // A ring needs one inbound stream per peer and generation (naive: per
   // peer pair), and old generations' streams close.
   StreamLimiter limiter_{"peer link", 64, 4096};

@@ -2,7 +2,9 @@
 // on arbitrary bytes, split into arbitrary gRPC slices as the wire may
 // deliver them. A frame that decodes must have exactly count x dtype bytes
 // of payload (or none for ABORT), every byte readable, and must survive
-// EncodeFrame -> DecodeFrame unchanged.
+// EncodeFrame -> DecodeFrame unchanged. The same bytes as a message of a
+// link that agreed to batches (DecodeFrames): every frame so, at most
+// kMaxFramesPerMessage, and a message that is one frame is a batch of it.
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -34,6 +36,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   grpc::ByteBuffer buffer(slices.data(), slices.size());
   absl::StatusOr<halka::InFrame> frame = halka::DecodeFrame(buffer);
+  absl::StatusOr<std::vector<halka::InFrame>> batch =
+      halka::DecodeFrames(buffer);
+  if (!batch.ok()) {
+    Check(batch.status().code() == absl::StatusCode::kDataLoss);
+    Check(!frame.ok());
+  } else {
+    Check(!batch->empty() && batch->size() <= halka::kMaxFramesPerMessage);
+    if (frame.ok()) Check(batch->size() == 1);
+    for (const halka::InFrame& f : *batch) {
+      Check(f.PayloadBytes() ==
+            (f.meta.kind == halka::FrameKind::kAbort
+                 ? 0
+                 : f.meta.count * halka::DTypeSize(f.meta.dtype)));
+    }
+  }
   if (!frame.ok()) {
     Check(frame.status().code() == absl::StatusCode::kDataLoss);
     return 0;

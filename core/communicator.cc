@@ -415,7 +415,10 @@ absl::Status AgreeOnFingerprints(OpContext& op, const Fingerprint& fp,
     // and the fingerprints leave together (a gRPC stream's first data
     // frame does not wait for the fingerprint's write to complete).
     // Two-level's early start waits for its host's frames: nothing held.
-    HeldWrites held(two_level_early ? nullptr : op.transport());
+    // Nor for a device buffer, whose first step copies each chunk to the
+    // host before it sends it: every frame would wait for the last copy.
+    const bool hold = !two_level_early && buffer->Where() == "host";
+    HeldWrites held(hold ? op.transport() : nullptr);
     status = SendFingerprints(op);
     if (status.ok()) *begun = buffer->Begin(fp.dtype, fp.op, fp.count);
     if (status.ok() && (*begun)->ok()) {

@@ -48,7 +48,7 @@ class InProcNetwork::Endpoint : public Transport {
       // stream's would: an algorithm that waited in between would wait
       // for its own frames.
       absl::MutexLock lock(&mu_);
-      if (holds_ > 0) {
+      if (holds_ > 0 || releasing_) {
         kept_.push_back(Kept{to, std::move(frame)});
         return absl::OkStatus();
       }
@@ -64,18 +64,30 @@ class InProcNetwork::Endpoint : public Transport {
     absl::MutexLock lock(&mu_);
     ++holds_;
   }
+  // The kept frames leave in order; a frame sent while they do queues
+  // behind them (a gRPC link's queue keeps that order too).
   void ReleaseWrites() override {
-    std::vector<Kept> kept;
     {
       absl::MutexLock lock(&mu_);
       if (--holds_ > 0) return;
-      kept.swap(kept_);
+      releasing_ = true;
     }
-    {
-      absl::MutexLock lock(&net_->mu_);
-      net_->writes_held_[static_cast<size_t>(rank_)] += kept.size();
+    for (;;) {
+      std::vector<Kept> kept;
+      {
+        absl::MutexLock lock(&mu_);
+        if (kept_.empty() || holds_ > 0) {
+          releasing_ = false;
+          return;
+        }
+        kept.swap(kept_);
+      }
+      {
+        absl::MutexLock lock(&net_->mu_);
+        net_->writes_held_[static_cast<size_t>(rank_)] += kept.size();
+      }
+      for (Kept& k : kept) Pass(k.to, std::move(k.frame));
     }
-    for (Kept& k : kept) Pass(k.to, std::move(k.frame));
   }
 
  private:
@@ -99,6 +111,7 @@ class InProcNetwork::Endpoint : public Transport {
   const int rank_;
   absl::Mutex mu_;
   int holds_ ABSL_GUARDED_BY(mu_) = 0;
+  bool releasing_ ABSL_GUARDED_BY(mu_) = false;  // ReleaseWrites passing
   std::vector<Kept> kept_ ABSL_GUARDED_BY(mu_);
 };
 

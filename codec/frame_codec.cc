@@ -177,12 +177,16 @@ OutFrame EncodeOutFrame(const FrameMeta& meta,
   return frame;
 }
 
+void AppendSlices(const OutFrame& frame, std::vector<grpc::Slice>* slices) {
+  for (absl::Span<const uint8_t> part : frame.parts) {
+    slices->emplace_back(part.data(), part.size(), grpc::Slice::STATIC_SLICE);
+  }
+}
+
 grpc::ByteBuffer AsByteBuffer(const OutFrame& frame) {
   std::vector<grpc::Slice> slices;
   slices.reserve(frame.parts.size());
-  for (absl::Span<const uint8_t> part : frame.parts) {
-    slices.emplace_back(part.data(), part.size(), grpc::Slice::STATIC_SLICE);
-  }
+  AppendSlices(frame, &slices);
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 

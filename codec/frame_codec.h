@@ -42,6 +42,9 @@ OutFrame EncodeOutFrame(const FrameMeta& meta,
 // frame's keepalive and borrowed payload are (the gRPC path holds the
 // frame until the write of the buffer completed).
 grpc::ByteBuffer AsByteBuffer(const OutFrame& frame);
+// The same slices appended to `slices`: several frames' make one message
+// of a link that agreed to batches.
+void AppendSlices(const OutFrame& frame, std::vector<grpc::Slice>* slices);
 
 // Errors: DATA_LOSS naming what is wrong with the frame.
 absl::StatusOr<InFrame> DecodeFrame(const grpc::ByteBuffer& buffer);

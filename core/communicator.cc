@@ -417,7 +417,7 @@ absl::Status AgreeOnFingerprints(OpContext& op, const Fingerprint& fp,
     // Two-level's early start waits for its host's frames: nothing held.
     // Nor for a device buffer, whose first step copies each chunk to the
     // host before it sends it: every frame would wait for the last copy.
-    const bool hold = !two_level_early && buffer->Where() == "host";
+    const bool hold = !two_level_early && buffer->in_host_memory();
     HeldWrites held(hold ? op.transport() : nullptr);
     status = SendFingerprints(op);
     if (status.ok()) *begun = buffer->Begin(fp.dtype, fp.op, fp.count);

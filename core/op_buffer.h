@@ -53,6 +53,8 @@ class OpBuffer {
   virtual absl::Status End() = 0;
   // "host" or "cuda:N".
   virtual std::string Where() const = 0;
+  // Every view is the caller's host memory itself (no copy to make).
+  virtual bool in_host_memory() const { return false; }
 };
 
 // The caller's host memory, touched in place.
@@ -69,6 +71,7 @@ class HostOpBuffer final : public OpBuffer {
                          size_t count) override;
   absl::Status End() override { return absl::OkStatus(); }
   std::string Where() const override { return "host"; }
+  bool in_host_memory() const override { return true; }
 
  private:
   uint8_t* const data_;

@@ -97,9 +97,7 @@ class GrpcTransport::OutLink
       taken.on_released = std::move(*on_released);
       if (taken_ == nullptr) {  // the gRPC stream, or still choosing
         grpc::ByteBuffer bytes = AsByteBuffer(taken);
-        size_t size = 0;
-        for (const auto& part : taken.parts) size += part.size();
-        queue_.push_back(Pending{std::move(taken), std::move(bytes), size});
+        queue_.push_back(Pending{std::move(taken), std::move(bytes)});
         if (path_ == Path::kGrpc) WriteNextOnStream();
         return true;
       }
@@ -355,7 +353,6 @@ class GrpcTransport::OutLink
   struct Pending {
     OutFrame frame;
     grpc::ByteBuffer bytes;
-    size_t size = 0;  // the frame's bytes
     void Release() { ReleaseOnce(frame.on_released); }
   };
   // From now on the link's frames take `path`, those held first.
@@ -404,10 +401,10 @@ class GrpcTransport::OutLink
     }
     writing_ = true;
     size_t n = 1;
-    size_t bytes = queue_.front().size;
+    size_t bytes = queue_.front().frame.Bytes();
     while (batches_ && n < queue_.size() && n < kMaxBatchFrames &&
            bytes < kBatchJoinBytes) {
-      bytes += queue_[n].size;
+      bytes += queue_[n].frame.Bytes();
       ++n;
     }
     in_flight_ = n;
@@ -416,12 +413,7 @@ class GrpcTransport::OutLink
       return;
     }
     std::vector<grpc::Slice> slices;
-    for (size_t i = 0; i < n; ++i) {
-      for (absl::Span<const uint8_t> part : queue_[i].frame.parts) {
-        slices.emplace_back(part.data(), part.size(),
-                            grpc::Slice::STATIC_SLICE);
-      }
-    }
+    for (size_t i = 0; i < n; ++i) AppendSlices(queue_[i].frame, &slices);
     batch_ = grpc::ByteBuffer(slices.data(), slices.size());
     owner_->setup_.counters->grpc_frames_batched.fetch_add(
         n - 1, std::memory_order_relaxed);

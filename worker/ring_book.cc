@@ -10,6 +10,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -206,11 +207,21 @@ std::shared_ptr<Ring> RingBook::Ready(const CallInfo& call) const {
   return ring_;
 }
 
+namespace {
+constexpr char kStalePayload[] = "halka.dev/stale-call";
+}  // namespace
+
+bool RefusedAsStale(const absl::Status& status) {
+  return status.GetPayload(kStalePayload).has_value();
+}
+
 absl::Status RingBook::Stale(uint64_t generation) const {
-  return absl::AbortedError(absl::StrCat(
+  absl::Status stale = absl::AbortedError(absl::StrCat(
       "this call was made before worker ", options_.worker_id,
       " re-joined the ring of job ", options_.job_id, " (generation ",
       generation, "); the ring moved on without it: call again"));
+  stale.SetPayload(kStalePayload, absl::Cord(absl::StrCat(generation)));
+  return stale;
 }
 
 absl::StatusOr<std::shared_ptr<Ring>> RingBook::Acquire(const CallInfo& call) {

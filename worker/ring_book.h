@@ -118,6 +118,12 @@ struct CallInfo {
   uint64_t numbered_generation = 0;
 };
 
+// True for Acquire's refusal of a stale call (IsStaleCall): a call that
+// belongs to no operation of the ring, so it must take no number there (a
+// number given up on its behalf would be the peers' next operation, which
+// this worker's next call pairs with).
+bool RefusedAsStale(const absl::Status& status);
+
 // How many ranks of the ring share `rank`'s host (of `world`, on `hosts`
 // in ring order; all `world` where hosts are not known).
 int RanksOnHost(int rank, int world, const std::vector<std::vector<int>>& hosts);

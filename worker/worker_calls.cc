@@ -17,6 +17,18 @@
 #include "worker/worker_node.h"
 
 namespace halka {
+namespace {
+
+// When the call's caller issued it (OpSpec.issued_unix_ms, set by the
+// SDK); InfiniteFuture where not known (no spec yet, a foreign client).
+absl::Time IssuedAt(const v1::OpSpec* spec) {
+  return spec != nullptr && spec->issued_unix_ms() > 0
+             ? absl::FromUnixMillis(
+                   static_cast<int64_t>(spec->issued_unix_ms()))
+             : absl::InfiniteFuture();
+}
+
+}  // namespace
 
 WorkerNode::Arrival WorkerNode::Arrive() {
   Arrival a;
@@ -137,7 +149,8 @@ absl::Status WorkerNode::Refuse(const Arrival& arrival, absl::Status status,
     RecordCall(0, late);
     status = std::move(late);
   } else {
-    NoteCallerPlace(spec, SkipNumber(status, arrival, deadline));
+    NoteCallerPlace(spec,
+                    SkipNumber(status, arrival, deadline, IssuedAt(spec)));
   }
   NextTurn();
   return status;
@@ -211,7 +224,7 @@ absl::Status WorkerNode::TakeCallerPlace(const v1::OpSpec* spec,
             "the client's call ", lost_index,
             " never reached this worker (its call ", spec->call_index(),
             " came next: the connection broke on the way?)")),
-        arrival, deadline);
+        arrival, deadline, absl::InfiniteFuture());
     log_.Warning(absl::StrCat(
         "a client's call ", lost_index, " never reached this worker (its call ",
         spec->call_index(), " came next): gave its number #", t.seq,
@@ -227,7 +240,9 @@ void WorkerNode::NoteCallerPlace(const v1::OpSpec* spec, Taken taken) {
 }
 
 WorkerNode::Taken WorkerNode::SkipNumber(const absl::Status& status,
-                            const Arrival& arrival, absl::Time deadline) {
+                                         const Arrival& arrival,
+                                         absl::Time deadline,
+                                         absl::Time issued) {
   // The number the call takes is the communicator's: the ring's next one,
   // or, on a ring that still adopts, the one its peers run. The ring is the
   // newest membership's, built here if no call has run on it yet: the
@@ -235,12 +250,16 @@ WorkerNode::Taken WorkerNode::SkipNumber(const absl::Status& status,
   // older ring would leave them waiting until their deadline.
   CatchUp();
   const CallInfo call =
-      NewCall(std::max<uint64_t>(next_seq_, 1), arrival, absl::InfiniteFuture());
+      NewCall(std::max<uint64_t>(next_seq_, 1), arrival, issued);
   absl::StatusOr<std::shared_ptr<Ring>> ring = book_->Acquire(call);
   if (!ring.ok()) {
     // As a call that cannot run: numbered where this worker holds a number
-    // (the peers' copies fail too), else not at all.
-    if (call.numbered_generation != 0) {
+    // (the peers' copies fail too), else not at all; a stale call never
+    // (its peers' copy is long over; their next call pairs with this
+    // worker's next: system_faults' sigstop, where an upload the SIGSTOP
+    // cut short was refused after the worker re-joined and gave the
+    // peers' next number up, leaving this worker one call ahead).
+    if (call.numbered_generation != 0 && !RefusedAsStale(ring.status())) {
       RecordCall(next_seq_, status);
       return Taken{next_seq_++, call.numbered_generation};
     }
@@ -396,16 +415,13 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
                                                const Arrival& arrival) {
   const absl::Time deadline =
       CallDeadline(spec, arrival.at, options_.op_timeout);
+  const absl::Time issued = IssuedAt(&spec);
   if (absl::StatusOr<uint64_t> bytes =
           ValidateOpSpec(spec, options_.max_op_bytes);
       !bytes.ok()) {
-    taken_ = SkipNumber(bytes.status(), arrival, deadline);
+    taken_ = SkipNumber(bytes.status(), arrival, deadline, issued);
     return bytes.status();
   }
-  const absl::Time issued =
-      spec.issued_unix_ms() > 0
-          ? absl::FromUnixMillis(static_cast<int64_t>(spec.issued_unix_ms()))
-          : absl::InfiniteFuture();
   uint64_t retry_seq = 0;
   std::string retry_cause;
   // A re-run's failure says why the call was first re-run (that names the
@@ -428,8 +444,10 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
     if (!ring.ok()) {
       // The call is numbered all the same (where this worker holds a
       // number): the other ranks' copies of it fail too (or already ran),
-      // and the next call is the next number.
-      if (call.numbered_generation != 0 && retry_seq == 0) {
+      // and the next call is the next number. Not a stale call: it
+      // belongs to no operation of the ring (SkipNumber).
+      if (call.numbered_generation != 0 && retry_seq == 0 &&
+          !RefusedAsStale(ring.status())) {
         taken_ = Taken{next_seq_++, call.numbered_generation};
       }
       if (retry_seq > 0) {

@@ -186,13 +186,18 @@ class WorkerNode {
   // ring that still adopts, the peers' number, learnt by `deadline`), on
   // the ring of the newest membership: the one the peers run that call on.
   // Returns the number taken (seq 0: none) and the generation of the ring
-  // whose numbering it came from.
+  // whose numbering it came from. `issued`: when its caller issued it
+  // (IssuedAt); a call stale on that ring (made before this worker
+  // re-joined it) takes no number: it belongs to none of the ring's
+  // operations, and the one its peers run next pairs with this worker's
+  // next call.
   struct Taken {
     uint64_t seq = 0;
     uint64_t generation = 0;
   };
   Taken SkipNumber(const absl::Status& status, const Arrival& arrival,
-                   absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+                   absl::Time deadline, absl::Time issued)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   // In the call's turn, before it is numbered: its place in its caller's
   // order (numbering.h PlaceInCallerOrder). Gives up the numbers of the
   // caller's calls that never arrived; ABORTED for a call that arrived

@@ -196,6 +196,44 @@ class ElasticTest : public ::testing::Test {
     }
   }
 
+  // An elastic job of 4 (2..4) runs `rounds_before` correct rounds, loses
+  // w3, runs one on 3, and starts w3 again: returns once every member
+  // knows of its admission, with a time just before that restart.
+  absl::Time LoseAndRestartW3(int rounds_before, int* seq) {
+    StartRendezvous();
+    StartWorkers(4, 2, 4);
+    for (int i = 0; i < rounds_before; ++i) EventuallyCorrect(Live(), 4, seq);
+    workers_[3]->Shutdown(/*leave=*/false);
+    workers_[3].reset();
+    EventuallyCorrect(Live(), 3, seq);
+    const absl::Time before = absl::Now() - absl::Milliseconds(5);
+    auto back = WorkerNode::Start(Options(3, 2, 4));
+    EXPECT_TRUE(back.ok()) << back.status();
+    if (!back.ok()) return before;
+    workers_[3] = std::move(*back);
+    AwaitEveryMemberHeardOf(3);
+    return before;
+  }
+
+  // Waits (10 s at most) until every live worker knows the generation
+  // worker `i` was last admitted in.
+  void AwaitEveryMemberHeardOf(int i) {
+    const uint64_t admitted =
+        workers_[static_cast<size_t>(i)]->Describe()->membership_generation();
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          for (WorkerNode* w : Live()) {
+            absl::StatusOr<v1::InfoReply> info = w->Describe();
+            if (!info.ok() || info->membership_generation() < admitted) {
+              return false;
+            }
+          }
+          return true;
+        },
+        absl::Seconds(10), absl::Milliseconds(5)))
+        << "the members did not hear of w" << i << "'s admission";
+  }
+
   std::vector<WorkerNode*> Live() {
     std::vector<WorkerNode*> v;
     for (auto& w : workers_) {
@@ -370,36 +408,48 @@ TEST_F(ElasticTest, TwoAdmissionsBeforeAnyOperationBothTakeTheNumbering) {
 // round runs on every rank with one numbering (the chaos run found the
 // refused call inventing #2 while the ring was at #200).
 TEST_F(ElasticTest, NewcomersRefusedFirstCallTakesTheRingsNumber) {
-  StartRendezvous();
-  StartWorkers(4, 2, 4);
   int seq = 0;
-  for (int i = 0; i < 5; ++i) EventuallyCorrect(Live(), 4, &seq);
-  workers_[3]->Shutdown(/*leave=*/false);
-  workers_[3].reset();
-  EventuallyCorrect(Live(), 3, &seq);
-  auto back = WorkerNode::Start(Options(3, 2, 4));
-  ASSERT_TRUE(back.ok()) << back.status();
-  workers_[3] = std::move(*back);
   // Every member hears of w3's admission first: a round that the others
   // began on the ring before it (they had not heard yet) runs there, without
   // w3, and succeeds (seen in a loaded CI-like run).
-  const uint64_t admitted = workers_[3]->Describe()->membership_generation();
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        for (WorkerNode* w : Live()) {
-          absl::StatusOr<v1::InfoReply> info = w->Describe();
-          if (!info.ok() || info->membership_generation() < admitted) {
-            return false;
-          }
-        }
-        return true;
-      },
-      absl::Seconds(10), absl::Milliseconds(5)))
-      << "the members did not hear of w3's admission";
+  LoseAndRestartW3(/*rounds_before=*/5, &seq);
+  if (HasFailure()) return;
   // One round: w3's call is refused, the others call correctly.
   ASSERT_EQ(Live().size(), 4u);
   RoundWithARefusal("w3");
   if (HasFatalFailure()) return;
+  ExpectOneNumbering(4, &seq);
+}
+
+// A call its caller made before the worker (re)joined the ring belongs to
+// no operation of that ring. Refused there (here a bad dtype; in
+// system_faults' sigstop, an upload the SIGSTOP cut short, refused once
+// the worker had re-joined), it must take no number: giving up the peers'
+// running number on its behalf failed the round its peers and this
+// worker's next call made, and left the worker one number ahead for good.
+TEST_F(ElasticTest, AStaleCallRefusedAfterARejoinTakesNoNumber) {
+  int seq = 0;
+  const absl::Time before_rejoin = LoseAndRestartW3(/*rounds_before=*/3, &seq);
+  if (HasFailure()) return;
+  // The stale call first; while it would wait for the peers' next number,
+  // the round of 4 (w3's call fresh) starts.
+  v1::OpSpec stale = SumSpec(5000);
+  stale.set_algorithm(v1::RING);
+  stale.set_dtype(static_cast<v1::DType>(99));
+  stale.set_issued_unix_ms(
+      static_cast<uint64_t>(absl::ToUnixMillis(before_rejoin)));
+  std::vector<int64_t> stale_data(kCount, 1);
+  absl::StatusOr<OpResult> stale_result = absl::UnknownError("not run");
+  std::thread stale_call([&] {
+    stale_result = workers_[3]->Execute(stale, stale_data.data());
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  ExpectOneNumbering(4, &seq);
+  stale_call.join();
+  ASSERT_FALSE(stale_result.ok());
+  EXPECT_EQ(stale_result.status().code(), absl::StatusCode::kInvalidArgument)
+      << stale_result.status();
+  if (HasFailure()) return;
   ExpectOneNumbering(4, &seq);
 }
 

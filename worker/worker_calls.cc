@@ -19,13 +19,17 @@
 namespace halka {
 namespace {
 
-// When the call's caller issued it (OpSpec.issued_unix_ms, set by the
-// SDK); InfiniteFuture where not known (no spec yet, a foreign client).
-absl::Time IssuedAt(const v1::OpSpec* spec) {
+// When the call was made, at the latest: when its caller issued it
+// (OpSpec.issued_unix_ms, set by the SDK), and no later than its arrival
+// (the only bound where the spec is not known yet, or a foreign client
+// sets no time).
+absl::Time IssuedAt(const v1::OpSpec* spec,
+                    const WorkerNode::Arrival& arrival) {
   return spec != nullptr && spec->issued_unix_ms() > 0
-             ? absl::FromUnixMillis(
-                   static_cast<int64_t>(spec->issued_unix_ms()))
-             : absl::InfiniteFuture();
+             ? std::min(arrival.at,
+                        absl::FromUnixMillis(
+                            static_cast<int64_t>(spec->issued_unix_ms())))
+             : arrival.at;
 }
 
 }  // namespace
@@ -150,7 +154,8 @@ absl::Status WorkerNode::Refuse(const Arrival& arrival, absl::Status status,
     status = std::move(late);
   } else {
     NoteCallerPlace(spec,
-                    SkipNumber(status, arrival, deadline, IssuedAt(spec)));
+                    SkipNumber(status, arrival, deadline,
+                               IssuedAt(spec, arrival)));
   }
   NextTurn();
   return status;
@@ -415,7 +420,7 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
                                                const Arrival& arrival) {
   const absl::Time deadline =
       CallDeadline(spec, arrival.at, options_.op_timeout);
-  const absl::Time issued = IssuedAt(&spec);
+  const absl::Time issued = IssuedAt(&spec, arrival);
   if (absl::StatusOr<uint64_t> bytes =
           ValidateOpSpec(spec, options_.max_op_bytes);
       !bytes.ok()) {
@@ -446,8 +451,9 @@ absl::StatusOr<OpResult> WorkerNode::RunInTurn(const v1::OpSpec& spec,
       // number): the other ranks' copies of it fail too (or already ran),
       // and the next call is the next number. Not a stale call: it
       // belongs to no operation of the ring (SkipNumber).
-      if (call.numbered_generation != 0 && retry_seq == 0 &&
-          !RefusedAsStale(ring.status())) {
+      if (RefusedAsStale(ring.status())) {
+        running_seq_ = 0;
+      } else if (call.numbered_generation != 0 && retry_seq == 0) {
         taken_ = Taken{next_seq_++, call.numbered_generation};
       }
       if (retry_seq > 0) {
@@ -506,7 +512,8 @@ absl::StatusOr<OpResult> WorkerNode::RunPeer(const v1::OpSpec& spec,
   // the ring it would run on exists already, it takes it at once and runs
   // beside whatever runs (a collective waiting for the peer that waits for
   // this send must not hold it up), passing its turn to the calls after it.
-  absl::StatusOr<std::shared_ptr<Ring>> ring = RingBeside(arrival, bytes.ok());
+  absl::StatusOr<std::shared_ptr<Ring>> ring =
+      RingBeside(arrival, bytes.ok(), IssuedAt(&spec, arrival));
   if (!bytes.ok()) return bytes.status();
   if (!ring.ok()) return ring.status();
   const absl::Duration timeout =
@@ -518,9 +525,10 @@ absl::StatusOr<OpResult> WorkerNode::RunPeer(const v1::OpSpec& spec,
 }
 
 absl::StatusOr<std::shared_ptr<Ring>> WorkerNode::RingBeside(
-    const Arrival& arrival, bool needed) {
+    const Arrival& arrival, bool needed, absl::Time issued) {
   CallInfo now;  // not NewCall: a running collective holds its ring's number
   now.epoch = arrival.epoch;
+  now.issued = issued;
   absl::StatusOr<std::shared_ptr<Ring>> ring =
       needed ? book_->Ready(now) : nullptr;
   if (!needed || *ring != nullptr) {
@@ -533,7 +541,7 @@ absl::StatusOr<std::shared_ptr<Ring>> WorkerNode::RingBeside(
   absl::MutexLock run_lock(&run_mu_);
   AwaitTurn(arrival.ticket);
   CatchUp();
-  ring = book_->Acquire(NewCall(next_seq_, arrival, absl::InfiniteFuture()));
+  ring = book_->Acquire(NewCall(next_seq_, arrival, issued));
   NextTurn();
   return ring;
 }
@@ -573,7 +581,10 @@ absl::StatusOr<OpResult> WorkerNode::RunGroup(const v1::OpSpec& spec,
   // RingBook::InboxFor) and is not run again: the group's ranks may name
   // other workers on the new ring, and its numbering starts over there.
   // The caller calls again.
-  absl::StatusOr<std::shared_ptr<Ring>> ring = RingBeside(arrival, true);
+  // A stale call (made before this worker re-joined) is refused here and
+  // gives no number of the group's up: its peers' copy is long over.
+  absl::StatusOr<std::shared_ptr<Ring>> ring =
+      RingBeside(arrival, true, IssuedAt(&spec, arrival));
   if (!ring.ok()) return refused.ok() ? in_group(ring.status()) : refused;
   absl::StatusOr<std::shared_ptr<SubRing>> group =
       (*ring)->Group(ranks, spec.group_tag());

@@ -84,7 +84,8 @@ class WorkerNode {
   // A call that ends before it reaches the ring (a refused request, an
   // upload that failed or was abandoned): in its turn it takes its number
   // and tells the peers, whose copies of the call then fail at once naming
-  // this rank and `status`. Returns `status`.
+  // this rank and `status`; a call made before this worker re-joined its
+  // ring (IsStaleCall) takes none. Returns `status`.
   // `spec`: the call's request when it was read (its caller's order, see
   // OpSpec.call_index), else null.
   absl::Status Refuse(const Arrival& arrival, absl::Status status,
@@ -165,9 +166,11 @@ class WorkerNode {
   // The ring a call that takes no number of the job's runs on: the current
   // one at once, passing its turn (PassTurn), or, when none is ready, in
   // its turn the one the next collective would run on. With `needed`
-  // false it only passes its turn (and returns null).
+  // false it only passes its turn (and returns null). A call stale on that
+  // ring (`issued` before this worker re-joined it) is refused (ABORTED).
   absl::StatusOr<std::shared_ptr<Ring>> RingBeside(const Arrival& arrival,
-                                                   bool needed)
+                                                   bool needed,
+                                                   absl::Time issued)
       ABSL_LOCKS_EXCLUDED(run_mu_);
   absl::StatusOr<OpResult> RunInTurn(const v1::OpSpec& spec, OpBuffer& buffer,
                                      const Arrival& arrival)

@@ -3,6 +3,7 @@
 // Leave, as a crashed process), come back under the same worker id, and a
 // hung operation explained by GetRingHealth while it waits.
 #include <algorithm>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <set>
@@ -422,42 +423,62 @@ TEST_F(ElasticTest, NewcomersRefusedFirstCallTakesTheRingsNumber) {
 }
 
 // A call its caller made before the worker (re)joined the ring belongs to
-// no operation of that ring. Refused there (here a bad dtype; in
-// system_faults' sigstop, an upload the SIGSTOP cut short, refused once
-// the worker had re-joined), it must take no number: giving up the peers'
-// running number on its behalf failed the round its peers and this
-// worker's next call made, and left the worker one number ahead for good.
+// no operation of that ring. Refused there, it must take no number: giving
+// up the peers' running number on its behalf failed the round its peers
+// and this worker's next call made, and left the worker one number ahead
+// for good (system_faults' sigstop: an upload the SIGSTOP cut short,
+// refused once the worker had re-joined). Three such refusals, each while
+// a round of 4 starts: a bad dtype (the call's own validation), an upload
+// cut short (Refuse with the call's spec, issued before the rejoin), and
+// one refused before its spec was read that arrived before the rejoin.
 TEST_F(ElasticTest, AStaleCallRefusedAfterARejoinTakesNoNumber) {
   int seq = 0;
   const absl::Time before_rejoin = LoseAndRestartW3(/*rounds_before=*/3, &seq);
   if (HasFailure()) return;
-  // The stale call first; while it would wait for the peers' next number,
-  // the round of 4 (w3's call fresh) starts.
+  WorkerNode* w3 = workers_[3].get();
   v1::OpSpec stale = SumSpec(5000);
   stale.set_algorithm(v1::RING);
-  stale.set_dtype(static_cast<v1::DType>(99));
   stale.set_issued_unix_ms(
       static_cast<uint64_t>(absl::ToUnixMillis(before_rejoin)));
+  v1::OpSpec bad_dtype = stale;
+  bad_dtype.set_dtype(static_cast<v1::DType>(99));
   std::vector<int64_t> stale_data(kCount, 1);
-  absl::StatusOr<OpResult> stale_result = absl::UnknownError("not run");
-  std::thread stale_call([&] {
-    stale_result = workers_[3]->Execute(stale, stale_data.data());
-  });
-  absl::SleepFor(absl::Milliseconds(300));
-  ExpectOneNumbering(4, &seq);
-  stale_call.join();
-  ASSERT_FALSE(stale_result.ok());
-  EXPECT_EQ(stale_result.status().code(), absl::StatusCode::kInvalidArgument)
-      << stale_result.status();
-  if (HasFailure()) return;
+  struct Case {
+    std::string name;
+    absl::StatusCode code;
+    std::function<absl::Status()> call;
+  };
+  const std::vector<Case> cases = {
+      {"a bad dtype", absl::StatusCode::kInvalidArgument,
+       [&] { return w3->Execute(bad_dtype, stale_data.data()).status(); }},
+      {"an upload cut short", absl::StatusCode::kCancelled,
+       [&] {
+         return w3->Refuse(w3->Arrive(),
+                           absl::CancelledError("the upload was cut short"),
+                           &stale);
+       }},
+      {"no spec, arrived before the rejoin", absl::StatusCode::kCancelled,
+       [&] {
+         WorkerNode::Arrival early = w3->Arrive();
+         early.at = before_rejoin;
+         return w3->Refuse(early, absl::CancelledError("no request"));
+       }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    // The stale call first; while it would wait for the peers' next
+    // number, the round of 4 (w3's call fresh) starts.
+    absl::Status refused = absl::UnknownError("not run");
+    std::thread stale_call([&] { refused = c.call(); });
+    absl::SleepFor(absl::Milliseconds(300));
+    ExpectOneNumbering(4, &seq);
+    stale_call.join();
+    EXPECT_EQ(refused.code(), c.code) << refused;
+    if (HasFailure()) return;
+  }
   ExpectOneNumbering(4, &seq);
 }
 
-// A survivor refuses a call after it learnt of a loss but before it ran
-// anything on the smaller ring: the refusal must reach the peers on the
-// ring they run that call on (the new one), so that they fail at once
-// naming it, not at their deadline, and the next round is one number on
-// every rank.
 TEST_F(ElasticTest, CallRefusedBeforeTheNewRingIsBuiltFailsThePeersThere) {
   StartRendezvous();
   StartWorkers(4, 2, 4);

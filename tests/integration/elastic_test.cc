@@ -479,6 +479,11 @@ TEST_F(ElasticTest, AStaleCallRefusedAfterARejoinTakesNoNumber) {
   ExpectOneNumbering(4, &seq);
 }
 
+// A survivor refuses a call after it learnt of a loss but before it ran
+// anything on the smaller ring: the refusal must reach the peers on the
+// ring they run that call on (the new one), so that they fail at once
+// naming it, not at their deadline, and the next round is one number on
+// every rank.
 TEST_F(ElasticTest, CallRefusedBeforeTheNewRingIsBuiltFailsThePeersThere) {
   StartRendezvous();
   StartWorkers(4, 2, 4);

@@ -533,20 +533,31 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   // A peer already at a later operation has finished every earlier one:
   // skip to it, so that the ranks number the next call alike again.
   const uint64_t seen = inbox_->MaxOpSeqSeen();
-  const std::optional<absl::StatusCode> seen_abort =
+  const std::optional<absl::Status> seen_abort =
       seen > 0 ? inbox_->AbortSeen(seen) : std::nullopt;
+  bool paired_refused = false;
   if (next_op_seq_ == 0 && seen_abort.has_value()) {
     // A rank new in the ring whose call found no operation to adopt: the
     // newest one its peers ran was aborted. Refused (a peer's call ended
     // before the ring, or the calls disagreed: FAILED_PRECONDITION, which
     // nobody runs again), that is what this call paired with, so their
-    // next call is the one after it. Aborted by a membership change
+    // next call is the one after it, and this call ends as their copies
+    // did, whatever ended its wait (its deadline, or a membership change:
+    // re-run on the new ring as an untouched call, it took the peers' next
+    // number there and paired with their next call, one call ahead for
+    // good: system_faults' chaos). Aborted by a membership change
     // (ABORTED, UNAVAILABLE, ...), the peers' untouched calls run again
     // under that same number on the new ring: this rank adopts it there
     // (taking the next number instead split the numbering for good under
     // churn: system_faults' chaos, a rank one ahead of the rest).
-    if (*seen_abort == absl::StatusCode::kFailedPrecondition) {
+    if (seen_abort->code() == absl::StatusCode::kFailedPrecondition) {
       next_op_seq_ = seen + 1;
+      paired_refused = true;
+      op.set_op_seq(seen);
+      status = absl::FailedPreconditionError(absl::StrCat(
+          op.Where(), ": this rank is new in the ring, and the operation its "
+          "peers ran with this call ended before this rank learnt its "
+          "number (", status.message(), "): ", seen_abort->message()));
     }
   } else {
     next_op_seq_ = std::max(next_op_seq_, seen);
@@ -560,7 +571,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
                     op.fingerprint_end(), model_seconds});
   progress_.Finish();
   if (!status.ok()) {
-    if (untouched && !came_late) {
+    if (untouched && !came_late && !paired_refused) {
       status.SetPayload(kUntouchedPayload,
                         absl::Cord(absl::StrCat(op.fp().op_seq)));
     }

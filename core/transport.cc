@@ -403,11 +403,11 @@ std::vector<int> Inbox::WithoutFrameOf(absl::Span<const int> ranks,
   return out;
 }
 
-std::optional<absl::StatusCode> Inbox::AbortSeen(uint64_t op_seq) const {
+std::optional<absl::Status> Inbox::AbortSeen(uint64_t op_seq) const {
   absl::MutexLock lock(&mu_);
   auto it = aborts_.find(op_seq);
   if (it == aborts_.end()) return std::nullopt;
-  return it->second.meta.abort_code;
+  return absl::Status(it->second.meta.abort_code, it->second.meta.message);
 }
 
 absl::StatusOr<uint64_t> Inbox::WaitFirstOpSeq(absl::Time deadline) {

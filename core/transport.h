@@ -239,10 +239,10 @@ class Inbox {
   std::vector<int> WithoutFrameOf(absl::Span<const int> ranks,
                                   uint64_t op_seq);
 
-  // The code of the (first) peer's ABORT for operation `op_seq` that is
-  // here (Next has not dropped it: DropBefore keeps those of op_seq and
-  // later); nullopt if none.
-  std::optional<absl::StatusCode> AbortSeen(uint64_t op_seq) const;
+  // The (first) peer's ABORT for operation `op_seq` that is here (Next has
+  // not dropped it: DropBefore keeps those of op_seq and later), as its
+  // code and message; nullopt if none.
+  std::optional<absl::Status> AbortSeen(uint64_t op_seq) const;
 
   // For a rank that enters a running ring: waits until a peer's frame of
   // an operation that nobody aborted arrives and returns the newest such

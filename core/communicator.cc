@@ -45,7 +45,16 @@ absl::StatusOr<uint64_t> Communicator::SkipOp(uint64_t seq,
     // New in a running ring: the call being refused is the one the peers
     // run (or will run) next; learn its number as an operation would.
     absl::StatusOr<uint64_t> adopted = inbox_->WaitFirstOpSeq(deadline);
-    if (!adopted.ok()) return adopted.status();
+    if (!adopted.ok()) {
+      // As in Run: no live operation came, and the newest one the peers
+      // ran was refused (their copies refused too, say): that is the one
+      // this call paired with, already aborted everywhere.
+      if (std::optional<uint64_t> refused = NewestRefused(); refused) {
+        next_op_seq_ = *refused + 1;
+        return *refused;
+      }
+      return adopted.status();
+    }
     seq = *adopted;
   }
   next_op_seq_ = seq + 1;
@@ -554,6 +563,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
       next_op_seq_ = seen + 1;
       paired_refused = true;
       op.set_op_seq(seen);
+      described = op.fp().ToString();
       status = absl::FailedPreconditionError(absl::StrCat(
           op.Where(), ": this rank is new in the ring, and the operation its "
           "peers ran with this call ended before this rank learnt its "
@@ -590,6 +600,17 @@ std::vector<PeerInfo> Communicator::ServersFor(Algorithm algorithm) const {
   if (algorithm != Algorithm::kParameterServer) return {};
   absl::MutexLock lock(&servers_mu_);
   return servers_;
+}
+
+std::optional<uint64_t> Communicator::NewestRefused() {
+  const uint64_t seen = inbox_->MaxOpSeqSeen();
+  if (seen == 0) return std::nullopt;
+  const std::optional<absl::Status> abort = inbox_->AbortSeen(seen);
+  if (!abort.has_value() ||
+      abort->code() != absl::StatusCode::kFailedPrecondition) {
+    return std::nullopt;
+  }
+  return seen;
 }
 
 absl::Status Communicator::AdoptOpSeq(OpContext& op) {

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -150,7 +151,9 @@ class Communicator {
   void ClearAbort();
   // Aborts the running operation only while it has not touched the
   // caller's buffer (it still compares fingerprints); it then fails with
-  // `status` and kUntouchedPayload. False (and nothing happens) when no
+  // `status` and kUntouchedPayload (except a rank still adopting whose
+  // peers' newest operation was refused: that call was its copy, and fails
+  // with the refusal, see Run). False (and nothing happens) when no
   // operation runs or it is past that point.
   bool AbortIfUntouched(absl::Status status);
 
@@ -161,8 +164,11 @@ class Communicator {
   // call then fails at once (FAILED_PRECONDITION, naming this rank and
   // `status`) instead of waiting for its deadline. A rank new in a running
   // ring (no number yet) first learns the number of the operation its peers
-  // run, waiting until `deadline`. Returns the number skipped; errors: that
-  // of the wait (DEADLINE_EXCEEDED: no peer's operation reached this rank).
+  // run, waiting until `deadline`; where none came and the newest one they
+  // ran was refused, it takes that one's number without sending an ABORT
+  // (every peer's copy has failed already). Returns the number taken;
+  // errors: that of the wait (DEADLINE_EXCEEDED: no peer's operation
+  // reached this rank).
   absl::StatusOr<uint64_t> SkipOp(uint64_t seq, const absl::Status& status,
                                   absl::Time deadline);
   // SkipOp of the number the next operation would take (next_op_seq(),
@@ -211,6 +217,11 @@ class Communicator {
   // Gives `op` the sequence number of the operation the ring runs when this
   // rank has none (0): adopted from the peers' frames, or 1 alone.
   absl::Status AdoptOpSeq(OpContext& op);
+  // The newest operation a peer sent anything for, when a peer's ABORT of
+  // it is a refusal (FAILED_PRECONDITION: nobody runs it again); nullopt
+  // otherwise. For a rank that adopts and found no live operation.
+  std::optional<uint64_t> NewestRefused()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   // The parameter-server shards an operation of `algorithm` talks to (a
   // copy; none unless kParameterServer).
   std::vector<PeerInfo> ServersFor(Algorithm algorithm) const;

@@ -511,7 +511,7 @@ TEST(Numbering, ANewRanksCallInterruptedAfterARefusalEndsAsItsPeersCopies) {
       EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
           << r.status();
       EXPECT_THAT(std::string(r.status().message()),
-                  ::testing::AllOf(HasSubstr("#7"),
+                  ::testing::AllOf(HasSubstr("all_reduce #7 "),
                                    HasSubstr("generation 1->2"),
                                    HasSubstr(refusal)));
       EXPECT_FALSE(untouched.has_value()) << r.status();
@@ -520,6 +520,39 @@ TEST(Numbering, ANewRanksCallInterruptedAfterARefusalEndsAsItsPeersCopies) {
       EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
       ASSERT_TRUE(untouched.has_value()) << r.status();
       EXPECT_EQ(std::string(*untouched), "0");
+      EXPECT_EQ(t.ring.comms[2]->next_op_seq(), 0u);
+    }
+  }
+}
+
+// The same rank's own call refused before it reached the ring (SkipOp),
+// when no live operation comes before its deadline and the peers' newest
+// one was refused (a bad argument on every rank, say): it takes that
+// number, already aborted everywhere (it sends no ABORT of its own), and
+// the next call takes the one after. (Before, the refusal took no number,
+// and the next call adopted the peers' next operation as the one after
+// the refused one.) After an abort of a membership change it learns
+// nothing and stays ready to adopt.
+TEST(Numbering, ANewRanksRefusalAfterItsPeersRefusedTakesThatNumber) {
+  for (absl::StatusCode code : {absl::StatusCode::kFailedPrecondition,
+                                absl::StatusCode::kAborted}) {
+    SCOPED_TRACE(absl::StatusCodeToString(code));
+    NewcomerAfterAnAbort t(code);
+    ASSERT_TRUE(t.delivered.ok()) << t.delivered;
+    absl::StatusOr<uint64_t> skipped = t.ring.comms[2]->SkipOp(
+        0, absl::InvalidArgumentError("invalid dtype 99"),
+        absl::Now() + absl::Milliseconds(200));
+    if (code == absl::StatusCode::kFailedPrecondition) {
+      ASSERT_TRUE(skipped.ok()) << skipped.status();
+      EXPECT_EQ(*skipped, 7u);
+      EXPECT_EQ(t.ring.comms[2]->next_op_seq(), 8u);
+      for (int peer : {0, 1}) {
+        EXPECT_FALSE(t.ring.net.inbox(peer)->AbortSeen(7).has_value())
+            << "rank " << peer;
+      }
+    } else {
+      EXPECT_EQ(skipped.status().code(), absl::StatusCode::kDeadlineExceeded)
+          << skipped.status();
       EXPECT_EQ(t.ring.comms[2]->next_op_seq(), 0u);
     }
   }

@@ -1,13 +1,11 @@
 // The Communicator's public calls and the life of one operation. The
 // operation's I/O lives in op_context.cc, the collectives in algorithms/,
-// the counters in telemetry.cc.
+// the numbering in op_numbering.cc, the counters in telemetry.cc.
 #include "core/communicator.h"
 
-#include <algorithm>
 #include <optional>
 #include <utility>
 
-#include "absl/algorithm/container.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
@@ -35,59 +33,6 @@ void Communicator::set_next_op_seq(uint64_t seq) {
 
 void Communicator::InheritTelemetry(const Communicator& previous) {
   telemetry_.InheritFrom(previous.telemetry_);
-}
-
-absl::StatusOr<uint64_t> Communicator::SkipOp(uint64_t seq,
-                                              const absl::Status& status,
-                                              absl::Time deadline) {
-  absl::MutexLock lock(&op_mu_);
-  if (next_op_seq_ == 0) {
-    // New in a running ring: the call being refused is the one the peers
-    // run (or will run) next; learn its number as an operation would.
-    absl::StatusOr<uint64_t> adopted = inbox_->WaitFirstOpSeq(deadline);
-    if (!adopted.ok()) {
-      // As in Run: no live operation came, and the newest one the peers
-      // ran was refused (their copies refused too, say): that is the one
-      // this call paired with, already aborted everywhere.
-      if (std::optional<uint64_t> refused = NewestRefused(); refused) {
-        next_op_seq_ = *refused + 1;
-        return *refused;
-      }
-      return adopted.status();
-    }
-    seq = *adopted;
-  }
-  next_op_seq_ = seq + 1;
-  SendSkip(seq, status);
-  return seq;
-}
-
-absl::StatusOr<uint64_t> Communicator::SkipNextOp(const absl::Status& status) {
-  absl::MutexLock lock(&op_mu_);
-  if (next_op_seq_ == 0) {
-    return absl::FailedPreconditionError(
-        "this rank adopts its peers' numbering: SkipOp");
-  }
-  const uint64_t seq = next_op_seq_++;
-  SendSkip(seq, status);
-  return seq;
-}
-
-void Communicator::SendSkip(uint64_t seq, const absl::Status& status) {
-  // FAILED_PRECONDITION, not ABORTED: the ranks disagree on this call (one
-  // refused it); nothing changed in the membership, and a re-run waits for
-  // no new generation.
-  const FrameMeta meta = AbortMeta(
-      config_, seq, absl::StatusCode::kFailedPrecondition,
-      absl::StrCat(
-          DescribePeer(config_.members[static_cast<size_t>(config_.rank)]),
-          " ended its call #", seq, " before it reached the ring: ",
-          status.ToString()));
-  for (int to = 0; to < config_.world_size; ++to) {
-    if (to == config_.rank) continue;
-    // Best effort: a peer whose link is down fails at its deadline.
-    transport_->Send(to, meta, {}, [] {}).IgnoreError();
-  }
 }
 
 bool Communicator::AbortIfUntouched(absl::Status status) {
@@ -514,64 +459,10 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
   if (op.send_scratch().capacity() <= kKeptScratchBytes) {
     spare_scratch_.swap(op.send_scratch());
   }
-  // New in the ring, this rank took the number of the operation its peers
-  // were running (their fingerprints were here), but they had ended it
-  // without this rank: their deadline passed waiting for its fingerprint,
-  // and their ABORT saying so came after this call took the number. The
-  // call pairs with their next operation, not with that one: it fails
-  // (ABORTED: call again) and gives the next number up, so that the peers'
-  // copies fail at once naming this rank, and the call after pairs again.
-  // Taking no action left this rank one number behind for good (each call
-  // failing at once on the peers' ABORT, theirs at the deadline:
-  // system_faults' sigstop_hosts on a loaded machine).
-  const bool came_late =
-      !status.ok() && adopting && op.fp().op_seq != 0 &&
-      absl::c_linear_search(op.late_ranks(), config_.rank);
-  if (came_late) {
-    const uint64_t theirs = op.fp().op_seq + 1;
-    status = absl::AbortedError(absl::StrCat(
-        op.Where(), ": this rank is new in the ring and took the number of "
-        "the operation its peers were running, but they had ended it "
-        "without this rank (", status.message(), "); this call pairs with "
-        "their next operation, #", theirs, ", which this rank gives up so "
-        "that it fails at once everywhere: call again"));
-    SendSkip(theirs, status);
-    next_op_seq_ = theirs + 1;
-  }
+  const uint64_t ran_as = op.fp().op_seq;
+  const bool may_rerun = SettleNumber(op, adopting, &status);
+  if (op.fp().op_seq != ran_as) described = op.fp().ToString();
   const absl::Duration elapsed = halka::Now() - start;
-  // A peer already at a later operation has finished every earlier one:
-  // skip to it, so that the ranks number the next call alike again.
-  const uint64_t seen = inbox_->MaxOpSeqSeen();
-  const std::optional<absl::Status> seen_abort =
-      seen > 0 ? inbox_->AbortSeen(seen) : std::nullopt;
-  bool paired_refused = false;
-  if (next_op_seq_ == 0 && seen_abort.has_value()) {
-    // A rank new in the ring whose call found no operation to adopt: the
-    // newest one its peers ran was aborted. Refused (a peer's call ended
-    // before the ring, or the calls disagreed: FAILED_PRECONDITION, which
-    // nobody runs again), that is what this call paired with, so their
-    // next call is the one after it, and this call ends as their copies
-    // did, whatever ended its wait (its deadline, or a membership change:
-    // re-run on the new ring as an untouched call, it took the peers' next
-    // number there and paired with their next call, one call ahead for
-    // good: system_faults' chaos). Aborted by a membership change
-    // (ABORTED, UNAVAILABLE, ...), the peers' untouched calls run again
-    // under that same number on the new ring: this rank adopts it there
-    // (taking the next number instead split the numbering for good under
-    // churn: system_faults' chaos, a rank one ahead of the rest).
-    if (seen_abort->code() == absl::StatusCode::kFailedPrecondition) {
-      next_op_seq_ = seen + 1;
-      paired_refused = true;
-      op.set_op_seq(seen);
-      described = op.fp().ToString();
-      status = absl::FailedPreconditionError(absl::StrCat(
-          op.Where(), ": this rank is new in the ring, and the operation its "
-          "peers ran with this call ended before this rank learnt its "
-          "number (", status.message(), "): ", seen_abort->message()));
-    }
-  } else {
-    next_op_seq_ = std::max(next_op_seq_, seen);
-  }
   const std::string algorithm_name(AlgorithmName(algorithm));
   const double model_seconds = ModelSeconds(config_, fp, algorithm);
   const LinkBytes moved = telemetry_.EndOp(
@@ -581,7 +472,7 @@ absl::StatusOr<OpResult> Communicator::Run(const Fingerprint& fp,
                     op.fingerprint_end(), model_seconds});
   progress_.Finish();
   if (!status.ok()) {
-    if (untouched && !came_late && !paired_refused) {
+    if (untouched && may_rerun) {
       status.SetPayload(kUntouchedPayload,
                         absl::Cord(absl::StrCat(op.fp().op_seq)));
     }
@@ -600,36 +491,6 @@ std::vector<PeerInfo> Communicator::ServersFor(Algorithm algorithm) const {
   if (algorithm != Algorithm::kParameterServer) return {};
   absl::MutexLock lock(&servers_mu_);
   return servers_;
-}
-
-std::optional<uint64_t> Communicator::NewestRefused() {
-  const uint64_t seen = inbox_->MaxOpSeqSeen();
-  if (seen == 0) return std::nullopt;
-  const std::optional<absl::Status> abort = inbox_->AbortSeen(seen);
-  if (!abort.has_value() ||
-      abort->code() != absl::StatusCode::kFailedPrecondition) {
-    return std::nullopt;
-  }
-  return seen;
-}
-
-absl::Status Communicator::AdoptOpSeq(OpContext& op) {
-  if (op.fp().op_seq != 0) return absl::OkStatus();
-  if (config_.world_size == 1) {
-    op.set_op_seq(1);
-    return absl::OkStatus();
-  }
-  // New in a running ring: take the number of the operation the others
-  // are running (their fingerprints are on their way).
-  absl::StatusOr<uint64_t> seq = inbox_->WaitFirstOpSeq(op.deadline());
-  if (!seq.ok()) {
-    return absl::Status(
-        seq.status().code(),
-        absl::StrCat(op.Where(), ": waiting for the ring's next operation: ",
-                     seq.status().message()));
-  }
-  op.set_op_seq(*seq);
-  return absl::OkStatus();
 }
 
 absl::Status Communicator::RunAlgorithm(OpContext& op) {

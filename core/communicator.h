@@ -217,10 +217,26 @@ class Communicator {
   // Gives `op` the sequence number of the operation the ring runs when this
   // rank has none (0): adopted from the peers' frames, or 1 alone.
   absl::Status AdoptOpSeq(OpContext& op);
-  // The newest operation a peer sent anything for, when a peer's ABORT of
-  // it is a refusal (FAILED_PRECONDITION: nobody runs it again); nullopt
-  // otherwise. For a rank that adopts and found no live operation.
-  std::optional<uint64_t> NewestRefused()
+  // The newest operation a peer sent anything for (0: none) and a peer's
+  // ABORT of it, if one is here; refused() when that ABORT is a refusal
+  // (FAILED_PRECONDITION: nobody runs it again).
+  struct NewestOp {
+    uint64_t seq = 0;
+    std::optional<absl::Status> abort;
+    bool refused() const {
+      return abort.has_value() &&
+             abort->code() == absl::StatusCode::kFailedPrecondition;
+    }
+  };
+  NewestOp Newest() ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
+  // After an operation ran (or failed) as op.fp().op_seq: the number the
+  // next one takes, from what this one and the peers' frames tell (a
+  // newcomer that came late gives the peers' next number up; a newcomer
+  // that found only a refusal fails as that operation's copy; a peer
+  // further on moves this rank on). May rewrite `status` and the
+  // operation's number; false when the failure must not be re-run as an
+  // untouched call (kUntouchedPayload). In op_numbering.cc.
+  bool SettleNumber(OpContext& op, bool adopting, absl::Status* status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   // The parameter-server shards an operation of `algorithm` talks to (a
   // copy; none unless kParameterServer).
